@@ -1,0 +1,171 @@
+# SPDX-License-Identifier: Apache-2.0
+"""dflash-generate: run prompts through the torch runtime, autoregressive and/or DFlash, and print the
+text and acceptance statistics. Under ``mpirun -n N`` with ``--tp_size N`` every rank loads its shard
+and rank 0 prints."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .config import RuntimeConfig, SamplingParams
+from .errors import DFlashError
+
+EPILOG = """examples:
+  dflash-generate --target smollm2-135m --drafter untrained --mode both --prompt "What is DFlash?"
+  dflash-generate --engine out/smollm2 --prompt_file prompts.txt --temperature 0.7 --seed 1
+  mpirun -n 2 dflash-generate --target DIR --drafter DIR --tp_size 2 --prompt "Hello"
+"""
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser("dflash-generate", description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_argument_group("model")
+    src.add_argument("--target", help="target HF folder, or smollm2-135m (the packaged SmolLM2-135M-Instruct)")
+    src.add_argument("--drafter", help="DFlash drafter folder (z-lab layout), or 'untrained' for a random one "
+                                       "(acceptance ~1; shows the mechanics, not the speed-up)")
+    src.add_argument("--engine", help="a dflash-build deployment directory (instead of --target/--drafter)")
+    src.add_argument("--allow_pickle", action="store_true", help="allow *.bin/*.pt weights (weights_only load)")
+    run = p.add_argument_group("runtime")
+    run.add_argument("--mode", choices=("dflash", "ar", "both"), default="dflash",
+                     help="both = run autoregressive and DFlash, compare tokens and speed")
+    run.add_argument("--tp_size", "--tp", type=int, default=None, help="tensor-parallel ranks (start with mpirun -n N)")
+    run.add_argument("--block_size", type=int, default=None, help="DFlash block (max_draft_len + 1); default: the drafter's")
+    run.add_argument("--max_batch_size", type=int, default=8)
+    run.add_argument("--max_seq_len", type=int, default=2048)
+    run.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    run.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    gen = p.add_argument_group("prompts and sampling")
+    gen.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    gen.add_argument("--prompt_file", help="one prompt per line")
+    gen.add_argument("--no_chat_template", action="store_true", help="send raw text instead of a chat turn")
+    gen.add_argument("--max_new_tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top_k", type=int, default=0)
+    gen.add_argument("--top_p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--ignore_eos", action="store_true")
+    p.add_argument("--json", help="also write per-request results to this JSON file")
+    return p.parse_args(argv)
+
+
+def _prompts(args) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompt_file:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise DFlashError("--prompt_file", f"{path} does not exist", "pass a text file with one prompt per line")
+        prompts += [line for line in path.read_text().splitlines() if line.strip()]
+    return prompts or ["Explain speculative decoding in two sentences."]
+
+
+def _resolve_target(name: str) -> Path:
+    if name == "smollm2-135m":
+        from .checkpoints.packaged import smollm2_target_dir
+        return smollm2_target_dir()
+    path = Path(name)
+    if not path.is_dir():
+        raise DFlashError("--target", f"{name} is not a folder", "pass an HF checkpoint folder or smollm2-135m")
+    return path
+
+
+def _resolve_drafter(name: str | None, target: Path, workdir: Path) -> Path | None:
+    if name is None:
+        return None
+    if name == "untrained":
+        from .checkpoints.drafter_init import write_random_drafter
+        print("note: using an UNTRAINED drafter: outputs are exact, acceptance will be ~1 token/step", file=sys.stderr)
+        return write_random_drafter(target, workdir / "untrained_drafter", num_layers=1, block_size=16)
+    path = Path(name)
+    if not path.is_dir():
+        raise DFlashError("--drafter", f"{name} is not a folder", "pass a DFlash drafter folder, or 'untrained'")
+    return path
+
+
+def _engine(args, block_size: int | None, workdir: Path):
+    from .runtime.engine import Engine
+    cfg = dict(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, dtype=args.dtype,
+               device=args.device, block_size=block_size)
+    if args.engine:
+        return Engine.from_deployment(args.engine, **cfg) if block_size else Engine.from_deployment(
+            args.engine, **{k: v for k, v in cfg.items() if k != "block_size"})
+    if not args.target:
+        raise DFlashError("--target", "missing", "pass --target DIR (and --drafter DIR), or --engine DIR")
+    target = _resolve_target(args.target)
+    drafter = _resolve_drafter(args.drafter, target, workdir) if block_size != 1 else None
+    if drafter is None and block_size != 1:
+        raise DFlashError("--drafter", "missing for DFlash mode", "pass --drafter DIR (or 'untrained'), or --mode ar")
+    return Engine.from_dirs(target, drafter, RuntimeConfig(**cfg), tp_size=args.tp_size or 1,
+                            allow_pickle=args.allow_pickle)
+
+
+def _encode(engine, text: str, chat: bool) -> list[int]:
+    tok = engine.tokenizer
+    if tok is None:
+        raise DFlashError("target tokenizer", "missing (no tokenizer.json in the target folder)",
+                          "copy the tokenizer files into the target folder")
+    if chat and tok.chat_template:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    return tok(text)["input_ids"]
+
+
+def run_mode(args, mode: str, texts: list[str], workdir: Path) -> list[dict]:
+    block = 1 if mode == "ar" else args.block_size
+    t0 = time.perf_counter()
+    engine = _engine(args, block, workdir)
+    load_s = time.perf_counter() - t0
+    if engine.tp.rank != 0:
+        engine.follow()
+        return []
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+    prompts = [_encode(engine, t, not args.no_chat_template) for t in texts]
+    t0 = time.perf_counter()
+    reqs = engine.generate(prompts, params)
+    wall = time.perf_counter() - t0
+    engine.shutdown()
+    print(f"[{mode}] block_size={engine.block_size} device={engine.device} dtype={str(engine.dtype)[6:]} "
+          f"tp={engine.tp.size} load={load_s:.1f}s", file=sys.stderr)
+    out = []
+    for text, r in zip(texts, reqs):
+        s = r.stats
+        out.append({"mode": mode, "prompt": text, "text": engine.tokenizer.decode(r.output_ids, skip_special_tokens=True),
+                    "output_ids": r.output_ids, "finish_reason": r.finish_reason, **s.as_dict(),
+                    "acceptance_rate": round(s.acceptance_rate, 4), "wall_s": wall,
+                    "tok_per_s": s.num_output_tokens / s.decode_s if s.decode_s else 0.0})
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    texts = _prompts(args)
+    modes = ["ar", "dflash"] if args.mode == "both" else [args.mode]
+    with tempfile.TemporaryDirectory(prefix="dflash-generate-") as work:
+        results = {m: run_mode(args, m, texts, Path(work)) for m in modes}
+    if not any(results.values()):
+        return 0  # ranks > 0
+    for i, text in enumerate(texts):
+        print(f"\n=== prompt {i}: {text!r}")
+        for m in modes:
+            r = results[m][i]
+            print(f"--- {m}: {r['text']!r}")
+            print(f"    tokens={r['num_output_tokens']} finish={r['finish_reason']} tau={r['tau']:.2f} "
+                  f"accept_rate={r['acceptance_rate']:.2f} ttft={r['ttft_s'] * 1e3:.0f}ms "
+                  f"tpot={r['tpot_s'] * 1e3:.1f}ms ({r['tok_per_s']:.1f} tok/s)")
+        if len(modes) == 2:
+            same = results["ar"][i]["output_ids"] == results["dflash"][i]["output_ids"]
+            print(f"    DFlash tokens identical to autoregressive: {'yes' if same else 'NO'}")
+    if len(modes) == 2:
+        ar, df = results["ar"], results["dflash"]
+        speed = sum(r["tok_per_s"] for r in df) / max(sum(r["tok_per_s"] for r in ar), 1e-9)
+        tau = sum(r["tau"] for r in df) / len(df)
+        print(f"\nsummary: mean tau {tau:.2f} tokens/step, DFlash/AR decode speed {speed:.2f}x "
+              f"({len(texts)} prompt(s))")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0

@@ -1,0 +1,105 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tensor-parallel process group. Ranks come from the MPI launcher's environment (mpirun/mpiexec), the
+same way TensorRT-LLM's ranks do; the rendezvous port is agreed over MPI, or given in MASTER_ADDR/PORT."""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..errors import DFlashError
+
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "RANK")
+_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE")
+
+
+def _env_int(names: tuple[str, ...]) -> int | None:
+    for n in names:
+        if os.environ.get(n, "").isdigit():
+            return int(os.environ[n])
+    return None
+
+
+def launcher_rank_and_size() -> tuple[int, int]:
+    """(rank, size) as the launcher set them; (0, 1) when started without one.
+
+    TRTLLM_DFLASH_RANK_OFFSET shifts the rank: a server keeps rank 0 in its own process and starts
+    the other ranks with ``mpiexec -n N-1`` and offset 1.
+    """
+    rank = _env_int(_RANK_VARS) or 0
+    size = _env_int(_SIZE_VARS) or 1
+    return rank + int(os.environ.get("TRTLLM_DFLASH_RANK_OFFSET", "0")), size
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class TPGroup:
+    """This rank's place in the tensor-parallel group; a single process is ``TPGroup(0, 1)``."""
+
+    rank: int = 0
+    size: int = 1
+
+    @property
+    def active(self) -> bool:
+        return self.size > 1
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.active:
+            dist.all_reduce(x)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate each rank's x along the last dim (vocab-parallel logits)."""
+        if not self.active:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's tensor on every rank (keeps sampled tokens identical across ranks)."""
+        if self.active:
+            dist.broadcast(x, src=0)
+        return x
+
+    def broadcast_object(self, obj):
+        if not self.active:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def init_tp(tp_size: int, device: torch.device) -> TPGroup:
+    """Join the tensor-parallel group of ``tp_size`` ranks (gloo on CPU, NCCL on CUDA)."""
+    if tp_size == 1:
+        return TPGroup(0, 1)
+    rank, size = launcher_rank_and_size()
+    world = int(os.environ.get("TRTLLM_DFLASH_WORLD_SIZE", size))
+    if world != tp_size:
+        raise DFlashError("tp_size", f"is {tp_size} but {world} rank(s) were started",
+                          f"start with `mpirun -n {tp_size} ...` (or set tp_size to {world})")
+    if dist.is_initialized():
+        return TPGroup(dist.get_rank(), dist.get_world_size())
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = os.environ.get("MASTER_PORT")
+    if port is None:
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise DFlashError("MASTER_PORT", "not set and mpi4py is missing",
+                              "pip install 'trtllm-dflash[mpi]' or export MASTER_ADDR/MASTER_PORT") from None
+        port = MPI.COMM_WORLD.bcast(_free_port() if rank == 0 else None, root=0)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=tp_size)
+    return TPGroup(rank, tp_size)

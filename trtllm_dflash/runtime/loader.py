@@ -1,0 +1,105 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Build the target and drafter modules for one tensor-parallel rank and fill them from checkpoints.
+
+Each rank reads only its slices (safetensors lazy slices), fuses q/k/v and gate/up, checks every tensor
+is present with the expected shape, and never initialises weights it is about to overwrite (modules are
+built on the meta device).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..checkpoints import hf
+from ..errors import DFlashError
+from .distributed import TPGroup
+from .models.dflash import DFlashDrafter, DrafterConfig
+from .models.layers import Rotary
+from .models.llama import LlamaTarget, TargetConfig
+from .shard import slice_for_rank
+
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _read(path: Path, tp: TPGroup, allow_pickle: bool, presharded: dict | None, prefix: str) -> dict:
+    if presharded is not None:
+        return {k[len(prefix):]: v for k, v in presharded.items() if k.startswith(prefix)}
+    shapes = hf.tensor_names(path, allow_pickle=allow_pickle)
+    sd = hf.load_state_dict(path, allow_pickle=allow_pickle,
+                            slicer=lambda n, lazy: slice_for_rank(n, lazy, tp.size, tp.rank, shapes[n]))
+    if tp.size > 1 and any(f.suffix != ".safetensors" for f in hf.weight_files(path, allow_pickle=True)):
+        sd = {n: slice_for_rank(n, t, tp.size, tp.rank) for n, t in sd.items()}  # pickle: sliced after loading
+    return sd
+
+
+def _fuse(raw: dict[str, torch.Tensor], prefix: str, num_layers: int) -> dict[str, torch.Tensor]:
+    """HF names -> our names: q/k/v -> qkv_proj, gate/up -> gate_up_proj, ``prefix`` stripped."""
+    out, used = {}, set()
+
+    def take(name: str) -> torch.Tensor | None:
+        used.add(name)
+        return raw.get(name)
+
+    for i in range(num_layers):
+        src, dst = f"{prefix}layers.{i}.", f"layers.{i}."
+        for kind in ("weight", "bias"):
+            qkv = [take(f"{src}self_attn.{p}_proj.{kind}") for p in "qkv"]
+            if all(t is not None for t in qkv):
+                out[f"{dst}self_attn.qkv_proj.{kind}"] = torch.cat(qkv)
+            elif kind == "weight":
+                missing = [f"{src}self_attn.{p}_proj.weight" for p, t in zip("qkv", qkv) if t is None]
+                hf.missing_tensors([], missing, "checkpoint")
+        gate, up = take(f"{src}mlp.gate_proj.weight"), take(f"{src}mlp.up_proj.weight")
+        if gate is None or up is None:
+            hf.missing_tensors([], [f"{src}mlp.gate_proj.weight" if gate is None else f"{src}mlp.up_proj.weight"], "checkpoint")
+        out[f"{dst}mlp.gate_up_proj.weight"] = torch.cat([gate, up])
+    for name, t in raw.items():
+        if name in used or name.endswith(_IGNORED_SUFFIXES):
+            continue
+        key = name[len(prefix):] if name.startswith(prefix) else name
+        out[key] = t
+    return out
+
+
+def _assign(module: nn.Module, sd: dict[str, torch.Tensor], where: str, device, dtype) -> None:
+    """Replace the meta parameters by checkpoint tensors, checking names and shapes first."""
+    expected = dict(module.named_parameters())
+    hf.missing_tensors(sd.keys(), list(expected), where)
+    extra = sorted(set(sd) - set(expected))
+    if extra:
+        raise DFlashError(f"{where}: tensor {extra[0]}", f"is not part of this architecture ({len(extra)} unexpected)",
+                          "normalise the checkpoint with dflash-build (it converts known drafter formats)")
+    for name, p in expected.items():
+        if name in sd and tuple(sd[name].shape) != tuple(p.shape):
+            raise DFlashError(f"{where}: tensor {name}", f"has shape {tuple(sd[name].shape)}, expected {tuple(p.shape)}",
+                              "the checkpoint does not match its config.json (or the tp_size); re-export it")
+    module.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in sd.items()}, strict=False, assign=True)
+
+
+def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capture: tuple[int, ...] = (),
+                allow_pickle: bool = False, presharded: dict | None = None) -> LlamaTarget:
+    cfg = TargetConfig.from_hf(hf.read_config(path))
+    with torch.device("meta"):
+        model = LlamaTarget(cfg, tp, max_positions, capture)
+    sd = _fuse(_read(path, tp, allow_pickle, presharded, "target."), "model.", cfg.num_layers)
+    if "lm_head.weight" not in sd:
+        if not cfg.tie_word_embeddings:
+            hf.missing_tensors([], ["lm_head.weight"], f"target {path}")
+        full = sd["embed_tokens.weight"]  # replicated, so slice this rank's vocab rows from it
+        sd["lm_head.weight"] = slice_for_rank("lm_head.weight", full, tp.size, tp.rank)
+    _assign(model, sd, f"target {path}", device, dtype)
+    model.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, cfg.max_position_embeddings).to(device)
+    return model.eval()
+
+
+def load_drafter(path: Path, target_hidden: int, tp: TPGroup, device, dtype, max_positions: int,
+                 allow_pickle: bool = False, presharded: dict | None = None) -> DFlashDrafter:
+    cfg = DrafterConfig.from_hf(hf.read_config(path))
+    with torch.device("meta"):
+        model = DFlashDrafter(cfg, target_hidden, tp, max_positions)
+    sd = _fuse(_read(path, tp, allow_pickle, presharded, "drafter."), "", cfg.num_layers)
+    _assign(model, sd, f"drafter {path}", device, dtype)
+    model.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, cfg.max_position_embeddings).to(device)
+    return model.eval()

@@ -1,0 +1,182 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The DFlash drafter (z-lab checkpoint layout): Qwen3-style decoder layers whose attention sees the
+target's fused features as extra K/V rows ("KV injection").
+
+Per step: features of newly committed tokens -> ``fc`` -> ``hidden_norm`` -> k/v projections + k_norm +
+RoPE at their absolute positions -> the draft KV cache (context rows only). The block
+``[last committed token, mask x (B-1)]`` is embedded with the target's table and attends, without a
+causal mask, to the cached context plus the whole block; the final ``norm`` and the target's ``lm_head``
+turn positions 1..B-1 into the B-1 draft tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...errors import DFlashError
+from ..distributed import TPGroup
+from ..kv_cache import KVCache
+from .layers import RMSNorm, Rotary, apply_rope, attend, rope_parameters
+from .llama import MLP, check_tp
+
+# Optional reference-package fields that change the math; we refuse them rather than ignore them.
+_UNSUPPORTED = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
+
+
+def build_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
+    """The paper's default taps: uniform from the 2nd layer to the 3rd-to-last."""
+    if num_features == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_features - 1)) for i in range(num_features)]
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int | None
+    vocab_size: int | None
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: dict
+    max_position_embeddings: int
+    attention_bias: bool
+    layer_causal: tuple[bool, ...]          # per layer: causal inside the block (sliding-window drafters)
+    layer_window: tuple[int | None, ...]    # per layer: sliding window over positions, None = full
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "DrafterConfig":
+        d = cfg.get("dflash_config") or {}
+
+        def pick(name):
+            return d.get(name, cfg.get(name))
+
+        for name, neutral in _UNSUPPORTED.items():
+            if pick(name) not in (None, neutral):
+                raise DFlashError(f"drafter dflash_config.{name}", f"= {pick(name)} is not supported",
+                                  "use a drafter without it (z-lab DFlash v1 layout)")
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+            if name not in cfg:
+                raise DFlashError(f"drafter config.json {name}", "missing", "re-export the drafter in the z-lab layout")
+        block = pick("block_size")
+        if block is None:
+            raise DFlashError("drafter config.json block_size", "missing", "set block_size (16 for z-lab Qwen3 drafters)")
+        mask = pick("mask_token_id")
+        if mask is None:
+            raise DFlashError("drafter dflash_config.mask_token_id", "missing", "set it to the id the drafter was trained with")
+        n_layers, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+        ids = pick("target_layer_ids")
+        if ids is None:
+            if cfg.get("num_target_layers") is None:
+                raise DFlashError("drafter dflash_config.target_layer_ids", "missing (and no num_target_layers)",
+                                  "set target_layer_ids to the target layers the drafter was trained on")
+            ids = build_target_layer_ids(cfg["num_target_layers"], n_layers)
+        types = cfg.get("layer_types") or ["full_attention"] * n_layers
+        causal_all = cfg.get("is_causal")
+        return cls(
+            block_size=int(block), mask_token_id=int(mask), target_layer_ids=tuple(int(i) for i in ids),
+            num_target_layers=cfg.get("num_target_layers"), vocab_size=cfg.get("vocab_size"),
+            hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"], num_layers=n_layers,
+            num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope=rope_parameters(cfg),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            # Same rule as the reference: sliding layers are causal unless the config says otherwise.
+            layer_causal=tuple(bool(causal_all) if causal_all is not None else t == "sliding_attention" for t in types),
+            layer_window=tuple(cfg.get("sliding_window") if t == "sliding_attention" else None for t in types),
+        )
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, c: DrafterConfig, tp: TPGroup):
+        super().__init__()
+        self.h, self.kvh, self.d = c.num_heads // tp.size, c.num_kv_heads // tp.size, c.head_dim
+        self.qkv_proj = nn.Linear(c.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=c.attention_bias)
+        self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=False)
+        self.q_norm, self.k_norm = RMSNorm(self.d, c.rms_norm_eps), RMSNorm(self.d, c.rms_norm_eps)
+        self.tp = tp
+
+    def project_kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        # x [n, T, hidden] -> k, v [n, kvh, T, d]; the same k/v weights serve context and block rows
+        n, T, _ = x.shape
+        q_rows = self.h * self.d
+        bias = self.qkv_proj.bias[q_rows:] if self.qkv_proj.bias is not None else None
+        k, v = F.linear(x, self.qkv_proj.weight[q_rows:], bias).view(n, T, 2 * self.kvh, self.d).chunk(2, dim=2)
+        return apply_rope(self.k_norm(k).transpose(1, 2), cos, sin), v.transpose(1, 2)
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, c: DrafterConfig, tp: TPGroup):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = DraftAttention(c, tp)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c.hidden_size, c.intermediate_size, tp)
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, c: DrafterConfig, target_hidden_size: int, tp: TPGroup, max_positions: int):
+        super().__init__()
+        check_tp(c.num_heads, c.num_kv_heads, tp.size, "drafter")
+        self.config = c
+        self.layers = nn.ModuleList(DraftLayer(c, tp) for _ in range(c.num_layers))
+        self.fc = nn.Linear(len(c.target_layer_ids) * target_hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.rotary = Rotary(c.rope, c.head_dim, max_positions, c.max_position_embeddings)
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        a = self.layers[0].self_attn
+        return len(self.layers), a.kvh, a.d
+
+    def append_context(self, feats: torch.Tensor, positions: torch.Tensor, cache: KVCache, rows) -> None:
+        """Write context K/V for target features feats [n, T, n_feat * hidden] at positions [n, T]."""
+        ctx = self.hidden_norm(self.fc(feats))
+        cos, sin = self.rotary(positions, ctx.dtype)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.project_kv(ctx, cos, sin)
+            cache.write(i, rows, positions, k, v)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx_len: torch.Tensor, cache: KVCache, rows,
+                kv_len: int) -> torch.Tensor:
+        """x [n, B, hidden] block embeddings at positions [n, B]; context rows < ctx_len [n] are valid.
+        Returns the normed hidden states [n, B, hidden]."""
+        n, B, _ = x.shape
+        cos, sin = self.rotary(positions, x.dtype)
+        key_pos = torch.arange(kv_len, device=x.device)
+        ctx_vis = (key_pos[None, None, :] < ctx_len[:, None, None]).expand(n, B, kv_len)  # [n, B, S]
+        j = torch.arange(B, device=x.device)
+        for i, layer in enumerate(self.layers):
+            visible = self._mask(i, ctx_vis, positions, key_pos, j)
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            q, k, v = a.qkv_proj(h).view(n, B, -1, a.d).split([a.h, a.kvh, a.kvh], dim=2)
+            q = apply_rope(a.q_norm(q).transpose(1, 2), cos, sin)
+            k = apply_rope(a.k_norm(k).transpose(1, 2), cos, sin)
+            kc, vc = cache.read(i, rows, kv_len)
+            out = attend(q, torch.cat([kc, k], 2), torch.cat([vc, v.transpose(1, 2)], 2), visible, a.d ** -0.5)
+            x = x + a.tp.all_reduce(a.o_proj(out))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+    def _mask(self, layer: int, ctx_vis, positions, key_pos, j) -> torch.Tensor:
+        # -> [n, 1, B, S + B]: context part then block part
+        B = j.numel()
+        block_vis = (j[None, :] <= j[:, None]) if self.config.layer_causal[layer] else torch.ones(B, B, dtype=torch.bool, device=j.device)
+        block_vis = block_vis.expand(ctx_vis.shape[0], B, B)
+        window = self.config.layer_window[layer]
+        if window is not None:
+            ctx_vis = ctx_vis & (positions[:, :, None] - key_pos[None, None, :] < window)
+            block_vis = block_vis & ((j[:, None] - j[None, :]).abs() < window)
+        return torch.cat([ctx_vis, block_vis], dim=-1)[:, None]

@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Llama-family targets: Llama 2/3.x, SmolLM2, Mistral, Qwen2 (q/k/v bias) and Qwen3 (per-head q/k norm).
+
+Weights keep Hugging Face names; q/k/v and gate/up are fused at load time (one GEMM each). Under
+tensor parallelism each rank holds a slice of the heads and of the MLP (column-parallel in,
+row-parallel out with one all-reduce each), the full embedding table, and a vocab slice of lm_head.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...errors import DFlashError
+from ..distributed import TPGroup
+from ..kv_cache import KVCache
+from .layers import RMSNorm, Rotary, apply_rope, attend, rope_parameters
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: dict
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "TargetConfig":
+        arch = (cfg.get("architectures") or ["?"])[0]
+        if arch not in ARCHITECTURES:
+            raise DFlashError("target architectures", f"{arch} is not supported by the torch runtime",
+                              f"use one of {', '.join(ARCHITECTURES)}")
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope=rope_parameters(cfg),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            eos_token_ids=tuple(eos if isinstance(eos, list) else [eos] if eos is not None else []),
+        )
+
+
+def check_tp(num_heads: int, num_kv_heads: int, tp_size: int, who: str) -> None:
+    for name, n in (("num_attention_heads", num_heads), ("num_key_value_heads", num_kv_heads)):
+        if n % tp_size:
+            raise DFlashError(f"tp_size", f"{tp_size} does not divide the {who}'s {name} ({n})",
+                              f"use a tp_size that divides {n}")
+
+
+class Attention(nn.Module):
+    def __init__(self, c: TargetConfig, tp: TPGroup):
+        super().__init__()
+        self.h, self.kvh, self.d = c.num_heads // tp.size, c.num_kv_heads // tp.size, c.head_dim
+        self.qkv_proj = nn.Linear(c.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=c.attention_bias)
+        self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.d, c.rms_norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(self.d, c.rms_norm_eps) if c.qk_norm else None
+        self.tp = tp
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None):
+        # x [n, T, hidden]; positions [n, T]; visible [n, 1, T, S]
+        n, T, _ = x.shape
+        q, k, v = self.qkv_proj(x).view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [n, H, T, d]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.write(layer, rows, positions, k, v)
+        if kv_len is not None:  # decode/verify: attend over the cached prefix (incl. the rows just written)
+            k, v = cache.read(layer, rows, kv_len)
+        out = attend(q, k, v, visible, self.d ** -0.5)
+        return self.tp.all_reduce(self.o_proj(out))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int, tp: TPGroup):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * (inter // tp.size), bias=False)
+        self.down_proj = nn.Linear(inter // tp.size, hidden, bias=False)
+        self.tp = tp
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: TargetConfig, tp: TPGroup):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c, tp)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c.hidden_size, c.intermediate_size, tp)
+
+
+class LlamaTarget(nn.Module):
+    """forward() returns final hidden states and the concatenated outputs of ``capture_layers``
+    (z-lab convention: layer i output = HF ``hidden_states[i + 1]``)."""
+
+    def __init__(self, c: TargetConfig, tp: TPGroup, max_positions: int, capture_layers: tuple[int, ...] = ()):
+        super().__init__()
+        check_tp(c.num_heads, c.num_kv_heads, tp.size, "target")
+        self.config, self.tp, self.capture_layers = c, tp, tuple(capture_layers)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c, tp) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.vocab_shard = -(-c.vocab_size // tp.size)  # lm_head rows per rank (last rank padded)
+        self.lm_head = nn.Linear(c.hidden_size, self.vocab_shard, bias=False)
+        self.rotary = Rotary(c.rope, c.head_dim, max_positions, c.max_position_embeddings)
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        a = self.layers[0].self_attn
+        return len(self.layers), a.kvh, a.d
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> [..., vocab] float32, gathered over the vocab-parallel ranks."""
+        return self.tp.all_gather_last(self.lm_head(h).float())[..., : self.config.vocab_size]
+
+    def forward(self, ids, positions, cache: KVCache, rows, kv_len: int | None):
+        """ids, positions [n, T]; rows: cache rows (slice or index tensor).
+
+        kv_len None = prefill (attend within this chunk, causal); else attend over cache[:kv_len].
+        Returns h [n, T, hidden] (after the final norm) and features [n, T, len(capture) * hidden] or None.
+        """
+        x = self.embed(ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        key_pos = positions if kv_len is None else torch.arange(kv_len, device=ids.device)[None]
+        visible = (key_pos[:, None, :] <= positions[:, :, None])[:, None]  # causal by absolute position
+        feats: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, rows, positions, visible, kv_len)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in self.capture_layers:
+                feats[i] = x
+        return self.norm(x), torch.cat([feats[i] for i in self.capture_layers], -1) if feats else None

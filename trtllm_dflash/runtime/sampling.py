@@ -1,0 +1,89 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Target sampling and DFlash acceptance.
+
+Verification is sample-then-match: the target samples its own token at every block position, and a
+draft token is accepted while it equals the target's sample at the position before it. With an argmax
+(one-hot) draft this is exactly speculative sampling with q = delta(draft), hence lossless.
+
+Sampling noise is a hash of (seed, absolute position, vocab id), not a stateful generator. So the token
+drawn for position p of a request does not depend on how decoding was split into blocks or batched:
+DFlash with a seed emits *the same tokens* as autoregressive decoding with that seed, which makes
+losslessness testable token for token at any temperature (and the chi-square test checks the law).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    # murmur3 finaliser on values < 2**32 held in int64; every product stays < 2**63 (no overflow)
+    x = x ^ (x >> 16)
+    x = (x * 0x045D9F3B) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x045D9F3B) & _M32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seed: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """seed [n], positions [n, T] -> u [n, T, vocab] in (0, 1), float32, deterministic on any device."""
+    v = torch.arange(vocab, device=positions.device, dtype=torch.int64)
+    h = _mix32((seed[:, None] & _M32) ^ _mix32(positions & _M32))  # [n, T]
+    x = _mix32(h[..., None] ^ _mix32(v + 0x9E3779B))               # [n, T, V]
+    return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row settings of the running batch, as tensors on the model's device."""
+
+    temperature: torch.Tensor  # [n] float32 (0 = greedy)
+    top_k: torch.Tensor        # [n] int64 (0 = off)
+    top_p: torch.Tensor        # [n] float32 (1 = off)
+    seed: torch.Tensor         # [n] int64
+    all_greedy: bool
+
+    @classmethod
+    def from_params(cls, params: list, device) -> "SamplingBatch":
+        t = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+        return cls(t, torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+                   torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+                   torch.tensor([p.seed for p in params], dtype=torch.int64, device=device),
+                   all(p.temperature == 0 for p in params))
+
+
+def filtered_logprobs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    """logits [n, T, V] -> log-probabilities after temperature, top-k and top-p ([n, T, V], -inf = banned)."""
+    temp = torch.where(sb.temperature > 0, sb.temperature, torch.ones_like(sb.temperature))
+    x = logits.float() / temp[:, None, None]
+    V = x.shape[-1]
+    k = torch.where((sb.top_k > 0) & (sb.top_k < V), sb.top_k, torch.full_like(sb.top_k, V))
+    if bool((k < V).any()):
+        kth = x.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None, None].expand(*x.shape[:2], 1))
+        x = x.masked_fill(x < kth, float("-inf"))
+    if bool((sb.top_p < 1).any()):
+        probs, order = x.softmax(-1).sort(dim=-1, descending=True)
+        drop_sorted = probs.cumsum(-1) - probs >= sb.top_p[:, None, None]  # keep the smallest prefix reaching p
+        x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+    return x.log_softmax(-1)
+
+
+def sample(logits: torch.Tensor, sb: SamplingBatch, positions: torch.Tensor) -> torch.Tensor:
+    """logits [n, T, V] predicting the tokens at positions [n, T] -> token ids [n, T] (int64)."""
+    greedy = logits.argmax(-1)
+    if sb.all_greedy:
+        return greedy
+    gumbel = -torch.log(-torch.log(uniform_noise(sb.seed, positions, logits.shape[-1])))
+    sampled = (filtered_logprobs(logits, sb) + gumbel).argmax(-1)  # Gumbel-max = a draw from the law
+    return torch.where(sb.temperature[:, None] > 0, sampled, greedy)
+
+
+def accept(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """draft [n, B-1], target samples [n, B] -> accepted draft count a [n].
+
+    The committed tokens are target[:, :a+1]: the accepted drafts (equal to the target's samples)
+    plus the target's bonus token."""
+    return (draft == target[:, :-1]).long().cumprod(dim=1).sum(dim=1)
