@@ -1,0 +1,90 @@
+# SPDX-License-Identifier: Apache-2.0
+"""BuildConfig: presets, precedence (defaults < preset < flags), and one clear error per bad value."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from trtllm_dflash import build_config as bc
+from trtllm_dflash.build import config_from_args
+from trtllm_dflash.errors import DFlashError
+
+PRESETS = sorted((Path(__file__).resolve().parents[1] / "build_configs").glob("*.yaml"))
+
+
+def test_presets_exist_for_every_required_deployment():
+    names = {p.stem for p in PRESETS}
+    assert {"gpt-oss-120b_b300_tp8", "gpt-oss-120b_h200_tp8", "gpt-oss-20b_h100_tp1", "qwen3-8b_h100_tp1",
+            "qwen3-8b_b200_tp1", "llama-3.1-8b_h100_tp1", "smollm2-135m_cpu_tp1"} <= names
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_every_preset_loads_and_matches_its_name(preset):
+    cfg = bc.make(bc.load_preset(preset))
+    model, gpu, tp = preset.stem.rsplit("_", 2)
+    # The name is a label for people; the values inside are what counts (never parsed from the name).
+    assert (cfg.target, cfg.gpu, f"tp{cfg.tp_size}") == (model, gpu, tp)
+
+
+def test_flags_override_the_preset_and_defaults_fill_the_rest():
+    preset = next(p for p in PRESETS if p.stem == "gpt-oss-120b_b300_tp8")
+    cfg, dry_run, force = config_from_args(["--config", str(preset), "--tp", "4", "--ep", "2", "--dry-run"])
+    assert (cfg.tp_size, cfg.ep_size, cfg.gpu, cfg.max_batch_size) == (4, 2, "b300", 64)
+    assert dry_run and not force
+    cfg, _, _ = config_from_args(["--target", "qwen3-8b"])
+    assert (cfg.tp_size, cfg.backend, cfg.max_draft_len) == (1, "torch", None)
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        bc.BuildConfig(target="x").tp_size = 2
+
+
+def write(tmp_path, text):
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, field", [
+    ("build:\n  target: qwen3-8b\n  tensor_parallel: 2\n", "build.tensor_parallel"),
+    ("build:\n  target: qwen3-8b\nbenchmark:\n  x: 1\n", "benchmark"),
+    ("target: qwen3-8b\n", "build:"),
+    ("build: [1, 2\n", "not valid YAML"),
+])
+def test_bad_preset_files(tmp_path, text, field):
+    with pytest.raises(DFlashError, match=field.replace(".", r"\.")):
+        bc.load_preset(write(tmp_path, text))
+
+
+def test_missing_preset_file(tmp_path):
+    with pytest.raises(DFlashError, match="does not exist"):
+        bc.load_preset(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"target": ""}, "target"),
+    ({"tp_size": 0}, "tp_size"),
+    ({"ep_size": -1}, "ep_size"),
+    ({"gpu": "a100"}, "gpu"),
+    ({"backend": "vllm"}, "backend"),
+    ({"dtype": "fp8"}, "dtype"),
+    ({"max_seq_len": 1}, "max_seq_len"),
+    ({"max_draft_len": 0}, "max_draft_len"),
+    ({"free_gpu_memory_fraction": 1.5}, "free_gpu_memory_fraction"),
+    ({"presharded": True, "backend": "trtllm"}, "presharded"),
+    ({"backend": "trtllm", "gpu": "cpu"}, "backend"),
+    ({"quant": "fp8"}, "quant"),
+])
+def test_bad_values_name_the_field(kw, field):
+    with pytest.raises(DFlashError) as err:
+        bc.BuildConfig(**{"target": "qwen3-8b", **kw})
+    assert err.value.field == field
+    assert "\n" not in str(err.value) and "Fix:" in str(err.value)
+
+
+def test_unknown_keyword_is_an_error():
+    with pytest.raises(DFlashError, match="config"):
+        bc.make({"target": "qwen3-8b", "bogus": 1})
