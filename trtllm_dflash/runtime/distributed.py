@@ -70,6 +70,12 @@ class TPGroup:
             dist.broadcast(x, src=0)
         return x
 
+    def close(self) -> None:
+        """Leave the group; gloo aborts the process at exit if a group is still alive."""
+        if self.active and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
     def broadcast_object(self, obj):
         if not self.active:
             return obj
@@ -98,6 +104,9 @@ def init_tp(tp_size: int, device: torch.device) -> TPGroup:
             raise DFlashError("MASTER_PORT", "not set and mpi4py is missing",
                               "pip install 'trtllm-dflash[mpi]' or export MASTER_ADDR/MASTER_PORT") from None
         port = MPI.COMM_WORLD.bcast(_free_port() if rank == 0 else None, root=0)
+        # MPI's only job was the rendezvous; finalising now keeps its exit-time teardown from racing
+        # gloo's threads (seen as an abort at exit with MPICH).
+        MPI.Finalize()
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())

@@ -29,6 +29,7 @@ from ..errors import DFlashError
 from .distributed import TPGroup, init_tp
 from .kv_cache import KVCache
 from .loader import load_drafter, load_target
+from .models.llama import TargetConfig
 from .sampling import SamplingBatch, accept, sample
 
 _PREFILL_TOKENS = 8192  # prompt tokens per prefill forward (bounds activation memory)
@@ -92,16 +93,17 @@ class Engine:
     def from_dirs(cls, target_dir, drafter_dir=None, cfg: RuntimeConfig = RuntimeConfig(), *, tp_size: int = 1,
                   allow_pickle: bool = False, presharded: dict | None = None) -> "Engine":
         device, dtype = _resolve(cfg)
-        tp = init_tp(tp_size, device)
-        if device.type == "cuda" and tp.size > 1:
-            device = torch.device("cuda", torch.cuda.current_device())
         target_dir = Path(target_dir)
         tcfg = hf.read_config(target_dir)
         dcfg = hf.read_config(drafter_dir) if drafter_dir is not None and cfg.block_size != 1 else None
-        if dcfg is not None:
-            validate.check_pair(tcfg, dcfg, tp_size=tp.size, block_size=cfg.block_size)
+        if dcfg is not None:  # config checks first: a bad pair fails before any rank or weight is touched
+            validate.check_pair(tcfg, dcfg, tp_size=tp_size, block_size=cfg.block_size)
         else:
-            validate.check_tp(tcfg, tp.size, "target")
+            validate.check_tp(tcfg, tp_size, "target")
+        TargetConfig.from_hf(tcfg)
+        tp = init_tp(tp_size, device)
+        if device.type == "cuda" and tp.size > 1:
+            device = torch.device("cuda", torch.cuda.current_device())
         positions = cfg.max_seq_len
         drafter = (load_drafter(Path(drafter_dir), tcfg["hidden_size"], tp, device, dtype, positions, allow_pickle,
                                 presharded) if dcfg is not None else None)
@@ -171,8 +173,7 @@ class Engine:
     # ---- the loop -------------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """Admit waiting requests (prefill), then one draft + verify over every active slot."""
-        admitted, cancelled = self._control()
-        finished = [self._finish(r, "cancelled") for r in cancelled]
+        admitted, finished = self._control()
         if admitted:
             finished += self._prefill(admitted)
         n = max((i + 1 for i, s in enumerate(self.slots) if s is not None), default=0)
@@ -293,27 +294,31 @@ class Engine:
         return req
 
     def _control(self) -> tuple[list[Request], list[Request]]:
-        """Rank 0 picks the requests that enter (free slots, FIFO) and leave; other ranks receive it."""
+        """Rank 0 decides which requests leave (cancelled) and then which enter (free slots, FIFO);
+        the other ranks receive the same decision. Returns (admitted, cancelled)."""
         if self.tp.rank == 0:
             with self._lock:
-                cancel_ids, self._cancel = self._cancel, set()
-                cancelled = [r for r in self._waiting if r.request_id in cancel_ids]
-                self._waiting = deque(r for r in self._waiting if r.request_id not in cancel_ids)
-                cancelled += [s for s in self.slots if s is not None and s.request_id in cancel_ids]
+                ids, self._cancel = self._cancel, set()
+                cancelled = [r for r in self._waiting if r.request_id in ids]
+                self._waiting = deque(r for r in self._waiting if r.request_id not in ids)
+                running = [s for s in self.slots if s is not None and s.request_id in ids]
+                for r in running:
+                    self._finish(r, "cancelled")
                 free = [i for i, s in enumerate(self.slots) if s is None]
                 admitted = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
             for req, slot in zip(admitted, free):
                 req.slot = slot
-            msg = {"admit": [(r.slot, r.prompt_ids, r.params, r.request_id) for r in admitted],
-                   "cancel": [r.request_id for r in cancelled if r.slot >= 0], "stop": False}
             if self.tp.active:
-                self.tp.broadcast_object(msg)
+                self.tp.broadcast_object({"admit": [(r.slot, r.prompt_ids, r.params, r.request_id) for r in admitted],
+                                          "cancel": [r.request_id for r in running], "stop": False})
+            cancelled = [self._finish(r, "cancelled") for r in cancelled] + running
         else:
             msg = self.tp.broadcast_object(None)
             if msg["stop"]:
                 raise StopIteration
+            cancelled = [self._finish(s, "cancelled") for s in self.slots
+                         if s is not None and s.request_id in set(msg["cancel"])]
             admitted = [Request(p, sp, request_id=rid, slot=slot) for slot, p, sp, rid in msg["admit"]]
-            cancelled = [s for s in self.slots if s is not None and s.request_id in set(msg["cancel"])]
         for req in admitted:
             self.slots[req.slot] = req
         if admitted:
@@ -331,11 +336,13 @@ class Engine:
             while True:
                 self.step()
         except StopIteration:
-            pass
+            self.tp.close()
 
     def shutdown(self) -> None:
+        """Rank 0: release the follower ranks and leave the tensor-parallel group."""
         if self.tp.active and self.tp.rank == 0:
             self.tp.broadcast_object({"admit": [], "cancel": [], "stop": True})
+            self.tp.close()
 
 
 def _launcher_rank(tp_size: int) -> int:

@@ -1,0 +1,165 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The decode loop: lossless greedy and sampled output, acceptance bookkeeping, continuous batching,
+stop conditions, streaming, cancellation."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.tiny import VOCAB
+from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.runtime.engine import Engine
+
+
+def prompts(n=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [3, 17, 1, 40, 9, 25, 2, 31][:n]
+    return [torch.randint(2, VOCAB - 2, (k,), generator=g).tolist() for k in lengths]
+
+
+def engines(pair, **kw):
+    cfg = dict(max_seq_len=256, max_batch_size=4)
+    return (Engine.from_dirs(pair[0], None, RuntimeConfig(block_size=1, **cfg)),
+            Engine.from_dirs(pair[0], pair[1], RuntimeConfig(**cfg, **kw)))
+
+
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "tiny_qwen3_pair"])
+def test_dflash_greedy_equals_ar_and_transformers(request, pair_name):
+    from transformers import AutoModelForCausalLM
+    pair = request.getfixturevalue(pair_name)
+    ar, df = engines(pair)
+    ps = prompts()  # 6 requests, 4 slots: requests wait, finish and free slots for the next ones
+    sp = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    out_ar, out_df = ar.generate(ps, sp), df.generate(ps, sp)
+    hf = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32)
+    for p, a, d in zip(ps, out_ar, out_df):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert a.output_ids == ref[0, len(p):].tolist()
+        assert d.output_ids == a.output_ids
+        assert len(d.output_ids) == 48 and d.finish_reason == "length"
+    assert df.metrics()["max_active_batch"] == 4
+
+
+class OracleEngine(Engine):
+    """Proposes the true continuation with a planted error every `period` tokens: exercises multi-token
+    acceptance, rejection mid-block and the overwrite of rejected cache rows."""
+
+    truth: dict = {}
+    period = 5
+
+    def _propose(self, last, pos, start, rows, ctx_len):
+        n, B = pos.shape
+        out = torch.zeros(n, B - 1, dtype=torch.long)
+        for i in range(n):
+            req = self.slots[i]
+            if req is None:
+                continue
+            seq = self.truth[tuple(req.prompt_ids)]
+            done = len(req.output_ids)  # output_ids[done-1] is the anchor
+            for j in range(B - 1):
+                k = done + j
+                tok = seq[k] if k < len(seq) else 0
+                out[i, j] = (tok + 1) % VOCAB if (k + 1) % self.period == 0 else tok
+        return out.to(self.device)
+
+
+def test_acceptance_bookkeeping_with_an_oracle_drafter(tiny_pair):
+    ar, _ = engines(tiny_pair)
+    ps = prompts(4)
+    sp = SamplingParams(max_new_tokens=60, ignore_eos=True)
+    truth = {tuple(p): r.output_ids for p, r in zip(ps, ar.generate(ps, sp))}
+    OracleEngine.truth = truth
+    eng = OracleEngine.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(max_seq_len=256, max_batch_size=4))
+    for p, r in zip(ps, eng.generate(ps, sp)):
+        assert r.output_ids == truth[tuple(p)]
+        # every 5th token is wrong, so after the first step blocks commit up to 5 tokens (4 drafts + bonus)
+        assert max(r.stats.acceptance_lengths) == 5 and r.stats.tau > 3.5
+        assert r.stats.num_accepted_draft_tokens == sum(a - 1 for a in r.stats.acceptance_lengths)
+        assert r.stats.num_draft_tokens == 7 * len(r.stats.acceptance_lengths)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.7, top_k=5), dict(temperature=1.3, top_p=0.8)])
+def test_sampled_dflash_emits_the_same_tokens_as_sampled_ar(tiny_pair, kw):
+    ar, df = engines(tiny_pair)
+    ps = prompts(4)
+    sps = [SamplingParams(max_new_tokens=40, ignore_eos=True, seed=s, **kw) for s in range(4)]
+    out_ar, out_df = ar.generate(ps, sps), df.generate(ps, sps)
+    assert [r.output_ids for r in out_df] == [r.output_ids for r in out_ar]
+    assert len({tuple(r.output_ids) for r in out_ar}) == 4
+    greedy = ar.generate(ps, SamplingParams(max_new_tokens=40, ignore_eos=True))
+    assert [r.output_ids for r in greedy] != [r.output_ids for r in out_ar]  # sampling really sampled
+
+
+def test_stop_tokens_budget_and_streaming(tiny_pair):
+    _, df = engines(tiny_pair)
+    p = prompts(1)[0]
+    free = df.generate([p], SamplingParams(max_new_tokens=30, ignore_eos=True))[0].output_ids
+    stop = free[7]
+    chunks = []
+    req = df.add_request(p, SamplingParams(max_new_tokens=30, stop_token_ids=(stop,), ignore_eos=True),
+                         on_tokens=lambda r, toks: chunks.append(list(toks)))
+    while not req.done:
+        df.step()
+    first = free.index(stop)
+    assert req.output_ids == free[: first + 1] and req.finish_reason == "stop"
+    assert sum(chunks, []) == req.output_ids
+    r = df.generate([p], SamplingParams(max_new_tokens=1, ignore_eos=True))[0]
+    assert r.output_ids == free[:1] and r.finish_reason == "length"
+    assert df.metrics()["active"] == 0
+
+
+def test_eos_from_the_target_config_stops(tiny_pair):
+    ar, df = engines(tiny_pair)
+    eos = VOCAB - 2  # tests.tiny sets eos_token_id to this
+    assert eos in df.eos_ids
+    ps = prompts(6)
+    outs = df.generate(ps, SamplingParams(max_new_tokens=200))
+    for r in outs:
+        assert (r.finish_reason == "stop") == (eos in r.output_ids)
+        assert eos not in r.output_ids[:-1]
+
+
+def test_cancel_frees_the_slot(tiny_pair):
+    _, df = engines(tiny_pair, )
+    ps = prompts(6)
+    reqs = [df.add_request(p, SamplingParams(max_new_tokens=100, ignore_eos=True)) for p in ps]
+    df.step()
+    df.cancel(reqs[0].request_id)
+    df.cancel(reqs[5].request_id)  # still waiting
+    df.step()
+    assert reqs[0].finish_reason == "cancelled" and reqs[5].finish_reason == "cancelled"
+    assert reqs[4].slot == reqs[0].slot  # the freed slot went to the next waiting request
+    while df.has_work():
+        df.step()
+    assert all(r.finish_reason == "length" for r in reqs[1:5])
+
+
+def test_kv_cache_limit_finishes_with_length(tiny_pair):
+    df = Engine.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(max_seq_len=64, max_batch_size=2))
+    r = df.generate([prompts(1)[0]], SamplingParams(max_new_tokens=500, ignore_eos=True))[0]
+    assert r.finish_reason == "length" and 3 + len(r.output_ids) <= 64
+
+
+def test_bad_requests_are_refused_with_one_line(tiny_pair):
+    _, df = engines(tiny_pair)
+    with pytest.raises(DFlashError, match="prompt: is empty"):
+        df.add_request([], SamplingParams())
+    with pytest.raises(DFlashError, match="max_seq_len"):
+        df.add_request([3] * 300, SamplingParams())
+    with pytest.raises(DFlashError, match="outside"):
+        df.add_request([VOCAB + 5], SamplingParams())
+    with pytest.raises(DFlashError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=0)
+    with pytest.raises(DFlashError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    assert not df.has_work()
+
+
+def test_block_size_override_and_stats(tiny_pair):
+    _, df = engines(tiny_pair, block_size=4)
+    r = df.generate([prompts(1)[0]], SamplingParams(max_new_tokens=20, ignore_eos=True))[0]
+    assert df.block_size == 4 and r.stats.num_draft_tokens == 3 * len(r.stats.acceptance_lengths)
+    assert r.stats.num_prompt_tokens == 3 and r.stats.num_output_tokens == 20 and r.stats.ttft_s > 0
+    with pytest.raises(DFlashError, match="block_size"):
+        Engine.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(block_size=9))

@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run under `mpiexec -n N`: load a pair with tp_size N, generate fixed prompts, rank 0 writes JSON."""
+import json
+import sys
+
+from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.runtime.engine import Engine
+
+PROMPTS = [[5, 9, 13], [7] * 20, [40, 41, 42, 43, 44, 45, 46]]
+PARAMS = [SamplingParams(max_new_tokens=24, ignore_eos=True),
+          SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=1.0, seed=3),
+          SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=0.8, top_k=10, seed=5)]
+
+
+def run(target, drafter, tp_size, block_size=None):
+    eng = Engine.from_dirs(target, drafter, RuntimeConfig(max_seq_len=128, max_batch_size=2, block_size=block_size),
+                           tp_size=tp_size)
+    if eng.tp.rank != 0:
+        eng.follow()
+        return None
+    out = [r.output_ids for r in eng.generate(PROMPTS, PARAMS)]
+    eng.shutdown()
+    return out
+
+
+if __name__ == "__main__":
+    target, drafter, out_path, tp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    res = {"dflash": run(target, drafter, tp)}
+    if res["dflash"] is not None:
+        with open(out_path, "w") as f:
+            json.dump(res, f)
