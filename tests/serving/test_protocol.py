@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: Apache-2.0
+import numpy as np
+import pytest
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.serving.detokenize import TextStream
+from trtllm_dflash.serving.protocol import Result, final_outputs, parse_request
+
+
+def _req(text=b"hello", **inputs):
+    arrays = {"text_input": np.array([text], dtype=np.object_)}
+    for name, value in inputs.items():
+        arrays[name] = value if isinstance(value, np.ndarray) else np.array([value])
+    return arrays
+
+
+def test_defaults_and_values():
+    r = parse_request(_req("héllo".encode()), {}, 64)
+    assert (r.prompt, r.streaming, r.max_tokens, r.temperature, r.stop, r.exclude_input_from_output) == (
+        "héllo", False, None, None, (), True)
+    r = parse_request(_req(streaming=np.array([True]), sampling_param_max_tokens=np.array([7], np.int32),
+                           sampling_param_temperature=np.array([0.5], np.float32),
+                           sampling_param_seed=np.array([2**63], np.uint64),
+                           sampling_param_stop=np.array([b"\n\n", b"END"], dtype=np.object_)),
+                      {"triton_enable_empty_final_response": True}, 64)
+    assert (r.streaming, r.max_tokens, r.temperature, r.seed, r.stop) == (True, 7, 0.5, 2**63, ("\n\n", "END"))
+
+
+@pytest.mark.parametrize("inputs, params, match", [
+    (_req(b""), {}, "text_input: is empty"),
+    (_req(b"\xff\xfe"), {}, "text_input: is not valid UTF-8"),
+    ({"text_input": np.array([b"a", b"b"], dtype=np.object_)}, {}, "text_input: expected one prompt"),
+    (_req(sampling_param_max_tokens=np.array([0], np.int32)), {}, r"max_tokens: must be in \[1, 63\], got 0"),
+    (_req(sampling_param_max_tokens=np.array([-5], np.int32)), {}, "max_tokens: must be in"),
+    (_req(sampling_param_max_tokens=np.array([64], np.int32)), {}, "got 64"),
+    (_req(sampling_param_max_tokens=np.array([1.5], np.float32)), {}, "max_tokens: expected an integer"),
+    (_req(sampling_param_max_tokens=np.array([1, 2], np.int32)), {}, "max_tokens: expected one value"),
+    (_req(streaming=np.array([1], np.int32)), {}, "streaming: expected BOOL"),
+    (_req(sampling_param_temperature=np.array([np.nan], np.float32)), {}, "temperature: must be >= 0"),
+    (_req(sampling_param_top_p=np.array([0.0], np.float32)), {}, "top_p: must be in"),
+    (_req(sampling_param_best_of=np.array([2], np.int32)), {}, "best_of: is 2"),
+    (_req(sampling_param_stop=np.array([b""], dtype=np.object_)), {}, "stop: has an empty string"),
+    (_req(image_url=np.array([b"x"], dtype=np.object_)), {}, "inputs: unknown 'image_url'"),
+    (_req(), {"max_tokens": 5}, "parameters: unknown 'max_tokens'"),
+])
+def test_bad_requests_name_the_input(inputs, params, match):
+    with pytest.raises(DFlashError, match=match):
+        parse_request(inputs, params, 64)
+
+
+def test_final_outputs_types():
+    out = final_outputs("tx", Result(finish_reason="length", num_draft_tokens=14, num_accepted_draft_tokens=7,
+                                     times_ns={"arrival_time_ns": 5}))
+    assert out["text_output"].tolist() == [b"tx"] and out["finish_reason"].tolist() == [b"length"]
+    assert out["acceptance_rate"].dtype == np.float32 and out["acceptance_rate"][0] == pytest.approx(0.5)
+    assert out["total_draft_tokens"].dtype == np.int32 and out["arrival_time_ns"].dtype == np.int64
+    assert out["first_token_time_ns"].tolist() == [0]
+
+
+class ByteTokenizer:
+    """Token id = one UTF-8 byte: multi-byte characters arrive in pieces, as with byte-level BPE."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def _ids(text: str) -> list[list[int]]:
+    return [[b] for b in text.encode()]
+
+
+def test_text_stream_holds_partial_characters():
+    stream, pieces = TextStream(ByteTokenizer()), []
+    for chunk in _ids("añb€c"):
+        pieces.append(stream.push(chunk))
+    pieces.append(stream.finish())
+    assert "".join(pieces) == "añb€c" and "\ufffd" not in "".join(pieces)
+    assert pieces[1:3] == ["", "ñ"]
+
+
+def test_text_stream_stop_string_cuts_and_holds_prefix():
+    stream, pieces = TextStream(ByteTokenizer(), stop=("END",)), []
+    for chunk in _ids("abcENxEND tail"):
+        pieces.append(stream.push(chunk))
+        if stream.stopped:
+            break
+    assert "".join(pieces) == "abcENx" and stream.stop_reason == "END"
+    assert pieces[3:5] == ["", ""]          # "E", "EN" held back: they could start "END"
+    assert stream.finish() == ""

@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The ``tensorrt_llm`` model's request and response tensors, without Triton: numpy arrays in,
+a validated ``GenerateRequest`` out; results in, a dict of output arrays out.
+
+Names are those of TensorRT-LLM's LLM-API Triton model (``text_input``, ``sampling_param_*``,
+``text_output``, ``acceptance_rate``, ...). Every user error is a ``DFlashError`` naming the input.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import DFlashError
+
+SAMPLING_INPUTS = ("best_of", "temperature", "top_k", "top_p", "frequency_penalty", "presence_penalty",
+                   "max_tokens", "stop", "seed", "exclude_input_from_output", "return_perf_metrics")
+INPUT_NAMES = ("text_input", "streaming", *(f"sampling_param_{n}" for n in SAMPLING_INPUTS),
+               "return_finish_reason", "return_stop_reason", "stop")
+OUTPUT_NAMES = ("text_output", "finish_reason", "stop_reason", "arrival_time_ns", "first_token_time_ns",
+                "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+# Request parameters Triton itself may attach (KServe ones); anything else is a client mistake,
+# e.g. a misspelled input name in an HTTP generate body, which Triton turns into a parameter.
+_TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+                      "binary_data_output", "headers"}
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One validated request. ``None`` means "not sent": the backend's default applies."""
+
+    prompt: str
+    streaming: bool = False
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    stop: tuple[str, ...] = ()
+    exclude_input_from_output: bool = True
+    cancel: bool = False          # the `stop` input: cancel the running request with this request id
+
+
+@dataclass
+class Result:
+    """What a backend reports for one request: new text and, on the last update, how it ended."""
+
+    text: str = ""                # text generated since the previous update
+    finished: bool = False
+    finish_reason: str = ""       # stop | length | cancelled
+    stop_reason: str = ""         # the stop string that ended the request, if any
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    times_ns: dict = field(default_factory=dict)  # arrival/first_token/last_token, Unix time in ns
+    error: str = ""               # set on a finished Result when the runtime failed the request
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_draft_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+def _scalar(inputs: Mapping[str, np.ndarray], name: str, kind: type):
+    arr = inputs.get(name)
+    if arr is None:
+        return None
+    if arr.size != 1:
+        raise DFlashError(name, f"expected one value, got shape {list(arr.shape)}", "send a [1] tensor")
+    value = arr.reshape(-1)[0]
+    if kind is bool:
+        if arr.dtype != np.bool_:
+            raise DFlashError(name, f"expected BOOL, got {arr.dtype}", "send true or false")
+        return bool(value)
+    if kind is int and not np.issubdtype(arr.dtype, np.integer):
+        raise DFlashError(name, f"expected an integer, got {arr.dtype}", "send an INT32 value")
+    if kind is float and not np.issubdtype(arr.dtype, np.number):
+        raise DFlashError(name, f"expected a number, got {arr.dtype}", "send an FP32 value")
+    return kind(value)
+
+
+def _text(value, name: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, (bytes, np.bytes_)):
+        raise DFlashError(name, f"expected a string, got {type(value).__name__}", "send a BYTES/STRING tensor")
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DFlashError(name, f"is not valid UTF-8 ({err.reason} at byte {err.start})",
+                          "send UTF-8 text") from None
+
+
+def parse_request(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object],
+                  max_seq_len: int) -> GenerateRequest:
+    """Validate one Triton request (input name -> array, request parameters) against the limits."""
+    unknown = sorted(k for k in parameters if k not in _TRITON_PARAMETERS and not k.startswith("triton_"))
+    if unknown:
+        raise DFlashError("parameters", f"unknown {', '.join(map(repr, unknown))}",
+                          f"send only the model's inputs: {', '.join(INPUT_NAMES)}")
+    extra = sorted(set(inputs) - set(INPUT_NAMES))
+    if extra:
+        raise DFlashError("inputs", f"unknown {', '.join(map(repr, extra))}",
+                          f"send only the model's inputs: {', '.join(INPUT_NAMES)}")
+    text = inputs.get("text_input")
+    if text is None:
+        raise DFlashError("text_input", "is missing", "send the prompt as text_input")
+    if text.size != 1:
+        raise DFlashError("text_input", f"expected one prompt, got shape {list(text.shape)}",
+                          "send one prompt per request; concurrent requests are batched by the runtime")
+    prompt = _text(text.reshape(-1)[0], "text_input")
+    cancel = bool(_scalar(inputs, "stop", bool))
+    if not prompt and not cancel:
+        raise DFlashError("text_input", "is empty", "send a non-empty prompt")
+    best_of = _scalar(inputs, "sampling_param_best_of", int)
+    if best_of not in (None, 1):
+        raise DFlashError("sampling_param_best_of", f"is {best_of}", "only 1 is supported: leave it unset")
+    max_tokens = _scalar(inputs, "sampling_param_max_tokens", int)
+    if max_tokens is not None and not 1 <= max_tokens <= max_seq_len - 1:
+        raise DFlashError("sampling_param_max_tokens", f"must be in [1, {max_seq_len - 1}], got {max_tokens}",
+                          f"max_seq_len of this deployment is {max_seq_len}")
+    temperature = _scalar(inputs, "sampling_param_temperature", float)
+    if temperature is not None and not temperature >= 0.0:   # also rejects NaN
+        raise DFlashError("sampling_param_temperature", f"must be >= 0, got {temperature}", "use 0 for greedy")
+    top_k = _scalar(inputs, "sampling_param_top_k", int)
+    if top_k is not None and top_k < 0:
+        raise DFlashError("sampling_param_top_k", f"must be >= 0, got {top_k}", "use 0 to disable top-k")
+    top_p = _scalar(inputs, "sampling_param_top_p", float)
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise DFlashError("sampling_param_top_p", f"must be in (0, 1], got {top_p}", "use 1 to disable top-p")
+    stop = ()
+    if inputs.get("sampling_param_stop") is not None:
+        stop = tuple(_text(s, "sampling_param_stop") for s in inputs["sampling_param_stop"].reshape(-1))
+        if not all(stop):
+            raise DFlashError("sampling_param_stop", "has an empty string", "send non-empty stop strings")
+    exclude = _scalar(inputs, "sampling_param_exclude_input_from_output", bool)
+    _scalar(inputs, "sampling_param_return_perf_metrics", bool)   # validated only: the stats are always returned
+    for flag in ("return_finish_reason", "return_stop_reason"):
+        _scalar(inputs, flag, bool)
+    return GenerateRequest(
+        prompt=prompt, streaming=bool(_scalar(inputs, "streaming", bool)), max_tokens=max_tokens,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=_scalar(inputs, "sampling_param_seed", int),
+        frequency_penalty=_scalar(inputs, "sampling_param_frequency_penalty", float),
+        presence_penalty=_scalar(inputs, "sampling_param_presence_penalty", float), stop=stop,
+        exclude_input_from_output=True if exclude is None else exclude, cancel=cancel)
+
+
+def text_outputs(text: str) -> dict[str, np.ndarray]:
+    """A streamed (not last) response: the new text only."""
+    return {"text_output": np.array([text.encode("utf-8")], dtype=np.object_)}
+
+
+def final_outputs(text: str, result: Result) -> dict[str, np.ndarray]:
+    """The last response: text (all of it, or the last piece when streaming), how it ended, DFlash stats."""
+    out = text_outputs(text)
+    out["finish_reason"] = np.array([result.finish_reason.encode()], dtype=np.object_)
+    out["stop_reason"] = np.array([result.stop_reason.encode("utf-8")], dtype=np.object_)
+    for name in ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns"):
+        out[name] = np.array([result.times_ns.get(name, 0)], dtype=np.int64)
+    out["acceptance_rate"] = np.array([result.acceptance_rate], dtype=np.float32)
+    out["total_accepted_draft_tokens"] = np.array([result.num_accepted_draft_tokens], dtype=np.int32)
+    out["total_draft_tokens"] = np.array([result.num_draft_tokens], dtype=np.int32)
+    return out
