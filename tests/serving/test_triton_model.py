@@ -1,0 +1,118 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The model logic of 1/model.py over a fake Triton and a fake engine (real scheduler/responder threads)."""
+import json
+
+import pytest
+
+from tests.serving.fakes import FakeEngine, FakePbUtils, FakeRequest, triton_inputs
+from trtllm_dflash.serving.backends import TorchBackend
+from trtllm_dflash.serving.repo import fill_triton
+from trtllm_dflash.serving.triton_model import DFlashModel
+
+
+@pytest.fixture
+def make_model(tmp_path):
+    models = []
+
+    def make(decoupled=True, **engine_kw):
+        manifest = {"backend": "torch", "tp_size": 1}
+        (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+        repo = fill_triton(tmp_path, manifest, decoupled_mode=decoupled)
+        engine = FakeEngine(**engine_kw)
+        model = DFlashModel(FakePbUtils, repo / "tensorrt_llm" / "1", backend=TorchBackend(engine))
+        models.append(model)
+        return model, engine
+
+    yield make
+    for m in models:
+        m.finalize()
+
+
+def _run(model, *requests, timeout=10):
+    model.execute(list(requests))
+    for r in requests:
+        assert r.sender.final.wait(timeout), "no final response"
+    return requests
+
+
+def test_concurrent_requests_are_batched(make_model):
+    model, engine = make_model(max_batch_size=4)
+    reqs = [FakeRequest(triton_inputs(f"p{i}-", max_tokens=9)) for i in range(6)]
+    _run(model, *reqs)
+    for i, r in enumerate(reqs):
+        final = r.sender.responses[-1]
+        assert final.error is None and len(r.sender.responses) == 1
+        assert r.sender.text() == (f"p{i}-" * 3)[:9]
+        assert final.outputs["finish_reason"].tolist() == [b"length"]
+        assert final.outputs["total_draft_tokens"].tolist() == [15]
+        assert final.outputs["total_accepted_draft_tokens"].tolist() == [5]
+    assert engine.counters["max_active_batch"] == 4
+    assert model.stats()["finished"] == {"length": 6}
+
+
+def test_streaming_sends_pieces_then_final(make_model):
+    model, _ = make_model()
+    (r,) = _run(model, FakeRequest(triton_inputs("abc", max_tokens=7, streaming=True)))
+    assert len(r.sender.responses) >= 3 and r.sender.text() == "abcabca"
+    assert "finish_reason" in r.sender.responses[-1].outputs
+    assert all(set(x.outputs) == {"text_output"} for x in r.sender.responses[:-1])
+
+
+def test_stop_string_and_echo(make_model):
+    model, engine = make_model()
+    (r,) = _run(model, FakeRequest(triton_inputs("xyz!", max_tokens=40, stop=["z!x"])))
+    out = r.sender.responses[-1].outputs
+    assert r.sender.text() == "xy" and out["finish_reason"].tolist() == [b"stop"]
+    assert out["stop_reason"].tolist() == [b"z!x"]
+    inputs = triton_inputs("ab", max_tokens=3)
+    inputs["sampling_param_exclude_input_from_output"] = __import__("numpy").array([False])
+    (r,) = _run(model, FakeRequest(inputs))
+    assert r.sender.text() == "ab" + "aba"
+
+
+def test_client_cancellation_frees_the_slot(make_model):
+    model, engine = make_model(step_s=0.01)
+    r = FakeRequest(triton_inputs("abc", max_tokens=200, streaming=True))
+    model.execute([r])
+    while len(r.sender.responses) < 2:
+        pass
+    r.cancelled = True            # what Triton reports once the gRPC stream is gone
+    assert r.sender.final.wait(5)
+    assert r.sender.responses[-1].error.code == "CANCELLED"
+    assert engine.metrics()["active"] == 0 and model.stats()["finished"] == {"cancelled": 1}
+
+
+def test_stop_input_cancels_by_request_id(make_model):
+    model, _ = make_model(step_s=0.01)
+    r = FakeRequest(triton_inputs("abc", max_tokens=200, streaming=True), request_id="job-7")
+    model.execute([r])
+    while not r.sender.responses:
+        pass
+    stop = FakeRequest({**triton_inputs("-"), "stop": __import__("numpy").array([True])}, request_id="job-7")
+    _run(model, stop, r)
+    assert r.sender.responses[-1].outputs["finish_reason"].tolist() == [b"cancelled"]
+    assert stop.sender.responses[-1].error is None
+
+
+def test_bad_requests_answer_with_errors_and_model_stays_usable(make_model):
+    model, _ = make_model(decoupled=False, max_seq_len=32)
+    bad = [FakeRequest(triton_inputs("")), FakeRequest(triton_inputs("x", max_tokens=0)),
+           FakeRequest(triton_inputs("x" * 40)), FakeRequest(triton_inputs("xx", max_tokens=31)),
+           FakeRequest(triton_inputs("x", streaming=True)), FakeRequest(triton_inputs("x"), {"colour": 1}),
+           FakeRequest(triton_inputs("x", frequency_penalty=0.5))]
+    good = FakeRequest(triton_inputs("ok", max_tokens=2))
+    _run(model, *bad, good)
+    errors = [r.sender.responses[-1].error for r in bad]
+    assert all(e is not None and e.code == "INVALID_ARG" for e in errors)
+    assert [e.message.split(":")[0] for e in errors] == [
+        "text_input", "sampling_param_max_tokens", "text_input", "sampling_param_max_tokens", "streaming",
+        "parameters", "sampling_param_frequency_penalty"]
+    assert good.sender.text() == "ok"
+
+
+def test_engine_failure_fails_requests_and_later_ones(make_model):
+    model, _ = make_model(fail_at_step=2)
+    (r,) = _run(model, FakeRequest(triton_inputs("abc", max_tokens=50)))
+    assert r.sender.responses[-1].error.code == "INTERNAL" and "device lost" in r.sender.responses[-1].error.message
+    (r2,) = _run(model, FakeRequest(triton_inputs("abc")))
+    assert "restart the server" in r2.sender.responses[-1].error.message

@@ -1,0 +1,278 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What ``triton_model_repo/tensorrt_llm/1/model.py`` does, importable and testable without Triton:
+``triton_python_backend_utils`` is passed in (tests pass a fake).
+
+``execute`` validates each request, hands it to the backend and returns at once; responses are sent
+from the backend's threads (decoupled: one per text piece, then a final one with the DFlash stats).
+A thread checks every ``cancellation_check_period_ms`` for clients that cancelled or went away and
+frees their slots, and publishes the runtime's counters as Triton custom metrics.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..errors import DFlashError
+from . import protocol
+from .protocol import GenerateRequest, Result
+
+log = logging.getLogger(__name__)
+
+
+def read_model_yaml(path: Path) -> dict:
+    """``1/model.yaml``: ``engine_dir`` and ``triton_config`` (``max_batch_size``, ``decoupled``, ...)."""
+    cfg = yaml.safe_load(Path(path).read_text()) or {}
+    tc = cfg.get("triton_config")
+    if not isinstance(tc, dict) or not {"max_batch_size", "decoupled"} <= tc.keys():
+        raise DFlashError(f"{path}: triton_config", "needs max_batch_size and decoupled", "refill with dflash-build")
+    if tc["max_batch_size"] != 0:
+        raise DFlashError(f"{path}: triton_config.max_batch_size", f"is {tc['max_batch_size']}",
+                          "use 0: the runtime batches requests itself; Triton passes them one by one")
+    if not cfg.get("engine_dir"):
+        raise DFlashError(f"{path}: engine_dir", "is missing", "refill with dflash-build")
+    return cfg
+
+
+def auto_complete(config, model_yaml: Path):
+    """Triton's auto-complete hook: transaction policy and batch size come from model.yaml."""
+    tc = read_model_yaml(model_yaml)["triton_config"]
+    config.set_model_transaction_policy(dict(decoupled=bool(tc["decoupled"])))
+    config.set_max_batch_size(int(tc["max_batch_size"]))
+    return config
+
+
+@dataclass
+class _Live:
+    """A request between execute() and its final response."""
+
+    triton_request: object
+    sender: object
+    gen: GenerateRequest
+    handle: int = -1
+    text: list[str] = field(default_factory=list)   # pieces so far (non-streaming requests)
+    cancelled: bool = False
+    done: bool = False
+
+
+class DFlashModel:
+    """The ``tensorrt_llm`` model. ``backend`` is for tests; by default the manifest's is loaded."""
+
+    def __init__(self, pb_utils, version_dir: Path, model_name: str = "tensorrt_llm", backend=None):
+        self.pb = pb_utils
+        cfg = read_model_yaml(Path(version_dir) / "model.yaml")
+        tc = cfg["triton_config"]
+        self.decoupled = bool(tc["decoupled"])
+        self.period_s = float(tc.get("cancellation_check_period_ms", 100)) / 1000.0
+        self.deployment_dir = (Path(version_dir) / cfg["engine_dir"]).resolve()
+        manifest_path = self.deployment_dir / "manifest.json"
+        if not manifest_path.is_file():
+            raise DFlashError("engine_dir", f"{self.deployment_dir} has no manifest.json",
+                              "point model.yaml at a dflash-build output (or refill the repository)")
+        self.manifest = json.loads(manifest_path.read_text())
+        if backend is None:
+            from .backends import load_backend
+            backend = load_backend(self.deployment_dir, self.manifest)
+        self.backend = backend
+        self._live: dict[int, _Live] = {}
+        self._lock = threading.RLock()   # a backend may answer from inside submit()
+        self._counts = {"draft_tokens": 0, "accepted_draft_tokens": 0}
+        self._finish_counts: dict[str, int] = {}
+        self._metrics = _TritonMetrics(pb_utils, model_name)
+        self._running = True
+        self._watcher = threading.Thread(target=self._watch, name="dflash-cancellation", daemon=True)
+        self._watcher.start()
+        self._log(f"serving {self.deployment_dir} with the {backend.name} backend "
+                  f"(decoupled={self.decoupled}, max_seq_len={backend.max_seq_len})")
+
+    # -- Triton entry points --
+
+    def execute(self, requests) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                inputs = {t.name(): t.as_numpy() for t in request.inputs()}
+                params = json.loads(request.parameters() or "{}")
+                gen = protocol.parse_request(inputs, params, self.backend.max_seq_len)
+                if gen.cancel:
+                    self._cancel_by_id(request.request_id(), sender)
+                    continue
+                if gen.streaming and not self.decoupled:
+                    raise DFlashError("streaming", "needs a decoupled model",
+                                      "refill the repository with decoupled_mode true, or send streaming=false")
+                live = _Live(request, sender, gen)
+                if gen.streaming and not gen.exclude_input_from_output:
+                    self._send(live, protocol.text_outputs(gen.prompt), final=False)
+                with self._lock:
+                    live.handle = self.backend.submit(gen, lambda r, live=live: self._on_result(live, r))
+                    if not live.done:
+                        self._live[live.handle] = live
+            except DFlashError as err:
+                self._send_error(sender, str(err), "INVALID_ARG")
+            except Exception as err:  # noqa: BLE001 - a bug answers this request, not the whole batch
+                self._log(traceback.format_exc(), error=True)
+                self._send_error(sender, f"internal error: {err}", "INTERNAL")
+
+    def finalize(self) -> None:
+        self._log("finalize: stopping the runtime")
+        self._running = False
+        self._watcher.join(timeout=5)
+        self.backend.shutdown()
+
+    # -- responses (called from backend threads) --
+
+    def _on_result(self, live: _Live, result: Result) -> None:
+        # The backend may answer before submit() returned; take the lock so _live is consistent.
+        with self._lock:
+            if live.done:
+                return
+            if result.finished:
+                live.done = True
+                self._live.pop(live.handle, None)
+                self._count(result)
+        try:
+            self._respond(live, result)
+        finally:
+            if result.finished:
+                # Triton unloads a decoupled model only once every response sender is gone: drop ours now.
+                live.sender = live.triton_request = None
+
+    def _respond(self, live: _Live, result: Result) -> None:
+        if result.error:
+            self._send_error(live.sender, result.error, "INTERNAL")
+        elif not result.finished:
+            if live.gen.streaming:
+                self._send(live, protocol.text_outputs(result.text), final=False)
+            else:
+                live.text.append(result.text)
+        elif live.cancelled:
+            self._send_error(live.sender, "Request cancelled by client", "CANCELLED")
+        else:
+            text = result.text if live.gen.streaming else "".join(live.text) + result.text
+            if not live.gen.streaming and not live.gen.exclude_input_from_output:
+                text = live.gen.prompt + text
+            self._send(live, protocol.final_outputs(text, result), final=True)
+
+    def _send(self, live: _Live, outputs: dict, final: bool) -> None:
+        response = self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in outputs.items()])
+        flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        try:
+            live.sender.send(response, flags=flags)
+        except Exception as err:  # noqa: BLE001 - the client is gone; the watcher frees the slot
+            self._log(f"sending a response failed: {err}", error=True)
+
+    def _send_error(self, sender, message: str, code: str) -> None:
+        code = getattr(self.pb.TritonError, code, None)
+        error = self.pb.TritonError(message) if code is None else self.pb.TritonError(message, code)
+        try:
+            sender.send(self.pb.InferenceResponse(error=error), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as err:  # noqa: BLE001
+            self._log(f"sending an error response failed: {err}", error=True)
+
+    def _cancel_by_id(self, request_id: str, sender) -> None:
+        """The ``stop`` input: cancel the running requests that carry this request id."""
+        if not request_id:
+            raise DFlashError("stop", "needs the id of the request to cancel", "send it as the request id")
+        with self._lock:
+            targets = [live for live in self._live.values() if live.triton_request.request_id() == request_id]
+        if not targets:
+            raise DFlashError("stop", f"no running request has id {request_id!r}", "check the request id")
+        for live in targets:
+            self.backend.cancel(live.handle)
+        response = self.pb.InferenceResponse(output_tensors=[
+            self.pb.Tensor(k, v) for k, v in protocol.final_outputs("", Result(finish_reason="cancelled")).items()])
+        sender.send(response, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    # -- cancellation and metrics --
+
+    def _watch(self) -> None:
+        while self._running:
+            with self._lock:
+                lives = list(self._live.values())
+            for live in lives:
+                if not live.cancelled and live.triton_request.is_cancelled():
+                    live.cancelled = True
+                    self.backend.cancel(live.handle)
+            self._publish_metrics()
+            threading.Event().wait(self.period_s)
+
+    def _count(self, result: Result) -> None:
+        reason = "error" if result.error else result.finish_reason
+        self._finish_counts[reason] = self._finish_counts.get(reason, 0) + 1
+        self._counts["draft_tokens"] += result.num_draft_tokens
+        self._counts["accepted_draft_tokens"] += result.num_accepted_draft_tokens
+
+    def stats(self) -> dict:
+        """Runtime counters (``max_active_batch``, ``steps``, ...) and this model's request counts."""
+        with self._lock:
+            finished = dict(self._finish_counts)
+            counts = dict(self._counts)
+        return {**self.backend.metrics(), **counts, "finished": finished}
+
+    def _publish_metrics(self) -> None:
+        try:
+            self._metrics.publish(self.stats())
+        except Exception as err:  # noqa: BLE001 - metrics must never take the model down
+            self._log(f"publishing metrics failed: {err}", error=True)
+
+    def _log(self, message: str, error: bool = False) -> None:
+        logger = getattr(self.pb, "Logger", None)
+        if logger is None:
+            (log.error if error else log.info)(message)
+        else:
+            (logger.log_error if error else logger.log_info)(f"[dflash] {message}")
+
+
+class _TritonMetrics:
+    """Custom metrics on Triton's /metrics endpoint (Prometheus), named ``dflash_*``."""
+
+    GAUGES = {"active_requests": "Requests in the runtime (decoding or waiting for a slot)",
+              "max_active_batch": "Largest number of requests decoded together in one step"}
+    COUNTERS = {"steps_total": "Draft+verify steps of the runtime",
+                "draft_tokens_total": "Draft tokens proposed to the target (finished requests)",
+                "accepted_draft_tokens_total": "Draft tokens the target accepted (finished requests)"}
+
+    def __init__(self, pb_utils, model_name: str):
+        self.enabled = hasattr(pb_utils, "MetricFamily")
+        if not self.enabled:
+            return
+        fam = pb_utils.MetricFamily
+        labels = {"model": model_name, "version": "1"}
+        # Triton drops a family's metrics when the family object dies: keep every family referenced.
+        self.families = {k: fam(name=f"dflash_{k}", description=d, kind=fam.GAUGE) for k, d in self.GAUGES.items()}
+        self.families.update({k: fam(name=f"dflash_{k}", description=d, kind=fam.COUNTER)
+                              for k, d in self.COUNTERS.items()})
+        self.gauges = {k: self.families[k].Metric(labels=labels) for k in self.GAUGES}
+        self.counters = {k: self.families[k].Metric(labels=labels) for k in self.COUNTERS}
+        self.requests = fam(name="dflash_requests_total", description="Finished requests, by finish reason",
+                            kind=fam.COUNTER)
+        self.labels = labels
+        self.by_reason: dict[str, object] = {}
+        self.last: dict[str, int] = {}
+
+    def publish(self, stats: dict) -> None:
+        if not self.enabled:
+            return
+        self.gauges["active_requests"].set(stats.get("active", stats.get("live_requests", 0)))
+        if "max_active_batch" in stats:
+            self.gauges["max_active_batch"].set(stats["max_active_batch"])
+        totals = {"steps_total": stats.get("steps", 0), "draft_tokens_total": stats["draft_tokens"],
+                  "accepted_draft_tokens_total": stats["accepted_draft_tokens"]}
+        for key, total in totals.items():
+            self._increment(self.counters[key], key, total)
+        for reason, total in stats["finished"].items():
+            if reason not in self.by_reason:
+                self.by_reason[reason] = self.requests.Metric(labels={**self.labels, "finish_reason": reason})
+            self._increment(self.by_reason[reason], f"requests/{reason}", total)
+
+    def _increment(self, metric, key: str, total: int) -> None:
+        delta = total - self.last.get(key, 0)
+        if delta > 0:
+            metric.increment(delta)
+            self.last[key] = total
+
