@@ -1,0 +1,302 @@
+# SPDX-License-Identifier: Apache-2.0
+"""dflash-build end to end on tiny stand-in checkpoints: every preset builds, real ids dry-run with no
+network, every bad input fails with one line and leaves nothing in --out, and killed builds never look done."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors import safe_open
+
+from tests import fixtures_build as fb
+from tests.test_llm_api_options import check_schema
+from trtllm_dflash import build, cli
+from trtllm_dflash.checkpoints import manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted((ROOT / "build_configs").glob("*.yaml"))
+# Each preset's stand-in: a tiny target of the same architecture and a drafter in some known format.
+STAND_INS = {
+    "gpt-oss-120b_b300_tp8": ("gpt_oss", "z-lab"), "gpt-oss-120b_h200_tp8": ("gpt_oss", "modelopt"),
+    "gpt-oss-20b_h100_tp1": ("gpt_oss", "speculators"), "qwen3-8b_h100_tp1": ("qwen3", "specforge"),
+    "qwen3-8b_b200_tp1": ("qwen3", "z-lab"), "llama-3.1-8b_h100_tp1": ("llama", "speculators"),
+    "smollm2-135m_cpu_tp1": ("llama", "untrained"),
+}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """ckpt(arch, fmt) -> (target_dir, drafter spec), built once per module."""
+    root = tmp_path_factory.mktemp("standins")
+    cache: dict = {}
+
+    def get(arch: str, fmt: str = "z-lab"):
+        if arch not in cache:
+            cache[arch] = fb.write_target(root / arch / "target", arch)
+        if (arch, fmt) not in cache:
+            cache[arch, fmt] = ("untrained" if fmt == "untrained"
+                                else str(fb.write_drafter(fmt, cache[arch], root / arch / fmt)))
+        return cache[arch], cache[arch, fmt]
+    return get
+
+
+@pytest.fixture(autouse=True)
+def triton_hook(monkeypatch):
+    """A stand-in trtllm_dflash.serving.repo (another stage's module), recording what it was given."""
+    calls = []
+
+    def fill_triton(out_tmp_dir, record):
+        calls.append((Path(out_tmp_dir), record))
+        (Path(out_tmp_dir) / "triton").mkdir()
+        (Path(out_tmp_dir) / "triton" / "model.yaml").write_text(f"engine_dir: {record['out']}\n")
+
+    fake = types.ModuleType("trtllm_dflash.serving.repo")
+    fake.fill_triton = fill_triton
+    monkeypatch.setitem(sys.modules, "trtllm_dflash.serving.repo", fake)
+    import trtllm_dflash.serving as serving
+
+    monkeypatch.setattr(serving, "repo", fake, raising=False)
+    return calls
+
+
+def run(argv, capsys):
+    capsys.readouterr()   # drop what building the stand-in checkpoints printed
+    rc = cli.build_main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def tiny_args(ckpt, out, arch="llama", fmt="z-lab", *extra):
+    target, drafter = ckpt(arch, fmt)
+    return ["--target", target, "--drafter", drafter, "--max_seq_len", 512, "--out", out, *extra]
+
+
+def test_every_preset_has_a_stand_in():
+    assert {p.stem for p in PRESETS} == set(STAND_INS)
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_every_preset_builds_with_stand_in_checkpoints(ckpt, tmp_path, capsys, preset, triton_hook):
+    arch, fmt = STAND_INS[preset.stem]
+    out = tmp_path / "deploy"
+    rc, stdout, err = run(["--config", preset, *tiny_args(ckpt, out, arch, fmt)], capsys)
+    assert rc == 0, err
+    m = manifest.read(out)
+    preset_cfg = yaml.safe_load(preset.read_text())["build"]
+    assert (m["backend"], m["gpu"], m["tp_size"]) == (preset_cfg["backend"], preset_cfg["gpu"], preset_cfg["tp_size"])
+    assert m["drafter"]["format"] == ("z-lab" if fmt == "untrained" else fmt)
+    assert m["runtime"]["block_size"] == preset_cfg["max_draft_len"] + 1
+    assert not manifest.verify(out, m)
+    assert (out / "target" / "config.json").is_symlink() and (out / "drafter" / "model.safetensors").is_file()
+    assert triton_hook and triton_hook[-1][1]["out"] == str(out) and "triton/model.yaml" in m["files"]
+    if preset_cfg["gpu"] == "cpu":
+        assert not (out / "llm_api_options.yaml").exists()
+        assert "dflash-generate --engine" in stdout and "UNTRAINED" in stdout
+        assert m["drafter"]["untrained"] and m["validation"]["drafter trained"].startswith("warning")
+    else:
+        opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
+        check_schema(opts)
+        assert opts["tensor_parallel_size"] == preset_cfg["tp_size"]
+        assert opts["speculative_config"]["speculative_model"] == str(out / "drafter")
+        assert ("moe_config" in opts) == (arch == "gpt_oss")
+        assert f"trtllm-serve {out}/target" in stdout and "trtllm-bench" in stdout
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_real_ids_dry_run_without_network(tmp_path, capsys, monkeypatch, preset):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    out = tmp_path / "deploy"
+    rc, stdout, err = run(["--config", preset, "--out", out, "--dry_run"], capsys)
+    assert rc == 0, err
+    assert "dry run: nothing downloaded or written" in stdout and not out.exists()
+    if "--- llm_api_options.yaml ---" in stdout:
+        opts = yaml.safe_load(stdout.split("--- llm_api_options.yaml ---")[1].split("\ndry run")[0])
+        check_schema(opts)
+        assert opts["tensor_parallel_size"] == yaml.safe_load(preset.read_text())["build"]["tp_size"]
+
+
+def test_gpt_oss_120b_b300_dry_run_prints_plan_and_yaml(capsys):
+    rc, stdout, _ = run(["--config", ROOT / "build_configs" / "gpt-oss-120b_b300_tp8.yaml", "--dry-run"], capsys)
+    assert rc == 0
+    assert "tensor_parallel_size: 8" in stdout and "decoding_type: DFlash" in stdout
+    assert "GptOssForCausalLM: 36 layers" in stdout and "drafter attention TRTLLM  moe TRTLLM" in stdout
+
+
+BAD = {  # name: (arch, drafter format, extra flags, config edits, expected field in the message)
+    "tp_heads": ("llama", "z-lab", ["--tp", "3"], {}, "tp_size"),
+    "ep_on_dense": ("llama", "z-lab", ["--ep", "2", "--tp", "2"], {}, "ep_size"),
+    "ep_not_dividing_tp": ("gpt_oss", "z-lab", ["--backend", "trtllm", "--tp", "8", "--ep", "3"], {}, "ep_size"),
+    "ep_not_dividing_experts": ("gpt_oss", "z-lab", ["--backend", "trtllm", "--tp", "4", "--ep", "4"],
+                                {"target": {"num_local_experts": 6}}, "ep_size"),
+    "layer_ids": ("llama", "z-lab", [], {"drafter": {"dflash_config": {"target_layer_ids": [0, 4]}}},
+                  "target_layer_ids"),
+    "mask_id": ("llama", "z-lab", [], {"drafter": {"dflash_config": {"mask_token_id": 96}}}, "mask_token_id"),
+    "hidden": ("llama", "z-lab", [], {"drafter": {"hidden_size": 128}}, "hidden_size"),
+    "vocab": ("llama", "z-lab", [], {"drafter": {"vocab_size": 100}}, "vocab_size"),
+    "draft_len": ("llama", "z-lab", ["--max_draft_len", "16"], {}, "max_draft_len"),
+    "architecture": ("llama", "z-lab", ["--backend", "trtllm"], {"target": {"architectures": ["Gemma3ForCausalLM"]}},
+                     "target architecture"),
+    "attention_on_hopper": ("llama", "z-lab", ["--backend", "trtllm", "--attention_backend", "TRTLLM"], {},
+                            "attention_backend"),
+    "moe_on_hopper": ("gpt_oss", "z-lab", ["--backend", "trtllm", "--moe_backend", "TRTLLM"], {}, "moe_backend"),
+    "torch_gpt_oss": ("gpt_oss", "z-lab", ["--backend", "torch"], {}, "GptOssForCausalLM"),
+    "trtllm_on_cpu": ("llama", "z-lab", ["--backend", "trtllm", "--gpu", "cpu"], {}, "backend"),
+    "seq_len": ("llama", "z-lab", ["--max_seq_len", "4096"], {}, "max_seq_len"),
+    "num_tokens": ("llama", "z-lab", ["--backend", "trtllm", "--max_num_tokens", "64"], {}, "max_num_tokens"),
+    "quant": ("llama", "z-lab", ["--quant", "fp8"], {}, "quant"),
+    "format": ("llama", "z-lab", [], {"drafter": {"dflash_config": None, "architectures": ["LlamaForCausalLM"]}},
+               "z-lab, modelopt, speculators, specforge"),
+    "own_lm_head": ("llama", "own_lm_head", [], {}, "lm_head.weight"),
+    "pickle_target": ("llama", "z-lab", [], {"pickle_target": True}, "pickle"),
+}
+
+
+def _edited(src: Path, dst: Path, edits: dict) -> Path:
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        os.symlink(f.resolve(), dst / f.name)
+    cfg = json.loads((src / "config.json").read_text())
+    for key, value in edits.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key].update(value)
+        elif value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    (dst / "config.json").unlink()
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_inputs_fail_with_one_line_and_leave_nothing(ckpt, tmp_path, capsys, case):
+    arch, fmt, flags, edits, field = BAD[case]
+    target, drafter = ckpt(arch, "z-lab")
+    if fmt == "own_lm_head":
+        drafter = fb.to_speculators(Path(drafter), Path(target), tmp_path / "spec", own_lm_head=True)
+    if "target" in edits:
+        target = _edited(Path(target), tmp_path / "t", edits["target"])
+    if "drafter" in edits:
+        drafter = _edited(Path(drafter), tmp_path / "d", edits["drafter"])
+    if edits.get("pickle_target"):
+        import torch
+        from safetensors.torch import load_file
+
+        src, target = Path(target), tmp_path / "pt"
+        target.mkdir()
+        (target / "config.json").write_text((src / "config.json").read_text())
+        torch.save(load_file(str(src / "model.safetensors")), target / "pytorch_model.bin")
+    out = tmp_path / "deploy"
+    rc, _, err = run(["--target", target, "--drafter", drafter, "--max_seq_len", 512, "--out", out, *flags], capsys)
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and "Fix:" in err
+    assert field in err
+    assert not out.exists() and not list(tmp_path.glob(".deploy.*"))
+
+
+def test_not_a_deployment_directory_is_never_replaced(ckpt, tmp_path, capsys):
+    out = tmp_path / "deploy"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    rc, _, err = run(tiny_args(ckpt, out, "llama", "z-lab", "--force"), capsys)
+    assert rc == 2 and "not a deployment directory" in err
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_rebuild_reuses_then_refuses_then_forces(ckpt, tmp_path, capsys):
+    out = tmp_path / "deploy"
+    assert run(tiny_args(ckpt, out), capsys)[0] == 0
+    stamp = (out / "manifest.json").stat().st_mtime_ns
+    rc, stdout, _ = run(tiny_args(ckpt, out), capsys)
+    assert rc == 0 and "up to date" in stdout and (out / "manifest.json").stat().st_mtime_ns == stamp
+    rc, _, err = run(tiny_args(ckpt, out, "llama", "z-lab", "--max_batch_size", "2"), capsys)
+    assert rc == 2 and "--force" in err and manifest.read(out)["runtime"]["max_batch_size"] == 8
+    rc, _, _ = run(tiny_args(ckpt, out, "llama", "z-lab", "--max_batch_size", "2", "--force"), capsys)
+    assert rc == 0 and manifest.read(out)["runtime"]["max_batch_size"] == 2
+    assert not list(tmp_path.glob(".deploy.*"))
+
+
+def test_manifest_contents(ckpt, tmp_path, capsys):
+    out = tmp_path / "deploy"
+    assert run(tiny_args(ckpt, out, "qwen3", "specforge", "--backend", "trtllm", "--gpu", "b200"), capsys)[0] == 0
+    m = json.loads((out / "manifest.json").read_text())
+    for key in ("format_version", "backend", "tp_size", "ep_size", "gpu", "runtime", "target", "drafter", "files",
+                "versions", "validation"):
+        assert key in m, key
+    assert m["runtime"] == {"max_batch_size": 8, "max_seq_len": 512, "block_size": 16, "dtype": "auto"}
+    assert m["target"]["path"] == "target" and m["target"]["architecture"] == "Qwen3ForCausalLM"
+    assert m["drafter"]["path"] == "drafter" and m["drafter"]["format"] == "specforge"
+    assert m["trtllm"]["attention_backend"] == "TRTLLM" and m["versions"]["torch"]
+    assert all(v == "ok" for v in m["validation"].values())
+    assert set(m["files"]) == set(manifest.list_files(out))
+    assert all(len(h) == 64 for h in m["files"].values())
+
+
+def test_inspect_summarises_and_catches_tampering(ckpt, tmp_path, capsys):
+    out = tmp_path / "deploy"
+    assert run(tiny_args(ckpt, out, "llama", "z-lab", "--backend", "trtllm"), capsys)[0] == 0
+    rc, stdout, _ = run(["inspect", out], capsys)
+    assert rc == 0 and "verified sha256" in stdout and "trtllm-serve" in stdout and "format z-lab" in stdout
+    (out / "drafter" / "config.json").write_text("{}")
+    rc, _, err = run(["inspect", out], capsys)
+    assert rc == 2 and "drafter/config.json: sha256 mismatch" in err
+    rc, _, err = run(["inspect", tmp_path], capsys)
+    assert rc == 2 and "no manifest.json" in err
+
+
+def test_presharded_ranks_for_the_torch_backend(ckpt, tmp_path, capsys):
+    out = tmp_path / "deploy"
+    assert run(tiny_args(ckpt, out, "llama", "z-lab", "--tp", "2", "--presharded"), capsys)[0] == 0
+    m = manifest.read(out)
+    assert m["presharded"] and {"ranks/rank0.safetensors", "ranks/rank1.safetensors"} <= set(m["files"])
+    with safe_open(str(out / "ranks" / "rank1.safetensors"), "pt") as f:
+        names = list(f.keys())
+        q = f.get_slice("target.model.layers.0.self_attn.q_proj.weight").get_shape()
+    assert any(n.startswith("drafter.layers.0.") for n in names) and q == [32, 64]   # 4 heads x 16 / 2 ranks
+
+
+def test_interrupted_build_leaves_nothing(ckpt, tmp_path, capsys, monkeypatch):
+    def boom(_root):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(manifest, "hash_tree", boom)
+    out = tmp_path / "deploy"
+    rc, _, err = run(tiny_args(ckpt, out), capsys)
+    assert rc == 130 and not out.exists() and not list(tmp_path.glob(".deploy.*"))
+
+
+KILL = """
+import os, signal, sys
+from trtllm_dflash import build
+from trtllm_dflash.checkpoints import manifest
+manifest.write_json_atomic = lambda path, data: os.kill(os.getpid(), signal.SIGKILL)
+build.main(sys.argv[1:])
+"""
+
+
+def test_killed_build_never_looks_complete_and_is_cleaned_up(ckpt, tmp_path, capsys):
+    out = tmp_path / "deploy"
+    args = [str(a) for a in tiny_args(ckpt, out)]
+    proc = subprocess.run([sys.executable, "-c", KILL, *args], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == -9
+    assert not out.exists()
+    leftovers = list(tmp_path.glob(".deploy.tmp-*"))
+    assert leftovers and not (leftovers[0] / "manifest.json").exists()
+    assert run(args, capsys)[0] == 0 and manifest.read(out)
+    assert not list(tmp_path.glob(".deploy.tmp-*"))
+
+
+def test_module_entry_point_and_help():
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dflash.build", "--help"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0
+    for text in ("--tp_size TP_SIZE, --tp TP_SIZE", "--dry_run, --dry-run", "examples:", "(default: 1)",
+                 "dflash-build inspect", "parallelism and hardware"):
+        assert text in proc.stdout, text

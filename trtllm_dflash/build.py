@@ -1,0 +1,521 @@
+# SPDX-License-Identifier: Apache-2.0
+"""dflash-build: a Hugging Face target + its DFlash drafter -> a deployment ("engine") directory.
+
+Consumes: a target and a drafter (short name, local folder or hub id; any known drafter format).
+Produces: ``<out>/{manifest.json, llm_api_options.yaml, target/, drafter/, ranks/, triton/}``, written into a
+hidden temp dir beside ``<out>`` and renamed into place, after every check that needs no GPU has passed.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import __version__
+from . import build_config as bc
+from .backends import trtllm
+from .checkpoints import drafter_formats, manifest, resolve, trtllm_checks
+from .errors import DFlashError
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided before any file is written; a dry run prints it and stops."""
+
+    cfg: bc.BuildConfig
+    target: resolve.Resolved
+    drafter: resolve.Resolved
+    target_cfg: dict
+    drafter_cfg: dict                   # canonical z-lab config.json
+    drafter_format: str
+    notes: tuple[str, ...]              # what normalising the drafter changes
+    architecture: str
+    max_draft_len: int
+    attention_backend: str | None
+    moe_backend: str | None
+    validation: dict
+    options: dict | None                # llm_api_options.yaml content; None on CPU
+
+    @property
+    def untrained(self) -> bool:
+        return self.drafter.kind == "untrained"
+
+
+def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
+    """Resolve configs (no weights) and run every check; raises DFlashError on the first failure."""
+    target_spec, drafter_spec = resolve.expand_short_name(cfg.target, cfg.drafter)
+    target = resolve.resolve(target_spec, role="target", revision=cfg.target_revision, download=False)
+    drafter = resolve.resolve(drafter_spec, role="drafter", revision=cfg.drafter_revision, download=False)
+    target_cfg = _config(target, "target", dry_run=dry_run)
+    gpu = trtllm_checks.gpu_profile(cfg.gpu)
+    arch = trtllm_checks.architecture(target_cfg)
+    validation: dict[str, str] = {}
+    trtllm_checks.check_backend(cfg.backend, gpu, arch)
+    validation["architecture"] = "ok"
+    if drafter.kind == "untrained":
+        from .checkpoints.drafter_init import drafter_config
+
+        raw, fmt = drafter_config(target_cfg, **UNTRAINED_SHAPE), "z-lab"
+    else:
+        raw = _config(drafter, "drafter", dry_run=dry_run)
+        fmt = cfg.drafter_format or drafter_formats.detect(raw, _files(drafter))
+    norm = drafter_formats.canonical_config(raw, fmt, target_cfg)
+    block_size = int(norm.config["block_size"])
+    max_draft_len = cfg.max_draft_len if cfg.max_draft_len is not None else block_size - 1
+    if not 1 <= max_draft_len <= block_size - 1:
+        raise DFlashError("max_draft_len", f"{max_draft_len} does not fit the drafter's block_size {block_size}",
+                          f"use 1 <= --max_draft_len <= {block_size - 1}")
+    from .checkpoints import validate
+
+    for name in validate.check_pair(target_cfg, norm.config, tp_size=cfg.tp_size, block_size=max_draft_len + 1):
+        validation[f"pair {name}"] = "ok"
+    trtllm_checks.check_parallel(target_cfg, cfg.tp_size, cfg.ep_size)
+    validation["ep_size"] = "ok"
+    attention = trtllm_checks.pick_drafter_attention(gpu, cfg.attention_backend)
+    moe = trtllm_checks.pick_moe_backend(gpu, target_cfg, cfg.moe_backend)
+    validation["gpu backends"] = "ok"
+    trtllm_checks.check_runtime_sizes(target_cfg, max_seq_len=cfg.max_seq_len, max_batch_size=cfg.max_batch_size,
+                                      max_num_tokens=cfg.max_num_tokens, max_draft_len=max_draft_len)
+    validation["runtime sizes"] = "ok"
+    for key in ("rope_theta",):
+        if key in target_cfg and key in norm.config and target_cfg[key] != norm.config[key]:
+            # ModelOpt exports once wrote 10000 here; a wrong theta silently ruins acceptance.
+            validation[f"drafter {key}"] = f"warning: {norm.config[key]} != target {target_cfg[key]}"
+    if drafter.kind == "untrained":
+        validation["drafter trained"] = "warning: untrained drafter (acceptance ~1, plumbing demo only)"
+    options = None if gpu.family == "cpu" else trtllm.llm_api_options(
+        tp_size=cfg.tp_size, ep_size=cfg.ep_size if trtllm_checks.is_moe(target_cfg) else None, dtype=cfg.dtype,
+        max_batch_size=cfg.max_batch_size, max_num_tokens=cfg.max_num_tokens, max_seq_len=cfg.max_seq_len,
+        free_gpu_memory_fraction=cfg.free_gpu_memory_fraction, trust_remote_code="auto_map" in target_cfg,
+        moe_backend=moe, speculative_model=str(_abs_out(cfg) / "drafter"), max_draft_len=max_draft_len,
+        target_layer_ids=norm.config["dflash_config"]["target_layer_ids"],
+        mask_token_id=norm.config["dflash_config"]["mask_token_id"], attention_backend=attention)
+    return Plan(cfg=cfg, target=target, drafter=drafter, target_cfg=target_cfg, drafter_cfg=norm.config,
+                drafter_format=fmt, notes=tuple(norm.notes), architecture=arch, max_draft_len=max_draft_len,
+                attention_backend=attention, moe_backend=moe, validation=validation, options=options)
+
+
+# The demo's untrained drafter: one layer, block 16 (target_layer_ids by the z-lab rule, last vocab id as mask).
+UNTRAINED_SHAPE = {"num_layers": 1, "block_size": 16}
+
+
+def _config(res: resolve.Resolved, role: str, *, dry_run: bool) -> dict:
+    from .checkpoints import hf
+
+    if res.path is not None:
+        return hf.read_config(res.path)
+    public = resolve.public_config(res.source)
+    if dry_run and public is not None:
+        return public
+    if res.kind == "packaged":
+        return hf.read_config(resolve.resolve(res.spec, role=role).path)
+    if dry_run:
+        raise DFlashError(res.spec, "a dry run needs its config.json: not a known model and not in the local HF cache",
+                          "pass a local folder, or run once without --dry_run to download it")
+    return hf.read_config(resolve.fetch_config(res, role))
+
+
+def _files(res: resolve.Resolved) -> set[str]:
+    return {p.name for p in res.path.iterdir()} if res.path is not None else set()
+
+
+def _abs_out(cfg: bc.BuildConfig) -> Path:
+    return Path(cfg.out or "<out>").expanduser().absolute()
+
+
+# ---- writing the directory ---------------------------------------------------------------------------
+def build(cfg: bc.BuildConfig, *, force: bool = False, plan: Plan | None = None, log=print) -> Path:
+    """Plan, validate, then write ``cfg.out`` atomically; reuse it when it was built from the same inputs."""
+    if not cfg.out:
+        raise DFlashError("out", "missing", "pass --out DIR (or --dry_run to only print the plan)")
+    out = Path(cfg.out).expanduser().absolute()
+    plan = plan or make_plan(cfg, dry_run=False)
+    stamp = fingerprint(plan)
+    if _reusable(out, stamp, force):
+        log(f"{out} is up to date (same inputs and settings; --force rebuilds it)")
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(out)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        record = write_directory(plan, tmp, stamp, log=log)
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"wrote {out} ({len(record['files'])} files)")
+    return out
+
+
+def write_directory(plan: Plan, tmp: Path, stamp: str, *, log=print) -> dict:
+    """Fill ``tmp``; manifest.json is written last, so only a finished directory has one."""
+    from .checkpoints import hf, validate
+
+    cfg = plan.cfg
+    target = resolve.resolve(plan.target.spec, role="target", revision=cfg.target_revision)
+    _link_target(target.path, tmp / "target", copy=cfg.copy_target, allow_pickle=cfg.allow_pickle)
+    if plan.untrained:
+        from .checkpoints.drafter_init import write_random_drafter
+
+        write_random_drafter(target.path, tmp / "drafter", **UNTRAINED_SHAPE, seed=0)
+        drafter, notes = plan.drafter, ["untrained: random weights from checkpoints.drafter_init (seed 0)"]
+    else:
+        drafter = resolve.resolve(plan.drafter.spec, role="drafter", revision=cfg.drafter_revision)
+        notes = drafter_formats.normalise(drafter.path, tmp / "drafter", target.path, plan.target_cfg,
+                                          fmt=plan.drafter_format, allow_pickle=cfg.allow_pickle).notes
+    drafter_cfg = hf.read_config(tmp / "drafter")
+    validate.check_pair(plan.target_cfg, drafter_cfg, tp_size=cfg.tp_size, block_size=plan.max_draft_len + 1)
+    if cfg.presharded:
+        _write_ranks(tmp, cfg.tp_size, cfg.allow_pickle, log)
+    if plan.options is not None:
+        (tmp / trtllm.OPTIONS_FILE).write_text(trtllm.dump_options(plan.options))
+    record = _manifest(plan, target, drafter, drafter_cfg, notes, stamp)
+    record["out"] = str(_abs_out(cfg))
+    record["triton"] = _fill_triton(tmp, record)
+    files = manifest.hash_tree(tmp)
+    record["files"], record["sizes"] = files, {rel: (tmp / rel).stat().st_size for rel in files}
+    manifest.write_json_atomic(tmp / manifest.MANIFEST, record)
+    return record
+
+
+def _link_target(src: Path, dst: Path, *, copy: bool, allow_pickle: bool) -> None:
+    """Link (or copy) the target's top-level files; subfolders (e.g. gpt-oss original/) are not needed."""
+    from .checkpoints import hf
+
+    hf.weight_files(src, allow_pickle=allow_pickle)   # refuses pickle-only checkpoints early
+    dst.mkdir()
+    for f in sorted(src.iterdir()):
+        if f.name.startswith(".") or not f.is_file() or (f.suffix in hf.PICKLE_SUFFIXES and not allow_pickle):
+            continue
+        if copy:
+            _copy_with_progress(f, dst / f.name)
+        else:
+            os.symlink(f.resolve(), dst / f.name)
+
+
+def _copy_with_progress(src: Path, dst: Path) -> None:
+    from tqdm import tqdm
+
+    size = src.stat().st_size
+    with open(src, "rb") as fi, open(dst, "wb") as fo, tqdm(total=size, unit="B", unit_scale=True,
+                                                            desc=f"copy {src.name}", disable=size < 256 << 20) as bar:
+        while chunk := fi.read(8 << 20):
+            fo.write(chunk)
+            bar.update(len(chunk))
+
+
+def _write_ranks(tmp: Path, tp_size: int, allow_pickle: bool, log) -> None:
+    """ranks/rank{r}.safetensors: each torch-backend rank then reads only its own shard."""
+    from tqdm import tqdm
+
+    from .checkpoints import hf
+    from .runtime.shard import shard_for_rank
+
+    target_sd = hf.load_state_dict(tmp / "target", allow_pickle=allow_pickle)
+    drafter_sd = hf.load_state_dict(tmp / "drafter")
+    for rank in tqdm(range(tp_size), desc="pre-shard ranks", disable=tp_size == 1):
+        hf.save_state_dict(shard_for_rank(target_sd, drafter_sd, tp_size, rank), tmp / "ranks",
+                           f"rank{rank}.safetensors")
+    log(f"pre-sharded {tp_size} rank file(s)")
+
+
+def _fill_triton(tmp: Path, record: dict) -> str:
+    """The Triton model repository is written by trtllm_dflash.serving.repo, when that module exists.
+
+    It is called on the temp dir; ``record["out"]`` is where the directory will live once renamed."""
+    try:
+        from .serving import repo
+    except ModuleNotFoundError as err:
+        if err.name not in ("trtllm_dflash.serving.repo", "trtllm_dflash.serving"):
+            raise
+        return "skipped: trtllm_dflash.serving.repo is not available"
+    repo.fill_triton(tmp, record)
+    return "filled"
+
+
+def _manifest(plan: Plan, target: resolve.Resolved, drafter: resolve.Resolved, drafter_cfg: dict,
+              notes: list[str], stamp: str) -> dict:
+    cfg, dflash = plan.cfg, drafter_cfg["dflash_config"]
+    return {
+        "format_version": manifest.FORMAT_VERSION, "backend": cfg.backend, "tp_size": cfg.tp_size,
+        "ep_size": cfg.ep_size, "gpu": cfg.gpu, "quant": None,
+        "runtime": {"max_batch_size": cfg.max_batch_size, "max_seq_len": cfg.max_seq_len,
+                    "block_size": plan.max_draft_len + 1, "dtype": cfg.dtype},
+        "target": {"path": "target", "source": target.source, "kind": target.kind, "revision": target.revision,
+                   "architecture": plan.architecture, "linked": not cfg.copy_target},
+        "drafter": {"path": "drafter", "source": drafter.source, "kind": drafter.kind, "revision": drafter.revision,
+                    "format": plan.drafter_format, "untrained": plan.untrained, "normalised": notes,
+                    "block_size": drafter_cfg["block_size"], "num_layers": drafter_cfg["num_hidden_layers"],
+                    "target_layer_ids": dflash["target_layer_ids"], "mask_token_id": dflash["mask_token_id"]},
+        "trtllm": None if plan.options is None else {
+            "options": trtllm.OPTIONS_FILE, "min_version": trtllm.MIN_VERSION, "max_draft_len": plan.max_draft_len,
+            "attention_backend": plan.attention_backend, "moe_backend": plan.moe_backend},
+        "presharded": cfg.presharded, "settings": asdict(cfg), "inputs_fingerprint": stamp,
+        "validation": plan.validation, "versions": _versions(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"trtllm_dflash": __version__, "python": platform.python_version()}
+    for dist in ("torch", "transformers", "safetensors", "huggingface_hub"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def fingerprint(plan: Plan) -> str:
+    """What makes two builds the same: settings, tool version and the identity of both inputs."""
+    settings = {k: v for k, v in asdict(plan.cfg).items() if k != "out"}
+    inputs = {"version": __version__, "settings": settings, "target": _stamp(plan.target),
+              "drafter": _stamp(plan.drafter)}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _stamp(res: resolve.Resolved) -> dict:
+    stamp = {"source": res.source, "revision": res.revision}
+    if res.kind == "local":
+        stamp["files"] = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in res.path.iterdir()
+                                if p.is_file())
+    return stamp
+
+
+def _reusable(out: Path, stamp: str, force: bool) -> bool:
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise DFlashError("out", f"{out} is a file", "choose another --out")
+    has_manifest = (out / manifest.MANIFEST).is_file()
+    if not has_manifest and any(out.iterdir()):
+        raise DFlashError("out", f"{out} exists and is not a deployment directory",
+                          "choose another --out (dflash-build never replaces other folders, even with --force)")
+    if not has_manifest or force:
+        return False
+    try:
+        old = manifest.read(out)
+    except DFlashError:
+        old = {}
+    if old.get("inputs_fingerprint") == stamp and not manifest.verify(out, old, full=False):
+        return True
+    raise DFlashError("out", f"{out} holds a deployment built from other inputs or settings (or damaged)",
+                      "pass --force to rebuild it, or choose another --out")
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename the finished temp dir into place; an old deployment is moved aside first, then deleted."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.rename(out, old)
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_stale_temps(out: Path) -> None:
+    """Temp dirs of killed builds (their pid is gone) never look complete; clear them away."""
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ---- printing -------------------------------------------------------------------------------------------
+def describe(plan: Plan) -> str:
+    cfg, t, d = plan.cfg, plan.target_cfg, plan.drafter_cfg
+    gpu = trtllm_checks.gpu_profile(cfg.gpu)
+    experts = trtllm_checks.num_experts(t)
+
+    def origin(res: resolve.Resolved) -> str:
+        if res.kind == "untrained":
+            return "untrained (random weights written for this target)"
+        where = "public-config table; the build reads the real config.json" if res.path is None else str(res.path)
+        return f"{res.source} [{res.kind}, revision {res.revision or '-'}] config from {where}"
+
+    warnings = [f"{k}: {v}" for k, v in plan.validation.items() if v != "ok"]
+    lines = [
+        f"target   {origin(plan.target)}",
+        f"         {plan.architecture}: {t['num_hidden_layers']} layers, hidden {t['hidden_size']}, "
+        f"{t['num_attention_heads']}/{t.get('num_key_value_heads')} heads, vocab {t['vocab_size']}"
+        + (f", {experts} experts" if experts else ""),
+        f"drafter  {origin(plan.drafter)}",
+        f"         format {plan.drafter_format}: {d['num_hidden_layers']} layers, block_size {d['block_size']}, "
+        f"target_layer_ids {d['dflash_config']['target_layer_ids']}, mask_token_id {d['dflash_config']['mask_token_id']}",
+        *[f"         normalise: {n}" for n in plan.notes],
+        f"backend  {cfg.backend} on {gpu.name} ({gpu.family}" + (f", SM{gpu.sm})" if gpu.sm else ")")
+        + f"  tp {cfg.tp_size}  ep {cfg.ep_size}  dtype {cfg.dtype}",
+        f"runtime  max_batch_size {cfg.max_batch_size}  max_seq_len {cfg.max_seq_len}  max_num_tokens "
+        f"{cfg.max_num_tokens}  max_draft_len {plan.max_draft_len} (block {plan.max_draft_len + 1})",
+        f"kernels  drafter attention {plan.attention_backend or '-'}  moe {plan.moe_backend or '-'}  "
+        f"target attention {trtllm_checks.TARGET_ATTN_BACKEND}",
+        f"checks   {sum(v == 'ok' for v in plan.validation.values())} passed"
+        + "".join(f"\n         {w}" for w in warnings),
+        f"out      {_abs_out(cfg)}",
+    ]
+    if plan.untrained:
+        lines.append("NOTE     the drafter is UNTRAINED: output equals the target's, acceptance ~1 token/step "
+                     "(a demo of the plumbing, not a speed-up)")
+    return "\n".join(lines)
+
+
+def commands(out: Path, record_like: dict) -> list[str]:
+    """The exact lines to run this directory."""
+    lines = []
+    if record_like["backend"] == "torch":
+        lines.append(f"dflash-generate --engine {out} --prompt 'Hello'")
+    if (out / trtllm.OPTIONS_FILE).is_file() or record_like.get("trtllm"):
+        lines.append(trtllm.shell_line(trtllm.serve_command(out)))
+        lines += [trtllm.shell_line(c) for c in trtllm.bench_commands(out, record_like)]
+    return lines
+
+
+# ---- command line ---------------------------------------------------------------------------------------
+EXAMPLES = """examples:
+  dflash-build --target smollm2-135m --gpu cpu --out engines/smollm2/cpu/1-gpu        # demo, untrained drafter
+  dflash-build --config build_configs/gpt-oss-120b_b300_tp8.yaml --dry_run            # plan + YAML, no download
+  dflash-build --config build_configs/qwen3-8b_h100_tp1.yaml --out /models/qwen3-8b-dflash
+  dflash-build --target Qwen/Qwen3-8B --drafter ./my-specforge-ckpt --tp 2 --backend torch --presharded --out e
+  dflash-build inspect engines/smollm2/cpu/1-gpu                                       # summary + sha256 check
+
+short names: gpt-oss-120b, gpt-oss-20b, qwen3-8b, llama-3.1-8b, smollm2-135m (target + its known drafter)
+drafter formats: z-lab, modelopt, speculators, specforge (normalised to the z-lab layout)
+"""
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
+    """``show_defaults=False`` gives a parser whose namespace holds only the flags actually typed."""
+    d = bc.BuildConfig.__dataclass_fields__
+    kw = (lambda name: {"default": d[name].default}) if show_defaults else (lambda name: {"default": argparse.SUPPRESS})
+    p = argparse.ArgumentParser(prog="dflash-build", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
+                                formatter_class=_Formatter,
+                                argument_default=None if show_defaults else argparse.SUPPRESS)
+    p.add_argument("--config", default=argparse.SUPPRESS if not show_defaults else None,
+                   help="preset YAML (build_configs/<model>_<gpu>_tp<N>.yaml); flags override it")
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--target", **kw("target"), help="short name, local HF folder or hub id")
+    g.add_argument("--drafter", **kw("drafter"), help="hub id or folder; default: the target's known drafter; "
+                   "'untrained' = random drafter (demo)")
+    g.add_argument("--drafter_format", choices=drafter_formats.KNOWN_FORMATS, **kw("drafter_format"),
+                   help="skip format detection")
+    g.add_argument("--target_revision", **kw("target_revision"), help="hub branch, tag or commit")
+    g.add_argument("--drafter_revision", **kw("drafter_revision"), help="hub branch, tag or commit")
+    g.add_argument("--allow_pickle", action="store_true", **kw("allow_pickle"),
+                   help="accept *.bin/*.pt weights (loaded with torch.load(weights_only=True))")
+    g = p.add_argument_group("parallelism and hardware")
+    g.add_argument("--tp_size", "--tp", type=int, **kw("tp_size"), help="tensor-parallel ranks")
+    g.add_argument("--ep_size", "--ep", type=int, **kw("ep_size"), help="expert-parallel size (MoE targets)")
+    g.add_argument("--gpu", choices=bc.GPU_NAMES, **kw("gpu"), help="hardware profile the build is checked for")
+    g.add_argument("--backend", choices=bc.BACKENDS, **kw("backend"),
+                   help="torch = our runtime (CPU/GPU), trtllm = TensorRT-LLM >= " + trtllm.MIN_VERSION)
+    g = p.add_argument_group("runtime limits")
+    g.add_argument("--dtype", choices=bc.DTYPES, **kw("dtype"), help="auto = bf16 on GPU, fp32 on CPU")
+    g.add_argument("--max_batch_size", type=int, **kw("max_batch_size"), help="concurrent requests")
+    g.add_argument("--max_seq_len", type=int, **kw("max_seq_len"), help="prompt + output tokens per request")
+    g.add_argument("--max_num_tokens", type=int, **kw("max_num_tokens"), help="tokens per engine step (TensorRT-LLM)")
+    g.add_argument("--max_draft_len", type=int, **kw("max_draft_len"),
+                   help="drafted tokens per step; default: drafter block_size - 1")
+    g.add_argument("--free_gpu_memory_fraction", type=float, **kw("free_gpu_memory_fraction"),
+                   help="KV-cache share of free GPU memory (TensorRT-LLM)")
+    g = p.add_argument_group("TensorRT-LLM kernels")
+    g.add_argument("--attention_backend", choices=("VANILLA", "FA4", "TRTLLM"), **kw("attention_backend"),
+                   help="drafter attention; default by GPU (Hopper VANILLA, Blackwell TRTLLM)")
+    g.add_argument("--moe_backend", **kw("moe_backend"), help="MoE targets; default by GPU (Hopper TRITON, "
+                   "Blackwell TRTLLM)")
+    g = p.add_argument_group("output")
+    g.add_argument("--out", "--output_dir", **kw("out"), help="deployment directory")
+    g.add_argument("--presharded", action="store_true", **kw("presharded"),
+                   help="torch backend: write ranks/rank{r}.safetensors")
+    g.add_argument("--copy_target", action="store_true", **kw("copy_target"), help="copy target files, not links")
+    g.add_argument("--force", action="store_true", default=False if show_defaults else argparse.SUPPRESS,
+                   help="rebuild even if --out is up to date or was built from other inputs")
+    g.add_argument("--dry_run", "--dry-run", action="store_true", default=False if show_defaults else argparse.SUPPRESS,
+                   help="print the plan and llm_api_options.yaml; no download, nothing written")
+    g = p.add_argument_group("quantization (not implemented yet)")
+    g.add_argument("--quant", **kw("quant"), help="reserved for ModelOpt FP8/NVFP4 of the target (a later issue)")
+    return p
+
+
+def config_from_args(argv: list[str]) -> tuple[bc.BuildConfig, bool, bool]:
+    """(BuildConfig, dry_run, force): defaults < --config preset < flags typed on the command line."""
+    ns = build_parser().parse_args(argv)
+    typed = vars(build_parser(show_defaults=False).parse_args(argv))
+    preset = bc.load_preset(ns.config) if ns.config else {}
+    overrides = {k: v for k, v in typed.items() if k in bc.FIELD_NAMES}
+    return bc.make(preset, overrides), ns.dry_run, ns.force
+
+
+def inspect(directory: str | Path, *, verify: bool = True, log=print) -> dict:
+    directory = Path(directory).absolute()
+    record = manifest.read(directory)
+    log(manifest.summary(record))
+    if verify:
+        problems = manifest.verify(directory, record)
+        if problems:
+            raise DFlashError(str(directory), f"{len(problems)} file(s) do not match the manifest "
+                              f"(first: {problems[0]})", "rebuild it with dflash-build --force")
+        log(f"verified sha256 of {len(record['files'])} files: ok")
+    for line in commands(directory, record):
+        log(f"  {line}")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["inspect"]:
+        p = argparse.ArgumentParser(prog="dflash-build inspect", formatter_class=_Formatter,
+                                    description="Print a deployment directory's summary and verify its sha256s.")
+        p.add_argument("directory")
+        p.add_argument("--no_verify", action="store_true", help="skip hashing (summary only)")
+        args = p.parse_args(argv[1:])
+        inspect(args.directory, verify=not args.no_verify)
+        return 0
+    cfg, dry_run, force = config_from_args(argv)
+    if dry_run:
+        plan = make_plan(cfg, dry_run=True)
+        print(describe(plan))
+        if plan.options is not None:
+            print(f"\n--- {trtllm.OPTIONS_FILE} ---")
+            print(trtllm.dump_options(plan.options), end="")
+        print("\ndry run: nothing downloaded or written")
+        return 0
+    plan = make_plan(cfg, dry_run=False)
+    print(describe(plan))
+    out = build(cfg, force=force, plan=plan)
+    record = manifest.read(out)
+    print("run it:")
+    for line in commands(out, record):
+        print(f"  {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    from .cli import build_main
+
+    sys.exit(build_main(sys.argv[1:]))

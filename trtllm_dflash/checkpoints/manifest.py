@@ -1,0 +1,115 @@
+# SPDX-License-Identifier: Apache-2.0
+"""manifest.json of a deployment directory: what went in, with which settings, and the sha256 of every file.
+
+A directory is complete exactly when its manifest.json exists: the build writes the manifest last, inside a
+temporary directory that is then renamed into place, so a killed build never leaves a complete-looking one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from ..errors import DFlashError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_CHUNK = 8 << 20                 # bytes per read
+_PROGRESS_FROM = 256 << 20       # files at least this large get a progress bar
+
+
+def sha256_file(path: Path) -> str:
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    bar = None
+    if size >= _PROGRESS_FROM:
+        from tqdm import tqdm
+
+        bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", leave=False)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+    return digest.hexdigest()
+
+
+def list_files(root: Path) -> list[str]:
+    """Every file under ``root`` (following the links into target/), as sorted relative posix paths."""
+    out = []
+    for dirpath, _dirs, files in os.walk(root, followlinks=True):
+        for name in files:
+            rel = (Path(dirpath) / name).relative_to(root).as_posix()
+            if rel != MANIFEST:
+                out.append(rel)
+    return sorted(out)
+
+
+def hash_tree(root: Path) -> dict[str, str]:
+    return {rel: sha256_file(root / rel) for rel in list_files(root)}
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write, flush and fsync a temp file beside ``path``, then rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read(directory: Path) -> dict:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise DFlashError(str(directory), "is not a complete deployment directory (no manifest.json)",
+                          "build it with dflash-build (a killed build leaves none)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DFlashError(str(path), f"is not valid JSON ({err})", "rebuild with dflash-build --force") from None
+    if data.get("format_version") != FORMAT_VERSION:
+        raise DFlashError(f"{path}: format_version", f"{data.get('format_version')!r} is not {FORMAT_VERSION}",
+                          "rebuild with this version of dflash-build (--force)")
+    return data
+
+
+def verify(directory: Path, manifest: dict, *, full: bool = True) -> list[str]:
+    """Problems found (empty = intact). ``full=False`` checks presence and sizes only (fast reuse check)."""
+    directory = Path(directory)
+    problems = []
+    recorded = manifest.get("files", {})
+    present = set(list_files(directory))
+    for rel, digest in sorted(recorded.items()):
+        path = directory / rel
+        if rel not in present:
+            problems.append(f"{rel}: missing")
+        elif not full:
+            if manifest.get("sizes", {}).get(rel) not in (None, path.stat().st_size):
+                problems.append(f"{rel}: size changed")
+        elif sha256_file(path) != digest:
+            problems.append(f"{rel}: sha256 mismatch")
+    problems += [f"{rel}: not in the manifest" for rel in sorted(present - set(recorded))]
+    return problems
+
+
+def summary(manifest: dict) -> str:
+    """A short human-readable description of a deployment."""
+    rt, tgt, dft = manifest["runtime"], manifest["target"], manifest["drafter"]
+    total = sum(manifest.get("sizes", {}).values())
+    lines = [
+        f"backend {manifest['backend']}  gpu {manifest['gpu']}  tp {manifest['tp_size']}  ep {manifest['ep_size']}",
+        f"target  {tgt['source']} @ {tgt.get('revision') or '-'}  ({tgt['architecture']})",
+        f"drafter {dft['source']} @ {dft.get('revision') or '-'}  (format {dft['format']}"
+        + (", UNTRAINED: acceptance ~1, for plumbing demos only)" if dft.get("untrained") else ")"),
+        f"runtime max_batch_size {rt['max_batch_size']}  max_seq_len {rt['max_seq_len']}  "
+        f"block_size {rt['block_size']}  dtype {rt['dtype']}",
+        f"files   {len(manifest['files'])} ({total / 2**20:.1f} MiB)  built {manifest.get('created', '-')}",
+    ]
+    failed = {k: v for k, v in manifest.get("validation", {}).items() if v != "ok"}
+    lines += [f"note    {k}: {v}" for k, v in failed.items()]
+    return "\n".join(lines)
