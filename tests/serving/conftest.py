@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Serving fixtures: tiny deployment directories (random Llama target with SmolLM2's real tokenizer and an
+untrained drafter) and real tritonserver processes started by dflash-serve on free loopback ports."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json")
+RUNTIME = {"max_batch_size": 8, "max_seq_len": 256, "block_size": 8, "dtype": "float32"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_deployment(root: Path, target: Path, drafter: Path, *, backend: str = "torch", tp_size: int = 1,
+                    runtime: dict = RUNTIME, fill: bool = True) -> Path:
+    """The parts of a dflash-build directory the server reads: manifest.json, target/, drafter/, triton/."""
+    from trtllm_dflash.serving.repo import fill_triton
+
+    root.mkdir(parents=True, exist_ok=True)
+    for name, src in (("target", target), ("drafter", drafter)):
+        if not (root / name).exists():
+            os.symlink(src.resolve(), root / name)
+    manifest = {"backend": backend, "tp_size": tp_size, "runtime": dict(runtime),
+                "target": {"path": "target"}, "drafter": {"path": "drafter"}}
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    if fill:
+        fill_triton(root, manifest)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_target_with_tokenizer(tmp_path_factory, smollm2_dir) -> tuple[Path, Path]:
+    """(target, drafter): a 2-layer random Llama with SmolLM2's vocabulary and tokenizer (so text works and
+    a server test takes seconds), plus an untrained 1-layer drafter (greedy output = the target's)."""
+    from tests.tiny import write_tiny_target
+    from trtllm_dflash.checkpoints.drafter_init import write_random_drafter
+
+    root = tmp_path_factory.mktemp("tiny_smol")
+    vocab = json.loads((smollm2_dir / "config.json").read_text())["vocab_size"]
+    target = write_tiny_target(root / "target", num_layers=2, vocab=vocab)
+    for name in TOKENIZER_FILES:
+        if (smollm2_dir / name).is_file():
+            shutil.copy(smollm2_dir / name, target / name)
+    drafter = write_random_drafter(target, root / "drafter", num_layers=1, block_size=8, target_layer_ids=[0, 1],
+                                   mask_token_id=vocab - 1, seed=1)
+    return target, drafter
+
+
+@pytest.fixture(scope="session")
+def tiny_deployment(tmp_path_factory, tiny_target_with_tokenizer) -> Path:
+    return make_deployment(tmp_path_factory.mktemp("deploy") / "tiny", *tiny_target_with_tokenizer)
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    http: str
+    grpc: str
+    metrics: str
+    log: Path
+    ready_s: float
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def metric(self, name: str, **labels) -> float:
+        """Sum of the samples of one Prometheus metric whose labels include ``labels``."""
+        text = urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5).read().decode()
+        total, found = 0.0, False
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                    total += float(line.rsplit(" ", 1)[1])
+                    found = True
+        if not found:
+            raise KeyError(f"{name}{labels} not in /metrics")
+        return total
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_server(engine_dir: Path, log: Path, *extra: str, timeout: float = 120.0) -> Server:
+    """``dflash-serve engine_dir`` as a subprocess on free ports; returns once it printed "ready"."""
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    cmd = [sys.executable, "-m", "trtllm_dflash.serving.server", str(engine_dir), "--http_port", str(http),
+           "--grpc_port", str(grpc), "--metrics_port", str(metrics), "--exit_timeout_secs", "5", *extra]
+    t0 = time.monotonic()
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    server = Server(proc, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, 0.0)
+    while "dflash-serve: ready" not in server.log_text():
+        if proc.poll() is not None or time.monotonic() - t0 > timeout:
+            server.stop(10)
+            raise RuntimeError(f"dflash-serve did not become ready:\n{server.log_text()[-6000:]}")
+        time.sleep(0.1)
+    server.ready_s = time.monotonic() - t0
+    return server
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_deployment, tmp_path_factory):
+    """One server on the tiny deployment (decoupled) for a test module; stopped with SIGTERM at the end."""
+    server = start_server(tiny_deployment, tmp_path_factory.mktemp("server") / "dflash-serve.log")
+    yield server
+    rc = server.stop()
+    assert rc == 0, f"dflash-serve exit code {rc}:\n{server.log_text()[-4000:]}"

@@ -1,0 +1,255 @@
+# SPDX-License-Identifier: Apache-2.0
+"""dflash-serve and dflash-client against a real tritonserver (the nvidia-pytriton binary) on loopback."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.serving.conftest import make_deployment, start_server
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.serving import client, server
+from trtllm_dflash.serving.triton_env import TritonBinary
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
+           "Hello, my name is", "import numpy as np", "The quick brown fox", "Q: What is 2+2?\nA:"]
+MAX_TOKENS = 24
+
+
+# ---- the launch command as data ------------------------------------------------------------------
+
+def test_build_cmd_for_both_binaries(tmp_path):
+    pytriton = TritonBinary("/sp/tritonserver", "nvidia-pytriton", "/cache/backends", {"PATH": "/venv/bin"})
+    cmd = server.build_cmd(pytriton, tmp_path, "127.0.0.1", 18000, 18001, 18002, 7, ["--log-verbose=1"])
+    assert cmd == ["/sp/tritonserver", f"--model-repository={tmp_path.resolve()}", "--backend-directory=/cache/backends",
+                   "--http-address=127.0.0.1", "--http-port=18000", "--grpc-address=127.0.0.1", "--grpc-port=18001",
+                   "--metrics-address=127.0.0.1", "--metrics-port=18002", "--exit-timeout-secs=7",
+                   "--allow-gpu-metrics=false", "--log-verbose=1"]
+    ngc = server.build_cmd(TritonBinary("/opt/tritonserver/bin/tritonserver", "PATH"), tmp_path, "0.0.0.0", 1, 2, 3)
+    assert not any(a.startswith(("--backend-directory", "--allow-gpu-metrics")) for a in ngc)
+    assert server.server_env(pytriton) == {"PATH": "/venv/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def test_dry_run_prints_the_command(tiny_deployment, capsys):
+    assert server.main([str(tiny_deployment), "--http_port", "18123", "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    assert "tritonserver --model-repository=" in out and f"{tiny_deployment}/triton" in out
+    assert "--http-port=18123" in out and "LD_LIBRARY_PATH=" in out and "PYTHONDONTWRITEBYTECODE=1" in out
+
+
+def test_resolve_repo_errors(tmp_path, tiny_deployment):
+    with pytest.raises(DFlashError, match="neither a deployment"):
+        server.resolve_repo(tmp_path, False, True, tmp_path)
+    bare = make_deployment(tmp_path / "bare", tiny_deployment / "target", tiny_deployment / "drafter", fill=False)
+    with pytest.raises(DFlashError, match="no filled triton/ repository.*--fill"):
+        server.resolve_repo(bare, False, True, tmp_path)
+    assert server.resolve_repo(bare, True, True, tmp_path / "w") == tmp_path / "w" / "triton"
+    assert server.resolve_repo(tiny_deployment / "triton", False, True, tmp_path) == tiny_deployment / "triton"
+    with pytest.raises(SystemExit):
+        server.parse_args([str(bare), "--decoupled_mode", "false"])    # needs --fill
+
+
+# ---- a real server on the tiny deployment --------------------------------------------------------
+
+def dflash_generate(engine_dir: Path, prompts: list[str], max_new_tokens: int, tmp_path: Path) -> list[str]:
+    """The reference: dflash-generate on the same deployment, raw text (no chat template), greedy."""
+    out = tmp_path / "generate.json"
+    cmd = [sys.executable, "-c", "import sys; from trtllm_dflash.cli import generate_main; sys.exit(generate_main())",
+           "--engine", str(engine_dir), "--no_chat_template", "--max_new_tokens", str(max_new_tokens),
+           "--json", str(out)]
+    for p in prompts:
+        cmd += ["--prompt", p]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    return [r["text"] for r in json.loads(out.read_text())["dflash"]]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_deployment, tmp_path_factory):
+    return dict(zip(PROMPTS, dflash_generate(tiny_deployment, PROMPTS, MAX_TOKENS, tmp_path_factory.mktemp("ref"))))
+
+
+def _grpc_stream(url: str, prompts: list[str], streaming: bool, **sampling) -> list[list[dict]]:
+    """Send every prompt on one gRPC stream at once; the responses of each, in order."""
+    c = grpcclient.InferenceServerClient(url)
+    responses: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: responses.put(error or result))
+    try:
+        for i, p in enumerate(prompts):
+            inputs = client.build_inputs(p, streaming, max_tokens=MAX_TOKENS, **sampling)
+            c.async_stream_infer("tensorrt_llm", [client._grpc_input(grpcclient, k, v) for k, v in inputs.items()],
+                                 request_id=str(i), enable_empty_final_response=True)
+        got: dict[int, list[dict]] = {i: [] for i in range(len(prompts))}
+        done = 0
+        while done < len(prompts):
+            item = responses.get(timeout=60)
+            assert not isinstance(item, Exception), item
+            rid = int(item.get_response().id)
+            if item.get_response().outputs:
+                got[rid].append(client._grpc_outputs(item))
+            done += item.get_response().parameters["triton_final_response"].bool_param
+        return [got[i] for i in range(len(prompts))]
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+@pytest.mark.slow
+def test_http_and_grpc_return_the_dflash_generate_text(tiny_server, reference):
+    prompt = PROMPTS[0]
+    http = client.collect(client.generate_http(tiny_server.http, client.build_inputs(prompt, max_tokens=MAX_TOKENS)))
+    assert http["text_output"] == reference[prompt] and http["num_responses"] == 1
+    assert http["finish_reason"] == "length" and http["total_draft_tokens"] > 0
+    assert 0.0 <= http["acceptance_rate"] <= 1.0
+    assert http["arrival_time_ns"] <= http["first_token_time_ns"] <= http["last_token_time_ns"]
+    (grpc_one,) = _grpc_stream(tiny_server.grpc, [prompt], streaming=False)
+    assert len(grpc_one) == 1 and grpc_one[0]["text_output"] == reference[prompt]
+    (grpc_chunks,) = _grpc_stream(tiny_server.grpc, [prompt], streaming=True)
+    assert len(grpc_chunks) >= 3 and "".join(r["text_output"] for r in grpc_chunks) == reference[prompt]
+    assert grpc_chunks[-1]["finish_reason"] == "length"
+    sse = client.collect(client.generate_http(tiny_server.http, client.build_inputs(prompt, True, max_tokens=MAX_TOKENS)))
+    assert sse["num_responses"] >= 3 and sse["text_output"] == reference[prompt]
+
+
+@pytest.mark.slow
+def test_concurrent_requests_are_batched_and_unchanged(tiny_server, reference):
+    alone = [client.collect(client.generate_http(tiny_server.http, client.build_inputs(p, max_tokens=MAX_TOKENS)))
+             ["text_output"] for p in PROMPTS]
+    assert alone == [reference[p] for p in PROMPTS]
+    together = [r[0]["text_output"] for r in _grpc_stream(tiny_server.grpc, PROMPTS, streaming=False)]
+    assert together == alone
+    # and over HTTP from 8 threads, streaming
+    texts: dict[int, str] = {}
+
+    def one(i):
+        texts[i] = client.collect(client.generate_http(
+            tiny_server.http, client.build_inputs(PROMPTS[i], True, max_tokens=MAX_TOKENS)))["text_output"]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [texts[i] for i in range(len(PROMPTS))] == alone
+    assert tiny_server.metric("dflash_max_active_batch") > 1
+
+
+def _http_error(url: str, body: dict) -> tuple[int, str]:
+    req = urllib.request.Request(f"http://{url}/v2/models/tensorrt_llm/generate", data=json.dumps(body).encode())
+    try:
+        urllib.request.urlopen(req, timeout=30)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())["error"]
+    raise AssertionError(f"{body} was accepted")
+
+
+def _grpc_error(url: str, inputs: list) -> str:
+    c = grpcclient.InferenceServerClient(url)
+    responses: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: responses.put(error or result))
+    try:
+        c.async_stream_infer("tensorrt_llm", inputs)
+        item = responses.get(timeout=30)
+        assert isinstance(item, Exception), "accepted"
+        return str(item)
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+def _tensor(name, array, datatype):
+    t = grpcclient.InferInput(name, list(array.shape), datatype)
+    t.set_data_from_numpy(array)
+    return t
+
+
+@pytest.mark.slow
+def test_bad_inputs_get_clear_errors_and_the_server_stays_healthy(tiny_server):
+    cases = [
+        ({"text_input": ""}, "text_input: is empty"),
+        ({"text_input": "hi", "sampling_param_max_tokens": 0}, "sampling_param_max_tokens: must be in [1, 255]"),
+        ({"text_input": "hi", "sampling_param_max_tokens": -3}, "sampling_param_max_tokens: must be in"),
+        ({"text_input": "hi", "sampling_param_max_tokens": 100000}, "got 100000"),
+        ({"text_input": "hi " * 20, "sampling_param_max_tokens": 250}, "prompt tokens exceed max_seq_len 256"),
+        ({"text_input": "hi " * 300}, "text_input: prompt is"),
+        ({"text_input": "hi", "sampling_param_max_tokens": "ten"}, "Unable to parse"),   # Triton's own check
+        ({"text_input": "hi", "sampling_param_temperature": -1.0}, "sampling_param_temperature: must be >= 0"),
+        ({"text_input": "hi", "max_token": 5}, "parameters: unknown 'max_token'"),
+        ({"text_input": "hi", "sampling_param_frequency_penalty": 0.5}, "not supported by the torch backend"),
+    ]
+    for body, message in cases:
+        code, error = _http_error(tiny_server.http, body)
+        # Triton itself answers a JSON value of the wrong type, with 500; the model's checks give 400.
+        assert code == (500 if message == "Unable to parse" else 400) and message in error, (body, code, error)
+    bad_utf8 = _tensor("text_input", np.array([b"\xff\xfeabc"], dtype=np.object_), "BYTES")
+    assert "text_input: is not valid UTF-8" in _grpc_error(tiny_server.grpc, [bad_utf8])
+    text = _tensor("text_input", np.array([b"hi"], dtype=np.object_), "BYTES")
+    wrong_type = _tensor("sampling_param_max_tokens", np.array([4.0], dtype=np.float32), "FP32")
+    assert "sampling_param_max_tokens" in _grpc_error(tiny_server.grpc, [text, wrong_type])
+    unknown = _tensor("image_url", np.array([b"http://x"], dtype=np.object_), "BYTES")
+    assert "image_url" in _grpc_error(tiny_server.grpc, [text, unknown])
+    assert urllib.request.urlopen(f"http://{tiny_server.http}/v2/health/ready", timeout=5).status == 200
+    ok = client.collect(client.generate_http(tiny_server.http, client.build_inputs("hi", max_tokens=4)))
+    assert ok["finish_reason"] == "length" and ok["text_output"]
+
+
+@pytest.mark.slow
+def test_client_killed_mid_stream_frees_its_slot(tiny_server):
+    cancelled_before = _metric_or_zero(tiny_server, "dflash_requests_total", finish_reason="cancelled")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from trtllm_dflash.cli import client_main; sys.exit(client_main())",
+         "Tell me a long story", "--protocol", "grpc", "--url", tiny_server.grpc, "--streaming",
+         "--max_tokens", "240"], stdout=subprocess.PIPE)
+    os.set_blocking(proc.stdout.fileno(), False)
+    t0, seen = time.monotonic(), b""
+    while len(seen) < 8 and time.monotonic() - t0 < 30:    # some text arrived: the request holds a slot
+        seen += proc.stdout.read() or b""
+        time.sleep(0.01)
+    assert seen, "no streamed text"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if (_metric_or_zero(tiny_server, "dflash_requests_total", finish_reason="cancelled") > cancelled_before
+                and tiny_server.metric("dflash_active_requests") == 0):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the killed client's request was not cancelled:\n" + tiny_server.log_text()[-3000:])
+    ok = client.collect(client.generate_http(tiny_server.http, client.build_inputs("hi", max_tokens=4)))
+    assert ok["finish_reason"] == "length"
+
+
+def _metric_or_zero(server, name, **labels) -> float:
+    try:
+        return server.metric(name, **labels)
+    except KeyError:
+        return 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_dflash_client_cli(tiny_server, reference, protocol):
+    url = tiny_server.http if protocol == "http" else tiny_server.grpc
+    prompt = PROMPTS[1]
+    run = subprocess.run(
+        [sys.executable, "-c", "import sys; from trtllm_dflash.cli import client_main; sys.exit(client_main())",
+         prompt, "--protocol", protocol, "--url", url, "--max_tokens", str(MAX_TOKENS), "--streaming"],
+        capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == reference[prompt] + "\n"
+    assert "finish_reason=length" in run.stderr and "acceptance_rate=" in run.stderr
+    bad = subprocess.run(
+        [sys.executable, "-c", "import sys; from trtllm_dflash.cli import client_main; sys.exit(client_main())",
+         "", "--protocol", protocol, "--url", url], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "text_input: is empty" in bad.stderr and bad.stderr.count("\n") == 1

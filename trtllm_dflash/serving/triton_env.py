@@ -1,0 +1,79 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Which ``tritonserver`` runs the repository, and what it needs around it.
+
+NGC's binary when ``tritonserver`` is on PATH (its backends are where it expects them); otherwise the
+real Triton shipped inside the ``nvidia-pytriton`` wheel, set up as research/triton_local.md found
+works: the python-backend stub for this interpreter placed next to ``libtriton_python.so`` in a backend
+directory of our own, the wheel's libraries and this interpreter's libpython on LD_LIBRARY_PATH, and
+this interpreter's bin directory first on PATH (the stub runs model.py in the python found there).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..checkpoints.packaged import cache_root
+from ..errors import DFlashError
+
+
+@dataclass(frozen=True)
+class TritonBinary:
+    path: str
+    source: str                          # "PATH" (e.g. NGC) or "nvidia-pytriton"
+    backend_dir: str | None = None       # --backend-directory; None = the binary's own
+    env: dict = field(default_factory=dict)   # variables to set for the server process
+
+
+def find_tritonserver() -> TritonBinary:
+    """NGC's ``tritonserver`` when on PATH, else the one in ``nvidia-pytriton`` (set up on first use)."""
+    exe = shutil.which("tritonserver")
+    if exe:
+        return TritonBinary(exe, "PATH")
+    return pytriton_binary()
+
+
+def pytriton_binary() -> TritonBinary:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise DFlashError("tritonserver", "is not on PATH and nvidia-pytriton is not installed",
+                          "pip install 'trtllm-dflash[triton]', or run in NGC's tritonserver image")
+    numpy_version = importlib.metadata.version("numpy")
+    if int(numpy_version.split(".")[0]) >= 2:
+        # The 2.51 python backend mis-reads BYTES tensors with numpy 2 and its stub dies on the first prompt.
+        raise DFlashError("numpy", f"is {numpy_version} in {sys.prefix}", "pip install 'numpy<2'")
+    site = Path(spec.submodule_search_locations[0]).resolve().parent
+    ts = site / "pytriton" / "tritonserver"
+    py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = ts / "python_backend_stubs" / py / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise DFlashError("python", f"{py} has no python-backend stub in nvidia-pytriton", "use Python 3.10-3.12")
+    version = importlib.metadata.version("nvidia-pytriton")
+    backend_dir = cache_root() / f"triton_backends-pytriton{version}-py{py}"
+    _install_backend(backend_dir / "python",
+                     [ts / "backends" / "python" / "libtriton_python.so",
+                      ts / "backends" / "python" / "triton_python_backend_utils.py", stub])
+    libs = [str(site / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR")]
+    if os.environ.get("LD_LIBRARY_PATH"):
+        libs.append(os.environ["LD_LIBRARY_PATH"])
+    env = {"LD_LIBRARY_PATH": ":".join(libs),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    return TritonBinary(str(ts / "bin" / "tritonserver"), "nvidia-pytriton", str(backend_dir), env)
+
+
+def _install_backend(dest: Path, files: list[Path]) -> None:
+    """Copy the python backend once (per pytriton and python version); copy-then-rename per file, so a
+    server starting at the same time never sees half a file."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for src in files:
+        target = dest / src.name
+        if target.is_file() and target.stat().st_size == src.stat().st_size:
+            continue
+        tmp = dest / f".{src.name}.{os.getpid()}"
+        shutil.copy2(src, tmp)
+        os.replace(tmp, target)
