@@ -42,6 +42,7 @@ class Plan:
     moe_backend: str | None
     validation: dict
     options: dict | None                # llm_api_options.yaml content; None on CPU
+    config_from: tuple[str, str] = ("", "")   # where the target / drafter config.json was read
 
     @property
     def untrained(self) -> bool:
@@ -53,7 +54,7 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
     target_spec, drafter_spec = resolve.expand_short_name(cfg.target, cfg.drafter)
     target = resolve.resolve(target_spec, role="target", revision=cfg.target_revision, download=False)
     drafter = resolve.resolve(drafter_spec, role="drafter", revision=cfg.drafter_revision, download=False)
-    target_cfg = _config(target, "target", dry_run=dry_run)
+    target_cfg, target_from = _config(target, "target", dry_run=dry_run)
     gpu = trtllm_checks.gpu_profile(cfg.gpu)
     arch = trtllm_checks.architecture(target_cfg)
     validation: dict[str, str] = {}
@@ -62,9 +63,9 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
     if drafter.kind == "untrained":
         from .checkpoints.drafter_init import drafter_config
 
-        raw, fmt = drafter_config(target_cfg, **UNTRAINED_SHAPE), "z-lab"
+        raw, fmt, drafter_from = drafter_config(target_cfg, **UNTRAINED_SHAPE), "z-lab", "drafter_init"
     else:
-        raw = _config(drafter, "drafter", dry_run=dry_run)
+        raw, drafter_from = _config(drafter, "drafter", dry_run=dry_run)
         fmt = cfg.drafter_format or drafter_formats.detect(raw, _files(drafter))
     norm = drafter_formats.canonical_config(raw, fmt, target_cfg)
     block_size = int(norm.config["block_size"])
@@ -99,27 +100,31 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
         mask_token_id=norm.config["dflash_config"]["mask_token_id"], attention_backend=attention)
     return Plan(cfg=cfg, target=target, drafter=drafter, target_cfg=target_cfg, drafter_cfg=norm.config,
                 drafter_format=fmt, notes=tuple(norm.notes), architecture=arch, max_draft_len=max_draft_len,
-                attention_backend=attention, moe_backend=moe, validation=validation, options=options)
+                attention_backend=attention, moe_backend=moe, validation=validation, options=options,
+                config_from=(target_from, drafter_from))
 
 
 # The demo's untrained drafter: one layer, block 16 (target_layer_ids by the z-lab rule, last vocab id as mask).
 UNTRAINED_SHAPE = {"num_layers": 1, "block_size": 16}
 
 
-def _config(res: resolve.Resolved, role: str, *, dry_run: bool) -> dict:
+def _config(res: resolve.Resolved, role: str, *, dry_run: bool) -> tuple[dict, str]:
+    """(config.json, where it came from). Dry runs never download; real builds fetch config.json only."""
     from .checkpoints import hf
 
     if res.path is not None:
-        return hf.read_config(res.path)
+        return hf.read_config(res.path), str(res.path)
     public = resolve.public_config(res.source)
     if dry_run and public is not None:
-        return public
+        return public, "the public-config table (the real build reads the checkpoint's config.json)"
     if res.kind == "packaged":
-        return hf.read_config(resolve.resolve(res.spec, role=role).path)
+        path = resolve.resolve(res.spec, role=role).path
+        return hf.read_config(path), str(path)
     if dry_run:
         raise DFlashError(res.spec, "a dry run needs its config.json: not a known model and not in the local HF cache",
                           "pass a local folder, or run once without --dry_run to download it")
-    return hf.read_config(resolve.fetch_config(res, role))
+    path = resolve.fetch_config(res, role)
+    return hf.read_config(path), str(path / "config.json")
 
 
 def _files(res: resolve.Resolved) -> set[str]:
@@ -349,19 +354,18 @@ def describe(plan: Plan) -> str:
     gpu = trtllm_checks.gpu_profile(cfg.gpu)
     experts = trtllm_checks.num_experts(t)
 
-    def origin(res: resolve.Resolved) -> str:
+    def origin(res: resolve.Resolved, where: str) -> str:
         if res.kind == "untrained":
             return "untrained (random weights written for this target)"
-        where = "public-config table; the build reads the real config.json" if res.path is None else str(res.path)
         return f"{res.source} [{res.kind}, revision {res.revision or '-'}] config from {where}"
 
     warnings = [f"{k}: {v}" for k, v in plan.validation.items() if v != "ok"]
     lines = [
-        f"target   {origin(plan.target)}",
+        f"target   {origin(plan.target, plan.config_from[0])}",
         f"         {plan.architecture}: {t['num_hidden_layers']} layers, hidden {t['hidden_size']}, "
         f"{t['num_attention_heads']}/{t.get('num_key_value_heads')} heads, vocab {t['vocab_size']}"
         + (f", {experts} experts" if experts else ""),
-        f"drafter  {origin(plan.drafter)}",
+        f"drafter  {origin(plan.drafter, plan.config_from[1])}",
         f"         format {plan.drafter_format}: {d['num_hidden_layers']} layers, block_size {d['block_size']}, "
         f"target_layer_ids {d['dflash_config']['target_layer_ids']}, mask_token_id {d['dflash_config']['mask_token_id']}",
         *[f"         normalise: {n}" for n in plan.notes],
@@ -370,7 +374,7 @@ def describe(plan: Plan) -> str:
         f"runtime  max_batch_size {cfg.max_batch_size}  max_seq_len {cfg.max_seq_len}  max_num_tokens "
         f"{cfg.max_num_tokens}  max_draft_len {plan.max_draft_len} (block {plan.max_draft_len + 1})",
         f"kernels  drafter attention {plan.attention_backend or '-'}  moe {plan.moe_backend or '-'}  "
-        f"target attention {trtllm_checks.TARGET_ATTN_BACKEND}",
+        f"target attention {trtllm_checks.TARGET_ATTN_BACKEND if plan.options else '-'}",
         f"checks   {sum(v == 'ok' for v in plan.validation.values())} passed"
         + "".join(f"\n         {w}" for w in warnings),
         f"out      {_abs_out(cfg)}",
