@@ -185,6 +185,9 @@ def write_directory(plan: Plan, tmp: Path, stamp: str, *, log=print) -> dict:
         (tmp / trtllm.OPTIONS_FILE).write_text(trtllm.dump_options(plan.options))
     record = _manifest(plan, target, drafter, drafter_cfg, notes, stamp)
     record["out"] = str(_abs_out(cfg))
+    if not any((tmp / "target" / name).exists() for name in ("tokenizer.json", "tokenizer.model")):
+        # Token-id clients still work; text prompts, trtllm-serve and Triton need a tokenizer.
+        record["validation"]["target tokenizer"] = "warning: none in the target folder (text prompts need one)"
     record["triton"] = _fill_triton(tmp, record)
     files = manifest.hash_tree(tmp)
     record["files"], record["sizes"] = files, {rel: (tmp / rel).stat().st_size for rel in files}
@@ -423,7 +426,8 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--config", default=argparse.SUPPRESS if not show_defaults else None,
                    help="preset YAML (build_configs/<model>_<gpu>_tp<N>.yaml); flags override it")
     g = p.add_argument_group("checkpoints")
-    g.add_argument("--target", **kw("target"), help="short name, local HF folder or hub id")
+    g.add_argument("--target", default=None if show_defaults else argparse.SUPPRESS,
+                   help="short name, local HF folder or hub id (required, here or in --config)")
     g.add_argument("--drafter", **kw("drafter"), help="hub id or folder; default: the target's known drafter; "
                    "'untrained' = random drafter (demo)")
     g.add_argument("--drafter_format", choices=drafter_formats.KNOWN_FORMATS, **kw("drafter_format"),
