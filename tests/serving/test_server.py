@@ -62,21 +62,30 @@ def test_resolve_repo_errors(tmp_path, tiny_deployment):
 
 # ---- a real server on the tiny deployment --------------------------------------------------------
 
-def dflash_generate(engine_dir: Path, prompts: list[str], max_new_tokens: int, tmp_path: Path) -> list[str]:
-    """The reference: dflash-generate on the same deployment, raw text (no chat template), greedy."""
-    out = tmp_path / "generate.json"
+def start_dflash_generate(engine_dir: Path, prompts: list[str], max_new_tokens: int, out: Path):
+    """The reference: dflash-generate on the same deployment, raw text (no chat template), greedy.
+    Started in the background, so it loads while the server does."""
+    runtime = json.loads((engine_dir / "manifest.json").read_text())["runtime"]
+    # dflash-generate's own --max_seq_len/--max_batch_size defaults would override the manifest's.
     cmd = [sys.executable, "-c", "import sys; from trtllm_dflash.cli import generate_main; sys.exit(generate_main())",
            "--engine", str(engine_dir), "--no_chat_template", "--max_new_tokens", str(max_new_tokens),
+           "--max_seq_len", str(runtime["max_seq_len"]), "--max_batch_size", str(runtime["max_batch_size"]),
            "--json", str(out)]
     for p in prompts:
         cmd += ["--prompt", p]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
-    return [r["text"] for r in json.loads(out.read_text())["dflash"]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def texts() -> list[str]:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err.decode()
+        return [r["text"] for r in json.loads(out.read_text())["dflash"]]
+    return texts
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_deployment, tmp_path_factory):
-    return dict(zip(PROMPTS, dflash_generate(tiny_deployment, PROMPTS, MAX_TOKENS, tmp_path_factory.mktemp("ref"))))
+    texts = start_dflash_generate(tiny_deployment, PROMPTS, MAX_TOKENS, tmp_path_factory.mktemp("ref") / "ref.json")
+    return dict(zip(PROMPTS, texts()))
 
 
 def _grpc_stream(url: str, prompts: list[str], streaming: bool, **sampling) -> list[list[dict]]:
@@ -253,3 +262,38 @@ def test_dflash_client_cli(tiny_server, reference, protocol):
         [sys.executable, "-c", "import sys; from trtllm_dflash.cli import client_main; sys.exit(client_main())",
          "", "--protocol", protocol, "--url", url], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "text_input: is empty" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+# ---- the real SmolLM2-135M-Instruct, one-response (non-decoupled) repository ----------------------
+
+@pytest.fixture(scope="module")
+def smollm2_server(smollm2_dir, tmp_path_factory):
+    from trtllm_dflash.checkpoints.drafter_init import write_random_drafter
+
+    root = tmp_path_factory.mktemp("smollm2")
+    drafter = write_random_drafter(smollm2_dir, root / "drafter", num_layers=1, block_size=8)
+    deployment = make_deployment(root / "deploy", smollm2_dir, drafter, fill=False,
+                                 runtime={"max_batch_size": 1, "max_seq_len": 256, "block_size": 8, "dtype": "float32"})
+    texts = start_dflash_generate(deployment, [SMOLLM2_PROMPT], 8, root / "ref.json")
+    srv = start_server(deployment, root / "dflash-serve.log", "--fill", "--decoupled_mode", "false", timeout=300)
+    yield texts()[0], srv
+    assert srv.stop() == 0, srv.log_text()[-4000:]
+
+
+SMOLLM2_PROMPT = "The capital of France is"
+
+
+@pytest.mark.slow
+def test_smollm2_unary_grpc_and_http_match_dflash_generate(smollm2_server):
+    expected, srv = smollm2_server
+    assert "Paris" in expected          # a real model, really tokenized
+    c = grpcclient.InferenceServerClient(srv.grpc)
+    assert not c.get_model_config("tensorrt_llm", as_json=True)["config"]["model_transaction_policy"].get("decoupled")
+    c.close()
+    inputs = client.build_inputs(SMOLLM2_PROMPT, max_tokens=8)
+    grpc_one = client.collect(client.generate_grpc(srv.grpc, inputs))       # unary ModelInfer
+    http_one = client.collect(client.generate_http(srv.http, inputs))
+    assert grpc_one["text_output"] == http_one["text_output"] == expected
+    assert grpc_one["num_responses"] == 1 and grpc_one["total_draft_tokens"] > 0
+    with pytest.raises(DFlashError, match="streaming: needs a decoupled model"):
+        list(client.generate_http(srv.http, client.build_inputs(SMOLLM2_PROMPT, True, max_tokens=4)))

@@ -89,7 +89,7 @@ class TorchBackend:
             os.environ.update(env)      # rank 0 joins the group from this process
             argv = follower_argv(deployment_dir, tp_size, env)
             log.info("[dflash] starting ranks 1..%d: %s", tp_size - 1, " ".join(argv))
-            followers = subprocess.Popen(argv, start_new_session=True)
+            followers = subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent)
         try:
             engine = Engine.from_deployment(deployment_dir)
         except BaseException:
@@ -276,6 +276,12 @@ def follower_argv(deployment_dir: Path, tp_size: int, env: dict[str, str], *, mp
         for key, value in env.items():
             argv += ["-x", f"{key}={value}"]
     return argv + [python, "-m", "trtllm_dflash.runtime.worker", str(deployment_dir)]
+
+
+def _die_with_parent() -> None:
+    # mpiexec (and through it every rank) goes when this process goes, however it goes.
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
 
 
 def stop_process(proc: subprocess.Popen | None, timeout: float = 15.0) -> None:

@@ -139,7 +139,25 @@ def stop(proc: subprocess.Popen, timeout: float) -> int:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    reap_group(proc.pid)
     return proc.returncode
+
+
+def reap_group(pgid: int, grace: float = 3.0) -> None:
+    """Stop what is left of the server's process group: a tritonserver that gave up on its exit timeout
+    leaves its python-backend stubs running."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{endpoints(args.host, args.http_port, args.grpc_port, args.metrics_port)}\n"
               f"dflash-serve: Ctrl-C or SIGTERM stops the server", flush=True)
         rc = proc.wait()
+        reap_group(proc.pid)
         if stopping:
             print(f"dflash-serve: stopped (tritonserver exit code {rc})", flush=True)
             return 0 if rc in (0, -signal.SIGTERM) else 1
