@@ -4,7 +4,6 @@ same way TensorRT-LLM's ranks do; the rendezvous port is agreed over MPI, or giv
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -32,12 +31,6 @@ def launcher_rank_and_size() -> tuple[int, int]:
     rank = _env_int(_RANK_VARS) or 0
     size = _env_int(_SIZE_VARS) or 1
     return rank + int(os.environ.get("TRTLLM_DFLASH_RANK_OFFSET", "0")), size
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -96,19 +89,25 @@ def init_tp(tp_size: int, device: torch.device) -> TPGroup:
     if dist.is_initialized():
         return TPGroup(dist.get_rank(), dist.get_world_size())
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     port = os.environ.get("MASTER_PORT")
-    if port is None:
+    if port is not None:
+        store = dist.TCPStore(addr, int(port), tp_size, is_master=rank == 0, wait_for_workers=False)
+    else:
         try:
             from mpi4py import MPI
         except ImportError:
             raise DFlashError("MASTER_PORT", "not set and mpi4py is missing",
                               "pip install 'trtllm-dflash[mpi]' or export MASTER_ADDR/MASTER_PORT") from None
-        port = MPI.COMM_WORLD.bcast(_free_port() if rank == 0 else None, root=0)
+        # Rank 0 binds port 0 itself (no pick-then-bind race with other jobs) and tells the others.
+        store = dist.TCPStore(addr, 0, tp_size, is_master=True, wait_for_workers=False) if rank == 0 else None
+        port = MPI.COMM_WORLD.bcast(store.port if rank == 0 else None, root=0)
         # MPI's only job was the rendezvous; finalising now keeps its exit-time teardown from racing
         # gloo's threads (seen as an abort at exit with MPICH).
         MPI.Finalize()
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=tp_size)
+        if rank != 0:
+            store = dist.TCPStore(addr, port, tp_size, is_master=False)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=tp_size)
     return TPGroup(rank, tp_size)
