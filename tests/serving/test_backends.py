@@ -4,26 +4,25 @@ import json
 import sys
 import types
 
-import numpy as np
 import pytest
 import yaml
 
 from tests.serving.fakes import FakePbUtils, FakeRequest, triton_inputs
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.serving import backends
+from trtllm_dflash.serving import launch
 from trtllm_dflash.serving.repo import fill_triton
 from trtllm_dflash.serving.triton_model import DFlashModel
 
 
 def test_follower_argv_mpich_and_openmpi(tmp_path):
-    env = backends.tp_env(4, master_port=29555)
+    env = launch.tp_env(4, master_port=29555)
     assert env == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555", "TRTLLM_DFLASH_WORLD_SIZE": "4"}
-    argv = backends.follower_argv(tmp_path, 4, env, mpiexec="/x/mpiexec", flavor="mpich", python="/py")
+    argv = launch.follower_argv(tmp_path, 4, env, mpiexec="/x/mpiexec", flavor="mpich", python="/py")
     assert argv[:3] == ["/x/mpiexec", "-n", "3"]
     assert argv[-4:] == ["/py", "-m", "trtllm_dflash.runtime.worker", str(tmp_path)]
     assert ["-genv", "TRTLLM_DFLASH_RANK_OFFSET", "1"] == argv[argv.index("TRTLLM_DFLASH_RANK_OFFSET") - 1:][:3]
     assert ["-genv", "MASTER_PORT", "29555"] == argv[argv.index("MASTER_PORT") - 1:][:3]
-    argv = backends.follower_argv(tmp_path, 2, env, mpiexec="mpirun", flavor="openmpi", python="/py", is_root=True)
+    argv = launch.follower_argv(tmp_path, 2, env, mpiexec="mpirun", flavor="openmpi", python="/py", is_root=True)
     assert argv[:4] == ["mpirun", "-n", "1", "--allow-run-as-root"]
     assert "-x" in argv and "TRTLLM_DFLASH_RANK_OFFSET=1" in argv and "MASTER_ADDR=127.0.0.1" in argv
 
@@ -33,7 +32,7 @@ def test_mpi_flavor_of_the_installed_mpiexec():
     exe = shutil.which("mpiexec") or str(__import__("pathlib").Path(sys.executable).parent / "mpiexec")
     if not __import__("os").path.exists(exe):
         pytest.skip("no mpiexec")
-    assert backends.mpi_flavor(exe) in ("mpich", "openmpi")
+    assert launch.mpi_flavor(exe) in ("mpich", "openmpi")
 
 
 # ---- backend: trtllm, with a stand-in tensorrt_llm module ------------------------------------------

@@ -297,3 +297,51 @@ def test_smollm2_unary_grpc_and_http_match_dflash_generate(smollm2_server):
     assert grpc_one["num_responses"] == 1 and grpc_one["total_draft_tokens"] > 0
     with pytest.raises(DFlashError, match="streaming: needs a decoupled model"):
         list(client.generate_http(srv.http, client.build_inputs(SMOLLM2_PROMPT, True, max_tokens=4)))
+
+
+# ---- tensor parallelism of the torch runtime: rank 0 in the Triton model, ranks 1.. under mpiexec -----
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_tp2_server_matches_tp1(tiny_target_with_tokenizer, request, tmp_path):
+    import importlib.util
+    if importlib.util.find_spec("trtllm_dflash.runtime.worker") is None:
+        pytest.skip("trtllm_dflash.runtime.worker (the follower ranks' entry point) is not there yet")
+    reference = request.getfixturevalue("reference")
+    deployment = make_deployment(tmp_path / "tp2", *tiny_target_with_tokenizer, tp_size=2)
+    srv = start_server(deployment, tmp_path / "dflash-serve.log", timeout=180)
+    try:
+        texts = [r[0]["text_output"] for r in _grpc_stream(srv.grpc, PROMPTS[:3], streaming=False)]
+        assert texts == [reference[p] for p in PROMPTS[:3]]
+        assert "starting ranks 1..1" in srv.log_text()
+    finally:
+        assert srv.stop() == 0, srv.log_text()[-4000:]
+
+
+# ---- the README's examples run as written ----------------------------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "triton_model_repo" / "README.md"
+
+
+@pytest.mark.slow
+def test_readme_examples(tiny_server):
+    import re
+    text = README.read_text()
+    (python_example,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    run = subprocess.run([sys.executable, "-c", python_example.replace("localhost:8001", tiny_server.grpc)
+                          .replace("timeout=60", "timeout=20")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "acceptance_rate" in run.stdout
+    curls = re.findall(r"curl -s -X POST localhost:8000(\S+) \\\n\s+-d '(.*?)'", text)
+    assert [path for path, _ in curls] == ["/v2/models/tensorrt_llm/generate", "/v2/models/tensorrt_llm/generate_stream"]
+    for path, body in curls:
+        req = urllib.request.Request(f"http://{tiny_server.http}{path}", data=body.encode())
+        with urllib.request.urlopen(req, timeout=30) as r:
+            out = r.read().decode()
+        assert "finish_reason" in out and "acceptance_rate" in out
+    for line in re.findall(r"^(dflash-\w+ .*?)(?:\s+#.*)?$", text, re.M):
+        args = line.split()                       # every dflash-* command of the quick start parses
+        module = {"dflash-serve": server, "dflash-client": client}.get(args[0])
+        if module is not None:
+            import shlex
+            module.parse_args(shlex.split(line)[1:])

@@ -12,11 +12,7 @@ import asyncio
 import logging
 import os
 import queue
-import shutil
-import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,6 +23,7 @@ import yaml
 
 from ..errors import DFlashError
 from .detokenize import TextStream
+from .launch import die_with_parent, follower_argv, stop_process, tp_env
 from .protocol import GenerateRequest, Result
 
 log = logging.getLogger(__name__)
@@ -89,7 +86,7 @@ class TorchBackend:
             os.environ.update(env)      # rank 0 joins the group from this process
             argv = follower_argv(deployment_dir, tp_size, env)
             log.info("[dflash] starting ranks 1..%d: %s", tp_size - 1, " ".join(argv))
-            followers = subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent)
+            followers = subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent)
         try:
             engine = Engine.from_deployment(deployment_dir)
         except BaseException:
@@ -228,71 +225,6 @@ class TorchBackend:
             if not job.done:
                 job.done = True
                 job.on_result(Result(finished=True, error=f"engine step failed: {err}"))
-
-
-# ---------------------------------------------------------------------------------------------------
-# tensor parallelism of the torch runtime: rank 0 here, ranks 1..N-1 under mpiexec
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tp_env(tp_size: int, master_port: int | None = None) -> dict[str, str]:
-    """Rendezvous of all ranks: rank 0 (this process) listens on MASTER_PORT."""
-    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port or _free_port()),
-            "TRTLLM_DFLASH_WORLD_SIZE": str(tp_size)}
-
-
-def mpi_flavor(mpiexec: str) -> str:
-    """``mpich`` (the PyPI package; Hydra) or ``openmpi`` (GPU hosts), from ``mpiexec --version``."""
-    out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
-    text = out.stdout + out.stderr
-    if "HYDRA" in text:
-        return "mpich"
-    if "Open MPI" in text or "OpenRTE" in text:
-        return "openmpi"
-    raise DFlashError("mpiexec", f"{mpiexec} is neither MPICH nor Open MPI", "put one of them first on PATH")
-
-
-def follower_argv(deployment_dir: Path, tp_size: int, env: dict[str, str], *, mpiexec: str | None = None,
-                  flavor: str | None = None, python: str = sys.executable, is_root: bool | None = None) -> list[str]:
-    """``mpiexec -n N-1 ... python -m trtllm_dflash.runtime.worker DIR``: ranks 1..N-1 of the torch runtime."""
-    mpiexec = mpiexec or shutil.which("mpiexec") or shutil.which("mpirun")
-    if mpiexec is None:
-        raise DFlashError("tp_size", f"is {tp_size} but mpiexec is not on PATH",
-                          "pip install 'trtllm-dflash[mpi]' (MPICH) or install Open MPI")
-    flavor = flavor or mpi_flavor(mpiexec)
-    env = {**env, "TRTLLM_DFLASH_RANK_OFFSET": "1"}
-    argv = [mpiexec, "-n", str(tp_size - 1)]
-    if flavor == "mpich":
-        for key, value in env.items():
-            argv += ["-genv", key, value]
-    else:
-        if os.geteuid() == 0 if is_root is None else is_root:
-            argv.append("--allow-run-as-root")
-        for key, value in env.items():
-            argv += ["-x", f"{key}={value}"]
-    return argv + [python, "-m", "trtllm_dflash.runtime.worker", str(deployment_dir)]
-
-
-def _die_with_parent() -> None:
-    # mpiexec (and through it every rank) goes when this process goes, however it goes.
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-
-
-def stop_process(proc: subprocess.Popen | None, timeout: float = 15.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -115,18 +115,20 @@ def generate_grpc(url: str, inputs: dict[str, object], model: str = MODEL_NAME, 
             return
         responses: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: responses.put(error or result))
+        finished = False
         try:
             client.async_stream_infer(model, tensors, request_id=request_id, enable_empty_final_response=True)
-            while True:
+            while not finished:
                 item = responses.get(timeout=timeout)
                 if isinstance(item, Exception):
+                    finished = True     # an error response is the request's last
                     raise DFlashError("server", str(item))
+                finished = item.get_response().parameters["triton_final_response"].bool_param
                 if item.get_response().outputs:
                     yield _grpc_outputs(item)
-                if item.get_response().parameters["triton_final_response"].bool_param:
-                    return
         finally:
-            client.stop_stream(cancel_requests=True)
+            # A consumer that stops early (or a timeout) cancels the request: the server frees its slot.
+            client.stop_stream(cancel_requests=not finished)
     except InferenceServerException as err:
         raise DFlashError("server", str(err)) from None
     finally:

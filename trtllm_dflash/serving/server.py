@@ -38,9 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("engine_dir", type=Path, help="deployment directory (dflash-build output) or model repository")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for all interfaces")
-    p.add_argument("--http_port", type=int, default=8000)
-    p.add_argument("--grpc_port", type=int, default=8001)
-    p.add_argument("--metrics_port", type=int, default=8002)
+    p.add_argument("--http_port", type=int, default=8000, help="KServe v2 HTTP/REST (generate, generate_stream)")
+    p.add_argument("--grpc_port", type=int, default=8001, help="KServe v2 gRPC (bidirectional stream)")
+    p.add_argument("--metrics_port", type=int, default=8002, help="Prometheus /metrics, incl. dflash_*")
     p.add_argument("--fill", action="store_true",
                    help="serve a temporary repository filled from DIR/manifest.json instead of DIR/triton")
     p.add_argument("--decoupled_mode", choices=("true", "false"), default=None,

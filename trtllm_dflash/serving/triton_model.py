@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +87,10 @@ class DFlashModel:
         self._finish_counts: dict[str, int] = {}
         self._metrics = _TritonMetrics(pb_utils, model_name)
         self._running = True
+        self._outbox: queue.Queue = queue.Queue()
+        self._sender = threading.Thread(target=self._send_loop, name="dflash-sender", daemon=True)
         self._watcher = threading.Thread(target=self._watch, name="dflash-cancellation", daemon=True)
+        self._sender.start()
         self._watcher.start()
         self._log(f"serving {self.deployment_dir} with the {backend.name} backend "
                   f"(decoupled={self.decoupled}, max_seq_len={backend.max_seq_len})")
@@ -123,6 +128,8 @@ class DFlashModel:
         self._running = False
         self._watcher.join(timeout=5)
         self.backend.shutdown()
+        self._outbox.put(None)
+        self._sender.join(timeout=30)
 
     # -- responses (called from backend threads) --
 
@@ -135,12 +142,31 @@ class DFlashModel:
                 live.done = True
                 self._live.pop(live.handle, None)
                 self._count(result)
-        try:
-            self._respond(live, result)
-        finally:
-            if result.finished:
-                # Triton unloads a decoupled model only once every response sender is gone: drop ours now.
-                live.sender = live.triton_request = None
+        self._outbox.put((live, result))
+
+    def _send_loop(self) -> None:
+        """The one thread that sends responses and publishes metrics (TensorRT-LLM's model has such a
+        response thread too): the runtime's threads never wait on Triton's IPC."""
+        next_publish = 0.0
+        while True:
+            try:
+                item = self._outbox.get(timeout=self.period_s)
+            except queue.Empty:
+                item = ()
+            if item is None:
+                return
+            if item:
+                live, result = item
+                try:
+                    self._respond(live, result)
+                except Exception:  # noqa: BLE001 - one failed response must not stop the others
+                    self._log(traceback.format_exc(), error=True)
+                if result.finished:
+                    # Triton unloads a decoupled model only once every response sender is gone: drop ours.
+                    live.sender = live.triton_request = None
+            if time.monotonic() >= next_publish:
+                self._publish_metrics()
+                next_publish = time.monotonic() + self.period_s
 
     def _respond(self, live: _Live, result: Result) -> None:
         if result.error:
@@ -192,14 +218,21 @@ class DFlashModel:
 
     def _watch(self) -> None:
         while self._running:
-            with self._lock:
-                lives = list(self._live.values())
-            for live in lives:
-                if not live.cancelled and live.triton_request.is_cancelled():
-                    live.cancelled = True
-                    self.backend.cancel(live.handle)
-            self._publish_metrics()
-            threading.Event().wait(self.period_s)
+            try:
+                self._check_cancelled()
+            except Exception as err:  # noqa: BLE001 - the watcher must outlive one bad check
+                self._log(f"checking for cancelled requests failed: {err}", error=True)
+            time.sleep(self.period_s)
+
+    def _check_cancelled(self) -> None:
+        # Under the lock: a request still in _live has not had its final response, so Triton still
+        # holds it (asking a finished request is_cancelled() reaches freed state in the backend).
+        with self._lock:
+            gone = [live for live in self._live.values() if not live.cancelled and live.triton_request.is_cancelled()]
+            for live in gone:
+                live.cancelled = True
+        for live in gone:
+            self.backend.cancel(live.handle)
 
     def _count(self, result: Result) -> None:
         reason = "error" if result.error else result.finish_reason
