@@ -36,26 +36,30 @@ def drafter_config(target: dict, *, num_layers: int, block_size: int, target_lay
     return cfg
 
 
-def random_drafter_weights(cfg: dict, target_hidden: int, seed: int = 0, dtype=torch.float32) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
+def random_drafter_weights(cfg: dict, target_hidden: int, seed: int = 0, dtype=torch.float32,
+                           device="cpu") -> dict[str, torch.Tensor]:
+    g = torch.Generator(device).manual_seed(seed)
     h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
     q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
 
     def w(*shape):
-        return (torch.randn(*shape, generator=g) * 0.02).to(dtype)
+        return (torch.randn(*shape, generator=g, device=device) * 0.02).to(dtype)
+
+    def ones(n):
+        return torch.ones(n, dtype=dtype, device=device)
 
     sd = {"fc.weight": w(h, len(cfg["dflash_config"]["target_layer_ids"]) * target_hidden),
-          "hidden_norm.weight": torch.ones(h, dtype=dtype), "norm.weight": torch.ones(h, dtype=dtype)}
+          "hidden_norm.weight": ones(h), "norm.weight": ones(h)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"layers.{i}."
         sd.update({
             p + "self_attn.q_proj.weight": w(q, h), p + "self_attn.k_proj.weight": w(kv, h),
             p + "self_attn.v_proj.weight": w(kv, h), p + "self_attn.o_proj.weight": w(h, q),
-            p + "self_attn.q_norm.weight": torch.ones(d, dtype=dtype), p + "self_attn.k_norm.weight": torch.ones(d, dtype=dtype),
+            p + "self_attn.q_norm.weight": ones(d), p + "self_attn.k_norm.weight": ones(d),
             p + "mlp.gate_proj.weight": w(inter, h), p + "mlp.up_proj.weight": w(inter, h),
             p + "mlp.down_proj.weight": w(h, inter),
-            p + "input_layernorm.weight": torch.ones(h, dtype=dtype),
-            p + "post_attention_layernorm.weight": torch.ones(h, dtype=dtype),
+            p + "input_layernorm.weight": ones(h),
+            p + "post_attention_layernorm.weight": ones(h),
         })
     return sd
 

@@ -29,8 +29,8 @@ from ..errors import DFlashError
 from .distributed import TPGroup, init_tp
 from .kv_cache import KVCache
 from .loader import load_drafter, load_target
-from .models.llama import TargetConfig
-from .sampling import SamplingBatch, accept, sample
+from .models import target_config
+from .sampling import SamplingBatch, accept, flags, sample
 
 _PREFILL_TOKENS = 8192  # prompt tokens per prefill forward (bounds activation memory)
 _ids = itertools.count()
@@ -81,7 +81,13 @@ class Engine:
         self.last = torch.zeros(n, dtype=torch.long, device=self.device)   # [max_batch] anchor token ids
         self.active = torch.zeros(n, dtype=torch.bool, device=self.device)
         self._start_host = [0] * n
-        self._sb: SamplingBatch | None = None
+        # Per-slot sampling settings live in fixed buffers so a captured CUDA graph reads them in place.
+        self._sp = SamplingBatch.from_params([SamplingParams()] * n, self.device)
+        self._flags: tuple[bool, bool, bool] | None = None
+        self._t = torch.zeros(n, self.block_size, dtype=torch.long, device=self.device)  # [max_batch, B] samples
+        self._a = torch.zeros(n, dtype=torch.long, device=self.device)                   # [max_batch] accepted
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.use_graphs = cfg.cuda_graphs and self.device.type == "cuda"
         self._waiting: deque[Request] = deque()
         self._cancel: set[int] = set()
         self._lock = threading.Lock()
@@ -91,7 +97,7 @@ class Engine:
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def from_dirs(cls, target_dir, drafter_dir=None, cfg: RuntimeConfig = RuntimeConfig(), *, tp_size: int = 1,
-                  allow_pickle: bool = False, presharded: dict | None = None) -> "Engine":
+                  allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1) -> "Engine":
         device, dtype = _resolve(cfg)
         target_dir = Path(target_dir)
         tcfg = hf.read_config(target_dir)
@@ -100,7 +106,7 @@ class Engine:
             validate.check_pair(tcfg, dcfg, tp_size=tp_size, block_size=cfg.block_size)
         else:
             validate.check_tp(tcfg, tp_size, "target")
-        TargetConfig.from_hf(tcfg)
+        target_config(tcfg)  # an architecture the runtime lacks fails here, before any rank starts
         tp = init_tp(tp_size, device)
         if device.type == "cuda" and tp.size > 1:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -108,7 +114,7 @@ class Engine:
         drafter = (load_drafter(Path(drafter_dir), tcfg["hidden_size"], tp, device, dtype, positions, allow_pickle,
                                 presharded) if dcfg is not None else None)
         capture = drafter.config.target_layer_ids if drafter is not None else ()
-        target = load_target(target_dir, tp, device, dtype, positions, capture, allow_pickle, presharded)
+        target = load_target(target_dir, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size)
         tokenizer = _load_tokenizer(target_dir)
         return cls(target, drafter, tokenizer, cfg, tp, _eos_ids(target_dir, tcfg, tokenizer))
 
@@ -133,7 +139,8 @@ class Engine:
             presharded = load_file(str(rank_file))
         drafter = engine_dir / m.get("drafter", {}).get("path", "drafter")
         return cls.from_dirs(engine_dir / m.get("target", {}).get("path", "target"),
-                             drafter if drafter.is_dir() else None, cfg, tp_size=tp_size, presharded=presharded)
+                             drafter if drafter.is_dir() else None, cfg, tp_size=tp_size, presharded=presharded,
+                             ep_size=int(m.get("ep_size", 1)))
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
@@ -183,23 +190,16 @@ class Engine:
 
     @torch.inference_mode()
     def _decode(self, n: int) -> list[Request]:
-        B, rows = self.block_size, slice(0, n)
-        start, last = self.start[:n], self.last[:n]                     # [n]
-        pos = start[:, None] + self._arange                              # [n, B] positions of the block
+        B = self.block_size
         ctx_len = max(self._start_host[i] for i in range(n) if self.slots[i] is not None)
-        draft = self.tp.broadcast(self._propose(last, pos, start, rows, ctx_len)) if B > 1 else None  # [n, B-1]
-        ids = torch.cat([last[:, None], draft], 1) if B > 1 else last[:, None]       # [n, B]
-        h, feats = self.target(ids, pos, self.cache, rows, ctx_len + B)
-        t = self.tp.broadcast(sample(self.target.logits(h), self._sampling(n), pos + 1))  # [n, B] target samples
-        a = accept(draft, t) if B > 1 else torch.zeros(n, dtype=torch.long, device=self.device)  # [n]
-        if B > 1:  # context K/V for the whole block; rows past the accepted prefix are masked, then overwritten
-            self.drafter.append_context(feats, pos, self.draft_cache, rows)
-        act = self.active[:n]
-        self.start[:n] = torch.where(act, start + a + 1, start)
-        self.last[:n] = torch.where(act, t.gather(1, a[:, None])[:, 0], last)
-        t_host, a_host = t.tolist(), a.tolist()                            # the one host sync per step
+        if self.use_graphs:  # one graph per (batch bucket, cache-length bucket, sampling path)
+            nb, kv = _bucket(n, self.cfg.max_batch_size, 1), _bucket(ctx_len + B, self.cfg.max_seq_len, 256)
+            self._graph(nb, kv)()
+        else:
+            self._step_tensors(n, ctx_len + B)
+        t_host, a_host = self._t[:n].tolist(), self._a[:n].tolist()   # the one host sync per step
         self.counters["steps"] += 1
-        self.counters["max_active_batch"] = max(self.counters["max_active_batch"], int(sum(s is not None for s in self.slots)))
+        self.counters["max_active_batch"] = max(self.counters["max_active_batch"], sum(s is not None for s in self.slots))
         finished = []
         for i in range(n):
             req = self.slots[i]
@@ -214,6 +214,46 @@ class Engine:
             if done:
                 finished.append(self._finish(req, done))
         return finished
+
+    def _step_tensors(self, n: int, kv_len: int) -> None:
+        """Draft, verify, accept and advance rows [0, n) over cache[:kv_len]; device work only (graph-safe).
+        Results land in self._t (target samples) and self._a (accepted drafts)."""
+        B, rows = self.block_size, slice(0, n)
+        start, last = self.start[:n], self.last[:n]                     # [n]
+        pos = start[:, None] + self._arange                              # [n, B] positions of the block
+        draft = self.tp.broadcast(self._propose(last, pos, start, rows, kv_len)) if B > 1 else None  # [n, B-1]
+        ids = torch.cat([last[:, None], draft], 1) if B > 1 else last[:, None]       # [n, B]
+        h, feats = self.target(ids, pos, self.cache, rows, kv_len)
+        t = self.tp.broadcast(sample(self.target.logits(h), self._sampling(n), pos + 1))  # [n, B] target samples
+        a = accept(draft, t) if B > 1 else torch.zeros_like(start)     # [n]
+        if B > 1:  # context K/V for the whole block; rows past the accepted prefix are masked, then overwritten
+            self.drafter.append_context(feats, pos, self.draft_cache, rows)
+        act = self.active[:n]
+        self.last[:n] = torch.where(act, t.gather(1, a[:, None])[:, 0], last)
+        self.start[:n] = torch.where(act, start + a + 1, start)
+        self._t[:n], self._a[:n] = t, a
+
+    def _graph(self, n: int, kv_len: int):
+        """The CUDA graph of _step_tensors for this shape, captured on first use."""
+        key = (n, kv_len, self._sampling_flags())
+        if key not in self._graphs:
+            saved = self.active.clone()
+            self.active.zero_()  # warm-up runs must not advance any request (their cache writes land past `start`)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._step_tensors(n, kv_len)
+            torch.cuda.current_stream().wait_stream(side)
+            self.active.copy_(saved)
+            graph = torch.cuda.CUDAGraph()
+            if not hasattr(self, "_pool"):
+                self._pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._step_tensors(n, kv_len)
+            self._graphs[key] = graph
+            self.counters["graphs"] = len(self._graphs)
+        return self._graphs[key].replay
 
     def _propose(self, last, pos, start, rows, ctx_len: int) -> torch.Tensor:
         """One drafter pass over [last, mask x (B-1)] -> argmax draft tokens [n, B-1]."""
@@ -288,7 +328,7 @@ class Engine:
             self.start[req.slot] = 0
             self.last[req.slot] = 0
             self._start_host[req.slot] = 0
-            self._sb = None
+            self._flags = None
         self.counters["finished"] += 1
         req.done_event.set()
         return req
@@ -321,14 +361,23 @@ class Engine:
             admitted = [Request(p, sp, request_id=rid, slot=slot) for slot, p, sp, rid in msg["admit"]]
         for req in admitted:
             self.slots[req.slot] = req
-        if admitted:
-            self._sb = None
+            self._set_sampling(req)
         return admitted, cancelled
 
+    def _sampling_flags(self) -> tuple[bool, bool, bool]:
+        if self._flags is None:
+            self._flags = flags([s.params for s in self.slots if s is not None])
+        return self._flags
+
     def _sampling(self, n: int) -> SamplingBatch:
-        if self._sb is None or self._sb.seed.shape[0] != n:
-            self._sb = SamplingBatch.from_params([s.params if s else SamplingParams() for s in self.slots[:n]], self.device)
-        return self._sb
+        sp = self._sp
+        return SamplingBatch(sp.temperature[:n], sp.top_k[:n], sp.top_p[:n], sp.seed[:n], *self._sampling_flags())
+
+    def _set_sampling(self, req: Request) -> None:
+        p, i = req.params, req.slot
+        self._sp.temperature[i], self._sp.top_k[i], self._sp.top_p[i], self._sp.seed[i] = (
+            p.temperature, p.top_k, p.top_p, p.seed)
+        self._flags = None
 
     def follow(self) -> None:
         """Ranks > 0: mirror rank 0's steps until it calls shutdown()."""
@@ -343,6 +392,14 @@ class Engine:
         if self.tp.active and self.tp.rank == 0:
             self.tp.broadcast_object({"admit": [], "cancel": [], "stop": True})
             self.tp.close()
+
+
+def _bucket(x: int, cap: int, floor: int) -> int:
+    """Round up to a power of two (at least ``floor``, at most ``cap``): few shapes, few CUDA graphs."""
+    b = floor
+    while b < x:
+        b *= 2
+    return min(b, cap)
 
 
 def _launcher_rank(tp_size: int) -> int:

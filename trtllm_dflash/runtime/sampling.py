@@ -38,13 +38,16 @@ def uniform_noise(seed: torch.Tensor, positions: torch.Tensor, vocab: int) -> to
 
 @dataclass
 class SamplingBatch:
-    """Per-row settings of the running batch, as tensors on the model's device."""
+    """Per-row settings of the running batch as device tensors, plus host-side flags that pick the
+    code path (so sampling never reads a device value back: it can be captured in a CUDA graph)."""
 
     temperature: torch.Tensor  # [n] float32 (0 = greedy)
     top_k: torch.Tensor        # [n] int64 (0 = off)
     top_p: torch.Tensor        # [n] float32 (1 = off)
     seed: torch.Tensor         # [n] int64
     all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
 
     @classmethod
     def from_params(cls, params: list, device) -> "SamplingBatch":
@@ -52,7 +55,13 @@ class SamplingBatch:
         return cls(t, torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
                    torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
                    torch.tensor([p.seed for p in params], dtype=torch.int64, device=device),
-                   all(p.temperature == 0 for p in params))
+                   *flags(params))
+
+
+def flags(params: list) -> tuple[bool, bool, bool]:
+    """(all_greedy, any_top_k, any_top_p) of a batch's SamplingParams."""
+    sampled = [p for p in params if p.temperature > 0]
+    return not sampled, any(p.top_k > 0 for p in sampled), any(p.top_p < 1 for p in sampled)
 
 
 def filtered_logprobs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -60,13 +69,14 @@ def filtered_logprobs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     temp = torch.where(sb.temperature > 0, sb.temperature, torch.ones_like(sb.temperature))
     x = logits.float() / temp[:, None, None]
     V = x.shape[-1]
-    k = torch.where((sb.top_k > 0) & (sb.top_k < V), sb.top_k, torch.full_like(sb.top_k, V))
-    if bool((k < V).any()):
+    if sb.any_top_k:
+        k = torch.where((sb.top_k > 0) & (sb.top_k < V), sb.top_k, torch.full_like(sb.top_k, V))
         kth = x.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None, None].expand(*x.shape[:2], 1))
         x = x.masked_fill(x < kth, float("-inf"))
-    if bool((sb.top_p < 1).any()):
+    if sb.any_top_p:
         probs, order = x.softmax(-1).sort(dim=-1, descending=True)
-        drop_sorted = probs.cumsum(-1) - probs >= sb.top_p[:, None, None]  # keep the smallest prefix reaching p
+        # keep the smallest prefix reaching p; rows with top_p = 1 keep everything (cumsum may round past 1)
+        drop_sorted = (probs.cumsum(-1) - probs >= sb.top_p[:, None, None]) & (sb.top_p < 1)[:, None, None]
         x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
     return x.log_softmax(-1)
 

@@ -1,0 +1,217 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Decode-step cost of the torch runtime at real 8B shapes (random bf16 weights), against the HBM roofline
+and, in the same run, HF transformers' own `generate` and the `dflash` reference package on the same pair.
+
+    python benchmarks/step_bench.py --models qwen3-8b,llama-3.1-8b --batch 1,4,16,64 --out results.json
+
+Per model and batch: the AR step (block 1) and the DFlash step (drafter pass + verify of block B), timed as
+the wall time of `Engine.step()` (device work + the one host sync + bookkeeping; CUDA graphs on), median of
+`--steps`. Roofline = bytes that must cross HBM per step (every weight read once, the KV cache read once)
+over the copy bandwidth measured in the same run. Random weights: acceptance is ~1, so only step costs
+are meaningful here; acceptance comes from benchmarks/acceptance.py on a trained pair.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights  # noqa: E402
+from trtllm_dflash.checkpoints.resolve import KNOWN_MODELS, PUBLIC_CONFIGS  # noqa: E402
+from trtllm_dflash.config import RuntimeConfig, SamplingParams  # noqa: E402
+from trtllm_dflash.runtime.distributed import TPGroup  # noqa: E402
+from trtllm_dflash.runtime.engine import Engine  # noqa: E402
+from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
+
+DEV, BF16 = torch.device("cuda"), torch.bfloat16
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+
+
+def cuda_time(fn, reps: int = 10) -> float:
+    """Median seconds of fn() measured with CUDA events."""
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
+def ceilings() -> dict:
+    x = torch.empty(2 * 1024**3 // 2, dtype=BF16, device=DEV).normal_()
+    y = torch.empty_like(x)
+    cuda_time(lambda: y.copy_(x), 3)
+    bw = 2 * x.numel() * 2 / cuda_time(lambda: y.copy_(x), 10)  # bytes read + written
+    a = torch.randn(8192, 8192, dtype=BF16, device=DEV)
+    cuda_time(lambda: a @ a, 3)
+    flops = 2 * 8192**3 / cuda_time(lambda: a @ a, 10)
+    del x, y, a
+    torch.cuda.empty_cache()
+    return {"copy_bw_bytes_per_s": bw, "bf16_matmul_flops": flops}
+
+
+def target_config(name: str) -> dict:
+    cfg = dict(PUBLIC_CONFIGS[KNOWN_MODELS[name].target])
+    cfg.setdefault("rms_norm_eps", 1e-6 if "qwen" in name else 1e-5)
+    if name.startswith("llama"):
+        cfg["rope_scaling"] = dict(LLAMA3_ROPE, rope_theta=cfg["rope_theta"])
+    return cfg
+
+
+def build_pair(name: str, max_seq_len: int, work: Path):
+    """HF model with random weights on the GPU, our target sharing its tensors, and a random drafter."""
+    import transformers
+    tcfg, dcfg = target_config(name), dict(PUBLIC_CONFIGS[KNOWN_MODELS[name].drafter])
+    hf_cfg = transformers.AutoConfig.for_model(tcfg["model_type"], **{k: v for k, v in tcfg.items() if k != "model_type"})
+    with torch.device(DEV):
+        hf = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=BF16).eval()
+    (work / "target").mkdir(parents=True, exist_ok=True)
+    (work / "target" / "config.json").write_text(json.dumps(tcfg))
+    (work / "drafter").mkdir(parents=True, exist_ok=True)
+    (work / "drafter" / "config.json").write_text(json.dumps(dcfg))
+    dsd = random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=BF16, device=DEV)
+    pre = {f"target.{k}": v for k, v in hf.state_dict().items()} | {f"drafter.{k}": v for k, v in dsd.items()}
+    drafter = load_drafter(work / "drafter", tcfg["hidden_size"], TPGroup(), DEV, BF16, max_seq_len, presharded=pre)
+    target = load_target(work / "target", TPGroup(), DEV, BF16, max_seq_len, drafter.config.target_layer_ids,
+                         presharded=pre)
+    return hf, target, drafter, dcfg, dsd
+
+
+def weight_bytes(module: torch.nn.Module, skip=("embed_tokens",)) -> int:
+    return sum(p.numel() * p.element_size() for n, p in module.named_parameters() if not n.startswith(skip))
+
+
+def time_engine(eng: Engine, batch: int, ctx: int, steps: int) -> dict:
+    g = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(100, 1000, (ctx,), generator=g).tolist() for _ in range(batch)]
+    reqs = [eng.add_request(p, SamplingParams(max_new_tokens=10**6, ignore_eos=True)) for p in prompts]
+    for _ in range(4):  # admit (prefill) + capture this shape's graph + warm up
+        eng.step()
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - t0)  # step() ends with a host sync, so this is complete
+    for r in reqs:
+        eng.cancel(r.request_id)
+    eng.step()
+    return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times)}
+
+
+def hf_ar_per_token(hf, ctx: int, n: int = 32) -> float:
+    ids = torch.randint(100, 1000, (1, ctx), device=DEV)
+
+    def gen(k):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        hf.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    gen(4)
+    return (statistics.median([gen(n + 1) for _ in range(2)]) - statistics.median([gen(1) for _ in range(2)])) / n
+
+
+def dflash_ref_per_iteration(hf, dcfg: dict, dsd: dict, ctx: int, n: int = 48) -> float:
+    import transformers
+    from dflash.model import DFlashDraftModel, dflash_generate
+    cfg = transformers.Qwen3Config(**{k: v for k, v in dcfg.items() if k not in ("architectures", "model_type")})
+    with torch.device(DEV):
+        ref = DFlashDraftModel(cfg).to(BF16).eval()
+    missing = ref.load_state_dict(dsd, strict=False).missing_keys
+    assert not [k for k in missing if "rotary" not in k], missing
+    ids = torch.randint(100, 1000, (1, ctx), device=DEV)
+    dflash_generate(ref, hf, ids, max_new_tokens=8, stop_token_ids=None, return_stats=True)
+    st = dflash_generate(ref, hf, ids, max_new_tokens=n, stop_token_ids=None, return_stats=True)
+    return st.time_per_output_token * st.num_output_tokens / len(st.acceptance_lengths)
+
+
+def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
+    max_seq = args.ctx + args.steps * 20 + 64
+    with tempfile.TemporaryDirectory() as work:
+        hf, target, drafter, dcfg, dsd = build_pair(name, max_seq, Path(work))
+    B = drafter.config.block_size
+    bw = ceil["copy_bw_bytes_per_s"]
+    t_bytes, d_bytes = weight_bytes(target), weight_bytes(drafter)
+    lm_head = target.lm_head.weight.numel() * 2
+    L, H, D = target.kv_shape()
+    kv_per_tok = 2 * L * H * D * 2
+    dL, dH, dD = drafter.kv_shape()
+    dkv_per_tok = 2 * dL * dH * dD * 2
+    engines = {"ar": Engine(target, None, None, RuntimeConfig(block_size=1, max_batch_size=max(args.batch),
+                                                                max_seq_len=max_seq), TPGroup(), set()),
+               "dflash": Engine(target, drafter, None, RuntimeConfig(max_batch_size=max(args.batch),
+                                                                      max_seq_len=max_seq), TPGroup(), set())}
+    for b in args.batch:
+        for mode, eng in engines.items():
+            r = time_engine(eng, b, args.ctx, args.steps)
+            need = t_bytes + b * args.ctx * kv_per_tok + (d_bytes + lm_head + b * args.ctx * dkv_per_tok if mode == "dflash" else 0)
+            row = {"model": name, "mode": mode, "batch": b, "block_size": eng.block_size, "ctx": args.ctx, **r,
+                   "roofline_ms": 1e3 * need / bw, "bytes_per_step": need,
+                   "graphs": eng.counters.get("graphs", 0)}
+            row["roofline_fraction"] = row["roofline_ms"] / row["step_ms"]
+            rows.append(row)
+            print(f"{name:14s} {mode:6s} b={b:3d} step {row['step_ms']:7.2f} ms  roofline {row['roofline_ms']:6.2f} ms "
+                  f"({100 * row['roofline_fraction']:.0f}%)", flush=True)
+    ar1 = next(r for r in rows if r["model"] == name and r["mode"] == "ar" and r["batch"] == min(args.batch))
+    df1 = next(r for r in rows if r["model"] == name and r["mode"] == "dflash" and r["batch"] == min(args.batch))
+    s = {"ar_b1_step_ms": ar1["step_ms"], "dflash_b1_step_ms": df1["step_ms"],
+         "ar_b1_roofline_fraction": ar1["roofline_fraction"], "dflash_b1_step_over_ar_step": df1["step_ms"] / ar1["step_ms"],
+         "block_size": B, "target_weight_gb": t_bytes / 1e9, "drafter_weight_gb": d_bytes / 1e9}
+    del engines
+    torch.cuda.empty_cache()
+    if args.peers:
+        try:
+            hf_tok = hf_ar_per_token(hf, args.ctx)
+            s.update(hf_ar_b1_ms_per_token=1e3 * hf_tok, speedup_vs_hf_ar_b1=hf_tok * 1e3 / ar1["step_ms"])
+        except Exception as err:  # a peer failing must not lose our own numbers
+            s["hf_error"] = repr(err)
+        try:
+            ref_it = dflash_ref_per_iteration(hf, dcfg, dsd, args.ctx)
+            s.update(dflash_ref_b1_ms_per_iteration=1e3 * ref_it,
+                     speedup_vs_dflash_ref_b1=ref_it * 1e3 / df1["step_ms"])
+        except Exception as err:
+            s["dflash_ref_error"] = repr(err)
+    summary[name] = s
+    print(json.dumps({name: s}, indent=1), flush=True)
+    del hf, target, drafter
+    torch.cuda.empty_cache()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="qwen3-8b,llama-3.1-8b")
+    p.add_argument("--batch", default="1,4,16,64", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--ctx", type=int, default=512, help="prompt tokens per request")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--peers", action="store_true", help="also time HF generate and the dflash reference package")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    import transformers
+    ceil = ceilings()
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "command": " ".join(sys.argv), **ceil}
+    print(json.dumps(meta), flush=True)
+    rows, summary = [], {}
+    for name in args.models.split(","):
+        bench_model(name, args, ceil, rows, summary)
+        Path(args.out).write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
