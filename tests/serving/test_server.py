@@ -315,10 +315,16 @@ def test_smollm2_unary_grpc_and_http_match_dflash_generate(smollm2_server):
 @pytest.mark.mpi
 def test_tp2_server_matches_tp1(tiny_target_with_tokenizer, request, tmp_path):
     import importlib.util
+    deployment = make_deployment(tmp_path / "tp2", *tiny_target_with_tokenizer, tp_size=2)
     if importlib.util.find_spec("trtllm_dflash.runtime.worker") is None:
+        # Until the runtime's follower entry point exists: the launch fails fast and says why.
+        with pytest.raises(RuntimeError):
+            start_server(deployment, tmp_path / "dflash-serve.log", timeout=180)
+        log = (tmp_path / "dflash-serve.log").read_text()
+        assert "starting ranks 1..1" in log and "No module named trtllm_dflash.runtime.worker" in log
+        assert "exited with code" in log
         pytest.skip("trtllm_dflash.runtime.worker (the follower ranks' entry point) is not there yet")
     reference = request.getfixturevalue("reference")
-    deployment = make_deployment(tmp_path / "tp2", *tiny_target_with_tokenizer, tp_size=2)
     srv = start_server(deployment, tmp_path / "dflash-serve.log", timeout=180)
     try:
         texts = [r[0]["text_output"] for r in _grpc_stream(srv.grpc, PROMPTS[:3], streaming=False)]

@@ -87,11 +87,16 @@ class TorchBackend:
             argv = follower_argv(deployment_dir, tp_size, env)
             log.info("[dflash] starting ranks 1..%d: %s", tp_size - 1, " ".join(argv))
             followers = subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent)
+        loaded = threading.Event()
+        if followers is not None:
+            threading.Thread(target=_exit_if_ranks_fail, args=(followers, loaded), daemon=True).start()
         try:
             engine = Engine.from_deployment(deployment_dir)
         except BaseException:
             stop_process(followers)
             raise
+        finally:
+            loaded.set()
         if engine.tokenizer is None:
             stop_process(followers)
             raise DFlashError("target", f"{deployment_dir / 'target'} has no tokenizer files",
@@ -225,6 +230,17 @@ class TorchBackend:
             if not job.done:
                 job.done = True
                 job.on_result(Result(finished=True, error=f"engine step failed: {err}"))
+
+
+def _exit_if_ranks_fail(followers: subprocess.Popen, loaded: threading.Event) -> None:
+    """Rank 0 waits in the rendezvous for ranks that may never come: if they die while it loads, end
+    this process (Triton then reports the model as failed to load) rather than hang for the timeout."""
+    rc = followers.wait()
+    if not loaded.is_set():
+        log.error("[dflash] ranks 1.. exited with code %s while rank 0 was loading (their output is above); "
+                  "stopping this model process", rc)
+        logging.shutdown()
+        os._exit(3)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -62,11 +62,32 @@ class _Live:
     done: bool = False
 
 
+class _TritonLogHandler(logging.Handler):
+    """trtllm_dflash's log records (runtime and serving) into Triton's log."""
+
+    def __init__(self, logger):
+        super().__init__(logging.INFO)
+        self.logger = logger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        level = record.levelno
+        (self.logger.log_error if level >= logging.ERROR else
+         self.logger.log_warn if level >= logging.WARNING else self.logger.log_info)(self.format(record))
+
+
+def _log_to_triton(pb_utils) -> None:
+    root = logging.getLogger("trtllm_dflash")
+    if getattr(pb_utils, "Logger", None) is not None and not any(isinstance(h, _TritonLogHandler) for h in root.handlers):
+        root.addHandler(_TritonLogHandler(pb_utils.Logger))
+        root.setLevel(logging.INFO)
+
+
 class DFlashModel:
     """The ``tensorrt_llm`` model. ``backend`` is for tests; by default the manifest's is loaded."""
 
     def __init__(self, pb_utils, version_dir: Path, model_name: str = "tensorrt_llm", backend=None):
         self.pb = pb_utils
+        _log_to_triton(pb_utils)
         cfg = read_model_yaml(Path(version_dir) / "model.yaml")
         tc = cfg["triton_config"]
         self.decoupled = bool(tc["decoupled"])
