@@ -112,6 +112,28 @@ def time_engine(eng: Engine, batch: int, ctx: int, steps: int) -> dict:
     return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times)}
 
 
+def profile_steps(eng: Engine, batch: int, ctx: int, steps: int = 3) -> dict:
+    """Kernel-level view of a few steps: count and the top kernels by device time."""
+    from torch.profiler import ProfilerActivity, profile
+    reqs = [eng.add_request(list(range(100, 100 + ctx)), SamplingParams(max_new_tokens=10**6, ignore_eos=True))
+            for _ in range(batch)]
+    for _ in range(4):
+        eng.step()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
+    for r in reqs:
+        eng.cancel(r.request_id)
+    eng.step()
+    evts = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    total = sum(e.self_device_time_total for e in evts)
+    top = sorted(evts, key=lambda e: -e.self_device_time_total)[:12]
+    return {"kernels_per_step": sum(e.count for e in evts) / steps, "device_ms_per_step": total / 1e3 / steps,
+            "top": [{"name": e.key[:90], "count": e.count // steps, "ms": e.self_device_time_total / 1e3 / steps}
+                    for e in top]}
+
+
 def hf_ar_per_token(hf, ctx: int, n: int = 32) -> float:
     ids = torch.randint(100, 1000, (1, ctx), device=DEV)
 
@@ -160,9 +182,12 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
         for mode, eng in engines.items():
             r = time_engine(eng, b, args.ctx, args.steps)
             need = t_bytes + b * args.ctx * kv_per_tok + (d_bytes + lm_head + b * args.ctx * dkv_per_tok if mode == "dflash" else 0)
+            tokens = b * eng.block_size  # each weight byte does 2 FLOP per token that passes through it
+            flops = 2 * tokens * (t_bytes / 2 + (d_bytes / 2 + lm_head / 2 if mode == "dflash" else 0))
             row = {"model": name, "mode": mode, "batch": b, "block_size": eng.block_size, "ctx": args.ctx, **r,
-                   "roofline_ms": 1e3 * need / bw, "bytes_per_step": need,
-                   "graphs": eng.counters.get("graphs", 0)}
+                   "roofline_ms": 1e3 * max(need / bw, flops / ceil["bf16_matmul_flops"]),
+                   "memory_floor_ms": 1e3 * need / bw, "compute_floor_ms": 1e3 * flops / ceil["bf16_matmul_flops"],
+                   "bytes_per_step": need, "graphs": eng.counters.get("graphs", 0)}
             row["roofline_fraction"] = row["roofline_ms"] / row["step_ms"]
             rows.append(row)
             print(f"{name:14s} {mode:6s} b={b:3d} step {row['step_ms']:7.2f} ms  roofline {row['roofline_ms']:6.2f} ms "
@@ -172,6 +197,14 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
     s = {"ar_b1_step_ms": ar1["step_ms"], "dflash_b1_step_ms": df1["step_ms"],
          "ar_b1_roofline_fraction": ar1["roofline_fraction"], "dflash_b1_step_over_ar_step": df1["step_ms"] / ar1["step_ms"],
          "block_size": B, "target_weight_gb": t_bytes / 1e9, "drafter_weight_gb": d_bytes / 1e9}
+    if args.profile:
+        for mode in ("ar", "dflash"):
+            for b in sorted({min(args.batch), max(args.batch)}):
+                prof = profile_steps(engines[mode], b, args.ctx)
+                s[f"profile_{mode}_b{b}"] = prof
+                print(f"profile {name} {mode} b={b}: {prof['kernels_per_step']:.0f} kernels, "
+                      f"{prof['device_ms_per_step']:.2f} ms device/step; top: "
+                      + "; ".join(f"{t['name'][:40]} x{t['count']} {t['ms']:.2f}ms" for t in prof["top"][:6]), flush=True)
     del engines
     torch.cuda.empty_cache()
     if args.peers:
@@ -199,6 +232,7 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int, default=512, help="prompt tokens per request")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--peers", action="store_true", help="also time HF generate and the dflash reference package")
+    p.add_argument("--profile", action="store_true", help="kernel counts and top kernels of b=min and b=max steps")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     import transformers

@@ -127,7 +127,7 @@ def _our_draft_hidden(drafter_dir, embed, feats, ctx_pos, block, block_pos, cach
             m.append_context(feats[None, 10:], ctx_pos[None, 10:], cache, rows)
         else:
             m.append_context(feats[None], ctx_pos[None], cache, rows)
-        out = m(embed[block][None], block_pos[None], torch.tensor([len(ctx_pos)]), cache, rows, len(ctx_pos))
+        out = m(embed[block][None], block_pos[None], torch.tensor([len(ctx_pos)]), cache, rows, len(ctx_pos) + len(block))
     return out[0]
 
 

@@ -19,12 +19,12 @@ class KVCache:
         self.max_seq_len = max_seq_len
 
     def write(self, layer: int, rows, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        # k, v [n, H, T, d] at positions [n, T] of cache rows `rows` (slice or index tensor [n])
+        # k, v [n, T, H, d] at positions [n, T] of cache rows `rows` (slice or index tensor [n])
         if isinstance(rows, slice):
             rows = torch.arange(rows.start or 0, rows.stop, device=positions.device)
         r = rows[:, None]
-        self.k[layer][r, :, positions] = k.transpose(1, 2)  # indexed result is [n, T, H, d]
-        self.v[layer][r, :, positions] = v.transpose(1, 2)
+        self.k[layer][r, :, positions] = k  # the indexed view is [n, T, H, d]
+        self.v[layer][r, :, positions] = v
 
     def read(self, layer: int, rows, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         # -> k, v [n, H, kv_len, d]; a view for a slice of rows, a gather for an index tensor

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -19,10 +20,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 like the reference implementations, then return to the model dtype.
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_parameters(cfg: dict) -> dict:
@@ -87,8 +85,12 @@ class Rotary(nn.Module):
         self.register_buffer("sin", (emb.sin() * scale).float(), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions [n, T] -> cos, sin [n, 1, T, head_dim]
+        # positions [n, T] -> cos, sin [n, 1, T, head_dim]  (for x laid out [n, H, T, d])
         return self.cos[positions].to(dtype)[:, None], self.sin[positions].to(dtype)[:, None]
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions [n, T] -> cos, sin [n, T, 1, head_dim]  (for x laid out [n, T, H, d], see norm_rope)
+        return self.cos[positions].to(dtype)[:, :, None], self.sin[positions].to(dtype)[:, :, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -98,8 +100,103 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def group_mask(visible: torch.Tensor, group: int) -> torch.Tensor:
+    """[n, 1, T, S] -> [n, 1, group * T, S]: the mask of ``attend``'s grouped queries (build once per forward)."""
+    n, _, T, S = visible.shape
+    return visible if group == 1 else visible[:, :, None].expand(n, 1, group, T, S).reshape(n, 1, group * T, S)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [n, Hq, T, D], k/v [n, Hkv, S, D], visible [n, 1, T, S] bool -> [n, T, Hq * D]."""
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
-    return out.transpose(1, 2).flatten(2)
+    """q [n, Hq, T, D], k/v [n, Hkv, S, D], visible [n, 1, T, S] or group_mask(...) -> [n, T, Hq * D].
+
+    Grouped-query attention runs as Hkv heads of (Hq / Hkv) * T queries each, so every K/V row is read
+    once per KV head rather than once per query head (the GQA expansion would read the cache Hq/Hkv times).
+    """
+    n, H, T, D = q.shape
+    G = H // k.shape[1]
+    if G > 1:
+        q = q.reshape(n, k.shape[1], G * T, D)  # query heads h = kv * G + g are adjacent
+    if visible.shape[2] != G * T:
+        visible = group_mask(visible, G)
+    if G * T <= _SMALL_QUERY:  # decode-sized: two batched matmuls beat a flash kernel's 64-row tiles
+        probs = masked_softmax(q @ k.transpose(-1, -2), visible, scale)
+        out = probs @ v
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)  # [n, Hkv, G * T, D]
+    return out.view(n, -1, G, T, D).permute(0, 3, 1, 2, 4).reshape(n, T, H * D)
+
+
+# ---- fused elementwise chains ------------------------------------------------------------------------
+# At decode sizes a layer's norms, RoPE and gating are dozens of tiny kernels, each costing more in launch
+# and latency than its bytes. On CUDA each chain below is compiled once (inductor, dynamic shapes) into one
+# kernel; elsewhere it runs eagerly with identical math. TRTLLM_DFLASH_FUSE=0 turns compilation off.
+_FUSE = os.environ.get("TRTLLM_DFLASH_FUSE", "1") != "0"
+
+
+def _fused(fn):
+    compiled = None
+
+    def run(*args):
+        nonlocal compiled
+        if not (_FUSE and args[0].is_cuda):
+            return fn(*args)
+        if compiled is None:
+            import torch._dynamo
+            # Variants per dtype, eps and size-1 dims add up over several engines in one process; the
+            # default limit (8) would stop compiling, and fullgraph turns that into an error, not eager.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+            torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+            compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+        return compiled(*args)
+
+    run.eager = fn
+    return run
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@_fused
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rms(x, w, eps)
+
+
+@_fused
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float):
+    """Residual add then RMSNorm: returns (x + delta, norm(x + delta))."""
+    x = x + delta
+    return x, _rms(x, w, eps)
+
+
+@_fused
+def norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: torch.Tensor | None, eps: float):
+    """Optional per-head RMSNorm (Qwen3 q/k norm) then RoPE; x [n, T, H, d], cos/sin [n, T, 1, d]."""
+    if w is not None:
+        x = _rms(x, w, eps)
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+@_fused
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 qw: torch.Tensor | None, kw: torch.Tensor | None, eps: float):
+    """norm_rope on q and k in one kernel."""
+    return norm_rope.eager(q, cos, sin, qw, eps), norm_rope.eager(k, cos, sin, kw, eps)
+
+
+_SMALL_QUERY = 16  # query rows per KV head up to which attention runs as plain matmuls (measured on H100)
+
+
+@_fused
+def masked_softmax(scores: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(scale * scores) over visible keys, in float32, returned in the scores' dtype."""
+    s = (scores.float() * scale).masked_fill(~visible, float("-inf"))
+    return s.softmax(-1).to(scores.dtype)
+
+
+@_fused
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

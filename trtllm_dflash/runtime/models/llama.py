@@ -16,7 +16,8 @@ from torch import nn
 from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
-from .layers import RMSNorm, Rotary, apply_rope, attend, rope_parameters
+from .layers import (RMSNorm, Rotary, add_rms_norm, attend, group_mask, qk_norm_rope, rms_norm, rope_parameters,
+                     silu_mul)
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -81,20 +82,20 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.d, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(self.d, c.rms_norm_eps) if c.qk_norm else None
-        self.tp = tp
+        self.eps, self.tp = c.rms_norm_eps, tp
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None):
-        # x [n, T, hidden]; positions [n, T]; visible [n, 1, T, S]
+        # x [n, T, hidden]; cos/sin [n, T, 1, d]; positions [n, T]; visible [n, 1, T, S]
         n, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [n, H, T, d]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self.qkv_proj(x).view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)  # [n, T, H, d]
+        q, k = qk_norm_rope(q, k, cos, sin, self.q_norm.weight if self.q_norm is not None else None,
+                            self.k_norm.weight if self.k_norm is not None else None, self.eps)
         cache.write(layer, rows, positions, k, v)
-        if kv_len is not None:  # decode/verify: attend over the cached prefix (incl. the rows just written)
+        if kv_len is None:  # prefill: attend within this chunk
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        else:  # decode/verify: attend over the cached prefix (incl. the rows just written)
             k, v = cache.read(layer, rows, kv_len)
-        out = attend(q, k, v, visible, self.d ** -0.5)
+        out = attend(q.transpose(1, 2), k, v, visible, self.d ** -0.5)
         return self.tp.all_reduce(self.o_proj(out))
 
 
@@ -106,8 +107,7 @@ class MLP(nn.Module):
         self.tp = tp
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
+        return self.tp.all_reduce(self.down_proj(silu_mul(self.gate_up_proj(x))))
 
 
 class DecoderLayer(nn.Module):
@@ -142,8 +142,9 @@ class LlamaTarget(nn.Module):
         return self.embed_tokens(ids)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """[..., hidden] -> [..., vocab] float32, gathered over the vocab-parallel ranks."""
-        return self.tp.all_gather_last(self.lm_head(h).float())[..., : self.config.vocab_size]
+        """[..., hidden] -> [..., vocab] in the model dtype, gathered over the vocab-parallel ranks
+        (argmax needs no upcast; sampling upcasts to float32 itself)."""
+        return self.tp.all_gather_last(self.lm_head(h))[..., : self.config.vocab_size]
 
     def forward(self, ids, positions, cache: KVCache, rows, kv_len: int | None):
         """ids, positions [n, T]; rows: cache rows (slice or index tensor).
@@ -152,13 +153,19 @@ class LlamaTarget(nn.Module):
         Returns h [n, T, hidden] (after the final norm) and features [n, T, len(capture) * hidden] or None.
         """
         x = self.embed(ids)
-        cos, sin = self.rotary(positions, x.dtype)
+        cos, sin = self.rotary.tables(positions, x.dtype)
         key_pos = positions if kv_len is None else torch.arange(kv_len, device=ids.device)[None]
         visible = (key_pos[:, None, :] <= positions[:, :, None])[:, None]  # causal by absolute position
+        a = self.layers[0].self_attn
+        visible = group_mask(visible, a.h // a.kvh)  # built once, shared by every layer
         feats: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, rows, positions, visible, kv_len)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        eps, layers = self.config.rms_norm_eps, self.layers
+        h = rms_norm(x, layers[0].input_layernorm.weight, eps)
+        for i, layer in enumerate(layers):
+            attn = layer.self_attn(h, cos, sin, cache, i, rows, positions, visible, kv_len)
+            x, h = add_rms_norm(x, attn, layer.post_attention_layernorm.weight, eps)
+            nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.norm.weight
+            x, h = add_rms_norm(x, layer.mlp(h), nxt, eps)  # x: layer i's output; h: the next norm of it
             if i in self.capture_layers:
                 feats[i] = x
-        return self.norm(x), torch.cat([feats[i] for i in self.capture_layers], -1) if feats else None
+        return h, torch.cat([feats[i] for i in self.capture_layers], -1) if feats else None
