@@ -34,3 +34,15 @@ def serve_main(argv: list[str] | None = None) -> int:
 
 def client_main(argv: list[str] | None = None) -> int:
     return _run(".serving.client", argv)
+
+
+def sweep_main(argv: list[str] | None = None) -> int:
+    return _run(".bench.sweep", argv)
+
+
+def plot_main(argv: list[str] | None = None) -> int:
+    return _run(".bench.plot", argv)
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    return _run(".train", argv)
