@@ -20,6 +20,9 @@ import pytest
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
 RUNTIME = {"max_batch_size": 8, "max_seq_len": 256, "block_size": 8, "dtype": "float32"}
+# One torch thread in every process a test starts (server, reference runs): tiny models gain nothing from
+# more, and on a busy 2-core machine OpenMP's spinning threads made them several times slower.
+TEST_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def free_port() -> int:
@@ -111,7 +114,7 @@ def start_server(engine_dir: Path, log: Path, *extra: str, timeout: float = 120.
            "--grpc_port", str(grpc), "--metrics_port", str(metrics), "--exit_timeout_secs", "5", *extra]
     t0 = time.monotonic()
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=TEST_ENV)
     server = Server(proc, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, 0.0)
     while "dflash-serve: ready" not in server.log_text():
         if proc.poll() is not None or time.monotonic() - t0 > timeout:

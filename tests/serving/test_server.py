@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.serving.conftest import make_deployment, start_server
+from tests.serving.conftest import TEST_ENV, make_deployment, start_server
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving import client, server
 from trtllm_dflash.serving.triton_env import TritonBinary
@@ -73,7 +73,7 @@ def start_dflash_generate(engine_dir: Path, prompts: list[str], max_new_tokens: 
            "--json", str(out)]
     for p in prompts:
         cmd += ["--prompt", p]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=TEST_ENV)
 
     def texts() -> list[str]:
         _, err = proc.communicate(timeout=300)

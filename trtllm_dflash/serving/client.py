@@ -78,6 +78,8 @@ def generate_http(url: str, inputs: dict[str, object], model: str = MODEL_NAME, 
         raise _http_error(err) from None
     except urllib.error.URLError as err:
         raise DFlashError("url", f"cannot reach {url} ({err.reason})", "start dflash-serve, or check --url") from None
+    except TimeoutError:
+        raise DFlashError("server", f"no response within {timeout:.0f} s", "raise --timeout") from None
 
 
 def _grpc_input(grpcclient, name: str, value):
@@ -119,7 +121,10 @@ def generate_grpc(url: str, inputs: dict[str, object], model: str = MODEL_NAME, 
         try:
             client.async_stream_infer(model, tensors, request_id=request_id, enable_empty_final_response=True)
             while not finished:
-                item = responses.get(timeout=timeout)
+                try:
+                    item = responses.get(timeout=timeout)
+                except queue.Empty:
+                    raise DFlashError("server", f"no response within {timeout:.0f} s", "raise --timeout") from None
                 if isinstance(item, Exception):
                     finished = True     # an error response is the request's last
                     raise DFlashError("server", str(item))
