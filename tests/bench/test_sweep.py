@@ -1,0 +1,235 @@
+# SPDX-License-Identifier: Apache-2.0
+"""dflash-sweep end to end: the in-process engine (AR and DFlash, one code path), an OpenAI-compatible
+endpoint (a local fake trtllm-serve), a real Triton server on the demo deployment, and TP ranks under mpiexec."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.bench.conftest import REPO, check_row, read_rows
+from trtllm_dflash.bench import plot, sweep
+from trtllm_dflash.errors import DFlashError
+
+FAST = ["--num_requests", "4", "--max_new_tokens", "8", "--input_len", "8", "--ignore_eos"]
+
+
+def test_parse_concurrency():
+    assert sweep.parse_concurrency("8,1, 2,2") == [1, 2, 8]
+    for bad in ("", "0,1", "a,b", "-1"):
+        with pytest.raises(DFlashError, match="--concurrency: .* is not a list of positive integers"):
+            sweep.parse_concurrency(bad)
+
+
+def test_engine_ar_and_dflash_rows(tiny_engine_dir, tmp_path, capsys):
+    out = tmp_path / "sweep.jsonl"
+    # The manifest's max_batch_size is 8: the engine is built with max(concurrency) = 10 slots instead.
+    for mode in ("ar", "dflash"):
+        assert sweep.main(["--engine", str(tiny_engine_dir), "--mode", mode, "--concurrency", "2,10", *FAST,
+                           "--num_requests", "10", "--out", str(out)]) == 0
+    assert "AR c=10:" in capsys.readouterr().out
+    rows = read_rows(out)
+    assert [(r["label"], r["settings"]["concurrency"]) for r in rows] == [("AR", 2), ("AR", 10), ("DFlash", 2),
+                                                                          ("DFlash", 10)]
+    for row in rows:
+        check_row(row, row["settings"]["concurrency"])
+        s, m = row["settings"], row["metrics"]
+        assert s["max_batch_size"] == 10 and s["device"] == "cpu" and s["dtype"] == "float32" and s["tp_size"] == 1
+        assert s["backend"] == "engine" and s["dataset"] == "random" and s["input_len"] == 8
+        assert m["osl"] == {"mean": 8.0, "min": 8, "max": 8} and m["isl"]["mean"] == 8.0    # --ignore_eos
+        assert m["finish_reasons"] == {"length": 10} and m["acceptance_source"] == "runtime"
+        assert row["command"].startswith("dflash-sweep --engine") and row["versions"]["torch"]
+    ar, df = rows[0], rows[2]
+    # same engine, same prompts: AR is block_size 1 (acceptance exactly 1), DFlash the manifest's block 8
+    assert ar["settings"]["block_size"] == 1 and ar["metrics"]["acceptance_histogram"] == {"1": 70}
+    assert df["settings"]["block_size"] == 8 and df["metrics"]["acceptance_rate"] is not None
+    assert ar["metrics"]["tokens_per_chunk_mean"] == 1.0
+    assert plot.main([str(out), "--out_dir", str(tmp_path)]) == 0
+    assert (tmp_path / "pareto.png").stat().st_size > 10_000
+    assert "### DFlash vs AR" in (tmp_path / "iso_interactivity.md").read_text()
+
+
+def test_engine_packaged_prompts(tiny_engine_dir, tmp_path):
+    out = tmp_path / "mt.jsonl"
+    assert sweep.main(["--engine", str(tiny_engine_dir), "--dataset", "mtbench", "--concurrency", "2",
+                       "--num_requests", "2", "--warmup", "0", "--max_new_tokens", "4", "--label", "mt",
+                       "--out", str(out)]) == 0
+    (row,) = read_rows(out)
+    assert row["label"] == "mt" and row["settings"]["dataset"] == "mtbench" and row["settings"]["warmup"] == 0
+    assert row["metrics"]["isl"]["min"] > 20          # chat template + a real MT-Bench question
+    # A max_seq_len too small for any prompt is refused up front, naming the knob.
+    with pytest.raises(DFlashError, match="--max_new_tokens: no prompt fits: max_seq_len 256"):
+        sweep.main(["--engine", str(tiny_engine_dir), "--dataset", "mtbench", "--max_new_tokens", "240",
+                    "--concurrency", "1", "--out", str(out)])
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "trtllm_dflash.bench.sweep", *args, "--out", str(tmp_path / "x")],
+                              capture_output=True, text=True, timeout=120)
+    for args, message in [((), "error: --engine: missing"),
+                          (("--engine", str(tmp_path)), "has no manifest.json"),
+                          (("--backend", "triton"), "error: --url: missing for --backend triton"),
+                          (("--concurrency", "0"), "error: --concurrency:")]:
+        res = run(*args)
+        assert res.returncode == 2 and message in res.stderr and res.stderr.count("\n") == 1, (args, res.stderr)
+    assert not (tmp_path / "x").exists()
+
+
+# ---- OpenAI-compatible endpoint: a local fake of trtllm-serve's /v1/completions stream --------------------
+
+class FakeOpenAI(BaseHTTPRequestHandler):
+    """Streams 2 tokens per chunk (like a speculative decoder), with usage in every chunk."""
+
+    bodies: list[dict] = []
+    live = peak = 0
+    lock = threading.Lock()
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self._send(200, {"data": [{"id": "fake-model"}]})
+
+    def _send(self, code, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        cls = type(self)
+        with cls.lock:
+            cls.bodies.append(body)
+            cls.live += 1
+            cls.peak = max(cls.peak, cls.live)
+        try:
+            if not body["stream"]:
+                self._send(200, {"choices": [{"text": " tok" * body["max_tokens"], "finish_reason": "length"}],
+                                 "usage": {"prompt_tokens": 7, "completion_tokens": body["max_tokens"]}})
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            n, sent = body["max_tokens"], 0
+            while sent < n:
+                time.sleep(0.01)
+                k = min(2, n - sent)
+                sent += k
+                chunk = {"choices": [{"text": " tok" * k, "finish_reason": "length" if sent == n else None}],
+                         "usage": {"prompt_tokens": 7, "completion_tokens": sent}}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": %d}}\n\n' % n)
+            self.wfile.write(b"data: [DONE]\n\n")
+        finally:
+            with cls.lock:
+                cls.live -= 1
+
+
+def test_openai_endpoint_closed_loop(tmp_path, smollm2_dir):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    out = tmp_path / "openai.jsonl"
+    try:
+        assert sweep.main(["--backend", "openai", "--url", f"127.0.0.1:{server.server_port}", "--tokenizer",
+                           str(smollm2_dir), "--label", "EAGLE-3", "--tp_size", "2", "--block_size", "4",
+                           "--concurrency", "3", "--num_requests", "9", "--warmup", "0", "--max_new_tokens", "9",
+                           "--ignore_eos", "--dataset", "random", "--input_len", "16", "--out", str(out)]) == 0
+        one = tmp_path / "unstreamed.jsonl"
+        assert sweep.main(["--backend", "openai", "--url", f"127.0.0.1:{server.server_port}", "--tokenizer",
+                           str(smollm2_dir), "--no_streaming", "--concurrency", "2", "--num_requests", "2",
+                           "--warmup", "0", "--max_new_tokens", "5", "--out", str(one)]) == 0
+    finally:
+        server.shutdown()
+    (unstreamed,) = read_rows(one)
+    m = unstreamed["metrics"]
+    assert m["osl"]["mean"] == 5.0 and m["tok_s_user"] is None and m["tok_s_user_e2e"] > 0   # no TPOT without a stream
+    assert m["ttft_ms"]["p50"] <= m["e2e_ms"]["p50"] and m["itl_chunk_ms"]["mean"] is None
+    assert FakeOpenAI.bodies[-1]["stream"] is False and "stream_options" not in FakeOpenAI.bodies[-1]
+    del FakeOpenAI.bodies[9:]
+    (row,) = read_rows(out)
+    check_row(row, 3)
+    s, m = row["settings"], row["metrics"]
+    assert FakeOpenAI.peak == 3 and len(FakeOpenAI.bodies) == 9          # closed loop: 3 in flight, never more
+    body = FakeOpenAI.bodies[0]
+    assert body["model"] == "fake-model" and body["ignore_eos"] is True and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert s["model"] == "fake-model" and s["num_gpus"] == 2 and s["target"] == str(smollm2_dir)
+    assert m["osl"]["mean"] == 9.0 and m["isl"]["mean"] == 7.0            # the server's usage, not a re-count
+    assert m["acceptance_source"] == "stream_chunks" and m["acceptance_histogram"] == {"1": 9, "2": 27}
+    assert m["tok_s_gpu"] == pytest.approx(m["total_tok_s"] / 2)
+
+
+# ---- a real tritonserver on the demo deployment (dflash-build --config build_configs/smollm2-...) ---------
+
+@pytest.mark.slow
+def test_triton_sweep_of_the_demo_deployment(demo_engine_dir, tmp_path):
+    from tests.serving.conftest import start_server
+
+    t0 = time.monotonic()
+    srv = start_server(demo_engine_dir, tmp_path / "dflash-serve.log", timeout=180)
+    out = tmp_path / "triton.jsonl"
+    try:
+        # ignore_eos is not an input of TensorRT-LLM's Triton model: asked for, it is refused, naming the fix.
+        with pytest.raises(DFlashError, match="--ignore_eos: model 'tensorrt_llm' has no sampling_param_ignore_eos"):
+            sweep.main(["--backend", "triton", "--url", srv.grpc, "--engine", str(demo_engine_dir), "--ignore_eos",
+                        "--concurrency", "1", "--out", str(out)])
+        with pytest.raises(DFlashError, match="--concurrency: 64 > the deployment's max_batch_size 4"):
+            sweep.main(["--backend", "triton", "--url", srv.grpc, "--engine", str(demo_engine_dir),
+                        "--concurrency", "1,64", "--out", str(out)])
+        assert sweep.main(["--backend", "triton", "--url", srv.grpc, "--engine", str(demo_engine_dir),
+                           "--concurrency", "1,2", "--num_requests", "2", "--warmup", "1", "--dataset", "humaneval",
+                           "--max_new_tokens", "6", "--out", str(out)]) == 0
+    finally:
+        assert srv.stop() == 0, srv.log_text()[-3000:]
+    rows = read_rows(out)
+    assert [r["settings"]["concurrency"] for r in rows] == [1, 2]
+    for row in rows:
+        check_row(row, row["settings"]["concurrency"])
+        s, m = row["settings"], row["metrics"]
+        assert s["backend"] == "triton" and s["model"] == "tensorrt_llm" and s["dataset"] == "humaneval"
+        assert s["block_size"] == 16 and s["drafter"] == "untrained" and s["drafter_untrained"] and s["target"] == "packaged:smollm2-135m"
+        assert s["gpu_profile"] == "cpu" and s["gpu_name"] is None
+        assert m["acceptance_source"] == "server_counters" and m["acceptance_rate"] is not None
+        assert m["isl"]["min"] > 100 and 1 <= m["osl"]["mean"] <= 6
+        assert m["itl_chunk_ms"]["mean"] > 0 and m["ttft_ms"]["p50"] > 0
+    assert plot.main([str(out), "--out_dir", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "pareto.png").stat().st_size > 10_000
+    print(f"triton sweep test: {time.monotonic() - t0:.1f} s (server ready in {srv.ready_s:.1f} s)")
+
+
+# ---- tensor parallelism: rank 0 drives, rank 1 follows, under a real mpiexec -------------------------------
+
+def mpiexec() -> str:
+    exe = Path(sys.executable).parent / "mpiexec"
+    return str(exe) if exe.exists() else "mpiexec"
+
+
+@pytest.mark.mpi
+def test_tp2_engine_sweep_under_mpiexec(tiny_target_with_tokenizer, tmp_path):
+    from tests.serving.conftest import make_deployment
+
+    dep = make_deployment(tmp_path / "tp2", *tiny_target_with_tokenizer, tp_size=2, fill=False)
+    out = tmp_path / "tp2.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "trtllm_dflash.bench.sweep", "--engine", str(dep),
+           "--concurrency", "1,2", *FAST, "--out", str(out)]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = read_rows(out)
+    assert [r["settings"]["concurrency"] for r in rows] == [1, 2]          # rank 0 only wrote
+    for row in rows:
+        check_row(row, row["settings"]["concurrency"])
+        assert row["settings"]["tp_size"] == row["settings"]["num_gpus"] == 2
+        assert row["metrics"]["tok_s_gpu"] == pytest.approx(row["metrics"]["total_tok_s"] / 2)
