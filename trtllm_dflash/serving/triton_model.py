@@ -2,10 +2,10 @@
 """What ``triton_model_repo/tensorrt_llm/1/model.py`` does, importable and testable without Triton:
 ``triton_python_backend_utils`` is passed in (tests pass a fake).
 
-``execute`` validates each request, hands it to the backend and returns at once; responses are sent
-from the backend's threads (decoupled: one per text piece, then a final one with the DFlash stats).
-A thread checks every ``cancellation_check_period_ms`` for clients that cancelled or went away and
-frees their slots, and publishes the runtime's counters as Triton custom metrics.
+``execute`` validates each request, hands it to the backend and returns at once; the backend's threads
+report text as it is generated, and one sender thread turns that into responses (decoupled: one per
+piece, then a final one with the DFlash stats). The same thread checks every ``cancellation_check_period_ms`` for clients that cancelled
+or went away (their slots are freed) and publishes the runtime's counters as Triton custom metrics.
 """
 from __future__ import annotations
 
@@ -107,12 +107,9 @@ class DFlashModel:
         self._counts = {"draft_tokens": 0, "accepted_draft_tokens": 0}
         self._finish_counts: dict[str, int] = {}
         self._metrics = _TritonMetrics(pb_utils, model_name)
-        self._running = True
         self._outbox: queue.Queue = queue.Queue()
         self._sender = threading.Thread(target=self._send_loop, name="dflash-sender", daemon=True)
-        self._watcher = threading.Thread(target=self._watch, name="dflash-cancellation", daemon=True)
         self._sender.start()
-        self._watcher.start()
         self._log(f"serving {self.deployment_dir} with the {backend.name} backend "
                   f"(decoupled={self.decoupled}, max_seq_len={backend.max_seq_len})")
 
@@ -146,8 +143,6 @@ class DFlashModel:
 
     def finalize(self) -> None:
         self._log("finalize: stopping the runtime")
-        self._running = False
-        self._watcher.join(timeout=5)
         self.backend.shutdown()
         self._outbox.put(None)
         self._sender.join(timeout=30)
@@ -166,9 +161,11 @@ class DFlashModel:
         self._outbox.put((live, result))
 
     def _send_loop(self) -> None:
-        """The one thread that sends responses and publishes metrics (TensorRT-LLM's model has such a
-        response thread too): the runtime's threads never wait on Triton's IPC."""
-        next_publish = 0.0
+        """The one thread that sends responses, checks for cancelled requests and publishes metrics, so
+        the runtime's threads never wait on Triton's IPC and only this thread and execute() call into
+        Triton. Checking here also means a request is never asked is_cancelled() after its final
+        response (Triton has released it by then)."""
+        next_check = 0.0
         while True:
             try:
                 item = self._outbox.get(timeout=self.period_s)
@@ -185,9 +182,10 @@ class DFlashModel:
                 if result.finished:
                     # Triton unloads a decoupled model only once every response sender is gone: drop ours.
                     live.sender = live.triton_request = None
-            if time.monotonic() >= next_publish:
+            if time.monotonic() >= next_check:
+                self._check_cancelled()
                 self._publish_metrics()
-                next_publish = time.monotonic() + self.period_s
+                next_check = time.monotonic() + self.period_s
 
     def _respond(self, live: _Live, result: Result) -> None:
         if result.error:
@@ -210,7 +208,7 @@ class DFlashModel:
         flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         try:
             live.sender.send(response, flags=flags)
-        except Exception as err:  # noqa: BLE001 - the client is gone; the watcher frees the slot
+        except Exception as err:  # noqa: BLE001 - the client is gone; _check_cancelled frees the slot
             self._log(f"sending a response failed: {err}", error=True)
 
     def _send_error(self, sender, message: str, code: str) -> None:
@@ -237,23 +235,21 @@ class DFlashModel:
 
     # -- cancellation and metrics --
 
-    def _watch(self) -> None:
-        while self._running:
-            try:
-                self._check_cancelled()
-            except Exception as err:  # noqa: BLE001 - the watcher must outlive one bad check
-                self._log(f"checking for cancelled requests failed: {err}", error=True)
-            time.sleep(self.period_s)
-
     def _check_cancelled(self) -> None:
-        # Under the lock: a request still in _live has not had its final response, so Triton still
-        # holds it (asking a finished request is_cancelled() reaches freed state in the backend).
+        """Cancel the runtime requests whose client cancelled or went away (gRPC stream closed, HTTP
+        connection dropped): their slots are freed at the next step."""
         with self._lock:
-            gone = [live for live in self._live.values() if not live.cancelled and live.triton_request.is_cancelled()]
-            for live in gone:
+            # Lives still here have no final response queued, so none has been sent: Triton holds them.
+            lives = [live for live in self._live.values() if not live.cancelled]
+        for live in lives:
+            try:
+                gone = live.triton_request.is_cancelled()
+            except Exception as err:  # noqa: BLE001 - one bad check must not stop the others
+                self._log(f"checking for cancellation failed: {err}", error=True)
+                continue
+            if gone:
                 live.cancelled = True
-        for live in gone:
-            self.backend.cancel(live.handle)
+                self.backend.cancel(live.handle)
 
     def _count(self, result: Result) -> None:
         reason = "error" if result.error else result.finish_reason
