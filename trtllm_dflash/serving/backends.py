@@ -116,12 +116,14 @@ class TorchBackend:
         prompt_ids = self.engine.tokenizer.encode(req.prompt)
         limit = self.max_seq_len - self.engine.block_size - 1   # the engine keeps one block of headroom
         if len(prompt_ids) > limit:
-            raise DFlashError("text_input", f"prompt is {len(prompt_ids)} tokens; this deployment takes at most {limit} "
-                              f"(max_seq_len {self.max_seq_len})", "shorten the prompt or rebuild with a larger max_seq_len")
+            raise DFlashError("text_input", f"prompt is {len(prompt_ids)} tokens; this deployment takes at most "
+                              f"{limit} (max_seq_len {self.max_seq_len})",
+                              "shorten the prompt or rebuild with a larger max_seq_len")
         room = self.max_seq_len - len(prompt_ids)
         if req.max_tokens is not None and req.max_tokens > room:
             raise DFlashError("sampling_param_max_tokens",
-                              f"{req.max_tokens} + {len(prompt_ids)} prompt tokens exceed max_seq_len {self.max_seq_len}",
+                              f"{req.max_tokens} + {len(prompt_ids)} prompt tokens exceed "
+                              f"max_seq_len {self.max_seq_len}",
                               f"ask for at most {room}")
         max_new = req.max_tokens if req.max_tokens is not None else max(1, min(SamplingParams.max_new_tokens, room))
         given = {k: getattr(req, k) for k in ("temperature", "top_k", "top_p", "seed") if getattr(req, k) is not None}

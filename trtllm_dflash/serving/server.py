@@ -120,7 +120,8 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> float:
             raise DFlashError("tritonserver", f"exited with code {proc.returncode} before it was ready",
                               "see its log above")
         if time.monotonic() - t0 > timeout:
-            raise DFlashError("tritonserver", f"not ready after {timeout:.0f} s", "see its log, or raise --ready_timeout")
+            raise DFlashError("tritonserver", f"not ready after {timeout:.0f} s",
+                              "see its log, or raise --ready_timeout")
         time.sleep(0.2)
 
 

@@ -4,8 +4,9 @@
 
 ``execute`` validates each request, hands it to the backend and returns at once; the backend's threads
 report text as it is generated, and one sender thread turns that into responses (decoupled: one per
-piece, then a final one with the DFlash stats). The same thread checks every ``cancellation_check_period_ms`` for clients that cancelled
-or went away (their slots are freed) and publishes the runtime's counters as Triton custom metrics.
+piece, then a final one with the DFlash stats). Every ``cancellation_check_period_ms`` the same thread
+frees the slots of clients that cancelled or went away and publishes the runtime's counters as Triton
+custom metrics.
 """
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ class _TritonLogHandler(logging.Handler):
 
 def _log_to_triton(pb_utils) -> None:
     root = logging.getLogger("trtllm_dflash")
-    if getattr(pb_utils, "Logger", None) is not None and not any(isinstance(h, _TritonLogHandler) for h in root.handlers):
+    has = any(isinstance(h, _TritonLogHandler) for h in root.handlers)
+    if getattr(pb_utils, "Logger", None) is not None and not has:
         root.addHandler(_TritonLogHandler(pb_utils.Logger))
         root.setLevel(logging.INFO)
 
