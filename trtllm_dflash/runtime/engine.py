@@ -379,19 +379,22 @@ class Engine:
             p.temperature, p.top_k, p.top_p, p.seed)
         self._flags = None
 
-    def follow(self) -> None:
-        """Ranks > 0: mirror rank 0's steps until it calls shutdown()."""
+    def follow(self, close: bool = True) -> None:
+        """Ranks > 0: mirror rank 0's steps until it calls shutdown(); then leave the group unless
+        ``close`` is False (another engine will use it)."""
         try:
             while True:
                 self.step()
         except StopIteration:
-            self.tp.close()
+            if close:
+                self.tp.close()
 
-    def shutdown(self) -> None:
-        """Rank 0: release the follower ranks and leave the tensor-parallel group."""
+    def shutdown(self, close: bool = True) -> None:
+        """Rank 0: release the follower ranks (and leave the tensor-parallel group unless ``close`` is False)."""
         if self.tp.active and self.tp.rank == 0:
             self.tp.broadcast_object({"admit": [], "cancel": [], "stop": True})
-            self.tp.close()
+            if close:
+                self.tp.close()
 
 
 def _bucket(x: int, cap: int, floor: int) -> int:
