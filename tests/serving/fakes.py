@@ -81,6 +81,8 @@ def triton_inputs(prompt: str, **kw) -> dict:
     for k, v in kw.items():
         if k == "streaming":
             out[k] = np.array([v])
+        elif isinstance(v, bool):
+            out[f"sampling_param_{k}"] = np.array([v])
         elif k == "stop":
             out["sampling_param_stop"] = np.array([s.encode() for s in v], dtype=np.object_)
         else:

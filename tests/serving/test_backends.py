@@ -108,12 +108,13 @@ def test_trtllm_backend_kwargs_and_stream(tmp_path, fake_tensorrt_llm):
     assert kwargs["speculative_config"] == {"decoding_type": "DFlash", "max_draft_len": 7,
                                             "speculative_model": str((tmp_path / "drafter").resolve())}
     assert kwargs["tensor_parallel_size"] == 2 and kwargs["backend"] == "pytorch"
-    r = FakeRequest(triton_inputs("Hi", max_tokens=5, temperature=0.0, streaming=True, stop=["\n"]))
+    r = FakeRequest(triton_inputs("Hi", max_tokens=5, temperature=0.0, streaming=True, stop=["\n"], ignore_eos=True))
     model.execute([r])
     assert r.sender.final.wait(5)
     prompt, params, streaming = fake_tensorrt_llm["generate"][0]
     assert (prompt, streaming) == ("Hi", True)
-    assert params.kwargs == {"max_tokens": 5, "temperature": 0.0, "stop": ["\n"], "return_perf_metrics": True}
+    assert params.kwargs == {"max_tokens": 5, "temperature": 0.0, "ignore_eos": True, "stop": ["\n"],
+                             "return_perf_metrics": True}
     assert r.sender.text() == "Hello!" and len(r.sender.responses) == 3
     final = r.sender.responses[-1].outputs
     assert final["acceptance_rate"][0] == pytest.approx(0.5) and final["total_draft_tokens"].tolist() == [6]

@@ -21,9 +21,11 @@ def test_defaults_and_values():
     r = parse_request(_req(streaming=np.array([True]), sampling_param_max_tokens=np.array([7], np.int32),
                            sampling_param_temperature=np.array([0.5], np.float32),
                            sampling_param_seed=np.array([2**63], np.uint64),
-                           sampling_param_stop=np.array([b"\n\n", b"END"], dtype=np.object_)),
+                           sampling_param_stop=np.array([b"\n\n", b"END"], dtype=np.object_),
+                           sampling_param_ignore_eos=np.array([True])),
                       {"triton_enable_empty_final_response": True}, 64)
     assert (r.streaming, r.max_tokens, r.temperature, r.seed, r.stop) == (True, 7, 0.5, 2**63, ("\n\n", "END"))
+    assert r.ignore_eos is True and parse_request(_req(), {}, 64).ignore_eos is None
 
 
 @pytest.mark.parametrize("inputs, params, match", [

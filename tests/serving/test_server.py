@@ -294,7 +294,7 @@ SMOLLM2_PROMPT = "The capital of France is"
 
 
 @pytest.mark.slow
-def test_smollm2_unary_grpc_and_http_match_dflash_generate(smollm2_server):
+def test_smollm2_unary_grpc_http_and_ignore_eos(smollm2_server):
     expected, srv = smollm2_server
     assert "Paris" in expected          # a real model, really tokenized
     c = grpcclient.InferenceServerClient(srv.grpc)
@@ -307,6 +307,12 @@ def test_smollm2_unary_grpc_and_http_match_dflash_generate(smollm2_server):
     assert grpc_one["num_responses"] == 1 and grpc_one["total_draft_tokens"] > 0
     with pytest.raises(DFlashError, match="streaming: needs a decoupled model"):
         list(client.generate_http(srv.http, client.build_inputs(SMOLLM2_PROMPT, True, max_tokens=4)))
+    # a chat turn ends at <|im_end|>; sampling_param_ignore_eos runs on to max_tokens
+    chat = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    ended = client.collect(client.generate_http(srv.http, client.build_inputs(chat, max_tokens=12)))
+    assert ended["finish_reason"] == "stop" and "Paris" in ended["text_output"]
+    full = client.collect(client.generate_http(srv.http, client.build_inputs(chat, max_tokens=12, ignore_eos=True)))
+    assert full["finish_reason"] == "length" and full["text_output"].startswith(ended["text_output"])
 
 
 # ---- tensor parallelism of the torch runtime: rank 0 in the Triton model, ranks 1.. under mpiexec -----

@@ -126,7 +126,8 @@ class TorchBackend:
                               f"max_seq_len {self.max_seq_len}",
                               f"ask for at most {room}")
         max_new = req.max_tokens if req.max_tokens is not None else max(1, min(SamplingParams.max_new_tokens, room))
-        given = {k: getattr(req, k) for k in ("temperature", "top_k", "top_p", "seed") if getattr(req, k) is not None}
+        names = ("temperature", "top_k", "top_p", "seed", "ignore_eos")
+        given = {k: getattr(req, k) for k in names if getattr(req, k) is not None}
         try:
             params = SamplingParams(max_new_tokens=max_new, **given)
         except DFlashError as err:
@@ -304,7 +305,8 @@ class TrtllmBackend:
         return cls(llm, tensorrt_llm, int(kwargs.get("max_seq_len") or 0))
 
     def submit(self, req: GenerateRequest, on_result: OnResult) -> int:
-        names = ("max_tokens", "temperature", "top_k", "top_p", "seed", "frequency_penalty", "presence_penalty")
+        names = ("max_tokens", "temperature", "top_k", "top_p", "seed", "frequency_penalty", "presence_penalty",
+                 "ignore_eos")
         given = {k: getattr(req, k) for k in names if getattr(req, k) is not None}
         if req.stop:
             given["stop"] = list(req.stop)

@@ -26,7 +26,7 @@ STAT_NAMES = ("finish_reason", "stop_reason", "acceptance_rate", "total_accepted
 # Triton datatypes of the inputs a client may send (config.pbtxt)
 _DTYPES = {"streaming": np.bool_, "sampling_param_max_tokens": np.int32, "sampling_param_temperature": np.float32,
            "sampling_param_top_k": np.int32, "sampling_param_top_p": np.float32, "sampling_param_seed": np.uint64,
-           "sampling_param_exclude_input_from_output": np.bool_}
+           "sampling_param_exclude_input_from_output": np.bool_, "sampling_param_ignore_eos": np.bool_}
 
 EPILOG = """examples:
   dflash-client "def fibonacci(n):" --max_tokens 64
@@ -168,6 +168,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top_p", type=float, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--ignore_eos", action="store_true", default=None, help="generate exactly --max_tokens tokens")
     p.add_argument("--request_id", default="", help="id that a later `stop` request can cancel (gRPC)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds")
     p.add_argument("--json", action="store_true", help="print one JSON object: text and stats")
@@ -178,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     url = args.url or ("localhost:8001" if args.protocol == "grpc" else "localhost:8000")
     inputs = build_inputs(args.text_input, args.streaming, max_tokens=args.max_tokens, temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop)
+                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
+                          ignore_eos=args.ignore_eos)
     kw = {"model": args.model_name, "timeout": args.timeout}
     if args.protocol == "grpc":
         kw["request_id"] = args.request_id

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import DFlashError
 
 SAMPLING_INPUTS = ("best_of", "temperature", "top_k", "top_p", "frequency_penalty", "presence_penalty",
-                   "max_tokens", "stop", "seed", "exclude_input_from_output", "return_perf_metrics")
+                   "max_tokens", "stop", "seed", "exclude_input_from_output", "return_perf_metrics", "ignore_eos")
 INPUT_NAMES = ("text_input", "streaming", *(f"sampling_param_{n}" for n in SAMPLING_INPUTS),
                "return_finish_reason", "return_stop_reason", "stop")
 OUTPUT_NAMES = ("text_output", "finish_reason", "stop_reason", "arrival_time_ns", "first_token_time_ns",
@@ -41,6 +41,7 @@ class GenerateRequest:
     presence_penalty: float | None = None
     stop: tuple[str, ...] = ()
     exclude_input_from_output: bool = True
+    ignore_eos: bool | None = None
     cancel: bool = False          # the `stop` input: cancel the running request with this request id
 
 
@@ -143,7 +144,8 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, obj
         temperature=temperature, top_k=top_k, top_p=top_p, seed=_scalar(inputs, "sampling_param_seed", int),
         frequency_penalty=_scalar(inputs, "sampling_param_frequency_penalty", float),
         presence_penalty=_scalar(inputs, "sampling_param_presence_penalty", float), stop=stop,
-        exclude_input_from_output=True if exclude is None else exclude, cancel=cancel)
+        exclude_input_from_output=True if exclude is None else exclude,
+        ignore_eos=_scalar(inputs, "sampling_param_ignore_eos", bool), cancel=cancel)
 
 
 def text_outputs(text: str) -> dict[str, np.ndarray]:
