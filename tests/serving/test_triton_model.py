@@ -5,6 +5,7 @@ import json
 import pytest
 
 from tests.serving.fakes import FakeEngine, FakePbUtils, FakeRequest, triton_inputs
+from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving.backends import TorchBackend
 from trtllm_dflash.serving.repo import fill_triton
 from trtllm_dflash.serving.triton_model import DFlashModel
@@ -116,3 +117,11 @@ def test_engine_failure_fails_requests_and_later_ones(make_model):
     assert r.sender.responses[-1].error.code == "INTERNAL" and "device lost" in r.sender.responses[-1].error.message
     (r2,) = _run(model, FakeRequest(triton_inputs("abc")))
     assert "restart the server" in r2.sender.responses[-1].error.message
+
+
+def test_decoupled_policy_must_match_model_yaml(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"backend": "torch", "tp_size": 1}))
+    version_dir = fill_triton(tmp_path, {"backend": "torch"}, decoupled_mode=False) / "tensorrt_llm" / "1"
+    loaded = {"name": "tensorrt_llm", "model_transaction_policy": {"decoupled": True}}
+    with pytest.raises(DFlashError, match="triton_config.decoupled: is False in model.yaml"):
+        DFlashModel(FakePbUtils, version_dir, loaded, backend=object())

@@ -87,12 +87,20 @@ def _log_to_triton(pb_utils) -> None:
 class DFlashModel:
     """The ``tensorrt_llm`` model. ``backend`` is for tests; by default the manifest's is loaded."""
 
-    def __init__(self, pb_utils, version_dir: Path, model_name: str = "tensorrt_llm", backend=None):
+    def __init__(self, pb_utils, version_dir: Path, model_config: dict | None = None, backend=None):
         self.pb = pb_utils
         _log_to_triton(pb_utils)
         cfg = read_model_yaml(Path(version_dir) / "model.yaml")
         tc = cfg["triton_config"]
         self.decoupled = bool(tc["decoupled"])
+        if model_config is None:     # tests: as Triton would load it
+            model_config = {"name": "tensorrt_llm", "model_transaction_policy": {"decoupled": self.decoupled}}
+        loaded = bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+        if loaded != self.decoupled:
+            # e.g. tritonserver --disable-auto-complete-config: model.yaml's policy never reached Triton
+            raise DFlashError("triton_config.decoupled", f"is {self.decoupled} in model.yaml but Triton loaded the "
+                              f"model with decoupled={loaded}", "let Triton auto-complete the config, or set "
+                              "model_transaction_policy in config.pbtxt to match")
         self.period_s = float(tc.get("cancellation_check_period_ms", 100)) / 1000.0
         self.deployment_dir = (Path(version_dir) / cfg["engine_dir"]).resolve()
         manifest_path = self.deployment_dir / "manifest.json"
@@ -108,7 +116,7 @@ class DFlashModel:
         self._lock = threading.RLock()   # a backend may answer from inside submit()
         self._counts = {"draft_tokens": 0, "accepted_draft_tokens": 0}
         self._finish_counts: dict[str, int] = {}
-        self._metrics = _TritonMetrics(pb_utils, model_name)
+        self._metrics = _TritonMetrics(pb_utils, model_config["name"])
         self._outbox: queue.Queue = queue.Queue()
         self._sender = threading.Thread(target=self._send_loop, name="dflash-sender", daemon=True)
         self._sender.start()

@@ -20,8 +20,7 @@ class TritonPythonModel:
         return triton_model.auto_complete(auto_complete_model_config, HERE / "model.yaml")
 
     def initialize(self, args):
-        model_config = json.loads(args["model_config"])
-        self.model = triton_model.DFlashModel(pb_utils, HERE, model_name=model_config["name"])
+        self.model = triton_model.DFlashModel(pb_utils, HERE, json.loads(args["model_config"]))
 
     def execute(self, requests):
         # Responses are sent from the runtime's threads; returning None keeps Triton from waiting.
