@@ -180,7 +180,7 @@ def write_directory(plan: Plan, tmp: Path, stamp: str, *, log=print) -> dict:
     drafter_cfg = hf.read_config(tmp / "drafter")
     validate.check_pair(plan.target_cfg, drafter_cfg, tp_size=cfg.tp_size, block_size=plan.max_draft_len + 1)
     if cfg.presharded:
-        _write_ranks(tmp, cfg.tp_size, cfg.allow_pickle, log)
+        _write_ranks(tmp, cfg.tp_size, cfg.allow_pickle, log, ep_size=cfg.ep_size)
     if plan.options is not None:
         (tmp / trtllm.OPTIONS_FILE).write_text(trtllm.dump_options(plan.options))
     record = _manifest(plan, target, drafter, drafter_cfg, notes, stamp)
@@ -221,7 +221,7 @@ def _copy_with_progress(src: Path, dst: Path) -> None:
             bar.update(len(chunk))
 
 
-def _write_ranks(tmp: Path, tp_size: int, allow_pickle: bool, log) -> None:
+def _write_ranks(tmp: Path, tp_size: int, allow_pickle: bool, log, ep_size: int = 1) -> None:
     """ranks/rank{r}.safetensors: each torch-backend rank then reads only its own shard."""
     from tqdm import tqdm
 
@@ -231,7 +231,7 @@ def _write_ranks(tmp: Path, tp_size: int, allow_pickle: bool, log) -> None:
     target_sd = hf.load_state_dict(tmp / "target", allow_pickle=allow_pickle)
     drafter_sd = hf.load_state_dict(tmp / "drafter")
     for rank in tqdm(range(tp_size), desc="pre-shard ranks", disable=tp_size == 1):
-        hf.save_state_dict(shard_for_rank(target_sd, drafter_sd, tp_size, rank), tmp / "ranks",
+        hf.save_state_dict(shard_for_rank(target_sd, drafter_sd, tp_size, rank, ep_size), tmp / "ranks",
                            f"rank{rank}.safetensors")
     log(f"pre-sharded {tp_size} rank file(s)")
 

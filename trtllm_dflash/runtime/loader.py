@@ -15,22 +15,24 @@ from torch import nn
 from ..checkpoints import hf
 from ..errors import DFlashError
 from .distributed import TPGroup
+from .models import target_family
 from .models.dflash import DFlashDrafter, DrafterConfig
 from .models.layers import Rotary
-from .models.llama import LlamaTarget, TargetConfig
 from .shard import slice_for_rank
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def _read(path: Path, tp: TPGroup, allow_pickle: bool, presharded: dict | None, prefix: str) -> dict:
+def _read(path: Path, tp: TPGroup, allow_pickle: bool, presharded: dict | None, prefix: str,
+          ep_size: int = 1) -> dict:
     if presharded is not None:
         return {k[len(prefix):]: v for k, v in presharded.items() if k.startswith(prefix)}
     shapes = hf.tensor_names(path, allow_pickle=allow_pickle)
     sd = hf.load_state_dict(path, allow_pickle=allow_pickle,
-                            slicer=lambda n, lazy: slice_for_rank(n, lazy, tp.size, tp.rank, shapes[n]))
+                            slicer=lambda n, lazy: slice_for_rank(n, lazy, tp.size, tp.rank, shapes[n], ep_size))
     if tp.size > 1 and any(f.suffix != ".safetensors" for f in hf.weight_files(path, allow_pickle=True)):
-        sd = {n: slice_for_rank(n, t, tp.size, tp.rank) for n, t in sd.items()}  # pickle: sliced after loading
+        # pickle: sliced after loading
+        sd = {n: slice_for_rank(n, t, tp.size, tp.rank, ep_size=ep_size) for n, t in sd.items()}
     return sd
 
 
@@ -79,11 +81,16 @@ def _assign(module: nn.Module, sd: dict[str, torch.Tensor], where: str, device, 
 
 
 def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capture: tuple[int, ...] = (),
-                allow_pickle: bool = False, presharded: dict | None = None) -> LlamaTarget:
-    cfg = TargetConfig.from_hf(hf.read_config(path))
+                allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1):
+    """The target model for this rank; its class comes from config.json ``architectures`` (models.TARGETS)."""
+    hf_cfg = hf.read_config(path)
+    family = target_family(hf_cfg)
+    cfg = family.config.from_hf(hf_cfg)
     with torch.device("meta"):
-        model = LlamaTarget(cfg, tp, max_positions, capture)
-    sd = _fuse(_read(path, tp, allow_pickle, presharded, "target."), "model.", cfg.num_layers)
+        model = family.build(cfg, tp, max_positions, capture, ep_size)
+    raw = _read(path, tp, allow_pickle, presharded, "target.", ep_size)
+    sd = (family.to_module(raw, model, device, dtype) if family.to_module is not None
+          else _fuse(raw, "model.", cfg.num_layers))
     if "lm_head.weight" not in sd:
         if not cfg.tie_word_embeddings:
             hf.missing_tensors([], ["lm_head.weight"], f"target {path}")

@@ -4,6 +4,9 @@
 column (dim 0): q/k/v and gate/up projections, split by heads / channels;
 row (dim 1): o and down projections (their outputs are all-reduced);
 vocab (dim 0, padded to equal shards): lm_head; everything else (norms, embeddings, ``fc``) replicated.
+gpt-oss adds: attention ``sinks`` split with the q heads; MoE ``mlp.experts.*`` split two ways over the same
+ranks, laid out like TensorRT-LLM's moe_tp x moe_ep grid (see ``expert_layout``): ep_size ranks split the
+experts (dim 0), tp_size // ep_size ranks split each expert's intermediate dim; the router is replicated.
 """
 from __future__ import annotations
 
@@ -11,6 +14,13 @@ import torch
 
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROW = ("o_proj", "down_proj")
+# gpt-oss experts, by tensor: the dim holding the intermediate channels (None: not split, added once).
+# bf16 layout: gate_up_proj [E, H, 2I] (gate/up interleaved, so any even split keeps pairs), down_proj [E, I, H];
+# MXFP4: *_blocks [E, rows, groups, 16] / *_scales [E, rows, groups], rows = outputs, groups of 32 inputs.
+_EXPERT_INTERMEDIATE_DIM = {
+    "gate_up_proj": 2, "gate_up_proj_bias": 1, "down_proj": 1, "down_proj_bias": None,
+    "gate_up_proj_blocks": 1, "gate_up_proj_scales": 1, "down_proj_blocks": 2, "down_proj_scales": 2,
+}
 
 
 def shard_dim(name: str) -> int | str | None:
@@ -18,6 +28,10 @@ def shard_dim(name: str) -> int | str | None:
     parts = name.split(".")
     if name == "lm_head.weight":
         return "vocab"
+    if len(parts) >= 2 and parts[-2] == "experts" and parts[-1] in _EXPERT_INTERMEDIATE_DIM:
+        return "experts"
+    if parts[-1] == "sinks":
+        return 0
     if len(parts) >= 2 and parts[-2] in _COLUMN:
         return 0
     if len(parts) >= 2 and parts[-2] in _ROW and parts[-1] == "weight":
@@ -25,12 +39,38 @@ def shard_dim(name: str) -> int | str | None:
     return None
 
 
-def slice_for_rank(name: str, t, tp_size: int, rank: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+def expert_layout(tp_size: int, rank: int, ep_size: int) -> tuple[int, int, int]:
+    """(ep_rank, moe_tp_size, moe_tp_rank) of a rank: TensorRT-LLM's ``Mapping`` order (ep rank varies fastest)."""
+    assert tp_size % ep_size == 0, f"ep_size {ep_size} does not divide tp_size {tp_size}"
+    return rank % ep_size, tp_size // ep_size, rank // ep_size
+
+
+def _slice_experts(name: str, t, shape: tuple[int, ...], tp_size: int, rank: int, ep_size: int):
+    ep_rank, moe_tp, moe_rank = expert_layout(tp_size, rank, ep_size)
+    per_e = shape[0] // ep_size
+    assert per_e * ep_size == shape[0], f"{name}: {shape[0]} experts not divisible by ep_size {ep_size}"
+    index = [slice(ep_rank * per_e, (ep_rank + 1) * per_e)]
+    dim = _EXPERT_INTERMEDIATE_DIM[name.rsplit(".", 1)[-1]]
+    if dim is not None and moe_tp > 1:
+        per = shape[dim] // moe_tp
+        if per * moe_tp == shape[dim]:
+            index += [slice(None)] * (dim - 1) + [slice(moe_rank * per, (moe_rank + 1) * per)]
+        else:
+            # Only MXFP4 down_proj groups can fail to split (2880 / 32 = 90 groups over 4 ranks): read them
+            # whole; the model slices its channels after dequantising (gpt_oss.checkpoint_to_module).
+            assert name.endswith(("down_proj_blocks", "down_proj_scales")), f"{name}: dim {dim} not divisible"
+    return t[tuple(index)]
+
+
+def slice_for_rank(name: str, t, tp_size: int, rank: int, shape: tuple[int, ...] | None = None,
+                   ep_size: int = 1) -> torch.Tensor:
     """This rank's part of tensor ``t`` (a tensor or a safetensors lazy slice, which reads only that part)."""
     shape = tuple(t.shape) if shape is None else shape
     dim = shard_dim(name)
     if tp_size == 1 or dim is None:
         return t[:] if not isinstance(t, torch.Tensor) else t
+    if dim == "experts":
+        return _slice_experts(name, t, shape, tp_size, rank, ep_size)
     if dim == "vocab":
         per = -(-shape[0] // tp_size)
         lo, hi = min(rank * per, shape[0]), min((rank + 1) * per, shape[0])
@@ -43,10 +83,12 @@ def slice_for_rank(name: str, t, tp_size: int, rank: int, shape: tuple[int, ...]
     return t[rank * per:(rank + 1) * per] if dim == 0 else t[:, rank * per:(rank + 1) * per]
 
 
-def shard_for_rank(target_sd: dict, drafter_sd: dict | None, tp_size: int, rank: int) -> dict[str, torch.Tensor]:
+def shard_for_rank(target_sd: dict, drafter_sd: dict | None, tp_size: int, rank: int,
+                   ep_size: int = 1) -> dict[str, torch.Tensor]:
     """Pre-shard whole checkpoints for one rank: keys ``target.<hf name>`` / ``drafter.<name>``.
     A tied lm_head is materialised from the embedding so each rank file stands alone."""
-    out = {f"target.{k}": slice_for_rank(k, v, tp_size, rank).contiguous() for k, v in target_sd.items()}
+    out = {f"target.{k}": slice_for_rank(k, v, tp_size, rank, ep_size=ep_size).contiguous()
+           for k, v in target_sd.items()}
     if "lm_head.weight" not in target_sd and "model.embed_tokens.weight" in target_sd:
         out["target.lm_head.weight"] = slice_for_rank(
             "lm_head.weight", target_sd["model.embed_tokens.weight"], tp_size, rank).contiguous()

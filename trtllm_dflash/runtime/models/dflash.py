@@ -19,6 +19,7 @@ from torch import nn
 from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
+from .gpt_oss import gpt_oss_rope
 from .layers import RMSNorm, Rotary, apply_rope, attend, rope_parameters
 from .llama import MLP, check_tp
 
@@ -89,7 +90,10 @@ class DrafterConfig:
             hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"], num_layers=n_layers,
             num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope=rope_parameters(cfg),
+            # gpt-oss drafters say model_type gpt_oss and give no rope_scaling: transformers' GptOssConfig (which
+            # the reference and TensorRT-LLM load them with) fills the target's YaRN; layer_types stay as written.
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope=gpt_oss_rope(cfg) if cfg.get("model_type") == "gpt_oss" else rope_parameters(cfg),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             attention_bias=bool(cfg.get("attention_bias", False)),
             # Same rule as the reference: sliding layers are causal unless the config says otherwise.
@@ -103,9 +107,14 @@ class DraftAttention(nn.Module):
         super().__init__()
         self.h, self.kvh, self.d = c.num_heads // tp.size, c.num_kv_heads // tp.size, c.head_dim
         self.qkv_proj = nn.Linear(c.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=c.attention_bias)
-        self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)  # as Qwen3 (gpt-oss drafters)
         self.q_norm, self.k_norm = RMSNorm(self.d, c.rms_norm_eps), RMSNorm(self.d, c.rms_norm_eps)
         self.tp = tp
+
+    def project_out(self, out: torch.Tensor) -> torch.Tensor:
+        # row-parallel o_proj: the bias is added once, after the all-reduce
+        y = self.tp.all_reduce(F.linear(out, self.o_proj.weight))
+        return y if self.o_proj.bias is None else y + self.o_proj.bias
 
     def project_kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         # x [n, T, hidden] -> k, v [n, kvh, T, d]; the same k/v weights serve context and block rows
@@ -166,7 +175,7 @@ class DFlashDrafter(nn.Module):
             k = apply_rope(a.k_norm(k).transpose(1, 2), cos, sin)
             kc, vc = cache.read(i, rows, kv_len)
             out = attend(q, torch.cat([kc, k], 2), torch.cat([vc, v.transpose(1, 2)], 2), visible, a.d ** -0.5)
-            x = x + a.tp.all_reduce(a.o_proj(out))
+            x = x + a.project_out(out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
 

@@ -1,0 +1,327 @@
+# SPDX-License-Identifier: Apache-2.0
+"""gpt-oss targets (``GptOssForCausalLM``: openai/gpt-oss-20b and -120b).
+
+Per layer, as in transformers' ``modeling_gpt_oss.py``: attention with q/k/v/o biases, YaRN RoPE and one
+learned "sink" logit per head (an extra softmax column whose probability mass is dropped), on alternating
+sliding-window (``sliding_window`` = 128) and full layers (``layer_types``); then a top-k MoE: a router
+(linear + bias), softmax over the k chosen logits, and experts with biases and a clamped SwiGLU,
+``(clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g)`` with ``g = min(gate, 7)``, gate/up interleaved in the
+Hugging Face layout (gate = even columns).
+
+Weights keep Hugging Face names; q/k/v are fused into ``qkv_proj`` and MXFP4 experts (``*_blocks`` +
+``*_scales``, the published checkpoints) are dequantised on load to the model dtype (mxfp4.py). In bf16
+that costs memory (4.25 -> 16 bits per expert weight):
+  gpt-oss-20b:  20.9 B params = 39.0 GiB (experts 35.6 GiB, 9.5 GiB as MXFP4; the checkpoint is 12.8 GiB);
+  gpt-oss-120b: 116.8 B params = 217.6 GiB (experts 213.6 GiB, 56.7 GiB as MXFP4; checkpoint 60.8 GiB).
+20b fits one 80 GB GPU; 120b needs TP 4 (~55 GiB per rank) or TP 8 (~28 GiB per rank; the 1.1 GiB
+embedding is replicated), before KV cache.
+
+Tensor/expert parallelism over the same ranks: attention heads split as in llama.py (q heads, KV heads and
+the sinks with their q heads; the o bias is added once, after the all-reduce). Experts follow TensorRT-LLM's
+moe_tp x moe_ep layout (shard.py ``expert_layout``): ep_size ranks split the experts, tp_size // ep_size
+ranks split each expert's intermediate dim; the router is replicated, every rank computes its own experts
+(or channel slices) for all tokens, and one all-reduce sums the partial outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...errors import DFlashError
+from ..distributed import TPGroup
+from ..kv_cache import KVCache
+from ..shard import expert_layout
+from . import mxfp4
+from .layers import RMSNorm, Rotary, apply_rope, rope_parameters
+
+ARCHITECTURES = ("GptOssForCausalLM",)
+SWIGLU_ALPHA = 1.702  # fixed in the reference (not a config field)
+# transformers' GptOssConfig fills these when config.json has no rope_scaling / rope_parameters.
+YARN_DEFAULT = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
+_ATTN_CHUNK = 1 << 28  # float32 score elements per attention chunk (1 GiB), bounds long-prefill memory
+
+
+def gpt_oss_rope(cfg: dict) -> dict:
+    """RoPE parameters as transformers' GptOssConfig reads config.json: YaRN defaults when none are given
+    (also used for gpt-oss DFlash drafters, whose config.json says ``model_type: gpt_oss`` and has none)."""
+    has_scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or {}).get("rope_type")
+    cfg = {**cfg, "rope_theta": cfg.get("rope_theta", 150000.0)}  # GptOssConfig.default_theta
+    return rope_parameters(cfg if has_scaling else {**cfg, "rope_scaling": YARN_DEFAULT})
+
+
+@dataclass(frozen=True)
+class GptOssConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_experts: int
+    experts_per_token: int
+    rms_norm_eps: float
+    rope: dict
+    max_position_embeddings: int
+    sliding_window: int
+    layer_types: tuple[str, ...]
+    swiglu_limit: float
+    attention_bias: bool
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "GptOssConfig":
+        arch = (cfg.get("architectures") or ["?"])[0]
+        if arch not in ARCHITECTURES:
+            raise DFlashError("target architectures", f"{arch} is not a gpt-oss model", "use GptOssForCausalLM")
+        quant = (cfg.get("quantization_config") or {}).get("quant_method")
+        if quant not in (None, "mxfp4"):
+            raise DFlashError("target quantization_config.quant_method", f"{quant!r} is not supported for gpt-oss "
+                              "by the torch runtime", "use the published MXFP4 checkpoint or a bf16 one")
+        n = cfg["num_hidden_layers"]
+        types = tuple(cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                                  for i in range(n)])
+        if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
+            raise DFlashError("target layer_types", f"expected {n} of sliding_attention/full_attention, got {types}",
+                              "fix config.json (gpt-oss alternates sliding and full layers)")
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        return cls(
+            architecture=arch, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"], num_layers=n, num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or 64,
+            num_experts=cfg.get("num_local_experts") or cfg["num_experts"],
+            experts_per_token=cfg.get("num_experts_per_tok") or cfg["experts_per_token"],
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5), rope=gpt_oss_rope(cfg),
+            max_position_embeddings=cfg.get("max_position_embeddings", 131072),
+            sliding_window=cfg.get("sliding_window") or 128, layer_types=types,
+            swiglu_limit=float(cfg.get("swiglu_limit", 7.0)), attention_bias=bool(cfg.get("attention_bias", True)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            eos_token_ids=tuple(eos if isinstance(eos, list) else [eos] if eos is not None else []),
+        )
+
+
+def check_parallel(c: GptOssConfig, tp_size: int, ep_size: int) -> None:
+    checks = [("num_attention_heads", c.num_heads, tp_size, "tp_size"),
+              ("num_key_value_heads", c.num_kv_heads, tp_size, "tp_size"),
+              ("num_local_experts", c.num_experts, ep_size, "ep_size")]
+    if tp_size % ep_size:
+        raise DFlashError("ep_size", f"{ep_size} does not divide tp_size {tp_size} (experts are split over the tp "
+                          "ranks as moe_tp x ep)", "use an ep_size that divides tp_size")
+    checks.append(("intermediate_size", c.intermediate_size, tp_size // ep_size, "tp_size / ep_size"))
+    for field, n, size, what in checks:
+        if n % size:
+            raise DFlashError(what.split(" ")[0], f"{what} = {size} does not divide the target's {field} ({n})",
+                              f"pick sizes that divide {n}")
+
+
+class GptOssRMSNorm(RMSNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The reference scales by the weight in float32 before casting back (llama's norm casts first).
+        x32 = x.float()
+        return (self.weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps))).to(x.dtype)
+
+
+def attend_with_sinks(q, k, v, visible, sinks, scale: float) -> torch.Tensor:
+    """q [n, Hq, T, D], k/v [n, Hkv, S, D], visible [n, 1, T, S] bool, sinks [Hq] -> [n, T, Hq * D].
+
+    softmax([q.k * scale, sink]) per head with the sink column dropped, computed exactly (SDPA has no sink
+    term), in float32; the q heads of one KV group share its k/v without copying them."""
+    n, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    sink = sinks.float().view(1, Hq, 1, 1)
+    out = q.new_empty(n, T, Hq, D)
+    step = max(1, _ATTN_CHUNK // max(1, n * Hq * S))
+    for t0 in range(0, T, step):  # query chunks: prefill of long prompts stays within _ATTN_CHUNK
+        qc = q[:, :, t0:t0 + step]
+        tc = qc.shape[2]
+        scores = torch.matmul(qc.reshape(n, Hkv, g * tc, D), k.transpose(-1, -2)).view(n, Hq, tc, S).float() * scale
+        scores = scores.masked_fill(~visible[:, :, t0:t0 + step], float("-inf"))
+        logits = torch.cat([scores, sink.expand(n, Hq, tc, 1)], dim=-1)
+        probs = torch.softmax(logits, dim=-1)[..., :S].to(v.dtype)                    # [n, Hq, tc, S]
+        o = torch.matmul(probs.view(n, Hkv, g * tc, S), v).view(n, Hq, tc, D)
+        out[:, t0:t0 + step] = o.transpose(1, 2)
+    return out.flatten(2)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: GptOssConfig, tp: TPGroup, sliding: bool):
+        super().__init__()
+        self.h, self.kvh, self.d = c.num_heads // tp.size, c.num_kv_heads // tp.size, c.head_dim
+        self.qkv_proj = nn.Linear(c.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=c.attention_bias)
+        self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)
+        self.sinks = nn.Parameter(torch.empty(self.h))  # this rank's q heads' sink logits
+        self.sliding, self.tp = sliding, tp
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None):
+        # x [n, T, hidden]; positions [n, T]; visible [n, 1, T, S] (window already applied on sliding layers)
+        n, T, _ = x.shape
+        q, k, v = self.qkv_proj(x).view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [n, H, T, d]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.write(layer, rows, positions, k.transpose(1, 2), v.transpose(1, 2))  # the cache takes [n, T, H, d]
+        if kv_len is not None:  # decode/verify: attend over the cached prefix (incl. the rows just written)
+            k, v = cache.read(layer, rows, kv_len)
+        out = attend_with_sinks(q, k, v, visible, self.sinks, self.d ** -0.5)
+        out = self.tp.all_reduce(F.linear(out, self.o_proj.weight))  # row-parallel: bias once, after the sum
+        return out if self.o_proj.bias is None else out + self.o_proj.bias
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Rows of a [N, K] in expert-sorted groups (ends ``offs`` [E]) times b [E, K, M] -> [N, M]; rows past
+    offs[-1] are undefined. grouped_mm where it runs (CPU f32/bf16/f16, CUDA bf16), else one GEMM per expert."""
+    if a.dtype in ((torch.bfloat16,) if a.is_cuda else (torch.float32, torch.bfloat16, torch.float16)):
+        return F.grouped_mm(a, b, offs=offs)
+    out, lo = a.new_zeros(a.shape[0], b.shape[-1]), 0
+    for e, hi in enumerate(offs.tolist()):
+        out[lo:hi] = a[lo:hi] @ b[e]
+        lo = hi
+    return out
+
+
+class Experts(nn.Module):
+    """This rank's experts ([first, first + num_local)) and intermediate channels, in the HF layout."""
+
+    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int):
+        super().__init__()
+        ep_rank, moe_tp, moe_rank = expert_layout(tp.size, tp.rank, ep_size)
+        self.num_local, self.limit = c.num_experts // ep_size, c.swiglu_limit
+        self.first = ep_rank * self.num_local
+        self.inter, self.moe_rank = c.intermediate_size // moe_tp, moe_rank
+        E, H, I = self.num_local, c.hidden_size, self.inter
+        self.gate_up_proj = nn.Parameter(torch.empty(E, H, 2 * I))   # columns: gate0, up0, gate1, up1, ...
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(E, 2 * I))
+        self.down_proj = nn.Parameter(torch.empty(E, I, H))
+        self.down_proj_bias = nn.Parameter(torch.empty(E, H))       # full on every rank, added by moe rank 0
+
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [N, H]; experts, weights [N, k] (global ids, routing weights) -> this rank's partial sum [N, H].
+
+        Sort-based grouped GEMMs with no host sync (CUDA-graph safe): the N * k (token, expert) slots are
+        sorted by local expert; slots of other ranks' experts sort last, past offs[-1], and contribute 0."""
+        N, k = experts.shape
+        local = (experts - self.first).flatten()                                        # [N * k]
+        local = torch.where((local >= 0) & (local < self.num_local), local, self.num_local)
+        order = torch.argsort(local, stable=True)
+        e_sorted = local[order]                                                         # [N * k]
+        offs = torch.searchsorted(e_sorted, torch.arange(1, self.num_local + 1, device=x.device)).to(torch.int32)
+        mine, e_idx = e_sorted < self.num_local, e_sorted.clamp(max=self.num_local - 1)
+        gate_up = _grouped_mm(x[order // k], self.gate_up_proj, offs) + self.gate_up_proj_bias[e_idx]
+        gate = gate_up[:, 0::2].clamp(max=self.limit)
+        up = gate_up[:, 1::2].clamp(min=-self.limit, max=self.limit)
+        y = _grouped_mm((up + 1) * gate * torch.sigmoid(gate * SWIGLU_ALPHA), self.down_proj, offs)
+        if self.moe_rank == 0:
+            y = y + self.down_proj_bias[e_idx]
+        y = torch.where(mine[:, None], y * weights.flatten()[order, None].to(y.dtype), 0)
+        # Back to (token, k) order and sum over k: deterministic (no atomics), unlike index_add on CUDA.
+        return torch.empty_like(y).index_copy_(0, order, y).view(N, k, -1).sum(1)
+
+
+class MoE(nn.Module):
+    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int):
+        super().__init__()
+        self.router = nn.Linear(c.hidden_size, c.num_experts, bias=True)  # replicated
+        self.experts = Experts(c, tp, ep_size)
+        self.top_k, self.tp = c.experts_per_token, tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])                                          # [N, hidden]
+        top_logits, top_ids = self.router(x).topk(self.top_k, dim=-1)        # [N, k]
+        weights = torch.softmax(top_logits, dim=-1)                          # softmax over the k chosen only
+        return self.tp.all_reduce(self.experts(x, top_ids, weights)).view(shape)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, sliding: bool):
+        super().__init__()
+        self.input_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c, tp, sliding)
+        self.post_attention_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MoE(c, tp, ep_size)
+
+
+class GptOssTarget(nn.Module):
+    """Same interface as llama.LlamaTarget: forward() returns the final hidden states and the concatenated
+    outputs of ``capture_layers`` (z-lab convention: layer i output = HF ``hidden_states[i + 1]``)."""
+
+    def __init__(self, c: GptOssConfig, tp: TPGroup, max_positions: int, capture_layers: tuple[int, ...] = (),
+                 ep_size: int = 1):
+        super().__init__()
+        check_parallel(c, tp.size, ep_size)
+        self.config, self.tp, self.ep_size, self.capture_layers = c, tp, ep_size, tuple(capture_layers)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, ep_size, t == "sliding_attention") for t in c.layer_types)
+        self.norm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.vocab_shard = -(-c.vocab_size // tp.size)  # lm_head rows per rank (last rank padded)
+        self.lm_head = nn.Linear(c.hidden_size, self.vocab_shard, bias=False)
+        self.rotary = Rotary(c.rope, c.head_dim, max_positions, c.max_position_embeddings)
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        a = self.layers[0].self_attn
+        return len(self.layers), a.kvh, a.d
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> [..., vocab] in the model dtype, gathered over the vocab-parallel ranks (argmax
+        needs no upcast; sampling upcasts itself)."""
+        return self.tp.all_gather_last(self.lm_head(h))[..., : self.config.vocab_size]
+
+    def forward(self, ids, positions, cache: KVCache, rows, kv_len: int | None):
+        """ids, positions [n, T]; rows: cache rows (slice or index tensor).
+
+        kv_len None = prefill (attend within this chunk, causal); else attend over cache[:kv_len]. Masks
+        go by absolute position, so stale cache rows past a request's length are never seen.
+        Returns h [n, T, hidden] (after the final norm) and features [n, T, len(capture) * hidden] or None.
+        """
+        x = self.embed(ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        key_pos = positions if kv_len is None else torch.arange(kv_len, device=ids.device)[None]
+        behind = positions[:, :, None] - key_pos[:, None, :]                 # [n, T, S] query pos - key pos
+        full = (behind >= 0)[:, None]                                        # causal
+        window = (full & (behind < self.config.sliding_window)[:, None])     # ... and the last `window` tokens
+        feats: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            visible = window if layer.self_attn.sliding else full
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, rows, positions, visible, kv_len)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in self.capture_layers:
+                feats[i] = x
+        return self.norm(x), torch.cat([feats[i] for i in self.capture_layers], -1) if feats else None
+
+
+def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, device, dtype) -> dict[str, torch.Tensor]:
+    """This rank's HF tensors -> module names: ``model.`` prefix dropped, q/k/v fused into qkv_proj, MXFP4
+    experts dequantised (on ``device``, to ``dtype``: the host never holds the bf16 copy)."""
+    from ...checkpoints import hf
+
+    sd = {name.removeprefix("model."): t for name, t in raw.items()}
+    for i, layer in enumerate(model.layers):
+        a = f"layers.{i}.self_attn."
+        for kind in ("weight", "bias"):
+            qkv = [sd.pop(f"{a}{p}_proj.{kind}", None) for p in "qkv"]
+            if all(t is not None for t in qkv):
+                sd[f"{a}qkv_proj.{kind}"] = torch.cat(qkv)
+            elif kind == "weight" or any(t is not None for t in qkv) or model.config.attention_bias:
+                hf.missing_tensors([], [f"model.{a}{p}_proj.{kind}" for p, t in zip("qkv", qkv) if t is None],
+                                   "checkpoint")
+        e, experts = f"layers.{i}.mlp.experts.", layer.mlp.experts
+        for proj in ("gate_up_proj", "down_proj"):
+            if f"{e}{proj}_blocks" not in sd and f"{e}{proj}_scales" not in sd:
+                continue
+            hf.missing_tensors(sd, [f"{e}{proj}_blocks", f"{e}{proj}_scales"], "checkpoint (MXFP4 experts)")
+            w = mxfp4.dequantize(sd.pop(f"{e}{proj}_blocks"), sd.pop(f"{e}{proj}_scales"), dtype, device)
+            if proj == "down_proj" and w.shape[1] == model.config.intermediate_size != experts.inter:
+                # groups that could not be split on read (shard.py): keep this rank's channels now
+                w = w[:, experts.moe_rank * experts.inter:(experts.moe_rank + 1) * experts.inter]
+            sd[e + proj] = w
+    return sd
