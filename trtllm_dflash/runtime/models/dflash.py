@@ -20,7 +20,8 @@ from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from .gpt_oss import gpt_oss_rope
-from .layers import RMSNorm, Rotary, apply_rope, attend, rope_parameters
+from .layers import (RMSNorm, Rotary, add_rms_norm, attend, group_mask, norm_rope, qk_norm_rope, rms_norm,
+                     rope_parameters)
 from .llama import MLP, check_tp
 
 # Optional reference-package fields that change the math; we refuse them rather than ignore them.
@@ -117,12 +118,13 @@ class DraftAttention(nn.Module):
         return y if self.o_proj.bias is None else y + self.o_proj.bias
 
     def project_kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        # x [n, T, hidden] -> k, v [n, kvh, T, d]; the same k/v weights serve context and block rows
+        # x [n, T, hidden], cos/sin [n, T, 1, d] -> k, v [n, T, kvh, d]; the same k/v weights serve
+        # context and block rows
         n, T, _ = x.shape
         q_rows = self.h * self.d
         bias = self.qkv_proj.bias[q_rows:] if self.qkv_proj.bias is not None else None
         k, v = F.linear(x, self.qkv_proj.weight[q_rows:], bias).view(n, T, 2 * self.kvh, self.d).chunk(2, dim=2)
-        return apply_rope(self.k_norm(k).transpose(1, 2), cos, sin), v.transpose(1, 2)
+        return norm_rope(k, cos, sin, self.k_norm.weight, self.k_norm.eps), v
 
 
 class DraftLayer(nn.Module):
@@ -152,7 +154,7 @@ class DFlashDrafter(nn.Module):
     def append_context(self, feats: torch.Tensor, positions: torch.Tensor, cache: KVCache, rows) -> None:
         """Write context K/V for target features feats [n, T, n_feat * hidden] at positions [n, T]."""
         ctx = self.hidden_norm(self.fc(feats))
-        cos, sin = self.rotary(positions, ctx.dtype)
+        cos, sin = self.rotary.tables(positions, ctx.dtype)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.project_kv(ctx, cos, sin)
             cache.write(i, rows, positions, k, v)
@@ -162,30 +164,35 @@ class DFlashDrafter(nn.Module):
         """x [n, B, hidden] block embeddings at positions [n, B]; context rows < ctx_len [n] are valid.
         Returns the normed hidden states [n, B, hidden]."""
         n, B, _ = x.shape
-        cos, sin = self.rotary(positions, x.dtype)
-        key_pos = torch.arange(kv_len, device=x.device)
-        ctx_vis = (key_pos[None, None, :] < ctx_len[:, None, None]).expand(n, B, kv_len)  # [n, B, S]
-        j = torch.arange(B, device=x.device)
+        cos, sin = self.rotary.tables(positions, x.dtype)
+        key_pos = torch.arange(kv_len, device=x.device)                  # [S]
+        rel = key_pos[None, None, :] - ctx_len[:, None, None]            # [n, 1, S]: key position - block start
+        masks = {}  # layers with the same (causal, window) share one mask
+        eps = self.config.rms_norm_eps
+        h = rms_norm(x, self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):
-            visible = self._mask(i, ctx_vis, positions, key_pos, j)
             a = layer.self_attn
-            h = layer.input_layernorm(x)
-            q, k, v = a.qkv_proj(h).view(n, B, -1, a.d).split([a.h, a.kvh, a.kvh], dim=2)
-            q = apply_rope(a.q_norm(q).transpose(1, 2), cos, sin)
-            k = apply_rope(a.k_norm(k).transpose(1, 2), cos, sin)
+            kind = (self.config.layer_causal[i], self.config.layer_window[i])
+            if kind not in masks:
+                masks[kind] = group_mask(self._mask(i, rel, B), a.h // a.kvh)
+            q, k, v = a.qkv_proj(h).view(n, B, -1, a.d).split([a.h, a.kvh, a.kvh], dim=2)  # [n, B, H, d]
+            q, k = qk_norm_rope(q, k, cos, sin, a.q_norm.weight, a.k_norm.weight, eps)
+            # The block's K/V go into the cache rows right after the context (positions start..start+B-1):
+            # attention then reads one tensor, and append_context overwrites those rows after the verify.
+            cache.write(i, rows, positions, k, v)
             kc, vc = cache.read(i, rows, kv_len)
-            out = attend(q, torch.cat([kc, k], 2), torch.cat([vc, v.transpose(1, 2)], 2), visible, a.d ** -0.5)
-            x = x + a.project_out(out)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.norm(x)
+            out = attend(q.transpose(1, 2), kc, vc, masks[kind], a.d ** -0.5)
+            x, h = add_rms_norm(x, a.project_out(out), layer.post_attention_layernorm.weight, eps)
+            nxt = self.layers[i + 1].input_layernorm.weight if i + 1 < len(self.layers) else self.norm.weight
+            x, h = add_rms_norm(x, layer.mlp(h), nxt, eps)
+        return h
 
-    def _mask(self, layer: int, ctx_vis, positions, key_pos, j) -> torch.Tensor:
-        # -> [n, 1, B, S + B]: context part then block part
-        B = j.numel()
-        block_vis = (j[None, :] <= j[:, None]) if self.config.layer_causal[layer] else torch.ones(B, B, dtype=torch.bool, device=j.device)
-        block_vis = block_vis.expand(ctx_vis.shape[0], B, B)
+    def _mask(self, layer: int, rel: torch.Tensor, B: int) -> torch.Tensor:
+        """-> [n, 1, B, S]. Keys before the block are context (rel < 0); keys 0..B-1 are the block itself,
+        seen in full (non-causal) unless the layer is causal; later cache rows are stale and hidden."""
+        j = torch.arange(B, device=rel.device)[None, :, None]          # [1, B, 1] query offset in the block
+        visible = (rel < 0) | ((rel < B) & ((rel <= j) if self.config.layer_causal[layer] else (rel >= 0)))
         window = self.config.layer_window[layer]
-        if window is not None:
-            ctx_vis = ctx_vis & (positions[:, :, None] - key_pos[None, None, :] < window)
-            block_vis = block_vis & ((j[:, None] - j[None, :]).abs() < window)
-        return torch.cat([ctx_vis, block_vis], dim=-1)[:, None]
+        if window is not None:  # by position distance, both ways (the reference's non-causal SWA rule)
+            visible = visible & ((j - rel).abs() < window)
+        return visible.expand(rel.shape[0], B, rel.shape[-1])[:, None]
