@@ -1,0 +1,94 @@
+# SPDX-License-Identifier: Apache-2.0
+"""benchmarks/acceptance.py on a tiny chat target with real HumanEval / MT-Bench prompts (CPU): the JSON schema,
+the README table, and the cross-check against the `dflash` reference package."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trtllm_dflash.checkpoints.drafter_init import write_random_drafter
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("acceptance", ROOT / "benchmarks" / "acceptance.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+acceptance = _load_script()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: a second OpenMP thread only spins against other jobs
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[Path, Path]:
+    from tests.bench_acceptance.tiny_chat import write_tiny_chat_target
+
+    root = tmp_path_factory.mktemp("pair")
+    target = write_tiny_chat_target(root / "target")
+    drafter = write_random_drafter(target, root / "drafter", num_layers=1, block_size=8, target_layer_ids=[1, 2],
+                                   mask_token_id=259, dtype=torch.float32)
+    return target, drafter
+
+
+def _argv(pair, out, *extra):
+    return ["--target", str(pair[0]), "--drafter", str(pair[1]), "--out", str(out), "--n", "2",
+            "--max_new_tokens", "24", "--block_sizes", "8", "4", "--quiet", *extra]
+
+
+def test_tau_is_z_labs_per_request_mean():
+    assert acceptance.request_tau(1, 0) is None                  # stopped at the first token: no verify ran
+    assert acceptance.request_tau(13, 4) == 3.0                  # 12 tokens after prefill over 4 verifies
+    assert acceptance.mean_tau([(13, 4), (5, 4), (1, 0)]) == 2.0  # mean over requests that verified
+
+
+def test_results_schema_table_and_reference_agree(pair, tmp_path, capsys):
+    pytest.importorskip("dflash.model", reason="the dflash reference package (pip install --no-deps dflash)")
+    out = tmp_path / "res" / "acceptance_tiny.json"
+    assert acceptance.main(_argv(pair, out, "--reference", "--reference_n", "2")) == 0
+    res = json.loads(out.read_text())
+    assert set(res) == {"humaneval", "mtbench"}
+    for name, r in res.items():
+        assert r["n_prompts"] == 2 and r["block_size"] == 8 and set(r["block_sizes"]) == {"8", "4"}
+        assert r["tau_greedy"] == r["block_sizes"]["8"]["tau_greedy"] and 1.0 <= r["tau_greedy"] <= 8.0
+        assert 1.0 <= r["tau_t1"] <= 8.0
+        ref = r["reference"]
+        assert ref["identical_outputs"] == 2 and ref["ratio"] == 1.0 and ref["within_tolerance"], (name, ref)
+    table = out.with_suffix(".md").read_text().splitlines()
+    assert table[0].startswith("| dataset | prompts | B=8 greedy | B=8 T=1 | B=4 greedy") and len(table) == 4
+    meta = json.loads((out.parent / "acceptance_tiny.meta.json").read_text())
+    assert meta["command"].startswith("python benchmarks/acceptance.py --target") and meta["device"].startswith("cpu")
+    assert "| humaneval | 2 |" in capsys.readouterr().out
+
+
+def test_reference_mismatch_fails_the_run(pair, tmp_path, monkeypatch, capsys):
+    def off_by_one_step(*args, **kw):  # a "reference" that needs one verify more per request
+        prompts = args[2]
+        return [(25, 25, [0] * 25) for _ in prompts]
+
+    monkeypatch.setattr(acceptance, "run_reference", off_by_one_step)
+    out = tmp_path / "a.json"
+    assert acceptance.main(_argv(pair, out, "--datasets", "mtbench", "--block_sizes", "8", "--reference",
+                                 "--reference_n", "1")) == 1
+    assert json.loads(out.read_text())["mtbench"]["reference"]["within_tolerance"] is False
+    assert "error: mtbench: tau ours / reference" in capsys.readouterr().err
+
+
+def test_missing_drafter_is_one_line(pair, tmp_path):
+    from trtllm_dflash.errors import DFlashError
+
+    with pytest.raises(DFlashError, match="has no config.json"):
+        acceptance.main(["--target", str(pair[0]), "--drafter", str(tmp_path), "--out", str(tmp_path / "x.json")])

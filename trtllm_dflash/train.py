@@ -1,0 +1,248 @@
+# SPDX-License-Identifier: Apache-2.0
+"""dflash-train: a Hugging Face target -> a trained DFlash drafter that dflash-build and TensorRT-LLM load.
+
+Consumes: --target (HF folder, or smollm2-135m) and --data (sharegpt, or a JSONL of prompts).
+Produces: <out>/{data/regenerated.jsonl, checkpoint/, drafter/, loss.csv, loss.png, report.json}; drafter/ is the
+canonical z-lab layout. Stages: regenerate (the target answers the prompts with our runtime), train (NVIDIA ModelOpt,
+the paper's recipe), export (ModelOpt export, normalised, then checked against our runtime). Each stage resumes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from .errors import DFlashError
+from .training.settings import STAGES, TrainConfig
+
+CONFIG_FILE = "train_config.json"
+EPILOG = """examples:
+  dflash-train --target smollm2-135m --data sharegpt --out runs/smollm2 --num_layers 3 --num_prompts 5000
+  dflash-train --target ./my-llama --data prompts.jsonl --out runs/llama --block_size 8 --epochs 3
+  dflash-train --target smollm2-135m --data sharegpt --out runs/smollm2 --resume        # continue after a stop
+  dflash-train ... --stages regenerate                      # only answer the prompts (GPU), train later
+  dflash-build --target smollm2-135m --drafter runs/smollm2/drafter --out engines/smollm2
+
+--data JSONL rows: {"prompt": "..."} | {"messages": [{"role": "user", "content": "..."}]} | {"prompt_ids": [..]}
+needs: pip install 'trtllm-dflash[modelopt]' (nvidia-modelopt==0.47.0, transformers<5.15)
+"""
+# Flags grouped as in --help; each is a TrainConfig field of the same name.
+_GROUPS = {
+    "regenerate (stage 1)": ("num_prompts", "max_prompt_len", "max_new_tokens", "regen_temperature",
+                             "regen_batch_size", "regen_time_budget_s", "exclude_eval"),
+    "drafter": ("block_size", "num_layers", "target_layer_ids", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "mask_token_id"),
+    "train (stage 2)": ("loss", "loss_decay_gamma", "num_anchors", "max_seq_len", "batch_size", "lr", "weight_decay",
+                        "warmup_ratio", "grad_clip", "epochs", "max_steps", "train_time_budget_s", "save_every",
+                        "log_every"),
+    "export (stage 3)": ("export_dtype", "verify_prompts", "verify_max_new_tokens"),
+}
+_HELP = {
+    "num_prompts": "prompts to answer (after dropping eval overlaps and over-long ones)",
+    "max_prompt_len": "prompts longer than this (tokens, chat template applied) are skipped",
+    "max_new_tokens": "answer length cap (tokens)",
+    "regen_temperature": "0 = greedy answers (tau_greedy is measured on those)",
+    "regen_batch_size": "concurrent requests in the runtime",
+    "regen_time_budget_s": "stop admitting prompts after this many seconds (0 = no limit)",
+    "exclude_eval": "drop prompts that also occur in HumanEval / MT-Bench",
+    "block_size": "tokens per block: the anchor + block_size - 1 drafts",
+    "num_layers": "draft layers; ModelOpt 0.47 taps one target layer per draft layer",
+    "target_layer_ids": "0-based target layers to tap; unset = the z-lab rule (2nd .. 3rd-to-last)",
+    "intermediate_size": "draft MLP width; unset = the target's",
+    "num_attention_heads": "unset = the target's",
+    "num_key_value_heads": "unset = the target's",
+    "head_dim": "unset = the target's",
+    "mask_token_id": "block filler id; unset = chosen from the tokenizer (report.json says which and why)",
+    "loss": "kd = distil the target's logits (ModelOpt), ce = cross-entropy on the regenerated tokens",
+    "loss_decay_gamma": "weight exp(-(k-1)/gamma) of block position k; unset = 7 for B16, 5 B10, 4 B8",
+    "num_anchors": "random anchors (blocks) per sequence",
+    "max_seq_len": "training sequences are cut to this many tokens",
+    "batch_size": "sequences per optimizer step",
+    "lr": "AdamW peak learning rate",
+    "weight_decay": "AdamW weight decay",
+    "warmup_ratio": "share of the schedule spent on linear warmup",
+    "grad_clip": "max gradient norm",
+    "epochs": "passes over the data (unless --max_steps)",
+    "max_steps": "optimizer steps; unset = --epochs over the data",
+    "train_time_budget_s": "fit the whole warmup + cosine schedule into this many seconds (0 = off)",
+    "save_every": "checkpoint every N steps (and at the end)",
+    "log_every": "loss.csv row every N steps",
+    "export_dtype": "dtype of the shipped drafter weights",
+    "verify_prompts": "DFlash greedy == AR greedy is checked on this many training prompts",
+    "verify_max_new_tokens": "tokens generated per prompt in that check",
+}
+_CHOICES = {"loss": ("kd", "ce"), "export_dtype": ("bfloat16", "float16", "float32")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = {f.name: f for f in fields(TrainConfig)}
+    p = argparse.ArgumentParser(prog="dflash-train", description=__doc__.split("\n\n")[0], epilog=EPILOG,
+                                formatter_class=_Formatter)
+    p.add_argument("--target", required=True, help="HF target folder, or smollm2-135m (the packaged SmolLM2)")
+    p.add_argument("--data", required=True, help="sharegpt, or a .jsonl file of prompts")
+    p.add_argument("--out", "--output_dir", required=True, help="run directory")
+    p.add_argument("--stages", default=",".join(STAGES), help="comma list of stages to run")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out (same settings)")
+    p.add_argument("--seed", type=int, default=d["seed"].default, help="prompt order, draft init, anchors")
+    p.add_argument("--device", default=d["device"].default, help="auto, cpu, cuda, cuda:1")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    for title, names in _GROUPS.items():
+        g = p.add_argument_group(title)
+        for name in names:
+            f = d[name]
+            kind = str(f.type)
+            if kind == "bool":
+                g.add_argument(f"--no_{name}", dest=name, action="store_false", help=f"do not {_HELP[name]}")
+            elif name == "target_layer_ids":
+                g.add_argument(f"--{name}", type=int, nargs="+", default=None, help=_HELP[name])
+            else:
+                conv = float if "float" in kind else int if "int" in kind else str
+                g.add_argument(f"--{name}", type=conv, default=f.default, help=_HELP[name], choices=_CHOICES.get(name))
+    return p
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def config_from_args(argv: list[str] | None) -> TrainConfig:
+    ns = vars(build_parser().parse_args(argv))
+    ns["progress"] = not ns.pop("quiet")
+    ns["stages"] = tuple(s.strip() for s in ns["stages"].split(",") if s.strip())
+    if ns["target_layer_ids"] is not None:
+        ns["target_layer_ids"] = tuple(ns["target_layer_ids"])
+    return TrainConfig(**ns)
+
+
+def resolve_target(name: str) -> Path:
+    if name == "smollm2-135m":
+        from .checkpoints.packaged import smollm2_target_dir
+        return smollm2_target_dir()
+    path = Path(name).expanduser()
+    if not (path / "config.json").is_file():
+        raise DFlashError("--target", f"{name} is not an HF checkpoint folder", "pass a folder or smollm2-135m")
+    return path.absolute()
+
+
+def _start(cfg: TrainConfig) -> None:
+    """A new run needs an empty or absent --out; --resume needs the same settings as the run it continues."""
+    out = cfg.out_dir
+    saved = out / CONFIG_FILE
+    if saved.is_file():
+        if not cfg.resume:
+            raise DFlashError("--out", f"{out} holds a previous dflash-train run", "pass --resume, or a new --out")
+        cfg.check_resume(saved)
+    elif out.is_dir() and any(out.iterdir()):
+        raise DFlashError("--out", f"{out} is not empty and holds no dflash-train run", "pass a new or empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+
+
+def run(cfg: TrainConfig, log=print) -> dict:
+    """All requested stages; returns the report's sections. report.json is written even when a stage fails
+    (with ``status`` saying how), so a failed GPU run still says how far it got."""
+    from .training import regenerate, report
+
+    t0 = time.perf_counter()
+    _start(cfg)
+    target_dir = resolve_target(cfg.target)
+    out, sections = cfg.out_dir, {"settings": cfg.to_json(), "target_dir": str(target_dir), "status": "running"}
+    try:
+        if "regenerate" in cfg.stages:
+            if regenerate.is_done(cfg):
+                log(f"regenerate: done earlier ({regenerate.data_dir(cfg) / regenerate.DONE_FILE})")
+            else:
+                regenerate.run(cfg, target_dir, log)
+        if not regenerate.is_done(cfg):
+            raise DFlashError("training data", f"stage regenerate has not finished in {out}",
+                              "run with --stages regenerate (it resumes where it stopped)")
+        sections["data"] = json.loads((regenerate.data_dir(cfg) / regenerate.DONE_FILE).read_text())["counts"]
+        if "export" in cfg.stages and "train" not in cfg.stages and not (out / "checkpoint").is_dir():
+            raise DFlashError("--stages", "export without a trained checkpoint in --out", "include the train stage")
+        if {"train", "export"} & set(cfg.stages):
+            _train_and_export(cfg, target_dir, sections, log)
+        sections["status"] = "ok"
+    except BaseException as err:
+        sections["status"] = f"failed: {type(err).__name__}: {err}"
+        raise
+    finally:
+        sections["total_s"] = round(time.perf_counter() - t0, 1)
+        sections["loss_png"] = report.plot(out, report.title(cfg.to_json()))
+        log(f"report: {report.write(out, sections)}")
+    return sections
+
+
+def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log) -> None:
+    import torch
+
+    from .checkpoints import hf
+    from .training import batches, checkpoint, loop, mask_token, modelopt_model, regenerate
+
+    rows = regenerate.read_rows(regenerate.data_dir(cfg) / regenerate.DATA_FILE)
+    tokenizer = load_tokenizer(target_dir)
+    mask, why = mask_token.choose(tokenizer, hf.read_config(target_dir)["vocab_size"], cfg.mask_token_id)
+    data, counts = batches.examples(rows, cfg.max_seq_len)
+    counts["mask_token_in_data"] = sum(e.input_ids.count(mask) for e in data)
+    sections["mask_token"] = {"id": mask, "why": why,
+                              "token": tokenizer.convert_ids_to_tokens(mask) if tokenizer is not None else None}
+    sections["data"].update(counts)
+    log(f"mask_token_id {mask}: {why}; {len(data)} examples, {counts['supervised_tokens']} response tokens")
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if cfg.device == "auto" else cfg.device)
+    torch.manual_seed(cfg.seed)  # the draft's initial weights
+    model, mo_cfg = modelopt_model.build(cfg, target_dir, mask, device)
+    n_params = sum(p.numel() for p in model.dflash_module.parameters())
+    sections["modelopt"] = {"config": mo_cfg, "draft_parameters": n_params}
+    log(f"train: ModelOpt DFlash draft, {n_params / 1e6:.2f} M parameters, target layers "
+        f"{mo_cfg['dflash_architecture_config']['target_layer_ids']}, on {device}")
+    if "train" in cfg.stages:
+        stream = batches.BatchStream(data, cfg.batch_size, cfg.block_size, cfg.seed)
+        max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(data) / cfg.batch_size))
+        sections["train"] = loop.run(cfg, model, stream, max_steps, log)
+    else:
+        checkpoint.load(cfg.out_dir, model.dflash_module, None)
+    if "export" not in cfg.stages:
+        return
+    from .training import export
+
+    provenance = {"target": cfg.target, "data": cfg.data, "examples": len(data), "loss": cfg.loss,
+                  "steps": sections.get("train", {}).get("steps")}
+    drafter = export.export(cfg, model, target_dir, provenance, log)
+    result = sections["export"] = {"drafter_dir": str(drafter),
+                                   "size_bytes": sum(f.stat().st_size for f in drafter.iterdir())}
+    # Filled in as the checks pass, so a failure leaves the earlier ones on record.
+    result["rope"] = export.check_rope(model, drafter, target_dir)
+    result["parity"] = export.check_parity(model, drafter, cfg.export_dtype)
+    del model  # the greedy check loads the target into two engines of its own
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    prompts = [r["input_ids"][: r["prompt_len"]] for r in rows[: cfg.verify_prompts]]
+    result["greedy"] = export.check_greedy(cfg, target_dir, drafter, prompts)
+    log(f"export: checks passed (rope, parity {result['parity']['max_rel_diff']:.1e}, DFlash greedy == AR greedy "
+        f"on {len(prompts)} prompts, tau {result['greedy']['tau']})")
+
+
+def load_tokenizer(target_dir: Path):
+    """The target's tokenizer, or None when the folder has none (token-id data still works)."""
+    if not any((target_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(target_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = config_from_args(argv)
+    run(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except DFlashError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
