@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """dflash-train's stages, one module each (``trtllm_dflash.train`` runs them in order):
 
-  prompts     prompt sources (ShareGPT first turns, a JSONL file) minus anything in the evaluation sets
-  regenerate  stage 1: the target answers every prompt with our runtime -> ``data/regenerated.jsonl``
-  batches     that JSONL -> padded, deterministic, resumable training batches
-  modelopt    the HF target converted by ModelOpt into a DFlash training model (``mtsp.convert``)
-  loop        stage 2: AdamW + warmup/cosine + grad clip, bf16 autocast on CUDA, checkpoints, loss CSV
-  export      stage 3: ModelOpt export -> canonical z-lab drafter, then checks that our runtime agrees
-  report      loss curve PNG and report.json
+  settings        TrainConfig: every flag, with the paper's defaults
+  prompts         prompt sources (ShareGPT first turns, a JSONL file) minus anything in the evaluation sets
+  mask_token      which token id fills the block's unknown slots, and why
+  regenerate      stage 1: the target answers every prompt with our runtime -> ``data/regenerated.jsonl``
+  batches         that JSONL -> padded, deterministic, resumable training batches
+  modelopt_model  the HF target converted by ModelOpt into a DFlash training model (``mtsp.convert``)
+  loop            stage 2: AdamW + warmup/cosine + grad clip, bf16 autocast on CUDA, loss CSV
+  checkpoint      pickle-free training checkpoints (weights, AdamW moments, RNG), swapped in atomically
+  export          stage 3: ModelOpt export -> canonical z-lab drafter, then checks that our runtime agrees
+  report          loss curve PNG and report.json
 """
