@@ -29,7 +29,7 @@ else
   EVAL=(--max_new_tokens 512 --max_batch_size 128 --reference_n 10)
 fi
 
-"$PY" -m trtllm_dflash.train --target smollm2-135m --data sharegpt --out "$OUT/train" --resume \
+"$PY" -m trtllm_dflash.train --target smollm2-135m --data "${DATA:-sharegpt}" --out "$OUT/train" --resume \
   --block_size 16 --num_layers 3 --loss kd --mask_token_id 16 "${TRAIN[@]}"   # 16 = <empty_output>
 "$PY" benchmarks/acceptance.py --target smollm2-135m --drafter "$OUT/train/drafter" \
   --out "$OUT/acceptance_smollm2.json" --block_sizes 16 8 4 --reference "${EVAL[@]}"
