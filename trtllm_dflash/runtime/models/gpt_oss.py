@@ -35,7 +35,7 @@ from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from ..shard import expert_layout
 from . import mxfp4
-from .layers import RMSNorm, Rotary, apply_rope, rope_parameters
+from .layers import RMSNorm, Rotary, TargetHead, apply_rope, rope_parameters
 
 ARCHITECTURES = ("GptOssForCausalLM",)
 SWIGLU_ALPHA = 1.702  # fixed in the reference (not a config field)
@@ -248,7 +248,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MoE(c, tp, ep_size)
 
 
-class GptOssTarget(nn.Module):
+class GptOssTarget(TargetHead):
     """Same interface as llama.LlamaTarget: forward() returns the final hidden states and the concatenated
     outputs of ``capture_layers`` (z-lab convention: layer i output = HF ``hidden_states[i + 1]``)."""
 
@@ -263,18 +263,6 @@ class GptOssTarget(nn.Module):
         self.vocab_shard = -(-c.vocab_size // tp.size)  # lm_head rows per rank (last rank padded)
         self.lm_head = nn.Linear(c.hidden_size, self.vocab_shard, bias=False)
         self.rotary = Rotary(c.rope, c.head_dim, max_positions, c.max_position_embeddings)
-
-    def kv_shape(self) -> tuple[int, int, int]:
-        a = self.layers[0].self_attn
-        return len(self.layers), a.kvh, a.d
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(ids)
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """[..., hidden] -> [..., vocab] in the model dtype, gathered over the vocab-parallel ranks (argmax
-        needs no upcast; sampling upcasts itself)."""
-        return self.tp.all_gather_last(self.lm_head(h))[..., : self.config.vocab_size]
 
     def forward(self, ids, positions, cache: KVCache, rows, kv_len: int | None):
         """ids, positions [n, T]; rows: cache rows (slice or index tensor).

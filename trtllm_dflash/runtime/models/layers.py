@@ -23,6 +23,23 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+class TargetHead(nn.Module):
+    """What the engine needs from any target family besides forward(): token embedding, vocab-parallel
+    logits and the KV-cache shape. Subclasses set embed_tokens, lm_head, layers (with .self_attn.kvh/.d)."""
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        a = self.layers[0].self_attn
+        return len(self.layers), a.kvh, a.d
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> [..., vocab] in the model dtype, gathered over the vocab-parallel ranks
+        (argmax needs no upcast; sampling upcasts to float32 itself)."""
+        return self.tp.all_gather_last(self.lm_head(h))[..., : self.config.vocab_size]
+
+
 def rope_parameters(cfg: dict) -> dict:
     """One RoPE dict from either config style: transformers 5 ``rope_parameters`` or the older
     ``rope_theta`` + ``rope_scaling`` pair that hub configs still carry."""

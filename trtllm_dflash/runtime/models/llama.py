@@ -16,8 +16,8 @@ from torch import nn
 from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
-from .layers import (RMSNorm, Rotary, add_rms_norm, attend, group_mask, qk_norm_rope, rms_norm, rope_parameters,
-                     silu_mul)
+from .layers import (RMSNorm, Rotary, TargetHead, add_rms_norm, attend, group_mask, qk_norm_rope, rms_norm,
+                     rope_parameters, silu_mul)
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -119,7 +119,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(c.hidden_size, c.intermediate_size, tp)
 
 
-class LlamaTarget(nn.Module):
+class LlamaTarget(TargetHead):
     """forward() returns final hidden states and the concatenated outputs of ``capture_layers``
     (z-lab convention: layer i output = HF ``hidden_states[i + 1]``)."""
 
@@ -133,18 +133,6 @@ class LlamaTarget(nn.Module):
         self.vocab_shard = -(-c.vocab_size // tp.size)  # lm_head rows per rank (last rank padded)
         self.lm_head = nn.Linear(c.hidden_size, self.vocab_shard, bias=False)
         self.rotary = Rotary(c.rope, c.head_dim, max_positions, c.max_position_embeddings)
-
-    def kv_shape(self) -> tuple[int, int, int]:
-        a = self.layers[0].self_attn
-        return len(self.layers), a.kvh, a.d
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(ids)
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """[..., hidden] -> [..., vocab] in the model dtype, gathered over the vocab-parallel ranks
-        (argmax needs no upcast; sampling upcasts to float32 itself)."""
-        return self.tp.all_gather_last(self.lm_head(h))[..., : self.config.vocab_size]
 
     def forward(self, ids, positions, cache: KVCache, rows, kv_len: int | None):
         """ids, positions [n, T]; rows: cache rows (slice or index tensor).
