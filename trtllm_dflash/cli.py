@@ -6,15 +6,12 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .errors import DFlashError
+from .errors import exit_code
 
 
 def _run(module: str, argv: list[str] | None) -> int:
     try:
-        return importlib.import_module(module, __package__).main(argv) or 0
-    except DFlashError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return exit_code(importlib.import_module(module, __package__).main, argv)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checkpoints.packaged import cache_root, packaged_file
-from .errors import DFlashError
+from .errors import DFlashError, exit_code
 
 
 @dataclass(frozen=True)
@@ -190,8 +190,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except DFlashError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(exit_code(main))

@@ -16,7 +16,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from .errors import DFlashError
+from .errors import DFlashError, exit_code
 from .training.settings import STAGES, TrainConfig
 
 CONFIG_FILE = "train_config.json"
@@ -241,8 +241,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except DFlashError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(exit_code(main))

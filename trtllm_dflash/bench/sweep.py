@@ -26,7 +26,7 @@ from typing import Callable
 
 from .. import __version__
 from ..config import SamplingParams
-from ..errors import DFlashError
+from ..errors import DFlashError, exit_code
 from . import drivers
 from .helpformat import HelpFormatter
 from .metrics import summarize
@@ -313,8 +313,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except DFlashError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(exit_code(main))
