@@ -4,6 +4,7 @@ import json
 import sys
 
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.errors import exit_code
 from trtllm_dflash.runtime.engine import Engine
 
 PROMPTS = [[5, 9, 13], [7] * 20, [40, 41, 42, 43, 44, 45, 46]]
@@ -23,9 +24,14 @@ def run(target, drafter, tp_size, block_size=None):
     return out
 
 
-if __name__ == "__main__":
-    target, drafter, out_path, tp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+def main(argv) -> int:
+    target, drafter, out_path, tp = argv[0], argv[1], argv[2], int(argv[3])
     res = {"dflash": run(target, drafter, tp)}
     if res["dflash"] is not None:
         with open(out_path, "w") as f:
             json.dump(res, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(exit_code(main, sys.argv[1:]))  # as the console scripts leave a TP job

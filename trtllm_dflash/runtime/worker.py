@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import DFlashError
+from ..errors import exit_code
 from .engine import Engine
 
 
@@ -20,11 +20,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("engine_dir", help="the dflash-build deployment directory rank 0 serves")
     args = p.parse_args(argv)
-    try:
-        engine = Engine.from_deployment(args.engine_dir)
-    except DFlashError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    engine = Engine.from_deployment(args.engine_dir)
     if engine.tp.rank == 0:
         print("error: worker started as rank 0; set TRTLLM_DFLASH_RANK_OFFSET=1", file=sys.stderr)
         return 2
@@ -33,4 +29,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code(main))
