@@ -151,7 +151,7 @@ BAD = {  # name: (arch, drafter format, extra flags, config edits, expected fiel
     "trtllm_on_cpu": ("llama", "z-lab", ["--backend", "trtllm", "--gpu", "cpu"], {}, "backend"),
     "seq_len": ("llama", "z-lab", ["--max_seq_len", "4096"], {}, "max_seq_len"),
     "num_tokens": ("llama", "z-lab", ["--backend", "trtllm", "--max_num_tokens", "64"], {}, "max_num_tokens"),
-    "quant": ("llama", "z-lab", ["--quant", "fp8"], {}, "quant"),
+    "quant": ("llama", "z-lab", ["--quant", "nvfp4"], {}, "quant"),   # NVFP4 on the default h100
     "format": ("llama", "z-lab", [], {"drafter": {"dflash_config": None, "architectures": ["LlamaForCausalLM"]}},
                "z-lab, modelopt, speculators, specforge"),
     "own_lm_head": ("llama", "own_lm_head", [], {}, "lm_head.weight"),

@@ -76,7 +76,7 @@ def test_missing_preset_file(tmp_path):
     ({"free_gpu_memory_fraction": 1.5}, "free_gpu_memory_fraction"),
     ({"presharded": True, "backend": "trtllm"}, "presharded"),
     ({"backend": "trtllm", "gpu": "cpu"}, "backend"),
-    ({"quant": "fp8"}, "quant"),
+    ({"quant": "int4"}, "quant"),
 ])
 def test_bad_values_name_the_field(kw, field):
     with pytest.raises(DFlashError) as err:

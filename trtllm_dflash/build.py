@@ -60,6 +60,9 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
     validation: dict[str, str] = {}
     trtllm_checks.check_backend(cfg.backend, gpu, arch)
     validation["architecture"] = "ok"
+    trtllm_checks.check_quant(cfg.quant, gpu, arch)
+    if cfg.quant is not None:
+        validation.update(_quant_checks(cfg, dry_run=dry_run))
     if drafter.kind == "untrained":
         from .checkpoints.drafter_init import drafter_config
 
@@ -135,6 +138,21 @@ def _abs_out(cfg: bc.BuildConfig) -> Path:
     return Path(cfg.out or "<out>").expanduser().absolute()
 
 
+def _quant_checks(cfg: bc.BuildConfig, *, dry_run: bool) -> dict[str, str]:
+    """ModelOpt must import before anything is written (a dry run needs none); what to say about the result."""
+    if not dry_run:
+        from .quantize import require_modelopt
+
+        require_modelopt()
+    out = {"quant": "ok"}
+    if cfg.calib_data == "random":
+        out["calib_data"] = "warning: random token ids calibrate activation ranges poorly (plumbing tests only)"
+    if cfg.backend == "torch":
+        out["quant on the torch backend"] = ("warning: weights are dequantised on load (the quantized values, run "
+                                             "in the model dtype: no speed or memory gain)")
+    return out
+
+
 # ---- writing the directory ---------------------------------------------------------------------------
 def build(cfg: bc.BuildConfig, *, force: bool = False, plan: Plan | None = None, log=print) -> Path:
     """Plan, validate, then write ``cfg.out`` atomically; reuse it when it was built from the same inputs."""
@@ -167,7 +185,16 @@ def write_directory(plan: Plan, tmp: Path, stamp: str, *, log=print) -> dict:
 
     cfg = plan.cfg
     target = resolve.resolve(plan.target.spec, role="target", revision=cfg.target_revision)
-    _link_target(target.path, tmp / "target", copy=cfg.copy_target, allow_pickle=cfg.allow_pickle)
+    if cfg.quant is None:
+        _link_target(target.path, tmp / "target", copy=cfg.copy_target, allow_pickle=cfg.allow_pickle)
+        quant = None
+    else:   # ModelOpt PTQ writes a new target folder (weights, hf_quant_config.json, tokenizer files)
+        from . import quantize
+
+        hf.weight_files(target.path, allow_pickle=cfg.allow_pickle)
+        quant = quantize.record_dict(quantize.quantize_target(
+            target.path, tmp / "target", quant=cfg.quant, calib_data=cfg.calib_data, calib_size=cfg.calib_size,
+            log=log))
     if plan.untrained:
         from .checkpoints.drafter_init import write_random_drafter
 
@@ -182,8 +209,9 @@ def write_directory(plan: Plan, tmp: Path, stamp: str, *, log=print) -> dict:
     if cfg.presharded:
         _write_ranks(tmp, cfg.tp_size, cfg.allow_pickle, log, ep_size=cfg.ep_size)
     if plan.options is not None:
-        (tmp / trtllm.OPTIONS_FILE).write_text(trtllm.dump_options(plan.options))
+        (tmp / trtllm.OPTIONS_FILE).write_text(trtllm.dump_options(plan.options, quant=cfg.quant))
     record = _manifest(plan, target, drafter, drafter_cfg, notes, stamp)
+    record["quant"] = quant
     record["out"] = str(_abs_out(cfg))
     if not any((tmp / "target" / name).exists() for name in ("tokenizer.json", "tokenizer.model")):
         # Token-id clients still work; text prompts, trtllm-serve and Triton need a tokenizer.
@@ -259,7 +287,8 @@ def _manifest(plan: Plan, target: resolve.Resolved, drafter: resolve.Resolved, d
         "runtime": {"max_batch_size": cfg.max_batch_size, "max_seq_len": cfg.max_seq_len,
                     "block_size": plan.max_draft_len + 1, "dtype": cfg.dtype},
         "target": {"path": "target", "source": target.source, "kind": target.kind, "revision": target.revision,
-                   "architecture": plan.architecture, "linked": not cfg.copy_target},
+                   "architecture": plan.architecture,
+                   "linked": not cfg.copy_target and cfg.quant is None},
         "drafter": {"path": "drafter", "source": drafter.source, "kind": drafter.kind, "revision": drafter.revision,
                     "format": plan.drafter_format, "untrained": plan.untrained, "normalised": notes,
                     "block_size": drafter_cfg["block_size"], "num_layers": drafter_cfg["num_hidden_layers"],
@@ -288,6 +317,8 @@ def _versions() -> dict:
 def fingerprint(plan: Plan) -> str:
     """What makes two builds the same: settings, tool version and the identity of both inputs."""
     settings = {k: v for k, v in asdict(plan.cfg).items() if k != "out"}
+    if plan.cfg.quant is None:   # calibration settings only matter to quantized builds
+        settings = {k: v for k, v in settings.items() if not k.startswith("calib_")}
     inputs = {"version": __version__, "settings": settings, "target": _stamp(plan.target),
               "drafter": _stamp(plan.drafter)}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
@@ -380,6 +411,8 @@ def describe(plan: Plan) -> str:
         f"target attention {trtllm_checks.TARGET_ATTN_BACKEND if plan.options else '-'}",
         f"checks   {sum(v == 'ok' for v in plan.validation.values())} passed"
         + "".join(f"\n         {w}" for w in warnings),
+        *([f"quant    {cfg.quant}: ModelOpt PTQ of the target, calibrated on {cfg.calib_data} x {cfg.calib_size} "
+           "prompts"] if cfg.quant else []),
         f"out      {_abs_out(cfg)}",
     ]
     if plan.untrained:
@@ -405,6 +438,7 @@ EXAMPLES = """examples:
   dflash-build --config build_configs/gpt-oss-120b_b300_tp8.yaml --dry_run            # plan + YAML, no download
   dflash-build --config build_configs/qwen3-8b_h100_tp1.yaml --out /models/qwen3-8b-dflash
   dflash-build --target Qwen/Qwen3-8B --drafter ./my-specforge-ckpt --tp 2 --backend torch --presharded --out e
+  dflash-build --config build_configs/qwen3-8b_b200_tp1.yaml --quant nvfp4 --out /models/qwen3-8b-nvfp4  # ModelOpt PTQ
   dflash-build inspect engines/smollm2/cpu/1-gpu                                       # summary + sha256 check
 
 short names: gpt-oss-120b, gpt-oss-20b, qwen3-8b, llama-3.1-8b, smollm2-135m (target + its known drafter)
@@ -465,8 +499,13 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
                    help="rebuild even if --out is up to date or was built from other inputs")
     g.add_argument("--dry_run", "--dry-run", action="store_true", default=False if show_defaults else argparse.SUPPRESS,
                    help="print the plan and llm_api_options.yaml; no download, nothing written")
-    g = p.add_argument_group("quantization (not implemented yet)")
-    g.add_argument("--quant", **kw("quant"), help="reserved for ModelOpt FP8/NVFP4 of the target (a later issue)")
+    g = p.add_argument_group("quantization (ModelOpt PTQ of the target; pip install 'trtllm-dflash[modelopt]')")
+    g.add_argument("--quant", choices=bc.QUANTS, **kw("quant"),
+                   help="fp8 (Hopper and newer) or nvfp4 (Blackwell) into <out>/target; none = keep its weights")
+    g.add_argument("--calib_data", **kw("calib_data"), help="calibration prompts: sharegpt, humaneval, mtbench "
+                   "(packaged sets, chat-templated), random (token ids, plumbing tests only) or a .jsonl file of "
+                   "{\"messages\": [...]} or {\"text\": ...} lines")
+    g.add_argument("--calib_size", type=int, **kw("calib_size"), help="calibration prompts (each cut to 512 tokens)")
     return p
 
 
@@ -510,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         print(describe(plan))
         if plan.options is not None:
             print(f"\n--- {trtllm.OPTIONS_FILE} ---")
-            print(trtllm.dump_options(plan.options), end="")
+            print(trtllm.dump_options(plan.options, quant=cfg.quant), end="")
         print("\ndry run: nothing downloaded or written")
         return 0
     plan = make_plan(cfg, dry_run=False)

@@ -13,6 +13,8 @@ from .errors import DFlashError
 BACKENDS = ("torch", "trtllm")
 GPU_NAMES = ("h100", "h200", "b200", "b300", "gb200", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+# ModelOpt PTQ of the target (quantize.py); "none" keeps its weights (the same as leaving quant unset).
+QUANTS = ("fp8", "nvfp4", "none")
 # A preset file may hold one section per stage; dflash-build reads only `build:`.
 STAGE_SECTIONS = ("build", "serve", "sweep")
 
@@ -42,7 +44,9 @@ class BuildConfig:
     presharded: bool = False                # torch backend: write ranks/rank{r}.safetensors
     copy_target: bool = False               # copy target files instead of linking them
     allow_pickle: bool = False
-    quant: str | None = None                # reserved: ModelOpt PTQ of the target is a later issue
+    quant: str | None = None                # fp8 | nvfp4 = ModelOpt PTQ of the target; None / "none" = as is
+    calib_data: str = "sharegpt"            # sharegpt | humaneval | mtbench | random | path to a .jsonl file
+    calib_size: int = 128                   # calibration prompts (each cut to quantize.CALIB_MAX_LEN tokens)
 
     def __post_init__(self):
         if not self.target:
@@ -65,9 +69,15 @@ class BuildConfig:
             raise DFlashError("presharded", "ranks/ are for the torch backend only", "drop --presharded")
         if self.backend == "trtllm" and self.gpu == "cpu":
             raise DFlashError("backend", "trtllm needs an NVIDIA GPU", "use --backend torch with --gpu cpu")
+        if self.quant == "none":
+            object.__setattr__(self, "quant", None)   # one spelling of "not quantized", so fingerprints agree
         if self.quant is not None:
-            raise DFlashError("quant", "quantization is not implemented yet (ModelOpt PTQ is a later issue)",
-                              "drop --quant / quant:")
+            _choice("quant", self.quant, QUANTS)
+            if not isinstance(self.calib_size, int) or self.calib_size < 1:
+                raise DFlashError("calib_size", f"must be an integer >= 1, got {self.calib_size!r}", "pass e.g. 128")
+            from .quantize import check_calib_data
+
+            check_calib_data(self.calib_data)
 
 
 def _choice(name: str, value, allowed: tuple) -> None:

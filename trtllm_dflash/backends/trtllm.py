@@ -56,9 +56,15 @@ def llm_api_options(*, tp_size: int, ep_size: int | None, dtype: str, max_batch_
     return opts
 
 
-def dump_options(options: dict) -> str:
+def dump_options(options: dict, quant: str | None = None) -> str:
     header = (f"# TorchLlmArgs for TensorRT-LLM >= {MIN_VERSION} (PyTorch backend), written by dflash-build.\n"
               "# Use: trtllm-serve <dir>/target --extra_llm_api_options <this file>  (or --config)\n")
+    if quant is not None:
+        # ModelConfig.from_pretrained (tensorrt_llm/_torch/model_config.py) reads hf_quant_config.json from the
+        # checkpoint folder: quantization.{quant_algo, kv_cache_quant_algo, group_size, exclude_modules}. A
+        # quant_config here would only duplicate it. The drafter loads from its own folder, unquantized.
+        header += (f"# Quantization: {quant.upper()} (ModelOpt), read by TensorRT-LLM from "
+                   "<dir>/target/hf_quant_config.json\n")
     return header + yaml.safe_dump(options, sort_keys=False, default_flow_style=None)
 
 

@@ -110,6 +110,12 @@ def summary(manifest: dict) -> str:
         f"block_size {rt['block_size']}  dtype {rt['dtype']}",
         f"files   {len(manifest['files'])} ({total / 2**20:.1f} MiB)  built {manifest.get('created', '-')}",
     ]
+    quant = manifest.get("quant")
+    if quant:   # written by quantize.QuantRecord
+        lines.insert(2, f"quant   {quant['quant_algo']} (ModelOpt {quant['modelopt']}; KV cache "
+                        f"{quant.get('kv_cache_quant_algo') or 'unquantized'}; calibrated on {quant['calib_data']} "
+                        f"x {quant['calib_size']} prompts in {quant['calib_s']} s; not quantized: "
+                        f"{', '.join(quant['exclude_modules'])})")
     failed = {k: v for k, v in manifest.get("validation", {}).items() if v != "ok"}
     lines += [f"note    {k}: {v}" for k, v in failed.items()]
     return "\n".join(lines)

@@ -116,6 +116,29 @@ def pick_moe_backend(gpu: GpuProfile, target_cfg: dict, requested: str | None) -
     return requested
 
 
+# ModelOpt PTQ (quantize.py): the lowest compute capability with tensor cores for each format (FP8: Ada/Hopper,
+# NVFP4: Blackwell), and the dense targets it is wired for (gpt-oss already ships MXFP4 experts).
+QUANT_MIN_SM = {"fp8": 89, "nvfp4": 100}
+QUANT_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
+
+
+def check_quant(quant: str | None, gpu: GpuProfile, arch: str) -> None:
+    """The GPU runs the format natively; CPU builds are allowed (tests; the torch runtime dequantises)."""
+    if quant is None:
+        return
+    if arch not in QUANT_ARCHITECTURES:
+        why = " (its checkpoints already ship MXFP4 experts)" if arch == "GptOssForCausalLM" else ""
+        raise DFlashError("quant", f"ModelOpt PTQ of {arch} targets is not supported{why}",
+                          f"drop --quant, or quantize a {' or '.join(QUANT_ARCHITECTURES)} target")
+    need = QUANT_MIN_SM[quant]
+    if gpu.sm is not None and gpu.sm < need:
+        fix = ("use --quant fp8 on Hopper, or build for --gpu b200, b300 or gb200" if quant == "nvfp4"
+               else "build for a Hopper or Blackwell --gpu")
+        raise DFlashError("quant", f"{quant.upper()} needs SM{need}+ tensor cores"
+                          f"{' (Blackwell)' if need >= 100 else ''}; {gpu.name} is {gpu.family.capitalize()} "
+                          f"(SM{gpu.sm})", fix)
+
+
 def check_parallel(target_cfg: dict, tp_size: int, ep_size: int) -> None:
     """Expert parallelism: only for MoE targets, a divisor of tp_size and of the expert count."""
     if ep_size == 1:

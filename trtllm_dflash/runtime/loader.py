@@ -14,6 +14,7 @@ from torch import nn
 
 from ..checkpoints import hf
 from ..errors import DFlashError
+from . import quant
 from .distributed import TPGroup
 from .models import target_family
 from .models.dflash import DFlashDrafter, DrafterConfig
@@ -88,7 +89,8 @@ def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capt
     cfg = family.config.from_hf(hf_cfg)
     with torch.device("meta"):
         model = family.build(cfg, tp, max_positions, capture, ep_size)
-    raw = _read(path, tp, allow_pickle, presharded, "target.", ep_size)
+    # ModelOpt FP8 / NVFP4 linears -> plain weights of this rank (runtime/quant.py); scales consumed.
+    raw = quant.dequantize(_read(path, tp, allow_pickle, presharded, "target.", ep_size), dtype)
     sd = (family.to_module(raw, model, device, dtype) if family.to_module is not None
           else _fuse(raw, "model.", cfg.num_layers))
     if "lm_head.weight" not in sd:

@@ -34,7 +34,8 @@ def shard_dim(name: str) -> int | str | None:
         return 0
     if len(parts) >= 2 and parts[-2] in _COLUMN:
         return 0
-    if len(parts) >= 2 and parts[-2] in _ROW and parts[-1] == "weight":
+    # NVFP4 block scales [out, in / 16] split with their weight's inputs (FP8 scalars are replicated below).
+    if len(parts) >= 2 and parts[-2] in _ROW and parts[-1] in ("weight", "weight_scale"):
         return 1
     return None
 
@@ -67,8 +68,10 @@ def slice_for_rank(name: str, t, tp_size: int, rank: int, shape: tuple[int, ...]
     """This rank's part of tensor ``t`` (a tensor or a safetensors lazy slice, which reads only that part)."""
     shape = tuple(t.shape) if shape is None else shape
     dim = shard_dim(name)
-    if tp_size == 1 or dim is None:
-        return t[:] if not isinstance(t, torch.Tensor) else t
+    # 0-d tensors (per-tensor quantisation scales) and 1-d row-parallel scales (per output channel) are
+    # replicated; `[...]` also reads a 0-d safetensors slice, which `[:]` cannot.
+    if tp_size == 1 or dim is None or not shape or (dim == 1 and len(shape) == 1):
+        return t[...] if not isinstance(t, torch.Tensor) else t
     if dim == "experts":
         return _slice_experts(name, t, shape, tp_size, rank, ep_size)
     if dim == "vocab":
