@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trtllm_dflash.errors import DFlashError  # noqa: E402
+from trtllm_dflash.errors import DFlashError, exit_code  # noqa: E402
 
 EXAMPLES = """examples:
   python benchmarks/acceptance.py --target smollm2-135m --drafter runs/smollm2/drafter \\
@@ -266,8 +266,4 @@ def _meta(argv: list[str], args, target_dir: Path, drafter_dir: Path, timings: d
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except DFlashError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(exit_code(main))

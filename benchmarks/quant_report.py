@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trtllm_dflash.errors import DFlashError  # noqa: E402
+from trtllm_dflash.errors import DFlashError, exit_code  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FP8_MAX = 448.0                                                  # largest float8_e4m3fn
@@ -272,8 +272,4 @@ def _version(dist: str) -> str | None:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except DFlashError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(exit_code(main))

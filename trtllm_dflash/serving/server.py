@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from ..errors import DFlashError
+from .launch import stop_process
 from .repo import MODEL_NAME, fill_triton
 from .triton_env import TritonBinary, find_tritonserver
 
@@ -132,14 +133,8 @@ def endpoints(host: str, http_port: int, grpc_port: int, metrics_port: int) -> s
 
 
 def stop(proc: subprocess.Popen, timeout: float) -> int:
-    """SIGTERM, wait for Triton's graceful shutdown, SIGKILL if it hangs."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    """SIGTERM, wait for Triton's graceful shutdown, SIGKILL if it hangs; then reap what it left."""
+    stop_process(proc, timeout)
     reap_group(proc.pid)
     return proc.returncode
 
