@@ -308,6 +308,7 @@ def test_module_entry_point_and_help():
 RUN_ENGINE = """
 import json, sys
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.errors import exit_code
 from trtllm_dflash.runtime.engine import Engine
 how, out, tp = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if how == "deployment":
@@ -317,10 +318,11 @@ else:
                               block_size=16), tp_size=tp)
 if engine.tp.rank != 0:
     engine.follow()
-    sys.exit(0)
-reqs = engine.generate([[1, 5, 9, 13], [1, 7, 7, 2, 40, 41]], SamplingParams(max_new_tokens=24, ignore_eos=True))
-engine.shutdown()
-json.dump([r.output_ids for r in reqs], open(out, "w"))
+else:
+    reqs = engine.generate([[1, 5, 9, 13], [1, 7, 7, 2, 40, 41]], SamplingParams(max_new_tokens=24, ignore_eos=True))
+    engine.shutdown()
+    json.dump([r.output_ids for r in reqs], open(out, "w"))
+sys.exit(exit_code(lambda argv: 0))  # leave a TP job the way the console scripts do
 """
 
 

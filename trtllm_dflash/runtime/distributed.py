@@ -39,6 +39,7 @@ class TPGroup:
 
     rank: int = 0
     size: int = 1
+    store: object = None  # the rendezvous store; released in close(), not at interpreter teardown
 
     @property
     def active(self) -> bool:
@@ -68,6 +69,7 @@ class TPGroup:
         if self.active and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+            self.store = None  # the store's server thread (rank 0) is joined here, while Python still runs
 
     def broadcast_object(self, obj):
         if not self.active:
@@ -110,4 +112,4 @@ def init_tp(tp_size: int, device: torch.device) -> TPGroup:
         if rank != 0:
             store = dist.TCPStore(addr, port, tp_size, is_master=False)
     dist.init_process_group(backend, store=store, rank=rank, world_size=tp_size)
-    return TPGroup(rank, tp_size)
+    return TPGroup(rank, tp_size, store)
