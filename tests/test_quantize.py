@@ -23,13 +23,7 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime import quant, shard
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread is faster than several on a shared CI box (no OpenMP spin-waiting)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -39,13 +39,7 @@ COMMON = ["--no_exclude_eval", "--block_size", "8", "--num_layers", "2", "--targ
           "--batch_size", "4", "--num_anchors", "16", "--max_seq_len", "160", "--lr", "3e-3", "--quiet"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls on a shared 2-core box: two OpenMP threads spin against other jobs (20-40x slower)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -25,12 +25,7 @@ def _load_script():
 acceptance = _load_script()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: a second OpenMP thread only spins against other jobs
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@
 usage: gpt_oss_tp_run.py TARGET DRAFTER OUT.json TP_SIZE EP_SIZE
 """
 import json
-import os
 import sys
 
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.errors import exit_code
 from trtllm_dflash.runtime.engine import Engine
 
 PROMPTS = [[5, 9, 13], [7, 3] * 12, list(range(40, 70))]
@@ -28,15 +28,14 @@ def run(target, drafter, tp_size: int, ep_size: int = 1):
     return out
 
 
-if __name__ == "__main__":
-    target, drafter, out_path, tp, ep = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+def main(argv) -> int:
+    target, drafter, out_path, tp, ep = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4])
     tokens = run(target, drafter, tp, ep)
     if tokens is not None:
         with open(out_path, "w") as f:
             json.dump({"tokens": tokens}, f)
-    # Both ranks are done and the group is closed. Skip interpreter teardown: about 1 run in 20 (tp_run.py's
-    # Llama too) aborts there with "terminate called without an active exception" in a C++ static
-    # destructor after all work is finished, which is not what this test checks. Errors above still raise.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(exit_code(main, sys.argv[1:]))  # as the console scripts leave a TP job
