@@ -169,6 +169,22 @@ def test_resume_continues_exactly(chat_target, prompts_file, tmp_path, monkeypat
     assert report["export"]["parity"]["ok"] and report["train"]["steps"] == 6  # kept from the earlier run
 
 
+def test_regeneration_time_budget_ends_the_stage(chat_target, prompts_file, tmp_path):
+    """A budget that stops admissions must end the stage once the running prompts finish (it once spun forever
+    on the prompts it had stopped admitting). A subprocess, so a regression fails on its timeout, not hangs."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "trtllm_dflash.train", "--target", chat_target, "--data", prompts_file,
+            "--out", out, "--stages", "regenerate", "--num_prompts", "12", "--max_new_tokens", "8",
+            "--regen_batch_size", "2", "--regen_time_budget_s", "0.001", "--device", "cpu", *COMMON]
+    res = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    counts = json.loads((out / "data" / regenerate.DONE_FILE).read_text())["counts"]
+    rows = regenerate.read_rows(out / "data" / regenerate.DATA_FILE)
+    assert counts["time_budget_hit"] and 0 < len(rows) == counts["rows"] < 12
+    assert counts["skipped_by_time_budget"] == 12 - len(rows)
+
+
 def test_regenerated_jsonl_survives_a_torn_write(tmp_path):
     path = tmp_path / regenerate.DATA_FILE
     good = [{"id": "a", "prompt_len": 1, "input_ids": [1, 2], "loss_mask": [0, 1], "finish_reason": "stop"},

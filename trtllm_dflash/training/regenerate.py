@@ -54,7 +54,8 @@ def run(cfg: TrainConfig, target_dir: Path, log=print) -> dict:
     with open(path, "a", encoding="utf-8") as f, tqdm(total=len(todo), desc="regenerate", unit="prompt",
                                                       disable=not cfg.progress, file=sys.stderr) as bar:
         pending, active, new_tokens = list(reversed(todo)), {}, 0
-        while pending or active:
+        # Once the time budget stops admissions, `pending` never drains: the loop ends with the running prompts.
+        while active or (pending and not budget_hit):
             # Keep about two batches queued, so the time budget can stop admissions without wasting work.
             while pending and len(active) < 2 * cfg.regen_batch_size and not budget_hit:
                 pid, ids, seed = pending.pop()
