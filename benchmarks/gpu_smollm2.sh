@@ -1,20 +1,41 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The SmolLM2 GPU work on a host without network, from files carried into .carry/ (see the device notes in
-# benchmarks/README-gpu.md):  train | sweep  -> results under $OUT (few files, each < 16 MB).
+# The SmolLM2 GPU work on a host without network, from files carried into .carry/, one stage per device call
+# (each call is capped at 10 minutes and returns few files, each < 16 MB; logs go to $OUT/<stage>.log):
+#   prep    .carry/p0 + .carry/p1 GGUF halves -> joined, sha256-checked, converted into .carry/cache
+#   regen   the target answers ShareGPT prompts (.carry/w3/sharegpt_prompts.jsonl) -> $OUT/regenerated.tgz
+#   train   ModelOpt training + export -> the drafter as two safetensors shards + index, train_reports.tgz
+#   eval    benchmarks/acceptance.py (HumanEval, MT-Bench; dflash reference cross-check) -> acceptance_smollm2.*
+#   sweep   AR vs DFlash dflash-sweep, concurrency 1..64 -> sweep_smollm2_h100.jsonl
 #   .carry/w1 w2 w3  wheels (ModelOpt stack, transformers 5.14.1, tokenizers 0.22.2, gguf, data packages)
-#   .carry/cache     TRTLLM_DFLASH_CACHE holding the converted SmolLM2 folder
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: $0 train|sweep}
+STAGE=${1:?usage: $0 prep|regen|train|eval|sweep}
 SITE=/tmp/dflash_site
-[ -d "$SITE/modelopt" ] || python3 -m pip install -q --no-index --no-deps --target "$SITE" .carry/w*/*.whl
+for w in .carry/w*/; do   # each wheel folder once; they arrive over several calls
+  marker=$SITE/.installed-$(basename "$w")
+  if ls "$w"*.whl >/dev/null 2>&1 && [ ! -f "$marker" ]; then
+    python3 -m pip install -q --no-index --no-deps --target "$SITE" "$w"*.whl && touch "$marker"
+  fi
+done
 export PYTHONPATH=$SITE:$PWD TRTLLM_DFLASH_CACHE=$PWD/.carry/cache PYTHONUNBUFFERED=1 PYTHON=python3
 RUN=$PWD/.carry/run
-if [ "$STAGE" = train ]; then
-  DATA=$PWD/.carry/w3/sharegpt_prompts.jsonl bash benchmarks/train_smollm2_gpu.sh "$RUN"
-  # the drafter travels back as two safetensors shards (< 16 MB each) plus an index
-  python3 - "$RUN/train/drafter" "$OUT" <<'PY'
+LOG=${OUT:-/tmp}/$STAGE.log
+TRAIN=(env DATA="$PWD/.carry/w3/sharegpt_prompts.jsonl" bash benchmarks/train_smollm2_gpu.sh "$RUN")
+exec > >(tee "$LOG") 2>&1
+case $STAGE in
+  prep)
+    python3 -m trtllm_dflash.checkpoints.packaged --join .carry/smollm2.gguf .carry/p0/*.part00 .carry/p1/*.part01
+    TRTLLM_DFLASH_SMOLLM2_GGUF=$PWD/.carry/smollm2.gguf python3 -m trtllm_dflash.checkpoints.packaged
+    ;;
+  regen)
+    STAGES=regenerate "${TRAIN[@]}"
+    tar czf "$OUT/regenerated.tgz" -C "$RUN" train/data
+    ;;
+  train)
+    STAGES=train,export "${TRAIN[@]}"
+    # the drafter travels back as two safetensors shards (< 16 MB each) plus an index
+    python3 - "$RUN/train/drafter" "$OUT" <<'PY'
 import json, sys
 from safetensors.torch import load_file, save_file
 src, out = sys.argv[1], sys.argv[2]
@@ -28,13 +49,20 @@ for i, part in enumerate((keys[:half], keys[half:]), 1):
     index["weight_map"].update({k: name for k in part})
 json.dump(index, open(f"{out}/model.safetensors.index.json", "w"))
 PY
-  tar czf "$OUT/train_reports.tgz" -C "$RUN" train/report.json train/loss.csv train/drafter/config.json \
-    $(cd "$RUN" && ls acceptance_smollm2.* 2>/dev/null)
-else
-  python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$RUN/train/drafter" --gpu h100 --backend torch \
-    --max_batch_size 64 --max_seq_len 2048 --out "$RUN/deploy" --force
-  for mode in ar dflash; do
-    python3 -m trtllm_dflash.bench.sweep --engine "$RUN/deploy" --mode $mode --concurrency 1,2,4,8,16,32,64 \
-      --dataset humaneval --max_new_tokens 256 --label "SmolLM2-135M $mode" --out "$OUT/sweep_smollm2_h100.jsonl"
-  done
-fi
+    tar czf "$OUT/train_reports.tgz" --exclude model.safetensors -C "$RUN" train/report.json train/train_config.json train/loss.csv train/drafter \
+      $(cd "$RUN" && ls train/*.png 2>/dev/null)
+    ;;
+  eval)
+    STAGES=eval "${TRAIN[@]}"
+    cp "$RUN"/acceptance_smollm2.* "$OUT"/
+    ;;
+  sweep)
+    python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$RUN/train/drafter" --gpu h100 --backend torch \
+      --max_batch_size 64 --max_seq_len 2048 --out "$RUN/deploy" --force
+    for mode in ar dflash; do
+      python3 -m trtllm_dflash.bench.sweep --engine "$RUN/deploy" --mode $mode --concurrency 1,2,4,8,16,32,64 \
+        --dataset humaneval --max_new_tokens 256 --label "SmolLM2-135M $mode" --out "$OUT/sweep_smollm2_h100.jsonl"
+    done
+    ;;
+  *) echo "unknown stage $STAGE" >&2; exit 2 ;;
+esac
