@@ -40,6 +40,9 @@ class RuntimeConfig:
     dtype: str = "auto"             # auto = bfloat16 on CUDA, float32 on CPU
     device: str = "auto"            # auto = cuda if available
     cuda_graphs: bool = True        # only used on CUDA
+    # Keep a ModelOpt FP8 target's weights in FP8 and run torch._scaled_mm (CUDA compute capability >= 8.9,
+    # bfloat16; checked when the engine starts). Off until measured faster than the dequantised bf16 GEMMs.
+    fp8_gemm: bool = False
 
     def __post_init__(self):
         if self.max_batch_size <= 0:

@@ -26,6 +26,7 @@ import torch
 from ..checkpoints import hf, validate
 from ..config import RequestStats, RuntimeConfig, SamplingParams
 from ..errors import DFlashError
+from . import fp8
 from .distributed import TPGroup, init_tp
 from .kv_cache import KVCache
 from .loader import load_drafter, load_target
@@ -59,6 +60,8 @@ def _resolve(cfg: RuntimeConfig) -> tuple[torch.device, torch.dtype]:
                        "cpu" if cfg.device == "auto" else cfg.device)
     dtype = {"auto": torch.bfloat16 if dev.type == "cuda" else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[cfg.dtype]
+    if cfg.fp8_gemm:
+        fp8.check_device(dev, dtype)
     return dev, dtype
 
 
@@ -114,7 +117,8 @@ class Engine:
         drafter = (load_drafter(Path(drafter_dir), tcfg["hidden_size"], tp, device, dtype, positions, allow_pickle,
                                 presharded) if dcfg is not None else None)
         capture = drafter.config.target_layer_ids if drafter is not None else ()
-        target = load_target(target_dir, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size)
+        target = load_target(target_dir, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size,
+                             fp8_gemm=cfg.fp8_gemm)
         tokenizer = _load_tokenizer(target_dir)
         return cls(target, drafter, tokenizer, cfg, tp, _eos_ids(target_dir, tcfg, tokenizer))
 

@@ -7,6 +7,7 @@ built on the meta device).
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -14,7 +15,7 @@ from torch import nn
 
 from ..checkpoints import hf
 from ..errors import DFlashError
-from . import quant
+from . import fp8, quant
 from .distributed import TPGroup
 from .models import target_family
 from .models.dflash import DFlashDrafter, DrafterConfig
@@ -38,7 +39,9 @@ def _read(path: Path, tp: TPGroup, allow_pickle: bool, presharded: dict | None, 
 
 
 def _fuse(raw: dict[str, torch.Tensor], prefix: str, num_layers: int) -> dict[str, torch.Tensor]:
-    """HF names -> our names: q/k/v -> qkv_proj, gate/up -> gate_up_proj, ``prefix`` stripped."""
+    """HF names -> our names: q/k/v -> qkv_proj, gate/up -> gate_up_proj, ``prefix`` stripped.
+
+    FP8 weights kept for fp8_gemm fuse the same way, their per-row ``weight_scale`` concatenated alongside."""
     out, used = {}, set()
 
     def take(name: str) -> torch.Tensor | None:
@@ -47,7 +50,7 @@ def _fuse(raw: dict[str, torch.Tensor], prefix: str, num_layers: int) -> dict[st
 
     for i in range(num_layers):
         src, dst = f"{prefix}layers.{i}.", f"layers.{i}."
-        for kind in ("weight", "bias"):
+        for kind in ("weight", "bias", "weight_scale"):
             qkv = [take(f"{src}self_attn.{p}_proj.{kind}") for p in "qkv"]
             if all(t is not None for t in qkv):
                 out[f"{dst}self_attn.qkv_proj.{kind}"] = torch.cat(qkv)
@@ -58,6 +61,9 @@ def _fuse(raw: dict[str, torch.Tensor], prefix: str, num_layers: int) -> dict[st
         if gate is None or up is None:
             hf.missing_tensors([], [f"{src}mlp.gate_proj.weight" if gate is None else f"{src}mlp.up_proj.weight"], "checkpoint")
         out[f"{dst}mlp.gate_up_proj.weight"] = torch.cat([gate, up])
+        scales = [take(f"{src}mlp.{p}_proj.weight_scale") for p in ("gate", "up")]
+        if all(t is not None for t in scales):
+            out[f"{dst}mlp.gate_up_proj.weight_scale"] = torch.cat(scales)
     for name, t in raw.items():
         if name in used or name.endswith(_IGNORED_SUFFIXES):
             continue
@@ -78,21 +84,35 @@ def _assign(module: nn.Module, sd: dict[str, torch.Tensor], where: str, device, 
         if name in sd and tuple(sd[name].shape) != tuple(p.shape):
             raise DFlashError(f"{where}: tensor {name}", f"has shape {tuple(sd[name].shape)}, expected {tuple(p.shape)}",
                               "the checkpoint does not match its config.json (or the tp_size); re-export it")
-    module.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in sd.items()}, strict=False, assign=True)
+    # FP8 weights and their float32 per-row scales (fp8_gemm) keep their dtypes; everything else is cast.
+    def cast(name: str, t: torch.Tensor) -> torch.Tensor:
+        keep = t.dtype == fp8.FP8 or name.endswith(".weight_scale")
+        return t.to(device=device, dtype=None if keep else dtype)
+
+    module.load_state_dict({k: cast(k, v) for k, v in sd.items()}, strict=False, assign=True)
 
 
 def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capture: tuple[int, ...] = (),
-                allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1):
-    """The target model for this rank; its class comes from config.json ``architectures`` (models.TARGETS)."""
+                allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1, fp8_gemm: bool = False):
+    """The target model for this rank; its class comes from config.json ``architectures`` (models.TARGETS).
+
+    ``fp8_gemm``: FP8 linears of Llama-family targets become fp8.Fp8Linear (the caller checked the device)."""
     hf_cfg = hf.read_config(path)
     family = target_family(hf_cfg)
     cfg = family.config.from_hf(hf_cfg)
     with torch.device("meta"):
         model = family.build(cfg, tp, max_positions, capture, ep_size)
-    # ModelOpt FP8 / NVFP4 linears -> plain weights of this rank (runtime/quant.py); scales consumed.
-    raw = quant.dequantize(_read(path, tp, allow_pickle, presharded, "target.", ep_size), dtype)
+    # ModelOpt FP8 / NVFP4 linears -> plain weights of this rank (runtime/quant.py); scales consumed. For fp8_gemm
+    # FP8 weights stay FP8; families with their own tensor mapping (gpt-oss: MXFP4 experts) are always dequantised.
+    keep_fp8 = fp8_gemm and family.to_module is None
+    raw = quant.dequantize(_read(path, tp, allow_pickle, presharded, "target.", ep_size), dtype, keep_fp8)
     sd = (family.to_module(raw, model, device, dtype) if family.to_module is not None
           else _fuse(raw, "model.", cfg.num_layers))
+    if fp8_gemm:
+        in_fp8 = fp8.convert(model, sd, device, dtype, log=tp.rank == 0)
+        if in_fp8 == 0 and tp.rank == 0:   # not an error: the same setting serves quantized and plain targets
+            print(f"[trtllm_dflash] note: fp8_gemm: target {path} has no FP8 linears to run in FP8; "
+                  f"it runs in {str(dtype).removeprefix('torch.')}", file=sys.stderr)
     if "lm_head.weight" not in sd:
         if not cfg.tie_word_embeddings:
             hf.missing_tensors([], ["lm_head.weight"], f"target {path}")

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ModelOpt-quantized target weights (``export_hf_checkpoint`` layout), dequantised on load.
+"""ModelOpt-quantized target weights (``export_hf_checkpoint`` layout): dequantised on load, or FP8 kept for fp8_gemm.
 
 FP8 (``quant_algo: FP8``): ``<linear>.weight`` float8_e4m3fn [out, in] and ``weight_scale`` float32 (a scalar,
 per tensor); value = weight * weight_scale.
@@ -8,11 +8,11 @@ first; ``weight_scale`` float8_e4m3fn [out, in / 16], one scale per 16 inputs; `
 scalar; value = E2M1[code] * weight_scale * weight_scale_2.
 Both carry ``input_scale`` (static activation scales for TensorRT-LLM's FP8/FP4 GEMMs).
 
-The torch runtime is weight-only: it multiplies the scales in once, per tensor-parallel slice, and runs the
-model in its usual dtype, so the weights are exactly the quantized ones but activations are not quantized
-and nothing is faster or smaller. ``input_scale`` and KV-cache scales are consumed and unused. A real FP8
-GEMM on Hopper (``torch._scaled_mm`` with weight_scale / input_scale, weights kept in FP8) is a later
-optimisation, to be kept only if measured faster.
+By default the torch runtime is weight-only: it multiplies the scales in once, per tensor-parallel slice, and
+runs the model in its usual dtype, so the weights are exactly the quantized ones but activations are not
+quantized and nothing is faster or smaller. With ``RuntimeConfig.fp8_gemm`` (CUDA, compute capability >= 8.9)
+FP8 weights stay FP8 with one float32 scale per row, and runtime/fp8.py runs them as FP8 GEMMs on per-token
+quantized activations. ``input_scale`` and KV-cache scales are consumed and unused either way.
 """
 from __future__ import annotations
 
@@ -35,6 +35,13 @@ def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype
     return (weight.float() * scale.float()).to(dtype)
 
 
+def fp8_row_scales(scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """An FP8 weight_scale (scalar, [out] or [out, 1]) as float32 [out]: one scale per weight row, so that
+    weights fused along their rows (q/k/v, gate/up) carry their scales with them."""
+    scale = scale.float()
+    return scale.reshape(1).expand(rows).contiguous() if scale.numel() == 1 else scale.reshape(rows).contiguous()
+
+
 def dequantize_nvfp4(packed: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor,
                      dtype: torch.dtype) -> torch.Tensor:
     """uint8 [out, in / 2] + float8 [out, in / 16] + float32 scalar -> [out, in] in ``dtype``."""
@@ -50,11 +57,12 @@ def dequantize_nvfp4(packed: torch.Tensor, block_scale: torch.Tensor, global_sca
     return (values.view(rows, -1) * global_scale.float()).to(dtype)
 
 
-def dequantize(sd: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def dequantize(sd: dict[str, torch.Tensor], dtype: torch.dtype, keep_fp8: bool = False) -> dict[str, torch.Tensor]:
     """This rank's HF tensors with FP8 / NVFP4 linears replaced by ``dtype`` weights; every ``*_scale`` consumed.
 
     ``dtype`` is the runtime's, so the products are rounded once (float32 on CPU keeps them exact). A checkpoint
-    without quantized weights is returned unchanged.
+    without quantized weights is returned unchanged. ``keep_fp8`` (fp8_gemm) leaves FP8 weights as they are, each
+    with its ``weight_scale`` as float32 [out] (fp8_row_scales).
     """
     quantized = [n for n, t in sd.items() if n.endswith(".weight") and f"{n}_scale" in sd]
     if not quantized:
@@ -62,7 +70,9 @@ def dequantize(sd: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, tor
     out = dict(sd)
     for name in quantized:
         weight, scale = out.pop(name), out.pop(f"{name}_scale")
-        if weight.dtype == torch.float8_e4m3fn:
+        if weight.dtype == torch.float8_e4m3fn and keep_fp8:
+            out[name], out[f"{name}_scale"] = weight, fp8_row_scales(scale, weight.shape[0])
+        elif weight.dtype == torch.float8_e4m3fn:
             out[name] = dequantize_fp8(weight, scale, dtype)
         elif weight.dtype == torch.uint8 and f"{name}_scale_2" in out:
             out[name] = dequantize_nvfp4(weight, scale, out.pop(f"{name}_scale_2"), dtype)

@@ -68,9 +68,9 @@ def slice_for_rank(name: str, t, tp_size: int, rank: int, shape: tuple[int, ...]
     """This rank's part of tensor ``t`` (a tensor or a safetensors lazy slice, which reads only that part)."""
     shape = tuple(t.shape) if shape is None else shape
     dim = shard_dim(name)
-    # 0-d tensors (per-tensor quantisation scales) and 1-d row-parallel scales (per output channel) are
-    # replicated; `[...]` also reads a 0-d safetensors slice, which `[:]` cannot.
-    if tp_size == 1 or dim is None or not shape or (dim == 1 and len(shape) == 1):
+    # 0-d tensors (per-tensor quantisation scales) and row-parallel scales per output channel ([out] or [out, 1])
+    # are replicated; `[...]` also reads a 0-d safetensors slice, which `[:]` cannot.
+    if tp_size == 1 or dim is None or not shape or (dim == 1 and (len(shape) == 1 or shape[1] == 1)):
         return t[...] if not isinstance(t, torch.Tensor) else t
     if dim == "experts":
         return _slice_experts(name, t, shape, tp_size, rank, ep_size)
