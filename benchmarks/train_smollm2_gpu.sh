@@ -32,7 +32,7 @@ else
 fi
 
 STAGES=${STAGES:-regenerate,train,export,eval}
-TRAIN_STAGES=$(tr , '\n' <<<"$STAGES" | grep -v '^eval$' | paste -sd, -)
+TRAIN_STAGES=$(tr , '\n' <<<"$STAGES" | { grep -v '^eval$' || true; } | paste -sd, -)
 if [[ -n $TRAIN_STAGES ]]; then
   "$PY" -m trtllm_dflash.train --target smollm2-135m --data "${DATA:-sharegpt}" --out "$OUT/train" --resume \
     --stages "$TRAIN_STAGES" --block_size 16 --num_layers 3 --loss kd --mask_token_id 16 "${TRAIN[@]}"  # 16 = <empty_output>
