@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 . .venv/bin/activate
-dflash-generate --target smollm2-135m --drafter "${DRAFTER:-untrained}" --mode both --max_new_tokens 64 \
+dflash-generate --target smollm2-135m --drafter "${DRAFTER:-smollm2-135m-dflash}" --mode both --max_new_tokens 64 \
   --prompt "What is the capital of France?" \
   --prompt "Write a Python function that returns the sum of a list." "$@"

@@ -352,7 +352,7 @@ def test_torch_backend_runs_the_directory_like_the_runtime(ckpt, tmp_path, capsy
 
 @pytest.mark.slow
 def test_smollm2_directory_runs_with_the_same_tokens_as_the_runtime(tmp_path, capsys):
-    """The real demo: packaged SmolLM2-135M-Instruct + untrained drafter. (TP 2 cannot split its 9 heads /
+    """The real demo: packaged SmolLM2-135M-Instruct + the shipped drafter. (TP 2 cannot split its 9 heads /
     3 KV heads, so its TP test above uses a stand-in.)"""
     from trtllm_dflash.checkpoints import packaged
     from trtllm_dflash.config import RuntimeConfig, SamplingParams
@@ -361,7 +361,7 @@ def test_smollm2_directory_runs_with_the_same_tokens_as_the_runtime(tmp_path, ca
     out = tmp_path / "smollm2"
     rc, stdout, err = run(["--config", ROOT / "build_configs" / "smollm2-135m_cpu_tp1.yaml", "--out", out], capsys)
     assert rc == 0, err
-    assert "UNTRAINED" in stdout and manifest.read(out)["drafter"]["untrained"]
+    assert "UNTRAINED" not in stdout and not manifest.read(out)["drafter"]["untrained"]
     params = SamplingParams(max_new_tokens=16)
     deployed = Engine.from_deployment(out)
     prompt = deployed.tokenizer.encode("The capital of France is")

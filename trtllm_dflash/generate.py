@@ -15,7 +15,7 @@ from .config import RuntimeConfig, SamplingParams
 from .errors import DFlashError
 
 EPILOG = """examples:
-  dflash-generate --target smollm2-135m --drafter untrained --mode both --prompt "What is DFlash?"
+  dflash-generate --target smollm2-135m --mode both --prompt "What is DFlash?"   # the shipped drafter
   dflash-generate --engine out/smollm2 --prompt_file prompts.txt --temperature 0.7 --seed 1
   mpirun -n 2 dflash-generate --target DIR --drafter DIR --tp_size 2 --prompt "Hello"
 """
@@ -26,8 +26,9 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_argument_group("model")
     src.add_argument("--target", help="target HF folder, or smollm2-135m (the packaged SmolLM2-135M-Instruct)")
-    src.add_argument("--drafter", help="DFlash drafter folder (z-lab layout), or 'untrained' for a random one "
-                                       "(acceptance ~1; shows the mechanics, not the speed-up)")
+    src.add_argument("--drafter", help="DFlash drafter folder (z-lab layout), smollm2-135m-dflash (ships with this "
+                                       "package; the default for --target smollm2-135m), or 'untrained' for a random "
+                                       "one (acceptance ~1; shows the mechanics, not the speed-up)")
     src.add_argument("--engine", help="a dflash-build deployment directory (instead of --target/--drafter)")
     src.add_argument("--allow_pickle", action="store_true", help="allow *.bin/*.pt weights (weights_only load)")
     run = p.add_argument_group("runtime")
@@ -74,15 +75,19 @@ def _resolve_target(name: str) -> Path:
 
 
 def _resolve_drafter(name: str | None, target: Path, workdir: Path) -> Path | None:
+    from .checkpoints.resolve import SHIPPED_DRAFTERS, shipped_drafter_dir
     if name is None:
         return None
+    if name in SHIPPED_DRAFTERS:
+        return shipped_drafter_dir(name)
     if name == "untrained":
         from .checkpoints.drafter_init import write_random_drafter
         print("note: using an UNTRAINED drafter: outputs are exact, acceptance will be ~1 token/step", file=sys.stderr)
         return write_random_drafter(target, workdir / "untrained_drafter", num_layers=1, block_size=16)
     path = Path(name)
     if not path.is_dir():
-        raise DFlashError("--drafter", f"{name} is not a folder", "pass a DFlash drafter folder, or 'untrained'")
+        raise DFlashError("--drafter", f"{name} is not a folder", "pass a DFlash drafter folder, "
+                          "smollm2-135m-dflash, or 'untrained'")
     return path
 
 
@@ -96,7 +101,12 @@ def _engine(args, block_size: int | None, workdir: Path):
     if not args.target:
         raise DFlashError("--target", "missing", "pass --target DIR (and --drafter DIR), or --engine DIR")
     target = _resolve_target(args.target)
-    drafter = _resolve_drafter(args.drafter, target, workdir) if block_size != 1 else None
+    drafter_spec = args.drafter
+    if drafter_spec is None:  # a short-name target brings its known drafter
+        from .checkpoints.resolve import KNOWN_MODELS, SHIPPED_DRAFTERS
+        known = KNOWN_MODELS.get(args.target.lower())
+        drafter_spec = known.drafter if known is not None and known.drafter in SHIPPED_DRAFTERS else None
+    drafter = _resolve_drafter(drafter_spec, target, workdir) if block_size != 1 else None
     if drafter is None and block_size != 1:
         raise DFlashError("--drafter", "missing for DFlash mode", "pass --drafter DIR (or 'untrained'), or --mode ar")
     return Engine.from_dirs(target, drafter, RuntimeConfig(**cfg), tp_size=args.tp_size or 1,

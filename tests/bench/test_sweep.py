@@ -196,7 +196,7 @@ def test_triton_sweep_of_the_demo_deployment(demo_engine_dir, tmp_path):
         check_row(row, row["settings"]["concurrency"])
         s, m = row["settings"], row["metrics"]
         assert s["backend"] == "triton" and s["model"] == "tensorrt_llm" and s["dataset"] == "humaneval"
-        assert s["block_size"] == 16 and s["drafter"] == "untrained" and s["drafter_untrained"] and s["target"] == "packaged:smollm2-135m"
+        assert s["block_size"] == 16 and s["drafter"] == "smollm2-135m-dflash" and not s["drafter_untrained"] and s["target"] == "packaged:smollm2-135m"
         assert s["gpu_profile"] == "cpu" and s["gpu_name"] is None
         assert m["acceptance_source"] == "server_counters" and m["acceptance_rate"] is not None
         assert m["isl"]["min"] > 100 and 1 <= m["osl"]["mean"] <= 6

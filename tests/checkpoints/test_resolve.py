@@ -22,7 +22,7 @@ def offline(monkeypatch, tmp_path):
 def test_short_names_expand_to_target_and_drafter():
     assert resolve.expand_short_name("gpt-oss-120b", None) == ("openai/gpt-oss-120b", "z-lab/gpt-oss-120b-DFlash")
     assert resolve.expand_short_name("Qwen3-8B", None) == ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16")
-    assert resolve.expand_short_name("smollm2-135m", None) == (resolve.PACKAGED_SMOLLM2, resolve.UNTRAINED)
+    assert resolve.expand_short_name("smollm2-135m", None) == (resolve.PACKAGED_SMOLLM2, "smollm2-135m-dflash")
     assert resolve.expand_short_name("qwen3-8b", "/my/drafter")[1] == "/my/drafter"
 
 
@@ -34,7 +34,9 @@ def test_unknown_target_needs_a_drafter():
 def test_every_short_name_has_public_configs_for_dry_runs():
     for name, known in resolve.KNOWN_MODELS.items():
         assert resolve.public_config(known.target)["architectures"], name
-        if known.drafter != resolve.UNTRAINED:
+        if known.drafter in resolve.SHIPPED_DRAFTERS:   # on disk already: dry runs read its config.json
+            assert resolve.resolve(known.drafter, role="drafter", download=False).path is not None, name
+        elif known.drafter != resolve.UNTRAINED:
             cfg = resolve.public_config(known.drafter)
             assert cfg["dflash_config"]["target_layer_ids"] and cfg["block_size"] > 1, name
     cfg = resolve.public_config("openai/gpt-oss-120b")

@@ -18,6 +18,8 @@ from ..errors import DFlashError
 
 UNTRAINED = "untrained"     # drafter spec: a random z-lab drafter written for the target (demo only)
 PACKAGED_SMOLLM2 = "packaged:smollm2-135m"
+# Drafters that ship inside this package (trtllm_dflash/drafters/<folder>), by the spec users type.
+SHIPPED_DRAFTERS = {"smollm2-135m-dflash": "smollm2-135m-dflash-b16"}
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,8 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     "gpt-oss-20b": KnownModel("openai/gpt-oss-20b", "z-lab/gpt-oss-20b-DFlash"),
     "qwen3-8b": KnownModel("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16"),
     "llama-3.1-8b": KnownModel("meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"),
-    # No trained SmolLM2 drafter ships yet (a later issue): the demo uses an untrained one.
-    "smollm2-135m": KnownModel(PACKAGED_SMOLLM2, UNTRAINED),
+    # trained by dflash-train on 6k ShareGPT answers; see trtllm_dflash/drafters/*/README.md
+    "smollm2-135m": KnownModel(PACKAGED_SMOLLM2, "smollm2-135m-dflash"),
 }
 
 
@@ -92,7 +94,7 @@ class Resolved:
     """A checkpoint as a local folder (``path`` is None in a dry run of a hub id)."""
 
     spec: str                 # what the user typed
-    source: str               # hub id, absolute local path, PACKAGED_SMOLLM2 or UNTRAINED
+    source: str               # hub id, absolute local path, PACKAGED_SMOLLM2, a SHIPPED_DRAFTERS key or UNTRAINED
     kind: str                 # hub | local | packaged | untrained
     path: Path | None
     revision: str | None      # hub commit sha when known
@@ -122,6 +124,8 @@ def resolve(spec: str, *, role: str, revision: str | None = None, download: bool
     """
     if spec == UNTRAINED:
         return Resolved(spec, UNTRAINED, "untrained", None, None)
+    if spec in SHIPPED_DRAFTERS:  # already on disk, so dry runs read it too
+        return Resolved(spec, spec, "packaged", shipped_drafter_dir(spec), None)
     if spec == PACKAGED_SMOLLM2:
         if not download:
             return Resolved(spec, spec, "packaged", None, None)
@@ -137,6 +141,14 @@ def resolve(spec: str, *, role: str, revision: str | None = None, download: bool
         raise DFlashError(role, f"{spec!r} is neither a local folder, a hub id (org/name) nor a short name",
                           f"pass a folder, an org/name hub id, or one of {', '.join(KNOWN_MODELS)}")
     return _from_hub(spec, role=role, revision=revision, download=download)
+
+
+def shipped_drafter_dir(name: str) -> Path:
+    path = Path(__file__).resolve().parent.parent / "drafters" / SHIPPED_DRAFTERS[name]
+    if not (path / "model.safetensors").is_file():
+        raise DFlashError("drafter", f"{name} is missing from this installation ({path})",
+                          "reinstall trtllm-dflash (the wheel ships trtllm_dflash/drafters), or pass a drafter folder")
+    return path
 
 
 def _offline() -> bool:
