@@ -17,6 +17,7 @@ from torch import nn
 from tests.tiny import write_tiny_pair
 from trtllm_dflash import cli
 from trtllm_dflash.checkpoints import hf
+from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime import fp8, quant, shard
 from trtllm_dflash.runtime.distributed import TPGroup
@@ -250,3 +251,15 @@ def test_tensor_parallel_slices_carry_their_scales(fp8_build, tmp_path):
                     f"{dst}mlp.down_proj": part(f"{src}mlp.down_proj.weight")}
                 for name, w in want.items():
                     torch.testing.assert_close(got[name], w, rtol=1e-7, atol=0, msg=f"{target.name} rank {rank} {name}")
+
+
+def test_fp8_gemm_auto_is_on_only_where_it_runs(tiny_pair, capsys):
+    """The default (None) follows the measurement: on for CUDA >= 8.9 in bfloat16, quietly off elsewhere."""
+    assert RuntimeConfig().fp8_gemm is None
+    assert fp8.effective(None, CPU, torch.bfloat16) is False and fp8.effective(False, CPU, torch.bfloat16) is False
+    model = load_target(tiny_pair[0], TPGroup(), CPU, torch.float32, 64, fp8_gemm=None)
+    assert not any(isinstance(m, fp8.Fp8Linear) for m in model.modules()) and capsys.readouterr().err == ""
+    if torch.cuda.is_available():
+        want = torch.cuda.get_device_capability() >= (8, 9)
+        assert fp8.effective(None, torch.device("cuda"), torch.bfloat16) is want
+        assert fp8.effective(None, torch.device("cuda"), torch.float32) is False

@@ -39,6 +39,16 @@ def check_device(device: torch.device, dtype: torch.dtype) -> None:
                           f"got {str(dtype).removeprefix('torch.')}", "use dtype auto or bfloat16, or " + fix)
 
 
+def effective(setting: bool | None, device: torch.device, dtype: torch.dtype) -> bool:
+    """fp8_gemm as it applies here: None (auto) = on where the FP8 GEMM runs; True is checked, not downgraded."""
+    if setting is None:
+        return (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+                and dtype == torch.bfloat16)
+    if setting:
+        check_device(device, dtype)
+    return setting
+
+
 @_fused
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (float8_e4m3fn [M, K], float32 [M, 1]) with x ~= xq * scale, one scale per row (token)."""

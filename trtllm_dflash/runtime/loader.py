@@ -93,10 +93,11 @@ def _assign(module: nn.Module, sd: dict[str, torch.Tensor], where: str, device, 
 
 
 def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capture: tuple[int, ...] = (),
-                allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1, fp8_gemm: bool = False):
+                allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1,
+                fp8_gemm: bool | None = False):
     """The target model for this rank; its class comes from config.json ``architectures`` (models.TARGETS).
 
-    ``fp8_gemm``: FP8 linears of Llama-family targets become fp8.Fp8Linear (the caller checked the device)."""
+    ``fp8_gemm``: FP8 linears of Llama-family targets become fp8.Fp8Linear (None = where the device runs them)."""
     hf_cfg = hf.read_config(path)
     family = target_family(hf_cfg)
     cfg = family.config.from_hf(hf_cfg)
@@ -104,13 +105,16 @@ def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capt
         model = family.build(cfg, tp, max_positions, capture, ep_size)
     # ModelOpt FP8 / NVFP4 linears -> plain weights of this rank (runtime/quant.py); scales consumed. For fp8_gemm
     # FP8 weights stay FP8; families with their own tensor mapping (gpt-oss: MXFP4 experts) are always dequantised.
+    asked = fp8_gemm
+    if fp8_gemm is None:   # auto; an explicit True was checked against the device by the engine
+        fp8_gemm = fp8.effective(None, torch.device(device), dtype)
     keep_fp8 = fp8_gemm and family.to_module is None
     raw = quant.dequantize(_read(path, tp, allow_pickle, presharded, "target.", ep_size), dtype, keep_fp8)
     sd = (family.to_module(raw, model, device, dtype) if family.to_module is not None
           else _fuse(raw, "model.", cfg.num_layers))
     if fp8_gemm:
         in_fp8 = fp8.convert(model, sd, device, dtype, log=tp.rank == 0)
-        if in_fp8 == 0 and tp.rank == 0:   # not an error: the same setting serves quantized and plain targets
+        if in_fp8 == 0 and asked and tp.rank == 0:   # not an error: one setting serves quantized and plain targets
             print(f"[trtllm_dflash] note: fp8_gemm: target {path} has no FP8 linears to run in FP8; "
                   f"it runs in {str(dtype).removeprefix('torch.')}", file=sys.stderr)
     if "lm_head.weight" not in sd:
