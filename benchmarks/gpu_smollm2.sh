@@ -7,10 +7,11 @@
 #   train   ModelOpt training + export -> the drafter as two safetensors shards + index, train_reports.tgz
 #   eval    benchmarks/acceptance.py (HumanEval, MT-Bench; dflash reference cross-check) -> acceptance_smollm2.*
 #   sweep   AR vs DFlash dflash-sweep, concurrency 1..64 -> sweep_smollm2_h100.jsonl
+#   quant   ModelOpt FP8 build on the GPU + benchmarks/quant_report.py (weight-only vs fp8_gemm) -> quant_*.json
 #   .carry/w1 w2 w3  wheels (ModelOpt stack, transformers 5.14.1, tokenizers 0.22.2, gguf, data packages)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: $0 prep|regen|train|eval|sweep}
+STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|quant}
 SITE=/tmp/dflash_site
 for w in .carry/w*/; do   # each wheel folder once; they arrive over several calls
   marker=$SITE/.installed-$(basename "$w")
@@ -63,6 +64,14 @@ PY
       python3 -m trtllm_dflash.bench.sweep --engine "$RUN/deploy" --mode $mode --concurrency 1,2,4,8,16,32,64 \
         --dataset humaneval --max_new_tokens 256 --label "SmolLM2-135M $mode" --out "$OUT/sweep_smollm2_h100.jsonl"
     done
+    ;;
+  quant)   # the shipped drafter unless a trained one is in $RUN
+    DRAFTER=$([ -d "$RUN/train/drafter" ] && echo "$RUN/train/drafter" || echo smollm2-135m-dflash)
+    BUILD=(python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" --gpu h100 --backend torch --force)
+    "${BUILD[@]}" --out "$RUN/q_none"
+    "${BUILD[@]}" --out "$RUN/q_fp8" --quant fp8 --calib_data .carry/w3/sharegpt_prompts.jsonl
+    python3 benchmarks/quant_report.py --base "$RUN/q_none" --quant "$RUN/q_fp8" --n 80 --max_new_tokens 128 \
+      --out "$OUT/quant_smollm2_fp8_h100.json"
     ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac

@@ -12,7 +12,8 @@ deployment's drafter/, so re-running with a trained drafter is ``--drafter DIR``
 run per target gives both the tokens and tau (z-lab's: per request (output tokens - 1) / verify steps, then the
 mean over requests).
 
-Our runtime dequantises the weights and runs activations unquantized ("weight_only"). TensorRT-LLM also quantizes
+"weight_only" dequantises the weights and runs activations unquantized; on Hopper/Ada an FP8 target also runs
+"fp8_gemm" (the runtime's default there: FP8 weights, per-token FP8 activations, torch._scaled_mm). TensorRT-LLM also quantizes
 the linears' inputs (FP8: static per-tensor ``input_scale``; NVFP4: dynamic 16-value blocks under the static
 ``input_scale``); "act_emulated" reruns the quantized target with that input quantization emulated in float
 (forward pre-hooks), which is closer to what a GPU deployment computes, up to GEMM accumulation order.
@@ -124,7 +125,8 @@ def emulate_input_quant(engine, quant_target: Path, algo: str) -> int:
 
 
 # ---- runs ---------------------------------------------------------------------------------------------------
-def run(target: Path, drafter: Path, prompts: list[list[int]], args, *, emulate: str | None = None) -> dict:
+def run(target: Path, drafter: Path, prompts: list[list[int]], args, *, emulate: str | None = None,
+        fp8_gemm: bool = False) -> dict:
     """Greedy DFlash over every prompt: output ids, per-request tau, wall time."""
     from tqdm import tqdm
 
@@ -134,11 +136,12 @@ def run(target: Path, drafter: Path, prompts: list[list[int]], args, *, emulate:
     block = json.loads((drafter / "config.json").read_text())["block_size"]
     longest = max(map(len, prompts))
     engine = Engine.from_dirs(target, drafter, RuntimeConfig(
-        max_batch_size=args.max_batch_size, max_seq_len=longest + args.max_new_tokens + 2 * block, dtype=args.dtype))
+        max_batch_size=args.max_batch_size, max_seq_len=longest + args.max_new_tokens + 2 * block, dtype=args.dtype,
+        fp8_gemm=fp8_gemm))
     hooked = emulate_input_quant(engine, target, emulate) if emulate else 0
     t0 = time.perf_counter()
     reqs = [engine.add_request(p, SamplingParams(max_new_tokens=args.max_new_tokens)) for p in prompts]
-    label = f"{target.parent.name}/{target.name}" + (" (act emulated)" if emulate else "")
+    label = f"{target.parent.name}/{target.name}" + (" (act emulated)" if emulate else " (fp8_gemm)" if fp8_gemm else "")
     with tqdm(total=len(reqs), desc=label, unit="req", file=sys.stderr) as bar:
         while engine.has_work():
             bar.update(len(engine.step()))
@@ -219,6 +222,8 @@ def main(argv=None) -> int:
     runs = {"weight_only": weight_only}
     if not args.no_act_emulation:
         runs["act_emulated"] = run(quant_target, drafter, prompts, args, emulate=algo)
+    if algo == "FP8" and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9):
+        runs["fp8_gemm"] = run(quant_target, drafter, prompts, args, fp8_gemm=True)   # the runtime's Hopper default
     k = args.max_new_tokens
     result = {
         "machine": "CPU" if not torch.cuda.is_available() else torch.cuda.get_device_name(),

@@ -133,7 +133,9 @@ def test_calibration_prompts_from_jsonl(tmp_path):
     assert ids == [[1, 5, 6, 2], [7, 8, 9]]   # chat-templated and cut to max_len; plain text as is; first 2 lines
     assert quantize.calibration_ids("random", 3, folder, vocab_size=VOCAB, max_len=8) == \
         quantize.calibration_ids("random", 3, folder, vocab_size=VOCAB, max_len=8)   # seeded
-    calib.write_text('{"prompt": "w1"}\n')
+    calib.write_text('{"id": "a", "prompt": "w5 w6"}\n')   # dflash-train's prompt files work too
+    assert quantize.calibration_ids(str(calib), 2, folder, vocab_size=VOCAB, max_len=4) == [[1, 5, 6, 2]]
+    calib.write_text('{"prompt": ""}\n')
     with pytest.raises(DFlashError, match=r"calib\.jsonl:1"):
         quantize.calibration_ids(str(calib), 2, folder, vocab_size=VOCAB)
     with pytest.raises(DFlashError, match="no tokenizer"):

@@ -108,7 +108,8 @@ def _tokenizer(target_dir: Path):
 
 
 def _read_jsonl(path: Path, n: int) -> list:
-    """Lines of ``{"messages": [{"role", "content"}, ...]}`` (chat-templated) or ``{"text": "..."}`` (as is)."""
+    """Lines of ``{"messages": [{"role", "content"}, ...]}`` or ``{"prompt": "..."}`` (one user turn; dflash-train's
+    prompt files), both chat-templated, or ``{"text": "..."}`` (as is)."""
     out = []
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -123,10 +124,12 @@ def _read_jsonl(path: Path, n: int) -> list:
                     from None
             if isinstance(row, dict) and isinstance(row.get("messages"), list) and row["messages"]:
                 out.append(row["messages"])
+            elif isinstance(row, dict) and isinstance(row.get("prompt"), str) and row["prompt"]:
+                out.append([{"role": "user", "content": row["prompt"]}])
             elif isinstance(row, dict) and isinstance(row.get("text"), str) and row["text"]:
                 out.append(row["text"])
             else:
-                raise DFlashError(f"calib_data {path}:{lineno}", "has neither a non-empty 'messages' list nor 'text'",
+                raise DFlashError(f"calib_data {path}:{lineno}", "has no non-empty 'messages' list, 'prompt' or 'text'",
                                   'write {"messages": [{"role": "user", "content": "..."}]} or {"text": "..."}')
     if not out:
         raise DFlashError("calib_data", f"{path} holds no prompts", "add at least one line")
