@@ -41,7 +41,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from step_bench import target_config, time_engine  # noqa: E402
+from step_bench import cuda_time, graphed, target_config, time_engine  # noqa: E402
 
 from trtllm_dflash.checkpoints.drafter_init import drafter_config, random_drafter_weights  # noqa: E402
 from trtllm_dflash.config import RuntimeConfig, SamplingParams  # noqa: E402
@@ -73,34 +73,14 @@ def timed(fn, reps: int, cuda: bool) -> float:
     """Median seconds of fn() (after 3 warm-up calls): CUDA events on a GPU, the wall clock elsewhere."""
     for _ in range(3):
         fn()
+    if cuda:
+        return cuda_time(fn, reps)
     times = []
     for _ in range(reps):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def graphed(fn):
-    """fn captured in a CUDA graph (warmed up on a side stream first, as the engine does); returns replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+        t0 = time.perf_counter()
         fn()
-    return graph.replay
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 # ---- (a) linear level ---------------------------------------------------------------------------------------

@@ -31,6 +31,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from step_bench import graphed  # noqa: E402
 
 from trtllm_dflash.runtime.distributed import TPGroup  # noqa: E402
 from trtllm_dflash.runtime.kv_cache import KVCache  # noqa: E402
@@ -134,20 +137,6 @@ def time_ms(fn, iters: int, warmup: int, cuda: bool) -> list[float]:
             fn()
             out.append((time.perf_counter() - t0) * 1e3)
     return out
-
-
-def graphed(fn):
-    """fn captured as one CUDA graph (the engine replays steps the same way); returns the replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def check_grouped_mm(target, device) -> float:

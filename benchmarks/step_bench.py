@@ -50,6 +50,20 @@ def cuda_time(fn, reps: int = 10) -> float:
     return statistics.median(times)
 
 
+def graphed(fn):
+    """fn captured as one CUDA graph (warmed up on a side stream first, as the engine does); returns the replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def ceilings() -> dict:
     x = torch.empty(2 * 1024**3 // 2, dtype=BF16, device=DEV).normal_()
     y = torch.empty_like(x)

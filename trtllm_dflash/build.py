@@ -434,7 +434,7 @@ def commands(out: Path, record_like: dict) -> list[str]:
 
 # ---- command line ---------------------------------------------------------------------------------------
 EXAMPLES = """examples:
-  dflash-build --target smollm2-135m --gpu cpu --out engines/smollm2/cpu/1-gpu        # demo, untrained drafter
+  dflash-build --target smollm2-135m --gpu cpu --out engines/smollm2/cpu/1-gpu        # demo, the shipped drafter
   dflash-build --config build_configs/gpt-oss-120b_b300_tp8.yaml --dry_run            # plan + YAML, no download
   dflash-build --config build_configs/qwen3-8b_h100_tp1.yaml --out /models/qwen3-8b-dflash
   dflash-build --target Qwen/Qwen3-8B --drafter ./my-specforge-ckpt --tp 2 --backend torch --presharded --out e
@@ -462,8 +462,8 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
     g = p.add_argument_group("checkpoints")
     g.add_argument("--target", default=None if show_defaults else argparse.SUPPRESS,
                    help="short name, local HF folder or hub id (required, here or in --config)")
-    g.add_argument("--drafter", **kw("drafter"), help="hub id or folder; default: the target's known drafter; "
-                   "'untrained' = random drafter (demo)")
+    g.add_argument("--drafter", **kw("drafter"), help="hub id, folder or smollm2-135m-dflash (ships with this "
+                   "package); default: the target's known drafter; 'untrained' = random drafter (demo)")
     g.add_argument("--drafter_format", choices=drafter_formats.KNOWN_FORMATS, **kw("drafter_format"),
                    help="skip format detection")
     g.add_argument("--target_revision", **kw("target_revision"), help="hub branch, tag or commit")
