@@ -73,7 +73,6 @@ class GptOssConfig:
     swiglu_limit: float
     attention_bias: bool
     tie_word_embeddings: bool
-    eos_token_ids: tuple[int, ...]
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "GptOssConfig":
@@ -91,7 +90,6 @@ class GptOssConfig:
             raise DFlashError("target layer_types", f"expected {n} of sliding_attention/full_attention, got {types}",
                               "fix config.json (gpt-oss alternates sliding and full layers)")
         heads = cfg["num_attention_heads"]
-        eos = cfg.get("eos_token_id")
         return cls(
             architecture=arch, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"], num_layers=n, num_heads=heads,
@@ -103,7 +101,6 @@ class GptOssConfig:
             sliding_window=cfg.get("sliding_window") or 128, layer_types=types,
             swiglu_limit=float(cfg.get("swiglu_limit", 7.0)), attention_bias=bool(cfg.get("attention_bias", True)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            eos_token_ids=tuple(eos if isinstance(eos, list) else [eos] if eos is not None else []),
         )
 
 

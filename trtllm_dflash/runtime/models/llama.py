@@ -38,7 +38,6 @@ class TargetConfig:
     tie_word_embeddings: bool
     attention_bias: bool
     qk_norm: bool
-    eos_token_ids: tuple[int, ...]
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "TargetConfig":
@@ -47,7 +46,6 @@ class TargetConfig:
             raise DFlashError("target architectures", f"{arch} is not supported by the torch runtime",
                               f"use one of {', '.join(ARCHITECTURES)}")
         heads = cfg["num_attention_heads"]
-        eos = cfg.get("eos_token_id")
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
@@ -63,7 +61,6 @@ class TargetConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
             qk_norm=arch == "Qwen3ForCausalLM",
-            eos_token_ids=tuple(eos if isinstance(eos, list) else [eos] if eos is not None else []),
         )
 
 
