@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trtllm_dflash.errors import DFlashError, exit_code  # noqa: E402
+from trtllm_dflash.versions import installed  # noqa: E402
 
 EXAMPLES = """examples:
   python benchmarks/acceptance.py --target smollm2-135m --drafter runs/smollm2/drafter \\
@@ -246,15 +247,7 @@ def cross_check(args, target_dir, drafter_dir, prompts, block_size, eos_ids, res
 
 
 def _meta(argv: list[str], args, target_dir: Path, drafter_dir: Path, timings: dict, t0: float) -> dict:
-    import importlib.metadata
-
     import torch
-
-    def version(dist):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
 
     cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
     return {"command": "python benchmarks/acceptance.py " + " ".join(argv), "args": vars(args),
@@ -262,7 +255,7 @@ def _meta(argv: list[str], args, target_dir: Path, drafter_dir: Path, timings: d
             "device": torch.cuda.get_device_name() if cuda else f"cpu ({platform.machine()})",
             "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "total_s": round(time.perf_counter() - t0, 1), "timings_s": timings,
-            "versions": {d: version(d) for d in ("trtllm-dflash", "torch", "transformers", "dflash")}}
+            "versions": installed("trtllm-dflash", "torch", "transformers", "dflash")}
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from trtllm_dflash.runtime.kv_cache import KVCache  # noqa: E402
 from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
 from trtllm_dflash.runtime.models import layers  # noqa: E402
 from trtllm_dflash.runtime.quant import fp8_row_scales  # noqa: E402
+from trtllm_dflash.versions import installed  # noqa: E402
 
 # (in_features, out_features) per projection, fused as the runtime runs them
 LINEARS = {
@@ -194,13 +195,9 @@ def modelopt_fp8(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def write_configs(root: Path, tcfg: dict, dcfg: dict) -> dict[str, Path]:
     """config.json folders for the bf16 target, its FP8 copy (with ModelOpt's quantization configs) and the drafter."""
-    import importlib.metadata
     qcfg = {"quant_algo": "FP8", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head", "model.embed_tokens"]}
-    producer = {"name": "modelopt (fp8_gemm_bench stand-in)", "version": "0"}
-    try:
-        producer["version"] = importlib.metadata.version("nvidia-modelopt")
-    except importlib.metadata.PackageNotFoundError:
-        pass
+    producer = {"name": "modelopt (fp8_gemm_bench stand-in)",
+                "version": installed("nvidia-modelopt")["nvidia-modelopt"] or "0"}
     dirs = {"bf16": root / "target_bf16", "fp8": root / "target_fp8", "drafter": root / "drafter"}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)

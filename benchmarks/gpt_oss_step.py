@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from step_bench import graphed  # noqa: E402
+from trtllm_dflash.versions import installed  # noqa: E402
 
 from trtllm_dflash.runtime.distributed import TPGroup  # noqa: E402
 from trtllm_dflash.runtime.kv_cache import KVCache  # noqa: E402
@@ -153,19 +154,9 @@ def check_grouped_mm(target, device) -> float:
 
 
 def versions() -> dict:
-    import importlib.metadata as md
     sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-            "trtllm_dflash": md.version("trtllm_dflash") if _installed() else None, "git": sha or None}
-
-
-def _installed() -> bool:
-    import importlib.metadata as md
-    try:
-        md.version("trtllm_dflash")
-        return True
-    except md.PackageNotFoundError:
-        return False
+            "trtllm_dflash": installed("trtllm_dflash")["trtllm_dflash"], "git": sha or None}
 
 
 def main(argv=None) -> int:

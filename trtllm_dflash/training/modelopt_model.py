@@ -15,7 +15,6 @@ own logits. Two things of 0.47 we work around, and check:
 """
 from __future__ import annotations
 
-import importlib.metadata
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from ..checkpoints import hf
 from ..errors import DFlashError
 from ..runtime.models.dflash import build_target_layer_ids
 from ..runtime.models.layers import rope_inv_freq, rope_parameters
+from ..versions import installed
 from .settings import TrainConfig
 
 MODELOPT_TESTED = "0.47.0"
@@ -32,13 +32,7 @@ _INSTALL = "pip install 'trtllm-dflash[modelopt]' (nvidia-modelopt==0.47.0 with 
 
 def versions() -> dict:
     """Versions of the packages the training path depends on (for the report)."""
-    out = {}
-    for dist in ("nvidia-modelopt", "transformers", "torch"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+    return installed("nvidia-modelopt", "transformers", "torch")
 
 
 def check_environment() -> None:
