@@ -1,5 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Run under `mpiexec -n N`: load a pair with tp_size N, generate fixed prompts, rank 0 writes JSON."""
+"""Run under `mpiexec -n N`: load a pair with tp_size N (and ep_size E), generate fixed prompts, rank 0 writes JSON.
+
+usage: tp_run.py TARGET DRAFTER OUT.json TP_SIZE [EP_SIZE]
+"""
 import json
 import sys
 
@@ -13,23 +16,23 @@ PARAMS = [SamplingParams(max_new_tokens=24, ignore_eos=True),
           SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=0.8, top_k=10, seed=5)]
 
 
-def run(target, drafter, tp_size, block_size=None):
+def run(target, drafter, tp_size, block_size=None, ep_size=1, prompts=PROMPTS, params=PARAMS):
     eng = Engine.from_dirs(target, drafter, RuntimeConfig(max_seq_len=128, max_batch_size=2, block_size=block_size),
-                           tp_size=tp_size)
+                           tp_size=tp_size, ep_size=ep_size)
     if eng.tp.rank != 0:
         eng.follow()
         return None
-    out = [r.output_ids for r in eng.generate(PROMPTS, PARAMS)]
+    out = [r.output_ids for r in eng.generate(prompts, params)]
     eng.shutdown()
     return out
 
 
-def main(argv) -> int:
+def main(argv, key="dflash", **workload) -> int:
     target, drafter, out_path, tp = argv[0], argv[1], argv[2], int(argv[3])
-    res = {"dflash": run(target, drafter, tp)}
-    if res["dflash"] is not None:
+    tokens = run(target, drafter, tp, ep_size=int(argv[4]) if len(argv) > 4 else 1, **workload)
+    if tokens is not None:
         with open(out_path, "w") as f:
-            json.dump(res, f)
+            json.dump({key: tokens}, f)
     return 0
 
 
