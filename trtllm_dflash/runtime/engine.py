@@ -60,7 +60,8 @@ def _resolve(cfg: RuntimeConfig) -> tuple[torch.device, torch.dtype]:
                        "cpu" if cfg.device == "auto" else cfg.device)
     dtype = {"auto": torch.bfloat16 if dev.type == "cuda" else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[cfg.dtype]
-    fp8.effective(cfg.fp8_gemm, dev, dtype)   # an explicit fp8_gemm=True off Hopper/Ada fails here, before loading
+    if cfg.fp8_gemm:   # asked for explicitly: refuse off Hopper/Ada before loading (None = auto, in the loader)
+        fp8.check_device(dev, dtype)
     return dev, dtype
 
 
