@@ -10,9 +10,8 @@
 #
 # STAGES (default regenerate,train,export,eval) runs a part, e.g. STAGES=regenerate then STAGES=train,export then
 # STAGES=eval on a host whose calls are time-limited. Re-running with the same OUT_DIR resumes (finished stages
-# are kept). PYTHON picks the interpreter (a venv with
-# the modelopt extra and transformers 5.14); offline once $TRTLLM_DFLASH_CACHE holds the SmolLM2 folder and the
-# ShareGPT, HumanEval and MT-Bench wheels.
+# are kept). PYTHON picks the interpreter (a venv with the modelopt extra and transformers 5.14); offline once
+# $TRTLLM_DFLASH_CACHE holds the SmolLM2 folder and the ShareGPT, HumanEval and MT-Bench wheels.
 set -euo pipefail
 OUT=${1:?usage: $0 OUT_DIR [--smoke]}
 MODE=${2:-full}
@@ -24,7 +23,7 @@ if [[ $MODE == --smoke ]]; then
          --num_anchors 8 --max_seq_len 384 --save_every 2 --verify_prompts 2 --verify_max_new_tokens 16)
   EVAL=(--n 1 --max_new_tokens 16 --max_batch_size 8 --reference_n 1)
 else
-  # lr 1e-3 rather than the paper's 6e-4: ~1-2k steps instead of 6 epochs of 800k samples.
+  # lr 1e-3 rather than the paper's 6e-4: a few thousand steps instead of 6 epochs of 800k samples.
   TRAIN=(--num_prompts 8000 --max_new_tokens 384 --regen_batch_size 256 --regen_time_budget_s "${REGEN_S:-300}"
          --max_steps 20000 --train_time_budget_s "${TRAIN_S:-400}" --batch_size 16 --num_anchors 128
          --max_seq_len 1024 --lr 1e-3 --save_every 250)
