@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What produced a result: the command, the code (git SHA, clean or the hash of its diff), the installed
+versions, the device, and the sha256 of every checkpoint it read. Every results file carries one record.
+
+The GPU host receives a copy of the working tree without ``.git``; ``python -m trtllm_dflash.provenance
+--write DIR`` run here (before the copy) leaves ``DIR/.git_state.json``, which :func:`git_state` reads
+there when git cannot answer.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from .checkpoints.manifest import hash_tree, sha256_file
+from .versions import installed
+
+ROOT = Path(__file__).resolve().parent.parent
+STATE_FILE = ".git_state.json"
+PACKAGES = ("trtllm-dflash", "torch", "transformers", "triton", "nvidia-modelopt", "nvidia-pytriton",
+            "tritonclient", "safetensors", "numpy")
+
+
+def _git(*args: str, root: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.decode(errors="replace") if out.returncode == 0 else None
+
+
+def git_state(root: Path = ROOT) -> dict:
+    """``{"sha", "dirty", "diff_sha256", "source"}``: the commit, and for a dirty tree the sha256 of
+    ``git diff HEAD`` plus the untracked files' names, so two runs of the same dirty tree match."""
+    sha = _git("rev-parse", "HEAD", root=root)
+    if sha is not None:
+        diff = _git("diff", "HEAD", "--binary", root=root) or ""
+        untracked = _git("ls-files", "--others", "--exclude-standard", root=root) or ""
+        dirty = bool(diff.strip() or untracked.strip())
+        digest = hashlib.sha256((diff + "\0" + untracked).encode()).hexdigest() if dirty else None
+        return {"sha": sha.strip(), "dirty": dirty, "diff_sha256": digest, "source": "git"}
+    state = root / STATE_FILE
+    if state.is_file():
+        return {**json.loads(state.read_text()), "source": STATE_FILE}
+    return {"sha": None, "dirty": None, "diff_sha256": None, "source": "unknown (no .git and no .git_state.json)"}
+
+
+def checkpoint_digest(path: str | Path) -> dict:
+    """sha256 of a checkpoint: of the file, or for a directory of its sorted (name, sha256) list, which is
+    what ``dflash-build inspect`` prints for the drafter and target."""
+    path = Path(path)
+    if path.is_file():
+        return {"path": str(path), "sha256": sha256_file(path)}
+    files = hash_tree(path)
+    combined = hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(files.items())).encode()).hexdigest()
+    return {"path": str(path), "sha256": combined, "files": files}
+
+
+def device_info() -> dict:
+    info = {"host": platform.node(), "python": platform.python_version(), "cpu": platform.processor() or platform.machine()}
+    try:
+        import torch
+    except ImportError:
+        return info
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu=p.name, gpu_count=torch.cuda.device_count(), gpu_memory_gib=round(p.total_memory / 2**30, 1),
+                    cuda=torch.version.cuda, sm=f"{p.major}.{p.minor}")
+    else:
+        info.update(gpu=None, torch_threads=torch.get_num_threads())
+    return info
+
+
+def record(command: list[str] | str | None = None, checkpoints: dict[str, str | Path] | None = None,
+           packages: tuple[str, ...] = PACKAGES) -> dict:
+    """The provenance block of a results file. ``command`` defaults to this process's argv."""
+    if command is None:
+        command = [Path(sys.executable).name, *sys.argv]
+    return {
+        "command": command if isinstance(command, str) else " ".join(str(c) for c in command),
+        "git": git_state(),
+        "versions": installed(*packages),
+        "device": device_info(),
+        "checkpoints": {name: checkpoint_digest(p) for name, p in (checkpoints or {}).items() if p is not None},
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trtllm_dflash.provenance",
+                                description="Print this checkout's git state, or write it into a copy of the tree "
+                                            "that travels without .git (the GPU host).")
+    p.add_argument("--write", metavar="DIR", help=f"write DIR/{STATE_FILE} (the state of this checkout)")
+    args = p.parse_args(argv)
+    state = {k: v for k, v in git_state().items() if k != "source"}
+    if args.write:
+        Path(args.write, STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    print(json.dumps(state))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
