@@ -2,13 +2,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # The SmolLM2 GPU work on a host without network, from files carried into .carry/, one stage per device call
 # (each call is capped at 10 minutes and returns few files, each < 16 MB; logs go to $OUT/<stage>.log):
-#   prep    .carry/p0 + .carry/p1 GGUF halves -> joined, sha256-checked, converted into .carry/cache
+#   prep    .carry/p0, p1, p2 GGUF thirds (one per call: each call carries ~25 MB of tree) -> joined,
+#           sha256-checked, converted into .carry/cache
 #   regen   the target answers ShareGPT prompts (.carry/w3/sharegpt_prompts.jsonl) -> $OUT/regenerated.tgz
 #   train   ModelOpt training + export -> the drafter as two safetensors shards + index, train_reports.tgz
 #   eval    benchmarks/acceptance.py (HumanEval, MT-Bench; dflash reference cross-check) -> acceptance_smollm2.*
 #   sweep   AR vs DFlash dflash-sweep, concurrency 1..64 -> sweep_smollm2_h100.jsonl
 #   quant   ModelOpt FP8 build on the GPU + benchmarks/quant_report.py (weight-only vs fp8_gemm) -> quant_*.json
-#   .carry/w1 w2 w3  wheels (ModelOpt stack, transformers 5.14.1, tokenizers 0.22.2, gguf, data packages)
+#   .carry/w1 w2 w3  wheels (ModelOpt stack, transformers 5.14.1, tokenizers 0.22.2, gguf, data packages);
+#           .carry/wlead: gguf alone, enough for prep + inference stages on the host's transformers 5.17
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|quant}
@@ -26,7 +28,7 @@ TRAIN=(env DATA="$PWD/.carry/w3/sharegpt_prompts.jsonl" bash benchmarks/train_sm
 exec > >(tee "$LOG") 2>&1
 case $STAGE in
   prep)
-    python3 -m trtllm_dflash.checkpoints.packaged --join .carry/smollm2.gguf .carry/p0/*.part00 .carry/p1/*.part01
+    python3 -m trtllm_dflash.checkpoints.packaged --join .carry/smollm2.gguf .carry/p[0-9]/*.part[0-9][0-9]
     TRTLLM_DFLASH_SMOLLM2_GGUF=$PWD/.carry/smollm2.gguf python3 -m trtllm_dflash.checkpoints.packaged
     ;;
   regen)

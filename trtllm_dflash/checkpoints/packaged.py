@@ -322,7 +322,7 @@ def _check_folder(folder: Path) -> None:
                           "report this with your transformers version")
 
 
-# --------------------------------------------------------------------------- moving the GGUF in halves
+# --------------------------------------------------------------------------- moving the GGUF in parts
 def split_gguf(path: str | Path, out_dir: str | Path, parts: int = 2) -> list[Path]:
     """Cut ``path`` into ``parts`` near-equal files ``<name>.part00``, ... in ``out_dir``; ``cat`` restores it."""
     path, out_dir = Path(path), Path(out_dir)
@@ -367,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache_dir", default=None, help="default: $TRTLLM_DFLASH_CACHE or ~/.cache/trtllm_dflash")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--gguf", action="store_true", help="print the verified GGUF path instead")
-    p.add_argument("--split", metavar="OUT_DIR", help="split the GGUF into halves in OUT_DIR and print them")
+    p.add_argument("--split", metavar="OUT_DIR", help="split the GGUF into --parts files in OUT_DIR and print them")
+    p.add_argument("--parts", type=int, default=2,
+                   help="how many parts --split writes (3 fit a 64 MiB transfer beside a ~25 MB source tree)")
     p.add_argument("--join", nargs="+", metavar=("OUT", "PART"), help="join PARTs (in order) into OUT, check sha256")
     args = p.parse_args(argv)
     if args.join:
@@ -375,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--join needs OUT and at least one PART")
         print(join_gguf(args.join[1:], args.join[0]))
     elif args.split:
-        print("\n".join(map(str, split_gguf(smollm2_gguf(args.cache_dir, not args.quiet), args.split))))
+        print("\n".join(map(str, split_gguf(smollm2_gguf(args.cache_dir, not args.quiet), args.split, args.parts))))
     elif args.gguf:
         print(smollm2_gguf(args.cache_dir, not args.quiet))
     else:
