@@ -1,0 +1,367 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Render the README's measured sections from the files in benchmarks/results/.
+
+Each block of the README between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->`` is the output of
+``RENDERERS[NAME](results_dir)``: a figure in the README is a figure in a committed results file, and
+``--check`` (run by tests/test_readme_results.py in CI) fails when the two disagree.
+
+    python scripts/readme_results.py            # rewrite the blocks in README.md
+    python scripts/readme_results.py --check    # exit 1 and print a diff when a block is stale
+
+To add a figure: write a ``render_NAME(results: Path) -> str`` below, register it in RENDERERS, and put the
+empty pair of markers where it belongs in the README; the first run fills it.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import difflib
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
+
+
+def _load(results: Path, name: str) -> dict:
+    return json.loads((results / name).read_text())
+
+
+def _jsonl(results: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (results / name).read_text().splitlines() if line.strip()]
+
+
+def provenance_note(data: dict, name: str) -> str:
+    """Where the figures came from: the file, and its git SHA from the provenance record, or an honest
+    'legacy' note for files written before trtllm_dflash.provenance existed."""
+    prov = data.get("provenance")
+    if prov:
+        git = prov.get("git") or {}
+        sha = (git.get("sha") or "unknown")[:10]
+        dirty = f", dirty tree, diff sha256 {git['diff_sha256'][:10]}" if git.get("dirty") else ""
+        return f"`benchmarks/results/{name}`, git {sha}{dirty}"
+    sha = (data.get("versions") or {}).get("git_sha") if isinstance(data.get("versions"), dict) else None
+    if sha:
+        return f"`benchmarks/results/{name}`, legacy: git {sha[:10]}{'-dirty' if sha.endswith('-dirty') else ''} only"
+    return f"`benchmarks/results/{name}`, legacy: no git SHA recorded"
+
+
+def _ms(x: float) -> str:
+    return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _step_rows(data: dict, model: str) -> dict[tuple[str, int], dict]:
+    return {(r["mode"], r["batch"]): r for r in data["rows"] if r["model"] == model}
+
+
+# ---------------------------------------------------------------------------------------------- blocks
+
+def render_quickstart_tau(results: Path) -> str:
+    d = _load(results, "acceptance_smollm2.json")
+    he, mt = d["humaneval"], d["mtbench"]
+    return (f"greedy acceptance is {he['tau_greedy']:.2f} tokens per step on HumanEval and {mt['tau_greedy']:.2f} on "
+            f"MT-Bench (block {he['block_size']}, H100 bf16; {provenance_note(d, 'acceptance_smollm2.json')}).\n")
+
+
+def render_step_bench(results: Path) -> str:
+    name = "step_bench_h100_v3.json"
+    d = _load(results, name)
+    meta = d["meta"]
+    q, ll = _step_rows(d, "qwen3-8b"), _step_rows(d, "llama-3.1-8b")
+    batches = sorted({b for (_, b) in q})
+    qb = d["summary"]["qwen3-8b"]["block_size"]
+    lb = d["summary"]["llama-3.1-8b"]["block_size"]
+    lines = [
+        f"**Decode step cost on one H100 80 GB** (random bf16 weights at real shapes, prompt "
+        f"{q[('ar', batches[0])]['ctx']} tokens, CUDA graphs; `python {meta['command'].replace(' --out /root/out/step_bench.json', '')}`; "
+        f"torch {meta['torch']}, transformers {meta['transformers']}; {provenance_note(d, name)}). Roofline = bytes "
+        f"that must cross HBM per step (every weight once + the KV cache) at the copy bandwidth measured in the same "
+        f"run ({meta['copy_bw_bytes_per_s'] / 1e12:.1f} TB/s), or the FLOPs at the measured bf16 matmul rate "
+        f"({meta['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s) where that is larger.",
+        "",
+        "| Qwen3-8B, batch | " + " | ".join(str(b) for b in batches) + " |",
+        "|---|" + "---|" * len(batches),
+        "| AR step (ms) / % of roofline | " + " | ".join(
+            f"{_ms(q[('ar', b)]['step_ms'])} / {_pct(q[('ar', b)]['roofline_fraction'])}" for b in batches) + " |",
+        f"| DFlash step, block {qb} (ms) / % of roofline | " + " | ".join(
+            f"{_ms(q[('dflash', b)]['step_ms'])} / {_pct(q[('dflash', b)]['roofline_fraction'])}" for b in batches) + " |",
+        f"| Llama-3.1-8B: AR / DFlash block {lb} (ms) | " + " | ".join(
+            f"{_ms(ll[('ar', b)]['step_ms'])} / {_ms(ll[('dflash', b)]['step_ms'])}" for b in batches) + " |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_step_notes(results: Path) -> str:
+    v1, v2, v3 = (_load(results, f"step_bench_h100_{v}.json") for v in ("v1", "v2", "v3"))
+    files = sorted(results.glob("step_bench_h100_v*.json"))
+    hf = {m: [json.loads(f.read_text())["summary"][m].get("hf_ar_b1_ms_per_token") for f in files]
+          for m in ("qwen3-8b", "llama-3.1-8b")}
+    hf = {m: [x for x in xs if x is not None] for m, xs in hf.items()}
+    speed = [json.loads(f.read_text())["summary"][m].get("speedup_vs_hf_ar_b1") for f in files for m in hf]
+    speed = [x for x in speed if x is not None]
+    s2q, s2l = v2["summary"]["qwen3-8b"], v2["summary"]["llama-3.1-8b"]
+    s3q = v3["summary"]["qwen3-8b"]
+    r3 = _step_rows(v3, "qwen3-8b")
+    bytes_ratio = r3[("dflash", 1)]["bytes_per_step"] / r3[("ar", 1)]["bytes_per_step"]
+    prof = s2q["profile_ar_b1"]
+    return "\n".join([
+        f"- Peers, batch 1, side by side in one run (v2, {provenance_note(v2, 'step_bench_h100_v2.json')}): HF "
+        f"transformers `generate` {s2q['hf_ar_b1_ms_per_token']:.1f} ms/token for Qwen3-8B, our AR step "
+        f"**{s2q['speedup_vs_hf_ar_b1']:.1f}x** faster; the `dflash` reference package "
+        f"{s2q['dflash_ref_b1_ms_per_iteration']:.0f} ms per draft+verify iteration, ours "
+        f"**{s2q['speedup_vs_dflash_ref_b1']:.0f}x** faster (Llama-3.1-8B: {s2l['speedup_vs_hf_ar_b1']:.1f}x and "
+        f"{s2l['speedup_vs_dflash_ref_b1']:.0f}x). HF's own time moves a lot between runs "
+        f"({min(hf['qwen3-8b']):.0f}-{max(hf['qwen3-8b']):.0f} ms/token for Qwen3-8B, "
+        f"{min(hf['llama-3.1-8b']):.0f}-{max(hf['llama-3.1-8b']):.0f} for Llama over the {len(files)} step_bench files: "
+        f"it is bound by Python launch overhead), so the HF ratio ranges {min(speed):.1f}x-{max(speed):.1f}x.",
+        f"- DFlash step / AR step = {s3q['dflash_b1_step_over_ar_step']:.2f} at batch 1 (v3; the bytes alone give "
+        f"{bytes_ratio:.2f}: the drafter plus a second lm_head pass).",
+        f"- What bounds batch 1: the kernel profile of v2 (older code, the only run made with `--profile`) counts "
+        f"{prof['kernels_per_step']:.0f} kernels per Qwen3-8B AR step ({prof['device_ms_per_step']:.2f} ms of device "
+        f"time in a {s2q['ar_b1_step_ms']:.2f} ms step): the weight GEMMs plus many small kernels (norms, RoPE, cache "
+        f"writes, attention). From v1 to v3 the Qwen3-8B AR step went from {v1['summary']['qwen3-8b']['ar_b1_step_ms']:.1f} "
+        f"to {s3q['ar_b1_step_ms']:.1f} ms (v1 already replayed CUDA graphs): fused elementwise chains, grouped-query "
+        f"attention that reads each KV row once, matmul attention for decode-sized queries, and a drafter that "
+        f"attends its cache in place instead of concatenating it.",
+    ]) + "\n"
+
+
+def render_tp_bench(results: Path) -> str:
+    name = "tp_bench_h200x2.json"
+    d = _load(results, name)
+    rows = {(r["mode"], r["batch"]): r["step_ms"] for r in d["rows"]}
+    big = max(b for (_, b) in rows)
+    return (f"- **Tensor parallelism, 2x H200** (`mpirun -n 2 python3 benchmarks/tp_bench.py`; {provenance_note(d, name)}): "
+            f"TP={d['tp_size']} tokens {'equal' if d['tiny_tp_equals_tp1'] else 'DIFFER FROM'} TP=1 tokens (float32, "
+            f"NCCL + CUDA graphs); Qwen3-8B AR step {rows[('ar', 1)]:.2f} ms and DFlash step {rows[('dflash', 1)]:.2f} ms "
+            f"at batch 1 ({rows[('ar', big)]:.2f} / {rows[('dflash', big)]:.1f} ms at batch {big}).\n")
+
+
+def render_gpt_oss(results: Path) -> str:
+    name = "gpt_oss_20b_step_h100.json"
+    d = _load(results, name)
+    g = {(r["step"], r["block_size"], r["batch"]): r["median_ms"] for r in d["results"] if r["mode"] == "graph"}
+    blocks = sorted({bs for (s, bs, _) in g if s == "dflash"})
+    big = max(b for (_, _, b) in g)
+    ar1 = g[("ar", 1, 1)]
+    d1 = " / ".join(f"{g[('dflash', bs, 1)]:.1f} ms (block {bs})" for bs in blocks)
+    dbig = " / ".join(f"{g[('dflash', bs, big)]:.1f}" for bs in blocks)
+    need = min(g[("dflash", bs, 1)] for bs in blocks) / ar1
+    return (f"- **gpt-oss-20b shapes** (random bf16, H100, ctx {d['shapes']['ctx']}, `python benchmarks/gpt_oss_step.py`; "
+            f"{provenance_note(d, name)}): AR step {ar1:.1f} ms, DFlash step {d1} at batch 1; "
+            f"{g[('ar', 1, big)]:.1f} / {dbig} ms at batch {big}: a drafter must average {need:.1f} tokens per step "
+            f"to win at batch 1.\n")
+
+
+def render_sweep(results: Path) -> str:
+    name = "sweep_smollm2_h100.jsonl"
+    rows = _jsonl(results, name)
+    al = [r["metrics"]["acceptance_length_mean"] for r in rows if r["settings"]["mode"] == "dflash"]
+    table = (results / "sweep_smollm2_h100" / "iso_interactivity.md").read_text()
+    ratios = [float(x) for x in re.findall(r"\| ([0-9.]+)x \|", table)]
+    sha = rows[0]["versions"].get("git_sha") or "none"
+    concs = sorted({r["settings"]["concurrency"] for r in rows})
+    return (f"- **Sweep, SmolLM2-135M AR vs DFlash with the shipped drafter** (H100, HumanEval prompts, <= "
+            f"{rows[0]['settings']['max_new_tokens']} new tokens, concurrency {concs[0]}..{concs[-1]}, "
+            f"`bash benchmarks/gpu_smollm2.sh sweep`; `benchmarks/results/sweep_smollm2_h100/`, legacy: git "
+            f"{sha[:10]}{'-dirty' if sha.endswith('-dirty') else ''} only, no checkpoint sha256): acceptance length "
+            f"{min(al):.2f}-{max(al):.2f}, and DFlash/AR throughput at equal interactivity between {min(ratios):.2f}x "
+            f"and {max(ratios):.2f}x.\n")
+
+
+def _cuda_rows(d: dict) -> list[str]:
+    out = ["| model | dtype | prompts | DFlash == AR greedy | AR == HF greedy | DFlash == AR sampled |",
+           "|---|---|---|---|---|---|"]
+    for r in d.get("tiny", []):
+        out.append(f"| tiny random {r['arch']} | {r['dtype']} | {r['n']} | {r['dflash_eq_ar_greedy']}/{r['n']} | "
+                   f"{r['ar_eq_hf_greedy']}/{r['n']} | {r['dflash_eq_ar_sampled']}/{r['n']} |")
+    s = d.get("smollm2")
+    if s:
+        div = [x for x in s.get("diverged_at", []) if x is not None]
+        note = f" (diverged after {', '.join(str(x) for x in div)} tokens)" if div else ""
+        out.append(f"| SmolLM2-135M | {s.get('dtype', 'bfloat16')} | {s['n_prompts']} | "
+                   f"{s['dflash_eq_ar_greedy']}/{s['n_prompts']}{note} | - | - |")
+    return out
+
+
+def render_cuda_check(results: Path) -> str:
+    name = "cuda_check_h100.json"
+    d = _load(results, name)
+    s = d.get("smollm2") or {}
+    head = (f"**Correctness on CUDA** (`python benchmarks/cuda_check.py --smollm2`, {d.get('gpu', 'GPU')}, torch "
+            f"{d.get('torch')}; {provenance_note(d, name)}"
+            + ("; made before the fused kernels, grouped-query attention, matmul attention and drafter changes landed"
+               if "provenance" not in d else "") + "): every row.")
+    tail = []
+    if s:
+        tail.append(f"SmolLM2 on this GPU: {s['ar_b1_tok_per_s']:.0f} tok/s AR at batch 1, "
+                    f"{s['ar_b8_tok_per_s']:,.0f} tok/s at batch 8.")
+    return "\n".join([head, "", *_cuda_rows(d), "", *tail]).rstrip() + "\n"
+
+
+def render_quant(results: Path) -> str:
+    h = _load(results, "quant_smollm2_fp8_h100.json")
+    f, n = _load(results, "quant_smollm2_fp8.json"), _load(results, "quant_smollm2_nvfp4.json")
+    t, a, tf = h["tau"], h["agreement_vs_base"], h["teacher_forced_top1_agreement"]
+    w = h["workload"]
+    return (
+        f"**Quantized SmolLM2, FP8 on H100 with the trained drafter** (`bash benchmarks/gpu_smollm2.sh quant`: ModelOpt "
+        f"FP8 PTQ on {h['quant_build']['calib_size']} ShareGPT prompts, then `benchmarks/quant_report.py --n {w['n']} "
+        f"--max_new_tokens {w['max_new_tokens']}` on MT-Bench; {provenance_note(h, 'quant_smollm2_fp8_h100.json')}): "
+        f"tau {t['base']:.2f} on the bf16 target, {t['weight_only']:.2f} on the FP8 target with weights dequantised, "
+        f"{t['fp8_gemm']:.2f} with the FP8 GEMMs (`fp8_gemm`, FP8 activations per token) and {t['act_emulated']:.2f} "
+        f"with TensorRT-LLM's static input scales emulated. Greedy first-token agreement with the bf16 target: "
+        f"{a['weight_only']['first_token_match_rate']:.2f} weight-only, {a['fp8_gemm']['first_token_match_rate']:.2f} "
+        f"fp8_gemm, {a['act_emulated']['first_token_match_rate']:.2f} static; teacher-forced top-1 agreement "
+        f"{tf['weight_only']:.2f} weight-only, {tf['act_emulated']:.2f} static.\n"
+        f"On CPU (float32, {f['workload']['n']} MT-Bench prompts x {f['workload']['max_new_tokens']} tokens; "
+        f"{provenance_note(f, 'quant_smollm2_fp8.json')}, {provenance_note(n, 'quant_smollm2_nvfp4.json')}; NVFP4 runs "
+        f"only on Blackwell, so CPU is where we measure it): tau {f['tau']['base']:.2f} base, "
+        f"{f['tau']['weight_only']:.2f} FP8, {n['tau']['weight_only']:.2f} NVFP4 weight-only; first-token agreement "
+        f"with the base {n['agreement_vs_base']['weight_only']['first_token_match_rate']:.2f} NVFP4 and "
+        f"{f['agreement_vs_base']['weight_only']['first_token_match_rate']:.2f} FP8, teacher-forced top-1 "
+        f"{n['teacher_forced_top1_agreement']['weight_only']:.2f} NVFP4 and "
+        f"{f['teacher_forced_top1_agreement']['weight_only']:.2f} FP8.\n")
+
+
+def render_fp8_gemm(results: Path) -> str:
+    name = "fp8_gemm_h100.json"
+    d = _load(results, name)
+    s = d["summary"]
+    ar = [v for k, v in s.items() if k.startswith("step_speedup_ar_")]
+    df = [v for k, v in s.items() if k.startswith("step_speedup_dflash_")]
+    g = [v for k, v in s.items() if k.startswith("linear_graph_speedup_")]
+    layers = d["step_model"]["config"]["num_hidden_layers"]
+    return (f"**FP8 GEMMs on Hopper** (`python benchmarks/fp8_gemm_bench.py`, {d['meta']['device']}; "
+            f"{provenance_note(d, name)}): a Qwen3-8B-shaped FP8 target of {layers} layers steps "
+            f"{min(ar + df):.2f}-{max(ar + df):.2f}x faster with `torch._scaled_mm` (per-token activation scales, "
+            f"per-row weight scales) than with dequantised bf16 weights (AR {min(ar):.2f}x-{max(ar):.2f}x, DFlash "
+            f"{min(df):.2f}x-{max(df):.2f}x). Per GEMM inside CUDA graphs at decode sizes the row-scaled FP8 kernel "
+            f"reaches {min(g):.1f}-{max(g):.1f}x of cuBLAS bf16, and the activation quantisation is one more kernel "
+            f"per linear.\n")
+
+
+def render_acceptance(results: Path) -> str:
+    name = "acceptance_smollm2.json"
+    d = _load(results, name)
+    meta = _load(results, "acceptance_smollm2.meta.json")
+    sizes = list(d["humaneval"]["block_sizes"])
+    head = (f"**Acceptance of the shipped SmolLM2 drafter** (mean accepted tokens per step, tau; "
+            f"{meta['device']}, torch {meta['versions'].get('torch')}, "
+            f"all {d['humaneval']['n_prompts']} HumanEval and {d['mtbench']['n_prompts']} MT-Bench first turns, <= "
+            f"{meta['args']['max_new_tokens']} new tokens; `python benchmarks/acceptance.py --target smollm2-135m "
+            f"--drafter DIR --block_sizes {' '.join(sizes)} --reference`; {provenance_note(meta, 'acceptance_smollm2.meta.json')}, "
+            f"no drafter sha256 recorded):")
+    cols = [f"B={b} greedy | B={b} T=1" for b in sizes]
+    lines = [head, "", "| dataset | prompts | " + " | ".join(cols) + " | `dflash` reference package, greedy (ours / ref) |",
+             "|---|---|" + "---|" * (2 * len(sizes) + 1)]
+    for key, label in (("humaneval", "HumanEval"), ("mtbench", "MT-Bench")):
+        r = d[key]
+        cells = [f"{r['block_sizes'][b]['tau_greedy']:.2f} | {r['block_sizes'][b]['tau_t1']:.2f}" for b in sizes]
+        ref = r["reference"]
+        refc = (f"{ref['tau_ours']:.2f} / {ref['tau_reference']:.2f} ({ref['n_prompts']} prompts, {ref['dtype']}, "
+                f"{ref['identical_outputs']}/{ref['n_prompts']} identical outputs)")
+        lines.append(f"| {label} | {r['n_prompts']} | " + " | ".join(cells) + f" | {refc} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_training(results: Path) -> str:
+    rep = _load(results, "train_smollm2/report.json")
+    with open(results / "train_smollm2" / "loss.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    last = rows[-50:]
+    acc = sum(float(r["acc"]) for r in last) / len(last)
+    loss = sum(float(r["loss"]) for r in last) / len(last)
+    data, train = rep["data"], rep["train"]
+    return (f"The drafter (`bash benchmarks/gpu_smollm2.sh regen`, then `train`: {rep['settings']['num_layers']} layers, "
+            f"KD loss with the paper's decay; `benchmarks/results/train_smollm2/`, "
+            f"{provenance_note(rep, 'train_smollm2/report.json').split(', ', 1)[1]}) saw {data['rows']:,} ShareGPT answers "
+            f"regenerated by the target ({data['response_tokens'] / 1e6:.1f} M tokens, {data['elapsed_s'] / 60:.0f} minutes at "
+            f"{data['new_tokens_per_s'] / 1e3:.1f}k tok/s) for {train['steps']:,} steps ({train['epochs']:.1f} epochs, "
+            f"{train['elapsed_s'] / 60:.1f} minutes); over its last {len(last)} logged rows (steps {last[0]['step']}-"
+            f"{last[-1]['step']}) the training loss averages {loss:.2f} and the block accuracy {acc:.3f}.\n")
+
+
+RENDERERS = {
+    "quickstart_tau": render_quickstart_tau,
+    "step_bench": render_step_bench,
+    "step_notes": render_step_notes,
+    "tp_bench": render_tp_bench,
+    "gpt_oss": render_gpt_oss,
+    "sweep": render_sweep,
+    "cuda_check": render_cuda_check,
+    "quant": render_quant,
+    "fp8_gemm": render_fp8_gemm,
+    "acceptance": render_acceptance,
+    "training": render_training,
+}
+
+
+# ---------------------------------------------------------------------------------------------- driver
+
+def wrap(markdown: str, width: int = 115) -> str:
+    """Prose lines wrapped like the rest of the README; table rows and blank lines kept as they are."""
+    out = []
+    for line in markdown.splitlines():
+        if len(line) <= width or line.startswith("|"):
+            out.append(line)
+            continue
+        indent = "  " if line.startswith("- ") else ""
+        out.append(textwrap.fill(line, width, subsequent_indent=indent, break_long_words=False,
+                                 break_on_hyphens=False))
+    return "\n".join(out) + "\n"
+
+
+def render_readme(text: str, results: Path, renderers: dict = RENDERERS) -> tuple[str, list[str]]:
+    """The README with every block re-rendered, and the problems found (unknown or missing blocks)."""
+    problems, seen = [], set()
+
+    def fill(m: re.Match) -> str:
+        name = m["name"]
+        seen.add(name)
+        if name not in renderers:
+            problems.append(f"README block '{name}' has no renderer in RENDERERS (add render_{name})")
+            return m.group(0)
+        return m.group(1) + wrap(renderers[name](results)) + m.group(4)
+
+    out = BLOCK.sub(fill, text)
+    problems += [f"renderer '{n}' has no block in the README (add <!-- results:{n} --> ... <!-- /results:{n} -->)"
+                 for n in renderers if n not in seen]
+    return out, problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="Blocks: " + ", ".join(RENDERERS))
+    p.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results",
+                   help="the folder the figures are read from (default: benchmarks/results)")
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 and print a diff when a block is stale")
+    args = p.parse_args(argv)
+    text = args.readme.read_text()
+    new, problems = render_readme(text, args.results)
+    for msg in problems:
+        print(f"readme_results: {msg}", file=sys.stderr)
+    if args.check:
+        if new != text:
+            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
+                                                       str(args.readme), "rendered from " + str(args.results)))
+            print(f"readme_results: {args.readme} differs from {args.results}; run python scripts/readme_results.py",
+                  file=sys.stderr)
+            return 1
+        return 1 if problems else 0
+    if new != text:
+        args.readme.write_text(new)
+        print(f"readme_results: updated {args.readme}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
