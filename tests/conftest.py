@@ -45,3 +45,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+# ---- GPU tests: `@pytest.mark.gpu` runs only where CUDA is ----------------------------------------------
+def pytest_collection_modifyitems(config, items):
+    """Skip `gpu`-marked tests on a machine without CUDA (CI), with the reason in the report; `pytest -m gpu`
+    on the GPU host runs them. torch is imported only when a gpu test was collected."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu test: needs CUDA (run `pytest -m gpu` on the GPU host)")
+    for item in gpu_items:
+        item.add_marker(skip)

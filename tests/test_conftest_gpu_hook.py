@@ -1,0 +1,26 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The conftest hook skips `gpu`-marked tests where CUDA is missing and leaves them alone where it is."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour of the hook")
+def test_gpu_marked_tests_are_skipped_without_cuda(tmp_path):
+    probe = ROOT / "tests" / "gpu" / f"test_probe_{tmp_path.name}.py"
+    probe.write_text("import pytest\n\n@pytest.mark.gpu\ndef test_needs_cuda():\n    raise AssertionError('ran')\n\n"
+                     "def test_plain():\n    pass\n")
+    try:
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(probe)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        probe.unlink()
+    assert "1 passed, 1 skipped" in out.stdout, out.stdout + out.stderr
+    assert "needs CUDA" in out.stdout
