@@ -246,6 +246,9 @@ def test_inspect_summarises_and_catches_tampering(ckpt, tmp_path, capsys):
     assert run(tiny_args(ckpt, out, "llama", "z-lab", "--backend", "trtllm"), capsys)[0] == 0
     rc, stdout, _ = run(["inspect", out], capsys)
     assert rc == 0 and "verified sha256" in stdout and "trtllm-serve" in stdout and "format z-lab" in stdout
+    from trtllm_dflash.provenance import checkpoint_digest   # inspect prints what results files record
+    for role in ("target", "drafter"):
+        assert f"{role} sha256 {checkpoint_digest(out / role)['sha256']}" in stdout
     (out / "drafter" / "config.json").write_text("{}")
     rc, _, err = run(["inspect", out], capsys)
     assert rc == 2 and "drafter/config.json: sha256 mismatch" in err

@@ -512,6 +512,14 @@ def config_from_args(argv: list[str]) -> tuple[bc.BuildConfig, bool, bool]:
     return bc.make(preset, overrides), ns.dry_run, ns.force
 
 
+def checkpoint_sha256(record: dict, role: str) -> str:
+    """sha256 of the deployment's target/ or drafter/ folder from the manifest's file list, equal to
+    provenance.checkpoint_digest(<dir>/<role>) (which a benchmark run on that folder records)."""
+    from .provenance import tree_digest
+    prefix = record.get(role, {}).get("path", role).rstrip("/") + "/"
+    return tree_digest({rel[len(prefix):]: h for rel, h in record["files"].items() if rel.startswith(prefix)})
+
+
 def inspect(directory: str | Path, *, verify: bool = True, log=print) -> dict:
     directory = Path(directory).absolute()
     record = manifest.read(directory)
@@ -522,6 +530,8 @@ def inspect(directory: str | Path, *, verify: bool = True, log=print) -> dict:
             raise DFlashError(str(directory), f"{len(problems)} file(s) do not match the manifest "
                               f"(first: {problems[0]})", "rebuild it with dflash-build --force")
         log(f"verified sha256 of {len(record['files'])} files: ok")
+    for role in ("target", "drafter"):   # the digest provenance.record writes into results files for this folder
+        log(f"{role} sha256 {checkpoint_sha256(record, role)}  ({role}/, as provenance.checkpoint_digest)")
     for line in commands(directory, record):
         log(f"  {line}")
     return record

@@ -58,8 +58,12 @@ def checkpoint_digest(path: str | Path) -> dict:
     if path.is_file():
         return {"path": str(path), "sha256": sha256_file(path)}
     files = hash_tree(path)
-    combined = hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(files.items())).encode()).hexdigest()
-    return {"path": str(path), "sha256": combined, "files": files}
+    return {"path": str(path), "sha256": tree_digest(files), "files": files}
+
+
+def tree_digest(files: dict[str, str]) -> str:
+    """sha256 of a folder from its {relative name: sha256} list (a deployment manifest has that list already)."""
+    return hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(files.items())).encode()).hexdigest()
 
 
 def device_info() -> dict:
