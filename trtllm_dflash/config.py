@@ -6,10 +6,16 @@ from dataclasses import dataclass, field
 
 from .errors import DFlashError
 
+# Temperatures below this sample like greedy decoding and are stored as 0: logits / 1e-38 overflow float32
+# (inf - inf = nan), and at 1e-5 a logit gap of 1e-3 is already a factor e^100, so the draw is the argmax anyway.
+GREEDY_TEMPERATURE = 1e-5
+SEED_RANGE = (-(2**63), 2**64)  # int64 or uint64 (Triton's sampling_param_seed is UINT64)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling. ``temperature == 0`` is greedy; ``seed`` makes sampling reproducible."""
+    """Per-request sampling. ``temperature < GREEDY_TEMPERATURE`` (0 included) is greedy and stored as 0;
+    ``seed`` (any int64 or uint64) makes sampling reproducible."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -22,8 +28,12 @@ class SamplingParams:
     def __post_init__(self):
         if self.max_new_tokens <= 0:
             raise DFlashError("max_new_tokens", f"must be > 0, got {self.max_new_tokens}", "pass a positive count")
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # also refuses nan
             raise DFlashError("temperature", f"must be >= 0, got {self.temperature}", "use 0 for greedy")
+        if self.temperature < GREEDY_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
+        if not SEED_RANGE[0] <= self.seed < SEED_RANGE[1]:
+            raise DFlashError("seed", f"{self.seed} is outside int64/uint64", "pass a seed in [-2**63, 2**64)")
         if self.top_k < 0:
             raise DFlashError("top_k", f"must be >= 0, got {self.top_k}", "use 0 to disable top-k")
         if not 0.0 < self.top_p <= 1.0:

@@ -91,6 +91,36 @@ def test_sampled_dflash_emits_the_same_tokens_as_sampled_ar(tiny_pair, kw):
     assert [r.output_ids for r in greedy] != [r.output_ids for r in out_ar]  # sampling really sampled
 
 
+@pytest.mark.parametrize("seed", [2**63, 2**64 - 1])
+def test_uint64_seeds_run_greedy_and_sampled(tiny_pair, seed):
+    """Triton's sampling_param_seed is UINT64: seeds >= 2**63 map one-to-one onto the int64 buffer."""
+    ar, df = engines(tiny_pair)
+    ps = prompts(2)
+    greedy = ar.generate(ps, SamplingParams(max_new_tokens=12, ignore_eos=True))
+    assert [r.output_ids for r in df.generate(ps, SamplingParams(max_new_tokens=12, ignore_eos=True, seed=seed))] \
+        == [r.output_ids for r in greedy]
+    sp = SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=1.0, seed=seed)
+    out_ar, out_df = ar.generate(ps, sp), df.generate(ps, sp)
+    assert [r.output_ids for r in out_df] == [r.output_ids for r in out_ar]
+    # the high bits count: seed and seed - 2**63 (same low 63 bits) draw different tokens
+    other = ar.generate(ps, SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=1.0, seed=seed - 2**63))
+    assert [r.output_ids for r in other] != [r.output_ids for r in out_ar]
+
+
+def test_tiny_temperatures_are_greedy_and_bad_ones_refused(tiny_pair):
+    ar, _ = engines(tiny_pair)
+    ps = prompts(2)
+    greedy = [r.output_ids for r in ar.generate(ps, SamplingParams(max_new_tokens=16, ignore_eos=True))]
+    for t in (1e-39, 1e-38, 1e-6):  # below GREEDY_TEMPERATURE: logits / t would overflow to inf/nan
+        sp = SamplingParams(max_new_tokens=16, ignore_eos=True, temperature=t, seed=5)
+        assert sp.temperature == 0.0
+        assert [r.output_ids for r in ar.generate(ps, sp)] == greedy
+    assert SamplingParams(temperature=1e-4).temperature == 1e-4  # above it: sampled as asked
+    for bad in (dict(temperature=float("nan")), dict(seed=2**64), dict(seed=-(2**63) - 1)):
+        with pytest.raises(DFlashError):
+            SamplingParams(**bad)
+
+
 def test_stop_tokens_budget_and_streaming(tiny_pair):
     _, df = engines(tiny_pair)
     p = prompts(1)[0]

@@ -31,7 +31,7 @@ from .distributed import TPGroup, init_tp
 from .kv_cache import KVCache
 from .loader import load_drafter, load_target
 from .models import target_config
-from .sampling import SamplingBatch, accept, flags, sample
+from .sampling import SamplingBatch, accept, flags, sample, seed_int64
 
 _PREFILL_TOKENS = 8192  # prompt tokens per prefill forward (bounds activation memory)
 _ids = itertools.count()
@@ -380,7 +380,7 @@ class Engine:
     def _set_sampling(self, req: Request) -> None:
         p, i = req.params, req.slot
         self._sp.temperature[i], self._sp.top_k[i], self._sp.top_p[i], self._sp.seed[i] = (
-            p.temperature, p.top_k, p.top_p, p.seed)
+            p.temperature, p.top_k, p.top_p, seed_int64(p.seed))
         self._flags = None
 
     def follow(self, close: bool = True) -> None:

@@ -28,10 +28,18 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def seed_int64(seed: int) -> int:
+    """A uint64 or int64 seed as the int64 with the same 64 bits (two's complement): 2**63 -> -2**63,
+    2**64 - 1 -> -1. One-to-one, so distinct uint64 seeds stay distinct."""
+    return seed - 2**64 if seed >= 2**63 else seed
+
+
 def uniform_noise(seed: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """seed [n], positions [n, T] -> u [n, T, vocab] in (0, 1), float32, deterministic on any device."""
+    """seed [n] int64, positions [n, T] -> u [n, T, vocab] in (0, 1), float32, deterministic on any device."""
     v = torch.arange(vocab, device=positions.device, dtype=torch.int64)
-    h = _mix32((seed[:, None] & _M32) ^ _mix32(positions & _M32))  # [n, T]
+    # Both 32-bit halves of the seed count (mix32(0) = 0, so seeds < 2**32 keep their old streams).
+    s = (seed & _M32) ^ _mix32((seed >> 32) & _M32)                 # [n]
+    h = _mix32(s[:, None] ^ _mix32(positions & _M32))               # [n, T]
     x = _mix32(h[..., None] ^ _mix32(v + 0x9E3779B))               # [n, T, V]
     return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
@@ -54,7 +62,7 @@ class SamplingBatch:
         t = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         return cls(t, torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
                    torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-                   torch.tensor([p.seed for p in params], dtype=torch.int64, device=device),
+                   torch.tensor([seed_int64(p.seed) for p in params], dtype=torch.int64, device=device),
                    *flags(params))
 
 
