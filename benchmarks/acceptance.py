@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trtllm_dflash.errors import DFlashError, exit_code  # noqa: E402
+from trtllm_dflash.provenance import record  # noqa: E402
 from trtllm_dflash.versions import installed  # noqa: E402
 
 EXAMPLES = """examples:
@@ -250,12 +251,14 @@ def _meta(argv: list[str], args, target_dir: Path, drafter_dir: Path, timings: d
     import torch
 
     cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
-    return {"command": "python benchmarks/acceptance.py " + " ".join(argv), "args": vars(args),
+    command = "python benchmarks/acceptance.py " + " ".join(argv)
+    return {"command": command, "args": vars(args),
             "target_dir": str(target_dir), "drafter_dir": str(drafter_dir),
             "device": torch.cuda.get_device_name() if cuda else f"cpu ({platform.machine()})",
             "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "total_s": round(time.perf_counter() - t0, 1), "timings_s": timings,
-            "versions": installed("trtllm-dflash", "torch", "transformers", "dflash")}
+            "versions": installed("trtllm-dflash", "torch", "transformers", "dflash"),
+            "provenance": record(command, checkpoints={"target": target_dir, "drafter": drafter_dir})}
 
 
 if __name__ == "__main__":

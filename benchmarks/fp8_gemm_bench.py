@@ -52,6 +52,7 @@ from trtllm_dflash.runtime.kv_cache import KVCache  # noqa: E402
 from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
 from trtllm_dflash.runtime.models import layers  # noqa: E402
 from trtllm_dflash.runtime.quant import fp8_row_scales  # noqa: E402
+from trtllm_dflash.provenance import record  # noqa: E402
 from trtllm_dflash.versions import installed  # noqa: E402
 
 # (in_features, out_features) per projection, fused as the runtime runs them
@@ -355,7 +356,8 @@ def main(argv=None) -> int:
             "capability": list(torch.cuda.get_device_capability()) if not smoke else None,
             "fused_kernels": layers._FUSE, "fp8_fast_accum_in_runtime": fp8.Fp8Linear.fast_accum}
     print(json.dumps(meta), flush=True)
-    result = {"meta": meta, "errors": {}}
+    # random weights made in memory (no checkpoint file to hash): the shapes are in step_model / linear
+    result = {"meta": meta, "errors": {}, "provenance": record(["python", "benchmarks/fp8_gemm_bench.py", *sys.argv[1:]])}
 
     def save():
         result["summary"] = summarize(result)

@@ -36,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trtllm_dflash.errors import DFlashError, exit_code  # noqa: E402
+from trtllm_dflash.provenance import record  # noqa: E402
 from trtllm_dflash.versions import installed  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -244,6 +245,8 @@ def main(argv=None) -> int:
         "timings_s": {"base": base["wall_s"], **{name: r["wall_s"] for name, r in runs.items()},
                       "total": round(time.perf_counter() - t0, 1)},
         "versions": installed("trtllm-dflash", "torch", "transformers", "nvidia-modelopt"),
+        "provenance": record("python benchmarks/quant_report.py " + " ".join(argv),
+                             checkpoints={"base_target": base_target, "quant_target": quant_target, "drafter": drafter}),
     }
     if not result["drafter_trained"]:
         result["note"] = ("the drafter is untrained (dflash_trained false): tau ~1 says nothing about quantization; "

@@ -27,6 +27,7 @@ from step_bench import target_config, time_engine  # noqa: E402
 from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights  # noqa: E402
 from trtllm_dflash.checkpoints.resolve import KNOWN_MODELS, PUBLIC_CONFIGS  # noqa: E402
 from trtllm_dflash.config import RuntimeConfig, SamplingParams  # noqa: E402
+from trtllm_dflash.provenance import record  # noqa: E402
 from trtllm_dflash.runtime.distributed import init_tp, launcher_rank_and_size  # noqa: E402
 from trtllm_dflash.runtime.engine import Engine  # noqa: E402
 from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
@@ -87,7 +88,8 @@ def main(argv=None) -> int:
     torch.cuda.set_device(rank % torch.cuda.device_count())
     from mpi4py import MPI
     pair = Path(tempfile.gettempdir()) / "tp_bench_pair"
-    res = {"tp_size": size, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    res = {"tp_size": size, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "weights": f"tiny pair written by tests.tiny (hashed below); {args.model}: random, in memory, seeded per tensor"}
     if rank == 0:
         from tests.tiny import write_tiny_pair
         target, drafter = write_tiny_pair(pair, "qwen3", heads=4, kv_heads=2)
@@ -97,6 +99,8 @@ def main(argv=None) -> int:
     tp = eng.tp
     if rank == 0:
         res["tiny_tp_equals_tp1"] = tokens == res["tp1_tokens"]
+        res["provenance"] = record(["mpirun", "-n", str(size), "python", "benchmarks/tp_bench.py", *sys.argv[1:]],
+                                   checkpoints={"tiny_target": pair / "target", "tiny_drafter": pair / "drafter"})
         print("tiny TP", size, "== TP 1:", res["tiny_tp_equals_tp1"], flush=True)
     max_seq = args.ctx + args.steps * 20 + 64
     with tempfile.TemporaryDirectory() as work:

@@ -91,6 +91,11 @@ def test_pipeline_output_is_canonical_and_checked(run_dir, chat_target):
     assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.1.mlp.down_proj.weight"} <= names
     assert not any("embed" in n or "lm_head" in n for n in names)
     assert (run_dir / "loss.png").stat().st_size > 1000
+    from trtllm_dflash.provenance import checkpoint_digest   # ties the report to the exported drafter's files
+    prov = report["provenance"]
+    assert prov["git"]["sha"] and prov["versions"]["torch"]
+    assert prov["checkpoints"]["drafter"]["sha256"] == checkpoint_digest(run_dir / "drafter")["sha256"]
+    assert prov["checkpoints"]["target"]["sha256"] == checkpoint_digest(chat_target)["sha256"]
 
 
 @needs_modelopt

@@ -17,6 +17,7 @@ import pytest
 from tests.bench.conftest import REPO, check_row, read_rows
 from trtllm_dflash.bench import plot, sweep
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.provenance import checkpoint_digest
 
 FAST = ["--num_requests", "4", "--max_new_tokens", "8", "--input_len", "8", "--ignore_eos"]
 
@@ -46,6 +47,10 @@ def test_engine_ar_and_dflash_rows(tiny_engine_dir, tmp_path, capsys):
         assert m["osl"] == {"mean": 8.0, "min": 8, "max": 8} and m["isl"]["mean"] == 8.0    # --ignore_eos
         assert m["finish_reasons"] == {"length": 10} and m["acceptance_source"] == "runtime"
         assert row["command"].startswith("dflash-sweep --engine") and row["versions"]["torch"]
+        prov = row["provenance"]   # the sha256s are the deployment folders' own, as provenance computes them
+        assert prov["command"] == row["command"] and prov["git"]["sha"]
+        for role in ("target", "drafter"):
+            assert prov["checkpoints"][role]["sha256"] == checkpoint_digest(tiny_engine_dir / role)["sha256"]
     ar, df = rows[0], rows[2]
     # same engine, same prompts: AR is block_size 1 (acceptance exactly 1), DFlash the manifest's block 8
     assert ar["settings"]["block_size"] == 1 and ar["metrics"]["acceptance_histogram"] == {"1": 70}

@@ -87,3 +87,15 @@ def test_missing_drafter_is_one_line(pair, tmp_path):
 
     with pytest.raises(DFlashError, match="has no config.json"):
         acceptance.main(["--target", str(pair[0]), "--drafter", str(tmp_path), "--out", str(tmp_path / "x.json")])
+
+
+def test_meta_records_provenance_with_the_checkpoint_digests(pair, tmp_path):
+    out = tmp_path / "acceptance_tiny.json"
+    assert acceptance.main(["--target", str(pair[0]), "--drafter", str(pair[1]), "--out", str(out), "--n", "1",
+                            "--datasets", "mtbench", "--max_new_tokens", "8", "--block_sizes", "4", "--quiet"]) == 0
+    from trtllm_dflash.provenance import checkpoint_digest
+    meta = json.loads(out.with_name("acceptance_tiny.meta.json").read_text())
+    prov = meta["provenance"]
+    assert prov["command"] == meta["command"] and prov["git"]["sha"] and prov["versions"]["torch"]
+    assert prov["checkpoints"]["drafter"]["sha256"] == checkpoint_digest(pair[1])["sha256"]
+    assert prov["checkpoints"]["target"]["sha256"] == checkpoint_digest(pair[0])["sha256"]

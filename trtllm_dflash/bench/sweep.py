@@ -250,6 +250,24 @@ def versions() -> dict:
             **installed("torch", "transformers", "tritonclient", "tensorrt_llm")}
 
 
+def provenance(command: str, engine_dir: Path | None, m: dict) -> dict:
+    """provenance.record for the sweep; the deployment's target/drafter sha256 come from its manifest (what
+    `dflash-build inspect` prints and verifies), so a 60 GB target is not hashed again for every sweep."""
+    from ..build import checkpoint_sha256
+    from ..provenance import checkpoint_digest, record
+    prov = record(command)
+    for role in ("target", "drafter"):
+        if not (m.get(role) and (engine_dir / m[role]["path"]).is_dir()):
+            continue
+        path = engine_dir / m[role]["path"]
+        if "files" in m:
+            prov["checkpoints"][role] = {"path": str(path), "sha256": checkpoint_sha256(m, role),
+                                         "from": "manifest.json (verify: dflash-build inspect)"}
+        else:   # a manifest without a file list: hash the folder itself
+            prov["checkpoints"][role] = {**checkpoint_digest(path), "from": "hashed"}
+    return prov
+
+
 def make_row(args, label: str, concurrency: int, target: Target, metrics: dict, command: str, extra: dict) -> dict:
     n, w = level_sizes(args, concurrency)
     settings = {"backend": args.backend, "engine_dir": str(args.engine) if args.engine else None, "mode": args.mode,
@@ -279,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(sys.orig_argv) if argv is None else shlex.join(["dflash-sweep", *argv])
     m = _manifest(args.engine)
     target = open_engine(args, m) if args.backend == "engine" else open_endpoint(args, m)
+    prov = provenance(command, args.engine, m)
     if target.run is None:
         target.close()   # ranks > 0 of a TP engine: follow rank 0's steps, write nothing
         return 0
@@ -297,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in args.levels:
             metrics = run_level(target, items, c, args, label)
             row = make_row(args, label, c, target, metrics, command, {"num_prompts_skipped": dropped})
+            row["provenance"] = prov
             with args.out.open("a") as f:   # one line per level, so a crashed sweep keeps the finished ones
                 f.write(json.dumps(row) + "\n")
             print(summary_line(row), flush=True)

@@ -70,6 +70,11 @@ def write(out: Path, sections: dict) -> Path:
               "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(sys.argv), "python": platform.python_version(), "versions": versions(),
               **sections, "loss": loss_summary(out)}
+    from ..provenance import record as provenance   # the target it trained against, the drafter it exported
+    target = record.get("target_dir")
+    record["provenance"] = provenance(sys.argv, checkpoints={
+        "target": target if target and Path(target).is_dir() else None,
+        "drafter": out / "drafter" if (out / "drafter" / "config.json").is_file() else None})
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
 
