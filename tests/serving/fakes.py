@@ -16,7 +16,7 @@ from trtllm_dflash.config import RequestStats
 
 
 class FakeTritonError:
-    INTERNAL, INVALID_ARG, CANCELLED = "INTERNAL", "INVALID_ARG", "CANCELLED"
+    INTERNAL, INVALID_ARG, CANCELLED, UNAVAILABLE = "INTERNAL", "INVALID_ARG", "CANCELLED", "UNAVAILABLE"
 
     def __init__(self, message, code=None):
         self.message, self.code = message, code
@@ -86,7 +86,8 @@ def triton_inputs(prompt: str, **kw) -> dict:
         elif k == "stop":
             out["sampling_param_stop"] = np.array([s.encode() for s in v], dtype=np.object_)
         else:
-            out[f"sampling_param_{k}"] = np.array([v], dtype=np.float32 if isinstance(v, float) else np.int32)
+            dtype = np.float32 if isinstance(v, float) else np.uint64 if k == "seed" else np.int32
+            out[f"sampling_param_{k}"] = np.array([v], dtype=dtype)
     return out
 
 
@@ -107,16 +108,19 @@ class FakeRequestState:
     output_ids: list = field(default_factory=list)
     stats: RequestStats = field(default_factory=RequestStats)
     finish_reason: str | None = None
+    slot: int = -1                # >= 0 once admitted into the batch, as the real Request
 
 
 class FakeEngine:
     """Continuous batching with the real Engine's threading contract: each step admits waiting requests
     and commits 2 tokens (1 accepted draft of 3) to every active one. Output = the prompt, repeated."""
 
-    def __init__(self, max_batch_size=4, max_seq_len=256, step_s=0.002, fail_at_step=None):
+    def __init__(self, max_batch_size=4, max_seq_len=256, step_s=0.002, fail_at_step=None, poison_seed=None):
         self.tokenizer = CharTokenizer()
         self.cfg = SimpleNamespace(max_batch_size=max_batch_size, max_seq_len=max_seq_len)
-        self.block_size, self.step_s, self.fail_at_step = 4, step_s, fail_at_step
+        # fail_at_step: every step from that one on raises (a broken device); poison_seed: a step raises
+        # while a request with that seed is in the batch (as the real engine did for seeds >= 2**63)
+        self.block_size, self.step_s, self.fail_at_step, self.poison_seed = 4, step_s, fail_at_step, poison_seed
         self.waiting, self.active, self.cancels = deque(), [], set()
         self.lock, self.ids = threading.Lock(), iter(range(10**9))
         self.counters = {"steps": 0, "max_active_batch": 0}
@@ -153,6 +157,9 @@ class FakeEngine:
             self.cancels.clear()
             while self.waiting and len(self.active) < self.cfg.max_batch_size:
                 self.active.append(self.waiting.popleft())
+                self.active[-1].slot = len(self.active) - 1
+        if self.poison_seed is not None and any(r.params.seed == self.poison_seed for r in self.active):
+            raise OverflowError("Overflow when unpacking long long")
         time.sleep(self.step_s)
         self.counters["steps"] += 1
         self.counters["max_active_batch"] = max(self.counters["max_active_batch"], len(self.active))

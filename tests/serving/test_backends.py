@@ -126,3 +126,39 @@ def test_trtllm_backend_without_tensorrt_llm_says_so(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)   # import fails
     with pytest.raises(DFlashError, match="backend: trtllm needs TensorRT-LLM"):
         DFlashModel(FakePbUtils, _trtllm_deployment(tmp_path))
+
+
+# ---- backend: torch, the record interface the frontends code against ----------------------------
+
+def test_torch_backend_submit_record_usage_and_asyncio_reader():
+    from tests.serving.fakes import FakeEngine
+    from trtllm_dflash.serving.backends import TorchBackend
+    from trtllm_dflash.serving.record import ServedRequest
+
+    backend = TorchBackend(FakeEngine(max_batch_size=2))
+    try:
+        records = [ServedRequest(prompt_ids=[ord(c) for c in f"r{i}"], max_tokens=5, streaming=True)
+                   for i in range(4)] + [ServedRequest(prompt="abc", max_tokens=6)]
+
+        async def read(record):
+            return [r async for r in record.aresults()]
+
+        async def main():
+            for record in records:
+                backend.submit(record)
+            return await asyncio.gather(*(read(r) for r in records))
+
+        for i, got in enumerate(asyncio.run(main())):
+            final = got[-1]
+            assert final.finished and final.finish_reason == "length" and not final.error
+            assert "".join(r.text for r in got) == ("r0r0r" if i == 0 else f"r{i}r{i}r" if i < 4 else "abcabc")
+            ids = [t for r in got for t in r.token_ids]
+            assert "".join(map(chr, ids)) == "".join(r.text for r in got)            # token_ids are deltas
+            assert final.num_prompt_tokens == (2 if i < 4 else 3)
+            assert final.num_output_tokens == len(ids) and final.num_draft_tokens > 0
+            assert final.times_ns["arrival_time_ns"] <= final.times_ns["last_token_time_ns"]
+        assert backend.health() == (True, "ok") and backend.metrics()["live_requests"] == 0
+        with pytest.raises(DFlashError, match="sampling_param_top_p"):
+            backend.submit(ServedRequest(prompt="x", top_p=2.0))
+    finally:
+        backend.shutdown()

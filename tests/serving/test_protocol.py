@@ -16,8 +16,8 @@ def _req(text=b"hello", **inputs):
 
 def test_defaults_and_values():
     r = parse_request(_req("héllo".encode()), {}, 64)
-    assert (r.prompt, r.streaming, r.max_tokens, r.temperature, r.stop, r.exclude_input_from_output) == (
-        "héllo", False, None, None, (), True)
+    assert (r.prompt, r.streaming, r.max_tokens, r.temperature, r.stop, r.echo) == (
+        "héllo", False, None, None, (), False)
     r = parse_request(_req(streaming=np.array([True]), sampling_param_max_tokens=np.array([7], np.int32),
                            sampling_param_temperature=np.array([0.5], np.float32),
                            sampling_param_seed=np.array([2**63], np.uint64),

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The model logic of 1/model.py over a fake Triton and a fake engine (real scheduler/responder threads)."""
 import json
+import time
 
 import pytest
 
@@ -90,7 +91,8 @@ def test_stop_input_cancels_by_request_id(make_model):
     while not r.sender.responses:
         pass
     stop = FakeRequest({**triton_inputs("-"), "stop": __import__("numpy").array([True])}, request_id="job-7")
-    _run(model, stop, r)
+    _run(model, stop)
+    assert r.sender.final.wait(5)
     assert r.sender.responses[-1].outputs["finish_reason"].tolist() == [b"cancelled"]
     assert stop.sender.responses[-1].error is None
 
@@ -111,12 +113,36 @@ def test_bad_requests_answer_with_errors_and_model_stays_usable(make_model):
     assert good.sender.text() == "ok"
 
 
-def test_engine_failure_fails_requests_and_later_ones(make_model):
+def test_one_failed_step_fails_only_its_requests_and_the_engine_goes_on(make_model):
+    # #19 finding 1: one request whose admission made the step raise (a seed >= 2**63) failed every later
+    # request ("engine: failed earlier ... restart the server") while health said ok.
+    model, engine = make_model(poison_seed=2**63)
+    poison = FakeRequest(triton_inputs("abc", max_tokens=8, seed=2**63))
+    (r,) = _run(model, poison)
+    error = poison.sender.responses[-1].error
+    assert error.code == "INTERNAL" and "engine step failed: OverflowError" in error.message
+    good = [FakeRequest(triton_inputs(f"q{i}", max_tokens=4)) for i in range(3)]
+    _run(model, *good)
+    assert [g.sender.text() for g in good] == ["q0q0", "q1q1", "q2q2"]
+    assert model.health() == (True, "ok")
+    assert engine.metrics()["active"] == 0 and model.stats()["running"] == 0
+    assert model.stats()["finished"] == {"error": 1, "length": 3}
+
+
+def test_a_broken_engine_says_so_and_refuses_requests(make_model):
     model, _ = make_model(fail_at_step=2)
     (r,) = _run(model, FakeRequest(triton_inputs("abc", max_tokens=50)))
     assert r.sender.responses[-1].error.code == "INTERNAL" and "device lost" in r.sender.responses[-1].error.message
+    deadline = time.monotonic() + 5
+    while model.health()[0] and time.monotonic() < deadline:
+        model.execute([FakeRequest(triton_inputs("abc"))])   # fresh requests keep failing: the engine is broken
+        time.sleep(0.01)
+    ok, reason = model.health()
+    assert not ok and "3 steps failed in a row" in reason and "device lost" in reason
     (r2,) = _run(model, FakeRequest(triton_inputs("abc")))
-    assert "restart the server" in r2.sender.responses[-1].error.message
+    error = r2.sender.responses[-1].error
+    assert error.code == "UNAVAILABLE" and "engine: is broken" in error.message and "restart the server" in error.message
+    assert model.stats()["healthy"] == 0
 
 
 def test_decoupled_policy_must_match_model_yaml(tmp_path):

@@ -2,7 +2,8 @@
 """Serving a deployment directory with NVIDIA Triton, as TensorRT-LLM's LLM-API Triton model does.
 
 repo.py          fill triton_model_repo/ for one deployment (dflash-build calls fill_triton)
-protocol.py      the tensorrt_llm model's inputs and outputs: validation, response tensors
+record.py        ServedRequest: one record per request, frontend -> backend -> frontend; its Results
+protocol.py      the tensorrt_llm model's inputs and outputs: validation into a record, response tensors
 detokenize.py    token chunks -> text pieces (incomplete characters and stop strings held back)
 backends.py      torch runtime (scheduler thread, continuous batching) and tensorrt_llm.LLM, one interface
 launch.py        tensor parallelism of the torch runtime: mpiexec command for ranks 1..N-1
@@ -10,4 +11,28 @@ triton_model.py  what 1/model.py does: requests in, streamed responses out, canc
 triton_env.py    which tritonserver (NGC on PATH, or the nvidia-pytriton wheel's) and its environment
 server.py        dflash-serve: start tritonserver, wait for readiness, stop on SIGTERM/Ctrl-C
 client.py        dflash-client: HTTP generate / gRPC stream, prints text as it comes and the DFlash stats
+
+One request, one record, two threads between a frontend and the engine (torch backend)::
+
+  frontend thread             record (ServedRequest)            scheduler thread (owns Engine.step)
+  ---------------             ----------------------            -----------------------------------
+  record = ServedRequest(..)
+  backend.submit(record) ---- validates, tokenizes, engine.add_request -> queued (or DFlashError, nothing queued)
+  for r in record.results()   <- emit(Result(token_ids=..)) ---- on_tokens of each step
+     (text decoded here;      <- emit(Result(finished=True)) --- step() returned it finished
+      a stop string ends it
+      and cancels the slot)
+  backend.cancel(record) ---------------------------------------> engine.cancel: freed at the next step,
+                                                                  then the final Result (cancelled)
+
+- ``submit`` runs on the frontend's thread (Triton's execute(), an ASGI handler); it never waits for
+  the engine. ``emit`` runs on the scheduler thread and only appends to the record: a slow reader never
+  delays a step. Reading (``results()`` blocking, ``aresults()`` asyncio) and detokenizing run on the
+  reader's side, one reader per record.
+- Every accepted record gets exactly one final Result (finished=True): ``finish_reason`` stop / length /
+  cancelled, or ``error`` when its step failed. A failed step fails only the requests it was stepping;
+  steps that keep failing mark the engine broken: ``health()`` says so and ``submit`` refuses
+  (``Unavailable``).
+- The TensorRT-LLM backend keeps the same contract with its own asyncio thread in place of the scheduler
+  and emits text as well as token ids.
 """

@@ -1,33 +1,36 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The two runtimes behind the ``tensorrt_llm`` Triton model, one interface:
-``submit(GenerateRequest, on_result) -> handle``, ``cancel(handle)``, ``metrics()``, ``shutdown()``.
+"""The two runtimes behind the serving frontends, one interface (the threading contract is drawn in
+``serving/__init__.py``):
 
-``on_result(Result)`` is called from a backend thread with each new piece of text and once with
-``finished=True``. Concurrent requests are batched by the runtime itself: the torch runtime by a
-scheduler thread that owns ``Engine.step()``, TensorRT-LLM by its own executor.
+``submit(record)``   validate and queue one ``ServedRequest``; raises DFlashError (nothing queued) for bad input
+``cancel(record)``   end it early: its last result has finish_reason ``cancelled``
+``health()``         ``(ok, reason)``: False once the engine can no longer serve
+``metrics()``        counters for /metrics: running and waiting requests, steps, batch sizes
+``shutdown()``       cancel what is left, stop the threads and the runtime
+
+Concurrent requests are batched by the runtime itself: the torch runtime by one scheduler thread that
+owns ``Engine.step()``, TensorRT-LLM by its own executor.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import queue
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
 from ..errors import DFlashError
-from .detokenize import TextStream
 from .launch import die_with_parent, follower_argv, stop_process, tp_env
-from .protocol import GenerateRequest, Result
+from .record import Result, ServedRequest, Unavailable
 
 log = logging.getLogger(__name__)
-OnResult = Callable[[Result], None]
+# Steps that fail one after another before the engine is declared broken: one failure fails the requests
+# of that step and the engine goes on; a failure that repeats with fresh requests is the engine's own.
+MAX_FAILED_STEPS = 3
 
 
 def load_backend(deployment_dir: Path, manifest: dict):
@@ -40,17 +43,14 @@ def load_backend(deployment_dir: Path, manifest: dict):
     raise DFlashError("manifest.backend", f"is {backend!r}", "use torch or trtllm (rebuild with dflash-build)")
 
 
+def _field(err: DFlashError, prefix: str = "sampling_param_") -> DFlashError:
+    """An engine error about a SamplingParams field, renamed to the model input that set it."""
+    name = "text_input" if err.field == "prompt" else f"{prefix}{err.field}"
+    return DFlashError(name, err.problem, err.fix)
+
+
 # ---------------------------------------------------------------------------------------------------
 # torch: trtllm_dflash.runtime.engine.Engine, stepped by one scheduler thread
-
-
-@dataclass
-class _Job:
-    stream: TextStream
-    on_result: OnResult
-    times_ns: dict = field(default_factory=dict)
-    request: object = None        # the engine's Request, once add_request returned
-    done: bool = False            # the final Result was sent (a stop string may end a job early)
 
 
 class TorchBackend:
@@ -62,18 +62,14 @@ class TorchBackend:
         self.engine = engine
         self.followers = followers
         self.max_seq_len = engine.cfg.max_seq_len
-        self.error: BaseException | None = None
-        self._jobs: dict[int, _Job] = {}
+        self.broken = ""                              # why the engine can no longer serve; "" = healthy
+        self._live: dict[int, tuple[ServedRequest, object]] = {}   # engine request id -> (record, Request)
         self._lock = threading.Lock()
-        self._events: queue.Queue = queue.Queue()
         self._wake = threading.Event()
         self._stopping = False
-        # The scheduler only steps the engine; detokenizing and sending happen on the responder, so
-        # a slow client or a long decode never delays the next batched step.
+        self._failed_steps = 0
         self._scheduler = threading.Thread(target=self._schedule, name="dflash-scheduler", daemon=True)
-        self._responder = threading.Thread(target=self._respond, name="dflash-responder", daemon=True)
         self._scheduler.start()
-        self._responder.start()
 
     @classmethod
     def from_deployment(cls, deployment_dir: Path, manifest: dict) -> "TorchBackend":
@@ -103,136 +99,151 @@ class TorchBackend:
                               "the Triton model takes text: add the tokenizer to the target checkpoint")
         return cls(engine, followers)
 
-    def submit(self, req: GenerateRequest, on_result: OnResult) -> int:
+    def submit(self, record: ServedRequest) -> None:
         from ..config import SamplingParams
 
-        if self.error is not None:
-            raise DFlashError("engine", f"failed earlier ({self.error})", "restart the server")
+        if self.broken:
+            raise Unavailable("engine", f"is broken ({self.broken})", "restart the server")
+        if self._stopping:
+            raise Unavailable("server", "is shutting down", "send the request to a running server")
         for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(req, name) not in (None, 0.0):
+            if getattr(record, name) not in (None, 0.0):
                 raise DFlashError(f"sampling_param_{name}", "is not supported by the torch backend",
                                   "leave it unset, or serve a deployment built with --backend trtllm")
-        # Raw text, tokenized as the tokenizer does by default (as TensorRT-LLM does): no chat template.
-        prompt_ids = self.engine.tokenizer.encode(req.prompt)
+        if record.prompt_ids is not None:
+            prompt_ids = list(record.prompt_ids)
+        else:
+            # Raw text, tokenized as the tokenizer does by default (as TensorRT-LLM does): no chat template.
+            prompt_ids = self.engine.tokenizer.encode(record.prompt)
         limit = self.max_seq_len - self.engine.block_size - 1   # the engine keeps one block of headroom
         if len(prompt_ids) > limit:
             raise DFlashError("text_input", f"prompt is {len(prompt_ids)} tokens; this deployment takes at most "
                               f"{limit} (max_seq_len {self.max_seq_len})",
                               "shorten the prompt or rebuild with a larger max_seq_len")
         room = self.max_seq_len - len(prompt_ids)
-        if req.max_tokens is not None and req.max_tokens > room:
+        if record.max_tokens is not None and record.max_tokens > room:
             raise DFlashError("sampling_param_max_tokens",
-                              f"{req.max_tokens} + {len(prompt_ids)} prompt tokens exceed "
+                              f"{record.max_tokens} + {len(prompt_ids)} prompt tokens exceed "
                               f"max_seq_len {self.max_seq_len}",
                               f"ask for at most {room}")
-        max_new = req.max_tokens if req.max_tokens is not None else max(1, min(SamplingParams.max_new_tokens, room))
+        max_new = record.max_tokens if record.max_tokens is not None else max(1, min(SamplingParams.max_new_tokens,
+                                                                                   room))
         names = ("temperature", "top_k", "top_p", "seed", "ignore_eos")
-        given = {k: getattr(req, k) for k in names if getattr(req, k) is not None}
+        given = {k: getattr(record, k) for k in names if getattr(record, k) is not None}
         try:
             params = SamplingParams(max_new_tokens=max_new, **given)
         except DFlashError as err:
-            raise DFlashError(f"sampling_param_{err.field}", err.problem, err.fix) from None
-        job = _Job(TextStream(self.engine.tokenizer, req.stop), on_result, {"arrival_time_ns": time.time_ns()})
-        # Held while registering, so the responder cannot see this request finish before it is known.
+            raise _field(err) from None
+        record.num_prompt_tokens = len(prompt_ids)
+        record.times_ns["arrival_time_ns"] = time.time_ns()
+        record.attach_detokenizer(self.engine.tokenizer, on_stop=lambda: self.cancel(record))
+        # Held while registering, so the scheduler cannot finish this request before it is known.
         with self._lock:
             try:
-                job.request = self.engine.add_request(prompt_ids, params, on_tokens=self._on_tokens_for(job))
-            except DFlashError as err:   # e.g. a prompt longer than max_seq_len allows
-                field = "text_input" if err.field == "prompt" else err.field
-                raise DFlashError(field, err.problem, err.fix) from None
-            self._jobs[job.request.request_id] = job
+                request = self.engine.add_request(prompt_ids, params, on_tokens=self._on_tokens_for(record))
+            except DFlashError as err:   # e.g. token ids outside the vocabulary
+                raise _field(err) from None
+            record.handle = request.request_id
+            self._live[request.request_id] = (record, request)
         self._wake.set()
-        return job.request.request_id
 
-    def cancel(self, handle: int) -> None:
-        self.engine.cancel(handle)
+    def cancel(self, record: ServedRequest) -> None:
+        """The engine frees the slot at its next step and then sends the final result."""
+        if record.handle is None:
+            return
+        self.engine.cancel(record.handle)
         self._wake.set()
+
+    def health(self) -> tuple[bool, str]:
+        if self.broken:
+            return False, f"engine broken: {self.broken}"
+        if not self._scheduler.is_alive():
+            return False, "the scheduler thread is not running"
+        return True, "ok"
 
     def metrics(self) -> dict:
+        m = self.engine.metrics()
         with self._lock:
-            live = len(self._jobs)
-        return {**self.engine.metrics(), "live_requests": live}
+            live = len(self._live)
+        # running: in a slot, decoding; waiting: queued for a slot (the engine's own counts)
+        return {**m, "running": m.get("active", 0), "waiting": m.get("waiting", 0), "live_requests": live,
+                "failed_steps": self._failed_steps, "healthy": int(not self.broken)}
 
     def shutdown(self) -> None:
         self._stopping = True
         self._wake.set()
         self._scheduler.join(timeout=30)
-        self._events.put(None)
-        self._responder.join(timeout=30)
+        self._fail_all("the server is shutting down", finish_reason="cancelled")
         self.engine.shutdown()     # releases ranks 1..N-1 from their follow() loop
         stop_process(self.followers)
 
-    # -- threads --
+    # -- the scheduler thread --
 
-    def _on_tokens_for(self, job: _Job):
-        def on_tokens(_request, new_ids: list[int]) -> None:
+    def _on_tokens_for(self, record: ServedRequest):
+        def on_tokens(request, new_ids: list[int]) -> None:
             now = time.time_ns()
-            job.times_ns.setdefault("first_token_time_ns", now)
-            job.times_ns["last_token_time_ns"] = now
-            self._events.put(("tokens", job, list(new_ids)))
+            record.times_ns.setdefault("first_token_time_ns", now)
+            record.times_ns["last_token_time_ns"] = now
+            stats = request.stats
+            record.emit(Result(token_ids=list(new_ids), num_prompt_tokens=record.num_prompt_tokens,
+                               num_output_tokens=len(request.output_ids), num_draft_tokens=stats.num_draft_tokens,
+                               num_accepted_draft_tokens=stats.num_accepted_draft_tokens))
         return on_tokens
 
     def _schedule(self) -> None:
-        while not self._stopping:
+        while not self._stopping and not self.broken:
             if not self.engine.has_work():
                 self._wake.wait(timeout=0.05)
                 self._wake.clear()
                 continue
             try:
                 finished = self.engine.step()
-            except Exception as err:  # noqa: BLE001 - a failed step must fail its requests, not hang them
-                log.exception("[dflash] engine step failed; failing all requests")
-                self.error = err
-                self._events.put(("error", None, err))
-                return
+            except Exception as err:  # noqa: BLE001 - a failed step fails its requests, not the server
+                self._step_failed(err)
+                continue
+            self._failed_steps = 0
             for request in finished:
-                self._events.put(("finished", request, None))
+                self._finished(request)
 
-    def _respond(self) -> None:
-        while (event := self._events.get()) is not None:
-            kind, obj, payload = event
-            try:
-                if kind == "tokens":
-                    self._on_tokens(obj, payload)
-                elif kind == "finished":
-                    self._on_finished(obj)
-                else:
-                    self._fail_all(payload)
-            except Exception:  # noqa: BLE001 - a callback bug must not stop the responses of others
-                log.exception("[dflash] sending a response failed")
-
-    def _on_tokens(self, job: _Job, new_ids: list[int]) -> None:
-        if job.done:
+    def _finished(self, request) -> None:
+        with self._lock:
+            record, _ = self._live.pop(request.request_id, (None, None))
+        request.on_tokens = None      # no cycle keeping the record (and Triton's response sender) alive
+        if record is None:            # failed earlier
             return
-        piece = job.stream.push(new_ids)
-        if job.stream.stopped:
-            # A stop string ended the text: answer now, free the slot at the next step.
-            self._finish(job, piece, "stop")
-            self.cancel(job.request.request_id)
-        elif piece:
-            job.on_result(Result(text=piece))
+        stats = request.stats
+        record.emit(Result(finished=True, finish_reason=request.finish_reason or "", times_ns=dict(record.times_ns),
+                           num_prompt_tokens=record.num_prompt_tokens, num_output_tokens=len(request.output_ids),
+                           num_draft_tokens=stats.num_draft_tokens,
+                           num_accepted_draft_tokens=stats.num_accepted_draft_tokens))
 
-    def _on_finished(self, request) -> None:
+    def _step_failed(self, err: BaseException) -> None:
+        """Fail the requests the step was working on (those given a slot) and take them out of the engine;
+        the waiting ones stay queued. Failures that keep coming with fresh requests break the engine."""
+        self._failed_steps += 1
         with self._lock:
-            job = self._jobs.pop(request.request_id)
-        if not job.done:
-            self._finish(job, job.stream.finish(), request.finish_reason)
-        request.on_tokens, job.on_result = None, None   # no cycles keeping Triton's response sender alive
+            in_step = [(rid, rec) for rid, (rec, req) in self._live.items() if getattr(req, "slot", -1) >= 0]
+            if not in_step:   # the engine does not say which requests it was stepping: all of them
+                in_step = [(rid, rec) for rid, (rec, _) in self._live.items()]
+            for rid, _ in in_step:
+                self._live.pop(rid)
+        log.error("[dflash] engine step failed (%d in a row), failing its %d request(s): %s: %s",
+                  self._failed_steps, len(in_step), type(err).__name__, err, exc_info=err)
+        for rid, record in in_step:
+            self.engine.cancel(rid)
+            record.emit(Result(finished=True, error=f"engine step failed: {type(err).__name__}: {err}",
+                               times_ns=dict(record.times_ns)))
+        if self._failed_steps >= MAX_FAILED_STEPS:
+            self.broken = f"{self._failed_steps} steps failed in a row, the last with {type(err).__name__}: {err}"
+            log.error("[dflash] engine broken: %s; every request fails until the server is restarted", self.broken)
+            self._fail_all(f"engine broken: {self.broken}")
 
-    def _finish(self, job: _Job, text: str, finish_reason: str) -> None:
-        job.done = True
-        stats = job.request.stats
-        job.on_result(Result(text=text, finished=True, finish_reason=finish_reason,
-                             stop_reason=job.stream.stop_reason, num_draft_tokens=stats.num_draft_tokens,
-                             num_accepted_draft_tokens=stats.num_accepted_draft_tokens, times_ns=job.times_ns))
-
-    def _fail_all(self, err: BaseException) -> None:
+    def _fail_all(self, why: str, finish_reason: str = "") -> None:
         with self._lock:
-            jobs, self._jobs = list(self._jobs.values()), {}
-        for job in jobs:
-            if not job.done:
-                job.done = True
-                job.on_result(Result(finished=True, error=f"engine step failed: {err}"))
+            records, self._live = [rec for rec, _ in self._live.values()], {}
+        for record in records:
+            record.emit(Result(finished=True, finish_reason=finish_reason, times_ns=dict(record.times_ns),
+                               error="" if finish_reason else why))
 
 
 def _exit_if_ranks_fail(followers: subprocess.Popen, loaded: threading.Event) -> None:
@@ -284,9 +295,10 @@ class TrtllmBackend:
         self.llm = llm
         self.trtllm = tensorrt_llm_module
         self.max_seq_len = max_seq_len
-        self._results: dict[int, object] = {}
+        self._live: dict[int, tuple[ServedRequest, object]] = {}   # our handle -> (record, GenerationResult)
         self._next = 0
         self._lock = threading.Lock()
+        self._stopping = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="dflash-trtllm", daemon=True)
         self._thread.start()
@@ -304,58 +316,78 @@ class TrtllmBackend:
         llm = tensorrt_llm.LLM(**kwargs)
         return cls(llm, tensorrt_llm, int(kwargs.get("max_seq_len") or 0))
 
-    def submit(self, req: GenerateRequest, on_result: OnResult) -> int:
+    def submit(self, record: ServedRequest) -> None:
+        if self._stopping:
+            raise Unavailable("server", "is shutting down", "send the request to a running server")
         names = ("max_tokens", "temperature", "top_k", "top_p", "seed", "frequency_penalty", "presence_penalty",
                  "ignore_eos")
-        given = {k: getattr(req, k) for k in names if getattr(req, k) is not None}
-        if req.stop:
-            given["stop"] = list(req.stop)
+        given = {k: getattr(record, k) for k in names if getattr(record, k) is not None}
+        if record.stop:
+            given["stop"] = list(record.stop)
         params = self.trtllm.SamplingParams(**given, return_perf_metrics=True)
-        arrival = time.time_ns()
-        result = self.llm.generate_async(req.prompt, params, streaming=True)
+        record.times_ns["arrival_time_ns"] = time.time_ns()
+        prompt = record.prompt_ids if record.prompt_ids is not None else record.prompt
+        result = self.llm.generate_async(prompt, params, streaming=True)
         with self._lock:
             self._next += 1
-            handle = self._next
-            self._results[handle] = result
-        asyncio.run_coroutine_threadsafe(self._pump(handle, result, on_result, arrival), self._loop)
-        return handle
+            record.handle = self._next
+            self._live[record.handle] = (record, result)
+        asyncio.run_coroutine_threadsafe(self._pump(record, result), self._loop)
 
-    async def _pump(self, handle: int, result, on_result: OnResult, arrival: int) -> None:
-        times = {"arrival_time_ns": arrival}
+    async def _pump(self, record: ServedRequest, result) -> None:
+        times = record.times_ns
         try:
             async for out in result:
                 piece = out.outputs[0]
                 now = time.time_ns()
                 times.setdefault("first_token_time_ns", now)
                 times["last_token_time_ns"] = now
+                usage = dict(num_prompt_tokens=len(getattr(out, "prompt_token_ids", None) or ()),
+                             num_output_tokens=len(getattr(piece, "token_ids", None) or ()),
+                             token_ids=list(getattr(piece, "token_ids_diff", None) or ()))
+                record.num_prompt_tokens = usage["num_prompt_tokens"]
                 if not out.finished:
-                    if piece.text_diff:
-                        on_result(Result(text=piece.text_diff))
+                    if piece.text_diff or usage["token_ids"]:
+                        record.emit(Result(text=piece.text_diff, **usage))
                     continue
                 spec = getattr(getattr(piece, "request_perf_metrics", None), "speculative_decoding", None)
-                on_result(Result(text=piece.text_diff, finished=True, finish_reason=str(piece.finish_reason),
-                                 stop_reason="" if piece.stop_reason is None else str(piece.stop_reason),
-                                 num_draft_tokens=int(getattr(spec, "total_draft_tokens", 0)),
-                                 num_accepted_draft_tokens=int(getattr(spec, "total_accepted_draft_tokens", 0)),
-                                 times_ns=times))
+                record.emit(Result(text=piece.text_diff, finished=True, finish_reason=str(piece.finish_reason),
+                                   stop_reason="" if piece.stop_reason is None else str(piece.stop_reason),
+                                   num_draft_tokens=int(getattr(spec, "total_draft_tokens", 0)),
+                                   num_accepted_draft_tokens=int(getattr(spec, "total_accepted_draft_tokens", 0)),
+                                   times_ns=dict(times), **usage))
         except Exception as err:  # noqa: BLE001 - TensorRT-LLM's error goes back to the client
             log.exception("[dflash] TensorRT-LLM request failed")
-            on_result(Result(finished=True, error=f"TensorRT-LLM: {err}"))
+            record.emit(Result(finished=True, error=f"TensorRT-LLM: {err}", times_ns=dict(times)))
         finally:
             with self._lock:
-                self._results.pop(handle, None)
+                self._live.pop(record.handle, None)
+            # A request TensorRT-LLM aborted without a last update still gets one.
+            record.emit(Result(finished=True, finish_reason="cancelled", times_ns=dict(times)))
 
-    def cancel(self, handle: int) -> None:
+    def cancel(self, record: ServedRequest) -> None:
         with self._lock:
-            result = self._results.get(handle)
+            _, result = self._live.get(record.handle, (None, None))
         if result is not None:
             result.abort()
 
+    def health(self) -> tuple[bool, str]:
+        if not self._thread.is_alive():
+            return False, "the TensorRT-LLM event loop thread is not running"
+        return True, "ok"
+
     def metrics(self) -> dict:
         with self._lock:
-            return {"live_requests": len(self._results)}
+            live = len(self._live)
+        # TensorRT-LLM schedules by itself: every request it holds counts as running.
+        return {"live_requests": live, "running": live, "waiting": 0, "healthy": 1}
 
     def shutdown(self) -> None:
+        self._stopping = True
+        with self._lock:
+            results = [result for _, result in self._live.values()]
+        for result in results:
+            result.abort()
         self.llm.shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)

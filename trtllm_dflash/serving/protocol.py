@@ -1,18 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 """The ``tensorrt_llm`` model's request and response tensors, without Triton: numpy arrays in,
-a validated ``GenerateRequest`` out; results in, a dict of output arrays out.
+a validated ``ServedRequest`` out; results in, a dict of output arrays out.
 
 Names are those of TensorRT-LLM's LLM-API Triton model (``text_input``, ``sampling_param_*``,
 ``text_output``, ``acceptance_rate``, ...). Every user error is a ``DFlashError`` naming the input.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
 
 from ..errors import DFlashError
+from .record import Result, ServedRequest
+
+__all__ = ["INPUT_NAMES", "OUTPUT_NAMES", "Result", "ServedRequest", "cancel_requested", "final_outputs",
+           "parse_request", "text_outputs"]
 
 SAMPLING_INPUTS = ("best_of", "temperature", "top_k", "top_p", "frequency_penalty", "presence_penalty",
                    "max_tokens", "stop", "seed", "exclude_input_from_output", "return_perf_metrics", "ignore_eos")
@@ -24,43 +27,6 @@ OUTPUT_NAMES = ("text_output", "finish_reason", "stop_reason", "arrival_time_ns"
 # e.g. a misspelled input name in an HTTP generate body, which Triton turns into a parameter.
 _TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
                       "binary_data_output", "headers"}
-
-
-@dataclass(frozen=True)
-class GenerateRequest:
-    """One validated request. ``None`` means "not sent": the backend's default applies."""
-
-    prompt: str
-    streaming: bool = False
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    stop: tuple[str, ...] = ()
-    exclude_input_from_output: bool = True
-    ignore_eos: bool | None = None
-    cancel: bool = False          # the `stop` input: cancel the running request with this request id
-
-
-@dataclass
-class Result:
-    """What a backend reports for one request: new text and, on the last update, how it ended."""
-
-    text: str = ""                # text generated since the previous update
-    finished: bool = False
-    finish_reason: str = ""       # stop | length | cancelled
-    stop_reason: str = ""         # the stop string that ended the request, if any
-    num_draft_tokens: int = 0
-    num_accepted_draft_tokens: int = 0
-    times_ns: dict = field(default_factory=dict)  # arrival/first_token/last_token, Unix time in ns
-    error: str = ""               # set on a finished Result when the runtime failed the request
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_draft_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str, kind: type):
@@ -93,8 +59,13 @@ def _text(value, name: str) -> str:
                           "send UTF-8 text") from None
 
 
+def cancel_requested(inputs: Mapping[str, np.ndarray]) -> bool:
+    """The ``stop`` input is true: this request cancels the running one with the same request id."""
+    return bool(_scalar(inputs, "stop", bool))
+
+
 def parse_request(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object],
-                  max_seq_len: int) -> GenerateRequest:
+                  max_seq_len: int, request_id: str = "") -> ServedRequest:
     """Validate one Triton request (input name -> array, request parameters) against the limits."""
     unknown = sorted(k for k in parameters if k not in _TRITON_PARAMETERS and not k.startswith("triton_"))
     if unknown:
@@ -111,8 +82,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, obj
         raise DFlashError("text_input", f"expected one prompt, got shape {list(text.shape)}",
                           "send one prompt per request; concurrent requests are batched by the runtime")
     prompt = _text(text.reshape(-1)[0], "text_input")
-    cancel = bool(_scalar(inputs, "stop", bool))
-    if not prompt and not cancel:
+    if not prompt:
         raise DFlashError("text_input", "is empty", "send a non-empty prompt")
     best_of = _scalar(inputs, "sampling_param_best_of", int)
     if best_of not in (None, 1):
@@ -139,13 +109,13 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, obj
     _scalar(inputs, "sampling_param_return_perf_metrics", bool)   # validated only: the stats are always returned
     for flag in ("return_finish_reason", "return_stop_reason"):
         _scalar(inputs, flag, bool)
-    return GenerateRequest(
+    return ServedRequest(
         prompt=prompt, streaming=bool(_scalar(inputs, "streaming", bool)), max_tokens=max_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=_scalar(inputs, "sampling_param_seed", int),
         frequency_penalty=_scalar(inputs, "sampling_param_frequency_penalty", float),
         presence_penalty=_scalar(inputs, "sampling_param_presence_penalty", float), stop=stop,
-        exclude_input_from_output=True if exclude is None else exclude,
-        ignore_eos=_scalar(inputs, "sampling_param_ignore_eos", bool), cancel=cancel)
+        echo=exclude is False, ignore_eos=_scalar(inputs, "sampling_param_ignore_eos", bool),
+        request_id=request_id)
 
 
 def text_outputs(text: str) -> dict[str, np.ndarray]:

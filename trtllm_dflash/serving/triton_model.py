@@ -2,28 +2,26 @@
 """What ``triton_model_repo/tensorrt_llm/1/model.py`` does, importable and testable without Triton:
 ``triton_python_backend_utils`` is passed in (tests pass a fake).
 
-``execute`` validates each request, hands it to the backend and returns at once; the backend's threads
-report text as it is generated, and one sender thread turns that into responses (decoupled: one per
-piece, then a final one with the DFlash stats). Every ``cancellation_check_period_ms`` the same thread
-frees the slots of clients that cancelled or went away and publishes the runtime's counters as Triton
-custom metrics.
+``execute`` validates each request into a ``ServedRequest``, submits it to the backend and returns at
+once; one thread per request reads the record's results and sends them (decoupled: one response per
+piece, then a final one with the DFlash stats), and while nothing comes it asks Triton every
+``cancellation_check_period_ms`` whether the client cancelled or went away. A monitor thread publishes
+the runtime's counters as Triton custom metrics.
 """
 from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from ..errors import DFlashError
 from . import protocol
-from .protocol import GenerateRequest, Result
+from .record import Result, ServedRequest, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +46,6 @@ def auto_complete(config, model_yaml: Path):
     config.set_model_transaction_policy(dict(decoupled=bool(tc["decoupled"])))
     config.set_max_batch_size(int(tc["max_batch_size"]))
     return config
-
-
-@dataclass
-class _Live:
-    """A request between execute() and its final response."""
-
-    triton_request: object
-    sender: object
-    gen: GenerateRequest
-    handle: int = -1
-    text: list[str] = field(default_factory=list)   # pieces so far (non-streaming requests)
-    cancelled: bool = False
-    done: bool = False
 
 
 class _TritonLogHandler(logging.Handler):
@@ -112,14 +97,14 @@ class DFlashModel:
             from .backends import load_backend
             backend = load_backend(self.deployment_dir, self.manifest)
         self.backend = backend
-        self._live: dict[int, _Live] = {}
-        self._lock = threading.RLock()   # a backend may answer from inside submit()
+        self._live: dict[ServedRequest, object] = {}   # record -> its Triton request, until the final response
+        self._lock = threading.Lock()
         self._counts = {"draft_tokens": 0, "accepted_draft_tokens": 0}
         self._finish_counts: dict[str, int] = {}
         self._metrics = _TritonMetrics(pb_utils, model_config["name"])
-        self._outbox: queue.Queue = queue.Queue()
-        self._sender = threading.Thread(target=self._send_loop, name="dflash-sender", daemon=True)
-        self._sender.start()
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(target=self._monitor_loop, name="dflash-monitor", daemon=True)
+        self._monitor.start()
         self._log(f"serving {self.deployment_dir} with the {backend.name} backend "
                   f"(decoupled={self.decoupled}, max_seq_len={backend.max_seq_len})")
 
@@ -131,20 +116,20 @@ class DFlashModel:
             try:
                 inputs = {t.name(): t.as_numpy() for t in request.inputs()}
                 params = json.loads(request.parameters() or "{}")
-                gen = protocol.parse_request(inputs, params, self.backend.max_seq_len)
-                if gen.cancel:
+                if protocol.cancel_requested(inputs):
                     self._cancel_by_id(request.request_id(), sender)
                     continue
-                if gen.streaming and not self.decoupled:
+                record = protocol.parse_request(inputs, params, self.backend.max_seq_len, request.request_id())
+                if record.streaming and not self.decoupled:
                     raise DFlashError("streaming", "needs a decoupled model",
                                       "refill the repository with decoupled_mode true, or send streaming=false")
-                live = _Live(request, sender, gen)
-                if gen.streaming and not gen.exclude_input_from_output:
-                    self._send(live, protocol.text_outputs(gen.prompt), final=False)
+                self.backend.submit(record)
                 with self._lock:
-                    live.handle = self.backend.submit(gen, lambda r, live=live: self._on_result(live, r))
-                    if not live.done:
-                        self._live[live.handle] = live
+                    self._live[record] = request
+                threading.Thread(target=self._serve, args=(record, request, sender), daemon=True,
+                                 name=f"dflash-request-{record.handle}").start()
+            except Unavailable as err:
+                self._send_error(sender, str(err), "UNAVAILABLE")
             except DFlashError as err:
                 self._send_error(sender, str(err), "INVALID_ARG")
             except Exception as err:  # noqa: BLE001 - a bug answers this request, not the whole batch
@@ -153,72 +138,72 @@ class DFlashModel:
 
     def finalize(self) -> None:
         self._log("finalize: stopping the runtime")
+        self._stop.set()
         self.backend.shutdown()
-        self._outbox.put(None)
-        self._sender.join(timeout=30)
+        self._monitor.join(timeout=30)
 
-    # -- responses (called from backend threads) --
+    # -- one thread per request: the record's results -> Triton responses --
 
-    def _on_result(self, live: _Live, result: Result) -> None:
-        # The backend may answer before submit() returned; take the lock so _live is consistent.
-        with self._lock:
-            if live.done:
-                return
-            if result.finished:
-                live.done = True
-                self._live.pop(live.handle, None)
-                self._count(result)
-        self._outbox.put((live, result))
-
-    def _send_loop(self) -> None:
-        """The one thread that sends responses, checks for cancelled requests and publishes metrics, so
-        the runtime's threads never wait on Triton's IPC and only this thread and execute() call into
-        Triton. Checking here also means a request is never asked is_cancelled() after its final
-        response (Triton has released it by then)."""
-        next_check = 0.0
-        while True:
-            try:
-                item = self._outbox.get(timeout=self.period_s)
-            except queue.Empty:
-                item = ()
-            if item is None:
-                return
-            if item:
-                live, result = item
-                try:
-                    self._respond(live, result)
-                except Exception:  # noqa: BLE001 - one failed response must not stop the others
-                    self._log(traceback.format_exc(), error=True)
+    def _serve(self, record: ServedRequest, request, sender) -> None:
+        """Send the record's results; between results, check whether the client went away. Only this
+        thread touches the request after execute(), and never after its final response (Triton has
+        released the request by then)."""
+        pieces: list[str] = []
+        cancelled = False
+        try:
+            if record.streaming and record.echo:
+                self._send(sender, protocol.text_outputs(record.prompt or ""), final=False)
+            next_check = time.monotonic() + self.period_s
+            while True:
+                result = record.get(timeout=self.period_s)
+                if not cancelled and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + self.period_s
+                    if self._is_cancelled(request):
+                        cancelled = True       # gRPC stream closed or HTTP connection dropped
+                        self.backend.cancel(record)
+                if result is None:
+                    continue
                 if result.finished:
-                    # Triton unloads a decoupled model only once every response sender is gone: drop ours.
-                    live.sender = live.triton_request = None
-            if time.monotonic() >= next_check:
-                self._check_cancelled()
-                self._publish_metrics()
-                next_check = time.monotonic() + self.period_s
+                    self._count(result)
+                    self._respond_final(record, result, pieces, cancelled, sender)
+                    return
+                if record.streaming:
+                    self._send(sender, protocol.text_outputs(result.text), final=False)
+                else:
+                    pieces.append(result.text)
+        except Exception:  # noqa: BLE001 - one failed response must not stop the others
+            self._log(traceback.format_exc(), error=True)
+            if not record.finished:
+                self.backend.cancel(record)
+        finally:
+            with self._lock:
+                self._live.pop(record, None)
 
-    def _respond(self, live: _Live, result: Result) -> None:
+    def _respond_final(self, record: ServedRequest, result: Result, pieces: list[str], cancelled: bool,
+                       sender) -> None:
         if result.error:
-            self._send_error(live.sender, result.error, "INTERNAL")
-        elif not result.finished:
-            if live.gen.streaming:
-                self._send(live, protocol.text_outputs(result.text), final=False)
-            else:
-                live.text.append(result.text)
-        elif live.cancelled:
-            self._send_error(live.sender, "Request cancelled by client", "CANCELLED")
+            self._send_error(sender, result.error, "INTERNAL")
+        elif cancelled:
+            self._send_error(sender, "Request cancelled by client", "CANCELLED")
         else:
-            text = result.text if live.gen.streaming else "".join(live.text) + result.text
-            if not live.gen.streaming and not live.gen.exclude_input_from_output:
-                text = live.gen.prompt + text
-            self._send(live, protocol.final_outputs(text, result), final=True)
+            text = result.text if record.streaming else "".join(pieces) + result.text
+            if record.echo and not record.streaming:
+                text = (record.prompt or "") + text
+            self._send(sender, protocol.final_outputs(text, result), final=True)
 
-    def _send(self, live: _Live, outputs: dict, final: bool) -> None:
+    def _is_cancelled(self, request) -> bool:
+        try:
+            return request.is_cancelled()
+        except Exception as err:  # noqa: BLE001 - one bad check must not stop the request
+            self._log(f"checking for cancellation failed: {err}", error=True)
+            return False
+
+    def _send(self, sender, outputs: dict, final: bool) -> None:
         response = self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in outputs.items()])
         flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         try:
-            live.sender.send(response, flags=flags)
-        except Exception as err:  # noqa: BLE001 - the client is gone; _check_cancelled frees the slot
+            sender.send(response, flags=flags)
+        except Exception as err:  # noqa: BLE001 - the client is gone; the cancellation check frees the slot
             self._log(f"sending a response failed: {err}", error=True)
 
     def _send_error(self, sender, message: str, code: str) -> None:
@@ -234,45 +219,36 @@ class DFlashModel:
         if not request_id:
             raise DFlashError("stop", "needs the id of the request to cancel", "send it as the request id")
         with self._lock:
-            targets = [live for live in self._live.values() if live.triton_request.request_id() == request_id]
+            targets = [record for record in self._live if record.request_id == request_id]
         if not targets:
             raise DFlashError("stop", f"no running request has id {request_id!r}", "check the request id")
-        for live in targets:
-            self.backend.cancel(live.handle)
-        response = self.pb.InferenceResponse(output_tensors=[
-            self.pb.Tensor(k, v) for k, v in protocol.final_outputs("", Result(finish_reason="cancelled")).items()])
-        sender.send(response, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        for record in targets:
+            self.backend.cancel(record)
+        self._send(sender, protocol.final_outputs("", Result(finish_reason="cancelled")), final=True)
 
-    # -- cancellation and metrics --
+    # -- health and metrics --
 
-    def _check_cancelled(self) -> None:
-        """Cancel the runtime requests whose client cancelled or went away (gRPC stream closed, HTTP
-        connection dropped): their slots are freed at the next step."""
-        with self._lock:
-            # Lives still here have no final response queued, so none has been sent: Triton holds them.
-            lives = [live for live in self._live.values() if not live.cancelled]
-        for live in lives:
-            try:
-                gone = live.triton_request.is_cancelled()
-            except Exception as err:  # noqa: BLE001 - one bad check must not stop the others
-                self._log(f"checking for cancellation failed: {err}", error=True)
-                continue
-            if gone:
-                live.cancelled = True
-                self.backend.cancel(live.handle)
+    def health(self) -> tuple[bool, str]:
+        """``(ok, reason)`` of the backend: False once its engine can no longer serve."""
+        return self.backend.health()
 
     def _count(self, result: Result) -> None:
         reason = "error" if result.error else result.finish_reason
-        self._finish_counts[reason] = self._finish_counts.get(reason, 0) + 1
-        self._counts["draft_tokens"] += result.num_draft_tokens
-        self._counts["accepted_draft_tokens"] += result.num_accepted_draft_tokens
+        with self._lock:
+            self._finish_counts[reason] = self._finish_counts.get(reason, 0) + 1
+            self._counts["draft_tokens"] += result.num_draft_tokens
+            self._counts["accepted_draft_tokens"] += result.num_accepted_draft_tokens
 
     def stats(self) -> dict:
-        """Runtime counters (``max_active_batch``, ``steps``, ...) and this model's request counts."""
+        """Runtime counters (``running``, ``waiting``, ``steps``, ...) and this model's request counts."""
         with self._lock:
             finished = dict(self._finish_counts)
             counts = dict(self._counts)
         return {**self.backend.metrics(), **counts, "finished": finished}
+
+    def _monitor_loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._publish_metrics()
 
     def _publish_metrics(self) -> None:
         try:
@@ -291,8 +267,10 @@ class DFlashModel:
 class _TritonMetrics:
     """Custom metrics on Triton's /metrics endpoint (Prometheus), named ``dflash_*``."""
 
-    GAUGES = {"active_requests": "Requests in the runtime (decoding or waiting for a slot)",
-              "max_active_batch": "Largest number of requests decoded together in one step"}
+    GAUGES = {"active_requests": "Requests being decoded (holding a slot of the runtime's batch)",
+              "waiting_requests": "Requests queued for a slot (not decoding yet)",
+              "max_active_batch": "Largest number of requests decoded together in one step",
+              "engine_healthy": "1 while the runtime serves; 0 once it is broken (restart the server)"}
     COUNTERS = {"steps_total": "Draft+verify steps of the runtime",
                 "draft_tokens_total": "Draft tokens proposed to the target (finished requests)",
                 "accepted_draft_tokens_total": "Draft tokens the target accepted (finished requests)"}
@@ -318,7 +296,9 @@ class _TritonMetrics:
     def publish(self, stats: dict) -> None:
         if not self.enabled:
             return
-        self.gauges["active_requests"].set(stats.get("active", stats.get("live_requests", 0)))
+        self.gauges["active_requests"].set(stats.get("running", 0))
+        self.gauges["waiting_requests"].set(stats.get("waiting", 0))
+        self.gauges["engine_healthy"].set(stats.get("healthy", 1))
         if "max_active_batch" in stats:
             self.gauges["max_active_batch"].set(stats["max_active_batch"])
         totals = {"steps_total": stats.get("steps", 0), "draft_tokens_total": stats["draft_tokens"],

@@ -1,0 +1,166 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One record per request, from a frontend (Triton's model, the OpenAI server) to a backend and back.
+
+The frontend fills the request fields and calls ``backend.submit(record)``; the backend writes updates
+into the record (``emit``) from its own thread; the frontend reads them with ``results()`` (blocking, one
+thread per request, as Triton's model does) or ``aresults()`` (an asyncio task, as an ASGI app does).
+The record buffers what the backend wrote, so a slow reader never holds up the engine's next step.
+
+The torch backend emits token ids only: the text is decoded here, on the reader's side, so detokenizing
+and stop strings never cost the engine's thread anything. A stop string found here ends the record and
+asks the backend (through the hook it set) to free the slot.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import AsyncIterator, Callable, Iterator
+
+from ..errors import DFlashError
+from .detokenize import TextStream
+
+
+class Unavailable(DFlashError):
+    """``submit`` refused a valid request because the server cannot take it now (shutting down, engine
+    broken): HTTP 503 / gRPC UNAVAILABLE rather than a client error."""
+
+
+@dataclass
+class Result:
+    """One update of a request: new text and token ids, and on the last update how it ended."""
+
+    text: str = ""                # text generated since the previous update
+    token_ids: list[int] = field(default_factory=list)   # token ids generated since the previous update
+    finished: bool = False
+    finish_reason: str = ""       # stop | length | cancelled (also: the server is shutting down)
+    stop_reason: str = ""         # the stop string that ended the request, if any
+    num_prompt_tokens: int = 0    # usage, so far: on every update
+    num_output_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    times_ns: dict = field(default_factory=dict)  # arrival/first_token/last_token, Unix time in ns
+    error: str = ""               # set on a finished Result when the runtime failed the request
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_draft_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+@dataclass(eq=False)
+class ServedRequest:
+    """A request and its stream of results. ``None`` = not sent: the backend's default applies."""
+
+    prompt: str | None = None            # text, tokenized by the backend as is (no chat template) ...
+    prompt_ids: list[int] | None = None  # ... or token ids (a frontend that applied a chat template)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool | None = None
+    streaming: bool = False
+    echo: bool = False                   # the frontend puts the prompt before the text (the backend ignores it)
+    request_id: str = ""                 # the client's id, for logs and cancellation by id
+
+    # -- written by the backend --
+    num_prompt_tokens: int = 0
+    times_ns: dict = field(default_factory=dict)   # arrival/first_token/last_token, Unix time in ns
+
+    def __post_init__(self):
+        self._cond = threading.Condition()
+        self._items: deque[Result] = deque()
+        self._closed = False              # the final Result was emitted (or made here, on a stop string)
+        self._waker: tuple | None = None  # (event loop, asyncio.Event) of an aresults() reader
+        self._text: TextStream | None = None
+        self._on_stop: Callable[[], None] | None = None
+        self.handle: object = None        # the backend's id of this request, set by submit()
+
+    # -- backend side --
+
+    def attach_detokenizer(self, tokenizer, on_stop: Callable[[], None]) -> None:
+        """Results carry token ids only; decode them (and look for stop strings) on the reader's side.
+        ``on_stop`` frees the engine's slot when a stop string ends the text."""
+        self._text = TextStream(tokenizer, self.stop)
+        self._on_stop = on_stop
+
+    def emit(self, result: Result) -> bool:
+        """Hand one update to the reader (any thread). False once the record is finished: ignored."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._closed = result.finished
+            self._items.append(result)
+            waker, self._waker = self._waker, None
+            self._cond.notify_all()
+        if waker is not None:
+            loop, event = waker
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:      # the reader's loop is closed: nobody is listening any more
+                pass
+        return True
+
+    @property
+    def finished(self) -> bool:
+        """The final Result was emitted (maybe not read yet)."""
+        return self._closed
+
+    # -- frontend side --
+
+    def get(self, timeout: float | None = None) -> Result | None:
+        """The next update, waiting up to ``timeout`` seconds (None: for ever); None if nothing came."""
+        with self._cond:
+            if not self._items and not self._cond.wait_for(lambda: self._items, timeout):
+                return None
+            raw = self._items.popleft()
+        return self._decode(raw)
+
+    def results(self, timeout: float | None = None) -> Iterator[Result]:
+        """Every update until the final one. Raises TimeoutError when nothing comes for ``timeout`` s."""
+        while True:
+            result = self.get(timeout)
+            if result is None:
+                raise TimeoutError(f"no result within {timeout} s")
+            yield result
+            if result.finished:
+                return
+
+    async def aresults(self) -> AsyncIterator[Result]:
+        """Every update until the final one, for an asyncio reader (one loop, any number of records)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            result = self.get(timeout=0)
+            if result is None:
+                event, wait = asyncio.Event(), False
+                with self._cond:
+                    if not self._items:
+                        self._waker, wait = (loop, event), True
+                if wait:
+                    await event.wait()
+                continue
+            yield result
+            if result.finished:
+                return
+
+    def _decode(self, raw: Result) -> Result:
+        """Token ids -> text, on the reader's thread (torch backend); other results pass as they are."""
+        if self._text is None or raw.error:
+            return raw
+        if raw.finished:
+            return replace(raw, text=self._text.finish())
+        piece = self._text.push(raw.token_ids)
+        if not self._text.stopped:
+            return replace(raw, text=piece)
+        # A stop string ended the text: this is the last result; the engine's own final one is dropped.
+        with self._cond:
+            self._closed = True
+            self._items.clear()
+        if self._on_stop is not None:
+            self._on_stop()
+        return replace(raw, text=piece, finished=True, finish_reason="stop", stop_reason=self._text.stop_reason,
+                       times_ns=dict(self.times_ns))
