@@ -1,0 +1,1102 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Soak a served deployment: start dflash-serve on free loopback ports, drive it with N concurrent mixed clients
+for a given time while injecting faults, then check that it held.
+
+Phases, in order (each bounded in time; nothing leaves this machine's loopback interface):
+  solo       each prompt alone over HTTP, greedy: the reference answers
+  load       --streams client threads for --duration seconds, kinds taken in turn (http = /generate,
+             sse = /generate_stream, grpc = tritonclient bidirectional stream), every answer compared with
+             its solo answer; meanwhile, every --fault_every seconds, one fault in turn:
+               kill       a dflash-client process SIGKILLed once it streamed some text
+               cancel     a gRPC stream request cancelled through the `stop` input (same request id)
+               malformed  bodies that are not JSON, deeply nested, of wrong types, empty, unknown fields,
+                          a seed of 2**64-1, 5,000 stop strings, invalid UTF-8 over gRPC
+               oversized  a 5 MB prompt as JSON and a 4 MB form-urlencoded body (what `curl -d` sends)
+             and once, half way, a burst of --burst requests at once on one gRPC stream
+  kills      on the idle server: --kills clients killed mid-stream one by one; how long until the slot is
+             free (seconds and engine steps), and the latency of the next request against the idle baseline
+  sigterm    (--sigterm) 16 streams in flight, SIGTERM to dflash-serve: when and how each client ended,
+             whether the server's processes and /dev/shm files are gone
+
+Checks (exit code 1 when one fails): every request answered correctly or with a clear error; greedy answers
+equal to the solo answers; active requests back to 0; RSS growth of the server's processes below
+--max_rss_growth (last samples against the samples after warm-up); the metrics endpoint's finished-request
+counts by finish reason equal to what the clients saw; each fault handled within its time bound; with
+--sigterm, every client ended with a final response within 10 s, no process or /dev/shm file left behind.
+
+Out: --out JSON (provenance, settings, counts, latency percentiles, RSS and load average over time, fault
+outcomes, pass/fail per check, and `summary`) and the same name with .png (latency and RSS over time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:        # run as `python benchmarks/soak.py` from a checkout
+    sys.path.insert(0, str(REPO))
+
+from trtllm_dflash import provenance  # noqa: E402
+from trtllm_dflash.bench.helpformat import HelpFormatter  # noqa: E402
+from trtllm_dflash.bench.metrics import distribution  # noqa: E402
+from trtllm_dflash.errors import DFlashError  # noqa: E402
+from trtllm_dflash.serving import client  # noqa: E402
+
+MODEL = "tensorrt_llm"
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
+           "Hello, my name is", "import numpy as np", "The quick brown fox", "Q: What is 2+2?\nA:",
+           "Water boils at", "class Stack:\n    def push(self, item):", "The three primary colors are",
+           "SELECT name FROM users WHERE"]
+LONG_PROMPT = "Tell me a long story about a lighthouse keeper"
+KINDS = ("http", "sse", "grpc")
+FAULTS = ("kill", "cancel", "malformed", "oversized")
+# gRPC/HTTP transport failures: the connection went away without a response that says why.
+TRANSPORT = ("UNAVAILABLE", "Socket closed", "Connection reset", "Broken pipe", "RemoteDisconnected",
+             "IncompleteRead", "cannot reach", "Connection refused", "EOF")
+
+EPILOG = """examples:
+  # the CPU demo, as committed in benchmarks/results/soak_smollm2_cpu.json:
+  dflash-build --config build_configs/smollm2-135m_cpu_tp1.yaml --out engines/smollm2
+  python benchmarks/soak.py --engine engines/smollm2 --streams 64 --duration 600 --sigterm \\
+      --out benchmarks/results/soak_smollm2_cpu.json
+  # a quick look (2 minutes, no faults):
+  python benchmarks/soak.py --engine engines/smollm2 --streams 8 --duration 60 --faults none --kills 0 --out /tmp/s.json
+
+what passes: see the checks above; `summary` in the JSON also states the issue's goals (met or not):
+0 failed or wrong requests, 0 leaked slots, RSS growth < 10%, killed clients' slots free within one step with
+the next request's latency unchanged, SIGTERM with 16 streams -> every client answered within 10 s, no orphans.
+"""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python benchmarks/soak.py", description=__doc__, epilog=EPILOG,
+                                formatter_class=HelpFormatter)
+    p.add_argument("--engine", type=Path, required=True, help="deployment directory (dflash-build output)")
+    p.add_argument("--out", type=Path, required=True, help="report JSON; the plot goes next to it as .png")
+    p.add_argument("--streams", type=int, default=16, help="concurrent client threads in the load phase")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of the load phase")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"client kinds, taken in turn: {', '.join(KINDS)}")
+    p.add_argument("--max_tokens", type=int, default=32, help="tokens per request (greedy)")
+    p.add_argument("--faults", default=",".join(FAULTS), help=f"faults in turn ({', '.join(FAULTS)}) or none")
+    p.add_argument("--fault_every", type=float, default=10.0, help="seconds between faults in the load phase")
+    p.add_argument("--burst", type=int, default=None,
+                   help="requests sent at once half way [default: 8 x the deployment's max_batch_size; 0 = none]")
+    p.add_argument("--kills", type=int, default=20, help="clients killed mid-stream one by one on the idle server")
+    p.add_argument("--sigterm", action="store_true", help="end with SIGTERM while --sigterm_streams stream")
+    p.add_argument("--sigterm_streams", type=int, default=16)
+    p.add_argument("--sigterm_deadline", type=float, default=10.0,
+                   help="seconds after SIGTERM by which every client must have its final response")
+    p.add_argument("--max_rss_growth", type=float, default=0.10, help="allowed RSS growth over the load phase")
+    p.add_argument("--warmup", type=float, default=None,
+                   help="seconds of the load phase before the RSS baseline [default: 10%% of --duration]")
+    p.add_argument("--sample_every", type=float, default=2.0, help="seconds between RSS/metrics samples")
+    p.add_argument("--request_timeout", type=float, default=300.0, help="seconds a client waits for a response")
+    p.add_argument("--hostile_timeout", type=float, default=10.0,
+                   help="seconds within which a malformed or oversized request must be refused")
+    p.add_argument("--ready_timeout", type=float, default=600.0, help="seconds for dflash-serve to become ready")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = p.parse_args(argv)
+    args.kinds = [k for k in args.kinds.split(",") if k]
+    args.faults = [] if args.faults == "none" else [f for f in args.faults.split(",") if f]
+    for k in args.kinds:
+        if k not in KINDS:
+            p.error(f"--kinds: unknown {k!r}; choose from {', '.join(KINDS)}")
+    for f in args.faults:
+        if f not in FAULTS:
+            p.error(f"--faults: unknown {f!r}; choose from {', '.join(FAULTS)} or none")
+    if not (args.engine / "manifest.json").is_file():
+        p.error(f"--engine: {args.engine} has no manifest.json; pass a dflash-build output directory")
+    if args.streams < 1 or args.duration <= 0:
+        p.error("--streams and --duration must be positive")
+    if args.out.exists():
+        p.error(f"--out: {args.out} exists; move it away first")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------
+# the server under test: dflash-serve, its process tree, its metrics
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _proc_table() -> dict[int, tuple[int, str, int]]:
+    """pid -> (ppid, comm, start time in clock ticks), from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        rest = stat[stat.rindex(")") + 2:].split()
+        table[int(entry)] = (int(rest[1]), comm, int(rest[19]))
+    return table
+
+
+def descendants(root: int) -> dict[int, tuple[str, int]]:
+    """The process tree under ``root`` (itself included): pid -> (comm, start time)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in table:
+            out[pid] = (table[pid][1], table[pid][2])
+            todo += children.get(pid, [])
+    return out
+
+
+def alive(pid: int, start: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return int(stat[stat.rindex(")") + 2:].split()[19]) == start and stat[stat.rindex(")") + 2] != "Z"
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def shm_files(pids) -> set[str]:
+    """/dev/shm files the processes hold open or mapped (Triton's python-backend regions)."""
+    found = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("/dev/shm/"):
+                    found.add(target.split(" (deleted)")[0])
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    found.add(line[line.index("/dev/shm/"):].split(" (deleted)")[0])
+        except OSError:
+            continue
+    return found
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:
+    """Prometheus text -> {(name, sorted label pairs): value}."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, labels = head, ()
+        if "{" in head:
+            name, body = head[:head.index("{")], head[head.index("{") + 1:head.rindex("}")]
+            labels = tuple(sorted(tuple(kv.split("=", 1)) for kv in body.split('",') if "=" in kv))
+            labels = tuple((k, v.strip('"')) for k, v in labels)
+        try:
+            out[(name, labels)] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def metric_sum(metrics: dict, name: str, **labels) -> float:
+    return sum(v for (n, lab), v in metrics.items()
+               if n == name and all((k, str(x)) in lab for k, x in labels.items()))
+
+
+def finish_counts(metrics: dict) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (n, lab), v in metrics.items():
+        if n == "dflash_requests_total":
+            reason = dict(lab).get("finish_reason", "?")
+            out[reason] = out.get(reason, 0.0) + v
+    return out
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    http: str
+    grpc: str
+    metrics_url: str
+    log: Path
+    ready_s: float = 0.0
+
+    @classmethod
+    def start(cls, engine: Path, log: Path, timeout: float) -> "Server":
+        http, grpc, metrics = free_port(), free_port(), free_port()
+        cmd = [sys.executable, "-m", "trtllm_dflash.serving.server", str(engine), "--http_port", str(http),
+               "--grpc_port", str(grpc), "--metrics_port", str(metrics), "--exit_timeout_secs", "5"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        t0 = time.monotonic()
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        srv = cls(proc, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics", log)
+        while "dflash-serve: ready" not in srv.log_text():
+            if proc.poll() is not None or time.monotonic() - t0 > timeout:
+                srv.kill_tree()
+                raise DFlashError("dflash-serve", f"not ready after {time.monotonic() - t0:.0f} s "
+                                  f"(exit code {proc.poll()})", f"see {log}")
+            time.sleep(0.2)
+        srv.ready_s = time.monotonic() - t0
+        return srv
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def metrics(self) -> dict:
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
+            return parse_metrics(r.read().decode())
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http}/v2/health/ready", timeout=5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def tree(self) -> dict[int, tuple[str, int]]:
+        return descendants(self.proc.pid)
+
+    def kill_tree(self) -> None:
+        """SIGKILL what is left of the processes this script started (by pid)."""
+        for pid, (_, start) in self.tree().items():
+            if alive(pid, start):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------------------------------------------
+# clients: one request of each kind, timed, never raising
+
+
+@dataclass
+class Outcome:
+    phase: str
+    kind: str
+    prompt: int
+    t0: float                      # seconds since the run started
+    status: str = ""               # ok | wrong | error | cancelled | dropped | timeout
+    latency_s: float | None = None
+    ttft_s: float | None = None
+    finish_reason: str | None = None
+    error: str = ""
+    text: str = ""
+
+
+def classify_error(message: str) -> str:
+    if "no response within" in message:
+        return "timeout"
+    if any(t in message for t in TRANSPORT):
+        return "dropped"
+    if "CANCELLED" in message or "cancelled" in message.lower():
+        return "cancelled"
+    return "error"
+
+
+def responses_for(kind: str, srv: Server, prompt: str, timeout: float, request_id: str = "", **sampling):
+    inputs = client.build_inputs(prompt, kind != "http", **sampling)
+    if kind == "grpc":
+        return client.generate_grpc(srv.grpc, inputs, request_id=request_id, timeout=timeout)
+    return client.generate_http(srv.http, inputs, timeout=timeout)
+
+
+def run_request(kind: str, srv: Server, prompt_index: int, prompt: str, phase: str, t_run: float, timeout: float,
+                on_first=None, **sampling) -> Outcome:
+    """One request; the outcome says how it ended (text compared later)."""
+    out = Outcome(phase, kind, prompt_index, time.monotonic() - t_run)
+    t0 = time.monotonic()
+    pieces, last = [], {}
+    try:
+        for r in responses_for(kind, srv, prompt, timeout, **sampling):
+            if out.ttft_s is None and r.get("text_output"):
+                out.ttft_s = time.monotonic() - t0
+                if on_first is not None:
+                    on_first()
+            pieces.append(r.get("text_output", ""))
+            last = r
+        out.text = "".join(pieces)
+        out.finish_reason = last.get("finish_reason")
+        if out.finish_reason is None:
+            out.status, out.error = "dropped", "the stream ended without a final response"
+        else:
+            out.status = "cancelled" if out.finish_reason == "cancelled" else "ok"
+    except DFlashError as err:
+        out.error = str(err)
+        out.status = classify_error(out.error)
+    except Exception as err:  # noqa: BLE001 - a transport error mid-stream (IncompleteRead, reset, ...)
+        out.error = f"{type(err).__name__}: {err}"
+        out.status = "dropped" if not isinstance(err, TimeoutError) else "timeout"
+    out.latency_s = time.monotonic() - t0
+    return out
+
+
+def client_process(srv: Server, protocol: str, max_tokens: int) -> subprocess.Popen:
+    """A dflash-client process streaming a long answer (the one a fault kills)."""
+    url = srv.grpc if protocol == "grpc" else srv.http
+    cmd = [sys.executable, "-m", "trtllm_dflash.serving.client", LONG_PROMPT, "--protocol", protocol, "--url", url,
+           "--streaming", "--max_tokens", str(max_tokens), "--ignore_eos"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    os.set_blocking(proc.stdout.fileno(), False)
+    return proc
+
+
+def wait_for_text(proc: subprocess.Popen, timeout: float) -> bool:
+    t0, seen = time.monotonic(), b""
+    while time.monotonic() - t0 < timeout and proc.poll() is None:
+        seen += proc.stdout.read() or b""
+        if seen:
+            return True
+        time.sleep(0.01)
+    return bool(seen)
+
+
+# ---------------------------------------------------------------------------------------------------
+# faults
+
+
+def _post(url: str, body: bytes, content_type: str, timeout: float) -> tuple[int, str, float, str | None]:
+    """(HTTP status or 0 for no answer, error text, seconds, finish_reason of an answer)."""
+    t0 = time.monotonic()
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            answer = json.loads(r.read())
+            return r.status, "", time.monotonic() - t0, answer.get("finish_reason")
+    except urllib.error.HTTPError as err:
+        text = err.read()[:2000].decode("utf-8", "replace")
+        try:
+            text = json.loads(text)["error"]
+        except (ValueError, KeyError, TypeError):
+            pass
+        return err.code, str(text)[:300], time.monotonic() - t0, None
+    except Exception as err:  # noqa: BLE001 - no answer at all is what we measure here
+        return 0, f"{type(err).__name__}: {err}"[:300], time.monotonic() - t0, None
+
+
+def malformed_cases() -> list[tuple[str, bytes, str]]:
+    """(name, body, content type) for /generate; each must be refused with a clear error."""
+    def j(obj):
+        return json.dumps(obj).encode()
+    depth = 100_000
+    return [
+        ("not_json", b"{this is not json", "application/json"),
+        ("deeply_nested", b'{"text_input": ' + b"[" * depth + b"]" * depth + b"}", "application/json"),
+        ("empty_prompt", j({"text_input": ""}), "application/json"),
+        ("wrong_type", j({"text_input": "hi", "sampling_param_max_tokens": "ten"}), "application/json"),
+        ("negative_max_tokens", j({"text_input": "hi", "sampling_param_max_tokens": -3}), "application/json"),
+        ("unknown_field", j({"text_input": "hi", "max_token": 5}), "application/json"),
+        ("nan_temperature", b'{"text_input": "hi", "sampling_param_temperature": NaN}', "application/json"),
+        ("stop_list_5000", j({"text_input": "hi", "sampling_param_max_tokens": 4,
+                              "sampling_param_stop": [f"stop{i}" for i in range(5000)]}), "application/json"),
+    ]
+
+
+def _finished(cases: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in cases:
+        if c.get("finish_reason"):
+            out[c["finish_reason"]] = out.get(c["finish_reason"], 0) + 1
+    return out
+
+
+def fault_malformed(srv: Server, timeout: float) -> dict:
+    url = f"http://{srv.http}/v2/models/{MODEL}/generate"
+    cases = []
+    for name, body, ctype in malformed_cases():
+        code, text, secs, reason = _post(url, body, ctype, timeout + 5)
+        # A 200 is right only for the 5,000 stop strings (a legal request); everything else must be refused.
+        ok = (code == 200 if name == "stop_list_5000" else 400 <= code < 600 and bool(text)) and secs <= timeout
+        cases.append({"name": name, "code": code, "error": text, "seconds": round(secs, 3), "pass": ok,
+                      "finish_reason": reason})
+    # a seed of 2**64-1 (legal for the UINT64 input): answered or refused, never breaks the engine
+    body = json.dumps({"text_input": "hi", "sampling_param_max_tokens": 4, "sampling_param_temperature": 0.7,
+                       "sampling_param_seed": 2**64 - 1}).encode()
+    code, text, secs, reason = _post(url, body, "application/json", timeout + 5)
+    cases.append({"name": "seed_2^64-1", "code": code, "error": text, "seconds": round(secs, 3),
+                  "pass": code in (200, 400) and secs <= timeout, "finish_reason": reason})
+    # invalid UTF-8 over gRPC
+    t0 = time.monotonic()
+    try:
+        client.collect(client.generate_grpc(srv.grpc, {"text_input": b"\xff\xfeabc", "streaming": True},
+                                            timeout=timeout))
+        code, text = 200, ""
+    except DFlashError as err:
+        code, text = 400, str(err)
+    secs = time.monotonic() - t0
+    cases.append({"name": "invalid_utf8_grpc", "code": code, "error": text[:300], "seconds": round(secs, 3),
+                  "pass": code == 400 and "text_input" in text and secs <= timeout})
+    return {"cases": cases, "pass": all(c["pass"] for c in cases) and srv.ready(), "finished": _finished(cases)}
+
+
+def fault_oversized(srv: Server, timeout: float) -> dict:
+    url = f"http://{srv.http}/v2/models/{MODEL}/generate"
+    big = "word " * (1 << 20)     # 5 MiB of text
+    cases = []
+    for name, body, ctype in (
+            ("prompt_5MiB_json", json.dumps({"text_input": big}).encode(), "application/json"),
+            ("body_4MiB_form_urlencoded", json.dumps({"text_input": big[:4 << 20]}).encode(),
+             "application/x-www-form-urlencoded")):
+        code, text, secs, reason = _post(url, body, ctype, timeout + 5)
+        ok = 400 <= code < 600 and bool(text) and secs <= timeout and srv.proc.poll() is None
+        cases.append({"name": name, "code": code, "error": text[:300], "seconds": round(secs, 3), "pass": ok,
+                      "finish_reason": reason})
+    return {"cases": cases, "pass": all(c["pass"] for c in cases) and srv.ready(), "finished": _finished(cases)}
+
+
+def fault_kill(srv: Server, protocol: str, max_tokens: int, timeout: float) -> dict:
+    proc = client_process(srv, protocol, max_tokens)
+    streamed = wait_for_text(proc, timeout)
+    proc.kill()
+    proc.wait()
+    # A client killed before it streamed may not have sent its request yet: its cancel is not certain.
+    return {"protocol": protocol, "streamed_before_kill": streamed, "pass": True,
+            "finished": {"cancelled": 1} if streamed else {}, "uncertain_cancelled": 0 if streamed else 1}
+
+
+def fault_cancel(srv: Server, n: int, max_tokens: int, timeout: float) -> dict:
+    """A streaming request cancelled through the ``stop`` input, sent on the same gRPC stream with the same
+    request id once text arrived. Two final responses must come back (the stop request's and the cancelled
+    request's, both with finish_reason ``cancelled``), neither an error, within ``timeout``."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    rid = f"soak-cancel-{n}"
+    c = grpcclient.InferenceServerClient(srv.grpc)
+    responses: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: responses.put(error or result))
+    finals, errors, t_stop = [], [], None
+    try:
+        inputs = client.build_inputs(LONG_PROMPT, True, max_tokens=max_tokens, ignore_eos=True)
+        c.async_stream_infer(MODEL, [client._grpc_input(grpcclient, k, v) for k, v in inputs.items()],
+                             request_id=rid, enable_empty_final_response=True)
+        deadline = time.monotonic() + timeout
+        while len(finals) + len(errors) < 2 and time.monotonic() < deadline:
+            try:
+                item = responses.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if isinstance(item, Exception):
+                errors.append(str(item)[:300])
+                if t_stop is None:
+                    break
+                continue
+            resp = item.get_response()
+            outputs = client._grpc_outputs(item) if resp.outputs else {}
+            if t_stop is None and outputs.get("text_output"):
+                stop = grpcclient.InferInput("stop", [1], "BOOL")
+                stop.set_data_from_numpy(np.array([True]))
+                t_stop = time.monotonic()
+                c.async_stream_infer(MODEL, [client._grpc_input(grpcclient, "text_input", ""), stop],
+                                     request_id=rid, enable_empty_final_response=True)
+            if resp.parameters["triton_final_response"].bool_param:
+                finals.append((outputs.get("finish_reason"), time.monotonic()))
+                if t_stop is None:
+                    break         # finished before it could be cancelled: the fault did not happen
+    finally:
+        c.stop_stream(cancel_requests=True)
+        c.close()
+    reasons = sorted(str(r) for r, _ in finals)
+    out = {"request_id": rid, "stop_sent": t_stop is not None, "finals": reasons, "errors": errors}
+    if t_stop is not None and finals:
+        out["seconds_to_final"] = round(max(t for _, t in finals) - t_stop, 3)
+    if t_stop is None:
+        out["finished"] = {str(finals[0][0]): 1} if finals else {}
+    else:   # the cancelled request's final (the stop request's own final is not a model request)
+        done = [r for r in reasons if r != "cancelled"]
+        out["finished"] = {done[0]: 1} if done else {"cancelled": 1}
+    out["pass"] = (t_stop is not None and not errors and len(finals) == 2 and "cancelled" in reasons
+                   and "length" not in reasons and out.get("seconds_to_final", math.inf) <= timeout)
+    return out
+
+
+def burst(srv: Server, prompts: list[str], n: int, max_tokens: int, t_run: float, timeout: float) -> list[Outcome]:
+    """``n`` greedy requests sent at once on one gRPC stream (non-streaming answers)."""
+    import tritonclient.grpc as grpcclient
+
+    c = grpcclient.InferenceServerClient(srv.grpc)
+    responses: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: responses.put(error or result))
+    outs = {}
+    try:
+        t0 = time.monotonic()
+        for i in range(n):
+            k = i % len(prompts)
+            outs[str(i)] = Outcome("burst", "grpc", k, t0 - t_run)
+            inputs = client.build_inputs(prompts[k], False, max_tokens=max_tokens, temperature=0.0)
+            c.async_stream_infer(MODEL, [client._grpc_input(grpcclient, a, v) for a, v in inputs.items()],
+                                 request_id=f"soak-burst-{i}", enable_empty_final_response=True)
+        pending = set(outs)
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            try:
+                item = responses.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if isinstance(item, Exception):      # the stream broke: every pending request is lost
+                for rid in pending:
+                    outs[rid].status, outs[rid].error = classify_error(str(item)), str(item)[:300]
+                pending.clear()
+                break
+            resp = item.get_response()
+            rid = resp.id.removeprefix("soak-burst-")
+            o = outs[rid]
+            if resp.outputs:
+                got = client._grpc_outputs(item)
+                o.text += got.get("text_output", "")
+                o.finish_reason = got.get("finish_reason", o.finish_reason)
+            if resp.parameters["triton_final_response"].bool_param:
+                o.latency_s = o.ttft_s = time.monotonic() - t0
+                o.status = "ok" if o.finish_reason and o.finish_reason != "cancelled" else "dropped"
+                pending.discard(rid)
+        for rid in pending:
+            outs[rid].status, outs[rid].error = "timeout", f"no final response within {timeout:.0f} s"
+    finally:
+        c.stop_stream(cancel_requests=True)
+        c.close()
+    return list(outs.values())
+
+
+# ---------------------------------------------------------------------------------------------------
+# phases
+
+
+class Sampler(threading.Thread):
+    """RSS of every process of the server, the load average and the active requests, every ``every`` s."""
+
+    def __init__(self, srv: Server, t_run: float, every: float):
+        super().__init__(name="soak-sampler", daemon=True)
+        self.srv, self.t_run, self.every = srv, t_run, every
+        self.samples: list[dict] = []
+        self.stop_event = threading.Event()
+
+    def sample(self) -> dict:
+        by_proc: dict[str, int] = {}
+        for pid, (comm, _) in self.srv.tree().items():
+            by_proc[f"{comm}[{pid}]"] = rss_bytes(pid)
+        try:
+            active = metric_sum(self.srv.metrics(), "dflash_active_requests")
+        except Exception:  # noqa: BLE001 - a sample without the metric is still an RSS sample
+            active = None
+        return {"t": round(time.monotonic() - self.t_run, 2), "rss_mb": round(sum(by_proc.values()) / 2**20, 1),
+                "by_process_mb": {k: round(v / 2**20, 1) for k, v in by_proc.items()},
+                "loadavg_1m": round(os.getloadavg()[0], 2), "active_requests": active}
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.every):
+            self.samples.append(self.sample())
+
+
+def log_line(args, text: str) -> None:
+    if not args.quiet:
+        print(f"[soak {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def solo_phase(srv: Server, prompts: list[str], args, t_run: float) -> tuple[list[str], list[Outcome]]:
+    outs = [run_request("http", srv, i, p, "solo", t_run, args.request_timeout, max_tokens=args.max_tokens,
+                        temperature=0.0) for i, p in enumerate(prompts)]
+    bad = [o for o in outs if o.status != "ok"]
+    if bad:
+        raise DFlashError("solo", f"reference request failed: {bad[0].error or bad[0].status}",
+                          f"see {srv.log}")
+    return [o.text for o in outs], outs
+
+
+def load_phase(srv: Server, prompts: list[str], args, t_run: float, max_batch: int, long_tokens: int
+               ) -> tuple[list[Outcome], list]:
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    t_end = time.monotonic() + args.duration
+
+    def worker(w: int) -> None:
+        n = 0
+        while time.monotonic() < t_end:
+            kind = args.kinds[(w + n) % len(args.kinds)]
+            k = (w * 5 + n) % len(prompts)
+            o = run_request(kind, srv, k, prompts[k], "load", t_run, args.request_timeout,
+                            max_tokens=args.max_tokens, temperature=0.0)
+            with lock:
+                outcomes.append(o)
+            n += 1
+            if o.status != "ok":
+                if srv.proc.poll() is not None:
+                    return          # the server died: the checks report it, nothing more to learn here
+                time.sleep(1.0)     # a failing server is not hammered by a tight loop
+
+    threads = [threading.Thread(target=worker, args=(w,), name=f"soak-client-{w}", daemon=True)
+               for w in range(args.streams)]
+    for t in threads:
+        t.start()
+    faults: list[dict] = []
+    burst_n = 8 * max_batch if args.burst is None else args.burst
+
+    def run_burst() -> None:
+        time.sleep(args.duration / 2)
+        log_line(args, f"burst of {burst_n} requests on one gRPC stream")
+        t = round(time.monotonic() - t_run, 1)
+        got = burst(srv, prompts, burst_n, args.max_tokens, t_run, args.request_timeout)
+        with lock:
+            outcomes.extend(got)
+            faults.append({"fault": "burst", "t": t, "requests": burst_n, "pass": True, "finished": {}})
+
+    if burst_n:
+        threads.append(threading.Thread(target=run_burst, name="soak-burst", daemon=True))
+        threads[-1].start()
+    next_fault = time.monotonic() + min(args.fault_every, args.duration / 4)
+    i = 0
+    # Faults in turn until the end, and each kind at least once even when they take longer than the load.
+    while args.faults and (time.monotonic() < t_end or i < len(args.faults)):
+        if time.monotonic() < next_fault:
+            time.sleep(0.1)
+            continue
+        name = args.faults[i % len(args.faults)]
+        log_line(args, f"fault {i}: {name} ({len(outcomes)} requests so far)")
+        t = round(time.monotonic() - t_run, 1)
+        try:
+            f = run_fault(name, i, srv, args, long_tokens)
+        except Exception as err:  # noqa: BLE001 - a fault that could not even be delivered fails its check
+            f = {"pass": False, "error": f"{type(err).__name__}: {err}"[:300], "finished": {}}
+        with lock:
+            faults.append({"fault": name, "t": t, **f})
+        i += 1
+        next_fault = time.monotonic() + args.fault_every
+        if srv.proc.poll() is not None:
+            log_line(args, f"dflash-serve exited (code {srv.proc.returncode}): ending the load phase")
+            break
+    for t in threads:
+        t.join(max(1.0, t_end + args.request_timeout + 30 - time.monotonic()))
+    return outcomes, sorted(faults, key=lambda f: f["t"])
+
+
+def run_fault(name: str, i: int, srv: Server, args, long_tokens: int) -> dict:
+    if name == "kill":
+        return fault_kill(srv, "grpc" if (i // len(args.faults)) % 2 == 0 else "http", long_tokens,
+                          args.request_timeout)
+    if name == "cancel":
+        return fault_cancel(srv, i, long_tokens, args.request_timeout)
+    if name == "malformed":
+        return fault_malformed(srv, args.hostile_timeout)
+    return fault_oversized(srv, args.hostile_timeout)
+
+
+def wait_idle(srv: Server, timeout: float = 15.0) -> float | None:
+    """Seconds until dflash_active_requests reads 0 (None if it never does within ``timeout``)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            if metric_sum(srv.metrics(), "dflash_active_requests") == 0:
+                return time.monotonic() - t0
+        except Exception:  # noqa: BLE001
+            pass
+        time.sleep(0.05)
+    return None
+
+
+def kill_phase(srv: Server, prompts: list[str], args, t_run: float, long_tokens: int) -> dict:
+    """Clients killed mid-stream on the idle server, one at a time: seconds and engine steps until the slot is
+    free (the cancelled count rose and no request is active), and the next request's latency."""
+    def probe() -> Outcome:
+        return run_request("http", srv, 0, prompts[0], "kills", t_run, args.request_timeout,
+                           max_tokens=args.max_tokens, temperature=0.0)
+
+    baseline = [probe() for _ in range(5)]
+    kills, after = [], []
+    for k in range(args.kills):
+        m0 = srv.metrics()
+        cancelled0 = finish_counts(m0).get("cancelled", 0.0)
+        proc = client_process(srv, "grpc" if k % 2 == 0 else "http", long_tokens)
+        streamed = wait_for_text(proc, args.request_timeout)
+        steps0 = metric_sum(srv.metrics(), "dflash_steps_total")
+        t_kill = time.monotonic()
+        proc.kill()
+        proc.wait()
+        freed_s, steps = None, None
+        while time.monotonic() - t_kill < 10.0:
+            m = srv.metrics()
+            if (finish_counts(m).get("cancelled", 0.0) >= cancelled0 + 1
+                    and metric_sum(m, "dflash_active_requests") == 0):
+                freed_s = time.monotonic() - t_kill
+                steps = metric_sum(m, "dflash_steps_total") - steps0
+                break
+            time.sleep(0.005)
+        kills.append({"protocol": "grpc" if k % 2 == 0 else "http", "streamed_before_kill": streamed,
+                      "freed_s": None if freed_s is None else round(freed_s, 4), "steps_after_kill": steps})
+        after.append(probe())
+    base = [o.latency_s for o in baseline]
+    nxt = [o.latency_s for o in after]
+    med = (lambda v: float(sorted(v)[len(v) // 2]) if v else None)
+    return {"kills": kills, "baseline_latency_s": [round(x, 4) for x in base],
+            "next_request_latency_s": [round(x, 4) for x in nxt],
+            "next_over_baseline_median": (med(nxt) / med(base)) if nxt and base else None,
+            "probes": baseline + after}
+
+
+def sigterm_phase(srv: Server, args, t_run: float, max_tokens: int, max_batch: int) -> dict:
+    """``--sigterm_streams`` long streams (gRPC and SSE in turn), SIGTERM to dflash-serve once each has text or
+    is queued behind a full batch: when and how every client ended, and what the server left behind."""
+    n = args.sigterm_streams
+    outs: list[Outcome | None] = [None] * n
+    first = threading.Semaphore(0)
+
+    def one(i: int) -> None:
+        outs[i] = run_request("grpc" if i % 2 == 0 else "sse", srv, -1, LONG_PROMPT, "sigterm", t_run,
+                              args.request_timeout, on_first=first.release, max_tokens=max_tokens, ignore_eos=True)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    # SIGTERM once a full batch is decoding (the rest wait for a slot: in flight too), or after 120 s.
+    streaming, want = 0, min(n, max_batch)
+    deadline = time.monotonic() + 120
+    while streaming < want and time.monotonic() < deadline:
+        streaming += first.acquire(timeout=0.5)
+    tree = srv.tree()
+    shm = shm_files(tree)
+    in_flight = sum(o is None for o in outs)
+    t_term = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    exit_at = None
+    while time.monotonic() - t_term < max(60.0, args.sigterm_deadline + 30):
+        if exit_at is None and srv.proc.poll() is not None:
+            exit_at = time.monotonic()
+        if exit_at is not None and not any(t.is_alive() for t in threads):
+            break
+        time.sleep(0.05)
+    rc = srv.proc.poll()
+    exit_s = None if exit_at is None else exit_at - t_term
+    time.sleep(2.0)      # stubs reaped by tritonserver on its way out get a moment
+    orphans = [f"{comm}[{pid}]" for pid, (comm, start) in tree.items() if alive(pid, start)]
+    leftover = sorted(f for f in shm if os.path.exists(f))
+    ends = []
+    for o in outs:
+        if o is None:
+            ends.append({"status": "no_end", "seconds_after_sigterm": None})
+            continue
+        end_t = t_run + o.t0 + (o.latency_s or 0.0)
+        ends.append({"kind": o.kind, "status": o.status, "finish_reason": o.finish_reason, "error": o.error[:200],
+                     "streamed": o.ttft_s is not None, "seconds_after_sigterm": round(end_t - t_term, 3)})
+    final_ok = [e["status"] in ("ok", "cancelled", "error") and e["seconds_after_sigterm"] is not None
+                and e["seconds_after_sigterm"] <= args.sigterm_deadline for e in ends]
+    if orphans or rc is None:
+        srv.kill_tree()      # clean up after a failed check: only the processes this script started
+    return {"streams": n, "streaming_at_sigterm": streaming, "in_flight_at_sigterm": in_flight,
+            "clients": ends, "clients_with_final_in_time": sum(final_ok), "dflash_serve_exit_code": rc,
+            "dflash_serve_exit_s": None if exit_s is None else round(exit_s, 2), "orphans": orphans, "shm_files": sorted(shm),
+            "shm_left": leftover,
+            "pass": all(final_ok) and rc == 0 and not orphans and not leftover}
+
+
+# ---------------------------------------------------------------------------------------------------
+# checks, report, plot
+
+
+def safe_metrics(srv: Server) -> dict:
+    try:
+        return srv.metrics()
+    except Exception:  # noqa: BLE001 - a dead server has no metrics; the checks say so
+        return {}
+
+
+def expected_finishes(outcomes: list[Outcome], faults: list[dict], kills: dict | None) -> tuple[dict, int]:
+    """What the clients saw finish in the model, by finish reason, and how many cancellations are uncertain
+    (a client killed before it streamed may not have sent its request)."""
+    seen: dict[str, int] = {}
+
+    def add(reason: str, n: int = 1) -> None:
+        seen[reason] = seen.get(reason, 0) + n
+
+    for o in outcomes:
+        if o.phase != "solo" and o.finish_reason:
+            add(o.finish_reason)
+        elif o.phase != "solo" and o.status == "error":
+            add("error")
+    uncertain = 0
+    for f in faults:
+        for reason, n in f.get("finished", {}).items():
+            add(reason, n)
+        uncertain += f.get("uncertain_cancelled", 0)
+    for k in (kills or {}).get("kills", []):
+        if k["streamed_before_kill"]:
+            add("cancelled")
+        else:
+            uncertain += 1
+    return seen, uncertain
+
+
+def rss_growth(samples: list[dict], t_from: float, t_to: float, warmup: float) -> dict:
+    """Total RSS after warm-up (median of the first 3 samples from ``t_from + warmup``) against the end
+    (median of the last 3 samples before ``t_to``)."""
+    window = [s["rss_mb"] for s in samples if t_from + warmup <= s["t"] <= t_to]
+    if len(window) < 2:
+        return {"baseline_mb": None, "end_mb": None, "growth": None, "samples": len(window)}
+    med = (lambda v: sorted(v)[len(v) // 2])
+    base, end = med(window[:3]), med(window[-3:])
+    return {"baseline_mb": base, "end_mb": end, "growth": round(end / base - 1.0, 4), "samples": len(window),
+            "max_mb": max(window)}
+
+
+def evaluate(args, solo: list[str], outcomes: list[Outcome], faults: list[dict], kills: dict | None,
+             idle: dict, finished_delta: dict, rss: dict, alive_before_sigterm: bool, sig: dict | None) -> dict:
+    checks = {}
+    answered = [o for o in outcomes if o.phase != "sigterm"]
+    failed = [o for o in answered if o.status != "ok"]
+    checks["every_request_answered"] = {
+        "pass": not failed, "requests": len(answered), "failed": len(failed),
+        "examples": [f"{o.phase}/{o.kind}: {o.status} {o.error[:160]}" for o in failed[:5]]}
+    wrong = [o for o in answered if o.status == "ok" and o.prompt >= 0 and o.text != solo[o.prompt]]
+    for o in wrong:
+        o.status = "wrong"
+    checks["greedy_equals_solo"] = {"pass": not wrong, "compared": sum(o.status in ("ok", "wrong") for o in answered),
+                                    "wrong": len(wrong),
+                                    "examples": [f"{o.kind} prompt {o.prompt}: {o.text[:60]!r} vs "
+                                                 f"{solo[o.prompt][:60]!r}" for o in wrong[:3]]}
+    bad_faults = [f for f in faults if not f["pass"]]
+    checks["faults_handled"] = {"pass": not bad_faults, "faults": len(faults),
+                                "failed": [{k: f[k] for k in f if k not in ("finished",)} for f in bad_faults[:5]]}
+    checks["slots_free"] = {"pass": all(v is not None for v in idle.values()), "seconds_to_idle": idle}
+    checks["rss_bounded"] = {"pass": rss["growth"] is not None and rss["growth"] < args.max_rss_growth,
+                             "limit": args.max_rss_growth, **rss}
+    seen, uncertain = expected_finishes(outcomes, faults, kills)
+    got = {k: int(v) for k, v in finished_delta.items() if v}
+    reasons = set(seen) | set(got)
+    agree = all(got.get(r, 0) == seen.get(r, 0) for r in reasons if r != "cancelled")
+    agree &= seen.get("cancelled", 0) <= got.get("cancelled", 0) <= seen.get("cancelled", 0) + uncertain
+    checks["metrics_agree"] = {"pass": bool(agree), "metrics": got, "clients": seen,
+                               "uncertain_cancelled": uncertain}
+    checks["server_alive"] = {"pass": alive_before_sigterm}
+    if kills is not None:
+        freed = [k["freed_s"] for k in kills["kills"]]
+        checks["killed_clients_freed"] = {"pass": all(f is not None for f in freed), "kills": len(freed),
+                                          "not_freed_in_10s": sum(f is None for f in freed)}
+    if sig is not None:
+        checks["sigterm"] = {"pass": sig["pass"], **{k: sig[k] for k in (
+            "clients_with_final_in_time", "streams", "dflash_serve_exit_code", "orphans", "shm_left")}}
+    return checks
+
+
+def goals(args, checks: dict, kills: dict | None, sig: dict | None) -> dict:
+    """The issue's goals, stated as measured (met or not), beside the pass/fail checks."""
+    out = {"failed_or_wrong_requests": checks["every_request_answered"]["failed"],
+           "leaked_slots": 0 if checks["slots_free"]["pass"] else "active requests did not return to 0",
+           "rss_growth": checks["rss_bounded"]["growth"]}
+    if kills is not None:
+        steps = [k["steps_after_kill"] for k in kills["kills"] if k["steps_after_kill"] is not None]
+        freed = [k["freed_s"] for k in kills["kills"] if k["freed_s"] is not None]
+        out.update(kills=len(kills["kills"]), kill_steps_until_free_max=max(steps) if steps else None,
+                   kill_seconds_until_free=distribution(freed) if freed else None,
+                   next_request_latency_over_idle_baseline=kills["next_over_baseline_median"])
+    if sig is not None:
+        after = [c["seconds_after_sigterm"] for c in sig["clients"] if c["seconds_after_sigterm"] is not None]
+        out.update(sigterm_streams=sig["streams"], sigterm_clients_with_final_in_time=sig["clients_with_final_in_time"],
+                   sigterm_last_client_end_s=max(after) if after else None, sigterm_orphans=len(sig["orphans"]),
+                   sigterm_shm_left=len(sig["shm_left"]))
+    return out
+
+
+def latency_table(outcomes: list[Outcome]) -> dict:
+    table = {}
+    for kind in sorted({o.kind for o in outcomes}):
+        ok = [o for o in outcomes if o.kind == kind and o.status == "ok"]
+        table[kind] = {"n": len(ok), "latency_s": distribution([o.latency_s for o in ok]),
+                       "ttft_s": distribution([o.ttft_s for o in ok])}
+    return table
+
+
+def plot(path: Path, outcomes: list[Outcome], faults: list[dict], samples: list[dict], title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(11, 9), sharex=True,
+                                        gridspec_kw={"height_ratios": [3, 2, 1.4]})
+    for kind in sorted({o.kind for o in outcomes}):
+        pts = [(o.t0, o.latency_s) for o in outcomes if o.kind == kind and o.latency_s is not None
+               and o.status == "ok"]
+        if pts:
+            ax1.scatter(*zip(*pts), s=6, alpha=0.6, label=f"{kind} ({len(pts)})")
+    bad = [(o.t0, o.latency_s or 0.0) for o in outcomes if o.status not in ("ok",)]
+    if bad:
+        ax1.scatter(*zip(*bad), s=30, marker="x", color="red", label=f"failed/wrong ({len(bad)})")
+    colors = {"kill": "tab:red", "cancel": "tab:purple", "malformed": "tab:brown", "oversized": "tab:gray",
+              "burst": "black"}
+    for f in faults:
+        for ax in (ax1, ax2):
+            ax.axvline(f["t"], color=colors.get(f["fault"], "k"), lw=0.6, alpha=0.5)
+    ax1.set_ylabel("request latency (s)")
+    ax1.set_title(title, fontsize=10)
+    ax1.legend(fontsize=8, loc="upper left", ncol=4)
+    ax1.grid(alpha=0.3)
+    t = [s["t"] for s in samples]
+    ax2.plot(t, [s["rss_mb"] for s in samples], color="k", lw=1.5, label="all server processes")
+    names = sorted({k for s in samples for k in s["by_process_mb"]})
+    for name in names:
+        ax2.plot(t, [s["by_process_mb"].get(name, float("nan")) for s in samples], lw=0.8, label=name)
+    ax2.set_ylabel("RSS (MiB)")
+    ax2.legend(fontsize=7, loc="center right")
+    ax2.grid(alpha=0.3)
+    ax3.plot(t, [s["active_requests"] if s["active_requests"] is not None else float("nan") for s in samples],
+             color="tab:blue", lw=1, label="dflash_active_requests")
+    ax3.set_ylabel("active requests")
+    ax3b = ax3.twinx()
+    ax3b.plot(t, [s["loadavg_1m"] for s in samples], color="tab:orange", lw=1, label="load average (1 min)")
+    ax3b.set_ylabel("load avg", color="tab:orange")
+    ax3.set_xlabel("seconds since start (vertical lines: faults; red kill, purple cancel, brown malformed, "
+                   "gray oversized, black burst)", fontsize=8)
+    ax3.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import tempfile
+
+    manifest = json.loads((args.engine / "manifest.json").read_text())
+    max_batch = int(manifest["runtime"]["max_batch_size"])
+    max_seq_len = int(manifest["runtime"]["max_seq_len"])
+    long_tokens = min(1000, max_seq_len - 64)   # LONG_PROMPT is ~10 tokens     # the killed / cancelled / SIGTERMed streams run long
+    prompts = PROMPTS
+    args.warmup = args.duration * 0.1 if args.warmup is None else args.warmup
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="soak-"))
+    load_start = os.getloadavg()
+    t_run = time.monotonic()
+    log_line(args, f"starting dflash-serve {args.engine} (log: {work / 'dflash-serve.log'})")
+    srv = Server.start(args.engine, work / "dflash-serve.log", args.ready_timeout)
+    log_line(args, f"ready in {srv.ready_s:.1f} s: HTTP {srv.http}, gRPC {srv.grpc}")
+    sampler = Sampler(srv, t_run, args.sample_every)
+    faults, outcomes, kills, sig = [], [], None, None
+    phases = {}
+    try:
+        sampler.samples.append(sampler.sample())
+        sampler.start()
+        solo, solo_outs = solo_phase(srv, prompts, args, t_run)
+        outcomes += solo_outs
+        time.sleep(1.0)    # the model publishes its counters every cancellation_check_period_ms
+        m_before = safe_metrics(srv)
+        phases["load"] = [round(time.monotonic() - t_run, 2)]
+        log_line(args, f"load: {args.streams} streams x {args.duration:.0f} s, kinds {args.kinds}, "
+                       f"faults {args.faults or 'none'}")
+        load_outs, faults = load_phase(srv, prompts, args, t_run, max_batch, long_tokens)
+        outcomes += load_outs
+        phases["load"].append(round(time.monotonic() - t_run, 2))
+        idle = {"after_load": wait_idle(srv)}
+        if args.kills and srv.proc.poll() is None:
+            log_line(args, f"kills: {args.kills} clients killed mid-stream, one at a time")
+            phases["kills"] = [round(time.monotonic() - t_run, 2)]
+            kills = kill_phase(srv, prompts, args, t_run, long_tokens)
+            outcomes += kills.pop("probes")
+            phases["kills"].append(round(time.monotonic() - t_run, 2))
+            idle["after_kills"] = wait_idle(srv)
+        time.sleep(1.0)    # the model publishes its counters every cancellation_check_period_ms
+        m_after = safe_metrics(srv)
+        before, after = finish_counts(m_before), finish_counts(m_after)
+        finished_delta = {r: after.get(r, 0.0) - before.get(r, 0.0) for r in set(before) | set(after)}
+        alive_before_sigterm = srv.proc.poll() is None and srv.ready()
+        sampler.stop_event.set()
+        sampler.join(10)
+        sampler.samples.append(sampler.sample())
+        if args.sigterm and srv.proc.poll() is None:
+            log_line(args, f"sigterm: {args.sigterm_streams} streams in flight, then SIGTERM")
+            phases["sigterm"] = [round(time.monotonic() - t_run, 2)]
+            sig = sigterm_phase(srv, args, t_run, long_tokens, max_batch)
+            phases["sigterm"].append(round(time.monotonic() - t_run, 2))
+    finally:
+        sampler.stop_event.set()
+        if srv.proc.poll() is None:
+            srv.proc.send_signal(signal.SIGTERM)
+            try:
+                srv.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                srv.kill_tree()
+        for pid, (_, start) in srv.tree().items():   # anything of ours still running after a failure
+            if alive(pid, start):
+                os.kill(pid, signal.SIGKILL)
+
+    rss = rss_growth(sampler.samples, phases["load"][0], phases.get("kills", phases["load"])[1], args.warmup)
+    checks = evaluate(args, solo, outcomes, faults, kills, idle, finished_delta, rss, alive_before_sigterm, sig)
+    passed = all(c["pass"] for c in checks.values())
+    load_outs = [o for o in outcomes if o.phase in ("load", "burst")]
+    load_s = phases["load"][1] - phases["load"][0]
+    summary = {
+        "pass": passed, "requests": len(load_outs), "requests_per_s": round(len(load_outs) / load_s, 3),
+        "failed_checks": [k for k, c in checks.items() if not c["pass"]],
+        "goals": goals(args, checks, kills, sig),
+        "latency_s_p50_p99": {k: [v["latency_s"]["p50"], v["latency_s"]["p99"]]
+                              for k, v in latency_table(load_outs).items()},
+        "loadavg_1m_mean": round(sum(s["loadavg_1m"] for s in sampler.samples) / len(sampler.samples), 2),
+    }
+    report = {
+        "benchmark": "soak",
+        "provenance": provenance.record(checkpoints={"target": args.engine / "target",
+                                                     "drafter": args.engine / "drafter"}),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "deployment": {"backend": manifest.get("backend"), "runtime": manifest["runtime"],
+                       "target": manifest.get("target", {}).get("source"),
+                       "drafter": manifest.get("drafter", {}).get("source")},
+        "machine": {"cpus": os.cpu_count(), "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg(),
+                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
+        "server": {"ready_s": round(srv.ready_s, 2), "log": str(srv.log)},
+        "phases_s": phases,
+        "summary": summary,
+        "checks": checks,
+        "counts": {phase: {s: sum(o.phase == phase and o.status == s for o in outcomes)
+                           for s in sorted({o.status for o in outcomes if o.phase == phase})}
+                   for phase in ("solo", "load", "burst", "kills")},
+        "latency": latency_table(load_outs),
+        "faults": faults,
+        "kills": kills,
+        "sigterm": sig,
+        "rss_samples": sampler.samples,
+        "solo_answers": solo,
+        "requests": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(o).items()
+                      if k != "text" and (k != "error" or v)} for o in outcomes],
+    }
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    png = args.out.with_suffix(".png")
+    plot(png, [o for o in outcomes if o.phase != "solo"], faults, sampler.samples,
+         f"soak: {args.engine.name}, {args.streams} streams x {args.duration:.0f} s "
+         f"({len(load_outs)} requests, {'PASS' if passed else 'FAIL: ' + ', '.join(summary['failed_checks'])})")
+    for name, c in checks.items():
+        detail = {k: v for k, v in c.items() if k != "pass"}
+        print(f"{'PASS' if c['pass'] else 'FAIL'} {name}: {json.dumps(detail, default=str)[:300]}")
+    print(f"soak: {'PASS' if passed else 'FAIL'} -> {args.out}, {png}")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except DFlashError as err:
+        print(f"soak: {err}", file=sys.stderr)
+        sys.exit(2)
