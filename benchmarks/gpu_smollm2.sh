@@ -9,11 +9,13 @@
 #   eval    benchmarks/acceptance.py (HumanEval, MT-Bench; dflash reference cross-check) -> acceptance_smollm2.*
 #   sweep   AR vs DFlash dflash-sweep, concurrency 1..64 -> sweep_smollm2_h100.jsonl
 #   quant   ModelOpt FP8 build on the GPU + benchmarks/quant_report.py (weight-only vs fp8_gemm) -> quant_*.json
+#   gputests  pytest -m gpu (tests/gpu, the real SmolLM2 from prep's cache) + cuda_check -> gpu_tests_h100.json,
+#           cuda_check_h100.json (~5 min on an H100); SMOKE=1 runs the same on CPU (gpu tests skip)
 #   .carry/w1 w2 w3  wheels (ModelOpt stack, transformers 5.14.1, tokenizers 0.22.2, gguf, data packages);
 #           .carry/wlead: gguf alone, enough for prep + inference stages on the host's transformers 5.17
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|quant}
+STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|quant|gputests}
 SITE=/tmp/dflash_site
 for w in .carry/w*/; do   # each wheel folder once; they arrive over several calls
   marker=$SITE/.installed-$(basename "$w")
@@ -21,7 +23,7 @@ for w in .carry/w*/; do   # each wheel folder once; they arrive over several cal
     python3 -m pip install -q --no-index --no-deps --target "$SITE" "$w"*.whl && touch "$marker"
   fi
 done
-export PYTHONPATH=$SITE:$PWD TRTLLM_DFLASH_CACHE=$PWD/.carry/cache PYTHONUNBUFFERED=1 PYTHON=python3
+export PYTHONPATH=$SITE:$PWD TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$PWD/.carry/cache} PYTHONUNBUFFERED=1 PYTHON=python3
 RUN=$PWD/.carry/run
 LOG=${OUT:-/tmp}/$STAGE.log
 TRAIN=(env DATA="$PWD/.carry/w3/sharegpt_prompts.jsonl" bash benchmarks/train_smollm2_gpu.sh "$RUN")
@@ -74,6 +76,10 @@ PY
     "${BUILD[@]}" --out "$RUN/q_fp8" --quant fp8 --calib_data .carry/w3/sharegpt_prompts.jsonl
     python3 benchmarks/quant_report.py --base "$RUN/q_none" --quant "$RUN/q_fp8" --n 80 --max_new_tokens 128 \
       --out "$OUT/quant_smollm2_fp8_h100.json"
+    ;;
+  gputests)
+    python3 benchmarks/gpu_tests.py --out "${OUT:-/tmp}/gpu_tests_h100.json" --cuda_check_out "${OUT:-/tmp}/cuda_check_h100.json" \
+      ${SMOKE:+--cpu_smoke}
     ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac

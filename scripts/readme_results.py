@@ -182,27 +182,34 @@ def _cuda_rows(d: dict) -> list[str]:
     for r in d.get("tiny", []):
         out.append(f"| tiny random {r['arch']} | {r['dtype']} | {r['n']} | {r['dflash_eq_ar_greedy']}/{r['n']} | "
                    f"{r['ar_eq_hf_greedy']}/{r['n']} | {r['dflash_eq_ar_sampled']}/{r['n']} |")
-    s = d.get("smollm2")
-    if s:
-        div = [x for x in s.get("diverged_at", []) if x is not None]
-        note = f" (diverged after {', '.join(str(x) for x in div)} tokens)" if div else ""
-        out.append(f"| SmolLM2-135M | {s.get('dtype', 'bfloat16')} | {s['n_prompts']} | "
-                   f"{s['dflash_eq_ar_greedy']}/{s['n_prompts']}{note} | - | - |")
+    rows = d.get("smollm2") or []
+    for s in [rows] if isinstance(rows, dict) else rows:   # legacy files hold one bf16 dict
+        n = s["n_prompts"]
+        divs = s.get("divergences")
+        if divs is not None:
+            note = "; ".join(f"prompt {x['prompt']} at token {x['position']}, float32 margin {x['f32_margin']:.2f}"
+                             f"{'' if x['allowed'] else ' (NOT a near-tie)'}" for x in divs)
+        else:
+            note = ", ".join(f"after {x} tokens" for x in s.get("diverged_at", []) if x is not None)
+        tau = f", tau {s['tau']:.2f}" if "tau" in s else ""
+        out.append(f"| SmolLM2-135M{' + shipped drafter' if 'tau' in s else ''} | {s.get('dtype', 'bfloat16')} | {n} | "
+                   f"{s['dflash_eq_ar_greedy']}/{n}{tau}{f' (diverged: {note})' if note else ''} | - | - |")
     return out
 
 
 def render_cuda_check(results: Path) -> str:
     name = "cuda_check_h100.json"
     d = _load(results, name)
-    s = d.get("smollm2") or {}
+    rows = d.get("smollm2") or []
+    timed = next((s for s in ([rows] if isinstance(rows, dict) else rows) if "ar_b1_tok_per_s" in s), None)
     head = (f"**Correctness on CUDA** (`python benchmarks/cuda_check.py --smollm2`, {d.get('gpu', 'GPU')}, torch "
             f"{d.get('torch')}; {provenance_note(d, name)}"
             + ("; made before the fused kernels, grouped-query attention, matmul attention and drafter changes landed"
                if "provenance" not in d else "") + "): every row.")
     tail = []
-    if s:
-        tail.append(f"SmolLM2 on this GPU: {s['ar_b1_tok_per_s']:.0f} tok/s AR at batch 1, "
-                    f"{s['ar_b8_tok_per_s']:,.0f} tok/s at batch 8.")
+    if timed:
+        tail.append(f"SmolLM2 bf16 on this GPU: {timed['ar_b1_tok_per_s']:.0f} tok/s AR at batch 1, "
+                    f"{timed['ar_b8_tok_per_s']:,.0f} tok/s at batch 8.")
     return "\n".join([head, "", *_cuda_rows(d), "", *tail]).rstrip() + "\n"
 
 

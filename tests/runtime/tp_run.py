@@ -16,9 +16,9 @@ PARAMS = [SamplingParams(max_new_tokens=24, ignore_eos=True),
           SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=0.8, top_k=10, seed=5)]
 
 
-def run(target, drafter, tp_size, block_size=None, ep_size=1, prompts=PROMPTS, params=PARAMS):
-    eng = Engine.from_dirs(target, drafter, RuntimeConfig(max_seq_len=128, max_batch_size=2, block_size=block_size),
-                           tp_size=tp_size, ep_size=ep_size)
+def run(target, drafter, tp_size, block_size=None, ep_size=1, prompts=PROMPTS, params=PARAMS, dtype="auto"):
+    eng = Engine.from_dirs(target, drafter, RuntimeConfig(max_seq_len=128, max_batch_size=2, block_size=block_size,
+                                                          dtype=dtype), tp_size=tp_size, ep_size=ep_size)
     if eng.tp.rank != 0:
         eng.follow()
         return None

@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Greedy DFlash == greedy AR on the real SmolLM2-135M-Instruct with the shipped (trained) drafter, on CUDA:
+exact in float32; in bf16 under the policy in tests/gpu/divergence.py (equal up to the first divergence, which
+must be a float32 near-tie). The divergence positions and margins are attached to the test report.
+
+Needs the converted SmolLM2 ($TRTLLM_DFLASH_CACHE; `bash benchmarks/gpu_smollm2.sh prep` on the GPU host)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.gpu.divergence import MARGIN_BOUND, first_divergence, near_tie
+from trtllm_dflash.checkpoints.resolve import shipped_drafter_dir
+from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.runtime.engine import Engine
+
+pytestmark = pytest.mark.gpu
+QUESTIONS = ["What is the capital of France?", "Write a Python function that returns the sum of a list.",
+             "Explain speculative decoding in two sentences.", "List three prime numbers greater than 100.",
+             "Translate 'good morning' into Spanish and German.", "What does a GPU do?",
+             "Write a haiku about the sea.", "How many legs does a spider have?"]
+MAX_NEW = 128
+
+
+@pytest.fixture(scope="module")
+def pair(smollm2_dir):
+    return smollm2_dir, shipped_drafter_dir("smollm2-135m-dflash")
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(pair):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(pair[0]))
+    return [tok(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
+                add_special_tokens=False)["input_ids"] for q in QUESTIONS]
+
+
+def generate(pair, prompt_ids, dtype):
+    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype=dtype, device="cuda")
+    ar = Engine.from_dirs(pair[0], None, RuntimeConfig(block_size=1, **cfg))
+    df = Engine.from_dirs(pair[0], pair[1], RuntimeConfig(**cfg))
+    sp = SamplingParams(max_new_tokens=MAX_NEW)
+    return ar.generate(prompt_ids, sp), df.generate(prompt_ids, sp)
+
+
+def test_greedy_dflash_equals_ar_in_float32(pair, prompt_ids, record_property):
+    a, d = generate(pair, prompt_ids, "float32")
+    tau = sum(r.stats.tau for r in d) / len(d)
+    record_property("tau", round(tau, 3))
+    assert tau > 1.2, f"tau {tau:.2f}: the trained drafter should be accepted often, or this test checks little"
+    for i, (x, y) in enumerate(zip(a, d)):
+        assert y.output_ids == x.output_ids, f"prompt {i}: first divergence at {first_divergence(x.output_ids, y.output_ids)}"
+
+
+def test_greedy_dflash_vs_ar_in_bf16_within_the_tolerance_policy(pair, prompt_ids, record_property):
+    from transformers import AutoModelForCausalLM
+    a, d = generate(pair, prompt_ids, "bfloat16")
+    ref = AutoModelForCausalLM.from_pretrained(str(pair[0]), dtype=torch.float32).cuda().eval()
+    report = []
+    for i, (p, x, y) in enumerate(zip(prompt_ids, a, d)):
+        at = first_divergence(x.output_ids, y.output_ids)
+        if at is None:
+            assert x.output_ids == y.output_ids, f"prompt {i}: equal prefix, different lengths"
+            continue
+        report.append({"prompt": i, **near_tie(ref, p, x.output_ids[:at], x.output_ids[at], y.output_ids[at])})
+    record_property("identical", len(prompt_ids) - len(report))
+    record_property("divergences", report)
+    record_property("margin_bound", MARGIN_BOUND)
+    bad = [r for r in report if not r["allowed"]]
+    assert not bad, f"divergences that are not float32 near-ties (margin >= {MARGIN_BOUND} or not the top 2): {bad}"

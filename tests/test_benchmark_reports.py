@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Benchmark scripts write their provenance (CPU smoke modes), and the GPU test report reads pytest's junit XML."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fp8_gemm_bench_smoke_records_provenance(tmp_path):
+    out = tmp_path / "fp8.json"
+    proc = subprocess.run([sys.executable, "benchmarks/fp8_gemm_bench.py", "--cpu_smoke", "--skip", "steps",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    prov = json.loads(out.read_text())["provenance"]
+    assert "benchmarks/fp8_gemm_bench.py --cpu_smoke" in prov["command"]
+    assert prov["git"]["sha"] and prov["versions"]["torch"] and prov["device"]["gpu"] is None
+
+
+def test_gpu_report_reads_every_outcome_and_property(tmp_path):
+    xml = tmp_path / "junit.xml"
+    xml.write_text("""<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.gpu.test_a" name="test_ok" time="1.25"><properties>
+<property name="divergences" value="[{'prompt': 3}]"/></properties></testcase>
+<testcase classname="tests.gpu.test_a" name="test_bad" time="0.5"><failure message="assert 1 == 2">trace</failure></testcase>
+<testcase classname="tests.gpu.test_b" name="test_tp" time="0"><skipped message="NCCL TP 2 needs 2 GPUs"/></testcase>
+</testsuite></testsuites>""")
+    tests = _script("gpu_tests").parse_junit(xml)
+    assert [(t["id"], t["outcome"], t["seconds"]) for t in tests] == [
+        ("tests.gpu.test_a::test_ok", "passed", 1.25), ("tests.gpu.test_a::test_bad", "failed", 0.5),
+        ("tests.gpu.test_b::test_tp", "skipped", 0.0)]
+    assert tests[0]["properties"] == {"divergences": "[{'prompt': 3}]"} and tests[1]["message"] == "assert 1 == 2"
