@@ -42,3 +42,9 @@ def test_gpu_report_reads_every_outcome_and_property(tmp_path):
         ("tests.gpu.test_a::test_ok", "passed", 1.25), ("tests.gpu.test_a::test_bad", "failed", 0.5),
         ("tests.gpu.test_b::test_tp", "skipped", 0.0)]
     assert tests[0]["properties"] == {"divergences": "[{'prompt': 3}]"} and tests[1]["message"] == "assert 1 == 2"
+
+
+def test_gpu_report_collects_every_module_with_gpu_tests():
+    files = _script("gpu_tests").gpu_test_files()
+    assert {"tests/gpu/test_cuda_runtime.py", "tests/gpu/test_smollm2_cuda.py"} <= set(files)
+    assert all("mark.gpu" in (ROOT / f).read_text() for f in files)
