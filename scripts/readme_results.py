@@ -213,6 +213,25 @@ def render_cuda_check(results: Path) -> str:
     return "\n".join([head, "", *_cuda_rows(d), "", *tail]).rstrip() + "\n"
 
 
+def render_gpu_tests(results: Path) -> str:
+    name = "gpu_tests_h100.json"
+    if not (results / name).is_file():
+        return ("**GPU test set** (`pytest -m gpu`): no report committed yet; `bash benchmarks/gpu_smollm2.sh gputests` "
+                f"on the GPU host writes `benchmarks/results/{name}` (and a fresh `cuda_check_h100.json`).\n")
+    d = _load(results, name)
+    tests = d["tests"]
+    count = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")}
+    seconds = sum(t["seconds"] for t in tests)
+    lines = [f"**GPU test set** (`{d['suite'].split(' tests/')[0]}`, {d['provenance']['device'].get('gpu')}; "
+             f"{provenance_note(d, name)}): {count['passed']} passed, {count['failed'] + count['error']} failed, "
+             f"{count['skipped']} skipped, in {seconds:.0f} s."]
+    for t in tests:
+        if t["outcome"] != "passed":
+            why = (t["message"] or "").splitlines()[0][:140] if t["message"] else ""
+            lines.append(f"- {t['outcome']}: `{t['id'].rsplit('.', 1)[-1]}` {why}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
 def render_quant(results: Path) -> str:
     h = _load(results, "quant_smollm2_fp8_h100.json")
     f, n = _load(results, "quant_smollm2_fp8.json"), _load(results, "quant_smollm2_nvfp4.json")
@@ -304,6 +323,7 @@ RENDERERS = {
     "gpt_oss": render_gpt_oss,
     "sweep": render_sweep,
     "cuda_check": render_cuda_check,
+    "gpu_tests": render_gpu_tests,
     "quant": render_quant,
     "fp8_gemm": render_fp8_gemm,
     "acceptance": render_acceptance,
