@@ -55,6 +55,10 @@ class RuntimeConfig:
     # (H100, Qwen3-8B shapes: 1.04-1.14x per decode step; benchmarks/results/fp8_gemm_h100.json). True insists
     # (one-line error elsewhere); False always dequantises on load.
     fp8_gemm: bool | None = None
+    # gpt-oss MXFP4 experts: "triton" keeps them MXFP4 on the GPU and runs the fused routed-expert kernels
+    # (runtime/mxfp4_moe.py); "dequant" dequantises them to dtype on load (CPU, the reference; 4x the memory);
+    # "auto" = triton for MXFP4 checkpoints on CUDA, else dequant. An explicit choice that cannot run is an error.
+    mxfp4_moe: str = "auto"
 
     def __post_init__(self):
         if self.max_batch_size <= 0:
@@ -63,6 +67,8 @@ class RuntimeConfig:
             raise DFlashError("max_seq_len", f"must be > 1, got {self.max_seq_len}", "pass e.g. 2048")
         if self.block_size is not None and self.block_size < 1:
             raise DFlashError("block_size", f"must be >= 1, got {self.block_size}", "use 1 for AR decoding")
+        if self.mxfp4_moe not in ("auto", "triton", "dequant"):
+            raise DFlashError("mxfp4_moe", f"unknown value {self.mxfp4_moe!r}", "use auto, triton or dequant")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "float64"):
             raise DFlashError("dtype", f"unknown dtype {self.dtype!r}", "use auto, float32, bfloat16 or float16")
 

@@ -118,7 +118,7 @@ class Engine:
                                 presharded) if dcfg is not None else None)
         capture = drafter.config.target_layer_ids if drafter is not None else ()
         target = load_target(target_dir, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size,
-                             fp8_gemm=cfg.fp8_gemm)
+                             fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe)
         tokenizer = _load_tokenizer(target_dir)
         return cls(target, drafter, tokenizer, cfg, tp, _eos_ids(target_dir, tcfg, tokenizer))
 

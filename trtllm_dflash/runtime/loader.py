@@ -17,7 +17,7 @@ from ..checkpoints import hf
 from ..errors import DFlashError
 from . import fp8, quant
 from .distributed import TPGroup
-from .models import target_family
+from .models import mxfp4, target_family
 from .models.dflash import DFlashDrafter, DrafterConfig
 from .models.layers import Rotary
 from .shard import slice_for_rank
@@ -84,9 +84,10 @@ def _assign(module: nn.Module, sd: dict[str, torch.Tensor], where: str, device, 
         if name in sd and tuple(sd[name].shape) != tuple(p.shape):
             raise DFlashError(f"{where}: tensor {name}", f"has shape {tuple(sd[name].shape)}, expected {tuple(p.shape)}",
                               "the checkpoint does not match its config.json (or the tp_size); re-export it")
-    # FP8 weights and their float32 per-row scales (fp8_gemm) keep their dtypes; everything else is cast.
+    # FP8 weights and their float32 per-row scales (fp8_gemm), and packed MXFP4 experts (uint8) keep their
+    # dtypes; everything else is cast.
     def cast(name: str, t: torch.Tensor) -> torch.Tensor:
-        keep = t.dtype == fp8.FP8 or name.endswith(".weight_scale")
+        keep = t.dtype in (fp8.FP8, torch.uint8) or name.endswith(".weight_scale")
         return t.to(device=device, dtype=None if keep else dtype)
 
     module.load_state_dict({k: cast(k, v) for k, v in sd.items()}, strict=False, assign=True)
@@ -94,15 +95,17 @@ def _assign(module: nn.Module, sd: dict[str, torch.Tensor], where: str, device, 
 
 def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capture: tuple[int, ...] = (),
                 allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1,
-                fp8_gemm: bool | None = False):
+                fp8_gemm: bool | None = False, mxfp4_moe: str = "dequant"):
     """The target model for this rank; its class comes from config.json ``architectures`` (models.TARGETS).
 
-    ``fp8_gemm``: FP8 linears of Llama-family targets become fp8.Fp8Linear (None = where the device runs them)."""
+    ``fp8_gemm``: FP8 linears of Llama-family targets become fp8.Fp8Linear (None = where the device runs them).
+    ``mxfp4_moe``: how MoE targets run MXFP4 experts (models/mxfp4.resolve_backend: auto, triton, dequant)."""
     hf_cfg = hf.read_config(path)
     family = target_family(hf_cfg)
     cfg = family.config.from_hf(hf_cfg)
+    moe_backend = mxfp4.resolve_backend(mxfp4_moe, hf_cfg, torch.device(device)) if family.moe else "dequant"
     with torch.device("meta"):
-        model = family.build(cfg, tp, max_positions, capture, ep_size)
+        model = family.build(cfg, tp, max_positions, capture, ep_size, moe_backend)
     # ModelOpt FP8 / NVFP4 linears -> plain weights of this rank (runtime/quant.py); scales consumed. For fp8_gemm
     # FP8 weights stay FP8; families with their own tensor mapping (gpt-oss: MXFP4 experts) are always dequantised.
     asked = fp8_gemm

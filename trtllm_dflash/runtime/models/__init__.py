@@ -21,12 +21,13 @@ class TargetFamily:
     # this rank's HF tensors -> module tensors (model, device, dtype); None = the loader's q/k/v + gate/up fusion
     to_module: Callable | None = None
 
-    def build(self, cfg, tp, max_positions: int, capture: tuple[int, ...], ep_size: int = 1):
+    def build(self, cfg, tp, max_positions: int, capture: tuple[int, ...], ep_size: int = 1,
+              moe_backend: str = "dequant"):
         if not self.moe:
             if ep_size != 1:
                 raise DFlashError("ep_size", f"{ep_size}, but {cfg.architecture} is dense (no experts)", "use ep_size 1")
             return self.model(cfg, tp, max_positions, capture)
-        return self.model(cfg, tp, max_positions, capture, ep_size)
+        return self.model(cfg, tp, max_positions, capture, ep_size, moe_backend)
 
 
 _LLAMA = TargetFamily(llama.TargetConfig, llama.LlamaTarget, moe=False)

@@ -8,9 +8,12 @@ sliding-window (``sliding_window`` = 128) and full layers (``layer_types``); the
 ``(clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g)`` with ``g = min(gate, 7)``, gate/up interleaved in the
 Hugging Face layout (gate = even columns).
 
-Weights keep Hugging Face names; q/k/v are fused into ``qkv_proj`` and MXFP4 experts (``*_blocks`` +
-``*_scales``, the published checkpoints) are dequantised on load to the model dtype (mxfp4.py). In bf16
-that costs memory (4.25 -> 16 bits per expert weight):
+Weights keep Hugging Face names; q/k/v are fused into ``qkv_proj``. MXFP4 experts (``*_blocks`` +
+``*_scales``, the published checkpoints) run one of two ways, chosen by ``moe_backend`` (RuntimeConfig.mxfp4_moe):
+  "triton":  kept MXFP4 on the GPU (4.25 bits per weight) and run by the fused routed-expert kernels of
+             runtime/mxfp4_moe.py (Mxfp4Experts): gpt-oss-120b's weights are ~61 GiB, 20b's ~13 GiB;
+  "dequant": dequantised on load to the model dtype (mxfp4.py; CPU, and the reference), which in bf16 costs
+             memory (4.25 -> 16 bits per expert weight):
   gpt-oss-20b:  20.9 B params = 39.0 GiB (experts 35.6 GiB, 9.5 GiB as MXFP4; the checkpoint is 12.8 GiB);
   gpt-oss-120b: 116.8 B params = 217.6 GiB (experts 213.6 GiB, 56.7 GiB as MXFP4; checkpoint 60.8 GiB).
 20b fits one 80 GB GPU; 120b needs TP 4 (~55 GiB per rank) or TP 8 (~28 GiB per rank; the 1.1 GiB
@@ -221,11 +224,62 @@ class Experts(nn.Module):
         return torch.empty_like(y).index_copy_(0, order, y).view(N, k, -1).sum(1)
 
 
-class MoE(nn.Module):
+class Mxfp4Experts(nn.Module):
+    """This rank's experts kept in the published MXFP4 layout (blocks [E, rows, K / 32, 16] uint8 + scales
+    [E, rows, K / 32] E8M0, rows = outputs; gate_up rows interleaved gate0, up0, ...) and run by the fused
+    Triton kernels of runtime/mxfp4_moe.py (CUDA only). Same interface and result as Experts (bf16 rounding)."""
+
     def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int):
         super().__init__()
+        self._layout = (c, tp, ep_size)
+        ep_rank, moe_tp, moe_rank = expert_layout(tp.size, tp.rank, ep_size)
+        self.num_local, self.limit, self.num_experts = c.num_experts // ep_size, c.swiglu_limit, c.num_experts
+        self.first = ep_rank * self.num_local
+        self.inter, self.moe_rank = c.intermediate_size // moe_tp, moe_rank
+        E, H, I = self.num_local, c.hidden_size, self.inter
+        if H % mxfp4.GROUP or I % mxfp4.GROUP:
+            raise DFlashError("mxfp4_moe", f"'triton' needs whole MXFP4 groups of {mxfp4.GROUP} per rank; hidden {H} "
+                              f"and this rank's intermediate {I} (tp_size / ep_size = {moe_tp}) are not",
+                              "use an ep_size that keeps whole groups per rank, or mxfp4_moe='dequant'")
+
+        def packed(*shape):  # integer tensors: never trained, never cast by the loader
+            return nn.Parameter(torch.empty(*shape, dtype=torch.uint8), requires_grad=False)
+
+        self.gate_up_proj_blocks = packed(E, 2 * I, H // mxfp4.GROUP, mxfp4.GROUP // 2)
+        self.gate_up_proj_scales = packed(E, 2 * I, H // mxfp4.GROUP)
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(E, 2 * I))
+        self.down_proj_blocks = packed(E, H, I // mxfp4.GROUP, mxfp4.GROUP // 2)
+        self.down_proj_scales = packed(E, H, I // mxfp4.GROUP)
+        self.down_proj_bias = nn.Parameter(torch.empty(E, H))       # full on every rank, added by moe rank 0
+
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [N, H]; experts, weights [N, k] (global ids, routing weights) -> this rank's partial sum [N, H]."""
+        from .. import mxfp4_moe  # Triton: imported only where this backend was chosen
+        return mxfp4_moe.fused_experts(
+            x, experts, weights, self.gate_up_proj_blocks, self.gate_up_proj_scales, self.gate_up_proj_bias,
+            self.down_proj_blocks, self.down_proj_scales, self.down_proj_bias if self.moe_rank == 0 else None,
+            first=self.first, num_experts=self.num_experts, limit=self.limit, alpha=SWIGLU_ALPHA)
+
+    def dequantized(self, dtype: torch.dtype) -> Experts:
+        """The same experts as an Experts module in ``dtype`` on the same device: the reference path."""
+        with torch.device("meta"):
+            ref = Experts(*self._layout)
+        dq = {"gate_up_proj": mxfp4.dequantize(self.gate_up_proj_blocks, self.gate_up_proj_scales, dtype),
+              "down_proj": mxfp4.dequantize(self.down_proj_blocks, self.down_proj_scales, dtype),
+              "gate_up_proj_bias": self.gate_up_proj_bias.detach().to(dtype),
+              "down_proj_bias": self.down_proj_bias.detach().to(dtype)}
+        ref.load_state_dict(dq, assign=True)
+        return ref.requires_grad_(False)
+
+
+MOE_BACKENDS = {"dequant": Experts, "triton": Mxfp4Experts}
+
+
+class MoE(nn.Module):
+    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, moe_backend: str = "dequant"):
+        super().__init__()
         self.router = nn.Linear(c.hidden_size, c.num_experts, bias=True)  # replicated
-        self.experts = Experts(c, tp, ep_size)
+        self.experts = MOE_BACKENDS[moe_backend](c, tp, ep_size)
         self.top_k, self.tp = c.experts_per_token, tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -237,12 +291,12 @@ class MoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, sliding: bool):
+    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, sliding: bool, moe_backend: str):
         super().__init__()
         self.input_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = Attention(c, tp, sliding)
         self.post_attention_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MoE(c, tp, ep_size)
+        self.mlp = MoE(c, tp, ep_size, moe_backend)
 
 
 class GptOssTarget(TargetHead):
@@ -250,12 +304,16 @@ class GptOssTarget(TargetHead):
     outputs of ``capture_layers`` (z-lab convention: layer i output = HF ``hidden_states[i + 1]``)."""
 
     def __init__(self, c: GptOssConfig, tp: TPGroup, max_positions: int, capture_layers: tuple[int, ...] = (),
-                 ep_size: int = 1):
+                 ep_size: int = 1, moe_backend: str = "dequant"):
         super().__init__()
         check_parallel(c, tp.size, ep_size)
+        if moe_backend not in MOE_BACKENDS:
+            raise DFlashError("mxfp4_moe", f"unknown backend {moe_backend!r}", f"use one of {', '.join(MOE_BACKENDS)}")
         self.config, self.tp, self.ep_size, self.capture_layers = c, tp, ep_size, tuple(capture_layers)
+        self.moe_backend = moe_backend
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(c, tp, ep_size, t == "sliding_attention") for t in c.layer_types)
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, ep_size, t == "sliding_attention", moe_backend)
+                                    for t in c.layer_types)
         self.norm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.vocab_shard = -(-c.vocab_size // tp.size)  # lm_head rows per rank (last rank padded)
         self.lm_head = nn.Linear(c.hidden_size, self.vocab_shard, bias=False)
@@ -286,7 +344,8 @@ class GptOssTarget(TargetHead):
 
 def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, device, dtype) -> dict[str, torch.Tensor]:
     """This rank's HF tensors -> module names: ``model.`` prefix dropped, q/k/v fused into qkv_proj, MXFP4
-    experts dequantised (on ``device``, to ``dtype``: the host never holds the bf16 copy)."""
+    experts kept packed (Mxfp4Experts) or dequantised (on ``device``, to ``dtype``: the host never holds the
+    bf16 copy)."""
     from ...checkpoints import hf
 
     sd = {name.removeprefix("model."): t for name, t in raw.items()}
@@ -302,8 +361,13 @@ def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, devi
         e, experts = f"layers.{i}.mlp.experts.", layer.mlp.experts
         for proj in ("gate_up_proj", "down_proj"):
             if f"{e}{proj}_blocks" not in sd and f"{e}{proj}_scales" not in sd:
+                if isinstance(experts, Mxfp4Experts):
+                    raise DFlashError("mxfp4_moe", f"'triton' needs MXFP4 experts; the checkpoint has {e}{proj} "
+                                      "unquantised", "use mxfp4_moe='dequant' (or 'auto') for this target")
                 continue
             hf.missing_tensors(sd, [f"{e}{proj}_blocks", f"{e}{proj}_scales"], "checkpoint (MXFP4 experts)")
+            if isinstance(experts, Mxfp4Experts):  # kept packed: shard.py already read this rank's rows/groups
+                continue
             w = mxfp4.dequantize(sd.pop(f"{e}{proj}_blocks"), sd.pop(f"{e}{proj}_scales"), dtype, device)
             if proj == "down_proj" and w.shape[1] == model.config.intermediate_size != experts.inter:
                 # groups that could not be split on read (shard.py): keep this rank's channels now

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# gpt-oss with MXFP4 experts on the GPU host, one stage per device call (logs and JSON under $OUT):
+#   tests  (H100, ~2 min)  GPU tests of the MXFP4 kernels -> gpu_tests_mxfp4_<gpu>.json
+#   20b    (H100, ~4 min)  gpt-oss-20b steps, MXFP4 kernels vs bf16 dequantised in the same run, tile sweep, profile
+#   120b   (H200, ~5 min)  gpt-oss-120b steps with MXFP4 kernels (bf16 does not fit: one MoE layer both ways), profile
+# SMOKE=1 runs the CPU paths instead (tiny shapes, no kernels).
+set -euo pipefail
+OUT=${OUT:-/tmp/gpt_oss_gpu}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(tests 20b)
+for stage in "${stages[@]}"; do
+  case $stage in
+    tests)
+      if [ -n "${SMOKE:-}" ]; then $PY -m pytest -q -p no:cacheprovider tests/runtime/test_mxfp4_moe.py 2>&1 | tee "$OUT/tests.log"
+      else $PY benchmarks/gpu_test_report.py tests/runtime/test_mxfp4_moe.py --out "$OUT/gpu_tests_mxfp4.json" 2>&1 | tee "$OUT/tests.log"; fi ;;
+    20b)
+      if [ -n "${SMOKE:-}" ]; then $PY benchmarks/gpt_oss_step.py --tiny --device cpu --batch_sizes 1,2 --iters 2 --out "$OUT/gpt_oss_20b_step_smoke.json"
+      else $PY benchmarks/gpt_oss_step.py --target gpt-oss-20b --batch_sizes 1,4,16,64 --blocks 8 --iters 15 --compare_dequant \
+             --tile_sweep --profile --out "$OUT/gpt_oss_20b_step_h100_mxfp4.json" 2>&1 | tee "$OUT/20b.log"; fi ;;
+    120b)
+      if [ -n "${SMOKE:-}" ]; then $PY benchmarks/gpt_oss_step.py --tiny --device cpu --batch_sizes 1 --blocks 10 --iters 2 --out "$OUT/gpt_oss_120b_step_smoke.json"
+      else $PY benchmarks/gpt_oss_step.py --target gpt-oss-120b --batch_sizes 1,4,16,64 --blocks 10 --iters 15 --compare_layers 1 \
+             --profile --out "$OUT/gpt_oss_120b_step_h200.json" 2>&1 | tee "$OUT/120b.log"; fi ;;
+    *) echo "unknown stage $stage (tests, 20b, 120b)" >&2; exit 2 ;;
+  esac
+done

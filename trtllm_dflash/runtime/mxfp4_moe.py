@@ -1,0 +1,234 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Fused routed experts on MXFP4 weights (Triton, CUDA): gpt-oss's MoE without dequantising to memory.
+
+The experts stay in the published layout (models/mxfp4.py): ``*_blocks`` uint8 [E, rows, K / 32, 16] (two E2M1
+values per byte, low nibble first) and ``*_scales`` uint8 [E, rows, K / 32] (E8M0), rows = output features.
+Three kernels per MoE layer, all on the device (no host sync, fixed grids: CUDA-graph safe):
+
+  route     one program per local expert: counts every expert's (token, slot) pairs, then writes its own
+            pairs in order into its BM-padded segment of ``sorted`` (padding -1) and its block ids into
+            ``block_expert``; the first program writes the number of used blocks. Deterministic (no atomics).
+  gate_up   grid (max blocks, I / BN): BM pair rows of one expert x BN intermediate channels; the gate (even)
+            and up (odd) rows of the interleaved gate_up weight are two accumulators, so the clamped SwiGLU
+            runs in the epilogue; the activation goes to a padded [blocks * BM, I] bf16 buffer.
+  down      grid (max blocks, H / BN): the activation rows times down_proj, + bias, x routing weight, stored
+            to the pair's row of y [N * k, H]; the k rows of a token are summed by the caller (no atomics).
+
+Weights are dequantised in registers, with the activations in bf16: ``tl.dot_scaled`` (Triton's own E2M1
+upcast, the default) or an explicit bit-level E2M1 -> float32 decode (``dot_scaled=False``, the variant the
+Triton interpreter can run). Blocks past the used count return at once, so the grid can be sized for the
+worst case: min(E, N * k) + ceil(N * k / BM) blocks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int = 16      # pair rows per program (tl.dot needs >= 16)
+    block_n: int = 32      # output channels per program
+    block_k: int = 128     # inputs per loop step (a multiple of 32: whole scale groups)
+    num_warps: int = 4
+    num_stages: int = 4
+    dot_scaled: bool = True
+
+
+def default_tiles(pairs: int, num_experts: int) -> TileConfig:
+    """Decode-sized batches (a few pairs per expert) use 16-row GEMV-like tiles; verify/prefill grow BM."""
+    per_expert = pairs / max(1, num_experts)
+    return TileConfig(block_m=16 if per_expert <= 16 else 32 if per_expert <= 48 else 64)
+
+
+@triton.jit
+def _route_kernel(ids_ptr, P, first, num_local, sorted_ptr, block_expert_ptr, num_blocks_ptr,
+                  BM: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr):
+    e = tl.program_id(0)
+    eo = tl.arange(0, EB)
+    counts = tl.zeros([EB], dtype=tl.int32)
+    for p0 in range(0, P, CP):                       # every local expert's count (P is small: N * k)
+        po = p0 + tl.arange(0, CP)
+        loc = tl.load(ids_ptr + po, mask=po < P, other=-1).to(tl.int32) - first
+        ok = (po < P) & (loc >= 0) & (loc < num_local)
+        counts += tl.histogram(tl.where(ok, loc, 0), EB, mask=ok)
+    padded = (counts + BM - 1) // BM * BM
+    start = tl.sum(tl.where(eo < e, padded, 0), axis=0)
+    mine_n = tl.sum(tl.where(eo == e, counts, 0), axis=0)
+    mine_padded = tl.sum(tl.where(eo == e, padded, 0), axis=0)
+    if e == 0:
+        tl.store(num_blocks_ptr, tl.sum(padded, axis=0) // BM)
+    seen = 0
+    for p0 in range(0, P, CP):                       # this expert's pairs, in pair order
+        po = p0 + tl.arange(0, CP)
+        loc = tl.load(ids_ptr + po, mask=po < P, other=-1).to(tl.int32) - first
+        mine = (po < P) & (loc == e)
+        m32 = mine.to(tl.int32)
+        rank = seen + tl.cumsum(m32, axis=0) - 1
+        tl.store(sorted_ptr + start + rank, po, mask=mine)
+        seen += tl.sum(m32, axis=0)
+    pad = tl.arange(0, BM)
+    tl.store(sorted_ptr + start + mine_n + pad, -1, mask=mine_n + pad < mine_padded)
+    for b0 in range(0, mine_padded // BM, CP):
+        bo = b0 + tl.arange(0, CP)
+        tl.store(block_expert_ptr + start // BM + bo, e, mask=bo < mine_padded // BM)
+
+
+@triton.jit
+def _e2m1_scaled(nib, scale):
+    """E2M1 codes (int32, 0..15) times float32 scales -> float32, exactly (sign bit 3, exponent 2, mantissa 1)."""
+    em = nib & 7
+    ex = em >> 1
+    man = em & 1
+    bits = tl.where(ex > 0, ((ex + 126) << 23) | (man << 22), man * 0x3F000000)  # 0x3F000000 = 0.5 (subnormal)
+    bits = bits | ((nib & 8) << 28)
+    return bits.to(tl.float32, bitcast=True) * scale
+
+
+@triton.jit
+def _mx_dot(acc, a_ptr_row, a_mask_row, w_ptr_col, w_mask_col, s_ptr_col, k0, K,
+            BK: tl.constexpr, DOT_SCALED: tl.constexpr):
+    """acc [BM, BN] += A[:, k0:k0+BK] @ dequant(W)[k0:k0+BK, :].
+
+    a_ptr_row [BM, 1]: row starts of the bf16/f32 activations; w_ptr_col / s_ptr_col [1, BN]: the byte and
+    scale row starts of the BN output rows; masks [BM, 1] / [1, BN]."""
+    if DOT_SCALED:
+        kk = k0 + tl.arange(0, BK)
+        a = tl.load(a_ptr_row + kk[None, :], mask=a_mask_row & (kk < K)[None, :], other=0.0).to(tl.bfloat16)
+        kb = k0 // 2 + tl.arange(0, BK // 2)
+        w = tl.load(w_ptr_col + kb[:, None], mask=w_mask_col & (kb < K // 2)[:, None], other=0)   # [BK/2, BN]
+        ks = k0 // 32 + tl.arange(0, BK // 32)
+        s = tl.load(tl.trans(s_ptr_col) + ks[None, :], mask=tl.trans(w_mask_col) & (ks < K // 32)[None, :],
+                    other=127)                                                                    # [BN, BK/32]
+        acc = tl.dot_scaled(a, None, "bf16", w, s, "e2m1", acc)
+    else:
+        # even inputs meet low nibbles, odd inputs high nibbles: two dots, no interleave of the weights
+        j = tl.arange(0, BK // 2)
+        ke = k0 + 2 * j
+        a_even = tl.load(a_ptr_row + ke[None, :], mask=a_mask_row & (ke < K)[None, :], other=0.0).to(tl.bfloat16)
+        a_odd = tl.load(a_ptr_row + ke[None, :] + 1, mask=a_mask_row & (ke + 1 < K)[None, :], other=0.0).to(tl.bfloat16)
+        kb = k0 // 2 + j
+        wm = w_mask_col & (kb < K // 2)[:, None]
+        w = tl.load(w_ptr_col + kb[:, None], mask=wm, other=0).to(tl.int32)                      # [BK/2, BN]
+        s = tl.load(s_ptr_col + (kb // 16)[:, None], mask=wm, other=127).to(tl.int32)
+        scale = (s << 23).to(tl.float32, bitcast=True)                                           # 2^(s - 127)
+        lo = _e2m1_scaled(w & 15, scale).to(tl.bfloat16)
+        hi = _e2m1_scaled(w >> 4, scale).to(tl.bfloat16)
+        acc = tl.dot(a_even, lo, acc)
+        acc = tl.dot(a_odd, hi, acc)
+    return acc
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, act_ptr,
+                    K, I, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_SCALED: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if pid_m >= tl.load(num_blocks_ptr):
+        return
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    rows = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))                   # pair ids, -1 = padding
+    valid = rows >= 0
+    tok = tl.where(valid, rows // topk, 0).to(tl.int64)
+    c = pid_n * BN + tl.arange(0, BN)                                            # intermediate channels
+    cm = c < I
+    a_row = x_ptr + tok[:, None] * stride_xm
+    g_rows, u_rows = (2 * c).to(tl.int64), (2 * c + 1).to(tl.int64)
+    wg = w_ptr + e * stride_we + g_rows[None, :] * stride_wn
+    wu = w_ptr + e * stride_we + u_rows[None, :] * stride_wn
+    sg = s_ptr + e * stride_se + g_rows[None, :] * stride_sn
+    su = s_ptr + e * stride_se + u_rows[None, :] * stride_sn
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        acc_g = _mx_dot(acc_g, a_row, valid[:, None], wg, cm[None, :], sg, k0, K, BK, DOT_SCALED)
+        acc_u = _mx_dot(acc_u, a_row, valid[:, None], wu, cm[None, :], su, k0, K, BK, DOT_SCALED)
+    gate = acc_g + tl.load(b_ptr + e * stride_be + g_rows, mask=cm, other=0.0).to(tl.float32)[None, :]
+    up = acc_u + tl.load(b_ptr + e * stride_be + u_rows, mask=cm, other=0.0).to(tl.float32)[None, :]
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    act = (up + 1.0) * gate * tl.sigmoid(gate * alpha)
+    out_rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    tl.store(act_ptr + out_rows[:, None] * I + c[None, :], act.to(tl.bfloat16), mask=valid[:, None] & cm[None, :])
+
+
+@triton.jit
+def _down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, rw_ptr, y_ptr,
+                 K, H, stride_we, stride_wn, stride_se, stride_sn, stride_be,
+                 HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 DOT_SCALED: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if pid_m >= tl.load(num_blocks_ptr):
+        return
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    rows = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = rows >= 0
+    n = pid_n * BN + tl.arange(0, BN)                                            # hidden features
+    nm = n < H
+    a_row = act_ptr + (pid_m * BM + tl.arange(0, BM)).to(tl.int64)[:, None] * K
+    w = w_ptr + e * stride_we + n.to(tl.int64)[None, :] * stride_wn
+    s = s_ptr + e * stride_se + n.to(tl.int64)[None, :] * stride_sn
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        acc = _mx_dot(acc, a_row, valid[:, None], w, nm[None, :], s, k0, K, BK, DOT_SCALED)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + e * stride_be + n, mask=nm, other=0.0).to(tl.float32)[None, :]
+    rw = tl.load(rw_ptr + tl.where(valid, rows, 0), mask=valid, other=0.0).to(tl.float32)
+    acc = acc * rw[:, None]
+    pr = tl.where(valid, rows, 0).to(tl.int64)
+    tl.store(y_ptr + pr[:, None] * H + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=valid[:, None] & nm[None, :])
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def route(ids: torch.Tensor, first: int, num_local: int, block_m: int):
+    """ids [N, k] global expert ids -> (sorted [max_blocks * BM] int32 pair ids / -1, block_expert [max_blocks]
+    int32, num_blocks [1] int32). max_blocks depends on shapes only (a fixed grid for CUDA graphs)."""
+    P = ids.numel()
+    max_blocks = min(num_local, P) + triton.cdiv(P, block_m)
+    sorted_ids = torch.empty(max_blocks * block_m, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=ids.device)
+    num_blocks = torch.empty(1, dtype=torch.int32, device=ids.device)
+    _route_kernel[(num_local,)](ids.reshape(-1), P, first, num_local, sorted_ids, block_expert, num_blocks,
+                                BM=block_m, EB=_pow2(max(num_local, 2)), CP=min(1024, _pow2(max(P, 16))))
+    return sorted_ids, block_expert, num_blocks, max_blocks
+
+
+def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                  gu_blocks: torch.Tensor, gu_scales: torch.Tensor, gu_bias: torch.Tensor,
+                  dn_blocks: torch.Tensor, dn_scales: torch.Tensor, dn_bias: torch.Tensor | None,
+                  first: int, num_experts: int, limit: float, alpha: float,
+                  tiles: TileConfig | None = None) -> torch.Tensor:
+    """x [N, H]; ids, weights [N, k] (global expert ids, routing weights) -> this rank's partial sum [N, H].
+
+    gu_blocks [E, 2I, H/32, 16] / gu_scales [E, 2I, H/32] (rows gate0, up0, gate1, ...), gu_bias [E, 2I];
+    dn_blocks [E, H, I/32, 16] / dn_scales [E, H, I/32], dn_bias [E, H] or None (added by another rank).
+    Pairs routed to experts outside [first, first + E) contribute 0 (expert parallelism over ``num_experts``)."""
+    N, k = ids.shape
+    E, two_i, G, _ = gu_blocks.shape
+    H, I = x.shape[1], two_i // 2
+    t = tiles or default_tiles(N * k, E)
+    x = x.contiguous()
+    sorted_ids, block_expert, num_blocks, max_blocks = route(ids, first, E, t.block_m)
+    act = torch.empty(max_blocks * t.block_m, I, dtype=torch.bfloat16, device=x.device)
+    gu_b, gu_s = gu_blocks.view(E, two_i, G * 16), gu_scales
+    _gate_up_kernel[(max_blocks, triton.cdiv(I, t.block_n))](
+        x, gu_b, gu_s, gu_bias, sorted_ids, block_expert, num_blocks, act, H, I, k, float(limit), float(alpha),
+        x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_s.stride(0), gu_s.stride(1), gu_bias.stride(0),
+        BM=t.block_m, BN=t.block_n, BK=t.block_k, DOT_SCALED=t.dot_scaled, num_warps=t.num_warps,
+        num_stages=t.num_stages)
+    # every pair's row is written only when no expert lives on another rank
+    y = (torch.empty if E == num_experts else torch.zeros)(N * k, H, dtype=x.dtype, device=x.device)
+    dn_b, dn_s = dn_blocks.view(E, H, -1), dn_scales
+    bias = dn_bias if dn_bias is not None else gu_bias  # a valid pointer; unread when HAS_BIAS is False
+    _down_kernel[(max_blocks, triton.cdiv(H, t.block_n))](
+        act, dn_b, dn_s, bias, sorted_ids, block_expert, num_blocks, weights.reshape(-1).contiguous(), y, I, H,
+        dn_b.stride(0), dn_b.stride(1), dn_s.stride(0), dn_s.stride(1), bias.stride(0),
+        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, DOT_SCALED=t.dot_scaled,
+        num_warps=t.num_warps, num_stages=t.num_stages)
+    return y.view(N, k, H).sum(1)
