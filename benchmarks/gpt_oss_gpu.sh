@@ -22,7 +22,7 @@ for stage in "${stages[@]}"; do
     120b)
       if [ -n "${SMOKE:-}" ]; then $PY benchmarks/gpt_oss_step.py --tiny --device cpu --batch_sizes 1 --blocks 10 --iters 2 --out "$OUT/gpt_oss_120b_step_smoke.json"
       else $PY benchmarks/gpt_oss_step.py --target gpt-oss-120b --batch_sizes 1,4,16,64 --blocks 10 --iters 15 --compare_layers 1 \
-             --profile --out "$OUT/gpt_oss_120b_step_h200.json" 2>&1 | tee "$OUT/120b.log"; fi ;;
+             --tile_sweep --profile --out "$OUT/gpt_oss_120b_step_h200.json" 2>&1 | tee "$OUT/120b.log"; fi ;;
     *) echo "unknown stage $stage (tests, 20b, 120b)" >&2; exit 2 ;;
   esac
 done

@@ -260,7 +260,7 @@ def moe_layer_times(target, device, token_counts, iters: int) -> list[dict]:
     return rows
 
 
-def tile_sweep(target, device, token_counts, iters: int) -> list[dict]:
+def tile_sweep(target, device, token_counts, iters: int, sweep_decode: bool = False) -> list[dict]:
     """Layer 0's fused experts under a few tile shapes (dot_scaled vs the explicit decode, BN, BK, warps)."""
     from trtllm_dflash.runtime import mxfp4_moe
     mx = target.layers[0].mlp.experts
@@ -268,8 +268,8 @@ def tile_sweep(target, device, token_counts, iters: int) -> list[dict]:
     for N in token_counts:
         x, ids, w = moe_inputs(target, N, device)
         base = mxfp4_moe.default_tiles(ids.numel(), mx.num_local)
-        for ds in (True, False):
-            for bn, bk, warps in ((32, 128, 4), (64, 128, 4), (32, 256, 4)):
+        for ds in ((True, False) if sweep_decode else (True,)):
+            for bn, bk, warps in ((64, 128, 4), (128, 128, 8), (64, 256, 8), (128, 64, 4)):
                 t = dataclasses.replace(base, block_n=bn, block_k=bk, num_warps=warps, dot_scaled=ds)
                 fn = lambda t=t: mxfp4_moe.fused_experts(  # noqa: E731
                     x, ids, w, mx.gate_up_proj_blocks, mx.gate_up_proj_scales, mx.gate_up_proj_bias,

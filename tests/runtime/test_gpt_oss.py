@@ -306,10 +306,13 @@ def test_gpu_benchmark_runs_on_cpu_with_a_tiny_config(tmp_path):
                           capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
-    assert {"device", "versions", "shapes", "results"} <= set(res)
+    assert {"device", "provenance", "shapes", "results"} <= set(res) and res["experts"] == "dequant"
+    assert {"command", "git", "versions"} <= set(res["provenance"])
     kinds = {(r["step"], r["block_size"], r["batch"]) for r in res["results"]}
     assert kinds == {(s, b, n) for s, b in (("ar", 1), ("dflash", 8), ("dflash", 10)) for n in (1, 2)}
     assert all(r["median_ms"] > 0 for r in res["results"])
+    # router hooks saw the target's tokens: 1..min(E, tokens x top-k) distinct experts per layer, 4 layers
+    assert all(4 <= r["distinct_experts"] <= 4 * min(4, r["batch"] * r["block_size"] * 2) for r in res["results"])
 
 
 # ---- dflash-build presets --------------------------------------------------------------------------
