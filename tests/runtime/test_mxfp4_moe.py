@@ -66,17 +66,19 @@ def routing(N, k, num_experts, device, seed):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("dot_scaled", [True, False])
+@pytest.mark.parametrize("dot_scaled,split_k", [(True, None), (True, 1), (True, 3), (False, None)])
 @pytest.mark.parametrize("N", [1, 3, 64, 300])
 @pytest.mark.parametrize("ep", ["all", "half"])
-def test_kernel_matches_float64_and_bf16_dequant(N, ep, dot_scaled):
+def test_kernel_matches_float64_and_bf16_dequant(N, ep, dot_scaled, split_k):
+    """split_k None = the automatic choice (split at decode sizes, none at 300 tokens); 3 = uneven K slices."""
     from trtllm_dflash.runtime import mxfp4_moe
     dev, E_all, k, H, I = torch.device("cuda"), 8, 4, 320, 224   # K = 320: a partial BK=128 tile
     E, first = (E_all, 0) if ep == "all" else (E_all // 2, E_all // 2)
     w = random_experts(E, H, I, dev, seed=N)
     ids, weights = routing(N, k, E_all, dev, seed=N + 1)
     x = torch.randn(N, H, device=dev).bfloat16()
-    tiles = mxfp4_moe.TileConfig(block_m=16 if N < 100 else 32, block_n=64 if N == 3 else 32, dot_scaled=dot_scaled)
+    tiles = mxfp4_moe.TileConfig(block_m=16 if N < 100 else 32, block_n=32 if N == 3 else 64, dot_scaled=dot_scaled,
+                                  split_k=split_k)
     got = mxfp4_moe.fused_experts(x, ids, weights, w["gu_blocks"], w["gu_scales"], w["gu_bias"], w["dn_blocks"],
                                   w["dn_scales"], w["dn_bias"], first=first, num_experts=E_all, limit=LIMIT,
                                   alpha=SWIGLU_ALPHA, tiles=tiles)

@@ -14,6 +14,10 @@ Three kernels per MoE layer, all on the device (no host sync, fixed grids: CUDA-
   down      grid (max blocks, H / BN): the activation rows times down_proj, + bias, x routing weight, stored
             to the pair's row of y [N * k, H]; the k rows of a token are summed by the caller (no atomics).
 
+At decode sizes (a few pairs per expert) both GEMM kernels also split K (grid axis 2, ``split_for``) so the GPU
+holds enough programs to keep HBM busy; the float32 partial sums are then reduced in a fixed order by
+``_swiglu_kernel`` (+ bias, SwiGLU) and ``_combine_kernel`` (+ bias, x routing weight, sum over the k rows).
+
 Weights are dequantised in registers, with the activations in bf16: ``tl.dot_scaled`` (Triton's own E2M1
 upcast, the default) or an explicit bit-level E2M1 -> float32 decode (``dot_scaled=False``, the variant the
 Triton interpreter can run). Blocks past the used count return at once, so the grid can be sized for the
@@ -36,6 +40,18 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 4
     dot_scaled: bool = True
+    split_k: int | None = None   # K slices per output tile (None: enough programs to fill the GPU, see split_for)
+
+
+def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
+    """Decode sizes give a few hundred programs of 20+ serial K steps each: latency-bound. Split K until the
+    grid holds ~8 programs per SM (partial sums in float32, reduced in a fixed order: deterministic)."""
+    if tiles.split_k is not None:
+        return tiles.split_k
+    split = 1
+    while split < 8 and programs * split < 8 * sms and k_steps // (2 * split) >= 2:
+        split *= 2
+    return split
 
 
 def default_tiles(pairs: int, num_experts: int) -> TileConfig:
@@ -123,10 +139,11 @@ def _mx_dot(acc, a_ptr_row, a_mask_row, w_ptr_col, w_mask_col, s_ptr_col, k0, K,
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, act_ptr,
-                    K, I, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_SCALED: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, act_ptr, part_ptr,
+                    K, I, R, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_SCALED: tl.constexpr,
+                    SPLIT: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if pid_m >= tl.load(num_blocks_ptr):
         return
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -143,24 +160,59 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, nu
     su = s_ptr + e * stride_se + u_rows[None, :] * stride_sn
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
+    for k0 in range(pid_k * k_len, tl.minimum(pid_k * k_len + k_len, K), BK):
         acc_g = _mx_dot(acc_g, a_row, valid[:, None], wg, cm[None, :], sg, k0, K, BK, DOT_SCALED)
         acc_u = _mx_dot(acc_u, a_row, valid[:, None], wu, cm[None, :], su, k0, K, BK, DOT_SCALED)
-    gate = acc_g + tl.load(b_ptr + e * stride_be + g_rows, mask=cm, other=0.0).to(tl.float32)[None, :]
-    up = acc_u + tl.load(b_ptr + e * stride_be + u_rows, mask=cm, other=0.0).to(tl.float32)[None, :]
+    out_rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    if SPLIT > 1:  # partial sums [SPLIT, R, 2, I]; _swiglu_kernel adds them up
+        m = valid[:, None] & cm[None, :]
+        base = part_ptr + ((pid_k * R + out_rows[:, None]) * 2) * I + c[None, :]
+        tl.store(base, acc_g, mask=m)
+        tl.store(base + I, acc_u, mask=m)
+        return
+    _swiglu_store(acc_g, acc_u, b_ptr + e * stride_be, g_rows, u_rows, cm, valid, act_ptr, out_rows, c, I, limit, alpha)
+
+
+@triton.jit
+def _swiglu_store(acc_g, acc_u, bias_ptr, g_rows, u_rows, cm, valid, act_ptr, out_rows, c, I, limit, alpha):
+    gate = acc_g + tl.load(bias_ptr + g_rows, mask=cm, other=0.0).to(tl.float32)[None, :]
+    up = acc_u + tl.load(bias_ptr + u_rows, mask=cm, other=0.0).to(tl.float32)[None, :]
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     act = (up + 1.0) * gate * tl.sigmoid(gate * alpha)
-    out_rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     tl.store(act_ptr + out_rows[:, None] * I + c[None, :], act.to(tl.bfloat16), mask=valid[:, None] & cm[None, :])
 
 
 @triton.jit
-def _down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, rw_ptr, y_ptr,
-                 K, H, stride_we, stride_wn, stride_se, stride_sn, stride_be,
-                 HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 DOT_SCALED: tl.constexpr):
+def _swiglu_kernel(part_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, act_ptr, I, R, limit, alpha,
+                   stride_be, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """Split-K gate_up: the SPLIT partial sums, in order, then bias and the clamped SwiGLU."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if pid_m >= tl.load(num_blocks_ptr):
+        return
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    valid = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM)) >= 0
+    c = pid_n * BN + tl.arange(0, BN)
+    cm = c < I
+    out_rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    m = valid[:, None] & cm[None, :]
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    for sk in range(SPLIT):
+        base = part_ptr + ((sk * R + out_rows[:, None]) * 2) * I + c[None, :]
+        acc_g += tl.load(base, mask=m, other=0.0)
+        acc_u += tl.load(base + I, mask=m, other=0.0)
+    _swiglu_store(acc_g, acc_u, b_ptr + e * stride_be, (2 * c).to(tl.int64), (2 * c + 1).to(tl.int64), cm, valid,
+                  act_ptr, out_rows, c, I, limit, alpha)
+
+
+@triton.jit
+def _down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, rw_ptr, y_ptr,
+                 K, H, P, stride_we, stride_wn, stride_se, stride_sn, stride_be,
+                 HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 DOT_SCALED: tl.constexpr, SPLIT: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if pid_m >= tl.load(num_blocks_ptr):
         return
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -172,14 +224,44 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num
     w = w_ptr + e * stride_we + n.to(tl.int64)[None, :] * stride_wn
     s = s_ptr + e * stride_se + n.to(tl.int64)[None, :] * stride_sn
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
+    for k0 in range(pid_k * k_len, tl.minimum(pid_k * k_len + k_len, K), BK):
         acc = _mx_dot(acc, a_row, valid[:, None], w, nm[None, :], s, k0, K, BK, DOT_SCALED)
+    if SPLIT > 1:  # float32 partials [SPLIT, P, H]; _combine_kernel adds bias, weight and the k rows
+        pr = tl.where(valid, rows, 0).to(tl.int64)
+        tl.store(y_ptr + (pid_k * P + pr[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
+        return
     if HAS_BIAS:
         acc += tl.load(b_ptr + e * stride_be + n, mask=nm, other=0.0).to(tl.float32)[None, :]
     rw = tl.load(rw_ptr + tl.where(valid, rows, 0), mask=valid, other=0.0).to(tl.float32)
     acc = acc * rw[:, None]
     pr = tl.where(valid, rows, 0).to(tl.int64)
     tl.store(y_ptr + pr[:, None] * H + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=valid[:, None] & nm[None, :])
+
+
+@triton.jit
+def _combine_kernel(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, H, P, first, num_local, stride_be,
+                    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """Split-K down: out[t] = sum_j w[t, j] * (sum_s part[s, t * k + j] + bias[e]), over this rank's experts."""
+    t, pid_n = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BN + tl.arange(0, BN)
+    nm = n < H
+    out = tl.zeros([BN], dtype=tl.float32)
+    for j in range(TOPK):
+        pair = t * TOPK + j
+        e = tl.load(ids_ptr + pair).to(tl.int32) - first
+        mine = (e >= 0) & (e < num_local)
+        y = tl.zeros([BN], dtype=tl.float32)
+        for sk in range(SPLIT):
+            y += tl.load(part_ptr + (sk * P + pair).to(tl.int64) * H + n, mask=nm & mine, other=0.0)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + tl.where(mine, e, 0).to(tl.int64) * stride_be + n, mask=nm & mine, other=0.0).to(tl.float32)
+        out += tl.where(mine, tl.load(rw_ptr + pair).to(tl.float32), 0.0) * y
+    tl.store(out_ptr + t.to(tl.int64) * H + n, out.to(out_ptr.dtype.element_ty), mask=nm)
+
+
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 def _pow2(n: int) -> int:
@@ -215,20 +297,40 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     t = tiles or default_tiles(N * k, E)
     x = x.contiguous()
     sorted_ids, block_expert, num_blocks, max_blocks = route(ids, first, E, t.block_m)
-    act = torch.empty(max_blocks * t.block_m, I, dtype=torch.bfloat16, device=x.device)
+    R, sms, dev = max_blocks * t.block_m, _sms(x.device), x.device
+    # programs that do work: at most one row block per chosen expert at decode sizes
+    busy = min(max_blocks, min(E, N * k) + (N * k) // t.block_m)
+    act = torch.empty(R, I, dtype=torch.bfloat16, device=dev)
     gu_b, gu_s = gu_blocks.view(E, two_i, G * 16), gu_scales
-    _gate_up_kernel[(max_blocks, triton.cdiv(I, t.block_n))](
-        x, gu_b, gu_s, gu_bias, sorted_ids, block_expert, num_blocks, act, H, I, k, float(limit), float(alpha),
-        x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_s.stride(0), gu_s.stride(1), gu_bias.stride(0),
-        BM=t.block_m, BN=t.block_n, BK=t.block_k, DOT_SCALED=t.dot_scaled, num_warps=t.num_warps,
+    n_gu = triton.cdiv(I, t.block_n)
+    split = split_for(t, busy * n_gu, triton.cdiv(H, t.block_k), sms)
+    part = torch.empty(split, R, 2, I, dtype=torch.float32, device=dev) if split > 1 else act
+    _gate_up_kernel[(max_blocks, n_gu, split)](
+        x, gu_b, gu_s, gu_bias, sorted_ids, block_expert, num_blocks, act, part, H, I, R, k, float(limit),
+        float(alpha), x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_s.stride(0), gu_s.stride(1), gu_bias.stride(0),
+        BM=t.block_m, BN=t.block_n, BK=t.block_k, DOT_SCALED=t.dot_scaled, SPLIT=split, num_warps=t.num_warps,
         num_stages=t.num_stages)
-    # every pair's row is written only when no expert lives on another rank
-    y = (torch.empty if E == num_experts else torch.zeros)(N * k, H, dtype=x.dtype, device=x.device)
+    if split > 1:
+        _swiglu_kernel[(max_blocks, n_gu)](part, gu_bias, sorted_ids, block_expert, num_blocks, act, I, R,
+                                           float(limit), float(alpha), gu_bias.stride(0), BM=t.block_m, BN=t.block_n,
+                                           SPLIT=split, num_warps=4)
     dn_b, dn_s = dn_blocks.view(E, H, -1), dn_scales
     bias = dn_bias if dn_bias is not None else gu_bias  # a valid pointer; unread when HAS_BIAS is False
-    _down_kernel[(max_blocks, triton.cdiv(H, t.block_n))](
-        act, dn_b, dn_s, bias, sorted_ids, block_expert, num_blocks, weights.reshape(-1).contiguous(), y, I, H,
+    n_dn = triton.cdiv(H, t.block_n)
+    split = split_for(t, busy * n_dn, triton.cdiv(I, t.block_k), sms)
+    if split > 1:
+        y = torch.empty(split, N * k, H, dtype=torch.float32, device=dev)
+    else:  # every pair's row is written only when no expert lives on another rank
+        y = (torch.empty if E == num_experts else torch.zeros)(N * k, H, dtype=x.dtype, device=dev)
+    _down_kernel[(max_blocks, n_dn, split)](
+        act, dn_b, dn_s, bias, sorted_ids, block_expert, num_blocks, weights.reshape(-1).contiguous(), y, I, H, N * k,
         dn_b.stride(0), dn_b.stride(1), dn_s.stride(0), dn_s.stride(1), bias.stride(0),
         HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, DOT_SCALED=t.dot_scaled,
-        num_warps=t.num_warps, num_stages=t.num_stages)
-    return y.view(N, k, H).sum(1)
+        SPLIT=split, num_warps=t.num_warps, num_stages=t.num_stages)
+    if split == 1:
+        return y.view(N, k, H).sum(1)
+    out = torch.empty(N, H, dtype=x.dtype, device=dev)
+    _combine_kernel[(N, triton.cdiv(H, 256))](y, ids.reshape(-1), weights.reshape(-1).contiguous(), bias, out, H,
+                                              N * k, first, E, bias.stride(0), TOPK=k, HAS_BIAS=dn_bias is not None,
+                                              BN=256, SPLIT=split, num_warps=4)
+    return out
