@@ -163,8 +163,8 @@ def test_dequant_layout_pinned_by_hand():
     blocks = torch.zeros(1, 2, 1, 16, dtype=torch.uint8)
     blocks[0, 0, 0, 0] = 0x2B      # low nibble 0xB = -1.5, high nibble 0x2 = 1.0
     blocks[0, 1, 0, 15] = 0xF7     # low 0x7 = 6.0, high 0xF = -6.0 (inputs 30, 31 of output row 1)
-    scales = torch.tensor([[[128], [126]]], dtype=torch.uint8)       # x2, x0.25
+    scales = torch.tensor([[[128], [126]]], dtype=torch.uint8)       # x2, x0.5
     w = mxfp4.dequantize(blocks, scales, torch.float64)              # [1, 32 inputs, 2 outputs]
     want = torch.zeros(1, 32, 2, dtype=torch.float64)
-    want[0, 0, 0], want[0, 1, 0], want[0, 30, 1], want[0, 31, 1] = -3.0, 2.0, 1.5, -1.5
+    want[0, 0, 0], want[0, 1, 0], want[0, 30, 1], want[0, 31, 1] = -3.0, 2.0, 3.0, -3.0
     assert torch.equal(w, want)
