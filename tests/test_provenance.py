@@ -60,3 +60,12 @@ def test_record_names_command_versions_and_checkpoints(tmp_path):
     rec = provenance.record(["bench.py", "--x", "1"], checkpoints={"drafter": f, "none": None})
     assert rec["command"] == "bench.py --x 1" and set(rec["checkpoints"]) == {"drafter"}
     assert rec["versions"]["torch"] and rec["git"]["sha"] and "device" in rec
+
+
+def test_copy_inside_another_checkout_uses_its_state_file(tmp_path):
+    outer = _repo(tmp_path)                       # the GPU host: main's copy with its .git
+    inner = outer / ".carry" / "stream"           # an engineer's tree carried inside it, without .git
+    inner.mkdir(parents=True)
+    (inner / provenance.STATE_FILE).write_text(json.dumps({"sha": "f" * 40, "dirty": False, "diff_sha256": None}))
+    got = provenance.git_state(inner)
+    assert got["sha"] == "f" * 40 and got["source"] == provenance.STATE_FILE

@@ -38,7 +38,11 @@ def _git(*args: str, root: Path) -> str | None:
 def git_state(root: Path = ROOT) -> dict:
     """``{"sha", "dirty", "diff_sha256", "source"}``: the commit, and for a dirty tree the sha256 of
     ``git diff HEAD`` plus the untracked files' names, so two runs of the same dirty tree match."""
-    sha = _git("rev-parse", "HEAD", root=root)
+    top = _git("rev-parse", "--show-toplevel", root=root)
+    # A copy of the tree inside another checkout (the GPU host runs .carry/NAME inside main's copy) must not
+    # report the enclosing repository's commit: git counts only when it is this tree's own.
+    own = top is not None and Path(top.strip()).resolve() == Path(root).resolve()
+    sha = _git("rev-parse", "HEAD", root=root) if own else None
     if sha is not None:
         diff = _git("diff", "HEAD", "--binary", root=root) or ""
         untracked = _git("ls-files", "--others", "--exclude-standard", root=root) or ""
