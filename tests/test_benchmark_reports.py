@@ -48,3 +48,18 @@ def test_gpu_report_collects_every_module_with_gpu_tests():
     files = _script("gpu_tests").gpu_test_files()
     assert {"tests/gpu/test_cuda_runtime.py", "tests/gpu/test_smollm2_cuda.py"} <= set(files)
     assert all("mark.gpu" in (ROOT / f).read_text() for f in files)
+
+
+def test_cuda_check_smoke_records_every_row_and_its_checkpoints(tmp_path):
+    out = tmp_path / "cuda_check.json"
+    proc = subprocess.run([sys.executable, "benchmarks/cuda_check.py", "--cpu_smoke", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
+                          env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert [(r["arch"], r["dtype"]) for r in res["tiny"]] == [("llama", "float32"), ("qwen3", "float32")]
+    assert all(r["dflash_eq_ar_greedy"] == r["ar_eq_hf_greedy"] == r["dflash_eq_ar_sampled"] == 6 for r in res["tiny"])
+    prov = res["provenance"]
+    assert prov["command"].startswith("python benchmarks/cuda_check.py --cpu_smoke") and prov["git"]["sha"]
+    assert {"tiny_llama_target", "tiny_llama_drafter", "tiny_qwen3_target", "tiny_qwen3_drafter"} == set(prov["checkpoints"])
+    assert all(len(c["sha256"]) == 64 for c in prov["checkpoints"].values())
