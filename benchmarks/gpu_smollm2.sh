@@ -9,13 +9,14 @@
 #   eval    benchmarks/acceptance.py (HumanEval, MT-Bench; dflash reference cross-check) -> acceptance_smollm2.*
 #   sweep   AR vs DFlash dflash-sweep, concurrency 1..64 -> sweep_smollm2_h100.jsonl
 #   quant   ModelOpt FP8 build on the GPU + benchmarks/quant_report.py (weight-only vs fp8_gemm) -> quant_*.json
-#   gputests  pytest -m gpu (tests/gpu, the real SmolLM2 from prep's cache) + cuda_check -> gpu_tests_h100.json,
-#           cuda_check_h100.json (~5 min on an H100); SMOKE=1 runs the same on CPU (gpu tests skip)
+#   gputests  pytest -m gpu (every gpu-marked module; the real SmolLM2 from prep's cache) -> gpu_tests_h100.json
+#   cudacheck benchmarks/cuda_check.py --smollm2 (every row, float32 + bf16) -> cuda_check_h100.json
+#           (each ~4-5 min on an H100; SMOKE=1 runs either on CPU: gpu tests skip, cuda_check --cpu_smoke)
 #   .carry/w1 w2 w3  wheels (ModelOpt stack, transformers 5.14.1, tokenizers 0.22.2, gguf, data packages);
 #           .carry/wlead: gguf alone, enough for prep + inference stages on the host's transformers 5.17
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|quant|gputests}
+STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|quant|gputests|cudacheck}
 SITE=/tmp/dflash_site
 for w in .carry/w*/; do   # each wheel folder once; they arrive over several calls
   marker=$SITE/.installed-$(basename "$w")
@@ -78,8 +79,10 @@ PY
       --out "$OUT/quant_smollm2_fp8_h100.json"
     ;;
   gputests)
-    python3 benchmarks/gpu_tests.py --out "${OUT:-/tmp}/gpu_tests_h100.json" --cuda_check_out "${OUT:-/tmp}/cuda_check_h100.json" \
-      ${SMOKE:+--cpu_smoke}
+    python3 benchmarks/gpu_tests.py --skip_cuda_check --out "${OUT:-/tmp}/gpu_tests_h100.json" ${SMOKE:+--cpu_smoke}
+    ;;
+  cudacheck)
+    python3 benchmarks/cuda_check.py --smollm2 --out "${OUT:-/tmp}/cuda_check_h100.json" ${SMOKE:+--cpu_smoke}
     ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac

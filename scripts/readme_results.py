@@ -216,8 +216,9 @@ def render_cuda_check(results: Path) -> str:
 def render_gpu_tests(results: Path) -> str:
     name = "gpu_tests_h100.json"
     if not (results / name).is_file():
-        return ("**GPU test set** (`pytest -m gpu`): no report committed yet; `bash benchmarks/gpu_smollm2.sh gputests` "
-                f"on the GPU host writes `benchmarks/results/{name}` (and a fresh `cuda_check_h100.json`).\n")
+        return ("**GPU test set** (`pytest -m gpu`): no report committed yet; on the GPU host `bash "
+                f"benchmarks/gpu_smollm2.sh gputests` writes `benchmarks/results/{name}` and `cudacheck` a fresh "
+                "`cuda_check_h100.json`.\n")
     d = _load(results, name)
     tests = d["tests"]
     count = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")}
