@@ -122,6 +122,84 @@ def test_real_ids_dry_run_without_network(tmp_path, capsys, monkeypatch, preset)
         assert opts["tensor_parallel_size"] == yaml.safe_load(preset.read_text())["build"]["tp_size"]
 
 
+# The dense presets' TensorRT-LLM fields, field by field (the gpt-oss presets: tests/runtime/test_gpt_oss.py).
+DENSE_BASE = {"tensor_parallel_size": 1, "dtype": "auto", "enable_attention_dp": False, "max_num_tokens": 8192,
+              "max_seq_len": 8192, "trust_remote_code": False, "attn_backend": "TRTLLM",
+              "kv_cache_config": {"free_gpu_memory_fraction": 0.8, "enable_block_reuse": False}}
+DENSE_PRESETS = {
+    "qwen3-8b_h100_tp1": {**DENSE_BASE, "max_batch_size": 32,
+                          "cuda_graph_config": {"enable_padding": True, "max_batch_size": 32},
+                          "speculative_config": {"decoding_type": "DFlash", "max_draft_len": 7,
+                                                 "target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 151669,
+                                                 "attention_backend": "FA4"}},
+    "qwen3-8b_b200_tp1": {**DENSE_BASE, "max_batch_size": 64,
+                          "cuda_graph_config": {"enable_padding": True, "max_batch_size": 64},
+                          "speculative_config": {"decoding_type": "DFlash", "max_draft_len": 7,
+                                                 "target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 151669,
+                                                 "attention_backend": "TRTLLM"}},
+}
+
+
+@pytest.mark.parametrize("preset", DENSE_PRESETS)
+def test_dense_presets_field_by_field(preset, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    rc, stdout, err = run(["--config", ROOT / "build_configs" / f"{preset}.yaml", "--out", tmp_path / "d",
+                           "--dry_run"], capsys)
+    assert rc == 0, err
+    opts = yaml.safe_load(stdout.split("--- llm_api_options.yaml ---")[1].split("\ndry run")[0])
+    assert opts["speculative_config"].pop("speculative_model") == str(tmp_path / "d" / "drafter")
+    assert opts == DENSE_PRESETS[preset]
+    want = "1.3.0rc27" if "h100" in preset else "1.3.0rc15"     # FA4 on Hopper
+    assert f"TensorRT-LLM >={want},<1.5 (schema 1.4.0rc1)" in stdout
+
+
+def test_hopper_presets_use_fa4_drafter_attention():
+    for preset in PRESETS:
+        cfg = yaml.safe_load(preset.read_text())["build"]
+        if cfg["gpu"] in ("h100", "h200"):
+            assert cfg["attention_backend"] == "FA4", preset.name
+
+
+def test_tensorrt_llm_1_4_fields_reach_the_yaml_and_the_manifest(ckpt, tmp_path, capsys):
+    out = tmp_path / "deploy"
+    rc, stdout, err = run(tiny_args(ckpt, out, "llama", "z-lab", "--backend", "trtllm", "--max_batch_size", "16",
+                                    "--max_draft_len", "7", "--draft_len_schedule", "1:7,4:5,8:2",
+                                    "--max_concurrency", "12", "--use_rejection_sampling", "--enable_block_reuse"),
+                          capsys)
+    assert rc == 0, err
+    opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
+    check_schema(opts)
+    spec = opts["speculative_config"]
+    assert spec["draft_len_schedule"] == {1: 7, 4: 5, 8: 2} and spec["max_concurrency"] == 12
+    assert spec["use_rejection_sampling"] is True and spec["context_recompute_tail"] == 32
+    assert opts["kv_cache_config"]["enable_block_reuse"] is True and spec["attention_backend"] == "FA4"
+    m = manifest.read(out)["trtllm"]
+    assert (m["versions"], m["min_version"], m["schema"]) == (">=1.4.0rc1,<1.5", "1.4.0rc1", "1.4.0rc1")
+    assert m["draft_len_schedule"] == {"1": 7, "4": 5, "8": 2}     # JSON keys are strings
+    assert "TensorRT-LLM >=1.4.0rc1,<1.5" in stdout
+
+
+BAD_1_4 = {  # flags -> field named in the one-line error
+    "schedule_not_starting_at_max": (["--draft_len_schedule", "1:5,8:2"], "draft_len_schedule"),
+    "schedule_syntax": (["--draft_len_schedule", "1=7"], "draft_len_schedule"),
+    "schedule_beyond_batch": (["--draft_len_schedule", "1:15,64:2"], "draft_len_schedule"),
+    "tail_without_reuse": (["--context_recompute_tail", "16"], "context_recompute_tail"),
+    "tail_zero": (["--enable_block_reuse", "--context_recompute_tail", "0"], "context_recompute_tail"),
+    "draft_len_at_block_size": (["--max_draft_len", "16"], "max_draft_len"),
+    "trtllm_field_on_torch": (["--backend", "torch", "--max_concurrency", "4"], "backend"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_1_4)
+def test_bad_tensorrt_llm_1_4_settings_fail_with_one_line(ckpt, tmp_path, capsys, case):
+    flags, field = BAD_1_4[case]
+    extra = flags if "--backend" in flags else ["--backend", "trtllm", *flags]
+    rc, _, err = run(tiny_args(ckpt, tmp_path / "d", "llama", "z-lab", *extra), capsys)
+    assert rc == 2 and err.count("\n") == 1 and err.startswith(f"error: {field}"), err
+    assert not (tmp_path / "d").exists()
+
+
 def test_gpt_oss_120b_b300_dry_run_prints_plan_and_yaml(capsys):
     rc, stdout, _ = run(["--config", ROOT / "build_configs" / "gpt-oss-120b_b300_tp8.yaml", "--dry-run"], capsys)
     assert rc == 0

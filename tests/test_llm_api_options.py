@@ -1,18 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """The llm_api_options.yaml fields we emit, pinned against TensorRT-LLM's documented schema.
 
-Sources (TensorRT-LLM cannot be installed here; these were read, not imported):
-- ``tensorrt_llm/llmapi/llm_args.py`` at NVIDIA/TensorRT-LLM@fcd3f31682808ae56118ae43c1d7864a3a945e6f:
-  ``BaseLlmArgs`` (pydantic, ``extra: forbid``) declares ``tensor_parallel_size: int``,
-  ``moe_expert_parallel_size: Optional[int]``, ``trust_remote_code: bool``, ``dtype: str``,
-  ``enable_attention_dp: bool``, ``max_batch_size / max_num_tokens / max_seq_len: Optional[int]``,
-  ``kv_cache_config: KvCacheConfig`` (``free_gpu_memory_fraction: Optional[float]``, ``enable_block_reuse: bool``),
-  ``speculative_config``; ``TorchLlmArgs.attn_backend: str = 'TRTLLM'``. That revision predates DFlash,
-  ``cuda_graph_config`` and ``moe_config``, so those are pinned from the API reference of 1.3.0rc27 / 1.4.0rc1
-  (nvidia.github.io/TensorRT-LLM/<ver>/llm-api/reference/): ``DFlashDecodingConfig`` (decoding_type
-  Literal['DFlash'], speculative_model str|Path, max_draft_len NonNegInt, target_layer_ids List[int],
-  mask_token_id int, attention_backend Literal['VANILLA','TRTLLM','FA4']), ``MoeConfig.backend`` (Literal incl.
-  CUTLASS, TRTLLM, TRITON) and the decode ``CudaGraphConfig`` (enable_padding bool, max_batch_size NonNegInt).
+TensorRT-LLM cannot be installed here, so the schema was read, not imported. :data:`PINNED` below is written
+from the sources named beside each field; backends/trtllm.py's ``TORCH_LLM_ARGS`` (what dflash-build and the
+serving path check against) must equal it field for field.
+
+Sources (NVIDIA/TensorRT-LLM):
+- [src] ``tensorrt_llm/llmapi/llm_args.py`` at fcd3f31682808ae56118ae43c1d7864a3a945e6f: ``BaseLlmArgs`` (pydantic,
+  ``extra: forbid``), ``TorchLlmArgs.attn_backend: str = 'TRTLLM'``, ``KvCacheConfig``; ``DecodingBaseConfig``'s
+  comment on ``draft_len_schedule`` ({batch size >= k: draft length}, must contain {1: max_draft_len}).
+- [1.4.0rc1] API reference nvidia.github.io/TensorRT-LLM/1.4.0rc1/llm-api/reference/DFlashDecodingConfig.html
+  (and TorchLlmArgs.html, MoeConfig.html, CudaGraphConfig.html of the same release).
+- [1.3.0rc27] the same page for 1.3.0rc27: draft_len_schedule, max_concurrency, use_rejection_sampling and FA4
+  are there already; moe_backend, spec_dec_variant and context_recompute_tail are not.
+- [docs] docs/source/features/speculative-decoding.md (DFlash section): ``attn_backend: TRTLLM`` with DFlash,
+  an explicit ``max_seq_len``, ``max_draft_len <= block_size - 1`` (PR #17935).
 """
 from __future__ import annotations
 
@@ -22,98 +24,122 @@ import yaml
 from trtllm_dflash.backends import trtllm
 from trtllm_dflash.errors import DFlashError
 
-MOE_BACKENDS = ("AUTO", "CUTLASS", "CUTEDSL", "TRTLLM", "DEEPGEMM", "DENSEGEMM", "VANILLA", "TRITON", "MARLIN")
-# field -> type, or a tuple of allowed literal values, or a nested schema
-DFLASH_DECODING_CONFIG = {
-    "decoding_type": ("DFlash",),
-    "speculative_model": str,
-    "max_draft_len": int,
-    "target_layer_ids": list,
-    "mask_token_id": int,
-    "attention_backend": ("VANILLA", "TRTLLM", "FA4"),
+MOE_LITERALS = ("AUTO", "CUTLASS", "CUTEDSL", "CUTEDSL_FC12", "TRTLLM", "DEEPGEMM", "DENSEGEMM", "VANILLA", "TRITON",
+                "MARLIN", "MEGAMOE_DEEPGEMM", "MEGAMOE_CUTEDSL")          # [1.4.0rc1] DFlashDecodingConfig.moe_backend
+PINNED = {
+    "tensor_parallel_size": "int>0",                      # [src] BaseLlmArgs: int = 1
+    "moe_expert_parallel_size": "int>0",                  # [src] Optional[int]
+    "dtype": ("auto", "bfloat16", "float16", "float32"),  # [src] str = "auto" (the values we write)
+    "enable_attention_dp": "bool",                        # [src] bool = False
+    "max_batch_size": "int>0",                            # [src] Optional[int]
+    "max_num_tokens": "int>0",                            # [src] Optional[int]
+    "max_seq_len": "int>0",                               # [src] Optional[int]; [docs] set it explicitly for DFlash
+    "trust_remote_code": "bool",                          # [src] bool = False
+    "attn_backend": ("TRTLLM",),                          # [src] str = 'TRTLLM'; [docs] DFlash needs TRTLLM
+    "kv_cache_config": {"free_gpu_memory_fraction": "fraction",   # [src] Optional[float]
+                        "enable_block_reuse": "bool"},            # [src] bool = True (we write it always)
+    "cuda_graph_config": {"enable_padding": "bool",               # [1.4.0rc1] CudaGraphConfig: bool = False
+                          "max_batch_size": "int>=0"},            # [1.4.0rc1] NonNegativeInt
+    "moe_config": {"backend": MOE_LITERALS},              # [1.4.0rc1] MoeConfig.backend Literal
+    "speculative_config": {
+        "decoding_type": ("DFlash",),                     # [1.4.0rc1] Literal['DFlash']
+        "speculative_model": "str",                       # [1.4.0rc1] str | Path | None
+        "max_draft_len": "int>=0",                        # [1.4.0rc1] Annotated[int, Ge(0)] | None
+        "target_layer_ids": "list[int]",                  # [1.4.0rc1] List[int] | None
+        "mask_token_id": "int>=0",                        # [1.4.0rc1] int | None
+        "attention_backend": ("VANILLA", "TRTLLM", "FA4"),  # [1.4.0rc1] Literal; FA4 also [1.3.0rc27]
+        "moe_backend": MOE_LITERALS,                      # [1.4.0rc1] the drafter's MoE backend
+        "max_concurrency": "int>0",                       # [1.4.0rc1] Annotated[int, Gt(0)] | None
+        "draft_len_schedule": "dict[int,int]",            # [1.4.0rc1] dict[int, int] | None
+        "use_rejection_sampling": "bool",                 # [1.4.0rc1] bool = False
+        "spec_dec_variant": "int>0",                      # [1.4.0rc1] Annotated[int, Gt(0)] | None
+        "context_recompute_tail": "int>=0",               # [1.4.0rc1] int | None = 0
+    },
 }
-TORCH_LLM_ARGS = {
-    "tensor_parallel_size": int,
-    "moe_expert_parallel_size": int,
-    "dtype": ("auto", "bfloat16", "float16", "float32"),
-    "enable_attention_dp": bool,
-    "max_batch_size": int,
-    "max_num_tokens": int,
-    "max_seq_len": int,
-    "trust_remote_code": bool,
-    "attn_backend": ("TRTLLM",),    # FlashInfer/VANILLA target attention is refused for one-model DFlash
-    "kv_cache_config": {"free_gpu_memory_fraction": float, "enable_block_reuse": bool},
-    "cuda_graph_config": {"enable_padding": bool, "max_batch_size": int},
-    "moe_config": {"backend": MOE_BACKENDS},
-    "speculative_config": DFLASH_DECODING_CONFIG,
-}
-REQUIRED = ("tensor_parallel_size", "max_batch_size", "max_seq_len", "attn_backend", "speculative_config")
 
 
-def check_schema(options: dict, schema: dict = TORCH_LLM_ARGS, where: str = "") -> None:
-    """Raise AssertionError on any field or type that the pinned TensorRT-LLM schema does not have."""
-    for key, value in options.items():
-        assert key in schema, f"{where}{key} is not a pinned TorchLlmArgs field"
-        kind = schema[key]
-        if isinstance(kind, dict):
-            assert isinstance(value, dict), f"{where}{key} must be a mapping"
-            check_schema(value, kind, f"{where}{key}.")
-        elif isinstance(kind, tuple):
-            assert value in kind, f"{where}{key}={value!r} not in {kind}"
-        elif kind is int:
-            assert isinstance(value, int) and not isinstance(value, bool) and value >= 0, f"{where}{key}={value!r}"
-        elif kind is list:
-            assert isinstance(value, list) and all(isinstance(v, int) for v in value), f"{where}{key}={value!r}"
-        else:
-            assert isinstance(value, kind), f"{where}{key}={value!r} is not {kind.__name__}"
-    if schema is TORCH_LLM_ARGS:
-        for key in REQUIRED:
-            assert key in options, f"{key} missing"
-        assert set(options["speculative_config"]) == set(DFLASH_DECODING_CONFIG)
-        assert 0.0 < options["kv_cache_config"]["free_gpu_memory_fraction"] < 1.0
+def test_the_checked_schema_is_the_pinned_one():
+    assert trtllm.TORCH_LLM_ARGS == PINNED
+    assert trtllm.SCHEMA_VERSION == "1.4.0rc1"
 
 
 def options(**kw):
     base = dict(tp_size=8, ep_size=8, dtype="auto", max_batch_size=64, max_num_tokens=16384, max_seq_len=32768,
                 free_gpu_memory_fraction=0.8, trust_remote_code=False, moe_backend="TRITON",
                 speculative_model="/models/deploy/drafter", max_draft_len=7, target_layer_ids=[1, 9, 17, 25, 33],
-                mask_token_id=200000, attention_backend="VANILLA")
+                mask_token_id=200000, attention_backend="FA4")
     return trtllm.llm_api_options(**{**base, **kw})
 
 
-@pytest.mark.parametrize("kw", [
-    {},                                                                     # gpt-oss on Hopper
-    {"moe_backend": "TRTLLM", "attention_backend": "TRTLLM", "ep_size": 4},  # gpt-oss on Blackwell
-    {"moe_backend": None, "ep_size": None, "tp_size": 1},                    # dense Qwen3 / Llama
-    {"attention_backend": "FA4", "dtype": "bfloat16", "trust_remote_code": True},
+def check_schema(opts: dict) -> None:
+    """For other tests: the options pass the pinned schema (an AssertionError names the field)."""
+    try:
+        trtllm.check_options(opts)
+    except DFlashError as err:
+        raise AssertionError(str(err)) from None
+
+
+@pytest.mark.parametrize("kw, since", [
+    ({}, "1.3.0rc27"),                                                                  # gpt-oss on Hopper (FA4)
+    ({"moe_backend": "TRTLLM", "attention_backend": "TRTLLM", "ep_size": 4}, "1.3.0rc15"),  # gpt-oss on Blackwell
+    ({"moe_backend": None, "ep_size": None, "tp_size": 1, "attention_backend": "VANILLA"}, "1.3.0rc15"),  # dense
+    ({"draft_len_schedule": {1: 7, 16: 4, 64: 0}, "max_concurrency": 48, "use_rejection_sampling": True},
+     "1.3.0rc27"),
+    ({"context_recompute_tail": 32}, "1.4.0rc1"),
 ])
-def test_emitted_fields_match_the_pinned_schema(kw):
+def test_emitted_fields_match_the_pinned_schema(kw, since):
     opts = options(**kw)
     check_schema(opts)
+    spec = opts["speculative_config"]
     assert ("moe_config" in opts) == (kw.get("moe_backend", "TRITON") is not None)
     assert ("moe_expert_parallel_size" in opts) == (kw.get("ep_size", 8) is not None)
+    assert opts["kv_cache_config"]["enable_block_reuse"] == ("context_recompute_tail" in kw)
+    for key in ("draft_len_schedule", "max_concurrency", "use_rejection_sampling", "context_recompute_tail"):
+        assert (key in spec) == (key in kw), key
+    assert "spec_dec_variant" not in spec and "moe_backend" not in spec     # DFlash 1, dense drafters
+    assert trtllm.min_version(opts) == since
+    assert trtllm.version_range(opts) == f">={since},<1.5"
 
 
 def test_yaml_round_trips_with_the_same_types():
-    opts = options()
+    opts = options(draft_len_schedule={1: 7, 32: 3})
     text = trtllm.dump_options(opts)
-    assert text.startswith("# TorchLlmArgs for TensorRT-LLM >= 1.3.0rc15")
+    assert text.startswith("# TorchLlmArgs for TensorRT-LLM >=1.3.0rc27,<1.5 (PyTorch backend; schema of 1.4.0rc1)")
     back = yaml.safe_load(text)
-    assert back == opts
+    assert back == opts and back["speculative_config"]["draft_len_schedule"] == {1: 7, 32: 3}   # int keys
     check_schema(back)
-    assert back["speculative_config"]["decoding_type"] == "DFlash"
-    assert back["tensor_parallel_size"] == 8
 
 
-def test_schema_check_catches_a_wrong_field():
+@pytest.mark.parametrize("edit, field", [
+    (lambda o: o["speculative_config"].update(num_speculative_tokens=7), "speculative_config.num_speculative_tokens"),
+    (lambda o: o["kv_cache_config"].update(free_gpu_memory_fraction="0.8"), "kv_cache_config.free_gpu_memory_fraction"),
+    (lambda o: o.update(attn_backend="FLASHINFER"), "attn_backend"),
+    (lambda o: o.update(max_batch_size=True), "max_batch_size"),
+    (lambda o: o["speculative_config"].update(attention_backend="FA3"), "speculative_config.attention_backend"),
+    (lambda o: o["speculative_config"].update(draft_len_schedule={"1": 7}), "speculative_config.draft_len_schedule"),
+    (lambda o: o["speculative_config"].update(draft_len_schedule={1: 5, 8: 2}),
+     "speculative_config.draft_len_schedule"),                       # batch 1 must draft max_draft_len
+    (lambda o: o["speculative_config"].update(max_concurrency=0), "speculative_config.max_concurrency"),
+    (lambda o: o["speculative_config"].update(spec_dec_variant=0), "speculative_config.spec_dec_variant"),
+    (lambda o: o["speculative_config"].pop("mask_token_id"), "speculative_config.mask_token_id"),
+    (lambda o: o.pop("max_seq_len"), "max_seq_len"),
+    (lambda o: o.update(max_seq_length=4096), "max_seq_length"),
+])
+def test_the_check_names_a_wrong_field(edit, field):
     opts = options()
-    opts["speculative_config"]["num_speculative_tokens"] = 7          # vLLM's name, not TensorRT-LLM's
-    with pytest.raises(AssertionError, match="num_speculative_tokens"):
-        check_schema(opts)
-    opts = options()
-    opts["kv_cache_config"]["free_gpu_memory_fraction"] = "0.8"
-    with pytest.raises(AssertionError):
-        check_schema(opts)
+    edit(opts)
+    with pytest.raises(DFlashError) as err:
+        trtllm.check_options(opts)
+    assert str(err.value).startswith(field)
+
+
+@pytest.mark.parametrize("schedule, problem", [
+    ({1: 7, 8: 9}, "out of range"), ({1: 7, 0: 3}, "out of range"), ({1: 3, 8: 5}, "batch size 1"),
+    ({1: 7, 8: 2, 16: 4}, "must not grow"), ({1: 7, 128: 2}, "exceeds max_batch_size"),
+])
+def test_schedule_rules(schedule, problem):
+    with pytest.raises(DFlashError, match=problem):
+        trtllm.check_schedule(schedule, 7, max_batch_size=64)
 
 
 def test_read_options_points_at_the_current_directory(tmp_path):
@@ -122,6 +148,11 @@ def test_read_options_points_at_the_current_directory(tmp_path):
     assert got["speculative_config"]["speculative_model"] == str(tmp_path.resolve() / "drafter")
     with pytest.raises(DFlashError, match="llm_api_options.yaml"):
         trtllm.read_options(tmp_path / "elsewhere")
+    bad = options()
+    bad["speculative_config"]["max_draft_len"] = "7"
+    (tmp_path / trtllm.OPTIONS_FILE).write_text(yaml.safe_dump(bad))
+    with pytest.raises(DFlashError, match="speculative_config.max_draft_len"):
+        trtllm.read_options(tmp_path)
 
 
 def test_serve_and_bench_lines(tmp_path):

@@ -83,6 +83,12 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
         validation[f"pair {name}"] = "ok"
     trtllm_checks.check_parallel(target_cfg, cfg.tp_size, cfg.ep_size)
     validation["ep_size"] = "ok"
+    if cfg.draft_len_schedule is not None:
+        trtllm.check_schedule(cfg.draft_len_schedule, max_draft_len, max_batch_size=cfg.max_batch_size)
+    if cfg.backend == "torch" and (cfg.draft_len_schedule or cfg.max_concurrency or cfg.use_rejection_sampling
+                                   or cfg.enable_block_reuse):
+        raise DFlashError("backend", "draft_len_schedule, max_concurrency, use_rejection_sampling and "
+                          "enable_block_reuse are TensorRT-LLM settings", "use --backend trtllm, or drop them")
     attention = trtllm_checks.pick_drafter_attention(gpu, cfg.attention_backend)
     moe = trtllm_checks.pick_moe_backend(gpu, target_cfg, cfg.moe_backend)
     validation["gpu backends"] = "ok"
@@ -101,7 +107,9 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
         free_gpu_memory_fraction=cfg.free_gpu_memory_fraction, trust_remote_code="auto_map" in target_cfg,
         moe_backend=moe, speculative_model=str(_abs_out(cfg) / "drafter"), max_draft_len=max_draft_len,
         target_layer_ids=norm.config["dflash_config"]["target_layer_ids"],
-        mask_token_id=norm.config["dflash_config"]["mask_token_id"], attention_backend=attention)
+        mask_token_id=norm.config["dflash_config"]["mask_token_id"], attention_backend=attention,
+        draft_len_schedule=cfg.draft_len_schedule, max_concurrency=cfg.max_concurrency,
+        use_rejection_sampling=cfg.use_rejection_sampling, context_recompute_tail=cfg.context_recompute_tail)
     return Plan(cfg=cfg, target=target, drafter=drafter, target_cfg=target_cfg, drafter_cfg=norm.config,
                 drafter_format=fmt, notes=tuple(norm.notes), architecture=arch, max_draft_len=max_draft_len,
                 attention_backend=attention, moe_backend=moe, validation=validation, options=options,
@@ -295,7 +303,9 @@ def _manifest(plan: Plan, target: resolve.Resolved, drafter: resolve.Resolved, d
                     "block_size": drafter_cfg["block_size"], "num_layers": drafter_cfg["num_hidden_layers"],
                     "target_layer_ids": dflash["target_layer_ids"], "mask_token_id": dflash["mask_token_id"]},
         "trtllm": None if plan.options is None else {
-            "options": trtllm.OPTIONS_FILE, "min_version": trtllm.MIN_VERSION, "max_draft_len": plan.max_draft_len,
+            "options": trtllm.OPTIONS_FILE, "versions": trtllm.version_range(plan.options),
+            "min_version": trtllm.min_version(plan.options), "schema": trtllm.SCHEMA_VERSION,
+            "max_draft_len": plan.max_draft_len, "draft_len_schedule": cfg.draft_len_schedule,
             "attention_backend": plan.attention_backend, "moe_backend": plan.moe_backend},
         "presharded": cfg.presharded, "settings": asdict(cfg), "inputs_fingerprint": stamp,
         "validation": plan.validation, "versions": _versions(),
@@ -403,6 +413,10 @@ def describe(plan: Plan) -> str:
         f"{cfg.max_num_tokens}  max_draft_len {plan.max_draft_len} (block {plan.max_draft_len + 1})",
         f"kernels  drafter attention {plan.attention_backend or '-'}  moe {plan.moe_backend or '-'}  "
         f"target attention {trtllm_checks.TARGET_ATTN_BACKEND if plan.options else '-'}",
+        *([f"trtllm   TensorRT-LLM {trtllm.version_range(plan.options)} (schema {trtllm.SCHEMA_VERSION})"
+           + (f"  draft_len_schedule {cfg.draft_len_schedule}" if cfg.draft_len_schedule else "")
+           + (f"  block reuse, recompute tail {cfg.context_recompute_tail}" if cfg.enable_block_reuse else "")]
+          if plan.options else []),
         f"checks   {sum(v == 'ok' for v in plan.validation.values())} passed"
         + "".join(f"\n         {w}" for w in warnings),
         *([f"quant    {cfg.quant}: ModelOpt PTQ of the target, calibrated on {cfg.calib_data} x {cfg.calib_size} "
@@ -469,7 +483,7 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--ep_size", "--ep", type=int, **kw("ep_size"), help="expert-parallel size (MoE targets)")
     g.add_argument("--gpu", choices=bc.GPU_NAMES, **kw("gpu"), help="hardware profile the build is checked for")
     g.add_argument("--backend", choices=bc.BACKENDS, **kw("backend"),
-                   help="torch = our runtime (CPU/GPU), trtllm = TensorRT-LLM >= " + trtllm.MIN_VERSION)
+                   help=f"torch = our runtime (CPU/GPU), trtllm = TensorRT-LLM >={trtllm.MIN_VERSION},<{trtllm.BELOW_VERSION}")
     g = p.add_argument_group("runtime limits")
     g.add_argument("--dtype", choices=bc.DTYPES, **kw("dtype"), help="auto = bf16 on GPU, fp32 on CPU")
     g.add_argument("--max_batch_size", type=int, **kw("max_batch_size"), help="concurrent requests")
@@ -481,9 +495,21 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
                    help="KV-cache share of free GPU memory (TensorRT-LLM)")
     g = p.add_argument_group("TensorRT-LLM kernels")
     g.add_argument("--attention_backend", choices=("VANILLA", "FA4", "TRTLLM"), **kw("attention_backend"),
-                   help="drafter attention; default by GPU (Hopper VANILLA, Blackwell TRTLLM)")
+                   help="drafter attention; default by GPU (Hopper FA4, Blackwell TRTLLM); VANILLA needs flash-attn")
     g.add_argument("--moe_backend", **kw("moe_backend"), help="MoE targets; default by GPU (Hopper TRITON, "
                    "Blackwell TRTLLM)")
+    g.add_argument("--draft_len_schedule", **kw("draft_len_schedule"),
+                   help="draft length by load, batch:draft pairs, e.g. 1:7,16:4,64:2 (batch >= 16 drafts 4); "
+                   "must start at 1:<max_draft_len>; TensorRT-LLM >= 1.3.0rc27")
+    g.add_argument("--max_concurrency", type=int, **kw("max_concurrency"),
+                   help="turn speculation off above this many concurrent requests")
+    g.add_argument("--use_rejection_sampling", action="store_true", **kw("use_rejection_sampling"),
+                   help="TensorRT-LLM's rejection sampler for sampled requests (prototype, needs FlashInfer)")
+    g.add_argument("--enable_block_reuse", action="store_true", **kw("enable_block_reuse"),
+                   help="prefix-cache block reuse; DFlash recomputes --context_recompute_tail prompt tokens on a hit "
+                   "(TensorRT-LLM >= 1.4.0rc1)")
+    g.add_argument("--context_recompute_tail", type=int, **kw("context_recompute_tail"),
+                   help=f"prompt tokens recomputed on a cache hit (default {bc.DEFAULT_RECOMPUTE_TAIL} with reuse)")
     g = p.add_argument_group("output")
     g.add_argument("--out", "--output_dir", **kw("out"), help="deployment directory")
     g.add_argument("--presharded", action="store_true", **kw("presharded"),

@@ -41,6 +41,11 @@ class BuildConfig:
     free_gpu_memory_fraction: float = 0.8   # KV-cache share; the DFlash context arena is outside it
     attention_backend: str | None = None    # drafter attention in TensorRT-LLM; None = the GPU's default
     moe_backend: str | None = None          # MoE targets only; None = the GPU's default
+    draft_len_schedule: dict | None = None  # {batch size >= k: draft length}; must start {1: max_draft_len}
+    max_concurrency: int | None = None      # TensorRT-LLM turns speculation off above this many requests
+    use_rejection_sampling: bool = False    # TensorRT-LLM's rejection sampler for sampled requests (prototype)
+    enable_block_reuse: bool = False        # prefix-cache reuse; DFlash then recomputes a context tail
+    context_recompute_tail: int | None = None   # prompt tokens recomputed on a cache hit; None = 32 with reuse
     presharded: bool = False                # torch backend: write ranks/rank{r}.safetensors
     copy_target: bool = False               # copy target files instead of linking them
     allow_pickle: bool = False
@@ -65,6 +70,21 @@ class BuildConfig:
         if not 0.0 < self.free_gpu_memory_fraction < 1.0:
             raise DFlashError("free_gpu_memory_fraction", f"must be in (0, 1), got {self.free_gpu_memory_fraction}",
                               "pass e.g. 0.8")
+        if self.draft_len_schedule is not None:
+            object.__setattr__(self, "draft_len_schedule", parse_schedule(self.draft_len_schedule))
+        if self.max_concurrency is not None and (not isinstance(self.max_concurrency, int) or self.max_concurrency < 1):
+            raise DFlashError("max_concurrency", f"must be an integer >= 1, got {self.max_concurrency!r}",
+                              "pass e.g. 32, or omit it to speculate at every load")
+        if self.context_recompute_tail is not None:
+            if not self.enable_block_reuse:
+                raise DFlashError("context_recompute_tail", "only applies with block reuse",
+                                  "add --enable_block_reuse, or drop --context_recompute_tail")
+            if not isinstance(self.context_recompute_tail, int) or self.context_recompute_tail < 1:
+                raise DFlashError("context_recompute_tail", f"must be an integer >= 1, got "
+                                  f"{self.context_recompute_tail!r} (0 starves the drafter on a cache hit)",
+                                  "pass e.g. 32")
+        elif self.enable_block_reuse:
+            object.__setattr__(self, "context_recompute_tail", DEFAULT_RECOMPUTE_TAIL)
         if self.presharded and self.backend != "torch":
             raise DFlashError("presharded", "ranks/ are for the torch backend only", "drop --presharded")
         if self.backend == "trtllm" and self.gpu == "cpu":
@@ -78,6 +98,29 @@ class BuildConfig:
             from .quantize import check_calib_data
 
             check_calib_data(self.calib_data)
+
+
+# One KV block at TensorRT-LLM's default tokens_per_block (32): reuse is block-aligned, so a shorter tail
+# rounds up to a block anyway.
+DEFAULT_RECOMPUTE_TAIL = 32
+
+
+def parse_schedule(value) -> dict[int, int]:
+    """``"1:7,16:4,64:2"`` (command line) or ``{1: 7, 16: 4}`` (preset) -> {batch size: draft length}."""
+    fix = "write it as batch:draft pairs, e.g. 1:7,16:4,64:2"
+    try:
+        if isinstance(value, str):
+            pairs = [item.split(":") for item in value.replace(" ", "").split(",") if item]
+            out = {int(k): int(v) for k, v in pairs}
+        elif isinstance(value, dict):
+            out = {int(k): int(v) for k, v in value.items()}
+        else:
+            raise TypeError
+    except (TypeError, ValueError):
+        raise DFlashError("draft_len_schedule", f"{value!r} is not batch:draft pairs", fix) from None
+    if not out:
+        raise DFlashError("draft_len_schedule", "is empty", fix)
+    return dict(sorted(out.items()))
 
 
 def _choice(name: str, value, allowed: tuple) -> None:

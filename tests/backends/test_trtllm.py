@@ -69,7 +69,7 @@ def test_load_llm_passes_the_directory_as_trtllm_serve_would(fake_trtllm, deploy
     spec = kwargs["speculative_config"]
     assert spec["decoding_type"] == "DFlash" and spec["speculative_model"] == str(directory / "drafter")
     assert (spec["target_layer_ids"], spec["mask_token_id"], spec["max_draft_len"]) == ([0, 2, 3], 95, 15)
-    assert spec["attention_backend"] == "VANILLA" and kwargs["attn_backend"] == "TRTLLM"
+    assert spec["attention_backend"] == "FA4" and kwargs["attn_backend"] == "TRTLLM"
 
 
 def test_overrides_and_a_moved_directory(fake_trtllm, deployments, tmp_path):

@@ -316,7 +316,8 @@ def test_gpu_benchmark_runs_on_cpu_with_a_tiny_config(tmp_path):
 
 
 # ---- dflash-build presets --------------------------------------------------------------------------
-# research/trtllm_dflash.md §2 "YAML: gpt-oss-120b, TP=8, DFlash", with the GPU-dependent values per preset.
+# NVIDIA's gpt-oss-120b H200 configs (NVIDIA/TensorRT-LLM examples/configs/database/openai/gpt-oss-120b/H200) with
+# the DFlash fields of TensorRT-LLM 1.4.0rc1's DFlashDecodingConfig, and the GPU-dependent values per preset.
 # Differences on purpose: trust_remote_code is false (gpt-oss is native in transformers and TensorRT-LLM and
 # has no auto_map), dtype auto is explicit, speculative_model is the deployment's own drafter/ folder.
 RESEARCH_120B = {
@@ -326,9 +327,10 @@ RESEARCH_120B = {
     "cuda_graph_config": {"enable_padding": True, "max_batch_size": 64}, "moe_config": {"backend": "TRITON"},
     "dtype": "auto",
     "speculative_config": {"decoding_type": "DFlash", "max_draft_len": 7, "target_layer_ids": [1, 9, 17, 25, 33],
-                           "mask_token_id": 200000, "attention_backend": "VANILLA"}}
+                           "mask_token_id": 200000, "attention_backend": "FA4"}}
 PRESETS = {
-    "gpt-oss-120b_h200_tp8": RESEARCH_120B,
+    "gpt-oss-120b_h200_tp8": {**RESEARCH_120B, "speculative_config": {**RESEARCH_120B["speculative_config"],
+                                                                       "draft_len_schedule": {1: 7, 16: 5, 32: 3}}},
     # Blackwell: TRTLLM MoE and drafter attention; ep 4 = NVIDIA's B300 spec-dec config (tp8 ep4)
     "gpt-oss-120b_b300_tp8": {**RESEARCH_120B, "moe_expert_parallel_size": 4, "moe_config": {"backend": "TRTLLM"},
                               "speculative_config": {**RESEARCH_120B["speculative_config"], "attention_backend": "TRTLLM"}},

@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""TensorRT-LLM backend: the deployment directory's ``llm_api_options.yaml`` and running it.
+"""TensorRT-LLM backend: the deployment directory's ``llm_api_options.yaml``, its schema, and running it.
 
-The YAML is ``TorchLlmArgs`` for TensorRT-LLM >= 1.3.0rc15 (``tensorrt_llm/llmapi/llm_args.py``), the same
-mapping ``trtllm-serve --extra_llm_api_options``, ``trtllm-bench`` and ``LLM(**kwargs)`` take; the field names
-and types we emit are pinned in tests/test_llm_api_options.py. ``tensorrt_llm`` is imported only by
-:func:`load_llm`: it ships in NGC containers, not on PyPI.
+The YAML is ``TorchLlmArgs`` (``tensorrt_llm/llmapi/llm_args.py``), the same mapping
+``trtllm-serve --extra_llm_api_options``, ``trtllm-bench`` and ``LLM(**kwargs)`` take. :data:`TORCH_LLM_ARGS`
+is the part of that schema we write, checked by :func:`check_options` before anything is written or loaded;
+tests/test_llm_api_options.py pins it field by field against TensorRT-LLM 1.4.0rc1's API reference.
+``tensorrt_llm`` is imported only by :func:`load_llm`: it ships in NGC containers, not on PyPI.
 """
 from __future__ import annotations
 
@@ -16,14 +17,151 @@ import yaml
 from ..errors import DFlashError
 
 OPTIONS_FILE = "llm_api_options.yaml"
+# The oldest release with everything a plain DFlash deployment needs (YaRN-RoPE fix, PR #13995 verify width).
 MIN_VERSION = "1.3.0rc15"
+# The release whose schema :data:`TORCH_LLM_ARGS` follows; fields may move in the next minor release.
+SCHEMA_VERSION = "1.4.0rc1"
+BELOW_VERSION = "1.5"
+# Optional fields and the first release whose API reference we read them in
+# (nvidia.github.io/TensorRT-LLM/<release>/llm-api/reference/DFlashDecodingConfig.html).
+_SINCE = {"attention_backend=FA4": "1.3.0rc27", "draft_len_schedule": "1.3.0rc27", "max_concurrency": "1.3.0rc27",
+          "use_rejection_sampling": "1.3.0rc27", "context_recompute_tail": "1.4.0rc1"}
+_RELEASES = ("1.3.0rc15", "1.3.0rc27", "1.4.0rc1")   # in order
+
+# ---- the schema: field -> kind. A kind is a type tag, a tuple of allowed literals, or a nested schema. --------
+MOE_BACKENDS = ("AUTO", "CUTLASS", "CUTEDSL", "CUTEDSL_FC12", "TRTLLM", "DEEPGEMM", "DENSEGEMM", "VANILLA",
+                "TRITON", "MARLIN", "MEGAMOE_DEEPGEMM", "MEGAMOE_CUTEDSL")
+DFLASH_DECODING_CONFIG = {
+    "decoding_type": ("DFlash",),
+    "speculative_model": "str",
+    "max_draft_len": "int>=0",
+    "target_layer_ids": "list[int]",
+    "mask_token_id": "int>=0",
+    "attention_backend": ("VANILLA", "TRTLLM", "FA4"),
+    "moe_backend": MOE_BACKENDS,              # the drafter's MoE layers (ours are dense: never written)
+    "max_concurrency": "int>0",
+    "draft_len_schedule": "dict[int,int]",
+    "use_rejection_sampling": "bool",
+    "spec_dec_variant": "int>0",              # DFlash 2 drafters (PR #18155); ours are DFlash 1: never written
+    "context_recompute_tail": "int>=0",
+}
+TORCH_LLM_ARGS = {
+    "tensor_parallel_size": "int>0",
+    "moe_expert_parallel_size": "int>0",
+    "dtype": ("auto", "bfloat16", "float16", "float32"),
+    "enable_attention_dp": "bool",
+    "max_batch_size": "int>0",
+    "max_num_tokens": "int>0",
+    "max_seq_len": "int>0",
+    "trust_remote_code": "bool",
+    "attn_backend": ("TRTLLM",),    # TorchLlmArgs allows more; DFlash's docs ask for TRTLLM target attention
+    "kv_cache_config": {"free_gpu_memory_fraction": "fraction", "enable_block_reuse": "bool"},
+    "cuda_graph_config": {"enable_padding": "bool", "max_batch_size": "int>=0"},
+    "moe_config": {"backend": MOE_BACKENDS},
+    "speculative_config": DFLASH_DECODING_CONFIG,
+}
+# Without these TensorRT-LLM picks for itself (max_seq_len from the model, the drafter's ids only for a local
+# folder), so we always write them.
+REQUIRED = ("tensor_parallel_size", "max_batch_size", "max_seq_len", "attn_backend", "speculative_config")
+REQUIRED_SPEC = ("decoding_type", "speculative_model", "max_draft_len", "target_layer_ids", "mask_token_id",
+                 "attention_backend")
+
+
+def _kind_ok(kind, value) -> bool:
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(kind, tuple):
+        return value in kind
+    return {"str": lambda: isinstance(value, str),
+            "bool": lambda: isinstance(value, bool),
+            "int>=0": lambda: is_int and value >= 0,
+            "int>0": lambda: is_int and value > 0,
+            "fraction": lambda: isinstance(value, float) and 0.0 < value < 1.0,
+            "list[int]": lambda: isinstance(value, list) and all(isinstance(v, int) for v in value),
+            "dict[int,int]": lambda: isinstance(value, dict) and all(
+                isinstance(k, int) and isinstance(v, int) and not isinstance(v, bool) for k, v in value.items()),
+            }[kind]()
+
+
+def check_options(options: dict, schema: dict = TORCH_LLM_ARGS, where: str = "") -> None:
+    """Raise DFlashError naming the first field TensorRT-LLM would refuse (unknown, mistyped, or against a
+    DFlash rule from its docs). ``options`` is the YAML mapping, without ``model``."""
+    if not isinstance(options, dict):
+        raise DFlashError(where.rstrip(".") or OPTIONS_FILE, "must be a mapping", "rebuild with dflash-build")
+    for key, value in options.items():
+        field = f"{where}{key}"
+        if key not in schema:
+            raise DFlashError(field, f"is not a TensorRT-LLM {SCHEMA_VERSION} field we know",
+                              f"remove it, or use one of {', '.join(schema)}")
+        kind = schema[key]
+        if isinstance(kind, dict):
+            check_options(value, kind, f"{field}.")
+        elif not _kind_ok(kind, value):
+            want = f"one of {', '.join(map(str, kind))}" if isinstance(kind, tuple) else kind
+            raise DFlashError(field, f"is {value!r}, not {want}", f"write {field} as {want}")
+    if schema is TORCH_LLM_ARGS:
+        for key in REQUIRED:
+            if key not in options:
+                raise DFlashError(key, "missing", "rebuild with dflash-build (it always writes it)")
+        _check_dflash(options["speculative_config"])
+
+
+def _check_dflash(spec: dict) -> None:
+    for key in REQUIRED_SPEC:
+        if key not in spec:
+            raise DFlashError(f"speculative_config.{key}", "missing", "rebuild with dflash-build")
+    draft = spec["max_draft_len"]
+    if draft < 1:
+        raise DFlashError("speculative_config.max_draft_len", f"is {draft}; DFlash drafts at least one token",
+                          "use 1 <= max_draft_len <= the drafter's block_size - 1")
+    schedule = spec.get("draft_len_schedule")
+    if schedule is not None:
+        check_schedule(schedule, draft, field="speculative_config.draft_len_schedule")
+
+
+def check_schedule(schedule: dict, max_draft_len: int, *, field: str = "draft_len_schedule",
+                   max_batch_size: int | None = None) -> None:
+    """TensorRT-LLM's rules for ``draft_len_schedule`` ({batch size >= k: draft length}): it must map batch
+    size 1 to max_draft_len (DecodingBaseConfig's validator), every length within 0..max_draft_len."""
+    if schedule.get(1) != max_draft_len:
+        raise DFlashError(field, f"must map batch size 1 to max_draft_len {max_draft_len}, got {schedule}",
+                          f"start it with 1:{max_draft_len}")
+    for size, length in schedule.items():
+        if size < 1 or not 0 <= length <= max_draft_len:
+            raise DFlashError(field, f"{size}:{length} is out of range",
+                              f"use batch sizes >= 1 and draft lengths 0..{max_draft_len}")
+        if max_batch_size is not None and size > max_batch_size:
+            raise DFlashError(field, f"batch size {size} exceeds max_batch_size {max_batch_size} (never reached)",
+                              f"use batch sizes <= {max_batch_size}")
+    lengths = [schedule[k] for k in sorted(schedule)]
+    if lengths != sorted(lengths, reverse=True):
+        # More load, never a longer draft: verify compute grows with batch x draft length.
+        raise DFlashError(field, f"draft lengths must not grow with batch size, got {schedule}",
+                          "order the lengths from long (batch 1) to short")
+
+
+def min_version(options: dict) -> str:
+    """The oldest TensorRT-LLM release that has every field ``options`` uses."""
+    spec = options.get("speculative_config", {})
+    used = {key for key in _SINCE if key in spec}
+    if spec.get("attention_backend") == "FA4":
+        used.add("attention_backend=FA4")
+    return max([MIN_VERSION, *(_SINCE[k] for k in used)], key=_RELEASES.index)
+
+
+def version_range(options: dict) -> str:
+    return f">={min_version(options)},<{BELOW_VERSION}"
 
 
 def llm_api_options(*, tp_size: int, ep_size: int | None, dtype: str, max_batch_size: int, max_num_tokens: int,
                     max_seq_len: int, free_gpu_memory_fraction: float, trust_remote_code: bool,
                     moe_backend: str | None, speculative_model: str, max_draft_len: int,
-                    target_layer_ids: list[int], mask_token_id: int, attention_backend: str) -> dict:
-    """The TorchLlmArgs mapping for a DFlash deployment (``model`` is passed separately)."""
+                    target_layer_ids: list[int], mask_token_id: int, attention_backend: str,
+                    draft_len_schedule: dict[int, int] | None = None, max_concurrency: int | None = None,
+                    use_rejection_sampling: bool = False, context_recompute_tail: int | None = None) -> dict:
+    """The TorchLlmArgs mapping for a DFlash deployment (``model`` is passed separately).
+
+    ``context_recompute_tail`` given = prefix-cache block reuse on: a cache hit skips the target forward that
+    produces the hidden states the drafter reads, so TensorRT-LLM recomputes at least that many prompt tokens."""
     opts: dict = {"tensor_parallel_size": tp_size}
     if ep_size is not None:
         opts["moe_expert_parallel_size"] = ep_size
@@ -38,13 +176,14 @@ def llm_api_options(*, tp_size: int, ep_size: int | None, dtype: str, max_batch_
         "trust_remote_code": trust_remote_code,
         # The one-model DFlash verify step needs TRTLLM target attention (FlashInfer assumes 1 token/seq).
         "attn_backend": "TRTLLM",
-        # Block reuse stays off: TensorRT-LLM's DFlash tests run without it.
-        "kv_cache_config": {"free_gpu_memory_fraction": free_gpu_memory_fraction, "enable_block_reuse": False},
+        # Block reuse only with a recompute tail (TensorRT-LLM's DFlash tests run without reuse).
+        "kv_cache_config": {"free_gpu_memory_fraction": free_gpu_memory_fraction,
+                            "enable_block_reuse": context_recompute_tail is not None},
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": max_batch_size},
     })
     if moe_backend is not None:
         opts["moe_config"] = {"backend": moe_backend}
-    opts["speculative_config"] = {
+    spec = {
         "decoding_type": "DFlash",
         "speculative_model": speculative_model,
         "max_draft_len": max_draft_len,
@@ -53,11 +192,22 @@ def llm_api_options(*, tp_size: int, ep_size: int | None, dtype: str, max_batch_
         "mask_token_id": mask_token_id,
         "attention_backend": attention_backend,
     }
+    if draft_len_schedule is not None:
+        spec["draft_len_schedule"] = {int(k): int(v) for k, v in sorted(draft_len_schedule.items())}
+    if max_concurrency is not None:
+        spec["max_concurrency"] = max_concurrency
+    if use_rejection_sampling:
+        spec["use_rejection_sampling"] = True
+    if context_recompute_tail is not None:
+        spec["context_recompute_tail"] = context_recompute_tail
+    opts["speculative_config"] = spec
+    check_options(opts)
     return opts
 
 
 def dump_options(options: dict, quant: str | None = None) -> str:
-    header = (f"# TorchLlmArgs for TensorRT-LLM >= {MIN_VERSION} (PyTorch backend), written by dflash-build.\n"
+    header = (f"# TorchLlmArgs for TensorRT-LLM {version_range(options)} (PyTorch backend; schema of {SCHEMA_VERSION}),"
+              " written by dflash-build.\n"
               "# Use: trtllm-serve <dir>/target --extra_llm_api_options <this file>  (or --config)\n")
     if quant is not None:
         # ModelConfig.from_pretrained (tensorrt_llm/_torch/model_config.py) reads hf_quant_config.json from the
@@ -103,12 +253,14 @@ def read_options(directory: Path) -> dict:
         raise DFlashError(str(directory), f"has no {OPTIONS_FILE} (built for CPU?)",
                           "rebuild with --gpu h100/h200/b200/b300/gb200")
     options = yaml.safe_load(path.read_text())
+    check_options(options)
     options["speculative_config"]["speculative_model"] = str(directory / "drafter")
     return options
 
 
-def load_llm(directory: str | Path, **overrides):
-    """``tensorrt_llm.LLM`` for a deployment directory, configured exactly as trtllm-serve would be."""
+def llm_kwargs(directory: str | Path, **overrides) -> tuple[object, dict]:
+    """(tensorrt_llm module, LLM keyword arguments) for a deployment directory, merged the way trtllm-serve
+    merges ``--extra_llm_api_options`` (``update_llm_args_with_extra_dict``), checked against the schema."""
     try:
         import tensorrt_llm
         from tensorrt_llm.llmapi.llm_args import update_llm_args_with_extra_dict
@@ -124,5 +276,12 @@ def load_llm(directory: str | Path, **overrides):
         raise DFlashError("backend", f"{directory} was built for the {manifest['backend']} backend",
                           "rebuild it with dflash-build --backend trtllm")
     options = {**read_options(directory), **overrides}
-    llm_args = update_llm_args_with_extra_dict({"model": str(directory / "target"), "backend": "pytorch"}, options)
-    return tensorrt_llm.LLM(**llm_args)
+    check_options(options)
+    return tensorrt_llm, update_llm_args_with_extra_dict({"model": str(directory / "target"), "backend": "pytorch"},
+                                                         options)
+
+
+def load_llm(directory: str | Path, **overrides):
+    """``tensorrt_llm.LLM`` for a deployment directory, configured exactly as trtllm-serve would be."""
+    tensorrt_llm, kwargs = llm_kwargs(directory, **overrides)
+    return tensorrt_llm.LLM(**kwargs)

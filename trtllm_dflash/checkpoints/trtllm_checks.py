@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What TensorRT-LLM (>= 1.3.0rc15, PyTorch backend) accepts for DFlash, checked before any GPU time.
+"""What TensorRT-LLM (PyTorch backend, 1.3.0rc15 to 1.4.x) accepts for DFlash, checked before any GPU time.
 
-Sources (research/trtllm_dflash.md): the supported-models matrix (`docs/source/models/supported-models.md`,
-DFlash column), `DFlashDecodingConfig.attention_backend` (VANILLA = flash-attn, FA4 = FlashAttention-4 on
-SM90, TRTLLM = trtllm-gen on SM100/SM103 only) and NVIDIA's gpt-oss configs (TRITON MoE on Hopper, TRTLLM
-MoE on Blackwell). Every failure is a DFlashError naming the field and the fix.
+Sources (NVIDIA/TensorRT-LLM): the supported-models matrix (docs/source/models/supported-models.md, DFlash
+column); ``DFlashDecodingConfig.attention_backend`` in the 1.4.0rc1 API reference
+(nvidia.github.io/TensorRT-LLM/1.4.0rc1/llm-api/reference/DFlashDecodingConfig.html: VANILLA = the flash-attn
+package, FA4 = FlashAttention-4 on SM90 since PR #18553, TRTLLM = trtllm-gen on SM100/SM103 only); NVIDIA's
+gpt-oss configs (examples/configs/database/openai/gpt-oss-120b/: TRITON MoE on Hopper, TRTLLM MoE on
+Blackwell). Every failure is a DFlashError naming the field and the fix.
 """
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ class GpuProfile:
 
 
 GPUS: dict[str, GpuProfile] = {
-    "h100": GpuProfile("h100", "hopper", 90, 80, ("VANILLA", "FA4"), ("TRITON", "CUTLASS")),
-    "h200": GpuProfile("h200", "hopper", 90, 141, ("VANILLA", "FA4"), ("TRITON", "CUTLASS")),
+    # Hopper defaults to FA4: VANILLA needs the flash-attn package, which TensorRT-LLM's wheels do not depend on.
+    "h100": GpuProfile("h100", "hopper", 90, 80, ("FA4", "VANILLA"), ("TRITON", "CUTLASS")),
+    "h200": GpuProfile("h200", "hopper", 90, 141, ("FA4", "VANILLA"), ("TRITON", "CUTLASS")),
     "b200": GpuProfile("b200", "blackwell", 100, 180, ("TRTLLM",), ("TRTLLM", "CUTLASS")),
     "gb200": GpuProfile("gb200", "blackwell", 100, 186, ("TRTLLM",), ("TRTLLM", "CUTLASS")),
     "b300": GpuProfile("b300", "blackwell", 103, 288, ("TRTLLM",), ("TRTLLM", "CUTLASS")),
