@@ -1,17 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
-"""backends/trtllm.py runs a deployment directory through tensorrt_llm.LLM. TensorRT-LLM cannot be installed
-here, so a fake ``tensorrt_llm`` checks every keyword it receives against the pinned TorchLlmArgs schema."""
+"""backends/trtllm.py runs a deployment directory through tensorrt_llm.LLM, and so does the Triton model's
+TrtllmBackend (one path). TensorRT-LLM cannot be installed here, so a fake ``tensorrt_llm``
+(tests/backends/fake_tensorrt_llm.py) refuses every unknown or mistyped keyword, as TorchLlmArgs does."""
 from __future__ import annotations
 
+import json
 import shutil
 import sys
-import types
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests import fixtures_build as fb
-from tests.test_llm_api_options import check_schema
+from tests.backends import fake_tensorrt_llm
 from trtllm_dflash import build, build_config
 from trtllm_dflash.backends import trtllm
 from trtllm_dflash.errors import DFlashError
@@ -19,29 +21,7 @@ from trtllm_dflash.errors import DFlashError
 
 @pytest.fixture
 def fake_trtllm(monkeypatch):
-    """tensorrt_llm with LLM(**kwargs) and llmapi.llm_args.update_llm_args_with_extra_dict (YAML merge)."""
-    seen = []
-
-    class LLM:
-        def __init__(self, **kwargs):
-            model = kwargs.pop("model")
-            assert kwargs.pop("backend") == "pytorch"
-            check_schema(kwargs)
-            seen.append((model, kwargs))
-
-    def update_llm_args_with_extra_dict(llm_args, extra, extra_llm_api_options=None):
-        return {**llm_args, **extra}
-
-    root = types.ModuleType("tensorrt_llm")
-    root.LLM = LLM
-    llmapi = types.ModuleType("tensorrt_llm.llmapi")
-    llm_args = types.ModuleType("tensorrt_llm.llmapi.llm_args")
-    llm_args.update_llm_args_with_extra_dict = update_llm_args_with_extra_dict
-    root.llmapi, llmapi.llm_args = llmapi, llm_args
-    for name, mod in (("tensorrt_llm", root), ("tensorrt_llm.llmapi", llmapi), ("tensorrt_llm.llmapi.llm_args",
-                                                                               llm_args)):
-        monkeypatch.setitem(sys.modules, name, mod)
-    return seen
+    return fake_tensorrt_llm.install(monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +44,8 @@ def deployments(tmp_path_factory):
 def test_load_llm_passes_the_directory_as_trtllm_serve_would(fake_trtllm, deployments):
     directory, _ = deployments
     trtllm.load_llm(directory)
-    model, kwargs = fake_trtllm[-1]
-    assert model == str(directory / "target")
+    kwargs = dict(fake_trtllm["llm_kwargs"])
+    assert kwargs.pop("model") == str(directory / "target") and kwargs.pop("backend") == "pytorch"
     spec = kwargs["speculative_config"]
     assert spec["decoding_type"] == "DFlash" and spec["speculative_model"] == str(directory / "drafter")
     assert (spec["target_layer_ids"], spec["mask_token_id"], spec["max_draft_len"]) == ([0, 2, 3], 95, 15)
@@ -77,8 +57,8 @@ def test_overrides_and_a_moved_directory(fake_trtllm, deployments, tmp_path):
     moved = tmp_path / "moved"
     shutil.copytree(directory, moved, symlinks=True)
     trtllm.load_llm(moved, max_batch_size=2)
-    model, kwargs = fake_trtllm[-1]
-    assert model == str(moved / "target") and kwargs["max_batch_size"] == 2
+    kwargs = fake_trtllm["llm_kwargs"]
+    assert kwargs["model"] == str(moved / "target") and kwargs["max_batch_size"] == 2
     assert kwargs["speculative_config"]["speculative_model"] == str(moved / "drafter")
 
 
@@ -92,7 +72,7 @@ def test_missing_tensorrt_llm_is_a_clear_error(monkeypatch, deployments):
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)   # makes `import tensorrt_llm` raise ImportError
     with pytest.raises(DFlashError) as err:
         trtllm.load_llm(deployments[0])
-    assert "TensorRT-LLM is not installed" in str(err.value) and "NGC" in str(err.value)
+    assert "trtllm needs TensorRT-LLM >=1.3.0rc15,<1.5" in str(err.value) and "NGC" in str(err.value)
 
 
 def test_importing_the_backend_does_not_import_tensorrt_llm():
@@ -102,3 +82,71 @@ def test_importing_the_backend_does_not_import_tensorrt_llm():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "False", out.stderr
+
+
+# ---- the fake is as strict as TorchLlmArgs ------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [{"max_seq_length": 4096}, {"max_batch_size": "8"},
+                                 {"kv_cache_config": {"free_gpu_memory_fraction": 0.8, "enable_reuse": True}},
+                                 {"speculative_config": {"decoding_type": "DFlash", "num_speculative_tokens": 7}}])
+def test_the_fake_refuses_unknown_and_mistyped_fields(fake_trtllm, bad):
+    import tensorrt_llm
+
+    with pytest.raises(ValueError, match="Extra inputs|not a valid"):
+        tensorrt_llm.LLM(model="m", backend="pytorch", **bad)
+
+
+# ---- serving: the Triton model's TrtllmBackend builds its LLM through the same merge ----------------------
+def _served(directory: Path, tmp_path: Path) -> Path:
+    """A copy of a real dflash-build output with its Triton repository, as dflash-serve would use it."""
+    from trtllm_dflash.serving.repo import fill_triton
+
+    served = tmp_path / "served"
+    shutil.copytree(directory, served, symlinks=True)
+    return fill_triton(served, json.loads((served / "manifest.json").read_text())) / "tensorrt_llm" / "1"
+
+
+def test_serving_builds_the_llm_like_load_llm(fake_trtllm, deployments, tmp_path):
+    from tests.serving.fakes import FakePbUtils, FakeRequest, triton_inputs
+    from trtllm_dflash.serving.triton_model import DFlashModel
+
+    served = _served(deployments[0], tmp_path).parents[2]
+    trtllm.load_llm(served)
+    via_load_llm = fake_trtllm.pop("llm_kwargs")
+    model = DFlashModel(FakePbUtils, served / "triton" / "tensorrt_llm" / "1")
+    assert fake_trtllm["llm_kwargs"] == via_load_llm          # one path: the same keywords, schema-checked
+    assert via_load_llm["speculative_config"]["speculative_model"] == str(served.resolve() / "drafter")
+    r = FakeRequest(triton_inputs("Hi", max_tokens=5, temperature=0.0, streaming=True, stop=["\n"], ignore_eos=True))
+    model.execute([r])
+    assert r.sender.final.wait(5)
+    prompt, params, streaming = fake_trtllm["generate"][0]
+    assert (prompt, streaming) == ("Hi", True)
+    assert params.kwargs == {"max_tokens": 5, "temperature": 0.0, "ignore_eos": True, "stop": ["\n"],
+                             "return_perf_metrics": True}
+    assert r.sender.text() == "Hello!" and len(r.sender.responses) == 3
+    final = r.sender.responses[-1].outputs
+    assert final["acceptance_rate"][0] == pytest.approx(0.5) and final["total_draft_tokens"].tolist() == [6]
+    model.finalize()
+    assert fake_trtllm["shutdown"]
+
+
+def test_serving_refuses_an_options_file_off_the_schema(fake_trtllm, deployments, tmp_path):
+    from tests.serving.fakes import FakePbUtils
+    from trtllm_dflash.serving.triton_model import DFlashModel
+
+    version = _served(deployments[0], tmp_path)
+    options_file = version.parents[2] / trtllm.OPTIONS_FILE
+    options = yaml.safe_load(options_file.read_text())
+    options["speculative_config"]["num_speculative_tokens"] = 7            # vLLM's name
+    options_file.write_text(yaml.safe_dump(options))
+    with pytest.raises(DFlashError, match="speculative_config.num_speculative_tokens"):
+        DFlashModel(FakePbUtils, version)
+    assert "llm_kwargs" not in fake_trtllm
+
+
+def test_serving_without_tensorrt_llm_says_so(monkeypatch, deployments, tmp_path):
+    from tests.serving.fakes import FakePbUtils
+    from trtllm_dflash.serving.triton_model import DFlashModel
+
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)   # import fails
+    with pytest.raises(DFlashError, match="backend: trtllm needs TensorRT-LLM"):
+        DFlashModel(FakePbUtils, _served(deployments[0], tmp_path))

@@ -1,17 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 import asyncio
-import json
 import sys
-import types
 
 import pytest
-import yaml
 
-from tests.serving.fakes import FakePbUtils, FakeRequest, triton_inputs
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving import launch
-from trtllm_dflash.serving.repo import fill_triton
-from trtllm_dflash.serving.triton_model import DFlashModel
 
 
 def test_follower_argv_mpich_and_openmpi(tmp_path):
@@ -35,97 +29,7 @@ def test_mpi_flavor_of_the_installed_mpiexec():
     assert launch.mpi_flavor(exe) in ("mpich", "openmpi")
 
 
-# ---- backend: trtllm, with a stand-in tensorrt_llm module ------------------------------------------
-
-class _Output:
-    def __init__(self, text, diff, finish_reason=None):
-        self.text, self.text_diff, self.finish_reason, self.stop_reason = text, diff, finish_reason, None
-        spec = types.SimpleNamespace(acceptance_rate=0.5, total_accepted_draft_tokens=3, total_draft_tokens=6)
-        self.request_perf_metrics = types.SimpleNamespace(speculative_decoding=spec)
-
-
-class _Result:
-    """TensorRT-LLM's GenerationResult as the backend uses it: async iterator of updates, abort()."""
-
-    def __init__(self, prompt):
-        self.prompt, self.aborted = prompt, False
-
-    def abort(self):
-        self.aborted = True
-
-    async def _gen(self):
-        text = ""
-        for i, piece in enumerate(["Hel", "lo", "!"]):
-            await asyncio.sleep(0)
-            text += piece
-            last = i == 2
-            yield types.SimpleNamespace(finished=last, outputs=[_Output(text, piece, "length" if last else None)])
-
-    def __aiter__(self):
-        return self._gen()
-
-
-@pytest.fixture
-def fake_tensorrt_llm(monkeypatch):
-    mod = types.ModuleType("tensorrt_llm")
-    calls = {}
-
-    class LLM:
-        def __init__(self, **kwargs):
-            calls["llm_kwargs"] = kwargs
-
-        def generate_async(self, prompt, sampling_params, streaming=False):
-            calls.setdefault("generate", []).append((prompt, sampling_params, streaming))
-            return _Result(prompt)
-
-        def shutdown(self):
-            calls["shutdown"] = True
-
-    class SamplingParams:
-        def __init__(self, **kwargs):
-            self.kwargs = kwargs
-
-    mod.LLM, mod.SamplingParams = LLM, SamplingParams
-    monkeypatch.setitem(sys.modules, "tensorrt_llm", mod)
-    return calls
-
-
-def _trtllm_deployment(tmp_path):
-    (tmp_path / "target").mkdir()
-    (tmp_path / "drafter").mkdir()
-    options = {"backend": "pytorch", "tensor_parallel_size": 2, "max_seq_len": 4096,
-               "speculative_config": {"decoding_type": "DFlash", "max_draft_len": 7, "speculative_model": "drafter"}}
-    (tmp_path / "llm_api_options.yaml").write_text(yaml.safe_dump(options))
-    manifest = {"backend": "trtllm", "tp_size": 2}
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    return fill_triton(tmp_path, manifest) / "tensorrt_llm" / "1"
-
-
-def test_trtllm_backend_kwargs_and_stream(tmp_path, fake_tensorrt_llm):
-    model = DFlashModel(FakePbUtils, _trtllm_deployment(tmp_path))
-    kwargs = fake_tensorrt_llm["llm_kwargs"]
-    assert kwargs["model"] == str((tmp_path / "target").resolve())
-    assert kwargs["speculative_config"] == {"decoding_type": "DFlash", "max_draft_len": 7,
-                                            "speculative_model": str((tmp_path / "drafter").resolve())}
-    assert kwargs["tensor_parallel_size"] == 2 and kwargs["backend"] == "pytorch"
-    r = FakeRequest(triton_inputs("Hi", max_tokens=5, temperature=0.0, streaming=True, stop=["\n"], ignore_eos=True))
-    model.execute([r])
-    assert r.sender.final.wait(5)
-    prompt, params, streaming = fake_tensorrt_llm["generate"][0]
-    assert (prompt, streaming) == ("Hi", True)
-    assert params.kwargs == {"max_tokens": 5, "temperature": 0.0, "ignore_eos": True, "stop": ["\n"],
-                             "return_perf_metrics": True}
-    assert r.sender.text() == "Hello!" and len(r.sender.responses) == 3
-    final = r.sender.responses[-1].outputs
-    assert final["acceptance_rate"][0] == pytest.approx(0.5) and final["total_draft_tokens"].tolist() == [6]
-    model.finalize()
-    assert fake_tensorrt_llm["shutdown"]
-
-
-def test_trtllm_backend_without_tensorrt_llm_says_so(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)   # import fails
-    with pytest.raises(DFlashError, match="backend: trtllm needs TensorRT-LLM"):
-        DFlashModel(FakePbUtils, _trtllm_deployment(tmp_path))
+# The trtllm backend's tests (a real dflash-build output, a strict fake tensorrt_llm): tests/backends/test_trtllm.py
 
 
 # ---- backend: torch, the record interface the frontends code against ----------------------------

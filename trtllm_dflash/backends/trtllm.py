@@ -265,9 +265,9 @@ def llm_kwargs(directory: str | Path, **overrides) -> tuple[object, dict]:
         import tensorrt_llm
         from tensorrt_llm.llmapi.llm_args import update_llm_args_with_extra_dict
     except ImportError as err:
-        raise DFlashError("backend trtllm", f"TensorRT-LLM is not installed ({err})",
-                          f"run inside an NGC TensorRT-LLM >= {MIN_VERSION} container, or use --backend torch") \
-            from None
+        raise DFlashError("backend", f"trtllm needs TensorRT-LLM >={MIN_VERSION},<{BELOW_VERSION}, which is not "
+                          f"importable ({err})", "run inside an NGC TensorRT-LLM container (or NGC's "
+                          "tritonserver:<yy.mm>-trtllm-python-py3 image), or rebuild with --backend torch") from None
     from ..checkpoints import manifest as manifest_mod
 
     directory = Path(directory).resolve()

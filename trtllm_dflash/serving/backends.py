@@ -21,7 +21,6 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
 
 from ..errors import DFlashError
 from .launch import die_with_parent, follower_argv, stop_process, tp_env
@@ -258,32 +257,7 @@ def _exit_if_ranks_fail(followers: subprocess.Popen, loaded: threading.Event) ->
 
 
 # ---------------------------------------------------------------------------------------------------
-# trtllm: tensorrt_llm.LLM(**llm_api_options.yaml), streamed through its own asyncio API
-
-
-def llm_kwargs(deployment_dir: Path) -> dict:
-    """``llm_api_options.yaml`` as LLM kwargs. ``model`` defaults to ``<dir>/target``; relative paths that
-    exist inside the deployment are made absolute (the server does not run in that directory)."""
-    path = deployment_dir / "llm_api_options.yaml"
-    if not path.is_file():
-        raise DFlashError("llm_api_options.yaml", f"missing in {deployment_dir}", "rebuild with dflash-build")
-    kwargs = yaml.safe_load(path.read_text()) or {}
-    kwargs.setdefault("model", "target")
-
-    def resolve(value):
-        if isinstance(value, str) and not os.path.isabs(value) and (deployment_dir / value).exists():
-            return str((deployment_dir / value).resolve())
-        return value
-
-    for key in ("model", "tokenizer"):
-        if key in kwargs:
-            kwargs[key] = resolve(kwargs[key])
-    spec = kwargs.get("speculative_config")
-    if isinstance(spec, dict):
-        for key in ("speculative_model", "speculative_model_dir"):
-            if key in spec:
-                spec[key] = resolve(spec[key])
-    return kwargs
+# trtllm: tensorrt_llm.LLM built by backends.trtllm.llm_kwargs, streamed through its own asyncio API
 
 
 class TrtllmBackend:
@@ -305,13 +279,10 @@ class TrtllmBackend:
 
     @classmethod
     def from_deployment(cls, deployment_dir: Path) -> "TrtllmBackend":
-        try:
-            import tensorrt_llm
-        except ImportError as err:
-            raise DFlashError("backend", f"trtllm needs TensorRT-LLM >= 1.3.0rc15, which is not importable ({err})",
-                              "serve inside NGC's tritonserver:<yy.mm>-trtllm-python-py3 image, "
-                              "or rebuild the deployment with --backend torch") from None
-        kwargs = llm_kwargs(deployment_dir)
+        # The same merge and schema check as trtllm-serve --extra_llm_api_options (backends/trtllm.py).
+        from ..backends.trtllm import llm_kwargs
+
+        tensorrt_llm, kwargs = llm_kwargs(deployment_dir)
         log.info("[dflash] tensorrt_llm.LLM(**%s)", kwargs)
         llm = tensorrt_llm.LLM(**kwargs)
         return cls(llm, tensorrt_llm, int(kwargs.get("max_seq_len") or 0))
