@@ -18,6 +18,7 @@ from tests import fixtures_build as fb
 from tests.test_llm_api_options import check_schema
 from trtllm_dflash import build, cli
 from trtllm_dflash.checkpoints import manifest
+from trtllm_dflash.errors import DFlashError
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "build_configs").glob("*.yaml"))
@@ -453,3 +454,41 @@ def test_smollm2_directory_runs_with_the_same_tokens_as_the_runtime(tmp_path, ca
     want = direct.generate([prompt], params)[0].output_ids
     direct.shutdown()
     assert got == want and len(got) > 3
+
+
+# ---- memory: weights + KV cache must fit the GPUs of the hardware profile ---------------------------------
+@pytest.mark.parametrize("source, params", [("openai/gpt-oss-120b", 116.8e9), ("openai/gpt-oss-20b", 20.9e9),
+                                            ("Qwen/Qwen3-8B", 8.19e9), ("meta-llama/Llama-3.1-8B-Instruct", 8.03e9)])
+def test_weight_count_matches_the_published_parameter_counts(source, params):
+    """Model cards: gpt-oss 116.8B / 20.9B total parameters, Qwen3-8B 8.2B, Llama 3.1 8B 8.03B."""
+    from trtllm_dflash.checkpoints import memory_fit, resolve
+
+    got = memory_fit.weight_bits(resolve.public_config(source), dtype_bits=16, expert_bits=None, quant=None) / 16
+    assert got == pytest.approx(params, rel=0.02)
+
+
+def test_gpt_oss_120b_on_one_h100_is_refused_unless_its_experts_stay_mxfp4(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    rc, _, err = run(["--target", "gpt-oss-120b", "--gpu", "h100", "--dry_run"], capsys)   # torch: bf16 experts
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: memory: the weights need 219 GiB"), err
+    assert "--tp_size 4" in err and "--backend trtllm" in err
+    rc, out, err = run(["--target", "gpt-oss-120b", "--gpu", "h100", "--backend", "trtllm", "--dry_run"], capsys)
+    assert rc == 0, err
+    assert "memory   per GPU: weights 62.2 GiB" in out     # MXFP4 experts: ~61 GiB target + the drafter
+    rc, out, err = run(["--target", "gpt-oss-120b", "--gpu", "h100", "--tp", "4", "--dry_run"], capsys)
+    assert rc == 0, err
+
+
+def test_the_kv_cache_must_hold_one_full_sequence():
+    from trtllm_dflash.checkpoints import memory_fit, resolve
+
+    target, drafter = resolve.public_config("Qwen/Qwen3-8B"), resolve.public_config("z-lab/Qwen3-8B-DFlash-b16")
+    kw = dict(gpu_name="h100", backend="trtllm", tp_size=1, dtype="auto", quant=None, max_batch_size=32,
+              free_gpu_memory_fraction=0.8)
+    fit = memory_fit.check(target, drafter, memory_gib=80, max_seq_len=8192, **kw)
+    # 36 + 5 layers x 8 KV heads x 128 x K,V x 2 bytes = 164 KiB a token, 1.28 GiB per 8192-token sequence
+    assert fit.kv_gib_per_seq == pytest.approx(41 * 8 * 128 * 2 * 2 * 8192 / 2 ** 30)
+    assert fit.full_batches >= 32
+    with pytest.raises(DFlashError, match="^max_seq_len: one 40960-token sequence needs"):
+        memory_fit.check(target, drafter, memory_gib=24, max_seq_len=40960, **kw)

@@ -21,7 +21,7 @@ from pathlib import Path
 from . import __version__
 from . import build_config as bc
 from .backends import trtllm
-from .checkpoints import drafter_formats, manifest, resolve, trtllm_checks
+from .checkpoints import drafter_formats, manifest, memory_fit, resolve, trtllm_checks
 from .errors import DFlashError
 from .versions import installed
 
@@ -44,6 +44,7 @@ class Plan:
     validation: dict
     options: dict | None                # llm_api_options.yaml content; None on CPU
     config_from: tuple[str, str] = ("", "")   # where the target / drafter config.json was read
+    memory: memory_fit.Fit | None = None      # estimated per-GPU use; None on CPU
 
     @property
     def untrained(self) -> bool:
@@ -95,6 +96,15 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
     trtllm_checks.check_runtime_sizes(target_cfg, max_seq_len=cfg.max_seq_len, max_batch_size=cfg.max_batch_size,
                                       max_num_tokens=cfg.max_num_tokens, max_draft_len=max_draft_len)
     validation["runtime sizes"] = "ok"
+    fit = None
+    if gpu.family != "cpu":
+        fit = memory_fit.check(target_cfg, norm.config, gpu_name=gpu.name, memory_gib=gpu.memory_gib,
+                               backend=cfg.backend, tp_size=cfg.tp_size, dtype=cfg.dtype, quant=cfg.quant,
+                               max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len,
+                               free_gpu_memory_fraction=cfg.free_gpu_memory_fraction)
+        validation["memory"] = "ok" if fit.full_batches >= cfg.max_batch_size else (
+            f"warning: the KV cache holds {fit.full_batches} of max_batch_size {cfg.max_batch_size} sequences of "
+            f"max_seq_len tokens per GPU (shorter ones share it)")
     for key in ("rope_theta",):
         if key in target_cfg and key in norm.config and target_cfg[key] != norm.config[key]:
             # ModelOpt exports once wrote 10000 here; a wrong theta silently ruins acceptance.
@@ -113,7 +123,7 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
     return Plan(cfg=cfg, target=target, drafter=drafter, target_cfg=target_cfg, drafter_cfg=norm.config,
                 drafter_format=fmt, notes=tuple(norm.notes), architecture=arch, max_draft_len=max_draft_len,
                 attention_backend=attention, moe_backend=moe, validation=validation, options=options,
-                config_from=(target_from, drafter_from))
+                config_from=(target_from, drafter_from), memory=fit)
 
 
 # The demo's untrained drafter: one layer, block 16 (target_layer_ids by the z-lab rule, last vocab id as mask).
@@ -417,6 +427,9 @@ def describe(plan: Plan) -> str:
            + (f"  draft_len_schedule {cfg.draft_len_schedule}" if cfg.draft_len_schedule else "")
            + (f"  block reuse, recompute tail {cfg.context_recompute_tail}" if cfg.enable_block_reuse else "")]
           if plan.options else []),
+        *([f"memory   per GPU: weights {plan.memory.weights_gib:.1f} GiB, KV cache {plan.memory.kv_gib_per_seq:.2f} GiB "
+           f"per {cfg.max_seq_len}-token sequence, {plan.memory.kv_budget_gib:.1f} GiB for it "
+           f"(estimated from config.json)"] if plan.memory else []),
         f"checks   {sum(v == 'ok' for v in plan.validation.values())} passed"
         + "".join(f"\n         {w}" for w in warnings),
         *([f"quant    {cfg.quant}: ModelOpt PTQ of the target, calibrated on {cfg.calib_data} x {cfg.calib_size} "
