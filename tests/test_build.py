@@ -94,7 +94,8 @@ def test_every_preset_builds_with_stand_in_checkpoints(ckpt, tmp_path, capsys, p
     assert m["drafter"]["format"] == ("z-lab" if fmt == "untrained" else fmt)
     assert m["runtime"]["block_size"] == preset_cfg["max_draft_len"] + 1
     assert not manifest.verify(out, m)
-    assert (out / "target" / "config.json").is_symlink() and (out / "drafter" / "model.safetensors").is_file()
+    assert (out / "target" / "config.json").stat().st_nlink >= 2 and (out / "drafter" / "model.safetensors").is_file()
+    assert m["target"]["files"] == "hardlink" and m["self_contained"]
     assert triton_hook and triton_hook[-1][1]["out"] == str(out) and "triton/model.yaml" in m["files"]
     if preset_cfg["gpu"] == "cpu":
         assert not (out / "llm_api_options.yaml").exists()
@@ -492,3 +493,51 @@ def test_the_kv_cache_must_hold_one_full_sequence():
     assert fit.full_batches >= 32
     with pytest.raises(DFlashError, match="^max_seq_len: one 40960-token sequence needs"):
         memory_fit.check(target, drafter, memory_gib=24, max_seq_len=40960, **kw)
+
+
+# ---- relocatable deployment directories ------------------------------------------------------------------
+def test_a_moved_directory_outlives_its_source_and_verifies(ckpt, tmp_path, capsys):
+    """Hard-linked target files: the directory moves, and survives the cache it came from being cleaned."""
+    import shutil
+
+    target, drafter = ckpt("llama", "z-lab")
+    src = tmp_path / "cache" / "target"
+    shutil.copytree(target, src)
+    out = tmp_path / "deploy"
+    assert run(["--target", src, "--drafter", drafter, "--max_seq_len", 512, "--out", out], capsys)[0] == 0
+    assert not any(p.is_symlink() for p in (out / "target").iterdir())
+    moved = tmp_path / "elsewhere" / "deploy"
+    shutil.move(str(out), moved)
+    shutil.rmtree(tmp_path / "cache")                          # the user's cache is cleaned (or not on this host)
+    rc, stdout, err = run(["inspect", moved], capsys)
+    assert rc == 0 and "verified sha256" in stdout, err
+
+
+def test_across_filesystems_the_links_are_symbolic_and_inspect_says_so(ckpt, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    def no_hardlinks(*_a, **_k):
+        raise OSError(18, "Invalid cross-device link")
+
+    target, drafter = ckpt("llama", "z-lab")
+    src = tmp_path / "cache" / "target"
+    shutil.copytree(target, src)
+    out = tmp_path / "deploy"
+    monkeypatch.setattr(os, "link", no_hardlinks)
+    rc, stdout, _ = run(["--target", src, "--drafter", drafter, "--max_seq_len", 512, "--out", out], capsys)
+    assert rc == 0 and "self-contained: warning: target/ links into" in stdout
+    m = manifest.read(out)
+    assert m["target"]["files"] == "symlink" and not m["self_contained"]
+    shutil.rmtree(tmp_path / "cache")
+    rc, _, err = run(["inspect", out], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "which does not exist here" in err and "--copy_target" in err
+
+
+def test_no_file_cites_notes_that_are_not_in_the_repository():
+    """Sources are public (a URL, a release, a paper table), never the team's private research notes."""
+    private = "research" + "/"
+    roots = ["trtllm_dflash", "build_configs", "tests", "benchmarks", "scripts", "triton_model_repo"]
+    files = [p for r in roots for p in (ROOT / r).rglob("*") if p.is_file() and "results" not in p.parts
+             and p.suffix in (".py", ".yaml", ".sh", ".md", ".pbtxt", ".toml")] + [ROOT / "README.md"]
+    citing = [str(p.relative_to(ROOT)) for p in files if private in p.read_text(errors="replace")]
+    assert not citing

@@ -205,12 +205,13 @@ def write_directory(plan: Plan, tmp: Path, stamp: str, *, log=print) -> dict:
     cfg = plan.cfg
     target = resolve.resolve(plan.target.spec, role="target", revision=cfg.target_revision)
     if cfg.quant is None:
-        _link_target(target.path, tmp / "target", copy=cfg.copy_target, allow_pickle=cfg.allow_pickle)
+        target_files = _link_target(target.path, tmp / "target", copy=cfg.copy_target, allow_pickle=cfg.allow_pickle)
         quant = None
     else:   # ModelOpt PTQ writes a new target folder (weights, hf_quant_config.json, tokenizer files)
         from . import quantize
 
         hf.weight_files(target.path, allow_pickle=cfg.allow_pickle)
+        target_files = "written"
         quant = quantize.record_dict(quantize.quantize_target(
             target.path, tmp / "target", quant=cfg.quant, calib_data=cfg.calib_data, calib_size=cfg.calib_size,
             log=log))
@@ -230,6 +231,13 @@ def write_directory(plan: Plan, tmp: Path, stamp: str, *, log=print) -> dict:
     if plan.options is not None:
         (tmp / trtllm.OPTIONS_FILE).write_text(trtllm.dump_options(plan.options, quant=cfg.quant))
     record = _manifest(plan, target, drafter, drafter_cfg, notes, stamp)
+    record["target"]["files"] = target_files
+    record["target"]["linked"] = target_files == "symlink"
+    record["self_contained"] = target_files != "symlink"
+    if target_files == "symlink":
+        record["validation"]["self-contained"] = (f"warning: target/ links into {target.path} (another filesystem): "
+                                                  "the directory does not move to another machine (--copy_target)")
+        log(f"self-contained: {record['validation']['self-contained']}")
     record["quant"] = quant
     record["out"] = str(_abs_out(cfg))
     if not any((tmp / "target" / name).exists() for name in ("tokenizer.json", "tokenizer.model")):
@@ -242,19 +250,45 @@ def write_directory(plan: Plan, tmp: Path, stamp: str, *, log=print) -> dict:
     return record
 
 
-def _link_target(src: Path, dst: Path, *, copy: bool, allow_pickle: bool) -> None:
-    """Link (or copy) the target's top-level files; subfolders (e.g. gpt-oss original/) are not needed."""
+def _link_target(src: Path, dst: Path, *, copy: bool, allow_pickle: bool) -> str:
+    """Hard-link (or copy) the target's top-level files; subfolders (e.g. gpt-oss original/) are not needed.
+
+    Hard links, not symbolic ones: they cost no disk, yet the directory holds the files themselves, so it moves,
+    copies (cp -r, rsync, scp) and outlives a cleaned cache. Across filesystems a hard link is impossible; then
+    the files are symbolic links into the cache (absolute, as the cache does not move with the directory), and
+    the manifest says the directory is not self-contained (--copy_target makes it so). Returns how: "hardlink",
+    "symlink" or "copy"."""
     from .checkpoints import hf
 
     hf.weight_files(src, allow_pickle=allow_pickle)   # refuses pickle-only checkpoints early
     dst.mkdir()
+    how = "copy" if copy else "hardlink"
     for f in sorted(src.iterdir()):
         if f.name.startswith(".") or not f.is_file() or (f.suffix in hf.PICKLE_SUFFIXES and not allow_pickle):
             continue
         if copy:
             _copy_with_progress(f, dst / f.name)
-        else:
-            os.symlink(f.resolve(), dst / f.name)
+            continue
+        if how == "hardlink":
+            try:
+                os.link(f.resolve(), dst / f.name)
+                continue
+            except OSError:     # another filesystem (EXDEV), or links not allowed there
+                how = "symlink"
+                for done in dst.iterdir():      # one kind per directory, so the manifest can say which
+                    done.unlink()
+                return _symlink_all(src, dst, allow_pickle)
+    return how
+
+
+def _symlink_all(src: Path, dst: Path, allow_pickle: bool) -> str:
+    from .checkpoints import hf
+
+    for f in sorted(src.iterdir()):
+        if f.name.startswith(".") or not f.is_file() or (f.suffix in hf.PICKLE_SUFFIXES and not allow_pickle):
+            continue
+        os.symlink(f.resolve(), dst / f.name)
+    return "symlink"
 
 
 def _copy_with_progress(src: Path, dst: Path) -> None:
@@ -527,7 +561,7 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--out", "--output_dir", **kw("out"), help="deployment directory")
     g.add_argument("--presharded", action="store_true", **kw("presharded"),
                    help="torch backend: write ranks/rank{r}.safetensors")
-    g.add_argument("--copy_target", action="store_true", **kw("copy_target"), help="copy target files, not links")
+    g.add_argument("--copy_target", action="store_true", **kw("copy_target"), help="copy the target's files; by default they are hard links (no extra disk, still self-contained) or, across filesystems, symbolic links into the cache (the directory then does not move)")
     g.add_argument("--force", action="store_true", default=False if show_defaults else argparse.SUPPRESS,
                    help="rebuild even if --out is up to date or was built from other inputs")
     g.add_argument("--dry_run", "--dry-run", action="store_true", default=False if show_defaults else argparse.SUPPRESS,
@@ -566,8 +600,12 @@ def inspect(directory: str | Path, *, verify: bool = True, log=print) -> dict:
     if verify:
         problems = manifest.verify(directory, record)
         if problems:
+            dangling = "which does not exist here" in problems[0]
             raise DFlashError(str(directory), f"{len(problems)} file(s) do not match the manifest "
-                              f"(first: {problems[0]})", "rebuild it with dflash-build --force")
+                              f"(first: {problems[0]})",
+                              "its target was linked into a cache on another filesystem; rebuild it with "
+                              "dflash-build --copy_target to move it" if dangling
+                              else "rebuild it with dflash-build --force")
         log(f"verified sha256 of {len(record['files'])} files: ok")
     for role in ("target", "drafter"):   # the digest provenance.record writes into results files for this folder
         log(f"{role} sha256 {checkpoint_sha256(record, role)}  ({role}/, as provenance.checkpoint_digest)")

@@ -6,7 +6,8 @@ Canonical (what TensorRT-LLM and our runtime load): ``config.json`` = Qwen3 fiel
 ``dflash_config: {mask_token_id, target_layer_ids}`` (z-lab ids: layer i output = HF hidden_states[i+1]);
 weights ``layers.N.*``, ``fc.weight``, ``hidden_norm.weight``, ``norm.weight`` and no embeddings / lm_head.
 
-Known formats (research/dflash_algo.md §1.4, §3.2):
+Known formats (each from its producer's public code: github.com/z-lab/dflash, NVIDIA/Model-Optimizer,
+vllm-project/speculators, sgl-project/SpecForge):
   z-lab        the reference checkpoints (z-lab/*-DFlash*)
   modelopt     NVIDIA ModelOpt ``export_speculative_decoding``: z-lab plus ``dflash_config.causal``
   speculators  vLLM speculators: ``transformer_layer_config``, ``aux_hidden_state_layer_ids`` (= z-lab ids + 1),

@@ -86,7 +86,10 @@ def verify(directory: Path, manifest: dict, *, full: bool = True) -> list[str]:
     present = set(list_files(directory))
     for rel, digest in sorted(recorded.items()):
         path = directory / rel
-        if rel not in present:
+        if path.is_symlink() and not path.exists():
+            # A link into a cache that is not on this machine (the directory was moved or copied).
+            problems.append(f"{rel}: links to {os.readlink(path)}, which does not exist here")
+        elif rel not in present:
             problems.append(f"{rel}: missing")
         elif not full:
             if manifest.get("sizes", {}).get(rel) not in (None, path.stat().st_size):

@@ -55,8 +55,9 @@ def _gpt_oss(layers, experts):
 
 
 # Public config.json values of the real checkpoints, used only by --dry_run (the real build reads the
-# downloaded config.json). Sources: the models' HF configs as summarised in research/dflash_algo.md §1.3-1.4
-# and research/trtllm_dflash.md §2; gpt-oss drafter heads/head_dim are inferred from the 20b drafter there;
+# downloaded config.json). Sources: each model's config.json on the Hugging Face hub
+# (huggingface.co/<id>/blob/main/config.json) and the z-lab drafters' model cards; the gpt-oss-120b drafter's
+# heads/head_dim are taken from the gpt-oss-20b drafter's config (same hidden size);
 # the Llama drafter's mask_token_id is unverified (a Llama-3 reserved special id).
 PUBLIC_CONFIGS: dict[str, dict] = {
     "openai/gpt-oss-120b": _gpt_oss(36, 128),

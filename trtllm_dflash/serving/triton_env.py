@@ -2,9 +2,9 @@
 """Which ``tritonserver`` runs the repository, and what it needs around it.
 
 NGC's binary when ``tritonserver`` is on PATH (its backends are where it expects them); otherwise the
-real Triton shipped inside the ``nvidia-pytriton`` wheel, set up as research/triton_local.md found
-works: the python-backend stub for this interpreter placed next to ``libtriton_python.so`` in a backend
-directory of our own, the wheel's libraries and this interpreter's libpython on LD_LIBRARY_PATH, and
+real Triton shipped inside the ``nvidia-pytriton`` wheel (0.7.0 bundles Triton 2.51 under
+``pytriton/tritonserver``), set up like this: the python-backend stub for this interpreter placed next to
+``libtriton_python.so`` in a backend directory of our own, the wheel's libraries and this interpreter's libpython on LD_LIBRARY_PATH, and
 this interpreter's bin directory first on PATH (the stub runs model.py in the python found there).
 """
 from __future__ import annotations

@@ -63,7 +63,7 @@ def check_rope(model, drafter_dir: Path, target_dir: Path) -> dict:
     params, theta = rope_parameters(cfg), rope_parameters(target)["rope_theta"]
     if float(params["rope_theta"]) != float(theta):
         raise DFlashError("exported rope_theta", f"is {params['rope_theta']}, the target's is {theta}",
-                          "this is the ModelOpt export bug the research notes; report the ModelOpt version")
+                          "ModelOpt exports once wrote the default 10000 here; report the ModelOpt version")
     want, _ = rope_inv_freq(params, cfg["head_dim"], cfg.get("max_position_embeddings", 4096))
     got = model.dflash_module.rotary_emb.inv_freq.double().cpu()
     if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5):
