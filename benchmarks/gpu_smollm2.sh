@@ -12,11 +12,28 @@
 #   gputests  pytest -m gpu (every gpu-marked module; the real SmolLM2 from prep's cache) -> gpu_tests_h100.json
 #   cudacheck benchmarks/cuda_check.py --smollm2 (every row, float32 + bf16) -> cuda_check_h100.json
 #           (each ~4-5 min on an H100; SMOKE=1 runs either on CPU: gpu tests skip, cuda_check --cpu_smoke)
+#   soak    benchmarks/soak.py: dflash-serve (real Triton 2.51 from nvidia-pytriton) with the SmolLM2 pair on the GPU,
+#           64 streams x 3 min, faults, 20 kills, SIGTERM with 16 streams -> soak_smollm2_h100.json + .png (~6 min);
+#           SMOKE=1 runs it on CPU (8 streams x 30 s). Needs two carry-only calls first (their tree fits beside
+#           ~25 MB of source), run as `bash benchmarks/gpu_smollm2.sh soak` each (it installs what arrived, exits 0):
+#             .carry/soakw1  nvidia-pytriton 0.7.0 repacked as tar.xz (36 MB; the 55 MB wheel does not fit) + SHA256SUMS
+#             .carry/soakw2  numpy 1.26.4 (Triton 2.51's python backend misreads BYTES with numpy 2), tritonclient
+#                            2.73.0, grpcio 1.85.1, protobuf 6.33.6 (tritonclient's stubs need >= 1.81.1 / 6.33.5),
+#                            python-rapidjson 1.25, ml_dtypes 0.5.4 (32 MB); this stage's own site dir, so numpy 1
+#                            never reaches the other stages
+#           made with (PV: --python-version 3.12 --implementation cp --only-binary=:all: --no-deps):
+#             pip download $PV --platform manylinux_2_35_x86_64 -d W nvidia-pytriton==0.7.0
+#             pip download $PV --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#               --platform manylinux2014_x86_64 -d .carry/soakw2 tritonclient==2.73.0 numpy==1.26.4 grpcio==1.85.1 \
+#               protobuf==6.33.6 python-rapidjson==1.25 ml-dtypes==0.5.4
+#             pip install --no-deps --target S W/nvidia_pytriton-0.7.0-*.whl   # keeps tritonserver's exec bits
+#             tar cf - -C S . | xz -T2 -6 > .carry/soakw1/nvidia_pytriton-0.7.0-site.tar.xz
+#             (cd .carry/soakw1 && sha256sum *.tar.xz > SHA256SUMS)
 #   .carry/w1 w2 w3  wheels (ModelOpt stack, transformers 5.14.1, tokenizers 0.22.2, gguf, data packages);
 #           .carry/wlead: gguf alone, enough for prep + inference stages on the host's transformers 5.17
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|quant|gputests|cudacheck}
+STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|quant|gputests|cudacheck|soak}
 SITE=/tmp/dflash_site
 for w in .carry/w*/; do   # each wheel folder once; they arrive over several calls
   marker=$SITE/.installed-$(basename "$w")
@@ -83,6 +100,35 @@ PY
     ;;
   cudacheck)
     python3 benchmarks/cuda_check.py --smollm2 --out "${OUT:-/tmp}/cuda_check_h100.json" ${SMOKE:+--cpu_smoke}
+    ;;
+  soak)
+    DRAFTER=$([ -d "$RUN/train/drafter" ] && echo "$RUN/train/drafter" || echo smollm2-135m-dflash)
+    if [ -z "${SMOKE:-}" ]; then
+      SOAK_SITE=/tmp/dflash_soak_site
+      mkdir -p "$SOAK_SITE"
+      if [ ! -f "$SOAK_SITE/.installed-soakw1" ] && [ -f .carry/soakw1/SHA256SUMS ]; then
+        (cd .carry/soakw1 && sha256sum -c SHA256SUMS) && tar xJf .carry/soakw1/*.tar.xz -C "$SOAK_SITE" \
+          && touch "$SOAK_SITE/.installed-soakw1"
+      fi
+      if [ ! -f "$SOAK_SITE/.installed-soakw2" ] && ls .carry/soakw2/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --target "$SOAK_SITE" .carry/soakw2/*.whl \
+          && touch "$SOAK_SITE/.installed-soakw2"
+      fi
+      for w in soakw1 soakw2; do
+        if [ ! -f "$SOAK_SITE/.installed-$w" ]; then
+          echo "soak: .carry/$w has not arrived yet: carry it in a call of its own, then run this stage again"
+          exit 0
+        fi
+      done
+      export PYTHONPATH=$SOAK_SITE:$PYTHONPATH
+      python3 -c "import sys, sysconfig, os; d = sysconfig.get_config_var('LIBDIR'); print('python', sys.version.split()[0], 'libpython in LIBDIR:', os.path.exists(os.path.join(d, sysconfig.get_config_var('LDLIBRARY') or '')), d)"
+      GPU=h100 BATCH=64 NAME=soak_smollm2_h100 SOAK=(--streams 64 --duration 180 --kills 20)
+    else
+      GPU=cpu BATCH=8 NAME=soak_smollm2_smoke SOAK=(--streams 8 --duration 30 --kills 2 --fault_every 5)
+    fi
+    python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" --gpu $GPU --backend torch --force \
+      --max_batch_size $BATCH --max_seq_len 2048 --out "$RUN/soak_deploy"
+    python3 benchmarks/soak.py --engine "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}"
     ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac

@@ -260,8 +260,9 @@ class Server:
         while "dflash-serve: ready" not in srv.log_text():
             if proc.poll() is not None or time.monotonic() - t0 > timeout:
                 srv.kill_tree()
+                tail = srv.log_text()[-3000:]
                 raise DFlashError("dflash-serve", f"not ready after {time.monotonic() - t0:.0f} s "
-                                  f"(exit code {proc.poll()})", f"see {log}")
+                                  f"(exit code {proc.poll()}); its log ends:\n{tail}\n", f"see {log}")
             time.sleep(0.2)
         srv.ready_s = time.monotonic() - t0
         return srv

@@ -340,6 +340,66 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
             f"Sources: {'; '.join(notes)}.\n")
 
 
+def _soak_line(results: Path, name: str, label: str, command: str) -> str:
+    if not (results / name).is_file():
+        return (f"**Soak, {label}**: no report committed yet; `{command}` writes `benchmarks/results/{name}` "
+                "(and the plot beside it).\n")
+    d = _load(results, name)
+    s, g, c, st = d["summary"], d["summary"]["goals"], d["checks"], d["settings"]
+    faults = {}
+    for f in d["faults"]:
+        faults[f["fault"]] = faults.get(f["fault"], 0) + 1
+    rss = c["rss_bounded"]
+    yes = (lambda ok: "yes" if ok else "**no**")
+    lines = [
+        f"**Soak, {label}** (`{command}`, {d['machine']['cpus']} cores shared with other work, load average "
+        f"{s['loadavg_1m_mean']:.1f} on average; {provenance_note(d, name)}; plot `{name[:-5]}.png`): "
+        f"**{'all checks passed' if s['pass'] else 'checks failed: ' + ', '.join(s['failed_checks'])}**.",
+        f"- {s['requests']} requests from {st['streams']} streams in {st['duration']:.0f} s over "
+        f"{', '.join(sorted(d['latency']))} ({s['requests_per_s']:.2f} requests/s), with "
+        f"{', '.join(f'{n} {k}' for k, n in sorted(faults.items()))} faults: {g['failed_or_wrong_requests']} failed; "
+        f"greedy answers equal to the same prompt's answer alone: {c['greedy_equals_solo']['compared']} compared, "
+        f"{c['greedy_equals_solo']['wrong']} differ.",
+        f"- Latency p50 / p99 (s): " + ", ".join(f"{k} {v[0]:.1f} / {v[1]:.1f}"
+                                                 for k, v in sorted(s["latency_s_p50_p99"].items()) if v[0] is not None)
+        + ".",
+        f"- Active requests back to 0 after the load: {yes(c['slots_free']['pass'])}; RSS of the server's processes "
+        f"{rss['baseline_mb']:.0f} -> {rss['end_mb']:.0f} MiB ({100 * rss['growth']:+.1f}%, limit "
+        f"{100 * rss['limit']:.0f}%); the metrics endpoint's finished requests by reason equal the clients' count: "
+        f"{yes(c['metrics_agree']['pass'])}; every fault handled in time with the server healthy after: "
+        f"{yes(c['faults_handled']['pass'])}.",
+    ]
+    if d.get("kills"):
+        k = g["kill_seconds_until_free"] or {}
+        lines.append(f"- {g['kills']} clients killed mid-stream on the idle server: slot free after "
+                     f"{k.get('p50', float('nan')):.2f} s (p50; max {g['kill_steps_until_free_max']:.0f} engine steps, "
+                     f"the cancellation check runs every 100 ms); the next request took "
+                     f"{g['next_request_latency_over_idle_baseline']:.2f}x the idle latency.")
+    if d.get("sigterm"):
+        t = d["sigterm"]
+        last = g["sigterm_last_client_end_s"]
+        lines.append(f"- SIGTERM with {t['streams']} streams in flight: {t['clients_with_final_in_time']} of "
+                     f"{t['streams']} clients got a final response within {st['sigterm_deadline']:.0f} s"
+                     + (f" (the last after {last:.1f} s)" if last is not None else "")
+                     + f"; dflash-serve exit code {t['dflash_serve_exit_code']}, {len(t['orphans'])} orphan processes, "
+                     f"{len(t['shm_left'])} /dev/shm files left.")
+    return "\n".join(lines) + "\n"
+
+
+def render_soak(results: Path) -> str:
+    name, command = "soak_smollm2_cpu.json", "python benchmarks/soak.py --engine out/smollm2 --streams 64 --duration 600"
+    if (results / name).is_file():    # the settings the committed run used
+        st = _load(results, name)["settings"]
+        command = (f"python benchmarks/soak.py --engine out/smollm2 --streams {st['streams']} "
+                   f"--duration {st['duration']:.0f} --kills {st['kills']}{' --sigterm' if st['sigterm'] else ''}")
+    return _soak_line(results, name, "SmolLM2-135M demo on CPU", command + " --sigterm" * (not (results / name).is_file()))
+
+
+def render_soak_h100(results: Path) -> str:
+    return _soak_line(results, "soak_smollm2_h100.json", "SmolLM2-135M pair on one H100",
+                      "bash benchmarks/gpu_smollm2.sh soak")
+
+
 RENDERERS = {
     "quickstart_tau": render_quickstart_tau,
     "step_bench": render_step_bench,
@@ -354,6 +414,8 @@ RENDERERS = {
     "fp8_gemm": render_fp8_gemm,
     "acceptance": render_acceptance,
     "training": render_training,
+    "soak": render_soak,
+    "soak_h100": render_soak_h100,
 }
 
 
