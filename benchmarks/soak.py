@@ -61,7 +61,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", 
            "Water boils at", "class Stack:\n    def push(self, item):", "The three primary colors are",
            "SELECT name FROM users WHERE"]
 LONG_PROMPT = "Tell me a long story about a lighthouse keeper"
-KINDS = ("http", "sse", "grpc")
+KINDS = ("http", "sse", "grpc", "openai")
 FAULTS = ("kill", "cancel", "malformed", "oversized")
 # gRPC/HTTP transport failures: the connection went away without a response that says why.
 TRANSPORT = ("UNAVAILABLE", "Socket closed", "Connection reset", "Broken pipe", "RemoteDisconnected",
@@ -88,7 +88,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="report JSON; the plot goes next to it as .png")
     p.add_argument("--streams", type=int, default=16, help="concurrent client threads in the load phase")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of the load phase")
-    p.add_argument("--kinds", default=",".join(KINDS), help=f"client kinds, taken in turn: {', '.join(KINDS)}")
+    p.add_argument("--kinds", default=None,
+                   help=f"client kinds, taken in turn, of {', '.join(KINDS)} [default: http,sse,grpc, plus openai "
+                        "with --openai]")
+    p.add_argument("--openai", action="store_true",
+                   help="also start dflash-openai on the deployment (its own engine) and send its clients "
+                        "/v1/completions streams; their answers are compared with the same solo answers")
     p.add_argument("--max_tokens", type=int, default=32, help="tokens per request (greedy)")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"faults in turn ({', '.join(FAULTS)}) or none")
     p.add_argument("--fault_every", type=float, default=10.0, help="seconds between faults in the load phase")
@@ -109,7 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ready_timeout", type=float, default=600.0, help="seconds for dflash-serve to become ready")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
-    args.kinds = [k for k in args.kinds.split(",") if k]
+    args.kinds = ([k for k in args.kinds.split(",") if k] if args.kinds else
+                  ["http", "sse", "grpc"] + ["openai"] * args.openai)
     args.faults = [] if args.faults == "none" else [f for f in args.faults.split(",") if f]
     for k in args.kinds:
         if k not in KINDS:
@@ -117,6 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for f in args.faults:
         if f not in FAULTS:
             p.error(f"--faults: unknown {f!r}; choose from {', '.join(FAULTS)} or none")
+    if "openai" in args.kinds and not args.openai:
+        p.error("--kinds: openai needs --openai (the OpenAI server is started beside dflash-serve)")
     if not (args.engine / "manifest.json").is_file():
         p.error(f"--engine: {args.engine} has no manifest.json; pass a dflash-build output directory")
     if args.streams < 1 or args.duration <= 0:
@@ -246,6 +254,7 @@ class Server:
     metrics_url: str
     log: Path
     ready_s: float = 0.0
+    openai: OpenAIServer | None = None
 
     @classmethod
     def start(cls, engine: Path, log: Path, timeout: float) -> "Server":
@@ -282,7 +291,12 @@ class Server:
             return False
 
     def tree(self) -> dict[int, tuple[str, int]]:
+        """dflash-serve's processes (tritonserver, the python-backend stub, ranks)."""
         return descendants(self.proc.pid)
+
+    def all_processes(self) -> dict[int, tuple[str, int]]:
+        """Every server process this script started, dflash-openai's included (for RSS)."""
+        return {**self.tree(), **(descendants(self.openai.proc.pid) if self.openai else {})}
 
     def kill_tree(self) -> None:
         """SIGKILL what is left of the processes this script started (by pid)."""
@@ -293,6 +307,73 @@ class Server:
                 except ProcessLookupError:
                     pass
         self.proc.wait(timeout=30)
+
+
+@dataclass
+class OpenAIServer:
+    """dflash-openai on the same deployment (a process of its own, with its own engine)."""
+
+    proc: subprocess.Popen
+    url: str
+    model: str = ""
+
+    @classmethod
+    def start(cls, engine: Path, log: Path, timeout: float) -> "OpenAIServer":
+        port = free_port()
+        cmd = [sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(engine), "--port", str(port)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        srv, t0 = cls(proc, f"127.0.0.1:{port}"), time.monotonic()
+        while not srv.model:
+            try:
+                with urllib.request.urlopen(f"http://{srv.url}/v1/models", timeout=5) as r:
+                    srv.model = json.loads(r.read())["data"][0]["id"]
+            except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError):
+                if proc.poll() is not None or time.monotonic() - t0 > timeout:
+                    srv.stop()
+                    raise DFlashError("dflash-openai", f"not ready after {time.monotonic() - t0:.0f} s; its log "
+                                      f"ends:\n{log.read_text(errors='replace')[-3000:]}\n", f"see {log}") from None
+                time.sleep(0.5)
+        return srv
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                for pid, (_, start) in descendants(self.proc.pid).items():
+                    if alive(pid, start):
+                        os.kill(pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+
+
+def generate_openai(url: str, model: str, prompt: str, timeout: float, **sampling):
+    """/v1/completions streamed (server-sent events), as dicts like dflash-client's: ``text_output`` and, on the
+    last chunk, ``finish_reason``."""
+    body = {"model": model, "prompt": prompt, "stream": True, **sampling}
+    req = urllib.request.Request(f"http://{url}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for line in r:
+                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:
+                    raise DFlashError("server", json.dumps(event["error"])[:300])
+                choice = event["choices"][0]
+                out = {"text_output": choice.get("text", "")}
+                if choice.get("finish_reason"):
+                    out["finish_reason"] = choice["finish_reason"]
+                yield out
+    except urllib.error.HTTPError as err:
+        raise DFlashError("server", f"HTTP {err.code}: {err.read()[:300].decode('utf-8', 'replace')}") from None
+    except urllib.error.URLError as err:
+        raise DFlashError("url", f"cannot reach {url} ({err.reason})") from None
+    except TimeoutError:
+        raise DFlashError("server", f"no response within {timeout:.0f} s") from None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -324,6 +405,8 @@ def classify_error(message: str) -> str:
 
 
 def responses_for(kind: str, srv: Server, prompt: str, timeout: float, request_id: str = "", **sampling):
+    if kind == "openai":
+        return generate_openai(srv.openai.url, srv.openai.model, prompt, timeout, **sampling)
     inputs = client.build_inputs(prompt, kind != "http", **sampling)
     if kind == "grpc":
         return client.generate_grpc(srv.grpc, inputs, request_id=request_id, timeout=timeout)
@@ -602,7 +685,7 @@ class Sampler(threading.Thread):
 
     def sample(self) -> dict:
         by_proc: dict[str, int] = {}
-        for pid, (comm, _) in self.srv.tree().items():
+        for pid, (comm, _) in self.srv.all_processes().items():
             by_proc[f"{comm}[{pid}]"] = rss_bytes(pid)
         try:
             active = metric_sum(self.srv.metrics(), "dflash_active_requests")
@@ -836,6 +919,8 @@ def expected_finishes(outcomes: list[Outcome], faults: list[dict], kills: dict |
         seen[reason] = seen.get(reason, 0) + n
 
     for o in outcomes:
+        if o.kind == "openai":
+            continue      # dflash-openai's own engine: not counted by Triton's metrics
         if o.phase != "solo" and o.finish_reason:
             add(o.finish_reason)
         elif o.phase != "solo" and o.status == "error":
@@ -995,6 +1080,13 @@ def main(argv: list[str] | None = None) -> int:
     log_line(args, f"starting dflash-serve {args.engine} (log: {work / 'dflash-serve.log'})")
     srv = Server.start(args.engine, work / "dflash-serve.log", args.ready_timeout)
     log_line(args, f"ready in {srv.ready_s:.1f} s: HTTP {srv.http}, gRPC {srv.grpc}")
+    if args.openai:
+        try:
+            srv.openai = OpenAIServer.start(args.engine, work / "dflash-openai.log", args.ready_timeout)
+        except BaseException:
+            srv.kill_tree()
+            raise
+        log_line(args, f"dflash-openai ready: http://{srv.openai.url}/v1 (model {srv.openai.model})")
     sampler = Sampler(srv, t_run, args.sample_every)
     faults, outcomes, kills, sig = [], [], None, None
     phases = {}
@@ -1034,6 +1126,8 @@ def main(argv: list[str] | None = None) -> int:
             phases["sigterm"].append(round(time.monotonic() - t_run, 2))
     finally:
         sampler.stop_event.set()
+        if srv.openai is not None:
+            srv.openai.stop()
         if srv.proc.poll() is None:
             srv.proc.send_signal(signal.SIGTERM)
             try:
