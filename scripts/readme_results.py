@@ -357,7 +357,9 @@ def _soak_line(results: Path, name: str, label: str, command: str) -> str:
         f"**{'all checks passed' if s['pass'] else 'checks failed: ' + ', '.join(s['failed_checks'])}**.",
         f"- {s['requests']} requests from {st['streams']} streams in {st['duration']:.0f} s over "
         f"{', '.join(sorted(d['latency']))} ({s['requests_per_s']:.2f} requests/s), with "
-        f"{', '.join(f'{n} {k}' for k, n in sorted(faults.items()))} faults: {g['failed_or_wrong_requests']} failed; "
+        f"{', '.join(f'{n} {k}' for k, n in sorted(faults.items()))} faults"
+        + (f" (cases left out: {', '.join(st['skip_cases'])})" if st.get("skip_cases") else "")
+        + f": {g['failed_or_wrong_requests']} failed; "
         f"greedy answers equal to the same prompt's answer alone: {c['greedy_equals_solo']['compared']} compared, "
         f"{c['greedy_equals_solo']['wrong']} differ.",
         f"- Latency p50 / p99 (s): " + ", ".join(f"{k} {v[0]:.1f} / {v[1]:.1f}"
