@@ -95,6 +95,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also start dflash-openai on the deployment (its own engine) and send its clients "
                         "/v1/completions streams; their answers are compared with the same solo answers")
     p.add_argument("--max_tokens", type=int, default=32, help="tokens per request (greedy)")
+    p.add_argument("--prompts", type=int, default=8, help=f"distinct prompts (at most {len(PROMPTS)}); each is "
+                   "answered alone first, as the reference")
+    p.add_argument("--probe_tokens", type=int, default=8,
+                   help="tokens of the probe request after each kill (and of its idle baseline)")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"faults in turn ({', '.join(FAULTS)}) or none")
     p.add_argument("--skip_cases", default="",
                    help="malformed/oversized cases to leave out, comma-separated (e.g. deeply_nested while a known "
@@ -135,6 +139,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--kinds: openai needs --openai (the OpenAI server is started beside dflash-serve)")
     if not (args.engine / "manifest.json").is_file():
         p.error(f"--engine: {args.engine} has no manifest.json; pass a dflash-build output directory")
+    if not 1 <= args.prompts <= len(PROMPTS):
+        p.error(f"--prompts must be in [1, {len(PROMPTS)}]")
     if args.streams < 1 or args.duration <= 0:
         p.error("--streams and --duration must be positive")
     if args.out.exists():
@@ -823,8 +829,8 @@ def kill_phase(srv: Server, prompts: list[str], args, t_run: float, long_tokens:
     """Clients killed mid-stream on the idle server, one at a time: seconds and engine steps until the slot is
     free (the cancelled count rose and no request is active), and the next request's latency."""
     def probe() -> Outcome:
-        return run_request("http", srv, 0, prompts[0], "kills", t_run, args.request_timeout,
-                           max_tokens=args.max_tokens, temperature=0.0)
+        return run_request("http", srv, -1, prompts[0], "kills", t_run, args.request_timeout,
+                           max_tokens=args.probe_tokens, temperature=0.0)
 
     baseline = [probe() for _ in range(5)]
     kills, after = [], []
@@ -852,7 +858,8 @@ def kill_phase(srv: Server, prompts: list[str], args, t_run: float, long_tokens:
     base = [o.latency_s for o in baseline]
     nxt = [o.latency_s for o in after]
     med = (lambda v: float(sorted(v)[len(v) // 2]) if v else None)
-    return {"kills": kills, "baseline_latency_s": [round(x, 4) for x in base],
+    texts = {o.text for o in baseline + after if o.status == "ok"}
+    return {"kills": kills, "probe_answers_identical": len(texts) == 1, "baseline_latency_s": [round(x, 4) for x in base],
             "next_request_latency_s": [round(x, 4) for x in nxt],
             "next_over_baseline_median": (med(nxt) / med(base)) if nxt and base else None,
             "probes": baseline + after}
@@ -995,7 +1002,9 @@ def evaluate(args, solo: list[str], outcomes: list[Outcome], faults: list[dict],
     checks["server_alive"] = {"pass": alive_before_sigterm}
     if kills is not None:
         freed = [k["freed_s"] for k in kills["kills"]]
-        checks["killed_clients_freed"] = {"pass": all(f is not None for f in freed), "kills": len(freed),
+        checks["killed_clients_freed"] = {"pass": all(f is not None for f in freed) and kills["probe_answers_identical"],
+                                          "probe_answers_identical": kills["probe_answers_identical"],
+                                          "kills": len(freed),
                                           "not_freed_in_10s": sum(f is None for f in freed)}
     if sig is not None:
         checks["sigterm"] = {"pass": sig["pass"], **{k: sig[k] for k in (
@@ -1085,7 +1094,7 @@ def main(argv: list[str] | None = None) -> int:
     max_batch = int(manifest["runtime"]["max_batch_size"])
     max_seq_len = int(manifest["runtime"]["max_seq_len"])
     long_tokens = min(1000, max_seq_len - 64)   # LONG_PROMPT is ~10 tokens     # the killed / cancelled / SIGTERMed streams run long
-    prompts = PROMPTS
+    prompts = PROMPTS[:args.prompts]
     args.warmup = args.duration * 0.1 if args.warmup is None else args.warmup
     args.out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="soak-"))
