@@ -1086,8 +1086,16 @@ def plot(path: Path, outcomes: list[Outcome], faults: list[dict], samples: list[
     plt.close(fig)
 
 
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Ctrl-C or SIGTERM (also when started in the background, where SIGINT is ignored) unwinds through the
+    # finally below, which stops the servers this script started.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     import tempfile
 
     manifest = json.loads((args.engine / "manifest.json").read_text())
