@@ -7,6 +7,15 @@
 #   regen   the target answers ShareGPT prompts (.carry/w3/sharegpt_prompts.jsonl) -> $OUT/regenerated.tgz
 #   train   ModelOpt training + export -> the drafter as two safetensors shards + index, train_reports.tgz
 #   eval    benchmarks/acceptance.py (HumanEval, MT-Bench; dflash reference cross-check) -> acceptance_smollm2.*
+# The 10x drafter (issue #15; benchmarks/TRAINING_PLAN.md): a corpus built on the CPU side
+# (python -m trtllm_dflash.training.corpus) in .carry/corpus, the run kept on the host in .carry/bigrun while warm:
+#   stash        .carry/in (files packed by trtllm_dflash.training.carry) -> .carry/bigrun, sha256-checked
+#   regen_shards answer corpus shards for REGEN_S s (default 480) -> $OUT/regen-part*.tar + manifest.json
+#   train_big    train for TRAIN_S s (default 420) from the last checkpoint (export once finished) -> loss.csv,
+#                report.json, checkpoint part 0 (state.json + 6 shard files); loss.png when matplotlib is there
+#   ckpt_pull    PART=k: the checkpoint's part k (state.json + 6 shard files)
+#   eval_big     acceptance.py on the exported drafter -> acceptance_big.json
+#   SMOKE=1      the same commands on CPU with a tiny corpus/run: seconds to minutes, no GPU (the CPU check)
 #   sweep   AR vs DFlash dflash-sweep, concurrency 1..64 -> sweep_smollm2_h100.jsonl
 #   quant   ModelOpt FP8 build on the GPU + benchmarks/quant_report.py (weight-only vs fp8_gemm) -> quant_*.json
 #   gputests  pytest -m gpu (every gpu-marked module; the real SmolLM2 from prep's cache) -> gpu_tests_h100.json
@@ -33,7 +42,7 @@
 #           .carry/wlead: gguf alone, enough for prep + inference stages on the host's transformers 5.17
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|quant|gputests|cudacheck|soak}
+STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|quant|gputests|cudacheck|soak|stash|regen_shards|train_big|ckpt_pull|eval_big}
 SITE=/tmp/dflash_site
 for w in .carry/w*/; do   # each wheel folder once; they arrive over several calls
   marker=$SITE/.installed-$(basename "$w")
@@ -41,10 +50,13 @@ for w in .carry/w*/; do   # each wheel folder once; they arrive over several cal
     python3 -m pip install -q --no-index --no-deps --target "$SITE" "$w"*.whl && touch "$marker"
   fi
 done
-export PYTHONPATH=$SITE:$PWD TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$PWD/.carry/cache} PYTHONUNBUFFERED=1 PYTHON=python3
+export PYTHONPATH=$SITE:$PWD TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$PWD/.carry/cache} PYTHONUNBUFFERED=1 \
+  PYTHON=${PYTHON:-python3}
 RUN=$PWD/.carry/run
-LOG=${OUT:-/tmp}/$STAGE.log
+OUT=${OUT:-/tmp}
+LOG=$OUT/$STAGE.log
 TRAIN=(env DATA="$PWD/.carry/w3/sharegpt_prompts.jsonl" bash benchmarks/train_smollm2_gpu.sh "$RUN")
+BIG=(env CORPUS="${CORPUS:-$PWD/.carry/corpus}" bash benchmarks/train_smollm2_gpu.sh "${BIG_RUN:-$PWD/.carry/bigrun}")
 exec > >(tee "$LOG") 2>&1
 case $STAGE in
   prep)
@@ -58,20 +70,7 @@ case $STAGE in
   train)
     STAGES=train,export "${TRAIN[@]}"
     # the drafter travels back as two safetensors shards (< 16 MB each) plus an index
-    python3 - "$RUN/train/drafter" "$OUT" <<'PY'
-import json, sys
-from safetensors.torch import load_file, save_file
-src, out = sys.argv[1], sys.argv[2]
-sd = load_file(f"{src}/model.safetensors")
-keys = sorted(sd)
-half = len(keys) // 2
-index = {"metadata": {}, "weight_map": {}}
-for i, part in enumerate((keys[:half], keys[half:]), 1):
-    name = f"model-0000{i}-of-00002.safetensors"
-    save_file({k: sd[k] for k in part}, f"{out}/{name}")
-    index["weight_map"].update({k: name for k in part})
-json.dump(index, open(f"{out}/model.safetensors.index.json", "w"))
-PY
+    "$PYTHON" -m trtllm_dflash.training.carry drafter --run "$RUN/train" --out "$OUT"
     tar czf "$OUT/train_reports.tgz" --exclude model.safetensors -C "$RUN" train/report.json train/train_config.json train/loss.csv train/drafter \
       $(cd "$RUN" && ls train/*.png 2>/dev/null)
     ;;
@@ -129,6 +128,9 @@ PY
     python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" --gpu $GPU --backend torch --force \
       --max_batch_size $BATCH --max_seq_len 2048 --out "$RUN/soak_deploy"
     python3 benchmarks/soak.py --engine "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}"
+    ;;
+  stash|regen_shards|train_big|ckpt_pull|eval_big)
+    OUT="$OUT" "${BIG[@]}" --big "$STAGE"
     ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac

@@ -7,13 +7,18 @@
 #
 #   benchmarks/train_smollm2_gpu.sh OUT_DIR            # GPU run -> OUT_DIR/train/drafter, OUT_DIR/acceptance_smollm2.*
 #   benchmarks/train_smollm2_gpu.sh OUT_DIR --smoke    # CPU minutes: same commands with tiny settings (CI)
+#   benchmarks/train_smollm2_gpu.sh RUN_DIR --big STAGE # the 10x drafter, one stage per time-limited call:
+#       stash | regen_shards | train_big | ckpt_pull | eval_big  (benchmarks/TRAINING_PLAN.md; files -> $OUT)
+#       CORPUS (a python -m trtllm_dflash.training.corpus folder), PRESET (paper | modelopt), REGEN_S, TRAIN_S,
+#       MAX_STEPS, PART; SMOKE=1 runs the same commands with tiny settings on the CPU
 #
 # STAGES (default regenerate,train,export,eval) runs a part, e.g. STAGES=regenerate then STAGES=train,export then
 # STAGES=eval on a host whose calls are time-limited. Re-running with the same OUT_DIR resumes (finished stages
 # are kept). PYTHON picks the interpreter (a venv with the modelopt extra and transformers 5.14); offline once
 # $TRTLLM_DFLASH_CACHE holds the SmolLM2 folder and the ShareGPT, HumanEval and MT-Bench wheels.
 set -euo pipefail
-OUT=${1:?usage: $0 OUT_DIR [--smoke]}
+BACK=${OUT:-}   # --big: the env OUT names the folder whose files come back from the GPU host
+OUT=${1:?usage: $0 OUT_DIR [--smoke | --big STAGE]}
 MODE=${2:-full}
 PY=${PYTHON:-python}
 cd "$(dirname "$0")/.."
@@ -28,6 +33,54 @@ else
          --max_steps 20000 --train_time_budget_s "${TRAIN_S:-400}" --batch_size 16 --num_anchors 128
          --max_seq_len 1024 --lr 1e-3 --save_every 250)
   EVAL=(--max_new_tokens 512 --max_batch_size 128 --reference_n 10)
+fi
+
+if [[ $MODE == --big ]]; then
+  BIG_STAGE=${3:?usage: $0 RUN_DIR --big stash|regen_shards|train_big|ckpt_pull|eval_big}
+  : "${BACK:?set OUT, the folder whose files come back}"
+  mkdir -p "$BACK"
+  if [[ ${SMOKE:-0} == 1 ]]; then
+    RUN_ARGS=(--max_new_tokens 16 --regen_batch_size 8 --batch_size 2 --num_anchors 8 --max_seq_len 384
+              --max_steps "${MAX_STEPS:-4}" --save_every 2 --log_every 2 --verify_prompts 2 --verify_max_new_tokens 8)
+    EVAL=(--n 2 --max_new_tokens 16 --max_batch_size 8 --block_sizes 16)
+  else
+    # 6 epochs of ~60k answers at batch 16 = ~22k steps; MAX_STEPS fixes the schedule for every call of the run.
+    RUN_ARGS=(--max_new_tokens 384 --regen_batch_size 256 --batch_size 16 --max_seq_len 1024
+              --max_steps "${MAX_STEPS:-22500}" --save_every 500 --log_every 50)
+    EVAL=(--max_new_tokens 512 --max_batch_size 128 --block_sizes 16 8 4 --reference --reference_n 10)
+  fi
+  case ${PRESET:-paper} in  # the recipe is fixed for a run: its train_config.json refuses another on --resume
+    paper) RECIPE=(--block_size 16 --num_layers 3 --num_anchors 128 --lr 1e-3) ;;    # today's shipped drafter's
+    modelopt) RECIPE=(--preset modelopt) ;;   # ModelOpt's dflash.yaml: B8, 512 anchors, gamma 4, 5 layers, linear
+    *) echo "PRESET must be paper or modelopt" >&2; exit 2 ;;
+  esac
+  DFT=("$PY" -m trtllm_dflash.train --target smollm2-135m --data "${CORPUS:?set CORPUS, a corpus folder}" --out "$OUT"
+       --resume --num_prompts 100000000 --loss kd --mask_token_id 16 "${RECIPE[@]}" "${RUN_ARGS[@]}")
+  CARRY=("$PY" -m trtllm_dflash.training.carry)
+  case $BIG_STAGE in
+    stash)         # files carried in (.carry/in, packed by trtllm_dflash.training.carry) -> the run on this host
+      "${CARRY[@]}" unpack "${IN:-.carry/in}" --run "$OUT" ;;
+    regen_shards)  # whole shards until REGEN_S; what this call made comes back as tar files + the manifest
+      mkdir -p "$OUT/data"
+      cp "$OUT/data/manifest.json" "$BACK/.before.json" 2>/dev/null || echo '{"shards": {}}' > "$BACK/.before.json"
+      "${DFT[@]}" --stages regenerate --regen_time_budget_s "${REGEN_S:-480}"
+      "${CARRY[@]}" regen --run "$OUT" --before "$BACK/.before.json" --out "$BACK"
+      rm -f "$BACK/.before.json" ;;
+    train_big)     # TRAIN_S of training from the last checkpoint; export once the schedule is done
+      "${DFT[@]}" --stages train,export --stop_after_s "${TRAIN_S:-420}"
+      tar czf "$BACK/train_log.tgz" -C "$OUT" report.json loss.csv $(cd "$OUT" && ls loss.png tau.csv 2>/dev/null)
+      "${CARRY[@]}" ckpt --run "$OUT" --part 0 --max_files 5 --out "$BACK" ;;
+    ckpt_pull)     # the rest of the checkpoint, PART=1, 2, ... (5 shard files each) while the host is warm
+      "${CARRY[@]}" ckpt --run "$OUT" --part "${PART:?set PART}" --max_files 5 --out "$BACK" ;;
+    eval_big)      # acceptance of the exported drafter; its tau joins tau.csv (the scaling curve)
+      "$PY" benchmarks/acceptance.py --target smollm2-135m --drafter "$OUT/drafter" --out "$BACK/acceptance_big.json" \
+        "${EVAL[@]}"
+      "$PY" -m trtllm_dflash.training.report "$OUT" --add_tau "$BACK/acceptance_big.json"
+      cp "$OUT/tau.csv" "$BACK/"
+      "${CARRY[@]}" drafter --run "$OUT" --out "$BACK" ;;
+    *) echo "unknown --big stage $BIG_STAGE" >&2; exit 2 ;;
+  esac
+  exit 0
 fi
 
 STAGES=${STAGES:-regenerate,train,export,eval}

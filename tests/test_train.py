@@ -129,8 +129,6 @@ def test_dflash_build_and_the_runtime_take_the_drafter(run_dir, chat_target, tmp
 
 @needs_modelopt
 def test_resume_continues_exactly(chat_target, prompts_file, tmp_path, monkeypatch):
-    from safetensors.torch import load_file
-
     from trtllm_dflash.training import checkpoint, loop
 
     argv = ["--target", chat_target, "--data", prompts_file, "--num_prompts", "8", "--max_new_tokens", "16",
@@ -153,8 +151,7 @@ def test_resume_continues_exactly(chat_target, prompts_file, tmp_path, monkeypat
     with pytest.raises(DFlashError, match="--lr: is 0.001 but the run"):
         train.main([str(a) for a in argv + ["--out", cut, "--resume", "--lr", "1e-3"]])
     assert train.main([str(a) for a in argv + ["--out", cut, "--resume"]]) == 0
-    a, b = load_file(str(whole / "checkpoint" / "state.safetensors")), load_file(str(cut / "checkpoint" /
-                                                                                     "state.safetensors"))
+    a, b = _checkpoint_tensors(whole), _checkpoint_tensors(cut)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if not k.startswith("rng."))
     cols = [c for c in loop.COLUMNS if c != "elapsed_s"]
     strip = [[{c: r[c] for c in cols} for r in loop.read_csv(d / "loss.csv")] for d in (whole, cut)]
@@ -172,6 +169,56 @@ def test_resume_continues_exactly(chat_target, prompts_file, tmp_path, monkeypat
     report = json.loads((whole / "report.json").read_text())
     assert report["status"] == "failed: DFlashError: exported drafter: planted failure"
     assert report["export"]["parity"]["ok"] and report["train"]["steps"] == 6  # kept from the earlier run
+
+
+def _checkpoint_tensors(run: Path) -> dict:
+    from trtllm_dflash.training import checkpoint
+    folder = run / checkpoint.DIR
+    return checkpoint._read_shards(folder, json.loads((folder / "state.json").read_text()))
+
+
+@needs_modelopt
+def test_training_over_several_calls_equals_one_call(chat_target, prompts_file, tmp_path, monkeypatch):
+    """--stop_after_s pauses a call with a checkpoint in small shards; calls with --resume continue the step count
+    and the LR schedule, and end exactly where one uninterrupted call ends (weights, AdamW state, loss.csv)."""
+    from trtllm_dflash.training import checkpoint, loop
+
+    argv = ["--target", chat_target, "--data", prompts_file, "--num_prompts", "8", "--max_new_tokens", "16",
+            "--max_steps", "4", "--save_every", "100", "--log_every", "2", "--stages", "regenerate,train",
+            "--preset", "modelopt", "--warmup_steps", "1", "--max_seq_len", "160", *COMMON]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert train.main([str(a) for a in argv + ["--out", whole]]) == 0
+    monkeypatch.setattr(checkpoint, "SHARD_BYTES", 8_000)  # several files, and tensors cut into pieces
+    calls = 0
+    while True:
+        calls += 1
+        train.main([str(a) for a in argv + ["--out", cut, "--stop_after_s", "1e-6"] + (["--resume"] * (calls > 1))])
+        report = json.loads((cut / "report.json").read_text())
+        if not report["train"]["paused"]:
+            break
+        assert report["train"]["steps"] == 2 * calls and calls < 4  # one log window per call
+    assert calls == 2
+    meta = json.loads((cut / "checkpoint" / "state.json").read_text())
+    assert len(meta["files"]) > 3 and meta["split"] and meta["step"] == 4
+    assert all((cut / "checkpoint" / f).stat().st_size < 8_000 + 4_000 for f in meta["files"])
+    from trtllm_dflash.training import carry  # the checkpoint travels in parts of a few files, sha256-checked
+    moved = tmp_path / "moved"
+    parts = carry.pack_ckpt(cut, 0, tmp_path / "p0", max_files=4)[1]
+    assert parts == -(-len(meta["files"]) // 4)
+    for k in range(parts):
+        carry.pack_ckpt(cut, k, tmp_path / f"p{k}", max_files=4)
+        assert carry.unpack(tmp_path / f"p{k}", moved)["checkpoint_missing"] == sorted(meta["files"])[4 * (k + 1):]
+    a, b = _checkpoint_tensors(whole), _checkpoint_tensors(moved)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if not k.startswith("rng."))
+    cols = [c for c in loop.COLUMNS if c != "elapsed_s"]
+    rows = [[{c: r[c] for c in cols} for r in loop.read_csv(d / "loss.csv")] for d in (whole, cut)]
+    assert rows[0] == rows[1] and [r["step"] for r in rows[0]] == [2, 4]
+    assert rows[0][1]["tokens"] > rows[0][0]["tokens"] > 0
+    # The preset's linear schedule, 1 warmup step of 4: step index 1 at the peak, index 3 at 1/3 of it.
+    assert [r["lr"] for r in rows[0]] == pytest.approx([3e-3, 1e-3])
+    settings = json.loads((whole / "train_config.json").read_text())
+    assert (settings["block_size"], settings["num_anchors"], settings["loss_decay_gamma"], settings["lr_schedule"]) \
+        == (8, 16, 4.0, "linear")  # flags given on the command line win over the preset
 
 
 def test_regeneration_time_budget_ends_the_stage(chat_target, prompts_file, tmp_path):

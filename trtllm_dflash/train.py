@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """dflash-train: a Hugging Face target -> a trained DFlash drafter that dflash-build and TensorRT-LLM load.
 
-Consumes: --target (HF folder, or smollm2-135m) and --data (sharegpt, or a JSONL of prompts).
-Produces: <out>/{data/regenerated.jsonl, checkpoint/, drafter/, loss.csv, loss.png, report.json}; drafter/ is the
-canonical z-lab layout. Stages: regenerate (the target answers the prompts with our runtime), train (NVIDIA ModelOpt,
-the paper's recipe), export (ModelOpt export, normalised, then checked against our runtime). Each stage resumes.
+Consumes: --target (HF folder, or smollm2-135m) and --data (sharegpt, a JSONL of prompts, or a sharded corpus
+folder from python -m trtllm_dflash.training.corpus).
+Produces: <out>/{data/, checkpoint/, drafter/, loss.csv, loss.png, report.json}; drafter/ is the canonical z-lab
+layout. Stages: regenerate (the target answers the prompts with our runtime), train (NVIDIA ModelOpt, the paper's
+recipe or ModelOpt's), export (ModelOpt export, normalised, then checked against our runtime). Each stage resumes,
+also across time-limited calls (--regen_time_budget_s, --stop_after_s).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from .errors import DFlashError, exit_code
-from .training.settings import STAGES, TrainConfig
+from .training.settings import PRESETS, STAGES, TrainConfig
 
 CONFIG_FILE = "train_config.json"
 EPILOG = """examples:
@@ -25,6 +27,10 @@ EPILOG = """examples:
   dflash-train --target ./my-llama --data prompts.jsonl --out runs/llama --block_size 8 --epochs 3
   dflash-train --target smollm2-135m --data sharegpt --out runs/smollm2 --resume        # continue after a stop
   dflash-train ... --stages regenerate                      # only answer the prompts (GPU), train later
+  python -m trtllm_dflash.training.corpus --out corpus      # 60k+ prompts in shards (ShareGPT turns + code)
+  dflash-train --target smollm2-135m --data corpus --out runs/big --resume --stages regenerate \
+      --regen_time_budget_s 480                             # answers whole shards, then stops; call again
+  dflash-train ... --stages train --preset modelopt --max_steps 40000 --stop_after_s 500 --resume
   dflash-build --target smollm2-135m --drafter runs/smollm2/drafter --out engines/smollm2
 
 --data JSONL rows: {"prompt": "..."} | {"messages": [{"role": "user", "content": "..."}]} | {"prompt_ids": [..]}
@@ -37,17 +43,19 @@ _GROUPS = {
     "drafter": ("block_size", "num_layers", "target_layer_ids", "intermediate_size", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "mask_token_id"),
     "train (stage 2)": ("loss", "loss_decay_gamma", "num_anchors", "max_seq_len", "batch_size", "lr", "weight_decay",
-                        "warmup_ratio", "grad_clip", "epochs", "max_steps", "train_time_budget_s", "save_every",
-                        "log_every"),
+                        "warmup_ratio", "warmup_steps", "lr_schedule", "grad_clip", "epochs", "max_steps",
+                        "train_time_budget_s", "stop_after_s", "save_every", "log_every"),
     "export (stage 3)": ("export_dtype", "verify_prompts", "verify_max_new_tokens"),
 }
 _HELP = {
     "num_prompts": "prompts to answer (after dropping eval overlaps and over-long ones)",
     "max_prompt_len": "prompts longer than this (tokens, chat template applied) are skipped",
     "max_new_tokens": "answer length cap (tokens)",
-    "regen_temperature": "0 = greedy answers (tau_greedy is measured on those)",
+    "regen_temperature": "0 = greedy answers (tau_greedy is measured on those); a corpus row's own "
+                         "temperature wins",
     "regen_batch_size": "concurrent requests in the runtime",
-    "regen_time_budget_s": "stop admitting prompts after this many seconds (0 = no limit)",
+    "regen_time_budget_s": "stop admitting prompts after this many seconds (0 = no limit); with a corpus folder, "
+                           "start no shard that would end past it (the rest waits for a --resume call)",
     "exclude_eval": "drop prompts that also occur in HumanEval / MT-Bench",
     "block_size": "tokens per block: the anchor + block_size - 1 drafts",
     "num_layers": "draft layers; ModelOpt 0.47 taps one target layer per draft layer",
@@ -65,6 +73,10 @@ _HELP = {
     "lr": "AdamW peak learning rate",
     "weight_decay": "AdamW weight decay",
     "warmup_ratio": "share of the schedule spent on linear warmup",
+    "warmup_steps": "warmup steps instead of --warmup_ratio (ModelOpt's recipe: 100)",
+    "lr_schedule": "decay after warmup: cosine (the paper's) or linear (ModelOpt's)",
+    "stop_after_s": "checkpoint and stop this call after this many seconds; --resume continues the same "
+                    "schedule (for time-limited calls; use with --max_steps)",
     "grad_clip": "max gradient norm",
     "epochs": "passes over the data (unless --max_steps)",
     "max_steps": "optimizer steps; unset = --epochs over the data",
@@ -75,7 +87,8 @@ _HELP = {
     "verify_prompts": "DFlash greedy == AR greedy is checked on this many training prompts",
     "verify_max_new_tokens": "tokens generated per prompt in that check",
 }
-_CHOICES = {"loss": ("kd", "ce"), "export_dtype": ("bfloat16", "float16", "float32")}
+_CHOICES = {"loss": ("kd", "ce"), "export_dtype": ("bfloat16", "float16", "float32"),
+            "lr_schedule": ("cosine", "linear")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash-train", description=__doc__.split("\n\n")[0], epilog=EPILOG,
                                 formatter_class=_Formatter)
     p.add_argument("--target", required=True, help="HF target folder, or smollm2-135m (the packaged SmolLM2)")
-    p.add_argument("--data", required=True, help="sharegpt, or a .jsonl file of prompts")
+    p.add_argument("--data", required=True, help="sharegpt, a .jsonl file of prompts, or a corpus folder")
+    p.add_argument("--preset", default=d["preset"].default, choices=tuple(PRESETS),
+                   help="recipe defaults: paper (the DFlash paper's) or modelopt (ModelOpt's dflash.yaml: block 8, "
+                        "512 anchors, gamma 4, 5 layers, linear LR, 100 warmup steps, 10 epochs); flags win")
     p.add_argument("--out", "--output_dir", required=True, help="run directory")
     p.add_argument("--stages", default=",".join(STAGES), help="comma list of stages to run")
     p.add_argument("--resume", action="store_true", help="continue the run in --out (same settings)")
@@ -99,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                 g.add_argument(f"--no_{name}", dest=name, action="store_false", help=f"do not {_HELP[name]}")
             elif name == "target_layer_ids":
                 g.add_argument(f"--{name}", type=int, nargs="+", default=None, help=_HELP[name])
+            elif name == "warmup_steps":
+                g.add_argument(f"--{name}", type=int, default=None, help=_HELP[name])
             else:
                 conv = float if "float" in kind else int if "int" in kind else str
                 g.add_argument(f"--{name}", type=conv, default=f.default, help=_HELP[name], choices=_CHOICES.get(name))
@@ -110,7 +128,12 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 
 def config_from_args(argv: list[str] | None) -> TrainConfig:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     ns = vars(build_parser().parse_args(argv))
+    given = {a.split("=", 1)[0][2:] for a in argv if a.startswith("--")}
+    for name, value in PRESETS[ns["preset"]].items():  # a flag on the command line wins over the preset
+        if name not in given:
+            ns[name] = value
     ns["progress"] = not ns.pop("quiet")
     ns["stages"] = tuple(s.strip() for s in ns["stages"].split(",") if s.strip())
     if ns["target_layer_ids"] is not None:
@@ -136,7 +159,8 @@ def _start(cfg: TrainConfig) -> None:
         if not cfg.resume:
             raise DFlashError("--out", f"{out} holds a previous dflash-train run", "pass --resume, or a new --out")
         cfg.check_resume(saved)
-    elif out.is_dir() and any(out.iterdir()):
+    elif out.is_dir() and any(p.name != "data" for p in out.iterdir()):
+        # data/ alone is allowed: regenerated data copied from another run, trained here with other settings
         raise DFlashError("--out", f"{out} is not empty and holds no dflash-train run", "pass a new or empty folder")
     out.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
@@ -156,7 +180,10 @@ def run(cfg: TrainConfig, log=print) -> dict:
             if regenerate.is_done(cfg):
                 log(f"regenerate: done earlier ({regenerate.data_dir(cfg) / regenerate.DONE_FILE})")
             else:
-                regenerate.run(cfg, target_dir, log)
+                sections["regenerate"] = regenerate.run(cfg, target_dir, log)
+        if not regenerate.is_done(cfg) and not {"train", "export"} & set(cfg.stages):
+            sections["status"] = "ok: regenerate continues in a later call (--resume)"
+            return sections
         if not regenerate.is_done(cfg):
             raise DFlashError("training data", f"stage regenerate has not finished in {out}",
                               "run with --stages regenerate (it resumes where it stopped)")
@@ -182,7 +209,7 @@ def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log) -
     from .checkpoints import hf
     from .training import batches, checkpoint, loop, mask_token, modelopt_model, regenerate
 
-    rows = regenerate.read_rows(regenerate.data_dir(cfg) / regenerate.DATA_FILE)
+    rows = regenerate.load_rows(cfg)
     tokenizer = load_tokenizer(target_dir)
     mask, why = mask_token.choose(tokenizer, hf.read_config(target_dir)["vocab_size"], cfg.mask_token_id)
     data, counts = batches.examples(rows, cfg.max_seq_len)
@@ -203,6 +230,9 @@ def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log) -
         stream = batches.BatchStream(data, cfg.batch_size, cfg.block_size, cfg.seed)
         max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(data) / cfg.batch_size))
         sections["train"] = loop.run(cfg, model, stream, max_steps, log)
+        if sections["train"]["paused"]:
+            log("export: skipped, training is not finished (continue with --resume)")
+            return
     else:
         checkpoint.load(cfg.out_dir, model.dflash_module, None)
     if "export" not in cfg.stages:

@@ -3,12 +3,16 @@
 
   settings        TrainConfig: every flag, with the paper's defaults
   prompts         prompt sources (ShareGPT first turns, a JSONL file) minus anything in the evaluation sets
+  corpus          the prompt set at scale (every ShareGPT turn + code tasks from real code) as sharded files
+  decontaminate   n-gram near-copy detection against HumanEval / MT-Bench
   mask_token      which token id fills the block's unknown slots, and why
-  regenerate      stage 1: the target answers every prompt with our runtime -> ``data/regenerated.jsonl``
+  regenerate      stage 1: the target answers every prompt with our runtime -> ``data/regenerated.jsonl``, or
+                  shard by shard with a manifest (a corpus folder), resumable across time-limited calls
   batches         that JSONL -> padded, deterministic, resumable training batches
   modelopt_model  the HF target converted by ModelOpt into a DFlash training model (``mtsp.convert``)
   loop            stage 2: AdamW + warmup/cosine + grad clip, bf16 autocast on CUDA, loss CSV
-  checkpoint      pickle-free training checkpoints (weights, AdamW moments, RNG), swapped in atomically
+  checkpoint      pickle-free training checkpoints (weights, AdamW moments, RNG) in < 16 MB files, swapped in atomically
+  carry           a run's shards and checkpoint packed into few bounded files and back (GPU host <-> keeper)
   export          stage 3: ModelOpt export -> canonical z-lab drafter, then checks that our runtime agrees
-  report          loss curve PNG and report.json
+  report          report.json and the scaling curve PNG (loss, accuracy, tau against training tokens)
 """

@@ -8,10 +8,20 @@ Consumes: prompt sources (``prompts.py``). Produces ``<out>/data/regenerated.jso
 and ``<out>/data/regenerate.json`` (settings and counts) when the stage is complete. Rows are appended as requests
 finish, so an interrupted run resumes where it stopped: ids already in the file are skipped (a torn last line is
 cut off first). The response keeps the target's stop token, so the drafter learns to propose it.
+
+With ``--data CORPUS_DIR`` (``corpus.py``) the work goes shard by shard instead: prompt shard ``prompts-K`` becomes
+``<out>/data/shards/regen-K.jsonl.gz`` (written whole, then renamed into place), recorded in
+``<out>/data/manifest.json`` with its sha256 and token counts. Each shard runs on an idle engine and its rows are
+written in prompt order, so a shard's bytes do not depend on which call produced it: a run cut off by
+``--regen_time_budget_s`` (no new shard starts once the budget would be passed) and resumed later gives the same
+data as an uncut run. ``--num_prompts`` takes whole shards, in order, until it is reached.
 """
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,10 +29,11 @@ from pathlib import Path
 from ..config import RuntimeConfig, SamplingParams
 from ..data import apply_chat_template
 from ..errors import DFlashError
-from . import prompts
+from . import corpus, prompts
 from .settings import TrainConfig
 
 DATA_FILE, DONE_FILE = "regenerated.jsonl", "regenerate.json"
+MANIFEST, SHARD_DIR = "manifest.json", "shards"
 
 
 def data_dir(cfg: TrainConfig) -> Path:
@@ -35,6 +46,8 @@ def is_done(cfg: TrainConfig) -> bool:
 
 def run(cfg: TrainConfig, target_dir: Path, log=print) -> dict:
     """Regenerate (or finish regenerating) the training data; returns the stage's counts."""
+    if corpus.is_corpus(cfg.data):
+        return run_shards(cfg, target_dir, log)
     from tqdm import tqdm
 
     from ..runtime.engine import Engine
@@ -156,3 +169,135 @@ def _settings(cfg: TrainConfig) -> dict:
     keys = ("target", "data", "num_prompts", "max_prompt_len", "max_new_tokens", "regen_temperature", "seed",
             "exclude_eval", "regen_time_budget_s")
     return {k: getattr(cfg, k) for k in keys}
+
+
+# --------------------------------------------------------------------------- shard mode (--data CORPUS_DIR)
+def planned_shards(cfg: TrainConfig, manifest: dict) -> list[dict]:
+    """The corpus shards this run answers: in order, until ``num_prompts`` prompts are covered."""
+    out, n = [], 0
+    for shard in manifest["shards"]:
+        if n >= cfg.num_prompts:
+            break
+        out.append(shard)
+        n += shard["prompts"]
+    return out
+
+
+def read_manifest(cfg: TrainConfig) -> dict:
+    path = data_dir(cfg) / MANIFEST
+    return json.loads(path.read_text()) if path.is_file() else {"shards": {}}
+
+
+def run_shards(cfg: TrainConfig, target_dir: Path, log=print) -> dict:
+    """Answer the pending prompt shards of the corpus in ``cfg.data`` until done or out of time budget."""
+    from ..runtime.engine import Engine
+
+    out = data_dir(cfg)
+    (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    source = corpus.load_manifest(cfg.data)
+    plan = planned_shards(cfg, source)
+    done = read_manifest(cfg)
+    done["corpus"] = {"path": str(Path(cfg.data).absolute()), "settings": source["settings"],
+                      "manifest_counts": source["counts"]}
+    done["settings"] = _settings(cfg)
+    for name, entry in done["shards"].items():
+        want = next((s["sha256"] for s in source["shards"] if s["name"] == name), None)
+        if entry["prompt_sha256"] != want:
+            raise DFlashError("--data", f"prompt shard {name} differs from the one {out / MANIFEST} was made from",
+                              "resume with the same corpus, or start a new --out")
+    todo = [s for s in plan if s["name"] not in done["shards"]]
+    log(f"regenerate: {len(todo)} of {len(plan)} shards to answer ({len(plan) - len(todo)} done earlier) from "
+        f"{cfg.data}")
+    t0, spent, budget_hit = time.perf_counter(), [], False
+    engine = None
+    for shard in todo:
+        elapsed = time.perf_counter() - t0
+        # A shard is never cut: start one only if the mean shard time of this call still fits in the budget.
+        if cfg.regen_time_budget_s and spent and elapsed + sum(spent) / len(spent) > cfg.regen_time_budget_s:
+            budget_hit = True
+            break
+        if engine is None:
+            engine = Engine.from_dirs(target_dir, None, RuntimeConfig(
+                block_size=1, max_batch_size=cfg.regen_batch_size,
+                max_seq_len=cfg.max_prompt_len + cfg.max_new_tokens + 2, device=cfg.device))
+        ts = time.perf_counter()
+        entry = _answer_shard(cfg, engine, shard, out)
+        entry["elapsed_s"] = round(time.perf_counter() - ts, 2)
+        spent.append(entry["elapsed_s"])
+        done["shards"][shard["name"]] = entry
+        corpus.write_json(out / MANIFEST, done)
+        log(f"regenerate: {shard['name']} -> {entry['file']} ({entry['rows']} rows, {entry['response_tokens']} "
+            f"response tokens, {entry['response_tokens'] / max(entry['elapsed_s'], 1e-9):.0f} tok/s)")
+    left = [s["name"] for s in plan if s["name"] not in done["shards"]]
+    entries = [done["shards"][s["name"]] for s in plan if s["name"] in done["shards"]]
+    counts = {"shards_done": len(entries), "shards_planned": len(plan), "shards_left": len(left),
+              "time_budget_hit": budget_hit, "elapsed_s": round(time.perf_counter() - t0, 1),
+              "device": str(engine.device) if engine is not None else None,
+              **{k: sum(e[k] for e in entries) for k in ("rows", "too_long", "prompt_tokens", "response_tokens")}}
+    counts["new_tokens_per_s"] = round(sum(done["shards"][s["name"]]["response_tokens"] for s in todo
+                                           if s["name"] in done["shards"]) / max(sum(spent), 1e-9), 1)
+    log(f"regenerate: {counts['shards_done']}/{counts['shards_planned']} shards, {counts['rows']} rows, "
+        f"{counts['response_tokens']} response tokens" + (f"; {len(left)} shards left for a later call" if left
+                                                          else ""))
+    if not left:
+        if counts["rows"] == 0:
+            raise DFlashError("--data", "no prompt was regenerated", "check --num_prompts and --max_prompt_len")
+        (out / DONE_FILE).write_text(json.dumps({"settings": _settings(cfg), "counts": counts}, indent=2) + "\n")
+    return counts
+
+
+def _answer_shard(cfg: TrainConfig, engine, shard: dict, out: Path) -> dict:
+    """Answer every prompt of one shard on an idle engine; write its rows in prompt order, atomically."""
+    rows = corpus.read_shard(cfg.data, shard)
+    todo, too_long = [], 0
+    for i, r in enumerate(rows):
+        ids = _prompt_ids(prompts.Source(r["id"], messages=tuple(r["messages"])), engine)
+        if len(ids) > cfg.max_prompt_len:
+            too_long += 1
+            continue
+        t = float(r.get("temperature", cfg.regen_temperature))
+        seed = int(hashlib.sha256(f"{cfg.seed}:{r['id']}".encode()).hexdigest()[:8], 16)
+        todo.append((i, r["id"], ids, SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=t, seed=seed)))
+    results: dict[int, dict] = {}
+    pending, active = list(reversed(todo)), {}
+    while pending or active:
+        while pending and len(active) < 2 * cfg.regen_batch_size:
+            i, pid, ids, params = pending.pop()
+            active[engine.add_request(ids, params).request_id] = (i, pid, params.temperature)
+        for req in engine.step():
+            i, pid, temp = active.pop(req.request_id)
+            results[i] = {"id": pid, "prompt_len": len(req.prompt_ids), "input_ids": req.prompt_ids + req.output_ids,
+                          "finish_reason": req.finish_reason, "temperature": temp}
+    name = "regen-" + shard["name"].removeprefix("prompts-")
+    path = out / SHARD_DIR / name
+    corpus.write_gz(path, [results[i] for i in sorted(results)])
+    reasons: dict[str, int] = {}
+    for r in results.values():
+        reasons[r["finish_reason"]] = reasons.get(r["finish_reason"], 0) + 1
+    return {"file": f"{SHARD_DIR}/{name}", "sha256": corpus.sha256(path), "bytes": path.stat().st_size,
+            "prompt_shard": shard["name"], "prompt_sha256": shard["sha256"], "rows": len(results),
+            "too_long": too_long, "prompt_tokens": sum(r["prompt_len"] for r in results.values()),
+            "response_tokens": sum(len(r["input_ids"]) - r["prompt_len"] for r in results.values()),
+            "finish_reasons": reasons}
+
+
+def load_rows(cfg: TrainConfig) -> list[dict]:
+    """The training rows of a finished regenerate stage (either mode), each with its ``loss_mask``."""
+    if not corpus.is_corpus(cfg.data):
+        return read_rows(data_dir(cfg) / DATA_FILE)
+    manifest, rows = read_manifest(cfg), []
+    for shard in planned_shards(cfg, corpus.load_manifest(cfg.data)):
+        entry = manifest["shards"].get(shard["name"])
+        path = data_dir(cfg) / entry["file"] if entry else None
+        if path is None or not path.is_file():
+            raise DFlashError("training data", f"regenerated shard for {shard['name']} is missing in "
+                              f"{data_dir(cfg) / SHARD_DIR}", "copy the shards back, or run --stages regenerate")
+        if corpus.sha256(path) != entry["sha256"]:
+            raise DFlashError("training data", f"{path} does not match its sha256 in {MANIFEST}", "copy it again")
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                r = json.loads(line)
+                r["loss_mask"] = [0] * r["prompt_len"] + [1] * (len(r["input_ids"]) - r["prompt_len"])
+                rows.append(r)
+    return rows
+

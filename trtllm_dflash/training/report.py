@@ -1,8 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """The run's record: ``<out>/report.json`` (settings, data counts, training, export checks, versions) and
-``<out>/loss.png`` (loss and accuracy against step, from loss.csv)."""
+``<out>/loss.png``: the scaling curve, loss and draft accuracy (from loss.csv) and acceptance length tau (from
+tau.csv) against the response tokens trained on.
+
+tau.csv gets one row per evaluated checkpoint: ``python -m trtllm_dflash.training.report RUN --add_tau
+ACCEPTANCE.json`` reads ``humaneval`` / ``mtbench`` -> ``tau_greedy`` / ``tau_t1`` from a benchmarks/acceptance.py
+result and files them under the run's current step and token count (from its checkpoint)."""
 from __future__ import annotations
 
+import csv
 import json
 import platform
 import sys
@@ -13,7 +19,8 @@ from .. import __version__
 from .loop import CSV_FILE, read_csv
 from .modelopt_model import versions
 
-REPORT_FILE, PLOT_FILE = "report.json", "loss.png"
+REPORT_FILE, PLOT_FILE, TAU_FILE = "report.json", "loss.png", "tau.csv"
+TAU_COLUMNS = ("step", "tokens", "humaneval_tau_greedy", "humaneval_tau_t1", "mtbench_tau_greedy", "mtbench_tau_t1")
 
 
 def plot(out: Path, title: str) -> str | None:
@@ -30,21 +37,63 @@ def plot(out: Path, title: str) -> str | None:
     matplotlib.use("Agg")  # files only; never a display
     import matplotlib.pyplot as plt
 
-    steps = [r["step"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    ax.plot(steps, [r["loss"] for r in rows], color="tab:blue", label="loss")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (decay-weighted)", color="tab:blue")
-    acc = ax.twinx()
-    acc.plot(steps, [r["acc"] for r in rows], color="tab:orange", label="draft accuracy")
-    acc.set_ylabel("draft top-1 accuracy", color="tab:orange")
-    acc.set_ylim(0, 1)
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
+    by_tokens = all("tokens" in r for r in rows)
+    x_of = (lambda r: r["tokens"] / 1e6) if by_tokens else (lambda r: r["step"])
+    taus = read_tau(out)
+    fig, axes = plt.subplots(1, 3 if taus else 2, figsize=(12 if taus else 9, 3.8), dpi=120)
+    xs = [x_of(r) for r in rows]
+    axes[0].plot(xs, [r["loss"] for r in rows], color="tab:blue")
+    axes[0].set_ylabel("loss (decay-weighted)")
+    axes[0].set_yscale("log")
+    axes[1].plot(xs, [r["acc"] for r in rows], color="tab:orange")
+    axes[1].set_ylabel("draft top-1 accuracy (training)")
+    axes[1].set_ylim(0, 1)
+    if taus:
+        tx = [x_of(t) for t in taus]
+        for key, style in (("humaneval_tau_greedy", "o-"), ("mtbench_tau_greedy", "s-"),
+                           ("humaneval_tau_t1", "o--"), ("mtbench_tau_t1", "s--")):
+            pts = [(x, t[key]) for x, t in zip(tx, taus) if key in t]
+            if pts:
+                axes[2].plot(*zip(*pts), style, label=key.replace("_tau_", " ").replace("t1", "T=1"))
+        axes[2].set_ylabel("acceptance length tau")
+        axes[2].legend(fontsize=7)
+    for ax in axes:
+        ax.set_xlabel("response tokens trained on (M)" if by_tokens else "optimizer step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(out / PLOT_FILE)
     plt.close(fig)
     return PLOT_FILE
+
+
+def read_tau(out: Path) -> list[dict]:
+    path = out / TAU_FILE
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return [{k: float(v) for k, v in r.items() if v not in (None, "")} for r in csv.DictReader(f)]
+
+
+def add_tau(out: Path, acceptance: dict) -> dict:
+    """Append the tau figures of an acceptance result under the run's checkpoint step and token count."""
+    state = out / "checkpoint" / "state.json"
+    if not state.is_file():
+        from ..errors import DFlashError
+        raise DFlashError("run_dir", f"{out} has no checkpoint/state.json", "pass a dflash-train --out folder")
+    meta = json.loads(state.read_text())
+    row = {"step": meta["step"], "tokens": meta.get("tokens", 0)}
+    for ds in ("humaneval", "mtbench"):
+        for key in ("tau_greedy", "tau_t1"):
+            if ds in acceptance and key in acceptance[ds]:
+                row[f"{ds}_{key}"] = acceptance[ds][key]
+    rows = [r for r in read_tau(out) if r["step"] != row["step"]] + [row]
+    with open(out / TAU_FILE, "w", newline="") as f:
+        w = csv.DictWriter(f, TAU_COLUMNS)
+        w.writeheader()
+        for r in sorted(rows, key=lambda r: r["step"]):
+            w.writerow({k: (int(r[k]) if k in ("step", "tokens") else r[k]) for k in TAU_COLUMNS if k in r})
+    return row
 
 
 def title(settings: dict) -> str:
@@ -80,12 +129,18 @@ def write(out: Path, sections: dict) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Redraw loss.png from loss.csv (e.g. on a machine with matplotlib, after a GPU run on one without)."""
+    """Redraw loss.png (the scaling curve) from loss.csv and tau.csv, e.g. on a machine with matplotlib after a
+    GPU run on one without; --add_tau first files an acceptance result under the run's current checkpoint."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m trtllm_dflash.training.report", description=main.__doc__)
     p.add_argument("run_dir", help="a dflash-train --out folder")
-    out = Path(p.parse_args(argv).run_dir)
+    p.add_argument("--add_tau", metavar="ACCEPTANCE_JSON", help="a benchmarks/acceptance.py result of this run's "
+                   "drafter at its current checkpoint")
+    args = p.parse_args(argv)
+    out = Path(args.run_dir)
+    if args.add_tau:
+        print(json.dumps(add_tau(out, json.loads(Path(args.add_tau).read_text()))))
     cfg = json.loads((out / "train_config.json").read_text())
     png = plot(out, title(cfg))
     if png is None:
