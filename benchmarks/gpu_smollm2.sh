@@ -7,15 +7,6 @@
 #   regen   the target answers ShareGPT prompts (.carry/w3/sharegpt_prompts.jsonl) -> $OUT/regenerated.tgz
 #   train   ModelOpt training + export -> the drafter as two safetensors shards + index, train_reports.tgz
 #   eval    benchmarks/acceptance.py (HumanEval, MT-Bench; dflash reference cross-check) -> acceptance_smollm2.*
-# The 10x drafter (issue #15; benchmarks/TRAINING_PLAN.md): a corpus built on the CPU side
-# (python -m trtllm_dflash.training.corpus) in .carry/corpus, the run kept on the host in .carry/bigrun while warm:
-#   stash        .carry/in (files packed by trtllm_dflash.training.carry) -> .carry/bigrun, sha256-checked
-#   regen_shards answer corpus shards for REGEN_S s (default 480) -> $OUT/regen-part*.tar + manifest.json
-#   train_big    train for TRAIN_S s (default 420) from the last checkpoint (export once finished) -> loss.csv,
-#                report.json, checkpoint part 0 (state.json + 6 shard files); loss.png when matplotlib is there
-#   ckpt_pull    PART=k: the checkpoint's part k (state.json + 6 shard files)
-#   eval_big     acceptance.py on the exported drafter -> acceptance_big.json
-#   SMOKE=1      the same commands on CPU with a tiny corpus/run: seconds to minutes, no GPU (the CPU check)
 #   sweep   AR vs DFlash dflash-sweep, concurrency 1..64 -> sweep_smollm2_h100.jsonl
 #   quant   ModelOpt FP8 build on the GPU + benchmarks/quant_report.py (weight-only vs fp8_gemm) -> quant_*.json
 #   gputests  pytest -m gpu (every gpu-marked module; the real SmolLM2 from prep's cache) -> gpu_tests_h100.json
@@ -40,6 +31,15 @@
 #             (cd .carry/soakw1 && sha256sum *.tar.xz > SHA256SUMS)
 #   .carry/w1 w2 w3  wheels (ModelOpt stack, transformers 5.14.1, tokenizers 0.22.2, gguf, data packages);
 #           .carry/wlead: gguf alone, enough for prep + inference stages on the host's transformers 5.17
+# The 10x drafter (issue #15; benchmarks/TRAINING_PLAN.md): a corpus built on the CPU side
+# (python -m trtllm_dflash.training.corpus) in .carry/corpus, the run kept on the host in .carry/bigrun while warm:
+#   stash        .carry/in (files packed by trtllm_dflash.training.carry) -> .carry/bigrun, sha256-checked
+#   regen_shards answer corpus shards for REGEN_S s (default 480) -> $OUT/regen-part*.tar + manifest.json
+#   train_big    train for TRAIN_S s (default 420) from the last checkpoint (export once finished) -> loss.csv,
+#                report.json, checkpoint part 0 (state.json + 5 shard files); loss.png when matplotlib is there
+#   ckpt_pull    PART=k: the checkpoint's part k (state.json + 5 shard files)
+#   eval_big     acceptance.py on the exported drafter -> acceptance_big.json, tau.csv, the drafter in 2 shards
+#   SMOKE=1      the same commands on CPU with a tiny corpus/run: seconds to minutes, no GPU (the CPU check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|quant|gputests|cudacheck|soak|stash|regen_shards|train_big|ckpt_pull|eval_big}
@@ -54,6 +54,7 @@ export PYTHONPATH=$SITE:$PWD TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$PWD/.ca
   PYTHON=${PYTHON:-python3}
 RUN=$PWD/.carry/run
 OUT=${OUT:-/tmp}
+mkdir -p "$OUT"
 LOG=$OUT/$STAGE.log
 TRAIN=(env DATA="$PWD/.carry/w3/sharegpt_prompts.jsonl" bash benchmarks/train_smollm2_gpu.sh "$RUN")
 BIG=(env CORPUS="${CORPUS:-$PWD/.carry/corpus}" bash benchmarks/train_smollm2_gpu.sh "${BIG_RUN:-$PWD/.carry/bigrun}")

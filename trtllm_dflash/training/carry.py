@@ -75,7 +75,8 @@ def pack_ckpt(run: Path, part: int, out: Path, max_files: int = MAX_FILES - 1) -
     per = max_files
     parts = max(1, math.ceil(len(files) / per))
     if not 0 <= part < parts:
-        raise DFlashError("--part", f"{part} is out of range: this checkpoint comes in {parts} parts", f"use 0..{parts - 1}")
+        raise DFlashError("--part", f"{part} is out of range: this checkpoint comes in {parts} parts",
+                          f"use 0..{parts - 1}")
     out.mkdir(parents=True, exist_ok=True)
     written = [Path(shutil.copy(folder / "state.json", out / "state.json"))]
     written += [Path(shutil.copy(folder / f, out / f)) for f in files[part * per:(part + 1) * per]]

@@ -184,7 +184,7 @@ def _signature(fn: ast.FunctionDef, src: str) -> str:
 class CorpusSettings:
     target: str = "smollm2-135m"        # whose tokenizer and chat template measure prompt length
     max_prompt_len: int = 512
-    code_per_package: int = 400
+    code_per_package: int = 150
     shard_size: int = 1000
     sampled_share: float = 1 / 3        # share of prompts answered with sampling (the rest greedy)
     sampled_temperature: float = 1.0
@@ -202,8 +202,10 @@ class CorpusSettings:
 
 
 def build(out: Path, s: CorpusSettings, *, items: list[Item] | None = None, tokenizer=None,
-          decontaminator: Decontaminator | None = None, progress: bool = True, log=print) -> dict:
-    """Write the shards and manifest into ``out`` (new or empty); returns the manifest."""
+          decontaminator: Decontaminator | None = None, provenance: dict | None = None, progress: bool = True,
+          log=print) -> dict:
+    """Write the shards and manifest into ``out`` (new or empty); returns the manifest. ``provenance`` (the
+    command line passes ``provenance.record()``) goes into the manifest as it is."""
     out = Path(out)
     if out.is_dir() and any(out.iterdir()):
         raise DFlashError("--out", f"{out} is not empty", "pass a new folder (a corpus is written once)")
@@ -249,11 +251,8 @@ def build(out: Path, s: CorpusSettings, *, items: list[Item] | None = None, toke
     counts.update(f"kept_{it.source}" for it in fitted)
     counts["kept"] = len(fitted)
     counts["sampled"] = sum(it.temperature > 0 for it in fitted)
-    from ..versions import installed
     manifest = {"format": FORMAT, "settings": {**s.__dict__, "sources": list(s.sources)}, "counts": dict(counts),
-                "eval_copies": excluded, "versions": {"python": sys.version.split()[0],
-                                                      **installed("transformers", "torch", "numpy")},
-                "shards": shards}
+                "eval_copies": excluded, "provenance": provenance, "shards": shards}
     write_json(out / MANIFEST, manifest)
     log(f"corpus: {len(fitted)} prompts in {len(shards)} shards under {out} "
         f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
@@ -402,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     s = CorpusSettings(a.target, a.max_prompt_len, a.code_per_package, a.shard_size, a.sampled_share,
                        a.sampled_temperature, a.seed, tuple(a.sources))
-    build(Path(a.out), s, progress=not a.quiet)
+    from ..provenance import record
+    build(Path(a.out), s, provenance=record(), progress=not a.quiet)
     return 0
 
 
