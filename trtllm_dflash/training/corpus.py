@@ -28,6 +28,7 @@ import ast
 import gzip
 import hashlib
 import json
+import multiprocessing
 import os
 import random
 import sys
@@ -108,27 +109,40 @@ def code_items(roots: dict[str, Path], per_package: int, seed: int, progress: bo
             # each stdlib module or package counts as a package of its own (json, asyncio, email, ...)
             pkg = f"stdlib.{rel.parts[0].removesuffix('.py')}" if label == "stdlib" else rel.parts[0]
             by_pkg.setdefault(pkg, []).append(path)
+    jobs = [(pkg, by_pkg[pkg], roots, per_package, seed) for pkg in sorted(by_pkg)]
     out = []
-    for pkg in tqdm(sorted(by_pkg), desc="code prompts", unit="package", disable=not progress, file=sys.stderr):
-        funcs, rng = [], random.Random(f"{seed}:{pkg}")
-        # Files in a seeded order, parsed until there is twice the quota to pick from: a big package (torch:
-        # thousands of files) costs about as much as a small one.
-        for path in rng.sample(by_pkg[pkg], len(by_pkg[pkg])):
-            if len(funcs) >= 2 * per_package:
-                break
-            if path.stat().st_size > 400_000:
-                continue
-            try:
-                src = path.read_text(encoding="utf-8")
-                tree = ast.parse(src)
-            except (SyntaxError, UnicodeDecodeError, ValueError):
-                continue
-            module = ".".join(path.relative_to(_root_of(path, roots)).with_suffix("").parts)
-            funcs += [(module, q, f, src) for q, f in _documented_functions(tree)]
-        for module, qual, fn, src in rng.sample(funcs, min(per_package, len(funcs))):
-            pid = f"code/{module}:{qual}"
-            shape = _SHAPES[int(hashlib.sha256(pid.encode()).hexdigest(), 16) % len(_SHAPES)]
-            out.append(Item(f"{pid}/{shape}", "code", ({"role": "user", "content": _task(shape, fn, src)},)))
+    # Two worker processes: parsing is the cost (minutes on 2 cores); results come back in package order.
+    if len(jobs) < 8:  # not worth two interpreters
+        return [it for job in jobs for it in _package_items(job)]
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        for items in tqdm(pool.imap(_package_items, jobs), total=len(jobs), desc="code prompts", unit="package",
+                          disable=not progress, file=sys.stderr):
+            out += items
+    return out
+
+
+def _package_items(job) -> list[Item]:
+    pkg, paths, roots, per_package, seed = job
+    funcs, rng = [], random.Random(f"{seed}:{pkg}")
+    # Files in a seeded order, parsed until the quota is met: a big package (torch: thousands of files) costs
+    # about as much as a small one, and the functions taken are still a seeded sample of the package.
+    for path in rng.sample(paths, len(paths)):
+        if len(funcs) >= per_package:
+            break
+        if path.stat().st_size > 200_000:
+            continue
+        try:
+            src = path.read_text(encoding="utf-8")
+            tree = ast.parse(src)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        module = ".".join(path.relative_to(_root_of(path, roots)).with_suffix("").parts)
+        funcs += [(module, q, f, src) for q, f in _documented_functions(tree)]
+    out = []
+    for module, qual, fn, src in funcs[:per_package]:
+        pid = f"code/{module}:{qual}"
+        shape = _SHAPES[int(hashlib.sha256(pid.encode()).hexdigest(), 16) % len(_SHAPES)]
+        out.append(Item(f"{pid}/{shape}", "code", ({"role": "user", "content": _task(shape, fn, src)},)))
     return out
 
 
