@@ -36,8 +36,8 @@
 #   stash        .carry/in (files packed by trtllm_dflash.training.carry) -> .carry/bigrun, sha256-checked
 #   regen_shards answer corpus shards for REGEN_S s (default 480) -> $OUT/regen-part*.tar + manifest.json
 #   train_big    train for TRAIN_S s (default 420) from the last checkpoint (export once finished) -> loss.csv,
-#                report.json, checkpoint part 0 (state.json + 5 shard files); loss.png when matplotlib is there
-#   ckpt_pull    PART=k: the checkpoint's part k (state.json + 5 shard files)
+#                report.json, checkpoint part 0 (state.json + 4 shard files); loss.png when matplotlib is there
+#   ckpt_pull    PART=k: the checkpoint's part k (state.json + 4 shard files)
 #   eval_big     acceptance.py on the exported drafter -> acceptance_big.json, tau.csv, the drafter in 2 shards
 #   SMOKE=1      the same commands on CPU with a tiny corpus/run: seconds to minutes, no GPU (the CPU check)
 set -euo pipefail

@@ -69,9 +69,9 @@ if [[ $MODE == --big ]]; then
     train_big)     # TRAIN_S of training from the last checkpoint; export once the schedule is done
       "${DFT[@]}" --stages train,export --stop_after_s "${TRAIN_S:-420}"
       tar czf "$BACK/train_log.tgz" -C "$OUT" report.json loss.csv $(cd "$OUT" && ls loss.png tau.csv 2>/dev/null)
-      "${CARRY[@]}" ckpt --run "$OUT" --part 0 --max_files 5 --out "$BACK" ;;
-    ckpt_pull)     # the rest of the checkpoint, PART=1, 2, ... (5 shard files each) while the host is warm
-      "${CARRY[@]}" ckpt --run "$OUT" --part "${PART:?set PART}" --max_files 5 --out "$BACK" ;;
+      "${CARRY[@]}" ckpt --run "$OUT" --part 0 --max_files 4 --out "$BACK" ;;
+    ckpt_pull)     # the rest of the checkpoint while the host is warm: PART=1, 2, ... (4 shard files each)
+      "${CARRY[@]}" ckpt --run "$OUT" --part "${PART:?set PART}" --max_files 4 --out "$BACK" ;;
     eval_big)      # acceptance of the exported drafter; its tau joins tau.csv (the scaling curve)
       "$PY" benchmarks/acceptance.py --target smollm2-135m --drafter "$OUT/drafter" --out "$BACK/acceptance_big.json" \
         "${EVAL[@]}"
