@@ -31,10 +31,12 @@ MAX_TOKENS = 24
 
 def test_build_cmd_for_both_binaries(tmp_path):
     pytriton = TritonBinary("/sp/tritonserver", "nvidia-pytriton", "/cache/backends", {"PATH": "/venv/bin"})
-    cmd = server.build_cmd(pytriton, tmp_path, "127.0.0.1", 18000, 18001, 18002, 7, ["--log-verbose=1"])
+    cmd = server.build_cmd(pytriton, tmp_path, "127.0.0.1", 18000, 18001, 18002, 7, ["--log-verbose=1"], "k3y")
     assert cmd == ["/sp/tritonserver", f"--model-repository={tmp_path.resolve()}", "--backend-directory=/cache/backends",
                    "--http-address=127.0.0.1", "--http-port=18000", "--grpc-address=127.0.0.1", "--grpc-port=18001",
                    "--metrics-address=127.0.0.1", "--metrics-port=18002", "--exit-timeout-secs=7",
+                   "--http-restricted-api=shared-memory,model-repository,trace,logging:dflash-admin-key=k3y",
+                   "--grpc-restricted-protocol=shared-memory,model-repository,trace,logging:dflash-admin-key=k3y",
                    "--allow-gpu-metrics=false", "--log-verbose=1"]
     ngc = server.build_cmd(TritonBinary("/opt/tritonserver/bin/tritonserver", "PATH"), tmp_path, "0.0.0.0", 1, 2, 3)
     assert not any(a.startswith(("--backend-directory", "--allow-gpu-metrics")) for a in ngc)
@@ -367,3 +369,255 @@ def test_readme_examples(tiny_server):
         if module is not None:
             import shlex
             module.parse_args(shlex.split(line)[1:])
+
+
+# ---- shutdown: SIGTERM / SIGKILL with streams in flight (#19 finding 2) ------------------------------
+
+def _tritonserver_pid(serve_pid: int) -> int:
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                cmd = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat[1]) == serve_pid and b"tritonserver" in cmd:
+                return int(proc.name)
+    raise AssertionError("no tritonserver child")
+
+
+def _group_gone(pgid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _streams_in_flight(srv, n: int) -> tuple[dict, list[threading.Thread], threading.Event]:
+    """n streaming requests (half gRPC, half HTTP SSE) that run long; each one's outcome lands in the dict:
+    ("final", finish_reason) or ("error", message), with the time it came."""
+    outcomes: dict[int, tuple] = {}
+    started = threading.Event()
+
+    def one(i):
+        protocol, url = ("grpc", srv.grpc) if i % 2 else ("http", srv.http)
+        inputs = client.build_inputs("Tell me a long story", True, max_tokens=240, ignore_eos=True)
+        last = {}
+        try:
+            for last in client.generate(url, inputs, protocol, timeout=60):
+                started.set()
+            outcomes[i] = ("final", last.get("finish_reason"), time.monotonic())
+        except DFlashError as err:
+            outcomes[i] = ("error", str(err), time.monotonic())
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    return outcomes, threads, started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_stop_with_streams_in_flight_answers_every_client_and_leaves_nothing(tiny_deployment, tmp_path, sig):
+    # SIGTERM used to crash or hang tritonserver (clients hung, dflash-serve waited for ever); SIGKILL of
+    # dflash-serve left tritonserver and its stub running and shared memory in /dev/shm.
+    srv = start_server(tiny_deployment, tmp_path / "dflash-serve.log")
+    try:
+        pgid = _tritonserver_pid(srv.proc.pid)
+        regions = server.shm_regions(pgid)
+        assert regions, "the python backend's shared memory was not found"
+        outcomes, threads, started = _streams_in_flight(srv, 16)
+        assert started.wait(30), "no stream started"
+        time.sleep(0.5)       # the other requests reach the model
+        t0 = time.monotonic()
+        srv.proc.send_signal(getattr(signal, sig))
+        for t in threads:
+            t.join(max(0.1, t0 + 10 - time.monotonic()))
+        assert sorted(outcomes) == list(range(16)), f"clients without a final response: {srv.log_text()[-3000:]}"
+        # SIGTERM: a stream that had already ended on its own is fine; every other one was told why it ended.
+        # SIGKILL gives tritonserver its SIGTERM at once (the model drains a moment later): a stream may also
+        # end with Triton's own error or a closed connection, which dflash-client reports; none hangs.
+        for kind, detail, when in outcomes.values():
+            assert when - t0 < 10
+            if sig == "SIGTERM":
+                assert (kind, detail) == ("final", "length") or (kind == "error" and "is shutting down" in detail), \
+                    (kind, detail)
+        if sig == "SIGTERM":
+            assert sum(kind == "error" for kind, _, _ in outcomes.values()) >= 8
+        if sig == "SIGTERM":
+            assert srv.proc.wait(timeout=30) == 0, srv.log_text()[-3000:]
+        assert _group_gone(pgid, 30), f"tritonserver or its stub is still running:\n{srv.log_text()[-3000:]}"
+        assert not [r for r in regions if r.exists()], "shared memory left in /dev/shm"
+    finally:
+        srv.stop(10)
+
+
+@pytest.mark.slow
+def test_second_server_on_busy_ports_names_the_port(tiny_server, tiny_deployment):
+    port = tiny_server.http.rsplit(":", 1)[1]
+    run = subprocess.run([sys.executable, "-c", "import sys; from trtllm_dflash.cli import serve_main; "
+                          "sys.exit(serve_main())", str(tiny_deployment), "--http_port", port],
+                         capture_output=True, text=True, timeout=60, env=TEST_ENV)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert f"--http_port: port {port} on 127.0.0.1 is not free" in run.stderr and "pass another --http_port" in run.stderr
+
+
+def test_client_exits_nonzero_on_a_truncated_stream(tmp_path):
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):      # one piece of text, then the connection goes (a server that died mid-stream)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b'data: {"text_output": "Once upon"}\n\n')
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"127.0.0.1:{httpd.server_address[1]}"
+        # (dflash-client turns the DFlashError into one line on stderr and exit code 2)
+        with pytest.raises(DFlashError, match="the stream ended without a final response"):
+            client.main(["hi", "--url", url, "--streaming"])
+    finally:
+        httpd.shutdown()
+
+
+@pytest.mark.slow
+def test_admin_apis_are_restricted(tiny_server):
+    # #19 finding 5: /v2/systemsharedmemory/region/.../register accepted a key naming the python backend's
+    # own region (HTTP 200). dflash-serve restricts shared memory, model loading, trace and logging.
+    shm = next(p for p in Path("/dev/shm").iterdir() if p.name.startswith("triton_python_backend_shm_region"))
+    body = json.dumps({"key": shm.name, "offset": 0, "byte_size": 64}).encode()
+    for path in ("/v2/systemsharedmemory/region/probe/register", "/v2/repository/models/tensorrt_llm/unload",
+                 "/v2/logging"):
+        req = urllib.request.Request(f"http://{tiny_server.http}{path}", data=body)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        assert err.value.code == 403 and "This API is restricted" in err.value.read().decode(), path
+    c = grpcclient.InferenceServerClient(tiny_server.grpc)
+    try:
+        with pytest.raises(Exception, match="restricted"):
+            c.register_system_shared_memory("probe", shm.name, 64)
+        assert c.is_model_ready("tensorrt_llm")
+    finally:
+        c.close()
+
+
+# ---- the server heals itself: a crashed tritonserver, a broken engine (#19 findings 1 and 3) ----------
+
+def _ready(srv) -> int:
+    try:
+        return urllib.request.urlopen(f"http://{srv.http}/v2/health/ready", timeout=2).status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0      # not listening: restarting
+
+
+def _wait_restarted(srv, count: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if srv.log_text().count("dflash-serve: ready in") > count and _ready(srv) == 200:
+            return
+        time.sleep(0.2)
+    pytest.fail("dflash-serve did not restart tritonserver:\n" + srv.log_text()[-3000:])
+
+
+@pytest.mark.slow
+def test_a_crashed_tritonserver_is_restarted_and_its_shared_memory_removed(tiny_deployment, tmp_path):
+    # #19 finding 3: a >= 4 MiB POST with Content-Type application/x-www-form-urlencoded (what `curl -d`
+    # sends) kills Triton 2.51's HTTP front end with SIGSEGV, before any of our code sees it; nothing
+    # restarted it and /dev/shm kept its regions.
+    import http.client
+    srv = start_server(tiny_deployment, tmp_path / "dflash-serve.log")
+    try:
+        regions = server.shm_regions(_tritonserver_pid(srv.proc.pid))
+        host, port = srv.http.split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        body = json.dumps({"text_input": "x" * (4 << 20)}).encode()
+        try:
+            conn.request("POST", "/v2/models/tensorrt_llm/generate", body=body,
+                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+            status = conn.getresponse().status
+        except (ConnectionError, http.client.HTTPException):
+            status = None     # Triton 2.51 died
+        if status is not None:
+            assert status == 400     # a Triton that survives it refuses it
+        else:
+            _wait_restarted(srv, 1)
+            assert "tritonserver exited with code -11 (SIGSEGV) while serving" in srv.log_text()
+            assert not [r for r in regions if r.exists()], "the crashed server's shared memory is left in /dev/shm"
+        ok = client.collect(client.generate_http(srv.http, client.build_inputs("hi", max_tokens=4)))
+        assert ok["finish_reason"] == "length"
+    finally:
+        assert srv.stop() == 0, srv.log_text()[-3000:]
+
+
+_BROKEN_ENGINE_MODEL = '''
+import json
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+from tests.serving.fakes import FakeEngine
+from trtllm_dflash.serving import triton_model
+from trtllm_dflash.serving.backends import TorchBackend
+
+HERE = Path(__file__).resolve().parent
+
+
+class TritonPythonModel:
+    # The real model over an engine whose device is lost: every step raises.
+    @classmethod
+    def auto_complete_config(cls, config):
+        return triton_model.auto_complete(config, HERE / "model.yaml")
+
+    def initialize(self, args):
+        backend = TorchBackend(FakeEngine(fail_at_step=0))
+        self.model = triton_model.DFlashModel(pb_utils, HERE, json.loads(args["model_config"]), backend=backend)
+
+    def execute(self, requests):
+        self.model.execute(requests)
+
+    def finalize(self):
+        self.model.finalize()
+'''
+
+
+@pytest.mark.slow
+def test_a_broken_engine_is_not_ready_and_the_server_restarts(tiny_deployment, tmp_path):
+    # #19 finding 1: once the engine had failed, every request failed while /v2/health/ready said 200.
+    from trtllm_dflash.serving.repo import fill_triton
+    manifest = json.loads((tiny_deployment / "manifest.json").read_text())
+    repo = fill_triton(tiny_deployment, manifest, repo_dir=tmp_path / "repo")
+    (repo / "tensorrt_llm" / "1" / "model.py").write_text(_BROKEN_ENGINE_MODEL)
+    srv = start_server(repo, tmp_path / "dflash-serve.log", "--max_restarts", "1")
+    try:
+        errors = []
+        for _ in range(3):     # three failed steps in a row: the engine is broken
+            with pytest.raises(DFlashError) as err:
+                client.collect(client.generate_http(srv.http, client.build_inputs("hi", max_tokens=4)))
+            errors.append(str(err.value))
+        assert all("engine step failed: RuntimeError: device lost" in e or "engine: is broken" in e for e in errors)
+        deadline = time.monotonic() + 3
+        while _ready(srv) == 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _ready(srv) != 200, "a broken engine still reports ready"
+        _wait_restarted(srv, 1)
+        assert "the model reports engine broken: 3 steps failed in a row" in srv.log_text()
+        for _ in range(3):      # broken again: no restarts left, dflash-serve says so and exits
+            with pytest.raises(DFlashError):
+                client.collect(client.generate_http(srv.http, client.build_inputs("hi", max_tokens=4)))
+        assert srv.proc.wait(timeout=60) == 2
+        assert "tritonserver: stopped serving 2 times (--max_restarts 1)" in srv.log_text()
+    finally:
+        srv.stop(10)

@@ -9,6 +9,7 @@ for a decoupled model, a unary infer otherwise.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import queue
 import sys
@@ -57,6 +58,14 @@ def _http_error(err: urllib.error.HTTPError) -> DFlashError:
     return DFlashError("server", f"HTTP {err.code}: {body}")
 
 
+def _json(data: bytes) -> dict:
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise DFlashError("server", f"sent something that is not JSON: {data[:200]!r}",
+                          "check that --url points at dflash-serve's HTTP port") from None
+
+
 def generate_http(url: str, inputs: dict[str, object], model: str = MODEL_NAME, timeout: float = 600.0
                   ) -> Iterator[dict]:
     """Each response of the generate extension as a dict of outputs (one, or a stream with ``streaming``)."""
@@ -66,14 +75,22 @@ def generate_http(url: str, inputs: dict[str, object], model: str = MODEL_NAME, 
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
             if not streaming:
-                yield json.loads(r.read())
+                yield _json(r.read())
                 return
+            final = False
             for line in r:   # server-sent events: "data: {...}" lines
                 if line.startswith(b"data:"):
-                    event = json.loads(line[5:])
+                    event = _json(line[5:])
                     if "error" in event:
                         raise DFlashError("server", event["error"])
+                    final = "finish_reason" in event
                     yield event
+            if not final:    # the last event of every request carries finish_reason
+                raise DFlashError("server", "the stream ended without a final response: the text above is "
+                                  "truncated (did the server stop or crash?)", "check the server, send it again")
+    except (http.client.IncompleteRead, ConnectionError) as err:
+        raise DFlashError("server", f"the response was cut off ({type(err).__name__}): did the server stop or "
+                          "crash?", "check the server, send it again") from None
     except urllib.error.HTTPError as err:
         raise _http_error(err) from None
     except urllib.error.URLError as err:

@@ -10,8 +10,10 @@ import argparse
 import ctypes
 import json
 import os
+import secrets
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,9 +23,9 @@ import urllib.request
 from pathlib import Path
 
 from ..errors import DFlashError
-from .launch import stop_process
 from .repo import MODEL_NAME, fill_triton
 from .triton_env import TritonBinary, find_tritonserver
+from .triton_model import CONTROL_DIR_ENV, SUPERVISOR_PID_ENV
 
 EPILOG = """examples:
   dflash-serve engines/qwen3-8b/bf16/1-gpu
@@ -47,7 +49,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decoupled_mode", choices=("true", "false"), default=None,
                    help="with --fill: true streams (gRPC stream, generate_stream); false allows unary gRPC infer "
                         "[default: true]")
-    p.add_argument("--exit_timeout_secs", type=int, default=10, help="how long in-flight requests get on shutdown")
+    p.add_argument("--exit_timeout_secs", type=int, default=10,
+                   help="tritonserver's own wait for in-flight requests once it is told to stop (it is killed "
+                        "after this plus 5 s)")
+    p.add_argument("--drain_timeout", type=float, default=5.0,
+                   help="on SIGTERM / Ctrl-C, seconds to wait for the model to end its running requests (each "
+                        "client gets a final response saying the server is shutting down) before tritonserver "
+                        "is stopped; a second SIGTERM / Ctrl-C kills at once")
+    p.add_argument("--max_restarts", type=int, default=3,
+                   help="restart tritonserver at most this many times when it crashes or its engine breaks")
     p.add_argument("--ready_timeout", type=float, default=900.0, help="seconds to wait for the model to load")
     p.add_argument("--dry_run", action="store_true", help="print the tritonserver command and exit")
     p.add_argument("extra", nargs="*", help="after --: more tritonserver flags, passed as they are")
@@ -76,16 +86,27 @@ def resolve_repo(path: Path, fill: bool, decoupled_mode: bool, workdir: Path) ->
                       "pass the output directory of dflash-build")
 
 
+# Triton's APIs that no client of this model needs and that must not be open to one: system/CUDA shared
+# memory (registering a region by key is a step of CVE-2025-23320/23334's chain), loading and unloading
+# models, tracing and log settings. They answer 403 unless a request carries the header below.
+RESTRICTED_APIS = "shared-memory,model-repository,trace,logging"
+ADMIN_HEADER = "dflash-admin-key"
+
+
 def build_cmd(binary: TritonBinary, repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int,
-              exit_timeout_secs: int = 10, extra: list[str] = ()) -> list[str]:
-    """The tritonserver command line, as a list (printed by --dry_run, tested as data)."""
+              exit_timeout_secs: int = 10, extra: list[str] = (), admin_key: str = "") -> list[str]:
+    """The tritonserver command line, as a list (printed by --dry_run, tested as data). ``admin_key``:
+    the value of the header that opens the restricted APIs (random per server by default)."""
+    key = admin_key or secrets.token_hex(16)
     cmd = [binary.path, f"--model-repository={Path(repo).resolve()}"]
     if binary.backend_dir:
         cmd.append(f"--backend-directory={binary.backend_dir}")
     cmd += [f"--http-address={host}", f"--http-port={http_port}",
             f"--grpc-address={host}", f"--grpc-port={grpc_port}",
             f"--metrics-address={host}", f"--metrics-port={metrics_port}",
-            f"--exit-timeout-secs={exit_timeout_secs}"]
+            f"--exit-timeout-secs={exit_timeout_secs}",
+            f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={key}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={key}"]
     if binary.source == "nvidia-pytriton":
         cmd.append("--allow-gpu-metrics=false")   # the wheel's DCGM cannot start outside NGC images
     return cmd + list(extra)
@@ -107,10 +128,11 @@ def start(cmd: list[str], env: dict[str, str], stdout=None) -> subprocess.Popen:
                             start_new_session=True, preexec_fn=_die_with_parent)
 
 
-def wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> float:
-    """Seconds until ``url/v2/health/ready`` answers 200; raises if the server exits or times out."""
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float, stopping=lambda: False) -> float:
+    """Seconds until ``url/v2/health/ready`` answers 200 (or ``stopping()``); raises if the server exits
+    or times out."""
     t0 = time.monotonic()
-    while True:
+    while not stopping():
         try:
             with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
@@ -124,19 +146,13 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> float:
             raise DFlashError("tritonserver", f"not ready after {timeout:.0f} s",
                               "see its log, or raise --ready_timeout")
         time.sleep(0.2)
+    return time.monotonic() - t0
 
 
 def endpoints(host: str, http_port: int, grpc_port: int, metrics_port: int) -> str:
     return (f"  HTTP     http://{host}:{http_port}/v2/models/{MODEL_NAME}/generate  (and /generate_stream)\n"
             f"  gRPC     {host}:{grpc_port}  (model {MODEL_NAME}; stream for decoupled mode)\n"
             f"  metrics  http://{host}:{metrics_port}/metrics")
-
-
-def stop(proc: subprocess.Popen, timeout: float) -> int:
-    """SIGTERM, wait for Triton's graceful shutdown, SIGKILL if it hangs; then reap what it left."""
-    stop_process(proc, timeout)
-    reap_group(proc.pid)
-    return proc.returncode
 
 
 def reap_group(pgid: int, grace: float = 3.0) -> None:
@@ -156,44 +172,160 @@ def reap_group(pgid: int, grace: float = 3.0) -> None:
             time.sleep(0.1)
 
 
+def check_ports(host: str, ports: dict[str, int]) -> None:
+    """Each port free on ``host``, or a one-line error naming the flag (a second dflash-serve, say)."""
+    for flag, port in ports.items():
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            # as tritonserver binds: a listener makes bind fail, a connection in TIME_WAIT does not
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as err:
+                raise DFlashError(flag, f"port {port} on {host} is not free ({err.strerror}): another dflash-serve "
+                                  "or tritonserver may be running", f"stop it, or pass another {flag}") from None
+
+
+def shm_regions(pgid: int) -> set[Path]:
+    """The python backend's shared-memory files that the processes of the server's group map: they are
+    left in /dev/shm when tritonserver or a stub dies without cleaning up."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            maps = (proc / "maps").read_text()
+        except (OSError, IndexError, ValueError):
+            continue
+        found.update(Path(line.split(None, 5)[5]) for line in maps.splitlines()
+                     if "/dev/shm/triton_python_backend" in line and len(line.split(None, 5)) == 6)
+    return found
+
+
+class Supervisor:
+    """Runs tritonserver until SIGTERM / Ctrl-C: restarts it when it crashes or its engine breaks
+    (``--max_restarts``), and stops it so that every client gets a final response, nothing is left
+    running and nothing is left in /dev/shm."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], control: Path, args: argparse.Namespace):
+        self.cmd, self.env, self.control, self.args = cmd, env, control, args
+        self.proc: subprocess.Popen | None = None
+        self.signals: list[int] = []
+        self.shm: set[Path] = set()
+
+    def on_signal(self, signum, _frame) -> None:
+        self.signals.append(signum)
+        if len(self.signals) > 1 and self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)     # a second signal: stop now, whatever is running
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        restarts = 0
+        url = f"http://{self.args.host}:{self.args.http_port}"
+        while True:
+            for name in ("stop", "drained", "broken"):
+                (self.control / name).unlink(missing_ok=True)
+            self.proc = start(self.cmd, self.env)
+            try:
+                seconds = wait_ready(self.proc, url, self.args.ready_timeout, stopping=lambda: bool(self.signals))
+            except DFlashError:
+                self.stop(graceful=False)
+                if self.signals:
+                    return 0
+                raise
+            if self.signals:
+                return self.stop()
+            self.shm |= shm_regions(self.proc.pid)
+            print(f"dflash-serve: ready in {seconds:.1f} s, serving {self.args.repo}\n"
+                  f"{endpoints(self.args.host, self.args.http_port, self.args.grpc_port, self.args.metrics_port)}\n"
+                  f"dflash-serve: Ctrl-C or SIGTERM stops the server", flush=True)
+            event = self.watch()
+            if event == "signal":
+                return self.stop()
+            if event == "broken":
+                why = (self.control / "broken").read_text(errors="replace")
+                print(f"dflash-serve: the model reports {why}; restarting tritonserver", flush=True)
+                self.stop()
+            else:
+                rc = self.proc.returncode
+                name = f" ({signal.Signals(-rc).name})" if rc < 0 and -rc in signal.Signals._value2member_map_ else ""
+                print(f"dflash-serve: tritonserver exited with code {rc}{name} while serving; its log is above",
+                      flush=True)
+                self.stop(graceful=False)
+            if restarts >= self.args.max_restarts:
+                raise DFlashError("tritonserver", f"stopped serving {restarts + 1} times (--max_restarts "
+                                  f"{self.args.max_restarts})", "see its log above")
+            restarts += 1
+            print(f"dflash-serve: restarting tritonserver ({restarts} of at most {self.args.max_restarts})",
+                  flush=True)
+
+    def watch(self) -> str:
+        """Until a signal ("signal"), tritonserver exits ("exited") or the model reports a broken engine."""
+        next_scan = time.monotonic() + 2.0
+        while True:
+            if self.signals:
+                return "signal"
+            if self.proc.poll() is not None:
+                return "exited"
+            if (self.control / "broken").exists():
+                return "broken"
+            if time.monotonic() >= next_scan:      # a stub restarted by Triton maps a new region
+                self.shm |= shm_regions(self.proc.pid)
+                next_scan = time.monotonic() + 2.0
+            time.sleep(0.1)
+
+    def stop(self, graceful: bool = True) -> int:
+        """Drain (the model ends every running request with a final response), SIGTERM, SIGKILL if it
+        hangs; then reap the process group and remove its shared-memory files. 0 if it stopped cleanly."""
+        proc, args = self.proc, self.args
+        clean = True
+        if graceful and proc.poll() is None:
+            (self.control / "stop").write_text("")
+            print("dflash-serve: stopping: ending the running requests", flush=True)
+            deadline = time.monotonic() + args.drain_timeout
+            while (not (self.control / "drained").exists() and proc.poll() is None and len(self.signals) < 2
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=args.exit_timeout_secs + 5)
+        except subprocess.TimeoutExpired:
+            print("dflash-serve: tritonserver did not exit in time; killing it", flush=True)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            clean = False
+        reap_group(proc.pid)
+        for path in self.shm:
+            if path.exists():
+                path.unlink(missing_ok=True)
+                print(f"dflash-serve: removed {path}, left by tritonserver", flush=True)
+        self.shm = set()
+        clean = clean and proc.returncode in (0, -signal.SIGTERM) and len(self.signals) < 2
+        print(f"dflash-serve: stopped (tritonserver exit code {proc.returncode})", flush=True)
+        return 0 if clean else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dflash-serve-") as work:
-        repo = resolve_repo(args.engine_dir, args.fill, args.decoupled_mode != "false", Path(work))
+        args.repo = resolve_repo(args.engine_dir, args.fill, args.decoupled_mode != "false", Path(work))
         binary = find_tritonserver()
-        cmd = build_cmd(binary, repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
+        cmd = build_cmd(binary, args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
                         args.exit_timeout_secs, args.extra)
         env = server_env(binary)
         if args.dry_run:
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(cmd))
             return 0
+        check_ports(args.host, {"--http_port": args.http_port, "--grpc_port": args.grpc_port,
+                                "--metrics_port": args.metrics_port})
+        control = Path(work) / "control"
+        control.mkdir()
+        env.update({CONTROL_DIR_ENV: str(control), SUPERVISOR_PID_ENV: str(os.getpid())})
         print(f"dflash-serve: tritonserver from {binary.source}: {binary.path}", flush=True)
-        proc = start(cmd, env)
-        stopping = []
-
-        def on_signal(signum, _frame):
-            stopping.append(signum)
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        try:
-            seconds = wait_ready(proc, f"http://{args.host}:{args.http_port}", args.ready_timeout)
-        except DFlashError:
-            if stopping:
-                return 0 if stop(proc, args.exit_timeout_secs + 20) in (0, -signal.SIGTERM) else 1
-            stop(proc, 5)
-            raise
-        print(f"dflash-serve: ready in {seconds:.1f} s, serving {repo}\n"
-              f"{endpoints(args.host, args.http_port, args.grpc_port, args.metrics_port)}\n"
-              f"dflash-serve: Ctrl-C or SIGTERM stops the server", flush=True)
-        rc = proc.wait()
-        reap_group(proc.pid)
-        if stopping:
-            print(f"dflash-serve: stopped (tritonserver exit code {rc})", flush=True)
-            return 0 if rc in (0, -signal.SIGTERM) else 1
-        raise DFlashError("tritonserver", f"exited with code {rc}", "see its log above")
+        return Supervisor(cmd, env, control, args).run()
 
 
 if __name__ == "__main__":

@@ -6,12 +6,21 @@
 once; one thread per request reads the record's results and sends them (decoupled: one response per
 piece, then a final one with the DFlash stats), and while nothing comes it asks Triton every
 ``cancellation_check_period_ms`` whether the client cancelled or went away. A monitor thread publishes
-the runtime's counters as Triton custom metrics.
+the runtime's counters as Triton custom metrics and talks to dflash-serve through files in the
+directory that ``DFLASH_SERVE_CONTROL_DIR`` names (set by dflash-serve, never by a request):
+
+  stop      dflash-serve is stopping: refuse new requests, end every running one now with an error that
+            says so (the client gets its final response while the endpoints are still up), then write
+  drained   nothing is running any more: tritonserver can be stopped with nothing in flight
+  broken    the engine can no longer serve (its reason inside): dflash-serve restarts the server
+
+If dflash-serve itself is gone (``DFLASH_SERVE_PID``, e.g. SIGKILL), the model drains the same way.
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import traceback
@@ -24,6 +33,8 @@ from . import protocol
 from .record import Result, ServedRequest, Unavailable
 
 log = logging.getLogger(__name__)
+CONTROL_DIR_ENV = "DFLASH_SERVE_CONTROL_DIR"
+SUPERVISOR_PID_ENV = "DFLASH_SERVE_PID"
 
 
 def read_model_yaml(path: Path) -> dict:
@@ -103,6 +114,12 @@ class DFlashModel:
         self._finish_counts: dict[str, int] = {}
         self._metrics = _TritonMetrics(pb_utils, model_config["name"])
         self._stop = threading.Event()
+        self.draining = ""     # why new requests are refused and running ones were ended ("" = serving)
+        control = os.environ.get(CONTROL_DIR_ENV)
+        self._control = Path(control) if control else None
+        pid = os.environ.get(SUPERVISOR_PID_ENV, "")
+        self._supervisor = int(pid) if pid.isdigit() else None
+        self._reported_broken = False
         self._monitor = threading.Thread(target=self._monitor_loop, name="dflash-monitor", daemon=True)
         self._monitor.start()
         self._log(f"serving {self.deployment_dir} with the {backend.name} backend "
@@ -123,6 +140,9 @@ class DFlashModel:
                 if record.streaming and not self.decoupled:
                     raise DFlashError("streaming", "needs a decoupled model",
                                       "refill the repository with decoupled_mode true, or send streaming=false")
+                if self.draining:
+                    raise Unavailable("server", f"is shutting down ({self.draining})",
+                                      "send the request to a running server")
                 self.backend.submit(record)
                 with self._lock:
                     self._live[record] = request
@@ -182,7 +202,7 @@ class DFlashModel:
     def _respond_final(self, record: ServedRequest, result: Result, pieces: list[str], cancelled: bool,
                        sender) -> None:
         if result.error:
-            self._send_error(sender, result.error, "INTERNAL")
+            self._send_error(sender, result.error, "UNAVAILABLE" if self.draining else "INTERNAL")
         elif cancelled:
             self._send_error(sender, "Request cancelled by client", "CANCELLED")
         else:
@@ -249,6 +269,39 @@ class DFlashModel:
     def _monitor_loop(self) -> None:
         while not self._stop.wait(self.period_s):
             self._publish_metrics()
+            try:
+                self._watch()
+            except Exception:  # noqa: BLE001 - the monitor must keep running
+                self._log(traceback.format_exc(), error=True)
+
+    def _watch(self) -> None:
+        if not self.draining:
+            if self._control is not None and (self._control / "stop").exists():
+                self.drain("dflash-serve is stopping")
+            elif self._supervisor is not None and not _alive(self._supervisor):
+                self.drain("dflash-serve is gone")
+        if self.draining and self._control is not None and not self._live and not (self._control / "drained").exists():
+            (self._control / "drained").write_text(self.draining)
+        ok, reason = self.health()
+        if not ok and not self._reported_broken:
+            self._reported_broken = True
+            self._log(f"{reason}; /v2/health/ready stops answering 200 once dflash-serve restarts the server",
+                      error=True)
+            if self._control is not None:
+                (self._control / "broken").write_text(reason)
+
+    def drain(self, why: str) -> None:
+        """Refuse new requests and end every running one now: each client gets a final response (an
+        error saying why) while Triton's endpoints are still up; the engine frees the slots."""
+        self.draining = why
+        with self._lock:
+            records = list(self._live)
+        self._log(f"{why}: ending {len(records)} running request(s)")
+        for record in records:
+            record.emit(Result(finished=True, times_ns=dict(record.times_ns),
+                               error=f"server: is shutting down ({why}); the request was cancelled. "
+                                     "Fix: send it again to a running server"))
+            self.backend.cancel(record)
 
     def _publish_metrics(self) -> None:
         try:
@@ -262,6 +315,17 @@ class DFlashModel:
             (log.error if error else log.info)(message)
         else:
             (logger.log_error if error else logger.log_info)(f"[dflash] {message}")
+
+
+def _alive(pid: int) -> bool:
+    """dflash-serve (``pid``) still runs tritonserver, this process's parent. Asked of tritonserver's
+    parent rather than of ``pid`` itself: a killed dflash-serve stays a zombie until its own parent reaps
+    it, but tritonserver is handed to another parent the moment it dies."""
+    try:
+        stat = Path(f"/proc/{os.getppid()}/stat").read_text()
+    except OSError:
+        return False
+    return int(stat.rsplit(")", 1)[1].split()[1]) == pid
 
 
 class _TritonMetrics:
