@@ -63,9 +63,10 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", 
 LONG_PROMPT = "Tell me a long story about a lighthouse keeper"
 KINDS = ("http", "sse", "grpc", "openai")
 FAULTS = ("kill", "cancel", "malformed", "oversized")
-# gRPC/HTTP transport failures: the connection went away without a response that says why.
-TRANSPORT = ("UNAVAILABLE", "Socket closed", "Connection reset", "Broken pipe", "RemoteDisconnected",
-             "IncompleteRead", "cannot reach", "Connection refused", "EOF")
+# gRPC/HTTP transport failures: the connection went away without a response that says why. (A server that
+# answers "shutting down" with gRPC status UNAVAILABLE did say why: the status alone is not a drop.)
+TRANSPORT = ("Socket closed", "Stream removed", "failed to connect", "Connection reset", "Connection aborted",
+             "Broken pipe", "RemoteDisconnected", "IncompleteRead", "cannot reach", "Connection refused")
 
 EPILOG = """examples:
   # the CPU demo, as committed in benchmarks/results/soak_smollm2_cpu.json:
@@ -106,6 +107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault_every", type=float, default=10.0, help="seconds between faults in the load phase")
     p.add_argument("--burst", type=int, default=None,
                    help="requests sent at once half way [default: 8 x the deployment's max_batch_size; 0 = none]")
+    p.add_argument("--fault_wait", type=float, default=60.0,
+                   help="seconds a kill or cancel fault waits for its stream's first text (under a deep queue the "
+                        "request may still be waiting for a slot: it is killed or cancelled there)")
     p.add_argument("--kills", type=int, default=20, help="clients killed mid-stream one by one on the idle server")
     p.add_argument("--sigterm", action="store_true", help="end with SIGTERM while --sigterm_streams stream")
     p.add_argument("--sigterm_streams", type=int, default=16)
@@ -528,6 +532,8 @@ def _finished(cases: list[dict]) -> dict[str, int]:
 
 
 def fault_malformed(srv: Server, timeout: float, skip: list[str] = ()) -> dict:
+    import numpy as np
+
     url = f"http://{srv.http}/v2/models/{MODEL}/generate"
     cases = []
     for name, body, ctype in malformed_cases():
@@ -546,15 +552,16 @@ def fault_malformed(srv: Server, timeout: float, skip: list[str] = ()) -> dict:
                   "pass": code in (200, 400) and secs <= timeout, "finish_reason": reason})
     # invalid UTF-8 over gRPC
     t0 = time.monotonic()
+    reason = None
     try:
-        client.collect(client.generate_grpc(srv.grpc, {"text_input": b"\xff\xfeabc", "streaming": True},
-                                            timeout=timeout))
-        code, text = 200, ""
+        got = client.collect(client.generate_grpc(srv.grpc, {"text_input": np.array([b"\xff\xfeabc"], dtype=np.object_),
+                                                             "sampling_param_max_tokens": 4}, timeout=timeout))
+        code, text, reason = 200, f"answered: {got.get('text_output', '')[:60]!r}", got.get("finish_reason")
     except DFlashError as err:
         code, text = 400, str(err)
     secs = time.monotonic() - t0
     cases.append({"name": "invalid_utf8_grpc", "code": code, "error": text[:300], "seconds": round(secs, 3),
-                  "pass": code == 400 and "text_input" in text and secs <= timeout})
+                  "pass": code == 400 and "text_input" in text and secs <= timeout, "finish_reason": reason})
     return {"cases": cases, "pass": all(c["pass"] for c in cases) and srv.ready(), "finished": _finished(cases)}
 
 
@@ -587,7 +594,7 @@ def fault_kill(srv: Server, protocol: str, max_tokens: int, timeout: float) -> d
             "finished": {"cancelled": 1} if streamed else {}, "uncertain_cancelled": 0 if streamed else 1}
 
 
-def fault_cancel(srv: Server, n: int, max_tokens: int, timeout: float) -> dict:
+def fault_cancel(srv: Server, n: int, max_tokens: int, timeout: float, wait: float) -> dict:
     """A streaming request cancelled through the ``stop`` input, sent on the same gRPC stream with the same
     request id once text arrived. Two final responses must come back (the stop request's and the cancelled
     request's, both with finish_reason ``cancelled``), neither an error, within ``timeout``."""
@@ -598,16 +605,27 @@ def fault_cancel(srv: Server, n: int, max_tokens: int, timeout: float) -> dict:
     c = grpcclient.InferenceServerClient(srv.grpc)
     responses: queue.Queue = queue.Queue()
     c.start_stream(callback=lambda result, error: responses.put(error or result))
-    finals, errors, t_stop = [], [], None
+    finals, errors, t_stop, streamed = [], [], None, False
+
+    def send_stop() -> float:
+        stop = grpcclient.InferInput("stop", [1], "BOOL")
+        stop.set_data_from_numpy(np.array([True]))
+        c.async_stream_infer(MODEL, [client._grpc_input(grpcclient, "text_input", ""), stop],
+                             request_id=rid, enable_empty_final_response=True)
+        return time.monotonic()
+
     try:
         inputs = client.build_inputs(LONG_PROMPT, True, max_tokens=max_tokens, ignore_eos=True)
         c.async_stream_infer(MODEL, [client._grpc_input(grpcclient, k, v) for k, v in inputs.items()],
                              request_id=rid, enable_empty_final_response=True)
+        t_sent = time.monotonic()
         deadline = time.monotonic() + timeout
         while len(finals) + len(errors) < 2 and time.monotonic() < deadline:
             try:
                 item = responses.get(timeout=0.5)
             except queue.Empty:
+                if t_stop is None and time.monotonic() - t_sent > wait:   # still queued: cancel it there
+                    t_stop = send_stop()
                 continue
             if isinstance(item, Exception):
                 errors.append(str(item)[:300])
@@ -617,11 +635,8 @@ def fault_cancel(srv: Server, n: int, max_tokens: int, timeout: float) -> dict:
             resp = item.get_response()
             outputs = client._grpc_outputs(item) if resp.outputs else {}
             if t_stop is None and outputs.get("text_output"):
-                stop = grpcclient.InferInput("stop", [1], "BOOL")
-                stop.set_data_from_numpy(np.array([True]))
-                t_stop = time.monotonic()
-                c.async_stream_infer(MODEL, [client._grpc_input(grpcclient, "text_input", ""), stop],
-                                     request_id=rid, enable_empty_final_response=True)
+                streamed = True
+                t_stop = send_stop()
             if resp.parameters["triton_final_response"].bool_param:
                 finals.append((outputs.get("finish_reason"), time.monotonic()))
                 if t_stop is None:
@@ -630,7 +645,8 @@ def fault_cancel(srv: Server, n: int, max_tokens: int, timeout: float) -> dict:
         c.stop_stream(cancel_requests=True)
         c.close()
     reasons = sorted(str(r) for r, _ in finals)
-    out = {"request_id": rid, "stop_sent": t_stop is not None, "finals": reasons, "errors": errors}
+    out = {"request_id": rid, "stop_sent": t_stop is not None, "streamed_before_stop": streamed, "finals": reasons,
+           "errors": errors}
     if t_stop is not None and finals:
         out["seconds_to_final"] = round(max(t for _, t in finals) - t_stop, 3)
     if t_stop is None:
@@ -803,10 +819,9 @@ def load_phase(srv: Server, prompts: list[str], args, t_run: float, max_batch: i
 
 def run_fault(name: str, i: int, srv: Server, args, long_tokens: int) -> dict:
     if name == "kill":
-        return fault_kill(srv, "grpc" if (i // len(args.faults)) % 2 == 0 else "http", long_tokens,
-                          args.request_timeout)
+        return fault_kill(srv, "grpc" if (i // len(args.faults)) % 2 == 0 else "http", long_tokens, args.fault_wait)
     if name == "cancel":
-        return fault_cancel(srv, i, long_tokens, args.request_timeout)
+        return fault_cancel(srv, i, long_tokens, args.request_timeout, args.fault_wait)
     if name == "malformed":
         return fault_malformed(srv, args.hostile_timeout, args.skip_cases)
     return fault_oversized(srv, args.hostile_timeout, args.skip_cases)
