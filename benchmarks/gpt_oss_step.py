@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Step latency of the torch runtime on gpt-oss shapes with random weights (one GPU, no checkpoint).
 
-Times the two steps the engine runs (engine._step_tensors), over a static KV cache holding ``--ctx`` tokens
+Times the two steps the engine runs (engine.runner.step_tensors), over a static KV cache holding ``--ctx`` tokens
 per request, CUDA graphs on (eager rows too with ``--eager``):
   ar      block 1: target forward of 1 token per request + lm_head + argmax;
   dflash  block B (8 = the 20b drafter, 10 = the 120b drafter): drafter pass over [last, mask x (B-1)] + lm_head
@@ -155,7 +155,7 @@ def distinct_experts(steps, n: int, B: int) -> int:
 
 
 class Steps:
-    """The engine's device work for one step (engine._step_tensors), at a fixed context length ``ctx``."""
+    """The engine's device work for one step (engine.runner.step_tensors), at a fixed context length ``ctx``."""
 
     def __init__(self, target, drafter, max_batch: int, ctx: int, device, dtype):
         self.target, self.drafter, self.ctx, self.device = target, drafter, ctx, device

@@ -201,7 +201,7 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
             row = {"model": name, "mode": mode, "batch": b, "block_size": eng.block_size, "ctx": args.ctx, **r,
                    "roofline_ms": 1e3 * max(need / bw, flops / ceil["bf16_matmul_flops"]),
                    "memory_floor_ms": 1e3 * need / bw, "compute_floor_ms": 1e3 * flops / ceil["bf16_matmul_flops"],
-                   "bytes_per_step": need, "graphs": eng.counters.get("graphs", 0)}
+                   "bytes_per_step": need, "graphs": eng.metrics()["graphs"]}
             row["roofline_fraction"] = row["roofline_ms"] / row["step_ms"]
             rows.append(row)
             print(f"{name:14s} {mode:6s} b={b:3d} step {row['step_ms']:7.2f} ms  roofline {row['roofline_ms']:6.2f} ms "

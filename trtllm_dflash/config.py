@@ -47,6 +47,9 @@ class RuntimeConfig:
     max_batch_size: int = 8
     max_seq_len: int = 2048
     block_size: int | None = None   # None = the drafter's block_size; 1 = autoregressive
+    # Tokens one step may run through the target (TensorRT-LLM's max_num_tokens): the running requests' verify
+    # blocks first, arriving prompts share the rest in chunks (chunked prefill mixed with decode).
+    max_num_tokens: int = 8192
     dtype: str = "auto"             # auto = bfloat16 on CUDA, float32 on CPU
     device: str = "auto"            # auto = cuda if available
     cuda_graphs: bool = True        # only used on CUDA
@@ -69,6 +72,8 @@ class RuntimeConfig:
             raise DFlashError("block_size", f"must be >= 1, got {self.block_size}", "use 1 for AR decoding")
         if self.mxfp4_moe not in ("auto", "triton", "dequant"):
             raise DFlashError("mxfp4_moe", f"unknown value {self.mxfp4_moe!r}", "use auto, triton or dequant")
+        if self.max_num_tokens < 1:
+            raise DFlashError("max_num_tokens", f"must be >= 1, got {self.max_num_tokens}", "pass e.g. 8192")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "float64"):
             raise DFlashError("dtype", f"unknown dtype {self.dtype!r}", "use auto, float32, bfloat16 or float16")
 

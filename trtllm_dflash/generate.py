@@ -35,7 +35,12 @@ def parse_args(argv):
     run.add_argument("--mode", choices=("dflash", "ar", "both"), default="dflash",
                      help="both = run autoregressive and DFlash, compare tokens and speed")
     run.add_argument("--tp_size", "--tp", type=int, default=None, help="tensor-parallel ranks (start with mpirun -n N)")
-    run.add_argument("--block_size", type=int, default=None, help="DFlash block (max_draft_len + 1); default: the drafter's")
+    run.add_argument("--block_size", type=int, default=None,
+                     help="verify this fixed block every step (max_draft_len + 1); default: --draft_policy decides")
+    run.add_argument("--draft_policy", choices=("adaptive", "fixed"), default="adaptive",
+                     help="adaptive = measure step costs on this device first, then pick the block per step from the "
+                          "batch size and the running acceptance, down to 1 (AR) where drafting does not pay; "
+                          "fixed = always the drafter's block")
     run.add_argument("--max_batch_size", type=int, default=8)
     run.add_argument("--max_seq_len", type=int, default=2048)
     run.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
@@ -135,12 +140,25 @@ def run_mode(args, mode: str, texts: list[str], workdir: Path) -> list[dict]:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
     prompts = [_encode(engine, t, not args.no_chat_template) for t in texts]
+    # measuring costs runs steps on rank 0 alone, so under tensor parallelism the block stays fixed
+    adaptive = (mode == "dflash" and args.block_size is None and args.draft_policy == "adaptive"
+                and engine.tp.size == 1)
+    if adaptive:
+        t0 = time.perf_counter()
+        pol = engine.use_adaptive_policy(context=max(map(len, prompts)), max_batch=len(prompts))
+        costs = "; ".join(f"batch {n}: " + " ".join(f"b{b}={1e3 * s:.0f}ms" for b, s in row.items())
+                          for n, row in pol.costs.seconds.items())
+        print(f"[{mode}] measured step costs in {time.perf_counter() - t0:.1f}s: {costs}", file=sys.stderr)
     t0 = time.perf_counter()
     reqs = engine.generate(prompts, params)
     wall = time.perf_counter() - t0
     engine.shutdown()
     print(f"[{mode}] block_size={engine.block_size} device={engine.device} dtype={str(engine.dtype)[6:]} "
           f"tp={engine.tp.size} load={load_s:.1f}s", file=sys.stderr)
+    if mode == "dflash":
+        ran = ", ".join(f"block {b}: {k} steps" for b, k in sorted(engine.block_counts.items()))
+        why = f"adaptive; last choice: {engine.last_reason}" if adaptive else "fixed (--block_size or --draft_policy fixed)"
+        print(f"[{mode}] ran {ran} ({why})", file=sys.stderr)
     out = []
     for text, r in zip(texts, reqs):
         s = r.stats

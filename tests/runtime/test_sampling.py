@@ -10,7 +10,7 @@ import torch
 
 from tests.tiny import write_tiny_pair
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
-from trtllm_dflash.runtime import engine as engine_mod
+from trtllm_dflash.runtime import runner as runner_mod
 from trtllm_dflash.runtime.engine import Engine
 from trtllm_dflash.runtime.sampling import SamplingBatch, filtered_logprobs, sample, uniform_noise
 
@@ -84,7 +84,7 @@ def _sequence_law(target_dir, prompt: list[int], depth: int) -> dict:
 
 def _draw(target, drafter, prompt, n, monkeypatch=None, wrong_rule=False):
     if wrong_rule:  # accept every draft: commits target samples conditioned on the WRONG prefix
-        monkeypatch.setattr(engine_mod, "accept", lambda d, t: torch.full((d.shape[0],), d.shape[1]))
+        monkeypatch.setattr(runner_mod, "accept", lambda d, t: torch.full((d.shape[0],), d.shape[1]))
     eng = FixedDraftEngine.from_dirs(target, drafter, RuntimeConfig(max_seq_len=32, max_batch_size=128, block_size=4))
     sps = [SamplingParams(max_new_tokens=3, temperature=1.0, seed=s, ignore_eos=True) for s in range(n)]
     return Counter(tuple(r.output_ids) for r in eng.generate([prompt] * n, sps))

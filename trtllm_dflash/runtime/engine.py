@@ -1,68 +1,32 @@
 # SPDX-License-Identifier: Apache-2.0
 """The torch DFlash runtime: continuous batching over a static KV cache, one draft + verify per step.
 
-Vocabulary (z-lab's): ``block_size`` B = 1 anchor + B-1 drafted tokens; ``start`` = position of the last
-committed token, which the target has not processed yet (it is the block's anchor); ``acceptance
-length`` = tokens committed by one verify = accepted drafts + 1 bonus. ``block_size == 1`` is plain
-autoregressive decoding through the same loop.
+    step() = schedule (scheduler.py: who runs, prompt chunks under the token budget, the block)
+           -> run (runner.py: prefill chunks, then draft + verify on the device)
+           -> postprocess (here: commit tokens, stop conditions, streaming, statistics)
+
+``block`` = 1 anchor + block-1 drafted tokens (z-lab's block_size); block 1 is autoregressive decoding
+through the same loop. The draft policy (draft_policy.py) picks the block per step, fixed by default.
 
 Threading: ``add_request`` and ``cancel`` may be called from any thread; ``step`` from one thread only.
-Tensor parallelism: every rank runs ``step``; rank 0 decides which requests enter and leave and
-broadcasts that, ranks > 0 call ``follow()``.
+Tensor parallelism: every rank runs ``step``; rank 0 schedules and broadcasts its SchedulerOutput,
+ranks > 0 call ``follow()``.
 """
 from __future__ import annotations
 
-import itertools
-import json
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 
-import torch
-
-from ..checkpoints import hf, validate
-from ..config import RequestStats, RuntimeConfig, SamplingParams
+from ..config import RuntimeConfig, SamplingParams
 from ..errors import DFlashError
-from . import fp8
-from .distributed import TPGroup, init_tp
-from .kv_cache import KVCache
-from .loader import load_drafter, load_target
-from .models import target_config
-from .sampling import SamplingBatch, accept, flags, sample, seed_int64
+from . import loader
+from .distributed import TPGroup
+from .draft_policy import AdaptivePolicy, CostTable, FixedPolicy, candidate_blocks, measure_costs
+from .runner import Runner
+from .scheduler import Scheduler, SchedulerOutput
+from .sequence import Request, Sequence
 
-_PREFILL_TOKENS = 8192  # prompt tokens per prefill forward (bounds activation memory)
-_ids = itertools.count()
-
-
-@dataclass(eq=False)
-class Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    on_tokens: Callable[["Request", list[int]], None] | None = None
-    request_id: int = field(default_factory=lambda: next(_ids))
-    output_ids: list[int] = field(default_factory=list)
-    stats: RequestStats = field(default_factory=RequestStats)
-    finish_reason: str | None = None  # "stop" | "length" | "cancelled"
-    slot: int = -1
-    t_arrival: float = field(default_factory=time.perf_counter)
-    done_event: threading.Event = field(default_factory=threading.Event, repr=False)
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-
-def _resolve(cfg: RuntimeConfig) -> tuple[torch.device, torch.dtype]:
-    dev = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                       "cpu" if cfg.device == "auto" else cfg.device)
-    dtype = {"auto": torch.bfloat16 if dev.type == "cuda" else torch.float32, "float32": torch.float32,
-             "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[cfg.dtype]
-    if cfg.fp8_gemm:   # asked for explicitly: refuse off Hopper/Ada before loading (None = auto, in the loader)
-        fp8.check_device(dev, dtype)
-    return dev, dtype
+__all__ = ["Engine", "Request"]
 
 
 class Engine:
@@ -71,80 +35,39 @@ class Engine:
         self.block_size = cfg.block_size or (drafter.config.block_size if drafter is not None else 1)
         if self.block_size > 1 and drafter is None:
             raise DFlashError("drafter", f"block_size {self.block_size} needs a drafter", "pass --drafter or use block_size 1")
-        p = next(target.parameters())
-        self.device, self.dtype, self.eos_ids = p.device, p.dtype, set(eos_ids)
-        n = cfg.max_batch_size
-        self.cache = KVCache(*target.kv_shape()[:1], n, *target.kv_shape()[1:2], cfg.max_seq_len,
-                             target.kv_shape()[2], self.dtype, self.device)
-        self.draft_cache = (KVCache(drafter.kv_shape()[0], n, drafter.kv_shape()[1], cfg.max_seq_len,
-                                    drafter.kv_shape()[2], self.dtype, self.device) if self.block_size > 1 else None)
-        self.mask_token_id = drafter.config.mask_token_id if drafter is not None else 0
-        self.slots: list[Request | None] = [None] * n
-        self.start = torch.zeros(n, dtype=torch.long, device=self.device)  # [max_batch] anchor positions
-        self.last = torch.zeros(n, dtype=torch.long, device=self.device)   # [max_batch] anchor token ids
-        self.active = torch.zeros(n, dtype=torch.bool, device=self.device)
-        self._start_host = [0] * n
-        # Per-slot sampling settings live in fixed buffers so a captured CUDA graph reads them in place.
-        self._sp = SamplingBatch.from_params([SamplingParams()] * n, self.device)
-        self._flags: tuple[bool, bool, bool] | None = None
-        self._t = torch.zeros(n, self.block_size, dtype=torch.long, device=self.device)  # [max_batch, B] samples
-        self._a = torch.zeros(n, dtype=torch.long, device=self.device)                   # [max_batch] accepted
-        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        self.use_graphs = cfg.cuda_graphs and self.device.type == "cuda"
-        self._waiting: deque[Request] = deque()
-        self._cancel: set[int] = set()
-        self._lock = threading.Lock()
-        self._arange = torch.arange(self.block_size, device=self.device)
+        self.eos_ids = set(eos_ids)
+        self.scheduler = Scheduler(cfg.max_batch_size, cfg.max_num_tokens)
+        self.runner = Runner(target, drafter, cfg, tp, self.block_size, propose=self._propose)
+        self.device, self.dtype = self.runner.device, self.runner.dtype
+        self.policy = FixedPolicy(self.block_size)
         self.counters = {"steps": 0, "max_active_batch": 0, "prefills": 0, "finished": 0}
+        self.block_counts: dict[int, int] = {}   # steps run at each block
+        self.last_reason = ""
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def from_dirs(cls, target_dir, drafter_dir=None, cfg: RuntimeConfig = RuntimeConfig(), *, tp_size: int = 1,
                   allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1) -> "Engine":
-        device, dtype = _resolve(cfg)
-        target_dir = Path(target_dir)
-        tcfg = hf.read_config(target_dir)
-        dcfg = hf.read_config(drafter_dir) if drafter_dir is not None and cfg.block_size != 1 else None
-        if dcfg is not None:  # config checks first: a bad pair fails before any rank or weight is touched
-            validate.check_pair(tcfg, dcfg, tp_size=tp_size, block_size=cfg.block_size)
-        else:
-            validate.check_tp(tcfg, tp_size, "target")
-        target_config(tcfg)  # an architecture the runtime lacks fails here, before any rank starts
-        tp = init_tp(tp_size, device)
-        if device.type == "cuda" and tp.size > 1:
-            device = torch.device("cuda", torch.cuda.current_device())
-        positions = cfg.max_seq_len
-        drafter = (load_drafter(Path(drafter_dir), tcfg["hidden_size"], tp, device, dtype, positions, allow_pickle,
-                                presharded) if dcfg is not None else None)
-        capture = drafter.config.target_layer_ids if drafter is not None else ()
-        target = load_target(target_dir, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size,
-                             fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe)
-        tokenizer = _load_tokenizer(target_dir)
-        return cls(target, drafter, tokenizer, cfg, tp, _eos_ids(target_dir, tcfg, tokenizer))
+        m = loader.load_pair(target_dir, drafter_dir, cfg, tp_size=tp_size, allow_pickle=allow_pickle,
+                             presharded=presharded, ep_size=ep_size)
+        return cls(m.target, m.drafter, m.tokenizer, cfg, m.tp, m.eos_ids)
 
     @classmethod
     def from_deployment(cls, engine_dir, **overrides) -> "Engine":
         """Load a dflash-build deployment directory (backend: torch)."""
-        engine_dir = Path(engine_dir)
-        manifest_path = engine_dir / "manifest.json"
-        if not manifest_path.is_file():
-            raise DFlashError(str(manifest_path), "missing", "pass a directory written by dflash-build")
-        m = json.loads(manifest_path.read_text())
-        if m.get("backend") != "torch":
-            raise DFlashError("manifest backend", f"is {m.get('backend')!r}, the torch runtime runs 'torch' builds",
-                              "serve it with TensorRT-LLM (trtllm-serve) or rebuild with --backend torch")
-        runtime = {**m.get("runtime", {}), **overrides}
-        cfg = RuntimeConfig(**{k: v for k, v in runtime.items() if k in RuntimeConfig.__dataclass_fields__})
-        tp_size = int(m.get("tp_size", 1))
-        presharded = None
-        rank_file = engine_dir / "ranks" / f"rank{_launcher_rank(tp_size)}.safetensors"
-        if rank_file.is_file():
-            from safetensors.torch import load_file
-            presharded = load_file(str(rank_file))
-        drafter = engine_dir / m.get("drafter", {}).get("path", "drafter")
-        return cls.from_dirs(engine_dir / m.get("target", {}).get("path", "target"),
-                             drafter if drafter.is_dir() else None, cfg, tp_size=tp_size, presharded=presharded,
-                             ep_size=int(m.get("ep_size", 1)))
+        return cls.from_dirs(**loader.read_deployment(engine_dir, overrides))
+
+    def use_adaptive_policy(self, costs: CostTable | None = None, context: int = 256,
+                            max_batch: int | None = None) -> AdaptivePolicy:
+        """Pick the block per step (draft_policy.AdaptivePolicy); without a cost table, measure one now on
+        this device at the batch buckets up to ``max_batch`` (default max_batch_size; the slots must be empty)."""
+        if costs is None:
+            top = min(max_batch or self.cfg.max_batch_size, self.cfg.max_batch_size)
+            batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < top] + [top]
+            costs = measure_costs(self.runner, batches, candidate_blocks(self.block_size),
+                                  min(context, self.cfg.max_seq_len - self.block_size - 1))
+        self.policy = AdaptivePolicy(self.block_size, costs)
+        return self.policy
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
@@ -158,17 +81,19 @@ class Engine:
         vocab = self.target.config.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise DFlashError("prompt", f"has token ids outside [0, {vocab})", "tokenize with the target's tokenizer")
-        req = Request(list(prompt_ids), params, on_tokens)
-        with self._lock:
-            self._waiting.append(req)
-        return req
+        seq = Sequence(list(prompt_ids), params, on_tokens)
+        self.scheduler.add(seq)
+        return seq
 
     def cancel(self, request_id: int) -> None:
-        with self._lock:
-            self._cancel.add(request_id)
+        self.scheduler.cancel(request_id)
 
     def has_work(self) -> bool:
-        return bool(self._waiting) or any(s is not None for s in self.slots)
+        return self.scheduler.has_work()
+
+    @property
+    def slots(self) -> list[Sequence | None]:
+        return self.scheduler.slots
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] = SamplingParams()) -> list[Request]:
         plist = params if isinstance(params, list) else [params] * len(prompts)
@@ -178,129 +103,83 @@ class Engine:
         return reqs
 
     def metrics(self) -> dict:
-        return {**self.counters, "active": sum(s is not None for s in self.slots), "waiting": len(self._waiting),
-                "block_size": self.block_size, "max_batch_size": self.cfg.max_batch_size}
+        return {**self.counters, "graphs": self.runner.num_graphs, "active": self.scheduler.num_running(),
+                "waiting": len(self.scheduler.waiting), "block_size": self.block_size,
+                "max_batch_size": self.cfg.max_batch_size, "block_counts": dict(self.block_counts)}
 
     # ---- the loop -------------------------------------------------------------------------------
     def step(self) -> list[Request]:
-        """Admit waiting requests (prefill), then one draft + verify over every active slot."""
-        admitted, finished = self._control()
-        if admitted:
-            finished += self._prefill(admitted)
-        n = max((i + 1 for i, s in enumerate(self.slots) if s is not None), default=0)
-        if n:
-            finished += self._decode(n)
+        """Schedule, prefill this step's prompt chunks, then one draft + verify over the decoding slots."""
+        out, finished, arriving = self._schedule()
+        finished += self._apply(out, arriving)
+        firsts = self.runner.prefill(out.chunks, {s: self.slots[s].prompt_ids for s, _, _ in out.chunks})
+        finished += self._postprocess_prefill(out, firsts)
+        if out.decode_rows:
+            t, a = self.runner.decode(out.decode_rows, out.block)
+            finished += self._postprocess_decode(out, t, a)
         return finished
 
-    @torch.inference_mode()
-    def _decode(self, n: int) -> list[Request]:
-        B = self.block_size
-        ctx_len = max(self._start_host[i] for i in range(n) if self.slots[i] is not None)
-        if self.use_graphs:  # one graph per (batch bucket, cache-length bucket, sampling path)
-            nb, kv = _bucket(n, self.cfg.max_batch_size, 1), _bucket(ctx_len + B, self.cfg.max_seq_len, 256)
-            self._graph(nb, kv)()
-        else:
-            self._step_tensors(n, ctx_len + B)
-        t_host, a_host = self._t[:n].tolist(), self._a[:n].tolist()   # the one host sync per step
+    def _schedule(self) -> tuple[SchedulerOutput, list[Request], dict[int, Sequence]]:
+        """Rank 0 decides and broadcasts; the other ranks receive the same SchedulerOutput.
+        Returns it, the waiting requests cancelled, and the admitted Sequences by request id."""
+        if self.tp.rank == 0:
+            out, dropped, arriving = self.scheduler.schedule(self.policy.choose)
+            if self.tp.active:
+                self.tp.broadcast_object(out)
+            return out, [self._finish(s, "cancelled") for s in dropped], arriving
+        out = self.tp.broadcast_object(None)
+        if out.stop:
+            raise StopIteration
+        return out, [], {rid: Sequence(p, sp, request_id=rid, slot=slot) for slot, p, sp, rid in out.admit}
+
+    def _apply(self, out: SchedulerOutput, arriving: dict[int, Sequence]) -> list[Request]:
+        """Cancelled requests leave their slots, then admitted ones take theirs."""
+        leaving = set(out.cancel)
+        finished = [self._finish(s, "cancelled") for s in self.slots if s is not None and s.request_id in leaving]
+        for slot, _, params, rid in out.admit:
+            self.slots[slot] = arriving[rid]
+            self.runner.admit(slot, params)
+        return finished
+
+    def _postprocess_prefill(self, out: SchedulerOutput, firsts: dict[int, int]) -> list[Request]:
+        finished = []
+        for slot, _, end in out.chunks:
+            seq = self.slots[slot]
+            seq.num_prefilled = end
+            if slot in firsts:
+                seq.stats.num_prompt_tokens = len(seq.prompt_ids)
+                seq.stats.ttft_s = time.perf_counter() - seq.t_arrival
+                self.counters["prefills"] += 1
+                done = self._emit(seq, [firsts[slot]])
+                if done:
+                    finished.append(self._finish(seq, done))
+        return finished
+
+    def _postprocess_decode(self, out: SchedulerOutput, t: list[list[int]], a: list[int]) -> list[Request]:
+        b = out.block
         self.counters["steps"] += 1
-        self.counters["max_active_batch"] = max(self.counters["max_active_batch"], sum(s is not None for s in self.slots))
-        finished = []
-        for i in range(n):
-            req = self.slots[i]
-            if req is None:
+        self.counters["max_active_batch"] = max(self.counters["max_active_batch"], self.scheduler.num_running())
+        self.block_counts[b] = self.block_counts.get(b, 0) + 1
+        self.last_reason = out.reason
+        finished, accepted = [], []
+        for i in range(out.decode_rows):
+            seq = self.slots[i]
+            if seq is None or not seq.decoding:
                 continue
-            k = a_host[i]
-            req.stats.acceptance_lengths.append(k + 1)
-            req.stats.num_draft_tokens += B - 1
-            req.stats.num_accepted_draft_tokens += k
-            self._start_host[i] += k + 1
-            done = self._emit(req, t_host[i][: k + 1])
+            k = a[i]
+            accepted.append(k)
+            seq.stats.acceptance_lengths.append(k + 1)
+            seq.stats.num_draft_tokens += b - 1
+            seq.stats.num_accepted_draft_tokens += k
+            done = self._emit(seq, t[i][: k + 1])
             if done:
-                finished.append(self._finish(req, done))
+                finished.append(self._finish(seq, done))
+        self.policy.observe(b, accepted)
         return finished
 
-    def _step_tensors(self, n: int, kv_len: int) -> None:
-        """Draft, verify, accept and advance rows [0, n) over cache[:kv_len]; device work only (graph-safe).
-        Results land in self._t (target samples) and self._a (accepted drafts)."""
-        B, rows = self.block_size, slice(0, n)
-        start, last = self.start[:n], self.last[:n]                     # [n]
-        pos = start[:, None] + self._arange                              # [n, B] positions of the block
-        draft = self.tp.broadcast(self._propose(last, pos, start, rows, kv_len)) if B > 1 else None  # [n, B-1]
-        ids = torch.cat([last[:, None], draft], 1) if B > 1 else last[:, None]       # [n, B]
-        h, feats = self.target(ids, pos, self.cache, rows, kv_len)
-        t = self.tp.broadcast(sample(self.target.logits(h), self._sampling(n), pos + 1))  # [n, B] target samples
-        a = accept(draft, t) if B > 1 else torch.zeros_like(start)     # [n]
-        if B > 1:  # context K/V for the whole block; rows past the accepted prefix are masked, then overwritten
-            self.drafter.append_context(feats, pos, self.draft_cache, rows)
-        act = self.active[:n]
-        self.last[:n] = torch.where(act, t.gather(1, a[:, None])[:, 0], last)
-        self.start[:n] = torch.where(act, start + a + 1, start)
-        self._t[:n], self._a[:n] = t, a
-
-    def _graph(self, n: int, kv_len: int):
-        """The CUDA graph of _step_tensors for this shape, captured on first use."""
-        key = (n, kv_len, self._sampling_flags())
-        if key not in self._graphs:
-            saved = self.active.clone()
-            self.active.zero_()  # warm-up runs must not advance any request (their cache writes land past `start`)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._step_tensors(n, kv_len)
-            torch.cuda.current_stream().wait_stream(side)
-            self.active.copy_(saved)
-            graph = torch.cuda.CUDAGraph()
-            if not hasattr(self, "_pool"):
-                self._pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._step_tensors(n, kv_len)
-            self._graphs[key] = graph
-            self.counters["graphs"] = len(self._graphs)
-        return self._graphs[key].replay
-
-    def _propose(self, last, pos, start, rows, ctx_len: int) -> torch.Tensor:
-        """One drafter pass over [last, mask x (B-1)] -> argmax draft tokens [n, B-1]."""
-        n, B = pos.shape
-        ids = torch.cat([last[:, None], torch.full((n, B - 1), self.mask_token_id, device=self.device)], 1)
-        h = self.drafter(self.target.embed(ids), pos, start, self.draft_cache, rows, ctx_len)
-        return self.target.logits(h[:, 1:]).argmax(-1)
-
-    @torch.inference_mode()
-    def _prefill(self, admitted: list[Request]) -> list[Request]:
-        finished, group = [], []
-        for req in admitted + [None]:
-            if req is not None and (not group or (len(group) + 1) * max(len(r.prompt_ids) for r in group + [req]) <= _PREFILL_TOKENS):
-                group.append(req)
-                continue
-            finished += self._prefill_group(group)
-            group = [req] if req is not None else []
-        return finished
-
-    def _prefill_group(self, group: list[Request]) -> list[Request]:
-        lens = [len(r.prompt_ids) for r in group]
-        P = max(lens)
-        ids = torch.tensor([r.prompt_ids + [0] * (P - len(r.prompt_ids)) for r in group], device=self.device)
-        pos = torch.arange(P, device=self.device).expand(len(group), P)            # [m, P]
-        rows = torch.tensor([r.slot for r in group], device=self.device)           # [m]
-        plen = torch.tensor(lens, device=self.device)                               # [m]
-        h, feats = self.target(ids, pos, self.cache, rows, None)
-        last_h = h[torch.arange(len(group), device=self.device), plen - 1][:, None]  # [m, 1, hidden]
-        sb = SamplingBatch.from_params([r.params for r in group], self.device)
-        first = self.tp.broadcast(sample(self.target.logits(last_h), sb, plen[:, None])[:, 0])  # [m]
-        if self.block_size > 1:
-            self.drafter.append_context(feats, pos, self.draft_cache, rows)
-        self.start[rows], self.last[rows], self.active[rows] = plen, first, True
-        self.counters["prefills"] += 1
-        finished = []
-        for req, tok in zip(group, first.tolist()):
-            self._start_host[req.slot] = len(req.prompt_ids)
-            req.stats.num_prompt_tokens = len(req.prompt_ids)
-            req.stats.ttft_s = time.perf_counter() - req.t_arrival
-            done = self._emit(req, [tok])
-            if done:
-                finished.append(self._finish(req, done))
-        return finished
+    def _propose(self, last, pos, start, rows, ctx_len: int):
+        """The drafts [n, B-1] for the block at positions pos [n, B] (tests plant drafters here)."""
+        return self.runner.draft(last, pos, start, rows, ctx_len)
 
     # ---- bookkeeping ----------------------------------------------------------------------------
     def _emit(self, req: Request, toks: list[int]) -> str | None:
@@ -314,7 +193,7 @@ class Engine:
         if len(toks) > room or (len(toks) == room and reason is None):
             toks, reason = toks[:room], "length"
         req.output_ids.extend(toks)
-        if reason is None and self._start_host[req.slot] + self.block_size > self.cfg.max_seq_len:
+        if reason is None and self.runner.start_host[req.slot] + self.block_size > self.cfg.max_seq_len:
             reason = "length"  # the KV cache row is full
         now = time.perf_counter()
         if len(req.output_ids) > len(toks):
@@ -326,62 +205,12 @@ class Engine:
 
     def _finish(self, req: Request, reason: str) -> Request:
         req.finish_reason = reason
-        if req.slot >= 0:
+        if req.slot >= 0 and self.slots[req.slot] is req:
             self.slots[req.slot] = None
-            self.active[req.slot] = False
-            self.start[req.slot] = 0
-            self.last[req.slot] = 0
-            self._start_host[req.slot] = 0
-            self._flags = None
+            self.runner.release(req.slot)
         self.counters["finished"] += 1
         req.done_event.set()
         return req
-
-    def _control(self) -> tuple[list[Request], list[Request]]:
-        """Rank 0 decides which requests leave (cancelled) and then which enter (free slots, FIFO);
-        the other ranks receive the same decision. Returns (admitted, cancelled)."""
-        if self.tp.rank == 0:
-            with self._lock:
-                ids, self._cancel = self._cancel, set()
-                cancelled = [r for r in self._waiting if r.request_id in ids]
-                self._waiting = deque(r for r in self._waiting if r.request_id not in ids)
-                running = [s for s in self.slots if s is not None and s.request_id in ids]
-                for r in running:
-                    self._finish(r, "cancelled")
-                free = [i for i, s in enumerate(self.slots) if s is None]
-                admitted = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
-            for req, slot in zip(admitted, free):
-                req.slot = slot
-            if self.tp.active:
-                self.tp.broadcast_object({"admit": [(r.slot, r.prompt_ids, r.params, r.request_id) for r in admitted],
-                                          "cancel": [r.request_id for r in running], "stop": False})
-            cancelled = [self._finish(r, "cancelled") for r in cancelled] + running
-        else:
-            msg = self.tp.broadcast_object(None)
-            if msg["stop"]:
-                raise StopIteration
-            cancelled = [self._finish(s, "cancelled") for s in self.slots
-                         if s is not None and s.request_id in set(msg["cancel"])]
-            admitted = [Request(p, sp, request_id=rid, slot=slot) for slot, p, sp, rid in msg["admit"]]
-        for req in admitted:
-            self.slots[req.slot] = req
-            self._set_sampling(req)
-        return admitted, cancelled
-
-    def _sampling_flags(self) -> tuple[bool, bool, bool]:
-        if self._flags is None:
-            self._flags = flags([s.params for s in self.slots if s is not None])
-        return self._flags
-
-    def _sampling(self, n: int) -> SamplingBatch:
-        sp = self._sp
-        return SamplingBatch(sp.temperature[:n], sp.top_k[:n], sp.top_p[:n], sp.seed[:n], *self._sampling_flags())
-
-    def _set_sampling(self, req: Request) -> None:
-        p, i = req.params, req.slot
-        self._sp.temperature[i], self._sp.top_k[i], self._sp.top_p[i], self._sp.seed[i] = (
-            p.temperature, p.top_k, p.top_p, seed_int64(p.seed))
-        self._flags = None
 
     def follow(self, close: bool = True) -> None:
         """Ranks > 0: mirror rank 0's steps until it calls shutdown(); then leave the group unless
@@ -396,40 +225,6 @@ class Engine:
     def shutdown(self, close: bool = True) -> None:
         """Rank 0: release the follower ranks (and leave the tensor-parallel group unless ``close`` is False)."""
         if self.tp.active and self.tp.rank == 0:
-            self.tp.broadcast_object({"admit": [], "cancel": [], "stop": True})
+            self.tp.broadcast_object(SchedulerOutput(stop=True))
             if close:
                 self.tp.close()
-
-
-def _bucket(x: int, cap: int, floor: int) -> int:
-    """Round up to a power of two (at least ``floor``, at most ``cap``): few shapes, few CUDA graphs."""
-    b = floor
-    while b < x:
-        b *= 2
-    return min(b, cap)
-
-
-def _launcher_rank(tp_size: int) -> int:
-    from .distributed import launcher_rank_and_size
-    return launcher_rank_and_size()[0] if tp_size > 1 else 0
-
-
-def _load_tokenizer(target_dir: Path):
-    """The target's tokenizer, or None for a weights-only folder (token-id requests still work)."""
-    if not any((target_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(target_dir))
-
-
-def _eos_ids(target_dir: Path, cfg: dict, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    sources = [cfg.get("eos_token_id")]
-    gen = target_dir / "generation_config.json"
-    if gen.is_file():
-        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
-    if tokenizer is not None:
-        sources.append(tokenizer.eos_token_id)
-    for s in sources:
-        ids.update(s if isinstance(s, list) else [s] if s is not None else [])
-    return ids

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Build the target and drafter modules for one tensor-parallel rank and fill them from checkpoints.
+"""Build the target and drafter modules for one tensor-parallel rank and fill them from checkpoints;
+read deployment directories, the tokenizer and the EOS ids (everything Engine.from_dirs needs).
 
 Each rank reads only its slices (safetensors lazy slices), fuses q/k/v and gate/up, checks every tensor
 is present with the expected shape, and never initialises weights it is about to overwrite (modules are
@@ -7,17 +8,20 @@ built on the meta device).
 """
 from __future__ import annotations
 
+import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..checkpoints import hf
+from ..checkpoints import hf, validate
+from ..config import RuntimeConfig
 from ..errors import DFlashError
 from . import fp8, quant
-from .distributed import TPGroup
-from .models import mxfp4, target_family
+from .distributed import TPGroup, init_tp, launcher_rank_and_size
+from .models import mxfp4, target_config, target_family
 from .models.dflash import DFlashDrafter, DrafterConfig
 from .models.layers import Rotary
 from .shard import slice_for_rank
@@ -139,3 +143,96 @@ def load_drafter(path: Path, target_hidden: int, tp: TPGroup, device, dtype, max
     _assign(model, sd, f"drafter {path}", device, dtype)
     model.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, cfg.max_position_embeddings).to(device)
     return model.eval()
+
+
+# ---- what Engine.from_dirs / from_deployment load ---------------------------------------------------
+def resolve_device(cfg) -> tuple[torch.device, torch.dtype]:
+    """RuntimeConfig device/dtype ('auto' included) -> torch device and dtype."""
+    dev = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                       "cpu" if cfg.device == "auto" else cfg.device)
+    dtype = {"auto": torch.bfloat16 if dev.type == "cuda" else torch.float32, "float32": torch.float32,
+             "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[cfg.dtype]
+    if cfg.fp8_gemm:   # asked for explicitly: refuse off Hopper/Ada before loading (None = auto, in load_target)
+        fp8.check_device(dev, dtype)
+    return dev, dtype
+
+
+@dataclass
+class Loaded:
+    target: nn.Module
+    drafter: DFlashDrafter | None
+    tokenizer: object | None
+    tp: TPGroup
+    eos_ids: set[int]
+
+
+def load_pair(target_dir, drafter_dir, cfg, *, tp_size: int = 1, allow_pickle: bool = False,
+              presharded: dict | None = None, ep_size: int = 1) -> Loaded:
+    """Check the pair's configs (before any rank or weight is touched), join the tensor-parallel group,
+    then load this rank's target, drafter (None for block_size 1), tokenizer and EOS ids."""
+    device, dtype = resolve_device(cfg)
+    target_dir = Path(target_dir)
+    tcfg = hf.read_config(target_dir)
+    dcfg = hf.read_config(drafter_dir) if drafter_dir is not None and cfg.block_size != 1 else None
+    if dcfg is not None:
+        validate.check_pair(tcfg, dcfg, tp_size=tp_size, block_size=cfg.block_size)
+    else:
+        validate.check_tp(tcfg, tp_size, "target")
+    target_config(tcfg)  # an architecture the runtime lacks fails here, before any rank starts
+    tp = init_tp(tp_size, device)
+    if device.type == "cuda" and tp.size > 1:
+        device = torch.device("cuda", torch.cuda.current_device())
+    positions = cfg.max_seq_len
+    drafter = (load_drafter(Path(drafter_dir), tcfg["hidden_size"], tp, device, dtype, positions, allow_pickle,
+                            presharded) if dcfg is not None else None)
+    capture = drafter.config.target_layer_ids if drafter is not None else ()
+    target = load_target(target_dir, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size,
+                         fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe)
+    tokenizer = load_tokenizer(target_dir)
+    return Loaded(target, drafter, tokenizer, tp, eos_ids(target_dir, tcfg, tokenizer))
+
+
+def read_deployment(engine_dir, overrides: dict) -> dict:
+    """A dflash-build deployment directory (backend: torch) -> load_pair's arguments."""
+    engine_dir = Path(engine_dir)
+    manifest_path = engine_dir / "manifest.json"
+    if not manifest_path.is_file():
+        raise DFlashError(str(manifest_path), "missing", "pass a directory written by dflash-build")
+    m = json.loads(manifest_path.read_text())
+    if m.get("backend") != "torch":
+        raise DFlashError("manifest backend", f"is {m.get('backend')!r}, the torch runtime runs 'torch' builds",
+                          "serve it with TensorRT-LLM (trtllm-serve) or rebuild with --backend torch")
+    runtime = {**m.get("runtime", {}), **overrides}
+    cfg = RuntimeConfig(**{k: v for k, v in runtime.items() if k in RuntimeConfig.__dataclass_fields__})
+    tp_size = int(m.get("tp_size", 1))
+    presharded = None
+    rank_file = engine_dir / "ranks" / f"rank{launcher_rank_and_size()[0] if tp_size > 1 else 0}.safetensors"
+    if rank_file.is_file():
+        from safetensors.torch import load_file
+        presharded = load_file(str(rank_file))
+    drafter = engine_dir / m.get("drafter", {}).get("path", "drafter")
+    return dict(target_dir=engine_dir / m.get("target", {}).get("path", "target"),
+                drafter_dir=drafter if drafter.is_dir() else None, cfg=cfg, tp_size=tp_size,
+                presharded=presharded, ep_size=int(m.get("ep_size", 1)))
+
+
+def load_tokenizer(target_dir: Path):
+    """The target's tokenizer, or None for a weights-only folder (token-id requests still work)."""
+    if not any((target_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(target_dir))
+
+
+def eos_ids(target_dir: Path, cfg: dict, tokenizer) -> set[int]:
+    """Stop ids from config.json, generation_config.json and the tokenizer (all of them count)."""
+    ids: set[int] = set()
+    sources = [cfg.get("eos_token_id")]
+    gen = target_dir / "generation_config.json"
+    if gen.is_file():
+        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+    if tokenizer is not None:
+        sources.append(tokenizer.eos_token_id)
+    for s in sources:
+        ids.update(s if isinstance(s, list) else [s] if s is not None else [])
+    return ids

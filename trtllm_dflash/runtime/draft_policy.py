@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How many tokens to verify per step (the block; 1 = autoregressive), chosen per step from the batch size,
+the running acceptance and measured step costs.
+
+Expected tokens committed by a block of b = 1 + sum_{j<b} P(the first j drafts are all accepted). The drafter
+always drafts its trained block (its attention over the block's mask tokens is what it learned), so the
+chance that draft j is accepted does not depend on b: per position we keep the conditional acceptance
+rate r_j = P(draft j accepted | drafts < j accepted), counted from every verify that reached j (a block of
+b observes positions up to b - 1) and decayed so it follows the current traffic. The policy picks the
+block with the most tokens per second, E[tokens](b) / cost(batch, b), from a cost table measured on the
+device that runs it (``measure_costs``). At block 1 nothing is observed, so every ``probe_every`` steps it
+verifies the full block once to refresh the rates.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def candidate_blocks(block_size: int) -> list[int]:
+    """1, powers of two below the trained block, and the block itself: few shapes, few CUDA graphs."""
+    out, b = [1], 2
+    while b < block_size:
+        out.append(b)
+        b *= 2
+    return out + [block_size] if block_size > 1 else out
+
+
+@dataclass
+class CostTable:
+    """Measured seconds per step, {batch: {block: s}}, at the batch buckets the engine runs."""
+
+    seconds: dict[int, dict[int, float]]
+    device: str = ""
+    context: int = 0   # tokens in the KV cache per row when measured
+
+    def cost(self, batch: int, block: int) -> float:
+        # the smallest measured batch >= batch (the engine pads to a bucket; never underestimates)
+        sizes = sorted(self.seconds)
+        b = next((s for s in sizes if s >= batch), sizes[-1])
+        row = self.seconds[b]
+        if block in row:
+            return row[block]
+        blocks = sorted(row)
+        hi = next((k for k in blocks if k >= block), blocks[-1])
+        lo = max((k for k in blocks if k <= block), default=blocks[0])
+        if hi == lo:
+            return row[hi]
+        return row[lo] + (row[hi] - row[lo]) * (block - lo) / (hi - lo)
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "context": self.context,
+                "seconds": {str(b): {str(k): v for k, v in r.items()} for b, r in self.seconds.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CostTable":
+        return cls({int(b): {int(k): float(v) for k, v in r.items()} for b, r in d["seconds"].items()},
+                   d.get("device", ""), int(d.get("context", 0)))
+
+    @classmethod
+    def load(cls, path) -> "CostTable":
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+@dataclass
+class AcceptanceStats:
+    """Decayed per-position counts of drafts tried and accepted (position j = the j-th draft, 1-based)."""
+
+    block_size: int
+    decay: float = 0.98          # per observed step: ~50 steps of memory
+    prior_rate: float = 0.5      # before any evidence: half the drafts accepted at each position ...
+    prior_weight: float = 2.0    # ... worth this many observations
+    tried: list[float] = field(default_factory=list)
+    passed: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.tried = [0.0] * self.block_size
+        self.passed = [0.0] * self.block_size
+
+    def observe(self, block: int, accepted: list[int]) -> None:
+        """accepted: drafts accepted per row of one verify of ``block`` tokens."""
+        if block < 2 or not accepted:
+            return
+        self.tried = [t * self.decay for t in self.tried]
+        self.passed = [p * self.decay for p in self.passed]
+        for a in accepted:
+            for j in range(1, min(a + 1, block - 1) + 1):   # positions up to the first rejection were tried
+                self.tried[j] += 1
+                self.passed[j] += j <= a
+
+    def rate(self, j: int) -> float:
+        w = self.prior_weight
+        return (self.passed[j] + w * self.prior_rate) / (self.tried[j] + w)
+
+    def expected_tokens(self, block: int) -> float:
+        total, p = 1.0, 1.0
+        for j in range(1, block):
+            p *= self.rate(j)
+            total += p
+        return total
+
+
+class FixedPolicy:
+    def __init__(self, block: int):
+        self.block = block
+
+    def choose(self, batch: int) -> tuple[int, str]:
+        return self.block, "fixed"
+
+    def observe(self, block: int, accepted: list[int]) -> None:
+        pass
+
+
+class AdaptivePolicy:
+    """The block with the most expected tokens per second at this batch size (see the module docstring)."""
+
+    def __init__(self, block_size: int, costs: CostTable, probe_every: int = 32, stats: AcceptanceStats | None = None):
+        self.block_size, self.costs, self.probe_every = block_size, costs, probe_every
+        self.stats = stats or AcceptanceStats(block_size)
+        self.blocks = candidate_blocks(block_size)
+        self._ar_steps = 0
+
+    def rates(self, batch: int) -> dict[int, float]:
+        """Expected tokens per second per row-step for each candidate block."""
+        return {b: self.stats.expected_tokens(b) / self.costs.cost(batch, b) for b in self.blocks}
+
+    def choose(self, batch: int) -> tuple[int, str]:
+        rates = self.rates(batch)
+        best = max(rates, key=rates.get)
+        if best == 1 and self.block_size > 1:
+            self._ar_steps += 1
+            if self._ar_steps % self.probe_every == 0:
+                return self.block_size, f"probe: refresh acceptance (AR for {self._ar_steps} steps)"
+        else:
+            self._ar_steps = 0
+        full = self.block_size
+        return best, (f"batch {batch}: {self.stats.expected_tokens(best):.2f} tok / "
+                      f"{1e3 * self.costs.cost(batch, best):.1f} ms = {rates[best]:.0f} tok/s per row at block {best}"
+                      + (f" vs {rates[full]:.0f} at block {full}" if best != full else "")
+                      + (f" vs {rates[1]:.0f} at block 1 (AR)" if best != 1 else ""))
+
+    def observe(self, block: int, accepted: list[int]) -> None:
+        self.stats.observe(block, accepted)
+
+
+def draft_len_schedule(policy: AdaptivePolicy, max_batch_size: int) -> dict[int, int]:
+    """The policy at its current acceptance estimate as TensorRT-LLM's ``draft_len_schedule``:
+    {batch-size upper bound: draft length}, ascending; batch sizes above the largest key draft 0
+    (speculation off). Source: TensorRT-LLM PR #10860 and ``DecodingBaseConfig.draft_len_schedule``
+    (LLM API reference, 1.3.0rc29+): {4: 4, 8: 2, 32: 1} = batches 1-4 draft 4, 5-8 draft 2, 9-32 draft 1."""
+    lens = [best_block(policy, n) - 1 for n in range(1, max_batch_size + 1)]   # lens[n - 1]: batch n
+    sched = {n: d for n, d in enumerate(lens, 1) if n == max_batch_size or lens[n] != d}
+    while sched and sched[max(sched)] == 0:   # trailing zeros are implicit
+        del sched[max(sched)]
+    return sched
+
+
+def best_block(policy: AdaptivePolicy, batch: int) -> int:
+    """The block the policy prefers at this batch size, without probing."""
+    rates = policy.rates(batch)
+    return max(rates, key=rates.get)
+
+
+def measure_costs(runner, batches: list[int], blocks: list[int], context: int, reps: int = 3) -> CostTable:
+    """Seconds per decode step of ``runner`` at each batch and block, the KV cache holding ``context``
+    tokens per row (warm-up and CUDA-graph capture excluded; the slots must be empty)."""
+    import torch
+    seconds: dict[int, dict[int, float]] = {}
+    saved = runner.start_host[:]
+    for n in batches:
+        seconds[n] = {}
+        for b in blocks:
+            runner.start_host[:n] = [context] * n
+            runner.start[:n] = context
+            times = []
+            for i in range(reps + 1):
+                if runner.device.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                runner.decode(n, b)
+                times.append(time.perf_counter() - t0)
+            seconds[n][b] = sorted(times[1:])[len(times[1:]) // 2]
+    runner.start_host[:] = saved
+    runner.start.zero_()
+    return CostTable(seconds, str(runner.device), context)

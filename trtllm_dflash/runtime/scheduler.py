@@ -1,0 +1,95 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Which requests run in the next step, and how: admission into free KV-cache slots (FIFO), cancellation,
+and a per-step token budget (TensorRT-LLM's ``max_num_tokens``) shared by the running requests' verify
+blocks and the prompt chunks of arriving ones (chunked prefill mixed with decode: an arrival delays the
+running requests by at most one chunk's forward, whatever the prompt's length).
+
+Only tensor-parallel rank 0 schedules; the other ranks receive its ``SchedulerOutput`` and apply it.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..config import SamplingParams
+from .sequence import Sequence
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's decisions: everything a follower rank needs to mirror rank 0."""
+
+    admit: list[tuple[int, list[int], SamplingParams, int]] = field(default_factory=list)  # (slot, prompt, params, id)
+    cancel: list[int] = field(default_factory=list)          # request ids that leave before this step
+    chunks: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, begin, end): prompt tokens to prefill
+    decode_rows: int = 0        # draft + verify over slots [0, decode_rows) (0 = no decode this step)
+    block: int = 1              # tokens verified per row this step (1 = autoregressive)
+    reason: str = ""            # why this block (the draft policy's words)
+    stop: bool = False          # rank 0 is shutting down
+
+
+class Scheduler:
+    def __init__(self, max_batch_size: int, max_num_tokens: int):
+        self.slots: list[Sequence | None] = [None] * max_batch_size
+        self.max_num_tokens = max_num_tokens
+        self.waiting: deque[Sequence] = deque()
+        self._cancel: set[int] = set()
+        self._lock = threading.Lock()  # add/cancel come from any thread; schedule from the step thread
+
+    def add(self, seq: Sequence) -> None:
+        with self._lock:
+            self.waiting.append(seq)
+
+    def cancel(self, request_id: int) -> None:
+        with self._lock:
+            self._cancel.add(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(s is not None for s in self.slots)
+
+    def num_running(self) -> int:
+        return sum(s is not None for s in self.slots)
+
+    def schedule(self, choose_block) -> tuple[SchedulerOutput, list[Sequence], dict[int, Sequence]]:
+        """Rank 0's decisions for the next step. ``choose_block(batch) -> (block, reason)`` is the draft
+        policy. Returns the output, the waiting requests cancelled before admission (already out of the
+        queue; running ones are named in ``output.cancel``) and the admitted requests by id."""
+        out, arriving = SchedulerOutput(), {}
+        with self._lock:
+            ids, self._cancel = self._cancel, set()
+            dropped = [s for s in self.waiting if s.request_id in ids]
+            self.waiting = deque(s for s in self.waiting if s.request_id not in ids)
+            out.cancel = [s.request_id for s in self.slots if s is not None and s.request_id in ids]
+            free = [i for i, s in enumerate(self.slots) if s is None or s.request_id in ids]
+            for slot in free[: len(self.waiting)]:
+                seq = self.waiting.popleft()
+                seq.slot = slot
+                arriving[seq.request_id] = seq
+                out.admit.append((slot, seq.prompt_ids, seq.params, seq.request_id))
+        leaving = set(out.cancel)
+        admitted = {slot: (prompt, 0) for slot, prompt, _, _ in out.admit}
+        decoding = [i for i, s in enumerate(self.slots) if s is not None and s.request_id not in leaving
+                    and i not in admitted and s.decoding]
+        prefilling = {i: (s.prompt_ids, s.num_prefilled) for i, s in enumerate(self.slots)
+                      if s is not None and s.request_id not in leaving and i not in admitted and not s.decoding}
+        out.block, out.reason = choose_block(len(decoding)) if decoding else (1, "")
+        # The running requests' verify tokens come first; prompts share what is left, oldest slot first
+        # (one chunk per request per step), padded to the longest chunk (the forward's real cost).
+        budget = max(self.max_num_tokens - len(decoding) * out.block, 1)
+        pending = {**prefilling, **admitted}
+        chunks, longest = [], 0
+        for slot in sorted(pending, key=lambda i: pending[i][1] == 0):  # started prompts first, then new ones
+            prompt, done = pending[slot]
+            take = min(len(prompt) - done, longest if chunks else budget)  # later chunks pad to the first's length
+            if (len(chunks) + 1) * max(longest, take) > budget:
+                break
+            chunks.append((slot, done, done + take))
+            longest = max(longest, take)
+        out.chunks = chunks
+        finishing = {slot for slot, _, end in chunks if end == len(pending[slot][0])}
+        rows = decoding + sorted(finishing)
+        out.decode_rows = max(rows) + 1 if rows else 0
+        if not decoding and finishing:  # the first decode of new requests: the policy decides for them too
+            out.block, out.reason = choose_block(len(finishing))
+        return out, dropped, arriving
