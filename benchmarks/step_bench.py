@@ -9,6 +9,10 @@ the wall time of `Engine.step()` (device work + the one host sync + bookkeeping;
 `--steps`. Roofline = bytes that must cross HBM per step (every weight read once, the KV cache read once)
 over the copy bandwidth measured in the same run. Random weights: acceptance is ~1, so only step costs
 are meaningful here; acceptance comes from benchmarks/acceptance.py on a trained pair.
+
+``--profile`` adds kernel counts per step and the host gap (step wall time minus the device time of its
+kernels: launch, Python bookkeeping and the one sync). ``--cost_table`` measures the adaptive draft
+policy's cost table (runtime/draft_policy.py) for the DFlash engine at every batch and candidate block.
 """
 from __future__ import annotations
 
@@ -28,7 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights  # noqa: E402
 from trtllm_dflash.checkpoints.resolve import KNOWN_MODELS, PUBLIC_CONFIGS  # noqa: E402
 from trtllm_dflash.config import RuntimeConfig, SamplingParams  # noqa: E402
+from trtllm_dflash.provenance import record  # noqa: E402
 from trtllm_dflash.runtime.distributed import TPGroup  # noqa: E402
+from trtllm_dflash.runtime.draft_policy import candidate_blocks, measure_costs  # noqa: E402
 from trtllm_dflash.runtime.engine import Engine  # noqa: E402
 from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
 
@@ -126,8 +132,9 @@ def time_engine(eng: Engine, batch: int, ctx: int, steps: int) -> dict:
     return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times)}
 
 
-def profile_steps(eng: Engine, batch: int, ctx: int, steps: int = 3) -> dict:
-    """Kernel-level view of a few steps: count and the top kernels by device time."""
+def profile_steps(eng: Engine, batch: int, ctx: int, steps: int = 3, step_ms: float | None = None) -> dict:
+    """Kernel-level view of a few steps: count, the top kernels by device time, and the host gap
+    (``step_ms`` minus the kernels' device time per step)."""
     from torch.profiler import ProfilerActivity, profile
     reqs = [eng.add_request(list(range(100, 100 + ctx)), SamplingParams(max_new_tokens=10**6, ignore_eos=True))
             for _ in range(batch)]
@@ -143,7 +150,9 @@ def profile_steps(eng: Engine, batch: int, ctx: int, steps: int = 3) -> dict:
     evts = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     total = sum(e.self_device_time_total for e in evts)
     top = sorted(evts, key=lambda e: -e.self_device_time_total)[:12]
-    return {"kernels_per_step": sum(e.count for e in evts) / steps, "device_ms_per_step": total / 1e3 / steps,
+    device_ms = total / 1e3 / steps
+    return {"kernels_per_step": sum(e.count for e in evts) / steps, "device_ms_per_step": device_ms,
+            "host_gap_ms_per_step": None if step_ms is None else step_ms - device_ms,
             "top": [{"name": e.key[:90], "count": e.count // steps, "ms": e.self_device_time_total / 1e3 / steps}
                     for e in top]}
 
@@ -214,11 +223,19 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
     if args.profile:
         for mode in ("ar", "dflash"):
             for b in sorted({min(args.batch), max(args.batch)}):
-                prof = profile_steps(engines[mode], b, args.ctx)
+                ms = next(r["step_ms"] for r in rows if r["model"] == name and r["mode"] == mode and r["batch"] == b)
+                prof = profile_steps(engines[mode], b, args.ctx, step_ms=ms)
                 s[f"profile_{mode}_b{b}"] = prof
                 print(f"profile {name} {mode} b={b}: {prof['kernels_per_step']:.0f} kernels, "
-                      f"{prof['device_ms_per_step']:.2f} ms device/step; top: "
+                      f"{prof['device_ms_per_step']:.2f} ms device/step, host gap {prof['host_gap_ms_per_step']:.3f} ms; top: "
                       + "; ".join(f"{t['name'][:40]} x{t['count']} {t['ms']:.2f}ms" for t in prof["top"][:6]), flush=True)
+    if args.cost_table:
+        t0 = time.perf_counter()
+        table = measure_costs(engines["dflash"].runner, args.batch, candidate_blocks(B), args.ctx, reps=5)
+        s["cost_table"] = table.to_json()
+        print(f"cost table {name} ({time.perf_counter() - t0:.0f}s): "
+              + "; ".join(f"b{n}: " + " ".join(f"{k}={1e3 * v:.2f}" for k, v in r.items()) for n, r in table.seconds.items()),
+              flush=True)
     del engines
     torch.cuda.empty_cache()
     if args.peers:
@@ -247,6 +264,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--peers", action="store_true", help="also time HF generate and the dflash reference package")
     p.add_argument("--profile", action="store_true", help="kernel counts and top kernels of b=min and b=max steps")
+    p.add_argument("--cost_table", action="store_true", help="measure the adaptive draft policy's cost table")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     import transformers
@@ -254,10 +272,13 @@ def main(argv=None) -> int:
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "command": " ".join(sys.argv), **ceil}
     print(json.dumps(meta), flush=True)
+    # random in-memory weights at the public configs' shapes: no checkpoint to hash
+    prov = record(["python", "benchmarks/step_bench.py", *(argv if argv is not None else sys.argv[1:])])
     rows, summary = [], {}
     for name in args.models.split(","):
         bench_model(name, args, ceil, rows, summary)
-        Path(args.out).write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
+        Path(args.out).write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows, "provenance": prov},
+                                             indent=1))
     return 0
 
 
