@@ -114,12 +114,20 @@ def weight_bytes(module: torch.nn.Module, skip=("embed_tokens",)) -> int:
     return sum(p.numel() * p.element_size() for n, p in module.named_parameters() if not n.startswith(skip))
 
 
+def settle(eng: Engine, reqs) -> None:
+    """Step until every prompt is prefilled (chunked under max_num_tokens, so possibly several steps), then
+    capture this shape's graph and warm up: the timed steps are decode steps only."""
+    while not all(r.decoding for r in reqs):
+        eng.step()
+    for _ in range(3):
+        eng.step()
+
+
 def time_engine(eng: Engine, batch: int, ctx: int, steps: int) -> dict:
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(100, 1000, (ctx,), generator=g).tolist() for _ in range(batch)]
     reqs = [eng.add_request(p, SamplingParams(max_new_tokens=10**6, ignore_eos=True)) for p in prompts]
-    for _ in range(4):  # admit (prefill) + capture this shape's graph + warm up
-        eng.step()
+    settle(eng, reqs)
     times = []
     for _ in range(steps):
         torch.cuda.synchronize()
@@ -138,8 +146,7 @@ def profile_steps(eng: Engine, batch: int, ctx: int, steps: int = 3, step_ms: fl
     from torch.profiler import ProfilerActivity, profile
     reqs = [eng.add_request(list(range(100, 100 + ctx)), SamplingParams(max_new_tokens=10**6, ignore_eos=True))
             for _ in range(batch)]
-    for _ in range(4):
-        eng.step()
+    settle(eng, reqs)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             eng.step()

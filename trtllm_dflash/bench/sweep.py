@@ -54,8 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--backend", choices=("engine", "triton", "openai"), default="engine",
                    help="engine = in-process torch runtime (offline), triton = gRPC stream to the tensorrt_llm "
                         "model, openai = /v1/completions server-sent events (trtllm-serve)")
-    g.add_argument("--mode", choices=("dflash", "ar"), default="dflash",
-                   help="engine: ar = the same engine with block_size 1; endpoints: recorded only")
+    g.add_argument("--mode", choices=("dflash", "ar", "adaptive"), default="dflash",
+                   help="engine: ar = the same engine with block_size 1; adaptive = DFlash with the block picked per "
+                        "step (runtime/draft_policy.py, step costs measured on this device first); endpoints: "
+                        "recorded only")
     g.add_argument("--url", help="endpoint host:port (triton: the gRPC port)")
     g.add_argument("--model", help="model name at the endpoint [triton: tensorrt_llm, openai: the first listed]")
     g.add_argument("--tokenizer", help="endpoints: tokenizer folder or hub id for counting tokens [--engine's target]")
@@ -139,6 +141,8 @@ def open_engine(args, m: dict) -> Target:
         overrides["block_size"] = args.block_size
     overrides.update({k: getattr(args, k) for k in ("max_seq_len", "dtype", "device") if getattr(args, k)})
     engine = Engine.from_deployment(args.engine, **overrides)
+    if args.mode == "adaptive" and engine.tp.size == 1:
+        engine.use_adaptive_policy(context=args.input_len or 256)
     if engine.tp.rank != 0:
         return Target(None, None, None, None, None, close=engine.follow)   # mirrors rank 0 until shutdown
     if engine.device.type == "cuda":
@@ -148,10 +152,14 @@ def open_engine(args, m: dict) -> Target:
         gpu = f"none (cpu: {platform.processor() or platform.machine()})"
     settings = {**_pair(m), "block_size": engine.block_size, "tp_size": engine.tp.size, "gpu_name": gpu,
                 "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
-                "max_batch_size": engine.cfg.max_batch_size, "max_seq_len": engine.cfg.max_seq_len}
+                "max_batch_size": engine.cfg.max_batch_size, "max_seq_len": engine.cfg.max_seq_len,
+                "draft_policy": type(engine.policy).__name__}
 
     def run(items, concurrency, params, on_done):
-        return drivers.run_engine_level(engine, items, concurrency, params, on_done)
+        before = dict(engine.block_counts)
+        out = drivers.run_engine_level(engine, items, concurrency, params, on_done)
+        settings["block_counts"] = {b: k - before.get(b, 0) for b, k in engine.block_counts.items()}  # this level
+        return out
 
     return Target(run, engine.tokenizer, engine.target.config.vocab_size, engine.block_size, engine.cfg.max_seq_len,
                   settings, close=engine.shutdown)
@@ -302,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         target.close()   # ranks > 0 of a TP engine: follow rank 0's steps, write nothing
         return 0
     try:
-        label = args.label or ("AR" if args.mode == "ar" else "DFlash")
+        label = args.label or {"ar": "AR", "dflash": "DFlash", "adaptive": "DFlash adaptive"}[args.mode]
         n_max = max(sum(level_sizes(args, c)) for c in args.levels)
         input_len = args.input_len if args.input_len is not None else (128 if args.dataset == "random" else None)
         items = load_workload(args.dataset, target.tokenizer, num_prompts=n_max, input_len=input_len,

@@ -1,0 +1,96 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Summary of the AR / DFlash fixed / DFlash adaptive sweep (gpu_smollm2.sh stage sweep2).
+
+    python benchmarks/sweep2_summary.py --sweep sweep.jsonl --engine DEPLOY --batch 64 --input_len 128 --out summary.json
+
+- ``min/max_adaptive_over_ar_iso_interactivity``: DFlash adaptive's throughput (tok/s/gpu) over AR's at equal
+  interactivity (tok/s/user), over the two Pareto fronts' shared range (bench/plot.py's iso_ratio, the
+  numbers of the iso-interactivity plot); the same for DFlash at its fixed block.
+- ``itl_c64_over_steady_b64``: the mean gap between streamed chunks at concurrency ``--batch`` in the sweep
+  (requests arriving and leaving) over the step time of a steady batch of ``--batch`` requests that all
+  decode (no arrivals), both in adaptive mode on this device: 1 = arrivals cost nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from trtllm_dflash.bench.plot import iso_ratio  # noqa: E402
+from trtllm_dflash.config import SamplingParams  # noqa: E402
+from trtllm_dflash.provenance import record  # noqa: E402
+
+
+def steady_step_ms(engine_dir: Path, batch: int, input_len: int, mode: str, steps: int = 30) -> dict:
+    """Median step time of ``batch`` requests that all decode (prompts prefilled first, nothing arrives)."""
+    import torch
+    from trtllm_dflash.runtime.engine import Engine
+    engine = Engine.from_deployment(engine_dir, max_batch_size=batch, **({"block_size": 1} if mode == "ar" else {}))
+    if mode == "adaptive":
+        engine.use_adaptive_policy(context=input_len)
+    g = torch.Generator().manual_seed(0)
+    vocab = engine.target.config.vocab_size
+    reqs = [engine.add_request(torch.randint(10, vocab - 10, (input_len,), generator=g).tolist(),
+                               SamplingParams(max_new_tokens=10**6, ignore_eos=True)) for _ in range(batch)]
+    while not all(r.decoding for r in reqs):
+        engine.step()
+    for _ in range(3):   # graphs for this shape
+        engine.step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.step()   # ends with the step's one host sync
+        times.append(time.perf_counter() - t0)
+    for r in reqs:
+        engine.cancel(r.request_id)
+    engine.step()
+    return {"step_ms": 1e3 * statistics.median(times), "block_counts": engine.block_counts}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sweep", type=Path, required=True, help="JSONL with the runs labelled AR, DFlash, DFlash adaptive")
+    p.add_argument("--engine", type=Path, required=True, help="the deployment the sweep ran")
+    p.add_argument("--batch", type=int, default=64, help="the concurrency compared with a steady batch")
+    p.add_argument("--input_len", type=int, default=128, help="prompt tokens of the steady batch's requests")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    rows = [json.loads(line) for line in args.sweep.read_text().splitlines() if line.strip()]
+    curves: dict[str, list] = {}
+    for r in rows:
+        m = r["metrics"]
+        if m.get("tok_s_user") and m.get("tok_s_gpu"):
+            curves.setdefault(r["label"], []).append((m["tok_s_user"], m["tok_s_gpu"], r["settings"]["concurrency"]))
+    for need in ("AR", "DFlash", "DFlash adaptive"):
+        if need not in curves:
+            raise SystemExit(f"error: --sweep has no run labelled {need!r} (labels: {', '.join(curves)})")
+    summary: dict = {}
+    for label, key in (("DFlash adaptive", "adaptive"), ("DFlash", "fixed")):
+        ratios = iso_ratio(curves["AR"], curves[label])
+        summary[f"{key}_over_ar_iso_interactivity"] = ratios
+        vals = [x["ratio"] for x in ratios]
+        summary[f"min_{key}_over_ar_iso_interactivity"] = min(vals) if vals else None
+        summary[f"max_{key}_over_ar_iso_interactivity"] = max(vals) if vals else None
+    at_c = [r for r in rows if r["label"] == "DFlash adaptive" and r["settings"]["concurrency"] == args.batch]
+    steady = steady_step_ms(args.engine, args.batch, args.input_len, "adaptive")
+    summary["steady_b%d_adaptive" % args.batch] = steady
+    itl = at_c[-1]["metrics"]["itl_chunk_ms"]["mean"] if at_c else None
+    summary[f"itl_c{args.batch}_adaptive_ms"] = itl
+    summary["itl_c64_over_steady_b64" if args.batch == 64 else f"itl_c{args.batch}_over_steady_b{args.batch}"] = (
+        itl / steady["step_ms"] if itl else None)
+    summary["levels"] = {label: sorted(c for *_, c in pts) for label, pts in curves.items()}
+    summary["requests_per_level"] = sorted({r["metrics"].get("num_requests") for r in rows} - {None})
+    out = {"summary": summary, "provenance": record(["python", "benchmarks/sweep2_summary.py",
+                                                      *(argv if argv is not None else sys.argv[1:])])}
+    args.out.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
