@@ -158,7 +158,9 @@ class Engine:
     def _postprocess_decode(self, out: SchedulerOutput, t: list[list[int]], a: list[int]) -> list[Request]:
         b = out.block
         self.counters["steps"] += 1
-        self.counters["max_active_batch"] = max(self.counters["max_active_batch"], self.scheduler.num_running())
+        running = self.scheduler.num_running()
+        if running > self.counters["max_active_batch"]:
+            self.counters["max_active_batch"] = running
         self.block_counts[b] = self.block_counts.get(b, 0) + 1
         self.last_reason = out.reason
         finished, accepted = [], []
@@ -185,8 +187,10 @@ class Engine:
     def _emit(self, req: Request, toks: list[int]) -> str | None:
         """Append committed tokens (cut at a stop token or the budget); returns a finish reason or None."""
         p, reason = req.params, None
-        stops = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids)
-        cut = next((j for j, tok in enumerate(toks) if tok in stops), None)
+        if req.stop_ids is None:   # once per request: this runs for every row of every step
+            req.stop_ids = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else frozenset(self.eos_ids))
+        stops = req.stop_ids
+        cut = next((j for j, tok in enumerate(toks) if tok in stops), None) if not stops.isdisjoint(toks) else None
         if cut is not None:
             toks, reason = toks[: cut + 1], "stop"
         room = p.max_new_tokens - len(req.output_ids)

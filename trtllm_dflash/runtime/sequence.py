@@ -24,6 +24,7 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "cancelled"
     slot: int = -1
     num_prefilled: int = 0            # prompt tokens already in the KV cache (chunked prefill progress)
+    stop_ids: frozenset[int] | None = None  # the request's stop tokens (EOS included), set on first use
     t_arrival: float = field(default_factory=time.perf_counter)
     done_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
