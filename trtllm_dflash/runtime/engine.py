@@ -105,7 +105,8 @@ class Engine:
     def metrics(self) -> dict:
         return {**self.counters, "graphs": self.runner.num_graphs, "active": self.scheduler.num_running(),
                 "waiting": len(self.scheduler.waiting), "block_size": self.block_size,
-                "max_batch_size": self.cfg.max_batch_size, "block_counts": dict(self.block_counts)}
+                "max_batch_size": self.cfg.max_batch_size,
+                **{f"steps_block_{b}": k for b, k in sorted(self.block_counts.items())}}   # flat ints: /metrics
 
     # ---- the loop -------------------------------------------------------------------------------
     def step(self) -> list[Request]:
