@@ -9,8 +9,9 @@
 #   eval    benchmarks/acceptance.py (HumanEval, MT-Bench; dflash reference cross-check) -> acceptance_smollm2.*
 #   sweep   AR vs DFlash dflash-sweep, concurrency 1..64 -> sweep_smollm2_h100.jsonl
 #   sweep2  AR vs DFlash (fixed block) vs DFlash adaptive with the shipped drafter, concurrency 1..64, 64 requests
-#           per level, HumanEval prompts, 128 new tokens -> sweep_smollm2_h100_v2.jsonl, plots, .summary.json
-#           (~5 min on an H100). SMOKE=1: a tiny random pair on this machine's CPU, 2 levels (PYBIN=python)
+#           per level (320 at 32 and 64), HumanEval prompts, 128 new tokens -> sweep_smollm2_h100_v2.jsonl, plots,
+#           .summary.json (~5 min on an H100, estimated from the v1 sweep's step times). SMOKE=1: a tiny random pair
+#           on this machine's CPU, 2 levels (PYBIN=python)
 #   quant   ModelOpt FP8 build on the GPU + benchmarks/quant_report.py (weight-only vs fp8_gemm) -> quant_*.json
 #   gputests  pytest -m gpu (every gpu-marked module; the real SmolLM2 from prep's cache) -> gpu_tests_h100.json
 #   cudacheck benchmarks/cuda_check.py --smollm2 (every row, float32 + bf16) -> cuda_check_h100.json
@@ -95,17 +96,22 @@ case $STAGE in
     if [ "${SMOKE:-0}" = 1 ]; then   # the same pipeline at toy size on the CPU
       $PY -c "import sys; from pathlib import Path; from tests.tiny import write_tiny_pair; write_tiny_pair(Path(sys.argv[1]))" "$RUN/tiny"
       PAIR=(--target "$RUN/tiny/target" --drafter "$RUN/tiny/drafter" --gpu h100 --max_batch_size 2 --max_seq_len 256)
-      LOAD=(--concurrency 1,2 --num_requests 4 --dataset random --input_len 16 --max_new_tokens 16 --ignore_eos --device cpu)
-      NAME=sweep_smoke; BATCH=2; INPUT=16
+      LOAD=(--dataset random --input_len 16 --max_new_tokens 16 --ignore_eos --device cpu)
+      LEVELS=("1 4" "2 4"); NAME=sweep_smoke; BATCH=2; INPUT=16
     else
       PAIR=(--target smollm2-135m --drafter smollm2-135m-dflash --gpu h100 --max_batch_size 64 --max_seq_len 2048)
-      LOAD=(--concurrency 1,2,4,8,16,32,64 --num_requests 64 --dataset humaneval --max_new_tokens 128)
-      NAME=sweep_smollm2_h100_v2; BATCH=64; INPUT=128
+      LOAD=(--dataset humaneval --max_new_tokens 128)
+      # "levels requests": >= 64 requests per level, 5 waves at 32 and 64 so the ITL there is steady state
+      LEVELS=("1,2,4,8,16 64" "32,64 320"); NAME=sweep_smollm2_h100_v2; BATCH=64; INPUT=128
     fi
     $PY -m trtllm_dflash.build "${PAIR[@]}" --backend torch --out "$RUN/deploy2" --force
     rm -f "$OUT/$NAME.jsonl"
     for mode in ar dflash adaptive; do
-      $PY -m trtllm_dflash.bench.sweep --engine "$RUN/deploy2" --mode $mode "${LOAD[@]}" --out "$OUT/$NAME.jsonl"
+      for lv in "${LEVELS[@]}"; do
+        set -- $lv
+        $PY -m trtllm_dflash.bench.sweep --engine "$RUN/deploy2" --mode $mode --concurrency "$1" --num_requests "$2" \
+          "${LOAD[@]}" --out "$OUT/$NAME.jsonl"
+      done
     done
     $PY -m trtllm_dflash.bench.plot "$OUT/$NAME.jsonl" --out_dir "$OUT" --title "SmolLM2-135M: AR vs DFlash fixed vs adaptive"
     $PY benchmarks/sweep2_summary.py --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy2" --batch $BATCH \
