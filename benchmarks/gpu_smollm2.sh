@@ -46,7 +46,7 @@
 #   SMOKE=1      the same commands on CPU with a tiny corpus/run: seconds to minutes, no GPU (the CPU check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|sweep2|quant|gputests|cudacheck|soak}
+STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|sweep2|quant|gputests|cudacheck|soak|stash|regen_shards|train_big|ckpt_pull|eval_big}
 SITE=/tmp/dflash_site
 for w in .carry/w*/; do   # each wheel folder once; they arrive over several calls
   marker=$SITE/.installed-$(basename "$w")
