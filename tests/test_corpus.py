@@ -146,6 +146,9 @@ def test_build_dedups_decontaminates_fits_and_shards(tmp_path, deco, evals):
     again = corpus.build(tmp_path / "c2", s, items=items, tokenizer=tok, decontaminator=deco, progress=False,
                          log=lambda *_: None)
     assert [sh["sha256"] for sh in again["shards"]] == [sh["sha256"] for sh in m["shards"]]  # reproducible
+    sub = corpus.subset(tmp_path / "c", tmp_path / "sub", 7, 3)  # the smoke runs' small corpus
+    assert [sh["prompts"] for sh in sub["shards"]] == [3, 3, 1]
+    assert [r for sh in sub["shards"] for r in corpus.read_shard(tmp_path / "sub", sh)] == rows[:7]
     (tmp_path / "c" / m["shards"][1]["name"]).write_bytes(gzip.compress(b'{"id": "tampered"}\n'))
     with pytest.raises(DFlashError, match="does not match its sha256"):
         corpus.read_shard(tmp_path / "c", m["shards"][1])
