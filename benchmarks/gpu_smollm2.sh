@@ -42,7 +42,8 @@
 #   train_big    train for TRAIN_S s (default 420) from the last checkpoint (export once finished) -> loss.csv,
 #                report.json, checkpoint part 0 (state.json + 4 shard files); loss.png when matplotlib is there
 #   ckpt_pull    PART=k: the checkpoint's part k (state.json + 4 shard files)
-#   eval_big     acceptance.py on the exported drafter -> acceptance_big.json, tau.csv, the drafter in 2 shards
+#   eval_big     acceptance.py on the exported drafter -> acceptance_big.json, the drafter in 2 shards + index,
+#                eval_extra.tgz (tau.csv, drafter config.json, loss.png)
 #   SMOKE=1      the same commands on CPU with a tiny corpus/run: seconds to minutes, no GPU (the CPU check)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -76,7 +76,9 @@ if [[ $MODE == --big ]]; then
       "$PY" benchmarks/acceptance.py --target smollm2-135m --drafter "$OUT/drafter" --out "$BACK/acceptance_big.json" \
         "${EVAL[@]}"
       "$PY" -m trtllm_dflash.training.report "$OUT" --add_tau "$BACK/acceptance_big.json"
-      cp "$OUT/tau.csv" "$BACK/"
+      # 7 files: the JSON, its meta, the log, the drafter's 2 shards + index, and the small rest in one tgz
+      tar czf "$BACK/eval_extra.tgz" -C "$OUT" tau.csv drafter/config.json $(cd "$OUT" && ls loss.png 2>/dev/null) \
+        -C "$BACK" acceptance_big.md && rm -f "$BACK/acceptance_big.md"
       "${CARRY[@]}" drafter --run "$OUT" --out "$BACK" ;;
     *) echo "unknown --big stage $BIG_STAGE" >&2; exit 2 ;;
   esac
