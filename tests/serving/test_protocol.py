@@ -50,6 +50,19 @@ def test_bad_requests_name_the_input(inputs, params, match):
         parse_request(inputs, params, 64)
 
 
+def test_sizes_are_bounded_before_decoding():
+    # #19 finding 4: a 40 MB prompt was tokenized whole before its length was checked; 100k stop strings
+    with pytest.raises(DFlashError, match=r"text_input: is 4097 bytes, longer than any prompt .*\(4096 bytes at most"):
+        parse_request(_req(b"x" * 4097), {}, 64, max_prompt_bytes=4096)
+    assert parse_request(_req(b"x" * 4096), {}, 64, max_prompt_bytes=4096).prompt == "x" * 4096
+    many = np.array([b"a"] * 100_000, dtype=np.object_)
+    with pytest.raises(DFlashError, match="sampling_param_stop: has 100000 strings. Fix: send at most 32"):
+        parse_request(_req(sampling_param_stop=many), {}, 64)
+    with pytest.raises(DFlashError, match="sampling_param_stop: has a string longer than 256 bytes"):
+        parse_request(_req(sampling_param_stop=np.array([b"a" * 257], dtype=np.object_)), {}, 64)
+    assert parse_request(_req(), {"cancel_key": "s3cret"}, 64).prompt == "hello"
+
+
 def test_final_outputs_types():
     out = final_outputs("tx", Result(finish_reason="length", num_draft_tokens=14, num_accepted_draft_tokens=7,
                                      times_ns={"arrival_time_ns": 5}))

@@ -197,8 +197,16 @@ def test_bad_inputs_get_clear_errors_and_the_server_stays_healthy(tiny_server):
         ({"text_input": "hi", "sampling_param_temperature": -1.0}, "sampling_param_temperature: must be >= 0"),
         ({"text_input": "hi", "max_token": 5}, "parameters: unknown 'max_token'"),
         ({"text_input": "hi", "sampling_param_frequency_penalty": 0.5}, "not supported by the torch backend"),
+        # #19 finding 4: refused before tokenizing (a 40 MB prompt took 33 s and 5 GB), stop lists bounded
+        ({"text_input": "x" * (3 << 20)}, f"text_input: is {3 << 20} bytes, longer than any prompt"),
+        ({"text_input": "hi", "sampling_param_stop": ["x"] * 100_000}, "sampling_param_stop: has 100000 strings"),
+        ({"text_input": "hi", "sampling_param_stop": "/etc/passwd"}, None),   # a stop string, never a path
     ]
     for body, message in cases:
+        if message is None:
+            out = client.collect(client.generate_http(tiny_server.http, {**body, "sampling_param_max_tokens": 4}))
+            assert out["finish_reason"] == "length"
+            continue
         code, error = _http_error(tiny_server.http, body)
         # Triton itself answers a JSON value of the wrong type, with 500; the model's checks give 400.
         assert code == (500 if message == "Unable to parse" else 400) and message in error, (body, code, error)
@@ -352,10 +360,14 @@ def test_readme_examples(tiny_server):
     import re
     text = README.read_text()
     (python_example,) = re.findall(r"```python\n(.*?)```", text, re.S)
-    run = subprocess.run([sys.executable, "-c", python_example.replace("localhost:8001", tiny_server.grpc)
-                          .replace("timeout=60", "timeout=20")], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stderr
-    assert "acceptance_rate" in run.stdout
+    # Run in this process, as written (only the address changed): a fresh interpreter importing grpc and
+    # numpy took most of the 60 s this test timed out at on a loaded 2-core machine (#19 finding 6).
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(python_example.replace("localhost:8001", tiny_server.grpc), str(README), "exec"), {})
+    assert "acceptance_rate" in out.getvalue()
     curls = re.findall(r"curl -s -X POST localhost:8000(\S+) \\\n\s+-d '(.*?)'", text)
     assert [path for path, _ in curls] == ["/v2/models/tensorrt_llm/generate", "/v2/models/tensorrt_llm/generate_stream"]
     for path, body in curls:

@@ -97,6 +97,34 @@ def test_stop_input_cancels_by_request_id(make_model):
     assert stop.sender.responses[-1].error is None
 
 
+def test_only_the_owner_of_a_request_can_cancel_it(make_model):
+    # #19 finding 6: any client could cancel any request id. A request sent with a cancel_key parameter is
+    # cancelled only by a `stop` that repeats it.
+    model, _ = make_model(step_s=0.01)
+    r = FakeRequest(triton_inputs("abc", max_tokens=200, streaming=True), {"cancel_key": "k-1"}, request_id="job-8")
+    model.execute([r])
+    while not r.sender.responses:
+        time.sleep(0.001)
+    for params in ({}, {"cancel_key": "guess"}):
+        other = FakeRequest({**triton_inputs("-"), "stop": __import__("numpy").array([True])}, params, "job-8")
+        _run(model, other)
+        assert "no running request has id 'job-8' and this cancel_key" in other.sender.responses[-1].error.message
+    assert not r.sender.final.is_set()
+    owner = FakeRequest({**triton_inputs("-"), "stop": __import__("numpy").array([True])}, {"cancel_key": "k-1"},
+                        "job-8")
+    _run(model, owner)
+    assert r.sender.final.wait(5)
+    assert r.sender.responses[-1].outputs["finish_reason"].tolist() == [b"cancelled"]
+
+
+def test_a_huge_prompt_is_refused_before_tokenizing(make_model):
+    model, _ = make_model(max_seq_len=32)        # no vocabulary to measure: 64 bytes a token, 2048 bytes
+    t0 = time.monotonic()
+    (r,) = _run(model, FakeRequest(triton_inputs("x" * 10_000_000)))
+    assert "text_input: is 10000000 bytes, longer than any prompt" in r.sender.responses[-1].error.message
+    assert time.monotonic() - t0 < 5
+
+
 def test_bad_requests_answer_with_errors_and_model_stays_usable(make_model):
     model, _ = make_model(decoupled=False, max_seq_len=32)
     bad = [FakeRequest(triton_inputs("")), FakeRequest(triton_inputs("x", max_tokens=0)),

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..errors import DFlashError
 from .launch import die_with_parent, follower_argv, stop_process, tp_env
+from .protocol import prompt_byte_limit
 from .record import Result, ServedRequest, Unavailable
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,16 @@ def load_backend(deployment_dir: Path, manifest: dict):
     if backend == "trtllm":
         return TrtllmBackend.from_deployment(deployment_dir)
     raise DFlashError("manifest.backend", f"is {backend!r}", "use torch or trtllm (rebuild with dflash-build)")
+
+
+def _max_token_bytes(tokenizer) -> int:
+    """An upper bound on the bytes of text one token stands for: the longest vocabulary entry in UTF-8
+    (byte-level BPE writes each byte as one character, SentencePiece a space as 3-byte U+2581, byte
+    fallback as <0xNN>: never fewer bytes than the text). 64 when the tokenizer does not say."""
+    try:
+        return max(len(token.encode("utf-8")) for token in tokenizer.get_vocab())
+    except (AttributeError, TypeError, ValueError):
+        return 64
 
 
 def _field(err: DFlashError, prefix: str = "sampling_param_") -> DFlashError:
@@ -61,6 +72,7 @@ class TorchBackend:
         self.engine = engine
         self.followers = followers
         self.max_seq_len = engine.cfg.max_seq_len
+        self.max_prompt_bytes = prompt_byte_limit(self.max_seq_len, _max_token_bytes(engine.tokenizer))
         self.broken = ""                              # why the engine can no longer serve; "" = healthy
         self._live: dict[int, tuple[ServedRequest, object]] = {}   # engine request id -> (record, Request)
         self._lock = threading.Lock()
@@ -269,6 +281,7 @@ class TrtllmBackend:
         self.llm = llm
         self.trtllm = tensorrt_llm_module
         self.max_seq_len = max_seq_len
+        self.max_prompt_bytes = prompt_byte_limit(max_seq_len, 64) if max_seq_len else None
         self._live: dict[int, tuple[ServedRequest, object]] = {}   # our handle -> (record, GenerationResult)
         self._next = 0
         self._lock = threading.Lock()

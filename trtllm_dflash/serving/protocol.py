@@ -15,7 +15,7 @@ from ..errors import DFlashError
 from .record import Result, ServedRequest
 
 __all__ = ["INPUT_NAMES", "OUTPUT_NAMES", "Result", "ServedRequest", "cancel_requested", "final_outputs",
-           "parse_request", "text_outputs"]
+           "parse_request", "prompt_byte_limit", "text_outputs"]
 
 SAMPLING_INPUTS = ("best_of", "temperature", "top_k", "top_p", "frequency_penalty", "presence_penalty",
                    "max_tokens", "stop", "seed", "exclude_input_from_output", "return_perf_metrics", "ignore_eos")
@@ -27,6 +27,19 @@ OUTPUT_NAMES = ("text_output", "finish_reason", "stop_reason", "arrival_time_ns"
 # e.g. a misspelled input name in an HTTP generate body, which Triton turns into a parameter.
 _TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
                       "binary_data_output", "headers"}
+# Ours: a secret the client chooses; a `stop` request must repeat it to cancel this request by its id.
+CANCEL_KEY = "cancel_key"
+# Bounds checked before anything is decoded or tokenized (a 40 MB prompt took 33 s and 5 GB to refuse,
+# 100k stop strings 53 s). Stop strings: OpenAI's API takes up to 4; these leave room and stay cheap
+# for the held-back text check of every streamed piece.
+MAX_STOP_STRINGS = 32
+MAX_STOP_BYTES = 256
+
+
+def prompt_byte_limit(max_prompt_tokens: int, max_token_bytes: int) -> int:
+    """Longest text that can still fit: no token of the vocabulary is longer than ``max_token_bytes``, so
+    a longer text has more than ``max_prompt_tokens`` tokens whatever it holds."""
+    return max_prompt_tokens * max_token_bytes
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str, kind: type):
@@ -65,9 +78,11 @@ def cancel_requested(inputs: Mapping[str, np.ndarray]) -> bool:
 
 
 def parse_request(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object],
-                  max_seq_len: int, request_id: str = "") -> ServedRequest:
-    """Validate one Triton request (input name -> array, request parameters) against the limits."""
-    unknown = sorted(k for k in parameters if k not in _TRITON_PARAMETERS and not k.startswith("triton_"))
+                  max_seq_len: int, request_id: str = "", max_prompt_bytes: int | None = None) -> ServedRequest:
+    """Validate one Triton request (input name -> array, request parameters) against the limits.
+    ``max_prompt_bytes``: longer prompts are refused before they are decoded or tokenized."""
+    known = _TRITON_PARAMETERS | {CANCEL_KEY}
+    unknown = sorted(k for k in parameters if k not in known and not k.startswith("triton_"))
     if unknown:
         raise DFlashError("parameters", f"unknown {', '.join(map(repr, unknown))}",
                           f"send only the model's inputs: {', '.join(INPUT_NAMES)}")
@@ -81,7 +96,12 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, obj
     if text.size != 1:
         raise DFlashError("text_input", f"expected one prompt, got shape {list(text.shape)}",
                           "send one prompt per request; concurrent requests are batched by the runtime")
-    prompt = _text(text.reshape(-1)[0], "text_input")
+    raw = text.reshape(-1)[0]
+    size = len(raw) if isinstance(raw, (bytes, str)) else 0
+    if max_prompt_bytes is not None and size > max_prompt_bytes:
+        raise DFlashError("text_input", f"is {size} bytes, longer than any prompt this deployment takes "
+                          f"({max_prompt_bytes} bytes at most, max_seq_len {max_seq_len})", "shorten the prompt")
+    prompt = _text(raw, "text_input")
     if not prompt:
         raise DFlashError("text_input", "is empty", "send a non-empty prompt")
     best_of = _scalar(inputs, "sampling_param_best_of", int)
@@ -102,7 +122,13 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, obj
         raise DFlashError("sampling_param_top_p", f"must be in (0, 1], got {top_p}", "use 1 to disable top-p")
     stop = ()
     if inputs.get("sampling_param_stop") is not None:
-        stop = tuple(_text(s, "sampling_param_stop") for s in inputs["sampling_param_stop"].reshape(-1))
+        stops = inputs["sampling_param_stop"].reshape(-1)
+        if stops.size > MAX_STOP_STRINGS:
+            raise DFlashError("sampling_param_stop", f"has {stops.size} strings", f"send at most {MAX_STOP_STRINGS}")
+        if any(len(s) > MAX_STOP_BYTES for s in stops if isinstance(s, (bytes, str))):
+            raise DFlashError("sampling_param_stop", f"has a string longer than {MAX_STOP_BYTES} bytes",
+                              "send shorter stop strings")
+        stop = tuple(_text(s, "sampling_param_stop") for s in stops)
         if not all(stop):
             raise DFlashError("sampling_param_stop", "has an empty string", "send non-empty stop strings")
     exclude = _scalar(inputs, "sampling_param_exclude_input_from_output", bool)

@@ -108,7 +108,8 @@ class DFlashModel:
             from .backends import load_backend
             backend = load_backend(self.deployment_dir, self.manifest)
         self.backend = backend
-        self._live: dict[ServedRequest, object] = {}   # record -> its Triton request, until the final response
+        # record -> (its Triton request, its cancel key), until the final response
+        self._live: dict[ServedRequest, tuple[object, str]] = {}
         self._lock = threading.Lock()
         self._counts = {"draft_tokens": 0, "accepted_draft_tokens": 0}
         self._finish_counts: dict[str, int] = {}
@@ -134,20 +135,22 @@ class DFlashModel:
                 inputs = {t.name(): t.as_numpy() for t in request.inputs()}
                 params = json.loads(request.parameters() or "{}")
                 if protocol.cancel_requested(inputs):
-                    self._cancel_by_id(request.request_id(), sender)
+                    self._cancel_by_id(request.request_id(), str(params.get(protocol.CANCEL_KEY, "")), sender)
                     continue
-                record = protocol.parse_request(inputs, params, self.backend.max_seq_len, request.request_id())
+                record = protocol.parse_request(inputs, params, self.backend.max_seq_len, request.request_id(),
+                                                getattr(self.backend, "max_prompt_bytes", None))
                 if record.streaming and not self.decoupled:
                     raise DFlashError("streaming", "needs a decoupled model",
                                       "refill the repository with decoupled_mode true, or send streaming=false")
                 if self.draining:
                     raise Unavailable("server", f"is shutting down ({self.draining})",
                                       "send the request to a running server")
-                self.backend.submit(record)
+                # Tokenizing and queueing happen on the request's own thread: a long prompt never holds
+                # up the requests behind it in this call.
                 with self._lock:
-                    self._live[record] = request
+                    self._live[record] = (request, str(params.get(protocol.CANCEL_KEY, "")))
                 threading.Thread(target=self._serve, args=(record, request, sender), daemon=True,
-                                 name=f"dflash-request-{record.handle}").start()
+                                 name="dflash-request").start()
             except Unavailable as err:
                 self._send_error(sender, str(err), "UNAVAILABLE")
             except DFlashError as err:
@@ -171,6 +174,16 @@ class DFlashModel:
         pieces: list[str] = []
         cancelled = False
         try:
+            try:
+                self.backend.submit(record)
+            except Unavailable as err:
+                self._send_error(sender, str(err), "UNAVAILABLE")
+                return
+            except DFlashError as err:
+                self._send_error(sender, str(err), "INVALID_ARG")
+                return
+            if record.finished:          # drained while it was being queued
+                self.backend.cancel(record)
             if record.streaming and record.echo:
                 self._send(sender, protocol.text_outputs(record.prompt or ""), final=False)
             next_check = time.monotonic() + self.period_s
@@ -234,14 +247,17 @@ class DFlashModel:
         except Exception as err:  # noqa: BLE001
             self._log(f"sending an error response failed: {err}", error=True)
 
-    def _cancel_by_id(self, request_id: str, sender) -> None:
-        """The ``stop`` input: cancel the running requests that carry this request id."""
+    def _cancel_by_id(self, request_id: str, cancel_key: str, sender) -> None:
+        """The ``stop`` input: cancel the running requests that carry this request id and cancel key (a
+        request sent with a ``cancel_key`` parameter can only be cancelled by a client that knows it)."""
         if not request_id:
             raise DFlashError("stop", "needs the id of the request to cancel", "send it as the request id")
         with self._lock:
-            targets = [record for record in self._live if record.request_id == request_id]
+            targets = [record for record, (_, key) in self._live.items()
+                       if record.request_id == request_id and key == cancel_key]
         if not targets:
-            raise DFlashError("stop", f"no running request has id {request_id!r}", "check the request id")
+            raise DFlashError("stop", f"no running request has id {request_id!r} and this cancel_key",
+                              "check the request id, and send the cancel_key parameter the request was sent with")
         for record in targets:
             self.backend.cancel(record)
         self._send(sender, protocol.final_outputs("", Result(finish_reason="cancelled")), final=True)
