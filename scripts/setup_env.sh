@@ -15,6 +15,6 @@ echo "setting up $VENV (first time: ~3 min)..." >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q torch==2.13.0
-"$VENV/bin/python" -m pip install -q -e '.[gguf,mpi,triton,plot,modelopt,dev]'
+"$VENV/bin/python" -m pip install -q -e '.[gguf,mpi,triton,plot,modelopt,openai,dev]'
 echo "$want" > "$STAMP"
 echo "ready: $VENV" >&2

@@ -33,6 +33,10 @@ def client_main(argv: list[str] | None = None) -> int:
     return _run(".serving.client", argv)
 
 
+def openai_main(argv: list[str] | None = None) -> int:
+    return _run(".serving.openai_server", argv)
+
+
 def sweep_main(argv: list[str] | None = None) -> int:
     return _run(".bench.sweep", argv)
 

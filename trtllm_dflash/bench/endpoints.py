@@ -163,6 +163,7 @@ class OpenAIClient:
         rec = RequestRecord(t_sent=0.0)
         pieces: list[tuple[float, str, int | None]] = []   # (arrival, text, cumulative completion tokens)
         usage: dict = {}
+        dflash: dict = {}
         try:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
             body = json.dumps({**self.body, "prompt": item.text, "seed": self.body["seed"] + i})
@@ -180,6 +181,7 @@ class OpenAIClient:
                     break
                 obj = json.loads(data)
                 usage = obj.get("usage") or usage
+                dflash = obj.get("dflash") or dflash      # dflash-openai's extension: draft statistics
                 for choice in obj.get("choices") or []:
                     pieces.append((t, choice.get("text") or "", (obj.get("usage") or {}).get("completion_tokens")))
                     rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
@@ -188,6 +190,8 @@ class OpenAIClient:
         except Exception as err:  # noqa: BLE001 - a failed request is a counted error, not a crashed sweep
             rec.error = f"{type(err).__name__}: {err}"
         rec.num_prompt_tokens = usage.get("prompt_tokens") or len(self.tokenizer.encode(item.text))
+        rec.num_draft_tokens = int(dflash.get("num_draft_tokens", 0))
+        rec.num_accepted_draft_tokens = int(dflash.get("num_accepted_draft_tokens", 0))
         cumulative = [c for _, _, c in pieces]
         if pieces and all(c is not None for c in cumulative):
             counts = np.diff([0] + cumulative).tolist()

@@ -11,6 +11,7 @@ triton_model.py  what 1/model.py does: requests in, streamed responses out, canc
 triton_env.py    which tritonserver (NGC on PATH, or the nvidia-pytriton wheel's) and its environment
 server.py        dflash-serve: start tritonserver, wait for readiness, stop on SIGTERM/Ctrl-C
 client.py        dflash-client: HTTP generate / gRPC stream, prints text as it comes and the DFlash stats
+openai_server.py dflash-openai: OpenAI-compatible endpoints (FastAPI + uvicorn) over the same backends
 
 One request, one record, two threads between a frontend and the engine (torch backend)::
 

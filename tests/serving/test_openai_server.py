@@ -1,0 +1,191 @@
+# SPDX-License-Identifier: Apache-2.0
+"""dflash-openai against real clients: the official ``openai`` SDK (chat, completions, streaming) on the real
+SmolLM2 pair (greedy: streamed == non-streamed == dflash-generate's chat output), OpenAI-shaped 4xx errors that
+leave the server serving, and dflash-sweep --backend openai == --backend triton on the same prompts."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.serving.conftest import TEST_ENV, free_port
+
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.slow
+PROMPT = "Write one sentence about the sea."
+
+
+class OpenAIServer:
+    def __init__(self, engine_dir: Path, log: Path, name: str = "smol"):
+        self.port, self.log = free_port(), log
+        cmd = [sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(engine_dir), "--port", str(self.port),
+               "--served_model_name", name]
+        with open(log, "wb") as fh:
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=TEST_ENV)
+        t0 = time.monotonic()
+        while "dflash-openai: ready" not in log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() - t0 > 180:
+                self.stop()
+                raise RuntimeError(f"dflash-openai did not start:\n{log.read_text()[-4000:]}")
+            time.sleep(0.1)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.client = openai.OpenAI(base_url=self.url, api_key="none", max_retries=0, timeout=120)
+
+    def post(self, path: str, body: bytes, content_type: str = "application/json") -> tuple[int, dict]:
+        req = urllib.request.Request(self.url + path, data=body, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def smol_deployment(tmp_path_factory, smollm2_dir):
+    """A real dflash-build output: SmolLM2-135M-Instruct and the drafter that ships with the package."""
+    from trtllm_dflash import build, build_config
+
+    cfg = build_config.BuildConfig(target="smollm2-135m", drafter="smollm2-135m-dflash", gpu="cpu",
+                                   max_batch_size=4, max_seq_len=512, out=str(tmp_path_factory.mktemp("openai") / "smol"))
+    return build.build(cfg, log=lambda *_: None)
+
+
+@pytest.fixture(scope="module")
+def server(smol_deployment, tmp_path_factory):
+    srv = OpenAIServer(smol_deployment, tmp_path_factory.mktemp("openai_log") / "server.log")
+    yield srv
+    rc = srv.stop()
+    assert rc == 0, f"exit code {rc}: {srv.log.read_text()[-3000:]}"
+
+
+def test_sdk_chat_streamed_equals_non_streamed_equals_dflash_generate(server, smol_deployment, tmp_path):
+    c = server.client
+    assert [m.id for m in c.models.list().data] == ["smol"]
+    messages = [{"role": "user", "content": PROMPT}]
+    whole = c.chat.completions.create(model="smol", messages=messages, max_tokens=16, temperature=0)
+    text = whole.choices[0].message.content
+    assert whole.choices[0].finish_reason in ("stop", "length") and text
+    pieces, last = [], None
+    for chunk in c.chat.completions.create(model="smol", messages=messages, max_tokens=16, temperature=0,
+                                           stream=True, stream_options={"include_usage": True}):
+        for ch in chunk.choices:
+            pieces.append(ch.delta.content or "")
+        last = chunk
+    assert "".join(pieces) == text
+    assert last.usage.completion_tokens == whole.usage.completion_tokens
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    stats = whole.model_extra["dflash"]
+    assert stats["num_draft_tokens"] > 0 and 0 <= stats["num_accepted_draft_tokens"] <= stats["num_draft_tokens"]
+    # dflash-generate applies the same chat template by default (greedy, the same deployment)
+    out = tmp_path / "gen.json"
+    proc = subprocess.run([sys.executable, "-c", "import sys; from trtllm_dflash.cli import generate_main; "
+                           "sys.exit(generate_main(sys.argv[1:]))", "--engine", str(smol_deployment),
+                           "--prompt", PROMPT, "--max_new_tokens", "16", "--max_seq_len", "512", "--json", str(out)],
+                          capture_output=True, text=True, env=TEST_ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    rows = rows if isinstance(rows, list) else rows.get("results", rows.get("requests"))
+    assert rows[0]["text"] == text
+    assert whole.usage.prompt_tokens == rows[0].get("prompt_tokens", whole.usage.prompt_tokens)
+
+
+def test_sdk_completions_streaming_and_stop(server):
+    c = server.client
+    whole = c.completions.create(model="smol", prompt="The capital of France is", max_tokens=12, temperature=0)
+    text = whole.choices[0].text
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model="smol", prompt="The capital of France is", max_tokens=12, temperature=0, stream=True) if ch.choices)
+    assert streamed == text and whole.usage.completion_tokens <= 12
+    word = text.split()[1] if len(text.split()) > 1 else text.strip()[:2]
+    cut = c.completions.create(model="smol", prompt="The capital of France is", max_tokens=12, temperature=0,
+                               stop=[word])
+    assert cut.choices[0].finish_reason == "stop" and word not in cut.choices[0].text
+    assert text.startswith(cut.choices[0].text)
+    sampled = [c.completions.create(model="smol", prompt="Once upon a time", max_tokens=8, temperature=0.9,
+                                    top_p=0.9, seed=7).choices[0].text for _ in range(2)]
+    assert sampled[0] == sampled[1]      # same seed, same sample
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/chat/completions", {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
+     400, "temperature"),
+    ("/chat/completions", {"model": "smol", "messages": []}, 400, "messages"),
+    ("/chat/completions", {"model": "smol", "messages": [{"role": "wizard", "content": "x"}]}, 400,
+     "messages[0].role"),
+    ("/chat/completions", {"model": "smol", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+    ("/completions", {"model": "smol", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("/completions", {"model": "smol", "prompt": "x", "max_tokens": 100000}, 400, "max_tokens"),
+    ("/completions", {"model": "smol", "prompt": "x", "top_p": 1.5}, 400, "top_p"),
+    ("/completions", {"model": "smol", "prompt": "x", "stop": ["a"] * 100}, 400, "stop"),
+    ("/completions", {"model": "smol", "prompt": "x", "best_of_all": 1}, 400, "best_of_all"),
+    ("/completions", {"model": "smol", "prompt": ""}, 400, "prompt"),
+    ("/completions", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
+    ("/completions", {"prompt": "x"}, 400, "model"),
+])
+def test_bad_requests_get_openai_shaped_errors_and_the_server_keeps_serving(server, path, body, status, param):
+    code, err = server.post(path, json.dumps(body).encode())
+    assert code == status and set(err["error"]) == {"message", "type", "param", "code"}
+    assert err["error"]["param"] == param, err
+    ok = server.client.completions.create(model="smol", prompt="Hi", max_tokens=2, temperature=0)
+    assert ok.choices[0].text is not None
+
+
+def test_malformed_bodies_and_the_sdk_error_type(server):
+    assert server.post("/completions", b"{not json")[0] == 400
+    assert server.post("/completions", b"[1, 2]")[0] == 400
+    assert server.post("/completions", b"x" * (5 << 20))[0] == 413
+    with pytest.raises(openai.BadRequestError) as err:
+        server.client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x"}], top_p=-1)
+    assert err.value.body["param"] == "top_p"
+    assert server.client.models.list().data[0].id == "smol"
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot(server):
+    for _ in range(6):          # more than max_batch_size (4): leaked slots would stall the last ones
+        stream = server.client.completions.create(model="smol", prompt="Count: 1, 2,", max_tokens=200, temperature=0,
+                                                  stream=True, extra_body={"ignore_eos": True})
+        next(iter(stream))
+        stream.close()
+    ok = server.client.completions.create(model="smol", prompt="Hi", max_tokens=3, temperature=0)
+    assert ok.usage.completion_tokens == 3
+
+
+def test_sweep_openai_equals_triton_on_the_same_prompts(server, smol_deployment, tmp_path):
+    """dflash-sweep --backend openai (written for trtllm-serve) against our server: the same token counts and
+    acceptance as --backend triton on the same prompts (greedy, fixed lengths)."""
+    from tests.serving.conftest import start_server
+    from trtllm_dflash.bench import sweep
+
+    common = ["--engine", str(smol_deployment), "--concurrency", "2", "--num_requests", "4", "--warmup", "0",
+              "--dataset", "humaneval", "--max_new_tokens", "8", "--ignore_eos"]
+    assert sweep.main(["--backend", "openai", "--url", f"127.0.0.1:{server.port}", *common,
+                       "--out", str(tmp_path / "openai.jsonl")]) == 0
+    triton = start_server(smol_deployment, tmp_path / "dflash-serve.log", timeout=300)
+    try:
+        assert sweep.main(["--backend", "triton", "--url", triton.grpc, *common,
+                           "--out", str(tmp_path / "triton.jsonl")]) == 0
+    finally:
+        assert triton.stop() == 0, triton.log_text()[-3000:]
+    (o,), (t,) = ([json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+                  for name in ("openai", "triton"))
+    for key in ("isl", "osl"):
+        assert o["metrics"][key] == t["metrics"][key], key
+    assert o["metrics"]["acceptance_source"] == t["metrics"]["acceptance_source"] == "server_counters"
+    assert o["metrics"]["acceptance_rate"] == pytest.approx(t["metrics"]["acceptance_rate"])
+    assert o["metrics"]["acceptance_length_mean"] == pytest.approx(t["metrics"]["acceptance_length_mean"])

@@ -1,0 +1,402 @@
+# SPDX-License-Identifier: Apache-2.0
+"""dflash-openai: OpenAI-compatible endpoints for a deployment directory (``/v1/models``, ``/v1/completions``,
+``/v1/chat/completions``, server-sent events), the API trtllm-serve speaks, for OpenAI SDKs, curl and aiperf.
+
+Design: an ASGI app (FastAPI on uvicorn) in the same process as the backend, speaking to it through the one
+request record (``ServedRequest``, serving/record.py) that Triton's model uses too. Not a frontend over the
+running Triton server: that would add a second HTTP hop and a second (de)tokenization per request, and Triton's
+generate API returns text without token ids, so usage could not be exact. Not Triton's own OpenAI frontend:
+it is source in the Triton server repository (python/openai), shipped in NGC containers, not in any wheel that
+pip installs, and the PyPI ``tritonserver`` wheel (the in-process API) brings no python backend to run our model.
+
+Chat requests are templated with the target's own chat template (``tokenizer.apply_chat_template``, as
+``dflash-generate`` does) and sent as token ids. Every response carries ``usage`` and a ``dflash`` extension
+(draft tokens, accepted draft tokens, acceptance rate). Errors are OpenAI-shaped
+(``{"error": {"message", "type", "param", "code"}}``): 400 naming the field for a bad request, 404 for an
+unknown model, 413 for a body over the limit, 503 when the engine cannot serve; the server keeps serving.
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from ..errors import DFlashError
+from .record import Result, ServedRequest, Unavailable
+
+log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 4 << 20          # a prompt far above any max_seq_len we build fits in 4 MiB of JSON
+MAX_STOP = 16
+# Accepted and ignored: they change nothing we would compute differently.
+IGNORED = {"user", "logit_bias", "stream_options", "frequency_penalty", "presence_penalty", "metadata", "store",
+           "service_tier", "parallel_tool_calls", "suffix", "best_of"}
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, param: str | None, message: str, kind: str = "invalid_request_error",
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.param, self.message, self.kind, self.code = status, param, message, kind, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+# ---- request fields -> ServedRequest ------------------------------------------------------------------------
+def _number(body: dict, name: str, lo: float, hi: float, *, integer: bool = False, default=None):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if not ok or isinstance(value, bool) or not lo <= value <= hi:
+        kind = "an integer" if integer else "a number"
+        raise BadRequest(400, name, f"{name} must be {kind} in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def sampling_fields(body: dict, *, chat: bool) -> dict:
+    """The sampling fields of a completion / chat request, checked; raises BadRequest naming the field."""
+    allowed = {"model", "stream", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "ignore_eos",
+               "logprobs", "echo", "max_completion_tokens", "top_logprobs"} | IGNORED
+    allowed |= {"messages", "response_format", "tools", "tool_choice"} if chat else {"prompt"}
+    for key in body:
+        if key not in allowed:
+            raise BadRequest(400, key, f"Unrecognized request argument supplied: {key}")
+    if body.get("n", 1) != 1:
+        raise BadRequest(400, "n", f"only n=1 is supported, got {body.get('n')!r}")
+    if body.get("logprobs") not in (None, False, 0):
+        raise BadRequest(400, "logprobs", "logprobs are not supported")
+    if chat and body.get("tools"):
+        raise BadRequest(400, "tools", "tool calls are not supported")
+    fmt = body.get("response_format")
+    if chat and fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise BadRequest(400, "response_format", "only {\"type\": \"text\"} is supported")
+    if body.get("echo"):
+        raise BadRequest(400, "echo", "echo is not supported")
+    if not isinstance(body.get("stream", False), bool):
+        raise BadRequest(400, "stream", f"stream must be true or false, got {body['stream']!r}")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise BadRequest(400, "stream_options", "stream_options must be an object")
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    stop = body.get("stop")
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop) and len(stop) <= MAX_STOP:
+        stop = tuple(stop)
+    else:
+        raise BadRequest(400, "stop", f"stop must be a non-empty string or a list of at most {MAX_STOP} of them")
+    if any(not s for s in stop):
+        raise BadRequest(400, "stop", "stop strings must not be empty")
+    if not isinstance(body.get("ignore_eos", False), bool):
+        raise BadRequest(400, "ignore_eos", "ignore_eos must be true or false")
+    return dict(max_tokens=_number(body, name, 1, 1 << 31, integer=True),
+                temperature=_number(body, "temperature", 0.0, 2.0),
+                top_p=_number(body, "top_p", 0.0, 1.0),
+                top_k=_number(body, "top_k", 0, 1 << 31, integer=True),
+                seed=_number(body, "seed", -(1 << 63), (1 << 64) - 1, integer=True),
+                stop=stop, ignore_eos=body.get("ignore_eos"), streaming=bool(body.get("stream", False)))
+
+
+def prompt_fields(body: dict) -> dict:
+    """/v1/completions: a string, a list with one string, or a list of token ids."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return {"prompt": prompt}
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return {"prompt_ids": list(prompt)}
+    raise BadRequest(400, "prompt", "prompt must be a non-empty string (or one string in a list, or token ids)")
+
+
+def chat_messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest(400, "messages", "messages must be a non-empty list")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
+            raise BadRequest(400, f"messages[{i}].role", "each message needs a role: system, user or assistant")
+        content = m.get("content")
+        if isinstance(content, list):     # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise BadRequest(400, f"messages[{i}].content", "only text content parts are supported")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise BadRequest(400, f"messages[{i}].content", "content must be a string")
+        out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+    return out
+
+
+def apply_chat_template(tokenizer, messages: list[dict]) -> list[int]:
+    """The target's chat template, with the assistant turn opened (as dflash-generate does)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise BadRequest(400, "messages", "the target has no chat template: use /v1/completions")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def _param(field: str, chat: bool) -> str:
+    """A backend field name (Triton's input names) -> the OpenAI request field."""
+    if field in ("text_input", "prompt"):
+        return "messages" if chat else "prompt"
+    return field.removeprefix("sampling_param_")
+
+
+# ---- responses -----------------------------------------------------------------------------------------------
+def usage(record: ServedRequest, final: Result) -> dict:
+    prompt = final.num_prompt_tokens or record.num_prompt_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": final.num_output_tokens,
+            "total_tokens": prompt + final.num_output_tokens}
+
+
+def dflash_stats(final: Result) -> dict:
+    return {"num_draft_tokens": final.num_draft_tokens, "num_accepted_draft_tokens": final.num_accepted_draft_tokens,
+            "acceptance_rate": round(final.acceptance_rate, 6)}
+
+
+def finish_reason(final: Result) -> str:
+    return "length" if final.finish_reason == "length" else "stop"
+
+
+class OpenAIApp:
+    """The endpoints over one backend (anything with submit/cancel/health and the record interface)."""
+
+    def __init__(self, backend, tokenizer, model_name: str):
+        self.backend, self.tokenizer, self.model_name = backend, tokenizer, model_name
+        self.created = int(time.time())
+
+    def make(self, on_ready=None):
+        """The FastAPI app; ``on_ready()`` runs once it accepts requests."""
+        from contextlib import asynccontextmanager
+
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse, StreamingResponse
+
+        @asynccontextmanager
+        async def lifespan(_app):
+            if on_ready is not None:
+                on_ready()
+            yield
+
+        app = FastAPI(title="dflash-openai", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+
+        @app.exception_handler(BadRequest)
+        async def bad_request(_request, err: BadRequest):
+            return JSONResponse(err.body(), status_code=err.status)
+
+        @app.exception_handler(404)
+        async def not_found(request, _err):
+            return JSONResponse(BadRequest(404, None, f"no route {request.url.path}", code="not_found").body(),
+                                status_code=404)
+
+        @app.exception_handler(405)
+        async def wrong_method(request, _err):
+            return JSONResponse(BadRequest(405, None, f"{request.method} is not allowed on {request.url.path}").body(),
+                                status_code=405)
+
+        @app.get("/health")
+        async def health():
+            ok, reason = self.backend.health()
+            return JSONResponse({"status": "ok" if ok else "unavailable", "reason": reason},
+                                status_code=200 if ok else 503)
+
+        @app.get("/v1/models")
+        async def models():
+            return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
+                                                "owned_by": "trtllm-dflash"}]}
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            return await self._generate(request, chat=False, json_response=JSONResponse, stream_response=StreamingResponse)
+
+        @app.post("/v1/chat/completions")
+        async def chat_completions(request: Request):
+            return await self._generate(request, chat=True, json_response=JSONResponse, stream_response=StreamingResponse)
+
+        return app
+
+    async def _body(self, request) -> dict:
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > MAX_BODY_BYTES):
+            raise BadRequest(413, None, f"the request body is over {MAX_BODY_BYTES} bytes")
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY_BYTES:
+                raise BadRequest(413, None, f"the request body is over {MAX_BODY_BYTES} bytes")
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise BadRequest(400, None, "the body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest(400, None, "the body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str):
+            raise BadRequest(400, "model", "model is required (see GET /v1/models)")
+        if model != self.model_name:
+            raise BadRequest(404, "model", f"the model {model!r} does not exist; this server serves "
+                             f"{self.model_name!r}", code="model_not_found")
+        return body
+
+    def _record(self, body: dict, chat: bool) -> ServedRequest:
+        fields = sampling_fields(body, chat=chat)
+        if chat:
+            fields["prompt_ids"] = apply_chat_template(self.tokenizer, chat_messages(body))
+        else:
+            fields.update(prompt_fields(body))
+        return ServedRequest(**fields, request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex)
+
+    def _submit(self, record: ServedRequest, chat: bool) -> None:
+        try:
+            self.backend.submit(record)
+        except Unavailable as err:
+            raise BadRequest(503, None, str(err), kind="service_unavailable") from None
+        except DFlashError as err:
+            raise BadRequest(400, _param(err.field, chat), str(err)) from None
+
+    async def _generate(self, request, *, chat: bool, json_response, stream_response):
+        body = await self._body(request)
+        # Templating and tokenizing run off the event loop: a long prompt must not stall other streams.
+        record = await asyncio.to_thread(self._record, body, chat)
+        await asyncio.to_thread(self._submit, record, chat)
+        if record.streaming:
+            opts = body.get("stream_options") or {}
+            return stream_response(self._stream(record, chat, bool(opts.get("include_usage")),
+                                                 bool(opts.get("continuous_usage_stats"))),
+                                   media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        pieces, final = [], None
+        try:
+            async for result in record.aresults():
+                pieces.append(result.text)
+                final = result
+        except asyncio.CancelledError:          # the client went away
+            self.backend.cancel(record)
+            raise
+        if final.error:
+            raise BadRequest(500, None, final.error, kind="server_error")
+        text = "".join(pieces)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
+                  if chat else {"index": 0, "text": text, "logprobs": None})
+        choice["finish_reason"] = finish_reason(final)
+        return json_response({"id": record.request_id, "object": "chat.completion" if chat else "text_completion",
+                              "created": int(time.time()), "model": self.model_name, "choices": [choice],
+                              "usage": usage(record, final), "dflash": dflash_stats(final)})
+
+    async def _stream(self, record: ServedRequest, chat: bool, include_usage: bool, continuous: bool):
+        created, obj = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
+
+        def event(choices: list, **extra) -> str:
+            data = {"id": record.request_id, "object": obj, "created": created, "model": self.model_name,
+                    "choices": choices, **extra}
+            return f"data: {json.dumps(data)}\n\n"
+
+        def choice(text: str | None, reason: str | None) -> dict:
+            if chat:
+                return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
+                        "finish_reason": reason}
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+
+        try:
+            if chat:
+                yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])
+            async for result in record.aresults():
+                if result.error:
+                    err = BadRequest(500, None, result.error, kind="server_error").body()
+                    yield f"data: {json.dumps(err)}\n\n"
+                    break
+                extra = {"usage": usage(record, result)} if continuous else {}
+                if result.finished:
+                    if result.text:
+                        yield event([choice(result.text, None)], **extra)
+                    yield event([choice(None, finish_reason(result))], dflash=dflash_stats(result), **extra)
+                    if include_usage:
+                        yield event([], usage=usage(record, result), dflash=dflash_stats(result))
+                elif result.text:
+                    yield event([choice(result.text, None)], **extra)
+            yield "data: [DONE]\n\n"
+        except (asyncio.CancelledError, GeneratorExit):   # the client went away mid-stream: free the slot
+            self.backend.cancel(record)
+            raise
+
+
+# ---- command line ------------------------------------------------------------------------------------------
+EXAMPLES = """examples:
+  dflash-openai engines/smollm2-135m/cpu/1-gpu                       # http://127.0.0.1:8000/v1
+  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{"model": "1-gpu", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}'
+  python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none'); \\
+print(c.chat.completions.create(model='1-gpu', messages=[{'role': 'user', 'content': 'Hi'}]).choices[0].message)"
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dflash-openai", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("engine_dir", help="a dflash-build deployment directory")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (loopback by default; 0.0.0.0 exposes it)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port")
+    p.add_argument("--served_model_name", default=None,
+                   help="the model id clients send (default: the deployment directory's name)")
+    p.add_argument("--log_level", default="warning", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def load(engine_dir: Path):
+    """(backend, tokenizer) for a deployment directory."""
+    from ..checkpoints import manifest as manifest_mod
+    from .backends import load_backend
+
+    record = manifest_mod.read(engine_dir)
+    backend = load_backend(engine_dir, record)
+    tokenizer = getattr(getattr(backend, "engine", None), "tokenizer", None)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(engine_dir / "target"))
+    return backend, tokenizer
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        import uvicorn
+    except ImportError:
+        raise DFlashError("dflash-openai", "needs FastAPI and uvicorn",
+                          "pip install 'trtllm-dflash[openai]'") from None
+    engine_dir = Path(args.engine_dir).expanduser().resolve()
+    name = args.served_model_name or engine_dir.name
+    backend, tokenizer = load(engine_dir)
+    app = OpenAIApp(backend, tokenizer, name).make()
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           access_log=False))
+
+    def announce():     # once the socket listens (lifespan startup runs before it is bound)
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            print(f"dflash-openai: ready on http://{args.host}:{args.port}/v1 (model {name!r})", flush=True)
+
+    threading.Thread(target=announce, daemon=True).start()
+    try:
+        server.run()
+    finally:
+        backend.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from trtllm_dflash.cli import openai_main
+
+    sys.exit(openai_main(sys.argv[1:]))
