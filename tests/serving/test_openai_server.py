@@ -99,10 +99,8 @@ def test_sdk_chat_streamed_equals_non_streamed_equals_dflash_generate(server, sm
                            "--prompt", PROMPT, "--max_new_tokens", "16", "--max_seq_len", "512", "--json", str(out)],
                           capture_output=True, text=True, env=TEST_ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out.read_text())
-    rows = rows if isinstance(rows, list) else rows.get("results", rows.get("requests"))
-    assert rows[0]["text"] == text
-    assert whole.usage.prompt_tokens == rows[0].get("prompt_tokens", whole.usage.prompt_tokens)
+    (row,) = json.loads(out.read_text())["dflash"]
+    assert row["text"] == text and len(row["output_ids"]) == whole.usage.completion_tokens
 
 
 def test_sdk_completions_streaming_and_stop(server):
@@ -149,7 +147,16 @@ def test_bad_requests_get_openai_shaped_errors_and_the_server_keeps_serving(serv
 def test_malformed_bodies_and_the_sdk_error_type(server):
     assert server.post("/completions", b"{not json")[0] == 400
     assert server.post("/completions", b"[1, 2]")[0] == 400
-    assert server.post("/completions", b"x" * (5 << 20))[0] == 413
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.putrequest("POST", "/v1/completions")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(5 << 20))     # refused from the header, before the body is read
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 413 and json.loads(resp.read())["error"]["type"] == "invalid_request_error"
+    conn.close()
     with pytest.raises(openai.BadRequestError) as err:
         server.client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x"}], top_p=-1)
     assert err.value.body["param"] == "top_p"

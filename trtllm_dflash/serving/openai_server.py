@@ -351,6 +351,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _server_class():
+    import contextlib
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, so the process would die by the signal
+        before the backend is shut down; here the signal only asks for the shutdown, and main() returns 0."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            old = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
+
+    return Server
+
+
 def load(engine_dir: Path):
     """(backend, tokenizer) for a deployment directory."""
     from ..checkpoints import manifest as manifest_mod
@@ -376,9 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     engine_dir = Path(args.engine_dir).expanduser().resolve()
     name = args.served_model_name or engine_dir.name
     backend, tokenizer = load(engine_dir)
+    _Server = _server_class()
     app = OpenAIApp(backend, tokenizer, name).make()
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           access_log=False))
+    server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False))
 
     def announce():     # once the socket listens (lifespan startup runs before it is bound)
         while not server.started and not server.should_exit:
