@@ -69,3 +69,9 @@ def test_copy_inside_another_checkout_uses_its_state_file(tmp_path):
     (inner / provenance.STATE_FILE).write_text(json.dumps({"sha": "f" * 40, "dirty": False, "diff_sha256": None}))
     got = provenance.git_state(inner)
     assert got["sha"] == "f" * 40 and got["source"] == provenance.STATE_FILE
+
+
+def test_state_file_wins_over_a_git_that_describes_other_code(tmp_path):
+    root = _repo(tmp_path)    # the GPU host's copy: a .git of an older snapshot beside the carried state file
+    (root / provenance.STATE_FILE).write_text(json.dumps({"sha": "e" * 40, "dirty": False, "diff_sha256": None}))
+    assert provenance.git_state(root)["sha"] == "e" * 40

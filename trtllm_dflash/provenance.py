@@ -37,10 +37,15 @@ def _git(*args: str, root: Path) -> str | None:
 
 def git_state(root: Path = ROOT) -> dict:
     """``{"sha", "dirty", "diff_sha256", "source"}``: the commit, and for a dirty tree the sha256 of
-    ``git diff HEAD`` plus the untracked files' names, so two runs of the same dirty tree match."""
+    ``git diff HEAD`` plus the untracked files' names, so two runs of the same dirty tree match.
+
+    A ``.git_state.json`` in ``root`` wins: it exists only where ``--write`` put it for a copy of the tree,
+    and such a copy may sit under a ``.git`` that describes other code (the GPU host's copy has a stale
+    one; a tree carried to ``.carry/NAME`` sits inside main's). The record names which source answered."""
+    state = root / STATE_FILE
+    if state.is_file():
+        return {**json.loads(state.read_text()), "source": STATE_FILE}
     top = _git("rev-parse", "--show-toplevel", root=root)
-    # A copy of the tree inside another checkout (the GPU host runs .carry/NAME inside main's copy) must not
-    # report the enclosing repository's commit: git counts only when it is this tree's own.
     own = top is not None and Path(top.strip()).resolve() == Path(root).resolve()
     sha = _git("rev-parse", "HEAD", root=root) if own else None
     if sha is not None:
@@ -49,9 +54,6 @@ def git_state(root: Path = ROOT) -> dict:
         dirty = bool(diff.strip() or untracked.strip())
         digest = hashlib.sha256((diff + "\0" + untracked).encode()).hexdigest() if dirty else None
         return {"sha": sha.strip(), "dirty": dirty, "diff_sha256": digest, "source": "git"}
-    state = root / STATE_FILE
-    if state.is_file():
-        return {**json.loads(state.read_text()), "source": STATE_FILE}
     return {"sha": None, "dirty": None, "diff_sha256": None, "source": "unknown (no .git and no .git_state.json)"}
 
 
@@ -106,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                                             "that travels without .git (the GPU host).")
     p.add_argument("--write", metavar="DIR", help=f"write DIR/{STATE_FILE} (the state of this checkout)")
     args = p.parse_args(argv)
+    stale = ROOT / STATE_FILE
+    if args.write and Path(args.write).resolve() == ROOT and stale.is_file():
+        stale.unlink()          # the state of this checkout, not of an earlier --write
     state = {k: v for k, v in git_state().items() if k != "source"}
     if args.write:
         Path(args.write, STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
