@@ -173,6 +173,15 @@ def test_sharded_regeneration_cut_and_resumed_equals_uncut(tmp_path, deco):
     assert train.main([str(a) for a in base + ["--out", tmp_path / "whole", "--num_prompts", "9"]]) == 0
     whole = json.loads((tmp_path / "whole" / "data" / regenerate.MANIFEST).read_text())["shards"]
     assert sorted(whole) == ["prompts-00000.jsonl.gz", "prompts-00001.jsonl.gz", "prompts-00002.jsonl.gz"]
+    # A corpus carried in windows: with its second shard absent, a call answers the first and stops there.
+    win = tmp_path / "window"
+    win.mkdir()
+    for f in ["manifest.json", "prompts-00000.jsonl.gz"]:
+        (win / f).write_bytes((tmp_path / "c" / f).read_bytes())
+    wargs = ["--target", target, "--data", win, *COMMON, "--out", tmp_path / "w", "--num_prompts", "9"]
+    assert train.main([str(a) for a in wargs]) == 0
+    assert list(json.loads((tmp_path / "w" / "data" / regenerate.MANIFEST).read_text())["shards"]) == [
+        "prompts-00000.jsonl.gz"]
     # A budget that any shard overruns: every call answers exactly one shard, then stops.
     cut = ["--out", tmp_path / "cut", "--num_prompts", "9", "--regen_time_budget_s", "1e-6"]
     for calls in range(1, 4):

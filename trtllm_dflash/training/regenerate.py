@@ -216,6 +216,10 @@ def run_shards(cfg: TrainConfig, target_dir: Path, log=print) -> dict:
         if cfg.regen_time_budget_s and spent and elapsed + sum(spent) / len(spent) > cfg.regen_time_budget_s:
             budget_hit = True
             break
+        if not (Path(cfg.data) / shard["name"]).is_file():
+            # A corpus may travel in windows of shards (the manifest and the next few): stop at the first absent one.
+            log(f"regenerate: {shard['name']} is not in {cfg.data}; stopping here (bring the next shards)")
+            break
         if engine is None:
             engine = Engine.from_dirs(target_dir, None, RuntimeConfig(
                 block_size=1, max_batch_size=cfg.regen_batch_size,
