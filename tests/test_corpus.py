@@ -58,7 +58,7 @@ def test_ordinary_prompts_and_library_code_pass(deco):
     ordinary = ["Write a Python function that returns the sum of a list.", "What is the capital of France?",
                 "Compose a short poem about autumn leaves falling in the park.",
                 "def parse(s):\n    \"\"\"Parse a config string into a dict of key/value pairs.\"\"\"\n    ...",
-                "Now make it concise and add a title."]
+                "Now make it concise and add a title.", "what is the name of the game?"]
     assert [deco.match(t) for t in ordinary] == [None] * len(ordinary)
     # Real stdlib docstrings share phrasing with HumanEval ("Return the number of ...") yet are no copies.
     root = Path(sysconfig.get_paths()["stdlib"])

@@ -11,8 +11,8 @@ Sources:
             description, explain, write tests, add type hints). At most ``code_per_package`` per top-level
             package (each stdlib module counts as one), so no single library dominates.
 
-Then: exact duplicates (normalised text) dropped, HumanEval / MT-Bench copies dropped (``decontaminate.py``),
-prompts over ``max_prompt_len`` tokens dropped, a seeded shuffle (every shard mixes the sources, so a partly
+Then: exact duplicates (normalised text) dropped, prompts over ``max_prompt_len`` tokens dropped (or their context
+trimmed), HumanEval / MT-Bench copies among the rest dropped (``decontaminate.py``), a seeded shuffle (every shard mixes the sources, so a partly
 regenerated set is a fair sample), and shards of ``shard_size`` prompts:
 
   <dir>/manifest.json            settings, counts, versions, and per shard: name, sha256, prompts
@@ -243,14 +243,17 @@ def build(out: Path, s: CorpusSettings, *, items: list[Item] | None = None, toke
             counts[f"duplicate_{it.source}"] += 1
             continue
         seen.add(key)
+        kept.append(it)
+    fitted = []
+    for it in _fit_length(kept, tokenizer, s.max_prompt_len, counts, progress):
+        # checked as it will be sent: the user turns left after trimming
         hit = decontaminator.match("\n".join(m["content"] for m in it.messages if m["role"] == "user"))
         if hit is not None:
             counts[f"eval_copy_{it.source}"] += 1
             excluded.append({"id": it.id, "eval_id": hit.eval_id, "coverage": round(hit.coverage, 3),
                              "share": round(hit.share, 3)})
             continue
-        kept.append(it)
-    fitted = _fit_length(kept, tokenizer, s.max_prompt_len, counts, progress)
+        fitted.append(it)
     rng = random.Random(s.seed)
     rng.shuffle(fitted)
     fitted = [Item(it.id, it.source, it.messages, _temperature(it.id, s)) for it in fitted]

@@ -6,7 +6,9 @@ formatting do not hide a copy. A candidate is flagged when it shares word ``n``-
 
   * those cover >= ``threshold`` of the evaluation text's n-grams (the eval prompt is inside the candidate, whole
     or lightly edited: a renamed function, a reworded sentence, a wrapper such as "Solve this: ..."), or
-  * they cover >= ``threshold`` of the candidate's own n-grams (the candidate is a piece of an eval prompt).
+  * they cover >= ``threshold`` of the candidate's own n-grams and number at least ``MIN_PIECE`` (the candidate is
+    a piece of an eval prompt; one shared 6-gram in a short chat turn, "what is the name of the game?" against an
+    MT-Bench passage, is ordinary English, not a copy).
 
 Evaluation texts shorter than ``n`` words ("Now make it concise.") have no n-gram: only an exact match of the
 whole normalised candidate counts for them. This is the n-gram-overlap rule of the GPT-3 / Llama decontamination
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 N_WORDS = 6
 THRESHOLD = 0.3
+MIN_PIECE = 3   # shared n-grams (8+ words in a row) before a short candidate counts as a piece of an eval text
 _WORD = re.compile(r"[a-z0-9]+")
 
 
@@ -74,7 +77,7 @@ class Decontaminator:
                 hits[eid] += 1
         for eid, k in hits.most_common():
             m = Match(eid, k / self._size[eid], k / len(grams))
-            if max(m.coverage, m.share) >= self.threshold:
+            if m.coverage >= self.threshold or (m.share >= self.threshold and k >= MIN_PIECE):
                 return m
         return None
 
