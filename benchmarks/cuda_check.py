@@ -61,7 +61,7 @@ def tiny_checks(work: Path, dtype: str, device: str, new_tokens: int) -> list[di
                     "dflash_eq_ar_greedy": sum(x.output_ids == y.output_ids for x, y in zip(a, b)),
                     "ar_eq_hf_greedy": hf_same, "hf_dtype": "float32",
                     "dflash_eq_ar_sampled": sum(x.output_ids == y.output_ids for x, y in zip(sa, sd)),
-                    "graphs": df.counters.get("graphs", 0)})
+                    "graphs": df.metrics()["graphs"]})
         print(out[-1], flush=True)
     return out
 

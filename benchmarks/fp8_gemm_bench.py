@@ -297,7 +297,7 @@ def bench_steps(args, dev, dtype, smoke: bool, result: dict) -> None:
             for b in args.batch:
                 r = time_engine(eng, b, args.ctx, args.steps)
                 rows.append({"target": name, "mode": mode, "batch": b, "block_size": eng.block_size, **r,
-                             "graphs": eng.counters.get("graphs", 0)})
+                             "graphs": eng.metrics()["graphs"]})
                 print(f"step {name:11s} {mode:6s} b={b:3d}  {r['step_ms']:7.2f} ms", flush=True)
             del eng
             if dev.type == "cuda":

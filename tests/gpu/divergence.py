@@ -4,8 +4,9 @@
 A bf16 verify of 16 tokens and a bf16 step of 1 token run different GEMM shapes, which round differently;
 where the target's two best tokens are nearly tied, the two runs may pick different ones, and from there the
 sequences legitimately differ. So in bf16 the two outputs must be equal up to their first divergence, and a
-divergence is accepted only at a near-tie of the float32 target: the two tokens are its top 2 and their
-logit margin is below MARGIN_BOUND. Float32 has no such allowance: it must be exact.
+divergence is accepted only at a near-tie of the float32 target: both tokens' float32 logits lie within
+MARGIN_BOUND of its best logit (two, or at a three-way tie three, candidates that bf16 noise can reorder; a
+token the float32 target ranks clearly lower is never excused). Float32 has no such allowance: it must be exact.
 """
 from __future__ import annotations
 
@@ -23,12 +24,13 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 @torch.inference_mode()
 def near_tie(model, prompt: list[int], prefix: list[int], tok_a: int, tok_b: int) -> dict:
-    """The float32 reference's view of a divergence: its top-2 tokens and margin after prompt + prefix, and
-    whether (tok_a, tok_b) are those two with a margin under MARGIN_BOUND."""
+    """The float32 reference's view of a divergence after prompt + prefix: its top-2 tokens and margin, each
+    diverging token's gap below the best logit, and whether both gaps are under MARGIN_BOUND."""
     dev = next(model.parameters()).device
     logits = model(torch.tensor([prompt + prefix], device=dev)).logits[0, -1].double()  # [V]
     top = logits.topk(2)
     margin = float(top.values[0] - top.values[1])
     top2 = sorted(top.indices.tolist())
+    gaps = [float(top.values[0] - logits[t]) for t in (tok_a, tok_b)]
     return {"position": len(prefix), "tokens": [tok_a, tok_b], "f32_top2": top2, "f32_margin": round(margin, 4),
-            "allowed": sorted([tok_a, tok_b]) == top2 and margin < MARGIN_BOUND}
+            "f32_gaps": [round(g, 4) for g in gaps], "allowed": max(gaps) < MARGIN_BOUND}
