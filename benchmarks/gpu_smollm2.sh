@@ -155,11 +155,13 @@ case $STAGE in
       python3 -c "import sys, sysconfig, os; d = sysconfig.get_config_var('LIBDIR'); print('python', sys.version.split()[0], 'libpython in LIBDIR:', os.path.exists(os.path.join(d, sysconfig.get_config_var('LDLIBRARY') or '')), d)"
       GPU=h100 BATCH=64 NAME=soak_smollm2_h100 SOAK=(--streams 64 --duration 180 --kills 20)
     else
-      GPU=cpu BATCH=8 NAME=soak_smollm2_smoke SOAK=(--streams 8 --duration 30 --kills 2 --fault_every 5)
+      GPU=cpu BATCH=8 NAME=soak_smollm2_smoke SOAK=(--streams 8 --duration 30 --kills 2 --fault_every 5 --prompts 4 --max_tokens 16)
     fi
     python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" --gpu $GPU --backend torch --force \
       --max_batch_size $BATCH --max_seq_len 2048 --out "$RUN/soak_deploy"
-    python3 benchmarks/soak.py --engine "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}"
+    # the two bodies that crash Triton 2.51's HTTP front end itself are left out, as in the CPU report
+    python3 benchmarks/soak.py --engine "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}" \
+      --skip_cases deeply_nested,body_4MiB_form_urlencoded
     ;;
   stash|regen_shards|train_big|ckpt_pull|eval_big)
     OUT="$OUT" "${BIG[@]}" --big "$STAGE"

@@ -539,17 +539,18 @@ def fault_malformed(srv: Server, timeout: float, skip: list[str] = ()) -> dict:
     for name, body, ctype in malformed_cases():
         if name in skip:
             continue
-        code, text, secs, reason = _post(url, body, ctype, timeout + 5)
-        # A 200 is right only for the 5,000 stop strings (a legal request); everything else must be refused.
-        ok = (code == 200 if name == "stop_list_5000" else 400 <= code < 600 and bool(text)) and secs <= timeout
+        code, text, secs, reason = _post(url, body, ctype, timeout + 5 if name != "stop_list_5000" else 900)
+        # A 200 is right only for the 5,000 stop strings (a legal request, which may wait in the queue like any
+        # other); everything else must be refused, within ``timeout``.
+        ok = code == 200 if name == "stop_list_5000" else 400 <= code < 600 and bool(text) and secs <= timeout
         cases.append({"name": name, "code": code, "error": text, "seconds": round(secs, 3), "pass": ok,
                       "finish_reason": reason})
     # a seed of 2**64-1 (legal for the UINT64 input): answered or refused, never breaks the engine
     body = json.dumps({"text_input": "hi", "sampling_param_max_tokens": 4, "sampling_param_temperature": 0.7,
                        "sampling_param_seed": 2**64 - 1}).encode()
-    code, text, secs, reason = _post(url, body, "application/json", timeout + 5)
+    code, text, secs, reason = _post(url, body, "application/json", 900)
     cases.append({"name": "seed_2^64-1", "code": code, "error": text, "seconds": round(secs, 3),
-                  "pass": code in (200, 400) and secs <= timeout, "finish_reason": reason})
+                  "pass": code == 200 or (code == 400 and secs <= timeout), "finish_reason": reason})
     # invalid UTF-8 over gRPC
     t0 = time.monotonic()
     reason = None
