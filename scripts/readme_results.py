@@ -38,6 +38,10 @@ def provenance_note(data: dict, name: str) -> str:
     """Where the figures came from: the file, and its git SHA from the provenance record, or an honest
     'legacy' note for files written before trtllm_dflash.provenance existed."""
     prov = data.get("provenance")
+    code = data.get("code") or {}
+    if code.get("carried_tree_commit"):   # run before provenance preferred .git_state.json over the host's stale .git
+        return (f"`benchmarks/results/{name}`, git {code['carried_tree_commit'][:10]} (the branch commit that ran; "
+                f"the file's provenance.git names the GPU host's stale checkout)")
     if prov:
         git = prov.get("git") or {}
         sha = (git.get("sha") or "unknown")[:10]
@@ -174,6 +178,28 @@ def render_sweep(results: Path) -> str:
             f"{sha[:10]}{'-dirty' if sha.endswith('-dirty') else ''} only, no checkpoint sha256): acceptance length "
             f"{min(al):.2f}-{max(al):.2f}, and DFlash/AR throughput at equal interactivity between {min(ratios):.2f}x "
             f"and {max(ratios):.2f}x.\n")
+
+
+def render_sweep_v2(results: Path) -> str:
+    name = "sweep_smollm2_h100_v2.summary.json"
+    d = _load(results, name)
+    s = d["summary"]
+    rows = _jsonl(results, "sweep_smollm2_h100_v2.jsonl")
+    concs = sorted({r["settings"]["concurrency"] for r in rows})
+    nreq = sorted({r["settings"]["num_requests"] for r in rows})
+    al = {m: [r["metrics"]["acceptance_length_mean"] for r in rows if r["label"] == m] for m in ("DFlash", "DFlash adaptive")}
+    return (f"- **Sweep v2: AR vs DFlash fixed (block 16) vs DFlash adaptive** (SmolLM2-135M + shipped drafter, H100, "
+            f"HumanEval prompts, <= {rows[0]['settings']['max_new_tokens']} new tokens, concurrency {concs[0]}..{concs[-1]}, "
+            f"{'/'.join(map(str, nreq))} requests per level, `bash benchmarks/gpu_smollm2.sh sweep2`; "
+            f"{provenance_note(d, name)}): throughput at equal interactivity, adaptive / AR "
+            f"{s['min_adaptive_over_ar_iso_interactivity']:.2f}x-{s['max_adaptive_over_ar_iso_interactivity']:.2f}x, "
+            f"fixed / AR {s['min_fixed_over_ar_iso_interactivity']:.2f}x-{s['max_fixed_over_ar_iso_interactivity']:.2f}x; "
+            f"acceptance length fixed {min(al['DFlash']):.2f}-{max(al['DFlash']):.2f}, adaptive "
+            f"{min(al['DFlash adaptive']):.2f}-{max(al['DFlash adaptive']):.2f}. The goal (adaptive >= AR at every level) "
+            f"is **not met**: the policy's cost table and a tau of ~1.5 leave little to win on a 135M target, and its "
+            f"choices lose more than they save at mid concurrency. Mean inter-token gap at concurrency 64 is "
+            f"{s['itl_c64_over_steady_b64']:.1f}x a steady batch of 64 (goal 1.5x): admission still stalls running "
+            f"requests.\n\n  ![Pareto v2](benchmarks/results/sweep_smollm2_h100_v2/pareto.png)\n")
 
 
 def _cuda_rows(d: dict) -> list[str]:
@@ -410,6 +436,7 @@ RENDERERS = {
     "gpt_oss": render_gpt_oss,
     "gpt_oss_mxfp4": render_gpt_oss_mxfp4,
     "sweep": render_sweep,
+    "sweep_v2": render_sweep_v2,
     "cuda_check": render_cuda_check,
     "gpu_tests": render_gpu_tests,
     "quant": render_quant,
