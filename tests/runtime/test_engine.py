@@ -9,6 +9,7 @@ import torch
 from tests.tiny import VOCAB
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.errors import DFlashError
+from tests.runtime.oracle import PeriodicOracle
 from trtllm_dflash.runtime.engine import Engine
 
 
@@ -41,36 +42,13 @@ def test_dflash_greedy_equals_ar_and_transformers(request, pair_name):
     assert df.metrics()["max_active_batch"] == 4
 
 
-class OracleEngine(Engine):
-    """Proposes the true continuation with a planted error every `period` tokens: exercises multi-token
-    acceptance, rejection mid-block and the overwrite of rejected cache rows."""
-
-    truth: dict = {}
-    period = 5
-
-    def _propose(self, last, pos, start, rows, ctx_len):
-        n, B = pos.shape
-        out = torch.zeros(n, B - 1, dtype=torch.long)
-        for i in range(n):
-            req = self.slots[i]
-            if req is None:
-                continue
-            seq = self.truth[tuple(req.prompt_ids)]
-            done = len(req.output_ids)  # output_ids[done-1] is the anchor
-            for j in range(B - 1):
-                k = done + j
-                tok = seq[k] if k < len(seq) else 0
-                out[i, j] = (tok + 1) % VOCAB if (k + 1) % self.period == 0 else tok
-        return out.to(self.device)
-
-
 def test_acceptance_bookkeeping_with_an_oracle_drafter(tiny_pair):
     ar, _ = engines(tiny_pair)
     ps = prompts(4)
     sp = SamplingParams(max_new_tokens=60, ignore_eos=True)
     truth = {tuple(p): r.output_ids for p, r in zip(ps, ar.generate(ps, sp))}
-    OracleEngine.truth = truth
-    eng = OracleEngine.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(max_seq_len=256, max_batch_size=4))
+    PeriodicOracle.truth = truth
+    eng = PeriodicOracle.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(max_seq_len=256, max_batch_size=4))
     for p, r in zip(ps, eng.generate(ps, sp)):
         assert r.output_ids == truth[tuple(p)]
         # every 5th token is wrong, so after the first step blocks commit up to 5 tokens (4 drafts + bonus)

@@ -19,7 +19,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from tests.runtime.test_engine import OracleEngine
+from tests.runtime.oracle import PeriodicOracle
 from tests.runtime.test_tp import mpiexec
 from trtllm_dflash.checkpoints.drafter_init import write_random_drafter
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
@@ -261,10 +261,10 @@ def test_dflash_greedy_equals_ar_and_transformers(tiny, drafters):
         assert d.output_ids == a.output_ids
 
     # multi-token acceptance, rejection mid-block and overwritten rejected rows, across the sliding window
-    OracleEngine.truth = {tuple(p): r.output_ids for p, r in zip(ps, out_ar)}
-    oracle = OracleEngine.from_dirs(tiny["plain"], drafters["plain"], RuntimeConfig(**cfg))
+    PeriodicOracle.truth = {tuple(p): r.output_ids for p, r in zip(ps, out_ar)}
+    oracle = PeriodicOracle.from_dirs(tiny["plain"], drafters["plain"], RuntimeConfig(**cfg))
     for p, r in zip(ps, oracle.generate(ps, sp)):
-        assert r.output_ids == OracleEngine.truth[tuple(p)] and max(r.stats.acceptance_lengths) == 5
+        assert r.output_ids == PeriodicOracle.truth[tuple(p)] and max(r.stats.acceptance_lengths) == 5
 
 
 # ---- parallelism -----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import torch
 
 from tests.tiny import VOCAB
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from tests.runtime.oracle import OracleEngine
 from trtllm_dflash.runtime.engine import Engine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -40,26 +41,14 @@ def params(setting: str, n: int, max_new: int) -> list[SamplingParams]:
     return [SamplingParams(max_new_tokens=max_new, ignore_eos=True, seed=100 + i, **kw) for i, kw in enumerate(kws)]
 
 
-class SampledOracle(Engine):
+class SampledOracle(OracleEngine):
     """Drafts the request's AR-sampled continuation; ``right`` = how many drafts per block are correct
-    (None = all), the next one is made wrong. Hooks the drafter exactly as the greedy OracleEngine does."""
+    (None = all), the next one is made wrong."""
 
-    truth: dict = {}
     right: int | None = None
 
-    def _propose(self, last, pos, start, rows, ctx_len):
-        n, B = pos.shape
-        out = torch.zeros(n, B - 1, dtype=torch.long)
-        for i in range(n):
-            req = self.slots[i]
-            if req is None:
-                continue
-            seq = self.truth[tuple(req.prompt_ids)]
-            done = len(req.output_ids)  # output_ids[done-1] is the anchor; the drafts continue from it
-            for j in range(B - 1):
-                tok = seq[done + j]
-                out[i, j] = (tok + 1) % VOCAB if self.right is not None and j == self.right else tok
-        return out.to(self.device)
+    def wrong(self, k: int, j: int) -> bool:
+        return self.right is not None and j == self.right
 
 
 @pytest.fixture(scope="module")
