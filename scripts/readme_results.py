@@ -368,8 +368,12 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
 
 def _soak_line(results: Path, name: str, label: str, command: str) -> str:
     if not (results / name).is_file():
+        attempt = results / f"{name.removesuffix('.json')}_attempt" / "failed_run.txt"
+        tried = (f" The last attempt failed before any load (`benchmarks/results/{attempt.parent.name}/"
+                 f"{attempt.name}`): the Triton 2.51 python-backend stub read BYTES inputs with numpy 2 on the GPU host "
+                 f"and died on the first request." if attempt.is_file() else "")
         return (f"**Soak, {label}**: no report committed yet; `{command}` writes `benchmarks/results/{name}` "
-                "(and the plot beside it).\n")
+                f"(and the plot beside it).{tried}\n")
     d = _load(results, name)
     s, g, c, st = d["summary"], d["summary"]["goals"], d["checks"], d["settings"]
     faults = {}
