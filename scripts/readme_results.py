@@ -38,10 +38,9 @@ def provenance_note(data: dict, name: str) -> str:
     """Where the figures came from: the file, and its git SHA from the provenance record, or an honest
     'legacy' note for files written before trtllm_dflash.provenance existed."""
     prov = data.get("provenance")
-    code = data.get("code") or {}
-    if code.get("carried_tree_commit"):   # run before provenance preferred .git_state.json over the host's stale .git
-        return (f"`benchmarks/results/{name}`, git {code['carried_tree_commit'][:10]} (the branch commit that ran; "
-                f"the file's provenance.git names the GPU host's stale checkout)")
+    if data.get("git_sha"):   # the commit whose code ran, on main; a note says when it was reconstructed
+        fixed = " (commit reconstructed after the run: see the file's git_sha_note)" if data.get("git_sha_note") else ""
+        return f"`benchmarks/results/{name}`, git {data['git_sha'][:10]}{fixed}"
     if prov:
         git = prov.get("git") or {}
         sha = (git.get("sha") or "unknown")[:10]

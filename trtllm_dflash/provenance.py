@@ -92,9 +92,11 @@ def record(command: list[str] | str | None = None, checkpoints: dict[str, str | 
     """The provenance block of a results file. ``command`` defaults to this process's argv."""
     if command is None:
         command = [Path(sys.executable).name, *sys.argv]
+    git = git_state()
     return {
         "command": command if isinstance(command, str) else " ".join(str(c) for c in command),
-        "git": git_state(),
+        "git_sha": git["sha"] and git["sha"] + ("-dirty" if git["dirty"] else ""),   # the one line a reader looks for
+        "git": git,
         "versions": installed(*packages),
         "device": device_info(),
         "checkpoints": {name: checkpoint_digest(p) for name, p in (checkpoints or {}).items() if p is not None},
