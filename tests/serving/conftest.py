@@ -31,6 +31,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def terminate(proc: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM (the way an operator stops a server), SIGKILL after ``timeout``; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 def make_deployment(root: Path, target: Path, drafter: Path, *, backend: str = "torch", tp_size: int = 1,
                     runtime: dict = RUNTIME, fill: bool = True) -> Path:
     """The parts of a dflash-build directory the server reads: manifest.json, target/, drafter/, triton/."""
@@ -97,14 +109,7 @@ class Server:
         return total
 
     def stop(self, timeout: float = 60.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc, timeout)
 
 
 def start_server(engine_dir: Path, log: Path, *extra: str, timeout: float = 120.0) -> Server:

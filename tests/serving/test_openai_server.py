@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serving.conftest import TEST_ENV, free_port
+from tests.serving.conftest import TEST_ENV, free_port, terminate
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -46,14 +46,7 @@ class OpenAIServer:
             return err.code, json.loads(err.read())
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc, 30)
 
 
 @pytest.fixture(scope="module")
