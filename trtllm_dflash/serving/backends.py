@@ -203,7 +203,9 @@ class TorchBackend:
 
     def _schedule(self) -> None:
         while not self._stopping and not self.broken:
-            if not self.engine.has_work():
+            # After a failed step, step again only for live requests: requests cancelled by the failure may
+            # still sit in the engine, and re-failing on them alone would count as fresh failures.
+            if not self.engine.has_work() or (self._failed_steps and not self._live):
                 self._wake.wait(timeout=0.05)
                 self._wake.clear()
                 continue
