@@ -151,8 +151,21 @@ case $STAGE in
           exit 0
         fi
       done
-      export PYTHONPATH=$SOAK_SITE:$PYTHONPATH
-      python3 -c "import sys, sysconfig, os; d = sysconfig.get_config_var('LIBDIR'); print('python', sys.version.split()[0], 'libpython in LIBDIR:', os.path.exists(os.path.join(d, sysconfig.get_config_var('LDLIBRARY') or '')), d)"
+      # Triton's python-backend stub runs its interpreter isolated (no PYTHONPATH; measured in
+      # tests/serving/test_triton_env.py), so numpy 1 has to come first in a python environment, not on
+      # PYTHONPATH: a venv of our own whose .pth puts the soak site first, then the host venv's site-packages
+      # (processed as a site dir), the wheels and this checkout. dflash-serve puts its bin first on PATH.
+      SOAK_VENV=/tmp/dflash_soak_venv
+      if [ ! -x "$SOAK_VENV/bin/python3" ]; then
+        read -r BASE PYV HOST_SITE < <(python3 -c 'import sys, site; print(sys._base_executable, "%d.%d" % sys.version_info[:2], site.getsitepackages()[0])')
+        mkdir -p "$SOAK_VENV/bin" "$SOAK_VENV/lib/python$PYV/site-packages"
+        ln -sf "$BASE" "$SOAK_VENV/bin/python3"
+        printf 'home = %s\ninclude-system-site-packages = false\nversion = %s\n' "$(dirname "$BASE")" "$PYV" > "$SOAK_VENV/pyvenv.cfg"
+        printf '%s\n' "$SOAK_SITE" "import site; site.addsitedir('$HOST_SITE')" "$SITE" "$PWD" \
+          > "$SOAK_VENV/lib/python$PYV/site-packages/dflash_soak.pth"
+      fi
+      export PATH=$SOAK_VENV/bin:$PATH PYTHONPATH=$SOAK_SITE:$PYTHONPATH
+      python3 -I -c "import sys, numpy, torch; print('soak python', sys.executable, sys.version.split()[0], 'numpy', numpy.__version__, numpy.__file__, 'torch', torch.__version__)"
       GPU=h100 BATCH=64 NAME=soak_smollm2_h100 SOAK=(--streams 64 --duration 180 --kills 20)
     else
       GPU=cpu BATCH=8 NAME=soak_smollm2_smoke SOAK=(--streams 8 --duration 30 --kills 2 --fault_every 5 --prompts 4 --max_tokens 16)

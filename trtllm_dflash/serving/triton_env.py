@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass, field
@@ -43,10 +44,7 @@ def pytriton_binary() -> TritonBinary:
     if spec is None or not spec.submodule_search_locations:
         raise DFlashError("tritonserver", "is not on PATH and nvidia-pytriton is not installed",
                           "pip install 'trtllm-dflash[triton]', or run in NGC's tritonserver image")
-    numpy_version = importlib.metadata.version("numpy")
-    if int(numpy_version.split(".")[0]) >= 2:
-        # The 2.51 python backend mis-reads BYTES tensors with numpy 2 and its stub dies on the first prompt.
-        raise DFlashError("numpy", f"is {numpy_version} in {sys.prefix}", "pip install 'numpy<2'")
+    check_stub_numpy(stub_python())
     site = Path(spec.submodule_search_locations[0]).resolve().parent
     ts = site / "pytriton" / "tritonserver"
     py = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -64,6 +62,31 @@ def pytriton_binary() -> TritonBinary:
     env = {"LD_LIBRARY_PATH": ":".join(libs),
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     return TritonBinary(str(ts / "bin" / "tritonserver"), "nvidia-pytriton", str(backend_dir), env)
+
+
+def stub_python() -> str:
+    """The interpreter the python-backend stub will run: the first ``python3`` on the PATH we give the server,
+    i.e. this interpreter's bin directory (a venv's own ``python3``, so its pyvenv.cfg and site-packages)."""
+    candidate = Path(sys.executable).parent / "python3"
+    return str(candidate) if candidate.is_file() else sys.executable
+
+
+def check_stub_numpy(python: str) -> None:
+    """Refuse numpy >= 2 where the stub would import it. The 2.51 stub is built with a pybind11 that predates
+    numpy 2's array layout: with numpy 2 it reads a BYTES tensor (every prompt) as garbage and dies. Its
+    embedded interpreter runs isolated (ignores PYTHONPATH, adds the working directory): asking this process's
+    numpy, or a PYTHONPATH that puts numpy 1 first, says nothing about it, so ask the same interpreter, isolated."""
+    probe = subprocess.run([python, "-I", "-c", "import numpy; print(numpy.__version__); print(numpy.__file__)"],
+                           capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        raise DFlashError("numpy", f"cannot be imported by {python} run isolated, as Triton's python-backend stub "
+                          f"runs it: {probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else 'no output'}",
+                          f"install 'numpy<2' into the environment of {python} (PYTHONPATH does not reach the stub)")
+    version, where = probe.stdout.split()[:2]
+    if int(version.split(".")[0]) >= 2:
+        raise DFlashError("numpy", f"{version} ({where}) is what Triton 2.51's python-backend stub imports, and it "
+                          "misreads every prompt with numpy 2 (PYTHONPATH does not reach the stub: it runs isolated)",
+                          f"install 'numpy<2' into the environment of {python}")
 
 
 def _install_backend(dest: Path, files: list[Path]) -> None:
