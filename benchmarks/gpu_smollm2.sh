@@ -161,7 +161,10 @@ case $STAGE in
         mkdir -p "$SOAK_VENV/bin" "$SOAK_VENV/lib/python$PYV/site-packages"
         ln -sf "$BASE" "$SOAK_VENV/bin/python3"
         printf 'home = %s\ninclude-system-site-packages = false\nversion = %s\n' "$(dirname "$BASE")" "$PYV" > "$SOAK_VENV/pyvenv.cfg"
+        # scipy/sklearn of the host venv are built for numpy 2 and break transformers' imports under numpy 1:
+        # None in sys.modules makes find_spec report them absent, so transformers does without them.
         printf '%s\n' "$SOAK_SITE" "import site; site.addsitedir('$HOST_SITE')" "$SITE" "$PWD" \
+          "import sys; sys.modules.update(scipy=None, sklearn=None)" \
           > "$SOAK_VENV/lib/python$PYV/site-packages/dflash_soak.pth"
       fi
       export PATH=$SOAK_VENV/bin:$PATH PYTHONPATH=$SOAK_SITE:$PYTHONPATH
