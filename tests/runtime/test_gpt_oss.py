@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from tests.runtime.oracle import PeriodicOracle
 from tests.runtime.test_tp import mpiexec
-from trtllm_dflash.checkpoints.drafter_init import write_random_drafter
+from tests.tiny import GPT_OSS_WINDOW as WINDOW
+from tests.tiny import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime import shard
 from trtllm_dflash.runtime.distributed import TPGroup
@@ -34,76 +35,10 @@ from trtllm_dflash.runtime.models.mxfp4 import dequantize
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 CPU, F32 = torch.device("cpu"), torch.float32
-VOCAB, WINDOW = 96, 8
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def write_tiny_gpt_oss(out: Path, *, heads=4, kv_heads=2, intermediate=64, mxfp4=False, seed=0) -> Path:
-    """A random 4-layer GptOssForCausalLM (sliding window 8 / full alternating, 4 experts top-2, YaRN) saved by
-    transformers. mxfp4=True stores the experts as MXFP4 blocks/scales instead, with the HF reference weights
-    being transformers' own dequantisation of them (so the MXFP4 layout is checked against transformers)."""
-    import transformers
-    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-
-    cfg = transformers.GptOssConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=intermediate, num_hidden_layers=4, num_attention_heads=heads,
-        num_key_value_heads=kv_heads, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
-        max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=VOCAB - 2, pad_token_id=0,
-        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "beta_fast": 32.0,
-                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64})
-    torch.manual_seed(seed)
-    model = transformers.GptOssForCausalLM(cfg).float()
-    g = torch.Generator().manual_seed(seed)
-    blocks = {}
-    with torch.no_grad():  # larger than HF's init: peaked logits, varied routing, sinks that matter
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.dim() < 2 or "router" in name else 0.2))
-        if mxfp4:
-            for i, layer in enumerate(model.model.layers):
-                for proj, rows, cols in (("gate_up_proj", 2 * intermediate, 64), ("down_proj", 64, intermediate)):
-                    b = torch.randint(0, 256, (4, rows, cols // 32, 16), dtype=torch.uint8, generator=g)
-                    s = torch.randint(121, 124, (4, rows, cols // 32), dtype=torch.uint8, generator=g)
-                    getattr(layer.mlp.experts, proj).copy_(convert_moe_packed_tensors(b, s, dtype=F32))
-                    blocks[f"model.layers.{i}.mlp.experts.{proj}"] = (b, s)
-    model.config.architectures = ["GptOssForCausalLM"]
-    model.save_pretrained(out / "hf")
-    if not mxfp4:
-        return out / "hf"
-    q = out / "mxfp4"  # the published layout: experts as *_blocks + *_scales, quantization_config mxfp4
-    q.mkdir()
-    sd = load_file(str(out / "hf" / "model.safetensors"))
-    for name, (b, s) in blocks.items():
-        del sd[name]
-        sd[name + "_blocks"], sd[name + "_scales"] = b, s
-    save_file(sd, str(q / "model.safetensors"))
-    c = json.loads((out / "hf" / "config.json").read_text())
-    c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
-                                "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
-    (q / "config.json").write_text(json.dumps(c))
-    return q
-
-
-def write_gpt_oss_drafter(target: Path, out: Path, *, block_size=8, seed=1) -> Path:
-    """A random drafter shaped like z-lab's gpt-oss ones: model_type gpt_oss, attention_bias (q/k/v/o biases),
-    no rope_scaling in config.json (so the gpt-oss YaRN default applies)."""
-    d = write_random_drafter(target, out, num_layers=2, block_size=block_size, target_layer_ids=[0, 2, 3],
-                             mask_token_id=VOCAB - 1, seed=seed)
-    c = json.loads((d / "config.json").read_text())
-    c.pop("rope_parameters", None)
-    c.update(model_type="gpt_oss", attention_bias=True, rope_theta=150000)
-    (d / "config.json").write_text(json.dumps(c))
-    sd = load_file(str(d / "model.safetensors"))
-    g = torch.Generator().manual_seed(seed)
-    for i in range(2):
-        for p in "qkvo":
-            w = sd[f"layers.{i}.self_attn.{p}_proj.weight"]
-            sd[f"layers.{i}.self_attn.{p}_proj.bias"] = torch.randn(w.shape[0], generator=g) * 0.1
-    save_file(sd, str(d / "model.safetensors"))
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -128,7 +128,7 @@ def test_kernel_under_cuda_graph_replays_new_routing():
 @needs_gpu
 def test_greedy_dflash_equals_ar_with_the_mxfp4_kernel(tmp_path):
     """A small random MXFP4 gpt-oss (the CPU tests' checkpoint writer) run by the kernels, float32 elsewhere."""
-    from tests.runtime.test_gpt_oss import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
+    from tests.tiny import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
     from trtllm_dflash.config import RuntimeConfig, SamplingParams
     from trtllm_dflash.runtime.engine import Engine
     target = write_tiny_gpt_oss(tmp_path / "t", mxfp4=True, seed=1)
