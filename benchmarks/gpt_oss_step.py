@@ -33,6 +33,7 @@ import platform
 import statistics
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -74,14 +75,21 @@ TINY_DRAFTER = {"hidden_size": 64, "intermediate_size": 128, "num_attention_head
                 "dflash_config": {"mask_token_id": 95, "target_layer_ids": [0, 2, 3]}}
 
 
-def random_weights(model: torch.nn.Module, device, dtype, seed: int) -> torch.nn.Module:
+def random_weights(model: torch.nn.Module, device, dtype, seed: int, full: torch.nn.Module | None = None,
+                   rank: int = 0) -> torch.nn.Module:
     """Meta-device module -> random weights allocated once, directly in ``dtype`` on ``device``; packed MXFP4
-    experts get random E2M1 bytes and E8M0 scales 2^-8..2^-6 (weights of ~0.01-0.05, like the 0.02 normals)."""
+    experts get random E2M1 bytes and E8M0 scales 2^-8..2^-6 (weights of ~0.01-0.05, like the 0.02 normals).
+
+    Each tensor has its own seed, from its name, so tensor-parallel ranks agree without talking: ``full`` is the
+    same module at TP 1 (meta); a tensor whose shape differs from it is this rank's shard and is seeded with
+    ``rank`` too (the ranks' shards together are one random full model), a replicated one is identical everywhere."""
     packed = {n for n, p in model.named_parameters() if p.dtype == torch.uint8}
+    full_shapes = {n: p.shape for n, p in (full if full is not None else model).named_parameters()}
     model = model.to(dtype).to_empty(device=device)  # meta -> meta cast is free (and leaves uint8 alone)
-    g = torch.Generator(device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            part = rank if p.shape != full_shapes[name] else 0
+            g = torch.Generator(device).manual_seed(zlib.crc32(f"{seed}:{name}:{part}".encode()))
             if name in packed:
                 lo, hi = (119, 122) if name.endswith("_scales") else (0, 256)
                 p.copy_(torch.randint(lo, hi, p.shape, dtype=torch.uint8, device=device, generator=g))
@@ -92,15 +100,21 @@ def random_weights(model: torch.nn.Module, device, dtype, seed: int) -> torch.nn
     return model
 
 
-def build(target_name: str, tiny: bool, device, dtype, max_positions: int, backend: str):
+def build(target_name: str, tiny: bool, device, dtype, max_positions: int, backend: str, tp: TPGroup = TPGroup(),
+          ep_size: int = 1):
+    """Target and drafter of this rank (``tp``, ``ep_size``: its shards only) with random weights (random_weights)."""
     tc, dc = TARGETS[target_name]
     tcfg = GptOssConfig.from_hf({**tc, **TINY} if tiny else tc)
     dcfg = DrafterConfig.from_hf({**dc, **TINY_DRAFTER} if tiny else dc)
-    tp = TPGroup()
-    with torch.device("meta"):
-        target = GptOssTarget(tcfg, tp, max_positions, dcfg.target_layer_ids, moe_backend=backend)
-        drafter = DFlashDrafter(dcfg, tcfg.hidden_size, tp, max_positions)
-    target, drafter = random_weights(target, device, dtype, 0), random_weights(drafter, device, dtype, 1)
+
+    def meta(group: TPGroup, ep: int):
+        with torch.device("meta"):
+            return (GptOssTarget(tcfg, group, max_positions, dcfg.target_layer_ids, ep_size=ep, moe_backend=backend),
+                    DFlashDrafter(dcfg, tcfg.hidden_size, group, max_positions))
+
+    (target, drafter), (full_t, full_d) = meta(tp, ep_size), meta(TPGroup(), 1)
+    target = random_weights(target, device, dtype, 0, full_t, tp.rank)
+    drafter = random_weights(drafter, device, dtype, 1, full_d, tp.rank)
     # RoPE tables are buffers, not weights: rebuild them for real (to_empty left them uninitialised)
     target.rotary = Rotary(tcfg.rope, tcfg.head_dim, max_positions, tcfg.max_position_embeddings).to(device)
     drafter.rotary = Rotary(dcfg.rope, dcfg.head_dim, max_positions, dcfg.max_position_embeddings).to(device)
@@ -117,8 +131,9 @@ def expert_bytes(experts) -> int:
 
 
 class ByteModel:
-    """Bytes that must cross HBM in one step: every non-expert weight the step uses once (lm_head twice in a
-    DFlash step: drafts and verify), the distinct experts its tokens routed to, and the KV it reads."""
+    """Bytes that must cross this rank's HBM in one step: every non-expert weight (its shard) the step uses once
+    (lm_head twice in a DFlash step: drafts and verify), the distinct experts of this rank its tokens routed to
+    (their shards), and the KV (its heads) it reads."""
 
     def __init__(self, target, drafter, ctx: int):
         self.target, self.drafter, self.ctx = target, drafter, ctx
@@ -126,8 +141,8 @@ class ByteModel:
         self.dense = nbytes(dense)
         self.lm_head = nbytes([target.lm_head.weight])
         self.drafter_bytes = nbytes(drafter.parameters())
-        c = target.config
-        self.kv_token = 2 * c.num_kv_heads * c.head_dim * target.lm_head.weight.element_size()
+        _, H, D = target.kv_shape()  # this rank's KV heads
+        self.kv_token = 2 * H * D * target.lm_head.weight.element_size()
         L, H, D = drafter.kv_shape()
         self.drafter_kv_token = 2 * L * H * D * target.lm_head.weight.element_size()
 
@@ -141,11 +156,18 @@ class ByteModel:
 
 
 def distinct_experts(steps, n: int, B: int) -> int:
-    """Sum over layers of the distinct experts the step's target tokens chose (one eager step, router hooks)."""
+    """Sum over layers of the distinct experts of this rank (all of them at TP 1) that the step's target tokens
+    chose (one eager step, router hooks)."""
     seen = []
     k = steps.target.config.experts_per_token
-    hooks = [layer.mlp.router.register_forward_hook(lambda m, i, o: seen.append(o.topk(k, -1).indices.unique().numel()))
-             for layer in steps.target.layers]
+
+    def hook(experts):
+        def count(module, inputs, logits):
+            ids = logits.topk(k, -1).indices.unique()
+            seen.append(((ids >= experts.first) & (ids < experts.first + experts.num_local)).sum().item())
+        return count
+
+    hooks = [layer.mlp.router.register_forward_hook(hook(layer.mlp.experts)) for layer in steps.target.layers]
     try:
         steps.run(n, B)
     finally:
