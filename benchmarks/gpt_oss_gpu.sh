@@ -3,6 +3,8 @@
 #   tests  (H100, ~2 min)  GPU tests of the MXFP4 kernels -> gpu_tests_mxfp4_<gpu>.json
 #   20b    (H100, ~4 min)  gpt-oss-20b steps, MXFP4 kernels vs bf16 dequantised in the same run, tile sweep, profile
 #   120b   (H200, ~5 min)  gpt-oss-120b steps with MXFP4 kernels (bf16 does not fit: one MoE layer both ways), profile
+#   tp2    (2x H200, ~3 min) gpt-oss-120b TP 2 with EP 2 and EP 1 under mpirun (NCCL, CUDA graphs): tiny tokens == TP 1,
+#          AR / DFlash (block 10) steps at batch 1 and 64, per-rank roofline, all-reduces per step, TP 1 reference
 # SMOKE=1 runs the CPU paths instead (tiny shapes, no kernels).
 set -euo pipefail
 OUT=${OUT:-/tmp/gpt_oss_gpu}
@@ -23,6 +25,11 @@ for stage in "${stages[@]}"; do
       if [ -n "${SMOKE:-}" ]; then $PY benchmarks/gpt_oss_step.py --tiny --device cpu --batch_sizes 1 --blocks 10 --iters 2 --out "$OUT/gpt_oss_120b_step_smoke.json"
       else $PY benchmarks/gpt_oss_step.py --target gpt-oss-120b --batch_sizes 1,4,16,64 --blocks 10 --iters 15 --compare_layers 1 \
              --tile_sweep --profile --out "$OUT/gpt_oss_120b_step_h200.json" 2>&1 | tee "$OUT/120b.log"; fi ;;
-    *) echo "unknown stage $stage (tests, 20b, 120b)" >&2; exit 2 ;;
+    tp2)
+      if [ -n "${SMOKE:-}" ]; then ${MPIRUN:-mpiexec} -n 2 $PY benchmarks/gpt_oss_tp.py --tiny --device cpu --iters 2 --warmup 1 --ctx 32 \
+             --out "$OUT/gpt_oss_tp2_smoke.json" 2>&1 | tee "$OUT/tp2.log"
+      else ${MPIRUN:-mpirun --allow-run-as-root} -n 2 $PY benchmarks/gpt_oss_tp.py --target gpt-oss-120b --ep_sizes 2,1 --batch_sizes 1,64 \
+             --block_size 10 --iters 10 --out "$OUT/gpt_oss_120b_tp2_h200x2.json" 2>&1 | tee "$OUT/tp2.log"; fi ;;
+    *) echo "unknown stage $stage (tests, 20b, 120b, tp2)" >&2; exit 2 ;;
   esac
 done

@@ -1,0 +1,66 @@
+# SPDX-License-Identifier: Apache-2.0
+"""benchmarks/gpt_oss_tp.py on the CPU under a real mpiexec (gloo): the same code the 2x H200 run takes, at the
+tiny shapes: tokens at TP 2 (EP 2 and EP 1) == TP 1, every step row, the collectives one step issues, the
+distinct experts each rank serves, and a results file that names what produced it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.test_tp import mpiexec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.mpi
+def test_gpt_oss_tp_benchmark_smoke_under_mpiexec(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpt_oss_step import TINY, TINY_DRAFTER
+
+    out = tmp_path / "tp.json"
+    cmd = [mpiexec(), "-n", "2", sys.executable, str(ROOT / "benchmarks" / "gpt_oss_tp.py"), "--tiny", "--device", "cpu",
+           "--iters", "2", "--warmup", "1", "--ctx", "32", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    res = json.loads(out.read_text())
+    assert res["complete"] and res["tp_size"] == 2 and res["git_sha"] == res["provenance"]["git_sha"]
+    assert {"tiny_target", "tiny_drafter"} <= set(res["provenance"]["checkpoints"])
+
+    tokens = res["tokens"]["dequant"]
+    assert tokens["tp1_same_on_every_rank"] and len(tokens["tp1"]) == 3
+    for layout in ("tp2_ep2", "tp2_ep1"):
+        assert tokens[layout]["equal_tp1"], (layout, tokens[layout]["first_difference"])
+
+    rows = {(r["layout"], r["step"], r["batch"]): r for r in res["results"]}
+    assert set(rows) == {(lay, s, n) for lay in ("tp2_ep2", "tp2_ep1", "tp1") for s in ("ar", "dflash") for n in (1, 64)}
+    target_layers, drafter_layers, local = TINY["num_hidden_layers"], TINY_DRAFTER["num_hidden_layers"], 2
+    for (layout, step, n), r in rows.items():
+        assert r["median_ms"] > 0 and len(r["median_ms_per_rank"]) == (1 if layout == "tp1" else 2)
+        # one all-reduce after attention and one after the MoE/MLP per layer; lm_head all-gathers (drafts, verify)
+        reduces = 0 if layout == "tp1" else 2 * target_layers + (2 * drafter_layers if step == "dflash" else 0)
+        gathers = 0 if layout == "tp1" else 1 + (step == "dflash")
+        assert (r["all_reduce"], r["all_gather"]) == (reduces, gathers), (layout, step, n)
+        experts = r["distinct_experts_per_rank"]
+        if layout == "tp2_ep2":  # each rank serves its 2 of the 4 experts in each layer
+            assert all(1 <= e <= target_layers * local for e in experts) and sum(experts) >= target_layers
+        if layout == "tp2_ep1":  # both ranks hold a slice of every expert: they serve the same ones
+            assert experts[0] == experts[1]
+    s = res["summary"]
+    for layout in ("tp2_ep2", "tp2_ep1"):
+        assert s[layout]["tokens_equal_tp1"] is True
+        assert {"ar_b1_ms", "dflash_b1_ms", "ar_b64_ms", "dflash_b64_ms", "ar_b1_roofline_fraction",
+                "dflash_b64_speedup_vs_tp1"} <= set(s[layout])
+        assert s[layout]["all_reduces_per_ar_step"] == 2 * target_layers
+
+
+def test_gpt_oss_tp_benchmark_refuses_a_single_rank(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpt_oss_tp.py"), "--tiny", "--device", "cpu",
+                           "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode != 0 and "mpirun -n 2" in proc.stderr and not (tmp_path / "x.json").exists()
