@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpt_oss_step import TARGETS, ByteModel, Steps, build, distinct_experts, nbytes, time_ms  # noqa: E402
+from gpt_oss_step import TARGETS, TINY, TINY_DRAFTER, ByteModel, Steps, build, distinct_experts, nbytes, time_ms  # noqa: E402
 from step_bench import ceilings, graphed  # noqa: E402
 
 from trtllm_dflash.config import RuntimeConfig  # noqa: E402
@@ -279,11 +279,15 @@ def main(argv=None) -> int:
                *(argv if argv is not None else sys.argv[1:])]
     prov = record(command, checkpoints={"tiny_target": target_dir, "tiny_drafter": drafter_dir}) if rank == 0 else {}
     name = torch.cuda.get_device_name() if cuda else "cpu"
+    tc, dc = TARGETS[args.target]
+    tc, dc = ({**tc, **TINY}, {**dc, **TINY_DRAFTER}) if args.tiny else (tc, dc)
     out = Results(Path(args.out), rank, {
         "benchmark": "gpt_oss_tp", "git_sha": prov.get("git_sha"), "provenance": prov, "tp_size": size,
         "ep_sizes": args.ep_sizes, "device": name, "dtype": str(dtype).removeprefix("torch."),
         "shapes": {"target": "tiny" if args.tiny else f"openai/{args.target}",
-                   "drafter": "tiny" if args.tiny else f"z-lab/{args.target}-DFlash", "ctx": args.ctx},
+                   "drafter": "tiny" if args.tiny else f"z-lab/{args.target}-DFlash", "ctx": args.ctx,
+                   "target_layers": tc["num_hidden_layers"], "experts": tc["num_local_experts"],
+                   "experts_per_token": tc["num_experts_per_tok"], "drafter_layers": dc["num_hidden_layers"]},
         "batch_sizes": args.batch_sizes, "block_size": args.block_size, "iters": args.iters,
         "routing_note": "random weights route near-uniformly: the distinct experts per step are close to the "
                         "worst case min(E, tokens x top-k) per layer; real routing touches fewer",
@@ -323,6 +327,9 @@ def main(argv=None) -> int:
     if rank == 0:
         print(json.dumps(out.data["summary"], indent=1))
         print(f"wrote {args.out} ({out.data['total_s']} s)", flush=True)
+    # No rank leaves before rank 0 has written: a launcher may end the whole job when the first rank exits
+    # (MPICH's hydra kills the others, and still returns 0).
+    gather(tp, None)
     return 0
 
 
