@@ -26,6 +26,7 @@ os._exit (tp_bench.py's first H200 run hung in the NCCL teardown after writing i
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -315,10 +316,12 @@ def main(argv=None) -> int:
     ceil = ceilings() if cuda and not args.tiny else None
     out.data["ceilings_per_rank"] = gather(tp, ceil)
     out.data["devices_per_rank"] = gather(tp, name)
-    for ep in args.ep_sizes:
-        bench_config(args, f"tp{size}_ep{ep}", tp, ep, device, dtype, backend, ceil, out)
-    if not args.no_tp1:  # every rank times TP 1 on its own device at once; rank 0's rows are recorded
-        bench_config(args, "tp1", TPGroup(), 1, device, dtype, backend, ceil, out)
+    layouts = [(f"tp{size}_ep{ep}", tp, ep) for ep in args.ep_sizes] + ([] if args.no_tp1 else [("tp1", TPGroup(), 1)])
+    for label, group, ep in layouts:  # at TP 1 every rank times its own device at once; rank 0's rows are recorded
+        bench_config(args, label, group, ep, device, dtype, backend, ceil, out)
+        gc.collect()
+        if cuda:  # the last layout's weights go back to the driver before the next one is made (120b at TP 1: 68 GB)
+            torch.cuda.empty_cache()
     if cuda:
         out.data["peak_memory_gib_per_rank"] = gather(tp, round(torch.cuda.max_memory_allocated() / 2**30, 2))
     out.data["total_s"] = round(time.perf_counter() - t0, 1)
