@@ -17,7 +17,7 @@ class OracleEngine(Engine):
     def wrong(self, k: int, j: int) -> bool:
         return False
 
-    def _propose(self, last, pos, start, rows, ctx_len):
+    def _propose(self, last, pos, start, rows, ctx_len, num_drafts):
         n, B = pos.shape
         out = torch.zeros(n, B - 1, dtype=torch.long)   # [n, B-1] drafts
         for i in range(n):

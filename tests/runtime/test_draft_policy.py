@@ -4,11 +4,12 @@ TensorRT-LLM's draft_len_schedule, and lossless output whatever block each step 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.runtime.test_engine import prompts
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
-from trtllm_dflash.runtime.draft_policy import (AcceptanceStats, AdaptivePolicy, CostTable, candidate_blocks,
-                                                draft_len_schedule)
+from trtllm_dflash.runtime.draft_policy import (AcceptanceStats, AdaptivePolicy, CostTable, FixedPolicy,
+                                                candidate_blocks, draft_len_schedule)
 from trtllm_dflash.runtime.engine import Engine
 
 
@@ -42,7 +43,8 @@ def test_policy_drafts_at_small_batch_and_stops_where_it_does_not_pay():
     for _ in range(200):
         bad.observe(16, [0] * 8)         # the drafter is never right: AR everywhere
     picks = [bad.choose(1) for _ in range(32)]
-    assert [b for b, _ in picks].count(1) == 31 and picks[-1][0] == 16 and "probe" in picks[-1][1]
+    # probes run the largest block within 10% of the cheapest drafting block's cost: 8 (5.4 ms vs 5.1 ms)
+    assert [b for b, _ in picks].count(1) == 31 and picks[-1][0] == 8 and "probe" in picks[-1][1]
     sched = draft_len_schedule(pol, 64)
     assert list(sched) == sorted(sched) and sched[min(sched)] == 15
     assert all(0 < d <= 15 for d in sched.values())
@@ -68,3 +70,86 @@ def test_measured_cost_table(tiny_pair):
     assert all(v > 0 for r in pol.costs.seconds.values() for v in r.values())
     out = df.generate(prompts(2), SamplingParams(max_new_tokens=8, ignore_eos=True))
     assert all(len(r.output_ids) == 8 for r in out)
+
+
+def test_probes_are_paced_by_their_price():
+    """A CPU-like table (smollm2-135m on 2 cores: block 2 costs 2.1x block 1): the probe runs block 2, and
+    seldom enough that probes cost at most probe_budget of the AR time; on a launch-bound table it probes the
+    full block every probe_every steps."""
+    cpu = CostTable({1: {1: 0.060, 2: 0.125, 4: 0.140, 8: 0.150, 16: 0.199}})
+    pol = AdaptivePolicy(16, cpu, probe_every=32, probe_budget=0.02)
+    for _ in range(50):
+        pol.observe(16, [0])
+    block, every = pol.probe(1)
+    assert block == 2 and every == 55          # ceil((125 - 60) / (0.02 * 60))
+    picks = [pol.choose(1)[0] for _ in range(3 * every)]
+    assert picks.count(1) == 3 * every - 3 and picks[every - 1] == 2
+    overhead = sum(cpu.cost(1, b) - cpu.cost(1, 1) for b in picks) / (len(picks) * cpu.cost(1, 1))
+    assert overhead <= 0.02
+    gpu = AdaptivePolicy(16, CostTable({1: {1: 1.00e-3, 2: 1.05e-3, 4: 1.06e-3, 8: 1.08e-3, 16: 1.12e-3}}))
+    assert gpu.probe(1) == (16, 32)
+
+
+class Pattern:
+    """A policy that runs a fixed cycle of blocks (to drive the runner through block-1 runs and drafting)."""
+
+    def __init__(self, blocks):
+        self.blocks, self.i = blocks, 0
+
+    def choose(self, batch):
+        self.i += 1
+        return self.blocks[(self.i - 1) % len(self.blocks)], "pattern"
+
+    def observe(self, block, accepted):
+        pass
+
+
+def _run_pattern(pair, stash_steps: int, blocks):
+    eng = Engine.from_dirs(pair[0], pair[1], RuntimeConfig(max_seq_len=256, max_batch_size=4))
+    eng.runner.stash_steps = stash_steps
+    eng.policy = Pattern(blocks)
+    seen = []   # per drafting step: the drafter's cached context K/V of each decoding row, positions < start
+    draft, cache = eng.runner.draft, eng.runner.draft_cache
+
+    def spy(last, pos, start, rows, ctx_len, num_drafts):
+        seen.append([(cache.k[:, i, :, :s].clone(), cache.v[:, i, :, :s].clone())
+                     for i, s in enumerate(start.tolist()) if eng.runner.decoding_host[i]])
+        return draft(last, pos, start, rows, ctx_len, num_drafts)
+
+    eng.runner.draft = spy
+    reqs = eng.generate(prompts(6), SamplingParams(max_new_tokens=30, ignore_eos=True))
+    return eng, seen, [r.output_ids for r in reqs]
+
+
+def test_batched_block1_context_equals_per_step_appends(tiny_pair):
+    """Block-1 steps hold the drafter's context back and append it in one call before the drafter or a prefill
+    needs it: every drafting step reads the same context K/V as with one append per step, through admissions,
+    finishes and stash overflows (6 requests, 4 slots, runs of 5 AR steps with a stash of 3)."""
+    blocks = [1, 1, 1, 1, 1, 4, 1, 2, 1, 1, 16]
+    eager, seen_eager, out_eager = _run_pattern(tiny_pair, 0, blocks)   # 0: one append per step
+    batched, seen_batched, out_batched = _run_pattern(tiny_pair, 3, blocks)
+    assert out_batched == out_eager and len(seen_eager) == len(seen_batched) > 10
+    for rows_e, rows_b in zip(seen_eager, seen_batched):
+        assert len(rows_e) == len(rows_b)
+        for (ke, ve), (kb, vb) in zip(rows_e, rows_b):
+            assert ke.shape == kb.shape and ke.abs().sum() > 0
+            torch.testing.assert_close(kb, ke, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(vb, ve, rtol=1e-5, atol=1e-6)
+    assert batched.runner.context_appends < eager.runner.context_appends
+
+
+def test_block1_steps_cost_what_ar_costs(tiny_pair):
+    """At block 1 the DFlash engine runs no drafter pass and, per step, no drafter context append (they are
+    batched, one per stash_steps steps): the op count of an AR step plus a feature copy."""
+    eng = Engine.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(max_seq_len=256, max_batch_size=2))
+    eng.policy = FixedPolicy(1)
+    calls = {"draft": 0}
+    forward = eng.drafter.forward
+    eng.drafter.forward = lambda *a, **k: calls.__setitem__("draft", calls["draft"] + 1) or forward(*a, **k)
+    eng.add_request(prompts(1)[0], SamplingParams(max_new_tokens=65, ignore_eos=True))
+    eng.step()                                       # prefill: one append of the prompt's context
+    assert eng.runner.context_appends == 1
+    for _ in range(64):
+        eng.step()
+    assert calls["draft"] == 0 and eng.block_counts == {1: 64}
+    assert eng.runner.stash_steps == 32 and eng.runner.context_appends == 1 + 64 // 32

@@ -64,7 +64,7 @@ def test_sampler_draws_from_the_filtered_law(kw):
 class FixedDraftEngine(Engine):
     """An adversarial drafter that always proposes token 3."""
 
-    def _propose(self, last, pos, start, rows, ctx_len):
+    def _propose(self, last, pos, start, rows, ctx_len, num_drafts):
         return torch.full((pos.shape[0], pos.shape[1] - 1), 3, device=self.device)
 
 

@@ -8,12 +8,17 @@ chance that draft j is accepted does not depend on b: per position we keep the c
 rate r_j = P(draft j accepted | drafts < j accepted), counted from every verify that reached j (a block of
 b observes positions up to b - 1) and decayed so it follows the current traffic. The policy picks the
 block with the most tokens per second, E[tokens](b) / cost(batch, b), from a cost table measured on the
-device that runs it (``measure_costs``). At block 1 nothing is observed, so every ``probe_every`` steps it
-verifies the full block once to refresh the rates.
+device that runs it (``measure_costs``). At block 1 nothing is observed, so now and then it probes: one step
+at a drafting block to refresh the rates. A probe costs what its block costs over block 1, so it is paced by
+that price: at most ``probe_budget`` of the block-1 time goes to probes (every ``probe_every`` steps where
+probes are nearly free, e.g. a launch-bound GPU step; every ~120 steps on a CPU where block 2 costs 1.3x
+block 1), and it runs the largest block that costs about as much as the cheapest one (every drafting block
+pays for draft 1 being accepted first, so that rate decides whether drafting can pay at all).
 """
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,11 +121,22 @@ class FixedPolicy:
 class AdaptivePolicy:
     """The block with the most expected tokens per second at this batch size (see the module docstring)."""
 
-    def __init__(self, block_size: int, costs: CostTable, probe_every: int = 32, stats: AcceptanceStats | None = None):
-        self.block_size, self.costs, self.probe_every = block_size, costs, probe_every
+    def __init__(self, block_size: int, costs: CostTable, probe_every: int = 32, stats: AcceptanceStats | None = None,
+                 probe_budget: float = 0.02):
+        self.block_size, self.costs, self.probe_every, self.probe_budget = block_size, costs, probe_every, probe_budget
         self.stats = stats or AcceptanceStats(block_size)
         self.blocks = candidate_blocks(block_size)
         self._ar_steps = 0
+
+    def probe(self, batch: int) -> tuple[int, int]:
+        """(block, steps between probes) at this batch size: the largest drafting block within 10% of the
+        cheapest one's cost, often enough to spend at most ``probe_budget`` of the block-1 time on probes."""
+        drafting = [b for b in self.blocks if b > 1]
+        cheapest = min(self.costs.cost(batch, b) for b in drafting)
+        block = max(b for b in drafting if self.costs.cost(batch, b) <= 1.1 * cheapest)
+        ar = self.costs.cost(batch, 1)
+        extra = max(self.costs.cost(batch, block) - ar, 0.0)
+        return block, max(self.probe_every, math.ceil(extra / (self.probe_budget * ar)))
 
     def rates(self, batch: int) -> dict[int, float]:
         """Expected tokens per second per row-step for each candidate block."""
@@ -131,8 +147,10 @@ class AdaptivePolicy:
         best = max(rates, key=rates.get)
         if best == 1 and self.block_size > 1:
             self._ar_steps += 1
-            if self._ar_steps % self.probe_every == 0:
-                return self.block_size, f"probe: refresh acceptance (AR for {self._ar_steps} steps)"
+            block, every = self.probe(batch)
+            if self._ar_steps % every == 0:
+                return block, (f"probe at block {block}: refresh acceptance (AR for {self._ar_steps} steps; one probe "
+                               f"per {every} steps keeps probes under {self.probe_budget:.0%} of the AR time)")
         else:
             self._ar_steps = 0
         full = self.block_size

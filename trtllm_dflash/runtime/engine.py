@@ -180,9 +180,10 @@ class Engine:
         self.policy.observe(b, accepted)
         return finished
 
-    def _propose(self, last, pos, start, rows, ctx_len: int):
-        """The drafts [n, B-1] for the block at positions pos [n, B] (tests plant drafters here)."""
-        return self.runner.draft(last, pos, start, rows, ctx_len)
+    def _propose(self, last, pos, start, rows, ctx_len: int, num_drafts: int):
+        """The first ``num_drafts`` drafts [n, >= num_drafts] for the block at positions pos [n, B] (tests plant
+        drafters here; extra columns are cut)."""
+        return self.runner.draft(last, pos, start, rows, ctx_len, num_drafts)
 
     # ---- bookkeeping ----------------------------------------------------------------------------
     def _emit(self, req: Request, toks: list[int]) -> str | None:
