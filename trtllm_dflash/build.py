@@ -45,6 +45,9 @@ class Plan:
     options: dict | None                # llm_api_options.yaml content; None on CPU
     config_from: tuple[str, str] = ("", "")   # where the target / drafter config.json was read
     memory: memory_fit.Fit | None = None      # estimated per-GPU use; None on CPU
+    draft_policy: str | None = None           # torch backend: adaptive | fixed (auto resolved)
+    schedule: dict | None = None              # the draft_len_schedule written for TensorRT-LLM, if any
+    schedule_from: str = ""                   # where it came from (the summary and the manifest say it)
 
     @property
     def untrained(self) -> bool:
@@ -84,8 +87,9 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
         validation[f"pair {name}"] = "ok"
     trtllm_checks.check_parallel(target_cfg, cfg.tp_size, cfg.ep_size)
     validation["ep_size"] = "ok"
-    if cfg.draft_len_schedule is not None:
+    if cfg.draft_len_schedule:
         trtllm.check_schedule(cfg.draft_len_schedule, max_draft_len, max_batch_size=cfg.max_batch_size)
+    schedule, schedule_from = _schedule(cfg, target.source, max_draft_len, validation)
     if cfg.backend == "torch" and (cfg.draft_len_schedule or cfg.max_concurrency or cfg.use_rejection_sampling
                                    or cfg.enable_block_reuse):
         raise DFlashError("backend", "draft_len_schedule, max_concurrency, use_rejection_sampling and "
@@ -118,12 +122,45 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
         moe_backend=moe, speculative_model=str(_abs_out(cfg) / "drafter"), max_draft_len=max_draft_len,
         target_layer_ids=norm.config["dflash_config"]["target_layer_ids"],
         mask_token_id=norm.config["dflash_config"]["mask_token_id"], attention_backend=attention,
-        draft_len_schedule=cfg.draft_len_schedule, max_concurrency=cfg.max_concurrency,
+        draft_len_schedule=schedule, max_concurrency=cfg.max_concurrency,
         use_rejection_sampling=cfg.use_rejection_sampling, context_recompute_tail=cfg.context_recompute_tail)
     return Plan(cfg=cfg, target=target, drafter=drafter, target_cfg=target_cfg, drafter_cfg=norm.config,
                 drafter_format=fmt, notes=tuple(norm.notes), architecture=arch, max_draft_len=max_draft_len,
                 attention_backend=attention, moe_backend=moe, validation=validation, options=options,
-                config_from=(target_from, drafter_from), memory=fit)
+                config_from=(target_from, drafter_from), memory=fit, draft_policy=_draft_policy(cfg),
+                schedule=schedule if options is not None else None,
+                schedule_from=schedule_from if options is not None else "")
+
+
+def _draft_policy(cfg: bc.BuildConfig) -> str | None:
+    """The torch runtime's policy; auto = adaptive on CPU at tp 1, fixed elsewhere (reasons: --draft_policy help)."""
+    if cfg.backend != "torch":
+        return None
+    if cfg.draft_policy != "auto":
+        return cfg.draft_policy
+    return "adaptive" if cfg.gpu == "cpu" and cfg.tp_size == 1 else "fixed"
+
+
+def _schedule(cfg: bc.BuildConfig, target_source: str, max_draft_len: int, validation: dict) -> tuple[dict | None, str]:
+    """TensorRT-LLM's draft_len_schedule: the user's (a flag or the preset) wins, ``none`` turns it off, else the
+    one our cost model derives where a step-cost table was measured for this GPU and target."""
+    if cfg.backend != "trtllm":
+        return None, ""
+    if cfg.draft_len_schedule:
+        return cfg.draft_len_schedule, "given (--draft_len_schedule or the preset)"
+    if cfg.draft_len_schedule == {}:
+        return None, "off (--draft_len_schedule none)"
+    if cfg.max_concurrency is not None:
+        return None, "not derived: --max_concurrency given (TensorRT-LLM refuses both)"
+    from . import draft_schedule
+
+    derived = draft_schedule.derive(cfg.gpu, target_source, max_draft_len=max_draft_len,
+                                    max_batch_size=cfg.max_batch_size, acceptance_rate=cfg.draft_acceptance_rate)
+    if derived is None:
+        return None, f"none: no measured step-cost table for {target_source} on {cfg.gpu}"
+    if derived.note:
+        validation["draft_len_schedule"] = f"warning: {derived.note}"
+    return derived.schedule, f"derived from our policy's {derived.source}"
 
 
 # The demo's untrained drafter: one layer, block 16 (target_layer_ids by the z-lab rule, last vocab id as mask).
@@ -338,7 +375,8 @@ def _manifest(plan: Plan, target: resolve.Resolved, drafter: resolve.Resolved, d
         "format_version": manifest.FORMAT_VERSION, "backend": cfg.backend, "tp_size": cfg.tp_size,
         "ep_size": cfg.ep_size, "gpu": cfg.gpu, "quant": None,
         "runtime": {"max_batch_size": cfg.max_batch_size, "max_seq_len": cfg.max_seq_len,
-                    "block_size": plan.max_draft_len + 1, "dtype": cfg.dtype},
+                    "block_size": plan.max_draft_len + 1, "dtype": cfg.dtype,
+                    **({"draft_policy": plan.draft_policy} if plan.draft_policy else {})},
         "target": {"path": "target", "source": target.source, "kind": target.kind, "revision": target.revision,
                    "architecture": plan.architecture,
                    "linked": not cfg.copy_target and cfg.quant is None},
@@ -349,7 +387,8 @@ def _manifest(plan: Plan, target: resolve.Resolved, drafter: resolve.Resolved, d
         "trtllm": None if plan.options is None else {
             "options": trtllm.OPTIONS_FILE, "versions": trtllm.version_range(plan.options),
             "min_version": trtllm.min_version(plan.options), "schema": trtllm.SCHEMA_VERSION,
-            "max_draft_len": plan.max_draft_len, "draft_len_schedule": cfg.draft_len_schedule,
+            "max_draft_len": plan.max_draft_len, "draft_len_schedule": plan.schedule,
+            "draft_len_schedule_from": plan.schedule_from,
             "attention_backend": plan.attention_backend, "moe_backend": plan.moe_backend},
         "presharded": cfg.presharded, "settings": asdict(cfg), "inputs_fingerprint": stamp,
         "validation": plan.validation, "versions": _versions(),
@@ -454,12 +493,14 @@ def describe(plan: Plan) -> str:
         f"backend  {cfg.backend} on {gpu.name} ({gpu.family}" + (f", SM{gpu.sm})" if gpu.sm else ")")
         + f"  tp {cfg.tp_size}  ep {cfg.ep_size}  dtype {cfg.dtype}",
         f"runtime  max_batch_size {cfg.max_batch_size}  max_seq_len {cfg.max_seq_len}  max_num_tokens "
-        f"{cfg.max_num_tokens}  max_draft_len {plan.max_draft_len} (block {plan.max_draft_len + 1})",
+        f"{cfg.max_num_tokens}  max_draft_len {plan.max_draft_len} (block {plan.max_draft_len + 1})"
+        + (f"  draft_policy {plan.draft_policy}" + (" (auto)" if cfg.draft_policy == "auto" else "")
+           if plan.draft_policy else ""),
         f"kernels  drafter attention {plan.attention_backend or '-'}  moe {plan.moe_backend or '-'}  "
         f"target attention {trtllm_checks.TARGET_ATTN_BACKEND if plan.options else '-'}",
         *([f"trtllm   TensorRT-LLM {trtllm.version_range(plan.options)} (schema {trtllm.SCHEMA_VERSION})"
-           + (f"  draft_len_schedule {cfg.draft_len_schedule}" if cfg.draft_len_schedule else "")
-           + (f"  block reuse, recompute tail {cfg.context_recompute_tail}" if cfg.enable_block_reuse else "")]
+           + (f"  block reuse, recompute tail {cfg.context_recompute_tail}" if cfg.enable_block_reuse else ""),
+           f"         draft_len_schedule {plan.schedule or '-'}: {plan.schedule_from}"]
           if plan.options else []),
         *([f"memory   per GPU: weights {plan.memory.weights_gib:.1f} GiB, KV cache {plan.memory.kv_gib_per_seq:.2f} GiB "
            f"per {cfg.max_seq_len}-token sequence, {plan.memory.kv_budget_gib:.1f} GiB for it "
@@ -532,6 +573,14 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=bc.BACKENDS, **kw("backend"),
                    help=f"torch = our runtime (CPU/GPU), trtllm = TensorRT-LLM >={trtllm.MIN_VERSION},<{trtllm.BELOW_VERSION}")
     g = p.add_argument_group("runtime limits")
+    g.add_argument("--draft_policy", choices=bc.DRAFT_POLICIES, **kw("draft_policy"),
+                   help="torch backend: how our runtime picks the block per step. fixed = always the full block; "
+                   "adaptive = measure step costs when the engine loads, then per step the block with the most "
+                   "expected tokens per second, down to 1 (AR). auto = adaptive on CPU (a full block costs 3.3x an AR "
+                   "step there, smollm2-135m, so fixed runs DFlash at ~0.5x AR), fixed on GPUs: in the H100 SmolLM2 "
+                   "sweep fixed beat adaptive at concurrency 2-16 (equal median inter-token gaps, up to 2x the p99: "
+                   "adaptive switches between up to five blocks, each shape a CUDA graph captured on first use "
+                   "mid-serving) and its worst level vs AR was 0.77x against adaptive's 0.52x")
     g.add_argument("--dtype", choices=bc.DTYPES, **kw("dtype"), help="auto = bf16 on GPU, fp32 on CPU")
     g.add_argument("--max_batch_size", type=int, **kw("max_batch_size"), help="concurrent requests")
     g.add_argument("--max_seq_len", type=int, **kw("max_seq_len"), help="prompt + output tokens per request")
@@ -546,10 +595,15 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--moe_backend", **kw("moe_backend"), help="MoE targets; default by GPU (Hopper TRITON, "
                    "Blackwell TRTLLM)")
     g.add_argument("--draft_len_schedule", **kw("draft_len_schedule"),
-                   help="draft length by load, batch:draft pairs, e.g. 1:7,16:4,64:2 (batch >= 16 drafts 4); "
-                   "must start at 1:<max_draft_len>; TensorRT-LLM >= 1.3.0rc27")
+                   help="draft length by load, batch:draft pairs read as TensorRT-LLM reads them (the largest draft up "
+                   "to each batch size): 1:7,16:4,64:2 = batch 1 drafts 7, 2-16 draft 4, 17-64 draft 2, above 64 none; "
+                   "must start at 1:<max_draft_len>; TensorRT-LLM >= 1.3.0rc27. Default: derived from our measured "
+                   "step costs where we have them for this GPU and target (the summary says which); none = no schedule")
+    g.add_argument("--draft_acceptance_rate", type=float, **kw("draft_acceptance_rate"),
+                   help="per-position draft acceptance the derived schedule assumes (0.7 = 3.3 tokens per step at "
+                   "block 16, 2.9 at block 8)")
     g.add_argument("--max_concurrency", type=int, **kw("max_concurrency"),
-                   help="turn speculation off above this many concurrent requests")
+                   help="turn speculation off above this many concurrent requests (not with --draft_len_schedule)")
     g.add_argument("--use_rejection_sampling", action="store_true", **kw("use_rejection_sampling"),
                    help="TensorRT-LLM's rejection sampler for sampled requests (prototype, needs FlashInfer)")
     g.add_argument("--enable_block_reuse", action="store_true", **kw("enable_block_reuse"),

@@ -15,6 +15,7 @@ GPU_NAMES = ("h100", "h200", "b200", "b300", "gb200", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 # ModelOpt PTQ of the target (quantize.py); "none" keeps its weights (the same as leaving quant unset).
 QUANTS = ("fp8", "nvfp4", "none")
+DRAFT_POLICIES = ("auto", "adaptive", "fixed")
 # A preset file may hold one section per stage; dflash-build reads only `build:`.
 STAGE_SECTIONS = ("build", "serve", "sweep")
 
@@ -41,8 +42,14 @@ class BuildConfig:
     free_gpu_memory_fraction: float = 0.8   # KV-cache share; the DFlash context arena is outside it
     attention_backend: str | None = None    # drafter attention in TensorRT-LLM; None = the GPU's default
     moe_backend: str | None = None          # MoE targets only; None = the GPU's default
-    draft_len_schedule: dict | None = None  # {batch size >= k: draft length}; must start {1: max_draft_len}
+    # TensorRT-LLM: {batch sizes up to k: draft length}, none above the largest key, starting {1: max_draft_len};
+    # None = derived from the measured step costs where we have them (draft_schedule.py); {} ("none") = off
+    draft_len_schedule: dict | None = None
     max_concurrency: int | None = None      # TensorRT-LLM turns speculation off above this many requests
+    draft_acceptance_rate: float = 0.7      # per draft position, assumed by the derived schedule
+    # Our torch runtime: how the block is chosen per step. auto = adaptive on CPU (tp 1), fixed on GPUs (why: the
+    # --draft_policy help in build.py)
+    draft_policy: str = "auto"
     use_rejection_sampling: bool = False    # TensorRT-LLM's rejection sampler for sampled requests (prototype)
     enable_block_reuse: bool = False        # prefix-cache reuse; DFlash then recomputes a context tail
     context_recompute_tail: int | None = None   # prompt tokens recomputed on a cache hit; None = 32 with reuse
@@ -72,6 +79,19 @@ class BuildConfig:
                               "pass e.g. 0.8")
         if self.draft_len_schedule is not None:
             object.__setattr__(self, "draft_len_schedule", parse_schedule(self.draft_len_schedule))
+        if self.draft_len_schedule and self.max_concurrency is not None:
+            raise DFlashError("max_concurrency", "and draft_len_schedule are mutually exclusive in TensorRT-LLM",
+                              "drop --max_concurrency: batch sizes above the schedule's largest key draft 0")
+        if not (isinstance(self.draft_acceptance_rate, float) and 0.0 < self.draft_acceptance_rate < 1.0):
+            raise DFlashError("draft_acceptance_rate", f"must be in (0, 1), got {self.draft_acceptance_rate!r}",
+                              "pass e.g. 0.7 (the chance a draft is accepted given the previous one was)")
+        _choice("draft_policy", self.draft_policy, DRAFT_POLICIES)
+        if self.draft_policy == "adaptive" and self.backend != "torch":
+            raise DFlashError("draft_policy", "is our torch runtime's setting; TensorRT-LLM's is draft_len_schedule",
+                              "drop --draft_policy, or use --backend torch")
+        if self.draft_policy == "adaptive" and self.tp_size > 1:
+            raise DFlashError("draft_policy", "adaptive measures step costs on rank 0 alone, so it needs tp_size 1",
+                              "use --draft_policy fixed with tensor parallelism")
         if self.max_concurrency is not None and (not isinstance(self.max_concurrency, int) or self.max_concurrency < 1):
             raise DFlashError("max_concurrency", f"must be an integer >= 1, got {self.max_concurrency!r}",
                               "pass e.g. 32, or omit it to speculate at every load")
@@ -106,8 +126,11 @@ DEFAULT_RECOMPUTE_TAIL = 32
 
 
 def parse_schedule(value) -> dict[int, int]:
-    """``"1:7,16:4,64:2"`` (command line) or ``{1: 7, 16: 4}`` (preset) -> {batch size: draft length}."""
-    fix = "write it as batch:draft pairs, e.g. 1:7,16:4,64:2"
+    """``"1:7,16:4,64:2"`` (command line) or ``{1: 7, 16: 4}`` (preset) -> {batch size: draft length};
+    ``none`` -> {} (no schedule, not even the derived one)."""
+    fix = "write it as batch:draft pairs, e.g. 1:7,16:4,64:2, or none"
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return {}
     try:
         if isinstance(value, str):
             pairs = [item.split(":") for item in value.replace(" ", "").split(",") if item]

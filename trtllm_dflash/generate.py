@@ -37,10 +37,10 @@ def parse_args(argv):
     run.add_argument("--tp_size", "--tp", type=int, default=None, help="tensor-parallel ranks (start with mpirun -n N)")
     run.add_argument("--block_size", type=int, default=None,
                      help="verify this fixed block every step (max_draft_len + 1); default: --draft_policy decides")
-    run.add_argument("--draft_policy", choices=("adaptive", "fixed"), default="adaptive",
+    run.add_argument("--draft_policy", choices=("adaptive", "fixed"), default=None,
                      help="adaptive = measure step costs on this device first, then pick the block per step from the "
                           "batch size and the running acceptance, down to 1 (AR) where drafting does not pay; "
-                          "fixed = always the drafter's block")
+                          "fixed = always the drafter's block. Default: the deployment's (--engine), else adaptive")
     run.add_argument("--max_batch_size", type=int, default=8)
     run.add_argument("--max_seq_len", type=int, default=2048)
     run.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
@@ -100,9 +100,10 @@ def _engine(args, block_size: int | None, workdir: Path):
     from .runtime.engine import Engine
     cfg = dict(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, dtype=args.dtype,
                device=args.device, block_size=block_size)
-    if args.engine:
-        return Engine.from_deployment(args.engine, **cfg) if block_size else Engine.from_deployment(
-            args.engine, **{k: v for k, v in cfg.items() if k != "block_size"})
+    if args.engine:   # the policy is applied by run_mode, which knows the prompts (context, batch)
+        return Engine.from_deployment(args.engine, draft_policy="fixed", **cfg) if block_size else \
+            Engine.from_deployment(args.engine, draft_policy="fixed",
+                                   **{k: v for k, v in cfg.items() if k != "block_size"})
     if not args.target:
         raise DFlashError("--target", "missing", "pass --target DIR (and --drafter DIR), or --engine DIR")
     target = _resolve_target(args.target)
@@ -129,6 +130,15 @@ def _encode(engine, text: str, chat: bool) -> list[int]:
     return tok(text)["input_ids"]
 
 
+def _policy(args) -> str:
+    if args.draft_policy is not None:
+        return args.draft_policy
+    if args.engine:
+        from .runtime.loader import read_manifest
+        return read_manifest(args.engine).get("runtime", {}).get("draft_policy", "fixed")
+    return "adaptive"
+
+
 def run_mode(args, mode: str, texts: list[str], workdir: Path) -> list[dict]:
     block = 1 if mode == "ar" else args.block_size
     t0 = time.perf_counter()
@@ -141,14 +151,13 @@ def run_mode(args, mode: str, texts: list[str], workdir: Path) -> list[dict]:
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
     prompts = [_encode(engine, t, not args.no_chat_template) for t in texts]
     # measuring costs runs steps on rank 0 alone, so under tensor parallelism the block stays fixed
-    adaptive = (mode == "dflash" and args.block_size is None and args.draft_policy == "adaptive"
+    adaptive = (mode == "dflash" and args.block_size is None and _policy(args) == "adaptive"
                 and engine.tp.size == 1)
     if adaptive:
         t0 = time.perf_counter()
         pol = engine.use_adaptive_policy(context=max(map(len, prompts)), max_batch=len(prompts))
-        costs = "; ".join(f"batch {n}: " + " ".join(f"b{b}={1e3 * s:.0f}ms" for b, s in row.items())
-                          for n, row in pol.costs.seconds.items())
-        print(f"[{mode}] measured step costs in {time.perf_counter() - t0:.1f}s: {costs}", file=sys.stderr)
+        print(f"[{mode}] measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}",
+              file=sys.stderr)
     t0 = time.perf_counter()
     reqs = engine.generate(prompts, params)
     wall = time.perf_counter() - t0

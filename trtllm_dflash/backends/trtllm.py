@@ -116,12 +116,52 @@ def _check_dflash(spec: dict) -> None:
     schedule = spec.get("draft_len_schedule")
     if schedule is not None:
         check_schedule(schedule, draft, field="speculative_config.draft_len_schedule")
+        if spec.get("max_concurrency") is not None:
+            # DecodingBaseConfig refuses both (it turns max_concurrency into {max_concurrency: max_draft_len})
+            raise DFlashError("speculative_config.max_concurrency", "and draft_len_schedule are mutually exclusive "
+                              "in TensorRT-LLM", "drop max_concurrency: batch sizes above the schedule's largest "
+                              "key already draft 0")
+
+
+# ---- draft_len_schedule: TensorRT-LLM's reading of it, and our per-batch draft lengths written in it ----------
+# Source: NVIDIA/TensorRT-LLM PR #10860 (merged 2026-03-13, "Dynamic draft length on spec decode one-model path";
+# DFlash joined with PR #12262, so every release with DFlash's draft_len_schedule reads it this way, 1.4.0rc1
+# included): ``tensorrt_llm/_torch/speculative/utils.py: get_draft_len_for_batch_size`` takes the first key >=
+# the batch size (bisect_left) and drafts 0 above the largest key; ``DecodingBaseConfig``'s validator wants keys
+# >= 1, lengths in 0..max_draft_len and the smallest key mapped to max_draft_len. Its example: {4: 4, 8: 2,
+# 32: 1} = batches 1-4 draft 4, 5-8 draft 2, 9-32 draft 1, 33+ draft 0. (The first version, PR #8194, read keys
+# as lower bounds, {batch size >= k: length}, and required key 1; we always write key 1, which both accept.)
+def draft_len_for_batch(schedule: dict[int, int] | None, batch_size: int, max_draft_len: int) -> int:
+    """The draft length TensorRT-LLM runs at ``batch_size`` under ``schedule`` (its rule, above)."""
+    if schedule is None:
+        return max_draft_len
+    for key in sorted(schedule):
+        if key >= batch_size:
+            return schedule[key]
+    return 0
+
+
+def schedule_from_lengths(lengths: list[int], max_draft_len: int) -> tuple[dict[int, int], bool]:
+    """lengths[n - 1] = the draft length wanted at batch size n (n = 1..len(lengths)) -> (the draft_len_schedule
+    TensorRT-LLM runs exactly so at every one of those batch sizes, whether batch 1 had to be raised to
+    max_draft_len: TensorRT-LLM requires that there). Keys: 1, then the last batch size of each run of equal
+    lengths; a final run of zeros is left implicit (above the largest key TensorRT-LLM drafts 0)."""
+    want = [max_draft_len, *lengths[1:]]
+    schedule = {1: max_draft_len}
+    for n in range(2, len(want) + 1):
+        if n == len(want) or want[n] != want[n - 1]:
+            schedule[n] = want[n - 1]
+    while len(schedule) > 1 and schedule[max(schedule)] == 0:
+        del schedule[max(schedule)]
+    return schedule, lengths[0] != max_draft_len
 
 
 def check_schedule(schedule: dict, max_draft_len: int, *, field: str = "draft_len_schedule",
                    max_batch_size: int | None = None) -> None:
-    """TensorRT-LLM's rules for ``draft_len_schedule`` ({batch size >= k: draft length}): it must map batch
-    size 1 to max_draft_len (DecodingBaseConfig's validator), every length within 0..max_draft_len."""
+    """TensorRT-LLM's rules for ``draft_len_schedule`` (read as above: {batch sizes up to k: draft length},
+    none above the largest key): every length within 0..max_draft_len, the smallest key mapped to max_draft_len;
+    ours on top: it starts at key 1 (accepted by every release), lengths never grow with load, keys stay within
+    max_batch_size."""
     if schedule.get(1) != max_draft_len:
         raise DFlashError(field, f"must map batch size 1 to max_draft_len {max_draft_len}, got {schedule}",
                           f"start it with 1:{max_draft_len}")

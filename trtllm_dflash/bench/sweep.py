@@ -140,7 +140,8 @@ def open_engine(args, m: dict) -> Target:
     elif args.block_size is not None:
         overrides["block_size"] = args.block_size
     overrides.update({k: getattr(args, k) for k in ("max_seq_len", "dtype", "device") if getattr(args, k)})
-    engine = Engine.from_deployment(args.engine, **overrides)
+    # the sweep's mode decides the policy, whatever the deployment names (adaptive is applied below)
+    engine = Engine.from_deployment(args.engine, draft_policy="fixed", **overrides)
     if args.mode == "adaptive" and engine.tp.size == 1:
         engine.use_adaptive_policy(context=args.input_len or 256)
     if engine.tp.rank != 0:

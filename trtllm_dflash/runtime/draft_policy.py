@@ -55,6 +55,10 @@ class CostTable:
             return row[hi]
         return row[lo] + (row[hi] - row[lo]) * (block - lo) / (hi - lo)
 
+    def describe(self) -> str:
+        return "; ".join(f"batch {n}: " + " ".join(f"b{b}={1e3 * s:.1f}ms" for b, s in sorted(row.items()))
+                         for n, row in sorted(self.seconds.items()))
+
     def to_json(self) -> dict:
         return {"device": self.device, "context": self.context,
                 "seconds": {str(b): {str(k): v for k, v in r.items()} for b, r in self.seconds.items()}}
@@ -163,16 +167,13 @@ class AdaptivePolicy:
         self.stats.observe(block, accepted)
 
 
-def draft_len_schedule(policy: AdaptivePolicy, max_batch_size: int) -> dict[int, int]:
-    """The policy at its current acceptance estimate as TensorRT-LLM's ``draft_len_schedule``:
-    {batch-size upper bound: draft length}, ascending; batch sizes above the largest key draft 0
-    (speculation off). Source: TensorRT-LLM PR #10860 and ``DecodingBaseConfig.draft_len_schedule``
-    (LLM API reference, 1.3.0rc29+): {4: 4, 8: 2, 32: 1} = batches 1-4 draft 4, 5-8 draft 2, 9-32 draft 1."""
-    lens = [best_block(policy, n) - 1 for n in range(1, max_batch_size + 1)]   # lens[n - 1]: batch n
-    sched = {n: d for n, d in enumerate(lens, 1) if n == max_batch_size or lens[n] != d}
-    while sched and sched[max(sched)] == 0:   # trailing zeros are implicit
-        del sched[max(sched)]
-    return sched
+def draft_len_schedule(policy: AdaptivePolicy, max_batch_size: int) -> tuple[dict[int, int], bool]:
+    """The policy at its current acceptance estimate as TensorRT-LLM's ``draft_len_schedule`` over batch sizes
+    1..max_batch_size (backends/trtllm.schedule_from_lengths: TensorRT-LLM's reading of it, with its source),
+    and whether batch 1 was raised to the full draft (TensorRT-LLM requires max_draft_len there)."""
+    from ..backends.trtllm import schedule_from_lengths
+    lengths = [best_block(policy, n) - 1 for n in range(1, max_batch_size + 1)]   # lengths[n - 1]: batch n
+    return schedule_from_lengths(lengths, policy.block_size - 1)
 
 
 def best_block(policy: AdaptivePolicy, batch: int) -> int:

@@ -14,6 +14,7 @@ ranks > 0 call ``follow()``.
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 
@@ -42,7 +43,7 @@ class Engine:
         self.policy = FixedPolicy(self.block_size)
         self.counters = {"steps": 0, "max_active_batch": 0, "prefills": 0, "finished": 0}
         self.block_counts: dict[int, int] = {}   # steps run at each block
-        self.last_reason = ""
+        self.last_block, self.last_reason = 0, ""
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -53,9 +54,23 @@ class Engine:
         return cls(m.target, m.drafter, m.tokenizer, cfg, m.tp, m.eos_ids)
 
     @classmethod
-    def from_deployment(cls, engine_dir, **overrides) -> "Engine":
-        """Load a dflash-build deployment directory (backend: torch)."""
-        return cls.from_dirs(**loader.read_deployment(engine_dir, overrides))
+    def from_deployment(cls, engine_dir, draft_policy: str | None = None, **overrides) -> "Engine":
+        """Load a dflash-build deployment directory (backend: torch) and run the draft policy it names
+        (manifest runtime.draft_policy; older directories: fixed) unless ``draft_policy`` says otherwise.
+        adaptive measures this device's step costs here, before the first request (the slots are empty)."""
+        engine = cls.from_dirs(**loader.read_deployment(engine_dir, overrides))
+        policy = draft_policy or loader.read_manifest(engine_dir).get("runtime", {}).get("draft_policy", "fixed")
+        if policy not in ("adaptive", "fixed"):
+            raise DFlashError("draft_policy", f"{policy!r} is not adaptive or fixed", "rebuild with dflash-build")
+        if policy == "adaptive" and engine.block_size > 1:
+            if engine.tp.size > 1:
+                raise DFlashError("draft_policy", "adaptive measures step costs on rank 0 alone (needs tp_size 1)",
+                                  "rebuild with --draft_policy fixed")
+            t0 = time.perf_counter()
+            engine.use_adaptive_policy()
+            print(f"[trtllm_dflash] draft policy adaptive: measured step costs in {time.perf_counter() - t0:.1f}s "
+                  f"({engine.policy.costs.describe()})", file=sys.stderr)
+        return engine
 
     def use_adaptive_policy(self, costs: CostTable | None = None, context: int = 256,
                             max_batch: int | None = None) -> AdaptivePolicy:
@@ -105,7 +120,8 @@ class Engine:
     def metrics(self) -> dict:
         return {**self.counters, "graphs": self.runner.num_graphs, "active": self.scheduler.num_running(),
                 "waiting": len(self.scheduler.waiting), "block_size": self.block_size,
-                "max_batch_size": self.cfg.max_batch_size,
+                "max_batch_size": self.cfg.max_batch_size, "adaptive_policy": int(isinstance(self.policy, AdaptivePolicy)),
+                "last_block": self.last_block,
                 **{f"steps_block_{b}": k for b, k in sorted(self.block_counts.items())}}   # flat ints: /metrics
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -163,7 +179,7 @@ class Engine:
         if running > self.counters["max_active_batch"]:
             self.counters["max_active_batch"] = running
         self.block_counts[b] = self.block_counts.get(b, 0) + 1
-        self.last_reason = out.reason
+        self.last_block, self.last_reason = b, out.reason
         finished, accepted = [], []
         for i in range(out.decode_rows):
             seq = self.slots[i]

@@ -192,13 +192,17 @@ def load_pair(target_dir, drafter_dir, cfg, *, tp_size: int = 1, allow_pickle: b
     return Loaded(target, drafter, tokenizer, tp, eos_ids(target_dir, tcfg, tokenizer))
 
 
+def read_manifest(engine_dir) -> dict:
+    manifest_path = Path(engine_dir) / "manifest.json"
+    if not manifest_path.is_file():
+        raise DFlashError(str(manifest_path), "missing", "pass a directory written by dflash-build")
+    return json.loads(manifest_path.read_text())
+
+
 def read_deployment(engine_dir, overrides: dict) -> dict:
     """A dflash-build deployment directory (backend: torch) -> load_pair's arguments."""
     engine_dir = Path(engine_dir)
-    manifest_path = engine_dir / "manifest.json"
-    if not manifest_path.is_file():
-        raise DFlashError(str(manifest_path), "missing", "pass a directory written by dflash-build")
-    m = json.loads(manifest_path.read_text())
+    m = read_manifest(engine_dir)
     if m.get("backend") != "torch":
         raise DFlashError("manifest backend", f"is {m.get('backend')!r}, the torch runtime runs 'torch' builds",
                           "serve it with TensorRT-LLM (trtllm-serve) or rebuild with --backend torch")

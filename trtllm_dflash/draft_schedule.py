@@ -1,0 +1,51 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The TensorRT-LLM ``draft_len_schedule`` dflash-build writes when the user gave none: the draft length our
+adaptive policy (runtime/draft_policy.py) picks at each batch size, from the decode-step costs measured for
+this GPU and target (``cost_tables.json``, shipped with the package) at an assumed per-position acceptance.
+
+The costs are our torch runtime's, not TensorRT-LLM's: they say how verify cost grows with batch x draft length
+on that GPU at that model's shapes, which is what the schedule trades against acceptance.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .backends.trtllm import schedule_from_lengths
+from .runtime.draft_policy import AcceptanceStats, AdaptivePolicy, CostTable, best_block
+
+TABLES = Path(__file__).resolve().parent / "cost_tables.json"
+
+
+@dataclass(frozen=True)
+class Derived:
+    schedule: dict[int, int]
+    source: str           # where the costs came from, for the build summary and the manifest
+    note: str | None      # what the schedule could not express, or None
+
+
+def cost_table(gpu: str, target_source: str, path: Path = TABLES) -> tuple[CostTable, str] | None:
+    """The measured table for this GPU profile and target (hub id), with its source; None if there is none."""
+    entry = json.loads(path.read_text())["tables"].get(gpu, {}).get(target_source)
+    if entry is None:
+        return None
+    return CostTable.from_json(entry["cost_table"]), f"{entry['source']} ({entry['gpu']})"
+
+
+def derive(gpu: str, target_source: str, *, max_draft_len: int, max_batch_size: int, acceptance_rate: float,
+           path: Path = TABLES) -> Derived | None:
+    """The schedule at ``acceptance_rate`` per draft position (each draft accepted with that probability given
+    the previous one was), or None where no cost table was measured for this GPU and target."""
+    found = cost_table(gpu, target_source, path)
+    if found is None:
+        return None
+    table, where = found
+    stats = AcceptanceStats(max_draft_len + 1, prior_rate=acceptance_rate, prior_weight=1e9)  # the prior alone
+    policy = AdaptivePolicy(max_draft_len + 1, table, stats=stats)
+    lengths = [best_block(policy, n) - 1 for n in range(1, max_batch_size + 1)]
+    schedule, raised = schedule_from_lengths(lengths, max_draft_len)
+    note = (f"the cost model drafts {lengths[0]} at batch 1; TensorRT-LLM requires max_draft_len {max_draft_len} "
+            "there" if raised else None)
+    return Derived(schedule, f"cost table {where}, acceptance {acceptance_rate} per draft position "
+                             f"({stats.expected_tokens(max_draft_len + 1):.2f} tokens per full step)", note)
