@@ -31,7 +31,7 @@ def schedules(table: CostTable, block_size: int, max_batch: int) -> dict:
         pol = AdaptivePolicy(block_size, table, stats=stats)
         out[str(r)] = {"expected_tokens_full_block": stats.expected_tokens(block_size),
                        "block_by_batch": {n: best_block(pol, n) for n in sorted(table.seconds)},
-                       "draft_len_schedule": draft_len_schedule(pol, max_batch)}
+                       "draft_len_schedule": draft_len_schedule(pol, max_batch)[0]}
     return out
 
 

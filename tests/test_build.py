@@ -154,6 +154,8 @@ def test_dense_presets_field_by_field(preset, tmp_path, capsys, monkeypatch):
     assert opts == DENSE_PRESETS[preset]
     want = "1.3.0rc27" if "h100" in preset else "1.3.0rc15"     # FA4 on Hopper
     assert f"TensorRT-LLM >={want},<1.5 (schema 1.4.0rc1)" in stdout
+    if preset == "qwen3-8b_h100_tp1":   # measured step costs: the full draft pays at every batch size up to 32
+        assert "draft_len_schedule -: none needed: our policy's cost table" in stdout
 
 
 def test_hopper_presets_use_fa4_drafter_attention():
@@ -167,13 +169,13 @@ def test_tensorrt_llm_1_4_fields_reach_the_yaml_and_the_manifest(ckpt, tmp_path,
     out = tmp_path / "deploy"
     rc, stdout, err = run(tiny_args(ckpt, out, "llama", "z-lab", "--backend", "trtllm", "--max_batch_size", "16",
                                     "--max_draft_len", "7", "--draft_len_schedule", "1:7,4:5,8:2",
-                                    "--max_concurrency", "12", "--use_rejection_sampling", "--enable_block_reuse"),
+                                    "--use_rejection_sampling", "--enable_block_reuse"),
                           capsys)
     assert rc == 0, err
     opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
     check_schema(opts)
     spec = opts["speculative_config"]
-    assert spec["draft_len_schedule"] == {1: 7, 4: 5, 8: 2} and spec["max_concurrency"] == 12
+    assert spec["draft_len_schedule"] == {1: 7, 4: 5, 8: 2} and "max_concurrency" not in spec
     assert spec["use_rejection_sampling"] is True and spec["context_recompute_tail"] == 32
     assert opts["kv_cache_config"]["enable_block_reuse"] is True and spec["attention_backend"] == "FA4"
     m = manifest.read(out)["trtllm"]
@@ -190,6 +192,10 @@ BAD_1_4 = {  # flags -> field named in the one-line error
     "tail_zero": (["--enable_block_reuse", "--context_recompute_tail", "0"], "context_recompute_tail"),
     "draft_len_at_block_size": (["--max_draft_len", "16"], "max_draft_len"),
     "trtllm_field_on_torch": (["--backend", "torch", "--max_concurrency", "4"], "backend"),
+    "schedule_and_max_concurrency": (["--draft_len_schedule", "1:15,8:3", "--max_concurrency", "4"], "max_concurrency"),
+    "adaptive_on_trtllm": (["--draft_policy", "adaptive"], "draft_policy"),
+    "adaptive_with_tp": (["--backend", "torch", "--tp", "2", "--draft_policy", "adaptive"], "draft_policy"),
+    "acceptance_rate_1": (["--draft_acceptance_rate", "1.0"], "draft_acceptance_rate"),
 }
 
 
@@ -541,3 +547,56 @@ def test_no_file_cites_notes_that_are_not_in_the_repository():
              and p.suffix in (".py", ".yaml", ".sh", ".md", ".pbtxt", ".toml")] + [ROOT / "README.md"]
     citing = [str(p.relative_to(ROOT)) for p in files if private in p.read_text(errors="replace")]
     assert not citing
+
+
+def test_default_schedule_comes_from_the_measured_costs_and_a_flag_wins(capsys):
+    """qwen3-8b on an H100 has a measured step-cost table (cost_tables.json): with no schedule given, the YAML
+    carries the one our cost model derives, and the summary says where it came from; a flag wins; none = off."""
+    from trtllm_dflash import draft_schedule
+    from trtllm_dflash.backends import trtllm
+
+    base = ["--target", "qwen3-8b", "--gpu", "h100", "--backend", "trtllm", "--dry_run", "--max_batch_size", "64"]
+    rc, out, err = run(base, capsys)
+    assert rc == 0, err
+    opts = yaml.safe_load(out.split("--- llm_api_options.yaml ---")[1].split("dry run:")[0])
+    check_schema(opts)
+    sched = opts["speculative_config"]["draft_len_schedule"]
+    want = draft_schedule.derive("h100", "Qwen/Qwen3-8B", max_draft_len=15, max_batch_size=64, acceptance_rate=0.7)
+    assert sched == want.schedule and sched[1] == 15 and max(sched) <= 64
+    assert "derived from our policy's cost table benchmarks/results/step_bench_h100_v4.json" in out
+    # shorter drafts as load grows, as the table says (verify cost grows with batch x draft length)
+    lengths = [trtllm.draft_len_for_batch(sched, n, 15) for n in range(1, 65)]
+    assert lengths == sorted(lengths, reverse=True) and lengths[-1] < 15
+    rc, out, _ = run([*base, "--draft_len_schedule", "1:15,8:7"], capsys)
+    assert "draft_len_schedule: {1: 15, 8: 7}" in out and "given (--draft_len_schedule" in out
+    rc, out, _ = run([*base, "--draft_len_schedule", "none"], capsys)
+    assert rc == 0 and "draft_len_schedule" not in out.split("--- llm_api_options.yaml ---")[1]
+    assert "off (--draft_len_schedule none)" in out
+    rc, out, _ = run([*base, "--max_concurrency", "32"], capsys)
+    assert "max_concurrency: 32" in out and "draft_len_schedule:" not in out.split("--- llm_api_options.yaml ---")[1]
+    rc, out, _ = run(["--target", "qwen3-8b", "--gpu", "b200", "--backend", "trtllm", "--dry_run"], capsys)
+    assert "none: no measured step-cost table for Qwen/Qwen3-8B on b200" in out
+
+
+def test_the_deployment_names_its_draft_policy(ckpt, tmp_path, capsys):
+    """auto = adaptive for a CPU build at tp 1 (fixed on GPUs): recorded in the manifest, shown by inspect, run by
+    Engine.from_deployment (which the Triton model and dflash-openai load through); an explicit flag wins."""
+    from trtllm_dflash.runtime.draft_policy import AdaptivePolicy, FixedPolicy
+    from trtllm_dflash.runtime.engine import Engine
+
+    out = tmp_path / "cpu"
+    rc, stdout, err = run(tiny_args(ckpt, out, "llama", "z-lab", "--gpu", "cpu"), capsys)
+    assert rc == 0, err
+    assert manifest.read(out)["runtime"]["draft_policy"] == "adaptive" and "draft_policy adaptive (auto)" in stdout
+    rc, stdout, _ = run(["inspect", out, "--no_verify"], capsys)
+    assert "draft_policy adaptive" in stdout
+    engine = Engine.from_deployment(out)
+    assert isinstance(engine.policy, AdaptivePolicy) and engine.metrics()["adaptive_policy"] == 1
+    assert sorted(engine.policy.costs.seconds) == [1, 2, 4, 8] and engine.cfg.max_batch_size == 8
+    assert isinstance(Engine.from_deployment(out, draft_policy="fixed").policy, FixedPolicy)
+    fixed = tmp_path / "fixed"
+    assert run(tiny_args(ckpt, fixed, "llama", "z-lab", "--gpu", "cpu", "--draft_policy", "fixed"), capsys)[0] == 0
+    assert isinstance(Engine.from_deployment(fixed).policy, FixedPolicy)
+    gpu = tmp_path / "gpu"
+    assert run(tiny_args(ckpt, gpu, "llama", "z-lab", "--gpu", "h100", "--dry_run"), capsys)[1].count(
+        "draft_policy fixed (auto)") == 1

@@ -7,8 +7,14 @@ serving path check against) must equal it field for field.
 
 Sources (NVIDIA/TensorRT-LLM):
 - [src] ``tensorrt_llm/llmapi/llm_args.py`` at fcd3f31682808ae56118ae43c1d7864a3a945e6f: ``BaseLlmArgs`` (pydantic,
-  ``extra: forbid``), ``TorchLlmArgs.attn_backend: str = 'TRTLLM'``, ``KvCacheConfig``; ``DecodingBaseConfig``'s
-  comment on ``draft_len_schedule`` ({batch size >= k: draft length}, must contain {1: max_draft_len}).
+  ``extra: forbid``), ``TorchLlmArgs.attn_backend: str = 'TRTLLM'``, ``KvCacheConfig``.
+- [sched] how ``draft_len_schedule`` is read since PR #10860 (merged 2026-03-13; DFlash got dynamic draft length
+  with PR #12262, so in every release where DFlash has the field): ``tensorrt_llm/_torch/speculative/utils.py:
+  get_draft_len_for_batch_size`` = the value of the first key >= the batch size (bisect_left), 0 above the largest
+  key; ``DecodingBaseConfig.validate_draft_len_schedule_and_sort``: keys >= 1, lengths 0..max_draft_len, the
+  smallest key mapped to max_draft_len; ``draft_len_schedule`` and ``max_concurrency`` mutually exclusive (the
+  latter becomes {max_concurrency: max_draft_len}). The field's own example: {4: 4, 8: 2, 32: 1} = batch sizes
+  1-4 draft 4, 5-8 draft 2, 9-32 draft 1, 33+ draft 0. (PR #8194's first version read keys as lower bounds.)
 - [1.4.0rc1] API reference nvidia.github.io/TensorRT-LLM/1.4.0rc1/llm-api/reference/DFlashDecodingConfig.html
   (and TorchLlmArgs.html, MoeConfig.html, CudaGraphConfig.html of the same release).
 - [1.3.0rc27] the same page for 1.3.0rc27: draft_len_schedule, max_concurrency, use_rejection_sampling and FA4
@@ -83,8 +89,8 @@ def check_schema(opts: dict) -> None:
     ({}, "1.3.0rc27"),                                                                  # gpt-oss on Hopper (FA4)
     ({"moe_backend": "TRTLLM", "attention_backend": "TRTLLM", "ep_size": 4}, "1.3.0rc15"),  # gpt-oss on Blackwell
     ({"moe_backend": None, "ep_size": None, "tp_size": 1, "attention_backend": "VANILLA"}, "1.3.0rc15"),  # dense
-    ({"draft_len_schedule": {1: 7, 16: 4, 64: 0}, "max_concurrency": 48, "use_rejection_sampling": True},
-     "1.3.0rc27"),
+    ({"draft_len_schedule": {1: 7, 16: 4, 64: 2}, "use_rejection_sampling": True}, "1.3.0rc27"),
+    ({"max_concurrency": 48}, "1.3.0rc27"),
     ({"context_recompute_tail": 32}, "1.4.0rc1"),
 ])
 def test_emitted_fields_match_the_pinned_schema(kw, since):
@@ -120,6 +126,8 @@ def test_yaml_round_trips_with_the_same_types():
     (lambda o: o["speculative_config"].update(draft_len_schedule={1: 5, 8: 2}),
      "speculative_config.draft_len_schedule"),                       # batch 1 must draft max_draft_len
     (lambda o: o["speculative_config"].update(max_concurrency=0), "speculative_config.max_concurrency"),
+    (lambda o: o["speculative_config"].update(max_concurrency=8, draft_len_schedule={1: 7, 8: 3}),
+     "speculative_config.max_concurrency"),                          # [sched] mutually exclusive
     (lambda o: o["speculative_config"].update(spec_dec_variant=0), "speculative_config.spec_dec_variant"),
     (lambda o: o["speculative_config"].pop("mask_token_id"), "speculative_config.mask_token_id"),
     (lambda o: o.pop("max_seq_len"), "max_seq_len"),
@@ -164,3 +172,35 @@ def test_serve_and_bench_lines(tmp_path):
     assert prep[:3] == ["trtllm-bench", "--model", "openai/gpt-oss-120b"] and "prepare-dataset" in prep
     assert "throughput" in bench and bench[bench.index("--tp") + 1] == "8" and bench[bench.index("--ep") + 1] == "4"
     assert bench[bench.index("--dataset") + 1] == prep[prep.index("--output") + 1]
+
+
+# [sched] TensorRT-LLM's lookup, written out independently of backends/trtllm.py: the first key >= batch size.
+def trtllm_draft_len(schedule: dict[int, int], batch_size: int) -> int:
+    keys = sorted(schedule)
+    i = next((i for i, k in enumerate(keys) if k >= batch_size), len(keys))
+    return schedule[keys[i]] if i < len(keys) else 0
+
+
+def test_schedule_lookup_is_tensorrt_llms():
+    example = {4: 4, 8: 2, 32: 1}                   # the field's own example [sched]
+    assert [trtllm.draft_len_for_batch(example, n, 4) for n in (1, 4, 5, 8, 9, 32, 33, 64)] == [4, 4, 2, 2, 1, 1, 0, 0]
+    assert all(trtllm.draft_len_for_batch(example, n, 4) == trtllm_draft_len(example, n) for n in range(1, 70))
+    assert trtllm.draft_len_for_batch(None, 17, 7) == 7
+
+
+@pytest.mark.parametrize("lengths", [
+    [7] * 8,                                   # one run: {1: 7, 8: 7}
+    [7, 7, 5, 5, 5, 3, 0, 0],                  # shorter under load, off above 6
+    [7, 3, 3, 3],
+    [7, 0, 0, 0],                              # speculation at batch 1 only
+    [3, 7, 7, 2],                              # batch 1 wants less than max: raised (TensorRT-LLM's rule)
+])
+def test_our_lengths_convert_to_a_schedule_tensorrt_llm_runs_exactly(lengths):
+    sched, raised = trtllm.schedule_from_lengths(lengths, 7)
+    want = [7, *lengths[1:]]
+    assert [trtllm_draft_len(sched, n) for n in range(1, len(lengths) + 1)] == want
+    assert raised == (lengths[0] != 7) and min(sched) == 1 and sched[1] == 7
+    assert list(sched) == sorted(sched) and max(sched) <= len(lengths)
+    if want == sorted(want, reverse=True):   # passes our rules and TensorRT-LLM's, in the options too
+        trtllm.check_schedule(sched, 7, max_batch_size=len(lengths))
+        check_schema(options(draft_len_schedule=sched))

@@ -160,6 +160,9 @@ def _schedule(cfg: bc.BuildConfig, target_source: str, max_draft_len: int, valid
         return None, f"none: no measured step-cost table for {target_source} on {cfg.gpu}"
     if derived.note:
         validation["draft_len_schedule"] = f"warning: {derived.note}"
+    if derived.schedule is None:
+        return None, (f"none needed: our policy's {derived.source} drafts {max_draft_len} at every batch size up to "
+                      f"{cfg.max_batch_size}")
     return derived.schedule, f"derived from our policy's {derived.source}"
 
 

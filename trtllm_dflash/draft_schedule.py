@@ -20,7 +20,7 @@ TABLES = Path(__file__).resolve().parent / "cost_tables.json"
 
 @dataclass(frozen=True)
 class Derived:
-    schedule: dict[int, int]
+    schedule: dict[int, int] | None   # None: the full draft at every batch size (a schedule would change nothing)
     source: str           # where the costs came from, for the build summary and the manifest
     note: str | None      # what the schedule could not express, or None
 
@@ -45,6 +45,8 @@ def derive(gpu: str, target_source: str, *, max_draft_len: int, max_batch_size: 
     policy = AdaptivePolicy(max_draft_len + 1, table, stats=stats)
     lengths = [best_block(policy, n) - 1 for n in range(1, max_batch_size + 1)]
     schedule, raised = schedule_from_lengths(lengths, max_draft_len)
+    if all(n == max_draft_len for n in lengths):
+        schedule = None
     note = (f"the cost model drafts {lengths[0]} at batch 1; TensorRT-LLM requires max_draft_len {max_draft_len} "
             "there" if raised else None)
     return Derived(schedule, f"cost table {where}, acceptance {acceptance_rate} per draft position "

@@ -45,10 +45,11 @@ def test_policy_drafts_at_small_batch_and_stops_where_it_does_not_pay():
     picks = [bad.choose(1) for _ in range(32)]
     # probes run the largest block within 10% of the cheapest drafting block's cost: 8 (5.4 ms vs 5.1 ms)
     assert [b for b, _ in picks].count(1) == 31 and picks[-1][0] == 8 and "probe" in picks[-1][1]
-    sched = draft_len_schedule(pol, 64)
-    assert list(sched) == sorted(sched) and sched[min(sched)] == 15
+    sched, raised = draft_len_schedule(pol, 64)
+    assert list(sched) == sorted(sched) and sched[1] == 15 and not raised
     assert all(0 < d <= 15 for d in sched.values())
-    assert draft_len_schedule(bad, 64) == {}   # speculation off at every batch size
+    # never pays: TensorRT-LLM must draft max_draft_len at batch 1, nothing above
+    assert draft_len_schedule(bad, 64) == ({1: 15}, True)
 
 
 def test_adaptive_engine_is_lossless_and_reports_its_blocks(tiny_pair):

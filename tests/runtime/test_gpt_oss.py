@@ -265,7 +265,7 @@ RESEARCH_120B = {
                            "mask_token_id": 200000, "attention_backend": "FA4"}}
 PRESETS = {
     "gpt-oss-120b_h200_tp8": {**RESEARCH_120B, "speculative_config": {**RESEARCH_120B["speculative_config"],
-                                                                       "draft_len_schedule": {1: 7, 16: 5, 32: 3}}},
+                                                                       "draft_len_schedule": {1: 7, 15: 7, 31: 5, 64: 3}}},
     # Blackwell: TRTLLM MoE and drafter attention; ep 4 = NVIDIA's B300 spec-dec config (tp8 ep4)
     "gpt-oss-120b_b300_tp8": {**RESEARCH_120B, "moe_expert_parallel_size": 4, "moe_config": {"backend": "TRTLLM"},
                               "speculative_config": {**RESEARCH_120B["speculative_config"], "attention_backend": "TRTLLM"}},

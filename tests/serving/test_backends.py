@@ -66,3 +66,27 @@ def test_torch_backend_submit_record_usage_and_asyncio_reader():
             backend.submit(ServedRequest(prompt="x", top_p=2.0))
     finally:
         backend.shutdown()
+
+
+def test_torch_backend_runs_the_deployments_draft_policy(tmp_path, tiny_target_with_tokenizer):
+    """A deployment naming runtime.draft_policy adaptive is served adaptively (the Triton model and dflash-openai
+    both load through TorchBackend.from_deployment), and /metrics says which blocks ran."""
+    from tests.serving.conftest import RUNTIME, make_deployment
+    from trtllm_dflash.runtime.draft_policy import AdaptivePolicy
+    from trtllm_dflash.serving.backends import TorchBackend
+    from trtllm_dflash.serving.record import ServedRequest
+
+    d = make_deployment(tmp_path / "d", *tiny_target_with_tokenizer, runtime={**RUNTIME, "draft_policy": "adaptive"},
+                        fill=False)
+    backend = TorchBackend.from_deployment(d, {"backend": "torch", "tp_size": 1})
+    try:
+        assert isinstance(backend.engine.policy, AdaptivePolicy)
+        record = ServedRequest(prompt_ids=[5, 6, 7], max_tokens=24, ignore_eos=True)
+        backend.submit(record)
+        final = list(record.results())[-1]
+        assert final.finished and not final.error and final.num_output_tokens == 24
+        m = backend.metrics()
+        ran = {k: v for k, v in m.items() if k.startswith("steps_block_")}
+        assert m["adaptive_policy"] == 1 and sum(ran.values()) == m["steps"] and f"steps_block_{m['last_block']}" in ran
+    finally:
+        backend.shutdown()

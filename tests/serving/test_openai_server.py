@@ -54,8 +54,10 @@ def smol_deployment(tmp_path_factory, smollm2_dir):
     """A real dflash-build output: SmolLM2-135M-Instruct and the drafter that ships with the package."""
     from trtllm_dflash import build, build_config
 
+    # fixed: these tests compare two servers' acceptance; adaptive blocks follow each one's measured step costs
     cfg = build_config.BuildConfig(target="smollm2-135m", drafter="smollm2-135m-dflash", gpu="cpu",
-                                   max_batch_size=4, max_seq_len=512, out=str(tmp_path_factory.mktemp("openai") / "smol"))
+                                   max_batch_size=4, max_seq_len=512, draft_policy="fixed",
+                                   out=str(tmp_path_factory.mktemp("openai") / "smol"))
     return build.build(cfg, log=lambda *_: None)
 
 

@@ -110,9 +110,14 @@ def summary(manifest: dict) -> str:
         f"drafter {dft['source']} @ {dft.get('revision') or '-'}  (format {dft['format']}"
         + (", UNTRAINED: acceptance ~1, for plumbing demos only)" if dft.get("untrained") else ")"),
         f"runtime max_batch_size {rt['max_batch_size']}  max_seq_len {rt['max_seq_len']}  "
-        f"block_size {rt['block_size']}  dtype {rt['dtype']}",
+        f"block_size {rt['block_size']}  dtype {rt['dtype']}"
+        + (f"  draft_policy {rt['draft_policy']}" if rt.get("draft_policy") else ""),
         f"files   {len(manifest['files'])} ({total / 2**20:.1f} MiB)  built {manifest.get('created', '-')}",
     ]
+    trt = manifest.get("trtllm") or {}
+    if trt.get("draft_len_schedule_from"):
+        lines.insert(-1, f"trtllm  draft_len_schedule {trt.get('draft_len_schedule') or '-'}: "
+                         f"{trt['draft_len_schedule_from']}")
     quant = manifest.get("quant")
     if quant:   # written by quantize.QuantRecord
         lines.insert(2, f"quant   {quant['quant_algo']} (ModelOpt {quant['modelopt']}; KV cache "
