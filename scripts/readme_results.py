@@ -73,6 +73,23 @@ def render_quickstart_tau(results: Path) -> str:
             f"MT-Bench (block {he['block_size']}, H100 bf16; {provenance_note(d, 'acceptance_smollm2.json')}).\n")
 
 
+def render_cpu_parity(results: Path) -> str:
+    name = "cpu_generate_parity.json"
+    d = _load(results, name)
+    now, before = d["trees"]["this"], d["trees"].get("before")
+    s, st = now["summary"], now["block1_summary"]
+    ran = now["runs"][0]["blocks_ran"]
+    text = (f"Measured on a shared {d['machine'].split(',')[0]} machine, {s['runs']} runs each "
+            f"(`{d['provenance']['command']}`; {provenance_note(d, name)}): one decode step at block 1 costs "
+            f"{st['median_block1_over_ar_step']:.3f}x an AR step (median; {st['min']:.3f}-{st['max']:.3f})")
+    if before is not None:
+        text += f", {before['block1_summary']['median_block1_over_ar_step']:.3f}x before the drafter context was batched"
+    text += (f"; the whole generation takes {s['median_dflash_over_ar_wall']:.2f}x the AR wall time "
+             f"({s['min']:.2f}-{s['max']:.2f}, same tokens: {'yes' if s['all_tokens_identical'] else 'NO'}; "
+             f"first run: {ran}).")
+    return "\n".join(textwrap.wrap(text, 116)) + "\n"
+
+
 def render_step_bench(results: Path) -> str:
     name = "step_bench_h100_v3.json"
     d = _load(results, name)
@@ -433,6 +450,7 @@ def render_soak_h100(results: Path) -> str:
 
 RENDERERS = {
     "quickstart_tau": render_quickstart_tau,
+    "cpu_parity": render_cpu_parity,
     "step_bench": render_step_bench,
     "step_notes": render_step_notes,
     "tp_bench": render_tp_bench,

@@ -36,6 +36,7 @@ def _costs(per_token_ms: float) -> CostTable:
 
 def test_policy_drafts_at_small_batch_and_stops_where_it_does_not_pay():
     pol = AdaptivePolicy(16, _costs(0.05))
+    assert pol.choose(1) == (8, "probe at block 8: no acceptance observed yet")   # the prior alone: probe first
     pol.observe(16, [15] * 8 + [3] * 8)   # good acceptance
     assert pol.choose(1)[0] == 16
     assert pol.choose(64)[0] < 16

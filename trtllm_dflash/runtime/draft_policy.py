@@ -149,6 +149,11 @@ class AdaptivePolicy:
     def choose(self, batch: int) -> tuple[int, str]:
         rates = self.rates(batch)
         best = max(rates, key=rates.get)
+        if best > 1 and not any(self.stats.tried):
+            # only the prior says drafting pays: learn the acceptance with one probe before drafting more (on a CPU,
+            # the prior alone had the smollm2 quick start run 3-5 steps at block 4 that each cost 1.7x block 1)
+            block = self.probe(batch)[0]
+            return block, f"probe at block {block}: no acceptance observed yet"
         if best == 1 and self.block_size > 1:
             self._ar_steps += 1
             block, every = self.probe(batch)
