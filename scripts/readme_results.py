@@ -79,14 +79,16 @@ def render_cpu_parity(results: Path) -> str:
     now, before = d["trees"]["this"], d["trees"].get("before")
     s, st = now["summary"], now["block1_summary"]
     ran = now["runs"][0]["blocks_ran"]
-    text = (f"Measured on a shared {d['machine'].split(',')[0]} machine, {s['runs']} runs each "
-            f"(`{d['provenance']['command']}`; {provenance_note(d, name)}): one decode step at block 1 costs "
+    text = (f"Measured on a shared {d['machine'].split()[0]}-core CPU machine (smollm2-135m + the shipped drafter, "
+            f"float32), {s['runs']} runs "
+            f"(`{d.get('command') or d['provenance']['command']}`; {provenance_note(d, name)}): one decode step at block 1 costs "
             f"{st['median_block1_over_ar_step']:.3f}x an AR step (median; {st['min']:.3f}-{st['max']:.3f})")
     if before is not None:
         text += f", {before['block1_summary']['median_block1_over_ar_step']:.3f}x before the drafter context was batched"
     text += (f"; the whole generation takes {s['median_dflash_over_ar_wall']:.2f}x the AR wall time "
-             f"({s['min']:.2f}-{s['max']:.2f}, same tokens: {'yes' if s['all_tokens_identical'] else 'NO'}; "
-             f"first run: {ran}).")
+             f"({s['min']:.2f}-{s['max']:.2f}"
+             + (f"; {before['summary']['median_dflash_over_ar_wall']:.2f}x before" if before is not None else "")
+             + f"; same tokens: {'yes' if s['all_tokens_identical'] else 'NO'}; first run: {ran}).")
     return "\n".join(textwrap.wrap(text, 116)) + "\n"
 
 
