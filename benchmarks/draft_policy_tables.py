@@ -7,7 +7,8 @@ they give at a few per-position acceptance rates.
 
 Measures this device's table for the pair (``Engine.use_adaptive_policy``) and reads the GPU tables that
 ``benchmarks/step_bench.py --cost_table`` stored; for each, the block the policy picks per batch size and the
-schedule, assuming every draft position is accepted with probability r given the previous one was.
+schedule, assuming every draft position is accepted with probability r given the previous one was. Schedules are
+written as TensorRT-LLM reads them (backends/trtllm.py: each key = the draft length up to that batch size).
 """
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ def main(argv=None) -> int:
                 t = CostTable.from_json(s["cost_table"])
                 out["gpu"][model] = {"source": str(args.gpu_results), "gpu": res["meta"]["gpu"], "cost_table": s["cost_table"],
                                      "schedules": schedules(t, int(s["block_size"]), max(t.seconds))}
+    out["git_sha"] = out["provenance"]["git_sha"]
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     for name, d in [("this device", here)] + list(out["gpu"].items()):
         print(name, {r: (v["block_by_batch"], v["draft_len_schedule"]) for r, v in d["schedules"].items()})
