@@ -197,20 +197,19 @@ def test_triton_sweep_of_the_demo_deployment(demo_engine_dir, tmp_path):
         assert srv.stop() == 0, srv.log_text()[-3000:]
     rows = read_rows(out)
     assert [r["settings"]["concurrency"] for r in rows] == [1, 2]
-    policy = json.loads((demo_engine_dir / "manifest.json").read_text())["runtime"]["draft_policy"]
-    assert policy == "adaptive"    # auto on CPU
     for row in rows:
         check_row(row, row["settings"]["concurrency"])
         s, m = row["settings"], row["metrics"]
         assert s["backend"] == "triton" and s["model"] == "tensorrt_llm" and s["dataset"] == "humaneval"
         assert s["block_size"] == 16 and s["drafter"] == "smollm2-135m-dflash" and not s["drafter_untrained"] and s["target"] == "packaged:smollm2-135m"
         assert s["gpu_profile"] == "cpu" and s["gpu_name"] is None
-        if m["acceptance_source"] == "stream_chunks":
-            # the demo deployment runs the adaptive policy (CPU): a level where it never drafted counts no drafts
-            # on the server, and every streamed chunk is one token
-            assert policy == "adaptive" and m["acceptance_rate"] is None and set(m["acceptance_histogram"]) == {"1"}
+        # the demo deployment runs the adaptive policy (CPU): its steps' blocks vary, so the server's draft counters
+        # do not give the step count; tokens per streamed chunk do
+        assert s["draft_policy"] == "adaptive" and m["acceptance_source"] == "stream_chunks"
+        if m["acceptance_rate"] is None:        # no step drafted: one token per step
+            assert set(m["acceptance_histogram"]) == {"1"}
         else:
-            assert m["acceptance_source"] == "server_counters" and m["acceptance_rate"] is not None
+            assert 0.0 <= m["acceptance_rate"] <= 1.0
         assert m["isl"]["min"] > 100 and 1 <= m["osl"]["mean"] <= 6
         assert m["itl_chunk_ms"]["mean"] > 0 and m["ttft_ms"]["p50"] > 0
     assert plot.main([str(out), "--out_dir", str(tmp_path / "plots")]) == 0

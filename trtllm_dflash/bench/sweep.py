@@ -190,7 +190,7 @@ def open_endpoint(args, m: dict) -> Target:
     settings = {**_pair(m), "target": _pair(m)["target"] or tok_source, "url": args.url, "model": client.model,
                 "block_size": block, "tp_size": args.tp_size or int(m.get("tp_size", 1)), "gpu_name": None,
                 "device": None, "dtype": runtime.get("dtype"), "max_batch_size": mbs,
-                "max_seq_len": runtime.get("max_seq_len")}
+                "max_seq_len": runtime.get("max_seq_len"), "draft_policy": runtime.get("draft_policy")}
 
     def run(items, concurrency, params, on_done):
         return drivers.run_threaded_level(client.send, items, concurrency, on_done)
@@ -235,7 +235,10 @@ def run_level(target: Target, items: list[WorkItem], concurrency: int, args, lab
         with tqdm(total=len(batch), desc=f"{label} c={concurrency} {phase}".rstrip(), unit="req",
                   file=sys.stderr) as bar:
             records, wall = target.run(batch, concurrency, params, lambda _rec: bar.update(1))
-    metrics = summarize(records, wall, int(target.settings["tp_size"]), target.block_size)
+    # The server counts drafts, not steps: only a fixed block turns drafts into steps (drafts / (block - 1)).
+    # Under the adaptive policy the steps' blocks vary, so acceptance comes from tokens per streamed chunk.
+    fixed = target.settings.get("draft_policy") != "adaptive"
+    metrics = summarize(records, wall, int(target.settings["tp_size"]), target.block_size if fixed else None)
     if metrics["num_errors"] == len(records):
         raise DFlashError("requests", f"all {len(records)} failed at concurrency {concurrency}: "
                           f"{metrics['first_error']}", "check the server's log and --url / --model")
