@@ -20,9 +20,8 @@ from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from .gpt_oss import gpt_oss_rope
-from .layers import (RMSNorm, Rotary, add_rms_norm, attend, group_mask, norm_rope, qk_norm_rope, rms_norm,
-                     rope_parameters)
-from .llama import MLP, check_tp
+from .layers import RMSNorm, Rotary, group_mask, rope_cache_write, rope_parameters
+from .llama import Attention, DecoderLayer, check_tp
 
 # Optional reference-package fields that change the math; we refuse them rather than ignore them.
 _UNSUPPORTED = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
@@ -103,37 +102,23 @@ class DrafterConfig:
         )
 
 
-class DraftAttention(nn.Module):
+class DraftAttention(Attention):
+    """The target's attention with Qwen3's q/k norm and o bias (gpt-oss drafters have one). forward() is the
+    block's: qkv -> q/k norm + RoPE -> the block's K/V into the cache rows right after the context (so
+    attention reads one tensor; append_context overwrites those rows after the verify) -> attend over
+    cache[:kv_len] -> o_proj. context() writes K/V of target features, with no queries."""
+
     def __init__(self, c: DrafterConfig, tp: TPGroup):
-        super().__init__()
-        self.h, self.kvh, self.d = c.num_heads // tp.size, c.num_kv_heads // tp.size, c.head_dim
-        self.qkv_proj = nn.Linear(c.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=c.attention_bias)
-        self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)  # as Qwen3 (gpt-oss drafters)
-        self.q_norm, self.k_norm = RMSNorm(self.d, c.rms_norm_eps), RMSNorm(self.d, c.rms_norm_eps)
-        self.tp = tp
+        super().__init__(c, tp, qk_norm=True, o_bias=c.attention_bias)
 
-    def project_out(self, out: torch.Tensor) -> torch.Tensor:
-        # row-parallel o_proj: the bias is added once, after the all-reduce
-        y = self.tp.all_reduce(F.linear(out, self.o_proj.weight))
-        return y if self.o_proj.bias is None else y + self.o_proj.bias
-
-    def project_kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        # x [n, T, hidden], cos/sin [n, T, 1, d] -> k, v [n, T, kvh, d]; the same k/v weights serve
-        # context and block rows
+    def context(self, x: torch.Tensor, cos, sin, cache: KVCache, layer: int, rows, positions) -> None:
+        # x [n, T, hidden], cos/sin [n, T, 1, d], positions [n, T]: the k/v rows of qkv_proj (the same
+        # weights serve context and block rows) -> k_norm + RoPE -> cache
         n, T, _ = x.shape
         q_rows = self.h * self.d
         bias = self.qkv_proj.bias[q_rows:] if self.qkv_proj.bias is not None else None
         k, v = F.linear(x, self.qkv_proj.weight[q_rows:], bias).view(n, T, 2 * self.kvh, self.d).chunk(2, dim=2)
-        return norm_rope(k, cos, sin, self.k_norm.weight, self.k_norm.eps), v
-
-
-class DraftLayer(nn.Module):
-    def __init__(self, c: DrafterConfig, tp: TPGroup):
-        super().__init__()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = DraftAttention(c, tp)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MLP(c.hidden_size, c.intermediate_size, tp)
+        rope_cache_write(None, k, v, cos, sin, None, self.k_norm.weight, self.eps, cache, layer, rows, positions)
 
 
 class DFlashDrafter(nn.Module):
@@ -141,7 +126,7 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         check_tp(c.num_heads, c.num_kv_heads, tp.size, "drafter")
         self.config = c
-        self.layers = nn.ModuleList(DraftLayer(c, tp) for _ in range(c.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, DraftAttention(c, tp)) for _ in range(c.num_layers))
         self.fc = nn.Linear(len(c.target_layer_ids) * target_hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -156,35 +141,24 @@ class DFlashDrafter(nn.Module):
         ctx = self.hidden_norm(self.fc(feats))
         cos, sin = self.rotary.tables(positions, ctx.dtype)
         for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.project_kv(ctx, cos, sin)
-            cache.write(i, rows, positions, k, v)
+            layer.self_attn.context(ctx, cos, sin, cache, i, rows, positions)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx_len: torch.Tensor, cache: KVCache, rows,
                 kv_len: int) -> torch.Tensor:
         """x [n, B, hidden] block embeddings at positions [n, B]; context rows < ctx_len [n] are valid.
         Returns the normed hidden states [n, B, hidden]."""
-        n, B, _ = x.shape
+        B = x.shape[1]
         cos, sin = self.rotary.tables(positions, x.dtype)
         key_pos = torch.arange(kv_len, device=x.device)                  # [S]
         rel = key_pos[None, None, :] - ctx_len[:, None, None]            # [n, 1, S]: key position - block start
         masks = {}  # layers with the same (causal, window) share one mask
-        eps = self.config.rms_norm_eps
-        h = rms_norm(x, self.layers[0].input_layernorm.weight, eps)
+        h = self.layers[0].input_layernorm(x)
         for i, layer in enumerate(self.layers):
-            a = layer.self_attn
-            kind = (self.config.layer_causal[i], self.config.layer_window[i])
+            a, kind = layer.self_attn, (self.config.layer_causal[i], self.config.layer_window[i])
             if kind not in masks:
                 masks[kind] = group_mask(self._mask(i, rel, B), a.h // a.kvh)
-            q, k, v = a.qkv_proj(h).view(n, B, -1, a.d).split([a.h, a.kvh, a.kvh], dim=2)  # [n, B, H, d]
-            q, k = qk_norm_rope(q, k, cos, sin, a.q_norm.weight, a.k_norm.weight, eps)
-            # The block's K/V go into the cache rows right after the context (positions start..start+B-1):
-            # attention then reads one tensor, and append_context overwrites those rows after the verify.
-            cache.write(i, rows, positions, k, v)
-            kc, vc = cache.read(i, rows, kv_len)
-            out = attend(q.transpose(1, 2), kc, vc, masks[kind], a.d ** -0.5)
-            x, h = add_rms_norm(x, a.project_out(out), layer.post_attention_layernorm.weight, eps)
-            nxt = self.layers[i + 1].input_layernorm.weight if i + 1 < len(self.layers) else self.norm.weight
-            x, h = add_rms_norm(x, layer.mlp(h), nxt, eps)
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            h, x = layer(h, x, cos, sin, cache, i, rows, positions, masks[kind], kv_len, nxt)
         return h
 
     def _mask(self, layer: int, rel: torch.Tensor, B: int) -> torch.Tensor:

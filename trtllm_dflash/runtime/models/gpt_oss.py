@@ -122,8 +122,13 @@ def check_parallel(c: GptOssConfig, tp_size: int, ep_size: int) -> None:
 
 
 class GptOssRMSNorm(RMSNorm):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The reference scales by the weight in float32 before casting back (llama's norm casts first).
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """As RMSNorm.forward (with ``residual``: (norm(x + residual), x + residual)), in the reference's
+        rounding: it scales by the weight in float32 before casting back (llama's norm casts first). Eager
+        ops, as before the layers owned their forward: a fused kernel would change bf16 results on CUDA."""
+        if residual is not None:
+            total = residual + x
+            return self.forward(total), total
         x32 = x.float()
         return (self.weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps))).to(x.dtype)
 
@@ -298,6 +303,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MoE(c, tp, ep_size, moe_backend)
 
+    def forward(self, h, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
+                next_norm: GptOssRMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """h = input_layernorm(x), x [n, T, hidden] -> (next_norm(y), y) for the layer's output y (the same
+        contract as llama.DecoderLayer: the next layer's input norm runs here, after the last residual add)."""
+        h, x = self.post_attention_layernorm(self.self_attn(h, cos, sin, cache, layer, rows, positions, visible,
+                                                            kv_len), x)
+        return next_norm(self.mlp(h), x)
+
 
 class GptOssTarget(TargetHead):
     """Same interface as llama.LlamaTarget: forward() returns the final hidden states and the concatenated
@@ -333,13 +346,14 @@ class GptOssTarget(TargetHead):
         full = (behind >= 0)[:, None]                                        # causal
         window = (full & (behind < self.config.sliding_window)[:, None])     # ... and the last `window` tokens
         feats: dict[int, torch.Tensor] = {}
+        h = self.layers[0].input_layernorm(x)
         for i, layer in enumerate(self.layers):
             visible = window if layer.self_attn.sliding else full
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, rows, positions, visible, kv_len)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            h, x = layer(h, x, cos, sin, cache, i, rows, positions, visible, kv_len, nxt)  # x: layer i's output
             if i in self.capture_layers:
                 feats[i] = x
-        return self.norm(x), torch.cat([feats[i] for i in self.capture_layers], -1) if feats else None
+        return h, torch.cat([feats[i] for i in self.capture_layers], -1) if feats else None
 
 
 def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, device, dtype) -> dict[str, torch.Tensor]:

@@ -18,9 +18,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 like the reference implementations, then return to the model dtype.
-        return rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x); with ``residual``, the fused add + norm (nano-vllm's form): returns (norm(x + residual),
+        x + residual), one kernel on CUDA. Normalises in float32 like the references, returns the model dtype."""
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        total, normed = add_rms_norm(residual, x, self.weight, self.eps)
+        return normed, total
 
 
 class TargetHead(nn.Module):
@@ -201,6 +205,25 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
                  qw: torch.Tensor | None, kw: torch.Tensor | None, eps: float):
     """norm_rope on q and k in one kernel."""
     return norm_rope.eager(q, cos, sin, qw, eps), norm_rope.eager(k, cos, sin, kw, eps)
+
+
+def rope_cache_write(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     q_w: torch.Tensor | None, k_w: torch.Tensor | None, eps: float, cache, layer: int, rows,
+                     positions: torch.Tensor):
+    """Optional per-head q/k RMSNorm and RoPE, then k (roped) and v into cache rows ``rows`` at ``positions``.
+
+    q [n, T, Hq, d] or None (the drafter's context rows have no queries), k/v [n, T, Hkv, d], cos/sin
+    [n, T, 1, d] -> (q, k) roped, [n, T, H, d]. Every attention of the Llama family and the drafter goes
+    through here, so a kernel that ropes k straight into its cache rows (saving one write and read of k)
+    has one place to land. Today it is the compiled norm+RoPE chain and then the cache's index_put: fusing
+    the scatter into the compiled chain mutates the whole cache tensor inside torch.compile, which needs
+    checking on a GPU (in-place scatter, no cache-sized copy) before it can be used."""
+    if q is None:
+        k = norm_rope(k, cos, sin, k_w, eps)
+    else:
+        q, k = qk_norm_rope(q, k, cos, sin, q_w, k_w, eps)
+    cache.write(layer, rows, positions, k, v)
+    return q, k
 
 
 _SMALL_QUERY = 16  # query rows per KV head up to which attention runs as plain matmuls (measured on H100)

@@ -16,8 +16,7 @@ from torch import nn
 from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
-from .layers import (RMSNorm, Rotary, TargetHead, add_rms_norm, attend, group_mask, qk_norm_rope, rms_norm,
-                     rope_parameters, silu_mul)
+from .layers import RMSNorm, Rotary, TargetHead, attend, group_mask, rope_cache_write, rope_parameters, silu_mul
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -72,28 +71,42 @@ def check_tp(num_heads: int, num_kv_heads: int, tp_size: int, who: str) -> None:
 
 
 class Attention(nn.Module):
-    def __init__(self, c: TargetConfig, tp: TPGroup):
+    """qkv -> (q/k norm) + RoPE -> cache write -> attend -> o_proj, for the targets and (as DraftAttention) the
+    drafter. ``c`` is a TargetConfig or DrafterConfig (the fields both have)."""
+
+    def __init__(self, c, tp: TPGroup, qk_norm: bool, o_bias: bool):
         super().__init__()
         self.h, self.kvh, self.d = c.num_heads // tp.size, c.num_kv_heads // tp.size, c.head_dim
         self.qkv_proj = nn.Linear(c.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=c.attention_bias)
-        self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.d, c.rms_norm_eps) if c.qk_norm else None
-        self.k_norm = RMSNorm(self.d, c.rms_norm_eps) if c.qk_norm else None
+        self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=o_bias)
+        self.q_norm = RMSNorm(self.d, c.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.d, c.rms_norm_eps) if qk_norm else None
         self.eps, self.tp = c.rms_norm_eps, tp
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None):
-        # x [n, T, hidden]; cos/sin [n, T, 1, d]; positions [n, T]; visible [n, 1, T, S]
+        """x [n, T, hidden]; cos/sin [n, T, 1, d]; positions [n, T]; visible [n, 1, T, S], built once per
+        forward by the model (group_mask) and shared by its layers -> [n, T, hidden].
+        kv_len None = prefill (attend within this chunk); else over cache[:kv_len] incl. the rows written here."""
         n, T, _ = x.shape
         q, k, v = self.qkv_proj(x).view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)  # [n, T, H, d]
-        q, k = qk_norm_rope(q, k, cos, sin, self.q_norm.weight if self.q_norm is not None else None,
-                            self.k_norm.weight if self.k_norm is not None else None, self.eps)
-        cache.write(layer, rows, positions, k, v)
-        if kv_len is None:  # prefill: attend within this chunk
+        q, k = rope_cache_write(q, k, v, cos, sin, _weight(self.q_norm), _weight(self.k_norm), self.eps,
+                                cache, layer, rows, positions)
+        if kv_len is None:
             k, v = k.transpose(1, 2), v.transpose(1, 2)
-        else:  # decode/verify: attend over the cached prefix (incl. the rows just written)
+        else:
             k, v = cache.read(layer, rows, kv_len)
-        out = attend(q.transpose(1, 2), k, v, visible, self.d ** -0.5)
-        return self.tp.all_reduce(self.o_proj(out))
+        return self.project_out(attend(q.transpose(1, 2), k, v, visible, self.d ** -0.5))
+
+    def project_out(self, out: torch.Tensor) -> torch.Tensor:
+        # row-parallel o_proj: a bias is added once, after the all-reduce. Without one, the module call keeps
+        # an FP8 o_proj (fp8.convert swaps the module) on its own GEMM.
+        if self.o_proj.bias is None:
+            return self.tp.all_reduce(self.o_proj(out))
+        return self.tp.all_reduce(F.linear(out, self.o_proj.weight)) + self.o_proj.bias
+
+
+def _weight(norm: RMSNorm | None) -> torch.Tensor | None:
+    return None if norm is None else norm.weight
 
 
 class MLP(nn.Module):
@@ -108,12 +121,28 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: TargetConfig, tp: TPGroup):
+    """Pre-norm decoder layer (Llama family and the DFlash drafter).
+
+    forward(h, x, ..., next_norm) takes the residual stream x and h = this layer's input_layernorm(x), and
+    returns (next_norm(y), y) for the layer's output y. The next layer's input norm (or the model's final
+    norm) thus runs here, fused with the layer's last residual add, as in nano-vllm's
+    ``RMSNorm(x, residual)`` chain: two add+norm kernels per layer; and y, the layer's output, exists as a
+    tensor, so the target's feature taps cost nothing (in nano-vllm's order it only exists inside the next
+    layer's norm, and a tap would add one add kernel)."""
+
+    def __init__(self, c, tp: TPGroup, attn: nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = Attention(c, tp)
+        self.self_attn = attn
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c.hidden_size, c.intermediate_size, tp)
+
+    def forward(self, h, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
+                next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        # h, x [n, T, hidden] -> next_norm(y), y [n, T, hidden]
+        h, x = self.post_attention_layernorm(self.self_attn(h, cos, sin, cache, layer, rows, positions, visible,
+                                                            kv_len), x)
+        return next_norm(self.mlp(h), x)
 
 
 class LlamaTarget(TargetHead):
@@ -125,7 +154,8 @@ class LlamaTarget(TargetHead):
         check_tp(c.num_heads, c.num_kv_heads, tp.size, "target")
         self.config, self.tp, self.capture_layers = c, tp, tuple(capture_layers)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(c, tp) for _ in range(c.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, Attention(c, tp, qk_norm=c.qk_norm, o_bias=False))
+                                    for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.vocab_shard = -(-c.vocab_size // tp.size)  # lm_head rows per rank (last rank padded)
         self.lm_head = nn.Linear(c.hidden_size, self.vocab_shard, bias=False)
@@ -144,13 +174,10 @@ class LlamaTarget(TargetHead):
         a = self.layers[0].self_attn
         visible = group_mask(visible, a.h // a.kvh)  # built once, shared by every layer
         feats: dict[int, torch.Tensor] = {}
-        eps, layers = self.config.rms_norm_eps, self.layers
-        h = rms_norm(x, layers[0].input_layernorm.weight, eps)
-        for i, layer in enumerate(layers):
-            attn = layer.self_attn(h, cos, sin, cache, i, rows, positions, visible, kv_len)
-            x, h = add_rms_norm(x, attn, layer.post_attention_layernorm.weight, eps)
-            nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.norm.weight
-            x, h = add_rms_norm(x, layer.mlp(h), nxt, eps)  # x: layer i's output; h: the next norm of it
+        h = self.layers[0].input_layernorm(x)
+        for i, layer in enumerate(self.layers):
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            h, x = layer(h, x, cos, sin, cache, i, rows, positions, visible, kv_len, nxt)  # x: layer i's output
             if i in self.capture_layers:
                 feats[i] = x
         return h, torch.cat([feats[i] for i in self.capture_layers], -1) if feats else None
