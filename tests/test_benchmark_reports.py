@@ -63,3 +63,15 @@ def test_cuda_check_smoke_records_every_row_and_its_checkpoints(tmp_path):
     assert prov["command"].startswith("python benchmarks/cuda_check.py --cpu_smoke") and prov["git"]["sha"]
     assert {"tiny_llama_target", "tiny_llama_drafter", "tiny_qwen3_target", "tiny_qwen3_drafter"} == set(prov["checkpoints"])
     assert all(len(c["sha256"]) == 64 for c in prov["checkpoints"].values())
+
+
+def test_layer_op_counts_of_this_tree():
+    # the per-layer counts that benchmarks/results/layer_op_counts.json reports, recomputed on this tree: the
+    # drafter's block layer runs exactly the target's layer (one Attention, one DecoderLayer), a decode step
+    # writes the cache without an arange per layer, and the Llama layer stays at 11 launches on CUDA
+    counts = _script("layer_op_counts").count_one(str(ROOT))
+    target, draft = counts["qwen3.target_verify"], counts["dflash_drafter.drafter_block"]
+    assert draft["per_layer_ops"] == target["per_layer_ops"] and "arange (op)" not in target["per_layer_ops"]
+    assert target["per_layer"]["cuda_kernels_estimate"] == counts["llama.target_verify"]["per_layer"][
+        "cuda_kernels_estimate"] == 11
+    assert counts["dflash_drafter.drafter_context"]["per_layer_ops"]["index_put_ (op)"] == 2

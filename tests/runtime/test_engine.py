@@ -171,3 +171,33 @@ def test_block_size_override_and_stats(tiny_pair):
     assert r.stats.num_prompt_tokens == 3 and r.stats.num_output_tokens == 20 and r.stats.ttft_s > 0
     with pytest.raises(DFlashError, match="block_size"):
         Engine.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(block_size=9))
+
+
+def eager_at_graph_shapes(engine: Engine) -> Engine:
+    """Make an eager engine run every decode step at the padded shapes a CUDA graph replays it at
+    (Runner.graph_shape); tests/gpu compares such an engine with graph replay."""
+    runner, step = engine.runner, engine.runner.step_tensors
+    runner.padded_steps = []   # (rows, kv_len) of each step: what the test saw run
+
+    def padded(n, kv_len, block):
+        runner.padded_steps.append(runner.graph_shape(n, kv_len))
+        step(*runner.padded_steps[-1], block)
+    runner.step_tensors = padded
+    return engine
+
+
+@pytest.mark.parametrize("block", [None, 1])
+def test_steps_padded_to_the_graph_shapes_emit_the_same_tokens(tiny_qwen3_pair, block):
+    # the padding of a graph replay (idle rows, masked keys up to the KV bucket) never reaches a real row:
+    # on CPU in float32, eager steps at the padded shapes == eager steps at the exact ones
+    cfg = RuntimeConfig(max_seq_len=256, max_batch_size=4, block_size=block)
+    exact = Engine.from_dirs(*tiny_qwen3_pair, cfg)
+    padded = eager_at_graph_shapes(Engine.from_dirs(*tiny_qwen3_pair, cfg))
+    assert padded.runner.graph_shape(3, 40) == (4, 256)
+    ps = prompts()   # 6 requests over 4 slots: batches of 4, 3, 2 and 1 rows
+    sp = [SamplingParams(max_new_tokens=32, ignore_eos=True),
+          SamplingParams(max_new_tokens=32, ignore_eos=True, temperature=0.8, seed=4)] * 3
+    for x, y in zip(exact.generate(ps, sp), padded.generate(ps, sp)):
+        assert x.output_ids == y.output_ids
+        assert x.stats.acceptance_lengths == y.stats.acceptance_lengths
+    assert {kv for _, kv in padded.runner.padded_steps} == {256} and (4, 256) in padded.runner.padded_steps

@@ -17,11 +17,12 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_seq_len = max_seq_len
+        self._rows = torch.arange(max_batch, device=device)  # slot ids: a slice of it is a view, not a kernel
 
     def write(self, layer: int, rows, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # k, v [n, T, H, d] at positions [n, T] of cache rows `rows` (slice or index tensor [n])
-        if isinstance(rows, slice):
-            rows = torch.arange(rows.start or 0, rows.stop, device=positions.device)
+        if isinstance(rows, slice):  # a decode step's rows [0, n): no arange per layer and write
+            rows = self._rows[rows]
         r = rows[:, None]
         self.k[layer][r, :, positions] = k  # the indexed view is [n, T, H, d]
         self.v[layer][r, :, positions] = v

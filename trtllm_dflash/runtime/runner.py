@@ -112,7 +112,7 @@ class Runner:
         if block > 1 or n != self._stash_rows:
             self.flush_context()
         if self.use_graphs:  # one graph per (batch bucket, cache-length bucket, block, sampling path)
-            self._graph(_bucket(n, self.cfg.max_batch_size, 1), _bucket(kv_len, self.cfg.max_seq_len, 256), block)()
+            self._graph(*self.graph_shape(n, kv_len), block)()
         else:
             self.step_tensors(n, kv_len, block)
         t_host, a_host = self._t[:n, :block].tolist(), self._a[:n].tolist()   # the one host sync per step
@@ -120,6 +120,11 @@ class Runner:
             if self.decoding_host[i]:
                 self.start_host[i] += a_host[i] + 1
         return t_host, a_host
+
+    def graph_shape(self, n: int, kv_len: int) -> tuple[int, int]:
+        """(rows, KV length) that a graphed step over rows [0, n) and cache[:kv_len] runs at: each rounded up
+        to its bucket. Rows past n are idle slots (inactive: nothing advances) and keys past kv_len are masked."""
+        return _bucket(n, self.cfg.max_batch_size, 1), _bucket(kv_len, self.cfg.max_seq_len, 256)
 
     def step_tensors(self, n: int, kv_len: int, block: int) -> None:
         """Draft, verify, accept and advance rows [0, n) over cache[:kv_len]; device work only (graph-safe).
