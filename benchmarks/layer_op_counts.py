@@ -174,7 +174,8 @@ def main(argv=None) -> int:
             k: a["per_layer"][k] - b["per_layer"][k] for k in a["per_layer"]}} if b else {})}
     sys.path.insert(0, str(ROOT))
     from trtllm_dflash.provenance import record
-    result = {"provenance": record(), "what": "aten ops per decoder layer on the CPU path (TorchDispatchMode), "
+    prov = record()
+    result = {"git_sha": prov["git_sha"], "provenance": prov, "what": "aten ops per decoder layer on the CPU path (TorchDispatchMode), "
               "not CUDA kernels; data_ops excludes views; cuda_kernels_estimate counts each chain that "
               "models/layers.py compiles on CUDA as one kernel (not measured on a GPU)", "baseline": base_sha,
               "shapes": {"requests": N, "block": BLOCK, "prefill_chunk": PREFILL, "cached_tokens": CTX},
