@@ -450,11 +450,33 @@ def render_soak_h100(results: Path) -> str:
                       "bash benchmarks/gpu_smollm2.sh soak")
 
 
+def render_layer_ops(results: Path) -> str:
+    data = _load(results, "layer_op_counts.json")
+    c = data["cases"]
+
+    def k(key, when="after"):
+        return c[key][when]["per_layer"]["cuda_kernels_estimate"]
+
+    def ops(key, when="after"):
+        return c[key][when]["per_layer"]["data_ops"]
+    return (
+        f"- Ops per decoder layer in a decode step, counted on the CPU path (`python benchmarks/layer_op_counts.py "
+        f"--baseline {data['baseline'][:7]}`; {provenance_note(data, 'layer_op_counts.json')}; CPU op counts, "
+        f"not CUDA kernels): Qwen3 target {ops('qwen3.target_verify')} data ops (before: "
+        f"{ops('qwen3.target_verify', 'before')}), the drafter's block layer the same "
+        f"{ops('dflash_drafter.drafter_block')} (it is the target's layer), its context write "
+        f"{ops('dflash_drafter.drafter_context')}, gpt-oss {ops('gpt_oss.target_verify')}. Counting each chain "
+        f"that is compiled on CUDA as one kernel: ~{k('qwen3.target_verify')} launches per Llama/Qwen3 layer "
+        f"(before: ~{k('qwen3.target_verify', 'before')}), ~{k('dflash_drafter.drafter_context')} per drafter "
+        f"context write, ~{k('gpt_oss.target_verify')} per gpt-oss layer (its norms and RoPE run eagerly).")
+
+
 RENDERERS = {
     "quickstart_tau": render_quickstart_tau,
     "cpu_parity": render_cpu_parity,
     "step_bench": render_step_bench,
     "step_notes": render_step_notes,
+    "layer_ops": render_layer_ops,
     "tp_bench": render_tp_bench,
     "gpt_oss": render_gpt_oss,
     "gpt_oss_mxfp4": render_gpt_oss_mxfp4,
