@@ -44,10 +44,14 @@ def test_build_cmd_for_both_binaries(tmp_path):
 
 
 def test_dry_run_prints_the_command(tiny_deployment, capsys):
-    assert server.main([str(tiny_deployment), "--http_port", "18123", "--dry_run"]) == 0
+    assert server.main([str(tiny_deployment), "--http_port", "18123", "--dry_run", "--http_guard", "false"]) == 0
     out = capsys.readouterr().out
     assert "tritonserver --model-repository=" in out and f"{tiny_deployment}/triton" in out
     assert "--http-port=18123" in out and "LD_LIBRARY_PATH=" in out and "PYTHONDONTWRITEBYTECODE=1" in out
+    # behind the guard (the default), Triton's HTTP front end is on an internal loopback port
+    assert server.main([str(tiny_deployment), "--http_port", "18123", "--host", "0.0.0.0", "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    assert "--http-port=18123" not in out and "--http-address=127.0.0.1" in out and "--grpc-address=0.0.0.0" in out
 
 
 def test_resolve_repo_errors(tmp_path, tiny_deployment):
@@ -156,7 +160,9 @@ def test_concurrent_requests_are_batched_and_unchanged(tiny_server, reference):
 
 
 def _http_error(url: str, body: dict) -> tuple[int, str]:
-    req = urllib.request.Request(f"http://{url}/v2/models/tensorrt_llm/generate", data=json.dumps(body).encode())
+    # JSON, as labelled: the HTTP guard refuses form bodies over 1 MiB before the model could
+    req = urllib.request.Request(f"http://{url}/v2/models/tensorrt_llm/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
     try:
         urllib.request.urlopen(req, timeout=30)
     except urllib.error.HTTPError as err:
@@ -550,7 +556,8 @@ def test_a_crashed_tritonserver_is_restarted_and_its_shared_memory_removed(tiny_
     # sends) kills Triton 2.51's HTTP front end with SIGSEGV, before any of our code sees it; nothing
     # restarted it and /dev/shm kept its regions.
     import http.client
-    srv = start_server(tiny_deployment, tmp_path / "dflash-serve.log")
+    # Without the HTTP guard (which refuses that body, tests/serving/test_http_guard.py), as a way to crash it.
+    srv = start_server(tiny_deployment, tmp_path / "dflash-serve.log", "--http_guard", "false")
     try:
         regions = server.shm_regions(_tritonserver_pid(srv.proc.pid))
         host, port = srv.http.split(":")

@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from ..errors import DFlashError
+from .http_guard import GuardLimits, HttpGuard
 from .repo import MODEL_NAME, fill_triton
 from .triton_env import TritonBinary, find_tritonserver
 from .triton_model import CONTROL_DIR_ENV, SUPERVISOR_PID_ENV
@@ -56,6 +57,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="on SIGTERM / Ctrl-C, seconds to wait for the model to end its running requests (each "
                         "client gets a final response saying the server is shutting down) before tritonserver "
                         "is stopped; a second SIGTERM / Ctrl-C kills at once")
+    p.add_argument("--http_guard", choices=("true", "false"), default="true",
+                   help="true: a small guard listens on --http_port and relays to Triton on an internal loopback "
+                        "port, answering itself (4xx, one line naming the field) bodies over --max_body_bytes, "
+                        "form bodies over 1 MiB, JSON nested over 64 deep and /generate asked to stream, which "
+                        "crash or confuse Triton 2.51; false: Triton listens on --http_port itself")
+    p.add_argument("--max_body_bytes", type=int, default=GuardLimits.max_body_bytes,
+                   help="with --http_guard true: the largest HTTP request body relayed to Triton")
     p.add_argument("--max_restarts", type=int, default=3,
                    help="restart tritonserver at most this many times when it crashes or its engine breaks")
     p.add_argument("--ready_timeout", type=float, default=900.0, help="seconds to wait for the model to load")
@@ -94,14 +102,17 @@ ADMIN_HEADER = "dflash-admin-key"
 
 
 def build_cmd(binary: TritonBinary, repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int,
-              exit_timeout_secs: int = 10, extra: list[str] = (), admin_key: str = "") -> list[str]:
+              exit_timeout_secs: int = 10, extra: list[str] = (), admin_key: str = "",
+              http: tuple[str, int] | None = None) -> list[str]:
     """The tritonserver command line, as a list (printed by --dry_run, tested as data). ``admin_key``:
-    the value of the header that opens the restricted APIs (random per server by default)."""
+    the value of the header that opens the restricted APIs (random per server by default); ``http``:
+    (address, port) of Triton's HTTP front end when it is not ``host``:``http_port`` (behind the guard)."""
+    http_host, http_port = http or (host, http_port)
     key = admin_key or secrets.token_hex(16)
     cmd = [binary.path, f"--model-repository={Path(repo).resolve()}"]
     if binary.backend_dir:
         cmd.append(f"--backend-directory={binary.backend_dir}")
-    cmd += [f"--http-address={host}", f"--http-port={http_port}",
+    cmd += [f"--http-address={http_host}", f"--http-port={http_port}",
             f"--grpc-address={host}", f"--grpc-port={grpc_port}",
             f"--metrics-address={host}", f"--metrics-port={metrics_port}",
             f"--exit-timeout-secs={exit_timeout_secs}",
@@ -115,6 +126,12 @@ def build_cmd(binary: TritonBinary, repo: Path, host: str, http_port: int, grpc_
 def server_env(binary: TritonBinary) -> dict[str, str]:
     # PYTHONDONTWRITEBYTECODE: the stub would otherwise write __pycache__ into the repository.
     return {**binary.env, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _die_with_parent() -> None:
@@ -208,8 +225,10 @@ class Supervisor:
     (``--max_restarts``), and stops it so that every client gets a final response, nothing is left
     running and nothing is left in /dev/shm."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], control: Path, args: argparse.Namespace):
-        self.cmd, self.env, self.control, self.args = cmd, env, control, args
+    def __init__(self, cmd: list[str], env: dict[str, str], control: Path, args: argparse.Namespace,
+                 guard: HttpGuard | None = None, triton_http_port: int | None = None):
+        self.cmd, self.env, self.control, self.args, self.guard = cmd, env, control, args, guard
+        self.triton_http_port = triton_http_port or args.http_port
         self.proc: subprocess.Popen | None = None
         self.signals: list[int] = []
         self.shm: set[Path] = set()
@@ -223,7 +242,8 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
         restarts = 0
-        url = f"http://{self.args.host}:{self.args.http_port}"
+        url = (f"http://127.0.0.1:{self.triton_http_port}" if self.guard else
+               f"http://{self.args.host}:{self.args.http_port}")
         while True:
             for name in ("stop", "drained", "broken"):
                 (self.control / name).unlink(missing_ok=True)
@@ -288,6 +308,11 @@ class Supervisor:
             while (not (self.control / "drained").exists() and proc.poll() is None and len(self.signals) < 2
                    and time.monotonic() < deadline):
                 time.sleep(0.05)
+        drained = (self.control / "drained").exists()
+        if self.guard is not None:
+            # Triton 2.51 waits for open HTTP connections (idle keep-alive ones too) before it unloads the
+            # model, out of the same --exit_timeout_secs: with them gone it stops at once.
+            self.guard.close_connections()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -303,8 +328,13 @@ class Supervisor:
                 path.unlink(missing_ok=True)
                 print(f"dflash-serve: removed {path}, left by tritonserver", flush=True)
         self.shm = set()
-        clean = clean and proc.returncode in (0, -signal.SIGTERM) and len(self.signals) < 2
-        print(f"dflash-serve: stopped (tritonserver exit code {proc.returncode})", flush=True)
+        # tritonserver exits 1 when its exit timeout passes with the model still loaded (its unload waits
+        # for the python stub, which a long tokenization can hold): once the model had ended every request
+        # that is still the stop that was asked for. A crash, a kill or requests left running are not.
+        timed_out = proc.returncode == 1 and drained
+        clean = clean and (proc.returncode in (0, -signal.SIGTERM) or timed_out) and len(self.signals) < 2
+        note = ": its exit timeout passed while unloading the model, after every request had ended" if timed_out else ""
+        print(f"dflash-serve: stopped (tritonserver exit code {proc.returncode}{note})", flush=True)
         return 0 if clean else 1
 
 
@@ -313,8 +343,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="dflash-serve-") as work:
         args.repo = resolve_repo(args.engine_dir, args.fill, args.decoupled_mode != "false", Path(work))
         binary = find_tritonserver()
+        guarded = args.http_guard == "true"
+        # with the guard, Triton's HTTP port is an internal loopback one that only the guard talks to
+        triton_http = free_loopback_port() if guarded else args.http_port
         cmd = build_cmd(binary, args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
-                        args.exit_timeout_secs, args.extra)
+                        args.exit_timeout_secs, args.extra, http=("127.0.0.1", triton_http) if guarded else None)
         env = server_env(binary)
         if args.dry_run:
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(cmd))
@@ -325,7 +358,17 @@ def main(argv: list[str] | None = None) -> int:
         control.mkdir()
         env.update({CONTROL_DIR_ENV: str(control), SUPERVISOR_PID_ENV: str(os.getpid())})
         print(f"dflash-serve: tritonserver from {binary.source}: {binary.path}", flush=True)
-        return Supervisor(cmd, env, control, args).run()
+        guard = None
+        if guarded:
+            guard = HttpGuard(args.host, args.http_port, triton_http, GuardLimits(max_body_bytes=args.max_body_bytes))
+            guard.start()
+            print(f"dflash-serve: HTTP guard on {args.host}:{args.http_port} -> Triton on 127.0.0.1:{triton_http}",
+                  flush=True)
+        try:
+            return Supervisor(cmd, env, control, args, guard, triton_http).run()
+        finally:
+            if guard is not None:
+                guard.stop()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,189 @@
+# SPDX-License-Identifier: Apache-2.0
+"""dflash-serve's HTTP guard: the checks as data, then against a real tritonserver (Triton 2.51 from
+nvidia-pytriton 0.7.0) through real HTTP clients (http.client, urllib, tritonclient)."""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+
+import pytest
+
+from tests.serving.conftest import start_server
+from trtllm_dflash.serving import client
+from trtllm_dflash.serving.http_guard import GuardLimits, Refused, check_body, json_depth, parse_head
+
+GEN = "/v2/models/tensorrt_llm/generate"
+
+
+def nested(depth: int) -> bytes:
+    return b'{"text_input": "hi", "x": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+def test_json_depth_and_head_parsing():
+    assert json_depth(1) == 0 and json_depth({}) == 1 and json_depth({"a": [[1], {"b": []}]}) == 4
+    assert json_depth(json.loads(nested(500))) == 501
+    method, target, headers = parse_head(b"POST /x?y=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\n")
+    assert (method, target, headers) == ("POST", "/x?y=1", [("host", "a"), ("content-length", "3")])
+    for bad in (b"POST /x\r\n\r\n", b"GET / HTTP/1.1\r\nno colon\r\n\r\n", b"GET / HTTP/1.1\r\n Host: a\r\n\r\n"):
+        with pytest.raises(Refused) as err:
+            parse_head(bad)
+        assert err.value.status == 400
+
+
+@pytest.mark.parametrize("target, headers, body, status, field", [
+    (GEN, {}, nested(65), 400, "body"),
+    (GEN, {}, nested(50_000), 400, "body"),                       # json.loads' own recursion bound
+    (GEN, {}, nested(60), None, None),
+    (GEN, {"content-type": "application/x-www-form-urlencoded"}, b'{"text_input": "%s"}' % (b"x" * (1 << 20)),
+     415, "Content-Type"),
+    (GEN, {"content-type": "application/x-www-form-urlencoded"}, b'{"text_input": "hi"}', None, None),
+    (GEN, {}, b'{"text_input": "hi", "streaming": true}', 400, "streaming"),
+    (GEN + "?x=1", {}, b'{"text_input": "hi", "stream": [true]}', 400, "stream"),
+    ("/v2/models/tensorrt_llm/versions/1/generate", {}, b'{"streaming": true}', 400, "streaming"),
+    (GEN + "_stream", {}, b'{"text_input": "hi", "streaming": true}', None, None),
+    (GEN, {}, b'{"text_input": "hi", "streaming": false}', None, None),
+    (GEN, {}, b"not json", None, None),                           # Triton's own 400 says where
+    # the binary tensor extension: only the JSON header is parsed
+    ("/v2/models/m/infer", {"inference-header-content-length": "2"}, b"{}" + b"[" * 100, None, None),
+    ("/v2/models/m/infer", {"inference-header-content-length": str(len(nested(80)))}, nested(80) + b"\0",
+     400, "body"),
+])
+def test_check_body(target, headers, body, status, field):
+    if status is None:
+        check_body(target, headers, body, GuardLimits())
+        return
+    with pytest.raises(Refused) as err:
+        check_body(target, headers, body, GuardLimits())
+    assert err.value.status == status and err.value.err.field == field and err.value.err.fix
+
+
+@pytest.fixture(scope="module")
+def guarded_server(tiny_deployment, tmp_path_factory):
+    server = start_server(tiny_deployment, tmp_path_factory.mktemp("guard") / "dflash-serve.log")
+    yield server
+    assert server.stop() == 0, server.log_text()[-4000:]
+
+
+def _post(addr: str, path: str, body: bytes, headers: dict, send_body: bool = True) -> tuple[int, str]:
+    host, port = addr.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        if send_body:
+            conn.request("POST", path, body=body, headers=headers)
+        else:         # the head alone, as curl does with Expect: 100-continue
+            conn.putrequest("POST", path)
+            for k, v in {**headers, "Content-Length": str(len(body)), "Expect": "100-continue"}.items():
+                conn.putheader(k, v)
+            conn.endheaders()
+        r = conn.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_hostile_bodies_get_4xx_and_triton_keeps_serving(guarded_server):
+    # #19: a >= 4 MiB form body and JSON nested 50,000 deep killed Triton 2.51 with SIGSEGV (every running
+    # request died with it); /generate with streaming true ran the whole generation, then answered 200 with
+    # an error body.
+    srv = guarded_server
+    running = client.generate_http(srv.http, client.build_inputs("hello", streaming=True, max_tokens=64))
+    first = next(running)                  # a stream in flight all along: it must end normally
+    form = json.dumps({"text_input": "x" * (4 << 20)}).encode()
+    cases = [
+        (form, {"Content-Type": "application/x-www-form-urlencoded"}, True, 415, "Content-Type: application/x-www"),
+        (nested(50_000), {"Content-Type": "application/json"}, True, 400, "body: JSON nested deeper than 64"),
+        (b"x" * (17 << 20), {"Content-Type": "application/json"}, False, 413, "body: 17825792 bytes is over"),
+        (b'{"text_input": "hi", "streaming": true}', {}, True, 400, "streaming: is true on /generate"),
+    ]
+    for body, headers, send_body, status, message in cases:
+        t0 = time.monotonic()
+        got, text = _post(srv.http, GEN, body, headers, send_body)
+        assert (got, json.loads(text)["error"][:len(message)]) == (status, message), text[:300]
+        assert ". Fix: " in text and time.monotonic() - t0 < 30
+    rest = client.collect(running)
+    assert "text_output" in first and rest["finish_reason"] == "length"
+    assert "exited with code" not in srv.log_text() and srv.log_text().count("dflash-serve: ready in") == 1
+    ok = client.collect(client.generate_http(srv.http, client.build_inputs("hi", max_tokens=4)))
+    assert ok["finish_reason"] == "length"
+
+
+@pytest.mark.slow
+def test_keep_alive_and_binary_clients_work_through_the_guard(guarded_server):
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    host, port = guarded_server.http.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = json.dumps({"text_input": "hi", "sampling_param_max_tokens": 3}).encode()
+    sockets = set()
+    for _ in range(3):           # one connection, three requests
+        conn.request("POST", GEN, body=body, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["finish_reason"] == "length"
+        sockets.add(id(conn.sock))
+    assert len(sockets) == 1
+    conn.close()
+    # tritonclient's HTTP client (keep-alive, binary tensor data): the model's metadata and a unary infer
+    # are what the decoupled model allows over /infer: Triton's own error, relayed as it is
+    tc = httpclient.InferenceServerClient(guarded_server.http)
+    assert tc.is_server_ready() and tc.get_model_metadata("tensorrt_llm")["name"] == "tensorrt_llm"
+    text = httpclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"hi"], dtype=np.object_), binary_data=True)
+    with pytest.raises(Exception, match="decoupled"):
+        tc.infer("tensorrt_llm", [text])
+    assert tc.is_server_live()
+    tc.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guard", ["true", "false"])
+def test_sigterm_with_an_idle_keep_alive_connection_exits_0(tiny_deployment, tmp_path, guard):
+    # #19: the CPU soak's dflash-serve exited 1 after SIGTERM. Triton 2.51 waits for open HTTP connections
+    # (an idle keep-alive one too) out of --exit_timeout_secs, then finds the model still loaded and exits 1.
+    # Through the guard the connections close before Triton is told to stop; without it, a stop that ended
+    # every request is still a clean stop.
+    srv = start_server(tiny_deployment, tmp_path / "dflash-serve.log", "--exit_timeout_secs", "2",
+                       "--http_guard", guard)
+    try:
+        host, port = srv.http.split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("POST", GEN, body=json.dumps({"text_input": "hi", "sampling_param_max_tokens": 2}).encode(),
+                     headers={"Content-Type": "application/json"})
+        assert conn.getresponse().read()
+        rc = srv.stop(60)
+        log = srv.log_text()
+        assert rc == 0, log[-3000:]
+        if guard == "true":       # the guard had closed Triton's connections: it did not wait for them
+            assert "HTTP service connections" not in log, log[-3000:]
+        else:
+            assert "HTTP service connections" in log, "the case this test is about did not arise"
+        conn.close()
+    finally:
+        srv.stop(10)
+
+
+@pytest.mark.slow
+def test_a_client_that_vanishes_mid_stream_is_cancelled_through_the_guard(guarded_server):
+    srv = guarded_server
+    host, port = srv.http.split(":")
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    body = json.dumps({"text_input": "hello", "sampling_param_max_tokens": 200, "streaming": True}).encode()
+    sock.sendall(f"POST {GEN}_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert b"data:" in sock.recv(65536) or b"data:" in sock.recv(65536)
+    before = _cancelled(srv)
+    sock.close()
+    deadline = time.monotonic() + 60
+    while _cancelled(srv) == before:
+        assert time.monotonic() < deadline, "the vanished client's request was not cancelled"
+        time.sleep(0.2)
+
+
+def _cancelled(srv) -> float:
+    try:
+        return srv.metric("dflash_requests_total", finish_reason="cancelled")
+    except KeyError:       # no request was cancelled yet
+        return 0.0
