@@ -471,7 +471,26 @@ def render_layer_ops(results: Path) -> str:
         f"context write, ~{k('gpt_oss.target_verify')} per gpt-oss layer (its norms and RoPE run eagerly).")
 
 
+def render_http_guard(results: Path) -> str:
+    name = "guard_overhead_cpu.json"
+    d = _load(results, name)
+    m, r, add = d["medians"], d["ratios_guard_over_direct"], d["guard_adds_ms"]
+    st = d["settings"]
+    text = (f"**HTTP guard cost** (`{d['provenance']['command']}`, {d['machine']}, shared with other work; "
+            f"{provenance_note(d, name)}; plot `guard_overhead_cpu.png`), medians of {st['reps']} interleaved "
+            f"repetitions on one server, through the guard vs straight to Triton's internal port: health round "
+            f"trip {_ms(m['guard']['health_ms'])} vs {_ms(m['direct']['health_ms'])} ms (+{add['health_ms']:.2f} ms), "
+            f"a 1-token /generate {_ms(m['guard']['generate_ms'])} vs {_ms(m['direct']['generate_ms'])} ms "
+            f"({r['generate_ms']:.2f}x), /generate_stream of {st['stream_tokens']} tokens "
+            f"{m['guard']['stream_tokens_per_s']:.1f} vs {m['direct']['stream_tokens_per_s']:.1f} tokens/s "
+            f"({r['stream_tokens_per_s']:.2f}x), first event {m['guard']['stream_first_s'] * 1e3:.0f} vs "
+            f"{m['direct']['stream_first_s'] * 1e3:.0f} ms; same text both ways: "
+            f"{'yes' if d['same_greedy_text_both_paths'] else 'NO'}.")
+    return "\n".join(textwrap.wrap(text, 115)) + "\n"
+
+
 RENDERERS = {
+    "http_guard": render_http_guard,
     "quickstart_tau": render_quickstart_tau,
     "cpu_parity": render_cpu_parity,
     "step_bench": render_step_bench,
