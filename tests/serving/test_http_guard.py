@@ -187,3 +187,33 @@ def _cancelled(srv) -> float:
         return srv.metric("dflash_requests_total", finish_reason="cancelled")
     except KeyError:       # no request was cancelled yet
         return 0.0
+
+
+def test_memory_bound_over_all_connections_and_no_triton():
+    # No tritonserver behind it (restarting): 503 naming the server. Bodies held by all connections together
+    # are bounded: a request whose body would pass the bound is refused while another one holds it.
+    from tests.serving.conftest import free_port
+    from trtllm_dflash.serving.http_guard import HttpGuard
+
+    guard = HttpGuard("127.0.0.1", free_port(), free_port(), GuardLimits(max_buffered_bytes=1000))
+    guard.start()
+    try:
+        addr = f"127.0.0.1:{guard.port}"
+        status, text = _post(addr, GEN, b'{"text_input": "hi"}', {"Content-Type": "application/json"})
+        assert status == 503 and json.loads(text)["error"].startswith("server: tritonserver is not running")
+        holder = socket.create_connection(("127.0.0.1", guard.port), timeout=30)
+        holder.sendall(f"POST {GEN} HTTP/1.1\r\nHost: x\r\nContent-Length: 800\r\n\r\n".encode() + b"{")
+        deadline = time.monotonic() + 30
+        while guard.buffered != 800:           # the holder's head was read: its body is reserved
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        status, text = _post(addr, GEN, b"{" + b" " * 299, {"Content-Type": "application/json"})
+        assert status == 503 and "bytes of other requests' bodies" in json.loads(text)["error"]
+        holder.close()
+        while guard.buffered:                  # released when the holder goes away
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        status, _ = _post(addr, GEN, b"{" + b" " * 299, {"Content-Type": "application/json"})
+        assert status == 503                   # admitted this time, then Triton is not there
+    finally:
+        guard.stop()

@@ -20,7 +20,8 @@ Everything else goes to Triton byte for byte (the guard drops only an ``Expect: 
 it answers itself since it reads the body first) over one upstream connection per client connection, and
 the answer comes back as Triton sends it, so SSE keeps streaming and keep-alive clients keep their
 connection. A client that goes away closes its upstream connection, which is how Triton notices it today.
-Memory: at most one head and one body per connection in flight.
+Memory: at most one head and one body per connection in flight, and ``max_buffered_bytes`` of bodies
+over all connections together (beyond it a request gets 503, retry).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class GuardLimits:
     max_form_bytes: int = 1 << 20       # Triton 2.51 crashes at >= 4 MiB of form body
     max_json_depth: int = 64            # a Triton request is ~5 deep; 50,000 kills 2.51
     max_head_bytes: int = 64 << 10
+    max_buffered_bytes: int = 64 << 20  # bodies held by all connections at once (read, not yet relayed)
 
 
 class Refused(Exception):
@@ -126,6 +128,7 @@ class HttpGuard:
         self.conns: set[asyncio.Task] = set()
         self.last_output = 0.0          # monotonic time of the last bytes relayed to a client
         self.refused = 0
+        self.buffered = 0               # body bytes reserved by connections now (<= max_buffered_bytes)
         self._server = None
         self._thread = threading.Thread(target=self.loop.run_forever, name="http-guard", daemon=True)
 
@@ -170,10 +173,13 @@ class HttpGuard:
         task = asyncio.current_task()
         self.conns.add(task)
         upstream = pipe = None
+        held = [0]                      # this connection's share of self.buffered
         try:
             while True:
+                self.buffered -= held[0]
+                held[0] = 0
                 try:
-                    raw, body = await self._read_request(reader, writer)
+                    head, payload = await self._read_request(reader, writer, held)
                 except asyncio.IncompleteReadError:
                     return        # the client went away (between requests or mid-body)
                 except asyncio.LimitOverrunError:
@@ -193,11 +199,13 @@ class HttpGuard:
                             "retry in a few seconds")))
                         return
                     pipe = asyncio.create_task(self._relay(upstream[0], writer))
-                upstream[1].write(raw + body)
+                upstream[1].write(head + payload)
+                del payload
                 await upstream[1].drain()
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            self.buffered -= held[0]
             self.conns.discard(task)
             if pipe is not None:
                 pipe.cancel()
@@ -217,8 +225,19 @@ class HttpGuard:
         finally:
             writer.close()
 
-    async def _read_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[bytes, bytes]:
-        """(head to send upstream, body bytes as received) of one request, checked."""
+    def _reserve(self, held: list[int], n: int) -> None:
+        """Count ``n`` more body bytes against the guard's memory bound, or refuse the request."""
+        if self.buffered + n > self.limits.max_buffered_bytes:
+            raise Refused(503, DFlashError("body", f"the server holds {self.buffered} bytes of other requests' "
+                                           f"bodies; {n} more would pass its bound of "
+                                           f"{self.limits.max_buffered_bytes}", "retry in a moment"))
+        self.buffered += n
+        held[0] += n
+
+    async def _read_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            held: list[int]) -> tuple[bytes, bytes]:
+        """(head to send upstream, body bytes as received) of one request, checked. ``held``: the body
+        bytes this request counts against ``max_buffered_bytes`` (released by the caller)."""
         limits = self.limits
         try:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -240,6 +259,7 @@ class HttpGuard:
                                            "send a non-negative integer"))
         if int(length) > limits.max_body_bytes:
             raise Refused(413, self._too_large(int(length)))
+        self._reserve(held, int(length))
         if "expect" in headers:
             if headers["expect"].lower() != "100-continue":
                 raise Refused(400, DFlashError("Expect", f"{headers['expect'][:40]!r} is not supported",
@@ -248,7 +268,7 @@ class HttpGuard:
                             if not line.lower().startswith(b"expect:")) + b"\r\n"
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if te:
-            raw, body = await self._read_chunked(reader)
+            raw, body = await self._read_chunked(reader, held)
         else:
             raw = body = await reader.readexactly(int(length))
         if body:
@@ -258,7 +278,7 @@ class HttpGuard:
                 check_body(target, headers, body, limits)
         return head, raw
 
-    async def _read_chunked(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    async def _read_chunked(self, reader: asyncio.StreamReader, held: list[int]) -> tuple[bytes, bytes]:
         raw, body = bytearray(), bytearray()
         while True:
             line = await reader.readuntil(b"\r\n")
@@ -270,6 +290,7 @@ class HttpGuard:
                                                "send a valid chunked body")) from None
             if len(body) + size > self.limits.max_body_bytes:
                 raise Refused(413, self._too_large(len(body) + size))
+            self._reserve(held, 2 * size + len(line))     # raw and decoded copies
             if size == 0:
                 while (trailer := await reader.readuntil(b"\r\n")) != b"\r\n":
                     raw += trailer
