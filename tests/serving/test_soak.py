@@ -26,10 +26,9 @@ def test_short_soak_with_faults_and_sigterm(tiny_deployment, tmp_path):
     cmd = [sys.executable, str(REPO / "benchmarks" / "soak.py"), "--engine", str(tiny_deployment), "--out", str(out),
            "--streams", "16", "--duration", "20", "--fault_every", "2", "--kills", "2", "--burst", "24", "--sigterm",
            "--sample_every", "1", "--quiet", "--faults", "kill,cancel,malformed",
-           # Left out until they hold (the CPU soak report shows them failing, issue #19 findings 3-4): Triton 2.51's
-           # HTTP front end crashes on a deeply nested body before our code sees it (dflash-serve restarts it), and
-           # a 5 MiB prompt is tokenized whole before its length is checked (13 s, +240 MB RSS kept on 2 cores).
-           "--skip_cases", "deeply_nested"]
+           # 20 s of load cannot tell a leak from the allocator settling (a run on a loaded 2-core machine grew
+           # 30% with nothing leaking): the bound here catches a gross leak; the 10% goal is the 10-minute soak's.
+           "--max_rss_growth", "0.5"]
     run = subprocess.run(cmd, env=TEST_ENV, capture_output=True, text=True, timeout=300)
     assert out.is_file(), run.stderr[-3000:]
     report = json.loads(out.read_text())
