@@ -175,9 +175,7 @@ case $STAGE in
     fi
     python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" --gpu $GPU --backend torch --force \
       --max_batch_size $BATCH --max_seq_len 2048 --out "$RUN/soak_deploy"
-    # the two bodies that crash Triton 2.51's HTTP front end itself are left out, as in the CPU report
-    python3 benchmarks/soak.py --engine "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}" \
-      --skip_cases deeply_nested,body_4MiB_form_urlencoded
+    python3 benchmarks/soak.py --engine "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}"
     ;;
   stash|regen_shards|train_big|ckpt_pull|eval_big)
     OUT="$OUT" "${BIG[@]}" --big "$STAGE"
