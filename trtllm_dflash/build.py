@@ -302,31 +302,20 @@ def _link_target(src: Path, dst: Path, *, copy: bool, allow_pickle: bool) -> str
 
     hf.weight_files(src, allow_pickle=allow_pickle)   # refuses pickle-only checkpoints early
     dst.mkdir()
-    how = "copy" if copy else "hardlink"
-    for f in sorted(src.iterdir()):
-        if f.name.startswith(".") or not f.is_file() or (f.suffix in hf.PICKLE_SUFFIXES and not allow_pickle):
-            continue
-        if copy:
+    files = [f for f in sorted(src.iterdir()) if not f.name.startswith(".") and f.is_file()
+             and (allow_pickle or f.suffix not in hf.PICKLE_SUFFIXES)]
+    if copy:
+        for f in files:
             _copy_with_progress(f, dst / f.name)
-            continue
-        if how == "hardlink":
-            try:
-                os.link(f.resolve(), dst / f.name)
-                continue
-            except OSError:     # another filesystem (EXDEV), or links not allowed there
-                how = "symlink"
-                for done in dst.iterdir():      # one kind per directory, so the manifest can say which
-                    done.unlink()
-                return _symlink_all(src, dst, allow_pickle)
-    return how
-
-
-def _symlink_all(src: Path, dst: Path, allow_pickle: bool) -> str:
-    from .checkpoints import hf
-
-    for f in sorted(src.iterdir()):
-        if f.name.startswith(".") or not f.is_file() or (f.suffix in hf.PICKLE_SUFFIXES and not allow_pickle):
-            continue
+        return "copy"
+    try:
+        for f in files:
+            os.link(f.resolve(), dst / f.name)
+        return "hardlink"
+    except OSError:     # another filesystem (EXDEV), or links not allowed there
+        for done in dst.iterdir():      # one kind per directory, so the manifest can say which
+            done.unlink()
+    for f in files:
         os.symlink(f.resolve(), dst / f.name)
     return "symlink"
 
