@@ -309,11 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(sys.orig_argv) if argv is None else shlex.join(["dflash-sweep", *argv])
     m = _manifest(args.engine)
     target = open_engine(args, m) if args.backend == "engine" else open_endpoint(args, m)
-    prov = provenance(command, args.engine, m)
     if target.run is None:
         target.close()   # ranks > 0 of a TP engine: follow rank 0's steps, write nothing
         return 0
     try:
+        prov = provenance(command, args.engine, m)   # rank 0 only: the other ranks write nothing
         label = args.label or {"ar": "AR", "dflash": "DFlash", "adaptive": "DFlash adaptive"}[args.mode]
         n_max = max(sum(level_sizes(args, c)) for c in args.levels)
         input_len = args.input_len if args.input_len is not None else (128 if args.dataset == "random" else None)
