@@ -220,14 +220,18 @@ def render_sweep_v2(results: Path) -> str:
             f"requests.\n\n  ![Pareto v2](benchmarks/results/sweep_smollm2_h100_v2/pareto.png)\n")
 
 
+def _smollm2_rows(d: dict) -> list[dict]:
+    rows = d.get("smollm2") or []
+    return [rows] if isinstance(rows, dict) else rows   # legacy files hold one bf16 dict
+
+
 def _cuda_rows(d: dict) -> list[str]:
     out = ["| model | dtype | prompts | DFlash == AR greedy | AR == HF greedy | DFlash == AR sampled |",
            "|---|---|---|---|---|---|"]
     for r in d.get("tiny", []):
         out.append(f"| tiny random {r['arch']} | {r['dtype']} | {r['n']} | {r['dflash_eq_ar_greedy']}/{r['n']} | "
                    f"{r['ar_eq_hf_greedy']}/{r['n']} | {r['dflash_eq_ar_sampled']}/{r['n']} |")
-    rows = d.get("smollm2") or []
-    for s in [rows] if isinstance(rows, dict) else rows:   # legacy files hold one bf16 dict
+    for s in _smollm2_rows(d):
         n = s["n_prompts"]
         divs = s.get("divergences")
         if divs is not None:
@@ -244,8 +248,7 @@ def _cuda_rows(d: dict) -> list[str]:
 def render_cuda_check(results: Path) -> str:
     name = "cuda_check_h100.json"
     d = _load(results, name)
-    rows = d.get("smollm2") or []
-    timed = next((s for s in ([rows] if isinstance(rows, dict) else rows) if "ar_b1_tok_per_s" in s), None)
+    timed = next((s for s in _smollm2_rows(d) if "ar_b1_tok_per_s" in s), None)
     head = (f"**Correctness on CUDA** (`python benchmarks/cuda_check.py --smollm2`, {d.get('gpu', 'GPU')}, torch "
             f"{d.get('torch')}; {provenance_note(d, name)}"
             + ("; made before the fused kernels, grouped-query attention, matmul attention and drafter changes landed"
