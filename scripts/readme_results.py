@@ -20,6 +20,7 @@ import json
 import re
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -397,9 +398,7 @@ def _soak_line(results: Path, name: str, label: str, command: str) -> str:
                 f"(and the plot beside it).{tried}\n")
     d = _load(results, name)
     s, g, c, st = d["summary"], d["summary"]["goals"], d["checks"], d["settings"]
-    faults = {}
-    for f in d["faults"]:
-        faults[f["fault"]] = faults.get(f["fault"], 0) + 1
+    faults = Counter(f["fault"] for f in d["faults"])
     rss = c["rss_bounded"]
     yes = (lambda ok: "yes" if ok else "**no**")
     lines = [
@@ -440,12 +439,13 @@ def _soak_line(results: Path, name: str, label: str, command: str) -> str:
 
 
 def render_soak(results: Path) -> str:
-    name, command = "soak_smollm2_cpu.json", "python benchmarks/soak.py --engine out/smollm2 --streams 64 --duration 600"
+    name = "soak_smollm2_cpu.json"
+    command = "python benchmarks/soak.py --engine out/smollm2 --streams 64 --duration 600 --sigterm"
     if (results / name).is_file():    # the settings the committed run used
         st = _load(results, name)["settings"]
         command = (f"python benchmarks/soak.py --engine out/smollm2 --streams {st['streams']} "
                    f"--duration {st['duration']:.0f} --kills {st['kills']}{' --sigterm' if st['sigterm'] else ''}")
-    return _soak_line(results, name, "SmolLM2-135M demo on CPU", command + " --sigterm" * (not (results / name).is_file()))
+    return _soak_line(results, name, "SmolLM2-135M demo on CPU", command)
 
 
 def render_soak_h100(results: Path) -> str:
