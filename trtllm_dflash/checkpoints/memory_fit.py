@@ -33,10 +33,15 @@ class Fit:
     full_batches: int           # sequences of max_seq_len that fit the budget
 
 
+def _heads(c: dict) -> tuple[int, int, int]:
+    """(query heads, KV heads, head_dim) with config.json's defaults."""
+    heads = c["num_attention_heads"]
+    return heads, c.get("num_key_value_heads") or heads, c.get("head_dim") or c["hidden_size"] // heads
+
+
 def _attention_params(c: dict) -> int:
-    hidden, heads, kv = c["hidden_size"], c["num_attention_heads"], c.get("num_key_value_heads") or c["num_attention_heads"]
-    head_dim = c.get("head_dim") or hidden // heads
-    return 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim
+    heads, kv, head_dim = _heads(c)
+    return 2 * c["hidden_size"] * (heads + kv) * head_dim    # q and o over heads, k and v over kv heads
 
 
 def _experts(c: dict) -> int:
@@ -67,9 +72,7 @@ def weight_bits(c: dict, *, dtype_bits: float, expert_bits: float | None, quant:
 
 def kv_bytes_per_token(c: dict, *, tp_size: int, max_seq_len: int, dtype_bits: float) -> float:
     """K and V bytes per token of a max_seq_len sequence on one tensor-parallel rank."""
-    heads = c["num_attention_heads"]
-    kv = c.get("num_key_value_heads") or heads
-    head_dim = c.get("head_dim") or c["hidden_size"] // heads
+    _, kv, head_dim = _heads(c)
     kv_per_rank = max(1, kv // tp_size)        # KV heads are split, or replicated when there are fewer than ranks
     types = c.get("layer_types") or ["full_attention"] * c["num_hidden_layers"]
     window = c.get("sliding_window") or max_seq_len
