@@ -101,9 +101,9 @@ def _engine(args, block_size: int | None, workdir: Path):
     cfg = dict(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, dtype=args.dtype,
                device=args.device, block_size=block_size)
     if args.engine:   # the policy is applied by run_mode, which knows the prompts (context, batch)
-        return Engine.from_deployment(args.engine, draft_policy="fixed", **cfg) if block_size else \
-            Engine.from_deployment(args.engine, draft_policy="fixed",
-                                   **{k: v for k, v in cfg.items() if k != "block_size"})
+        if not block_size:   # the deployment's own block
+            del cfg["block_size"]
+        return Engine.from_deployment(args.engine, draft_policy="fixed", **cfg)
     if not args.target:
         raise DFlashError("--target", "missing", "pass --target DIR (and --drafter DIR), or --engine DIR")
     target = _resolve_target(args.target)
@@ -134,8 +134,8 @@ def _policy(args) -> str:
     if args.draft_policy is not None:
         return args.draft_policy
     if args.engine:
-        from .runtime.loader import read_manifest
-        return read_manifest(args.engine).get("runtime", {}).get("draft_policy", "fixed")
+        from .runtime.loader import deployment_draft_policy
+        return deployment_draft_policy(args.engine)
     return "adaptive"
 
 

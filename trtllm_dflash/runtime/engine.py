@@ -58,10 +58,10 @@ class Engine:
         """Load a dflash-build deployment directory (backend: torch) and run the draft policy it names
         (manifest runtime.draft_policy; older directories: fixed) unless ``draft_policy`` says otherwise.
         adaptive measures this device's step costs here, before the first request (the slots are empty)."""
-        engine = cls.from_dirs(**loader.read_deployment(engine_dir, overrides))
-        policy = draft_policy or loader.read_manifest(engine_dir).get("runtime", {}).get("draft_policy", "fixed")
-        if policy not in ("adaptive", "fixed"):
+        policy = draft_policy or loader.deployment_draft_policy(engine_dir)
+        if policy not in ("adaptive", "fixed"):   # before any weight is loaded
             raise DFlashError("draft_policy", f"{policy!r} is not adaptive or fixed", "rebuild with dflash-build")
+        engine = cls.from_dirs(**loader.read_deployment(engine_dir, overrides))
         if policy == "adaptive" and engine.block_size > 1:
             if engine.tp.size > 1:
                 raise DFlashError("draft_policy", "adaptive measures step costs on rank 0 alone (needs tp_size 1)",

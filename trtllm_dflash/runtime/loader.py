@@ -199,6 +199,11 @@ def read_manifest(engine_dir) -> dict:
     return json.loads(manifest_path.read_text())
 
 
+def deployment_draft_policy(engine_dir) -> str:
+    """The draft policy a deployment directory names (manifest runtime.draft_policy; older directories: fixed)."""
+    return read_manifest(engine_dir).get("runtime", {}).get("draft_policy", "fixed")
+
+
 def read_deployment(engine_dir, overrides: dict) -> dict:
     """A dflash-build deployment directory (backend: torch) -> load_pair's arguments."""
     engine_dir = Path(engine_dir)
