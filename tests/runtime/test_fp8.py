@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.runtime.compare import rel
 from tests.tiny import write_tiny_pair
 from trtllm_dflash import cli
 from trtllm_dflash.checkpoints import hf
@@ -49,10 +50,6 @@ def emulate(x: torch.Tensor, lin: fp8.Fp8Linear) -> torch.Tensor:
     w = lin.weight.double() * lin.weight_scale.double()[:, None]
     out = (xq.double() * sx.double()) @ w.T + (lin.bias.double() if lin.bias is not None else 0)
     return out.view(*x.shape[:-1], -1)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 # ---- the module --------------------------------------------------------------------------------------------

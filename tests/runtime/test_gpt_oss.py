@@ -19,6 +19,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from tests.runtime.compare import rel
 from tests.runtime.oracle import PeriodicOracle
 from tests.runtime.test_tp import mpiexec
 from tests.tiny import GPT_OSS_WINDOW as WINDOW
@@ -35,10 +36,6 @@ from trtllm_dflash.runtime.models.mxfp4 import dequantize
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 CPU, F32 = torch.device("cpu"), torch.float32
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from tests.runtime.compare import rel
 from tests.tiny import VOCAB, write_tiny_target
 from trtllm_dflash.checkpoints import hf
 from trtllm_dflash.runtime.distributed import TPGroup
@@ -15,10 +16,6 @@ from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.loader import load_drafter, load_target
 
 CPU, F32 = torch.device("cpu"), torch.float32
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def _ours(path, capture=(), max_pos=256):

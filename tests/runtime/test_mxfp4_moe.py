@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.runtime.compare import rel
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.models import mxfp4
 from trtllm_dflash.runtime.models.gpt_oss import SWIGLU_ALPHA
@@ -51,10 +52,6 @@ def reference_f64(x, ids, weights, w, first, add_bias=True):
             y = ((up + 1) * gate * torch.sigmoid(gate * SWIGLU_ALPHA)) @ dn[e]
             out[n] += weights[n, j] * (y + (w["dn_bias"][e].cpu().double() if add_bias else 0))
     return out
-
-
-def rel(a, b):
-    return ((a.double().cpu() - b.double().cpu()).norm() / b.double().cpu().norm()).item()
 
 
 def routing(N, k, num_experts, device, seed):
