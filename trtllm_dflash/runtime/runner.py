@@ -26,10 +26,12 @@ class Runner:
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
         n, S = cfg.max_batch_size, cfg.max_seq_len
-        L, H, D = target.kv_shape()
-        self.cache = KVCache(L, n, H, S, D, self.dtype, self.device)
-        self.draft_cache = KVCache(*drafter.kv_shape()[:1], n, *drafter.kv_shape()[1:2], S,
-                                   drafter.kv_shape()[2], self.dtype, self.device) if block_size > 1 else None
+
+        def cache_for(model) -> KVCache:   # one row per slot, max_seq_len positions
+            L, H, D = model.kv_shape()
+            return KVCache(L, n, H, S, D, self.dtype, self.device)
+        self.cache = cache_for(target)
+        self.draft_cache = cache_for(drafter) if block_size > 1 else None
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else 0
         self.propose = propose or self.draft
         self.start = torch.zeros(n, dtype=torch.long, device=self.device)  # [max_batch] anchor positions
