@@ -21,8 +21,9 @@ import sys
 import tarfile
 from pathlib import Path
 
+from ..checkpoints.manifest import sha256_file
 from ..errors import DFlashError, exit_code
-from .corpus import sha256, write_json
+from .corpus import write_json
 from .regenerate import MANIFEST, SHARD_DIR
 
 MAX_BYTES, MAX_FILES = 15_000_000, 7
@@ -121,7 +122,7 @@ def unpack(src: Path, run: Path) -> dict:
         manifest = json.loads((src / MANIFEST).read_text())
         for name, e in manifest["shards"].items():
             path = data / e["file"]
-            if path.is_file() and sha256(path) != e["sha256"]:
+            if path.is_file() and sha256_file(path) != e["sha256"]:
                 raise DFlashError(str(path), "does not match its sha256 in the returned manifest", "fetch it again")
         write_json(data / MANIFEST, manifest)
         got["shards_missing"] = sorted(n for n, e in manifest["shards"].items() if not (data / e["file"]).is_file())
@@ -135,7 +136,7 @@ def unpack(src: Path, run: Path) -> dict:
                 (ck / f).unlink(missing_ok=True)
         for f, digest in meta["files"].items():
             if (src / f).is_file():
-                if sha256(src / f) != digest:
+                if sha256_file(src / f) != digest:
                     raise DFlashError(str(src / f), "does not match its sha256 in state.json", "fetch it again")
                 shutil.copy(src / f, ck / f)
                 got["checkpoint_files"] += 1

@@ -11,7 +11,6 @@ of each. Checkpoints of the one-file layout (``state.safetensors``) still load.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..checkpoints.manifest import sha256_file
 from ..errors import DFlashError
 
 DIR = "checkpoint"
@@ -84,7 +84,7 @@ def _write_shards(folder: Path, tensors: dict[str, torch.Tensor], limit: int) ->
     for i, group in enumerate(groups):
         name = f"state-{i:05d}.safetensors"
         save_file(group, str(folder / name))
-        files[name] = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        files[name] = sha256_file(folder / name)
     return files, split
 
 
@@ -94,7 +94,7 @@ def _read_shards(folder: Path, meta: dict) -> dict[str, torch.Tensor]:
     tensors = {}
     for name, digest in meta["files"].items():
         path = folder / name
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        if not path.is_file() or sha256_file(path) != digest:
             raise DFlashError(str(path), "is missing or does not match its sha256 in state.json",
                               "copy every file of the checkpoint folder again")
         tensors.update(load_file(str(path)))

@@ -37,6 +37,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..checkpoints.manifest import sha256_file
 from ..errors import DFlashError, exit_code
 from .decontaminate import Decontaminator, eval_sets, words
 
@@ -263,7 +264,7 @@ def build(out: Path, s: CorpusSettings, *, items: list[Item] | None = None, toke
         name = f"prompts-{k // s.shard_size:05d}.jsonl.gz"
         rows = fitted[k: k + s.shard_size]
         write_gz(out / name, [it.row() for it in rows])
-        shards.append({"name": name, "sha256": sha256(out / name), "prompts": len(rows),
+        shards.append({"name": name, "sha256": sha256_file(out / name), "prompts": len(rows),
                        "sources": dict(Counter(it.source for it in rows))})
     counts.update(f"kept_{it.source}" for it in fitted)
     counts["kept"] = len(fitted)
@@ -317,14 +318,6 @@ def _temperature(pid: str, s: CorpusSettings) -> float:
 
 
 # --------------------------------------------------------------------------- files
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_gz(path: Path, rows: list[dict]) -> None:
     """Atomically: a temp file beside it, then a rename. mtime 0 so the same rows give the same bytes."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -362,7 +355,7 @@ def read_shard(corpus: str | Path, shard: dict) -> list[dict]:
     path = Path(corpus, shard["name"])
     if not path.is_file():
         raise DFlashError("--data", f"{path} is missing", "copy the whole corpus folder")
-    if sha256(path) != shard["sha256"]:
+    if sha256_file(path) != shard["sha256"]:
         raise DFlashError("--data", f"{path} does not match its sha256 in {MANIFEST}", "copy it again")
     return read_gz(path)
 
@@ -382,7 +375,7 @@ def subset(src: Path, out: Path, n: int, shard_size: int) -> dict:
         name = f"prompts-{k // shard_size:05d}.jsonl.gz"
         write_gz(out / name, rows[k: k + shard_size])
         part = rows[k: k + shard_size]
-        shards.append({"name": name, "sha256": sha256(out / name), "prompts": len(part),
+        shards.append({"name": name, "sha256": sha256_file(out / name), "prompts": len(part),
                        "sources": dict(Counter(r["source"] for r in part))})
     manifest = {**m, "subset_of": {"path": str(src), "prompts": n}, "shards": shards}
     write_json(out / MANIFEST, manifest)

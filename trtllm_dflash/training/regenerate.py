@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..checkpoints.manifest import sha256_file
 from ..config import RuntimeConfig, SamplingParams
 from ..data import apply_chat_template
 from ..errors import DFlashError
@@ -278,7 +279,7 @@ def _answer_shard(cfg: TrainConfig, engine, shard: dict, out: Path) -> dict:
     reasons: dict[str, int] = {}
     for r in results.values():
         reasons[r["finish_reason"]] = reasons.get(r["finish_reason"], 0) + 1
-    return {"file": f"{SHARD_DIR}/{name}", "sha256": corpus.sha256(path), "bytes": path.stat().st_size,
+    return {"file": f"{SHARD_DIR}/{name}", "sha256": sha256_file(path), "bytes": path.stat().st_size,
             "prompt_shard": shard["name"], "prompt_sha256": shard["sha256"], "rows": len(results),
             "too_long": too_long, "prompt_tokens": sum(r["prompt_len"] for r in results.values()),
             "response_tokens": sum(len(r["input_ids"]) - r["prompt_len"] for r in results.values()),
@@ -296,7 +297,7 @@ def load_rows(cfg: TrainConfig) -> list[dict]:
         if path is None or not path.is_file():
             raise DFlashError("training data", f"regenerated shard for {shard['name']} is missing in "
                               f"{data_dir(cfg) / SHARD_DIR}", "copy the shards back, or run --stages regenerate")
-        if corpus.sha256(path) != entry["sha256"]:
+        if sha256_file(path) != entry["sha256"]:
             raise DFlashError("training data", f"{path} does not match its sha256 in {MANIFEST}", "copy it again")
         with gzip.open(path, "rt", encoding="utf-8") as f:
             for line in f:
