@@ -259,13 +259,7 @@ def build(out: Path, s: CorpusSettings, *, items: list[Item] | None = None, toke
     rng.shuffle(fitted)
     fitted = [Item(it.id, it.source, it.messages, _temperature(it.id, s)) for it in fitted]
     out.mkdir(parents=True, exist_ok=True)
-    shards = []
-    for k in range(0, len(fitted), s.shard_size):
-        name = f"prompts-{k // s.shard_size:05d}.jsonl.gz"
-        rows = fitted[k: k + s.shard_size]
-        write_gz(out / name, [it.row() for it in rows])
-        shards.append({"name": name, "sha256": sha256_file(out / name), "prompts": len(rows),
-                       "sources": dict(Counter(it.source for it in rows))})
+    shards = write_shards(out, [it.row() for it in fitted], s.shard_size)
     counts.update(f"kept_{it.source}" for it in fitted)
     counts["kept"] = len(fitted)
     counts["sampled"] = sum(it.temperature > 0 for it in fitted)
@@ -327,6 +321,17 @@ def write_gz(path: Path, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def write_shards(out: Path, rows: list[dict], shard_size: int) -> list[dict]:
+    """``rows`` as prompts-NNNNN.jsonl.gz files of ``shard_size`` rows in ``out``; returns their manifest entries."""
+    shards = []
+    for k in range(0, len(rows), shard_size):
+        name, part = f"prompts-{k // shard_size:05d}.jsonl.gz", rows[k: k + shard_size]
+        write_gz(out / name, part)
+        shards.append({"name": name, "sha256": sha256_file(out / name), "prompts": len(part),
+                       "sources": dict(Counter(r["source"] for r in part))})
+    return shards
+
+
 def write_json(path: Path, obj: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=1) + "\n")
@@ -370,13 +375,7 @@ def subset(src: Path, out: Path, n: int, shard_size: int) -> dict:
         rows += read_shard(src, shard)
     rows = rows[:n]
     out.mkdir(parents=True, exist_ok=False)
-    shards = []
-    for k in range(0, len(rows), shard_size):
-        name = f"prompts-{k // shard_size:05d}.jsonl.gz"
-        write_gz(out / name, rows[k: k + shard_size])
-        part = rows[k: k + shard_size]
-        shards.append({"name": name, "sha256": sha256_file(out / name), "prompts": len(part),
-                       "sources": dict(Counter(r["source"] for r in part))})
+    shards = write_shards(out, rows, shard_size)
     manifest = {**m, "subset_of": {"path": str(src), "prompts": n}, "shards": shards}
     write_json(out / MANIFEST, manifest)
     return manifest
