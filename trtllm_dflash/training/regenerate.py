@@ -18,7 +18,6 @@ data as an uncut run. ``--num_prompts`` takes whole shards, in order, until it i
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -299,10 +298,8 @@ def load_rows(cfg: TrainConfig) -> list[dict]:
                               f"{data_dir(cfg) / SHARD_DIR}", "copy the shards back, or run --stages regenerate")
         if sha256_file(path) != entry["sha256"]:
             raise DFlashError("training data", f"{path} does not match its sha256 in {MANIFEST}", "copy it again")
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                r = json.loads(line)
-                r["loss_mask"] = [0] * r["prompt_len"] + [1] * (len(r["input_ids"]) - r["prompt_len"])
-                rows.append(r)
+        for r in corpus.read_gz(path):
+            r["loss_mask"] = [0] * r["prompt_len"] + [1] * (len(r["input_ids"]) - r["prompt_len"])
+            rows.append(r)
     return rows
 
