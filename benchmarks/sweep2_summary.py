@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from trtllm_dflash.bench.plot import iso_ratio  # noqa: E402
 from trtllm_dflash.config import SamplingParams  # noqa: E402
@@ -29,6 +30,7 @@ from trtllm_dflash.provenance import record  # noqa: E402
 def steady_step_ms(engine_dir: Path, batch: int, input_len: int, mode: str, steps: int = 30) -> dict:
     """Median step time of ``batch`` requests that all decode (prompts prefilled first, nothing arrives)."""
     import torch
+    from step_bench import settle
     from trtllm_dflash.runtime.engine import Engine
     engine = Engine.from_deployment(engine_dir, max_batch_size=batch, **({"block_size": 1} if mode == "ar" else {}))
     if mode == "adaptive":
@@ -37,10 +39,7 @@ def steady_step_ms(engine_dir: Path, batch: int, input_len: int, mode: str, step
     vocab = engine.target.config.vocab_size
     reqs = [engine.add_request(torch.randint(10, vocab - 10, (input_len,), generator=g).tolist(),
                                SamplingParams(max_new_tokens=10**6, ignore_eos=True)) for _ in range(batch)]
-    while not all(r.decoding for r in reqs):
-        engine.step()
-    for _ in range(3):   # graphs for this shape
-        engine.step()
+    settle(engine, reqs)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
