@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,12 +22,7 @@ import time
 from pathlib import Path
 
 from trtllm_dflash import provenance
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from trtllm_dflash.serving.server import free_loopback_port
 
 
 def main() -> int:
@@ -42,7 +36,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     engine = args.engine.resolve()
-    port, name = free_port(), engine.name
+    port, name = free_loopback_port(), engine.name
     with tempfile.TemporaryDirectory() as work:
         log = Path(work) / "server.log"
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}

@@ -35,7 +35,6 @@ import math
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -54,6 +53,7 @@ from trtllm_dflash.bench.helpformat import HelpFormatter  # noqa: E402
 from trtllm_dflash.bench.metrics import distribution  # noqa: E402
 from trtllm_dflash.errors import DFlashError  # noqa: E402
 from trtllm_dflash.serving import client  # noqa: E402
+from trtllm_dflash.serving.server import free_loopback_port  # noqa: E402
 
 MODEL = "tensorrt_llm"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
@@ -154,12 +154,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------------------------------
 # the server under test: dflash-serve, its process tree, its metrics
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _proc_table() -> dict[int, tuple[int, str, int]]:
@@ -276,7 +270,7 @@ class Server:
 
     @classmethod
     def start(cls, engine: Path, log: Path, timeout: float) -> "Server":
-        http, grpc, metrics = free_port(), free_port(), free_port()
+        http, grpc, metrics = free_loopback_port(), free_loopback_port(), free_loopback_port()
         cmd = [sys.executable, "-m", "trtllm_dflash.serving.server", str(engine), "--http_port", str(http),
                "--grpc_port", str(grpc), "--metrics_port", str(metrics), "--exit_timeout_secs", "5"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -337,7 +331,7 @@ class OpenAIServer:
 
     @classmethod
     def start(cls, engine: Path, log: Path, timeout: float) -> "OpenAIServer":
-        port = free_port()
+        port = free_loopback_port()
         cmd = [sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(engine), "--port", str(port)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         with open(log, "wb") as fh:
