@@ -25,7 +25,9 @@ from pathlib import Path
 
 
 def candidate_blocks(block_size: int) -> list[int]:
-    """1, powers of two below the trained block, and the block itself: few shapes, few CUDA graphs."""
+    """1, powers of two below the trained block, and the block itself: few shapes, few CUDA graphs.
+    The same series over max_batch_size is the runner's batch buckets (runner._bucket), measured by
+    Engine.use_adaptive_policy."""
     out, b = [1], 2
     while b < block_size:
         out.append(b)

@@ -78,8 +78,8 @@ class Engine:
         this device at the batch buckets up to ``max_batch`` (default max_batch_size; the slots must be empty)."""
         if costs is None:
             top = min(max_batch or self.cfg.max_batch_size, self.cfg.max_batch_size)
-            batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < top] + [top]
-            costs = measure_costs(self.runner, batches, candidate_blocks(self.block_size),
+            # batches: 1, the powers of two below top, and top (the runner's batch buckets: same series)
+            costs = measure_costs(self.runner, candidate_blocks(top), candidate_blocks(self.block_size),
                                   min(context, self.cfg.max_seq_len - self.block_size - 1))
         self.policy = AdaptivePolicy(self.block_size, costs)
         return self.policy
