@@ -60,11 +60,10 @@ class Runner:
 
     # ---- slots ----------------------------------------------------------------------------------
     def admit(self, slot: int, params: SamplingParams) -> None:
-        self.flush_context()
         self._sp.temperature[slot], self._sp.top_k[slot], self._sp.top_p[slot], self._sp.seed[slot] = (
             params.temperature, params.top_k, params.top_p, seed_int64(params.seed))
         self._params[slot], self._flags = params, None
-        self.release(slot, keep_params=True)
+        self.release(slot, keep_params=True)   # flushes the stashed drafter context before the row changes hands
 
     def release(self, slot: int, keep_params: bool = False) -> None:
         self.flush_context()
