@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from ..checkpoints.manifest import sha256_file
@@ -275,14 +276,11 @@ def _answer_shard(cfg: TrainConfig, engine, shard: dict, out: Path) -> dict:
     name = "regen-" + shard["name"].removeprefix("prompts-")
     path = out / SHARD_DIR / name
     corpus.write_gz(path, [results[i] for i in sorted(results)])
-    reasons: dict[str, int] = {}
-    for r in results.values():
-        reasons[r["finish_reason"]] = reasons.get(r["finish_reason"], 0) + 1
     return {"file": f"{SHARD_DIR}/{name}", "sha256": sha256_file(path), "bytes": path.stat().st_size,
             "prompt_shard": shard["name"], "prompt_sha256": shard["sha256"], "rows": len(results),
             "too_long": too_long, "prompt_tokens": sum(r["prompt_len"] for r in results.values()),
             "response_tokens": sum(len(r["input_ids"]) - r["prompt_len"] for r in results.values()),
-            "finish_reasons": reasons}
+            "finish_reasons": dict(Counter(r["finish_reason"] for r in results.values()))}
 
 
 def load_rows(cfg: TrainConfig) -> list[dict]:
