@@ -73,14 +73,13 @@ def pack_ckpt(run: Path, part: int, out: Path, max_files: int = MAX_FILES - 1) -
     folder = run / "checkpoint"
     meta = json.loads((folder / "state.json").read_text())
     files = sorted(meta.get("files") or [])
-    per = max_files
-    parts = max(1, math.ceil(len(files) / per))
+    parts = max(1, math.ceil(len(files) / max_files))
     if not 0 <= part < parts:
         raise DFlashError("--part", f"{part} is out of range: this checkpoint comes in {parts} parts",
                           f"use 0..{parts - 1}")
     out.mkdir(parents=True, exist_ok=True)
     written = [Path(shutil.copy(folder / "state.json", out / "state.json"))]
-    written += [Path(shutil.copy(folder / f, out / f)) for f in files[part * per:(part + 1) * per]]
+    written += [Path(shutil.copy(folder / f, out / f)) for f in files[part * max_files:(part + 1) * max_files]]
     return written + _config(run, out), parts
 
 
