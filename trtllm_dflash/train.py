@@ -129,11 +129,11 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 def config_from_args(argv: list[str] | None) -> TrainConfig:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    ns = vars(build_parser().parse_args(argv))
-    given = {a.split("=", 1)[0][2:] for a in argv if a.startswith("--")}
-    for name, value in PRESETS[ns["preset"]].items():  # a flag on the command line wins over the preset
-        if name not in given:
-            ns[name] = value
+    parser = build_parser()
+    # The preset's values become the parser's defaults, so a flag on the command line wins over them (also when
+    # spelled as an argparse abbreviation, which a scan of argv for "--name" missed).
+    parser.set_defaults(**PRESETS[parser.parse_known_args(argv)[0].preset])
+    ns = vars(parser.parse_args(argv))
     ns["progress"] = not ns.pop("quiet")
     ns["stages"] = tuple(s.strip() for s in ns["stages"].split(",") if s.strip())
     if ns["target_layer_ids"] is not None:
