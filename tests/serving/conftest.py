@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,18 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from trtllm_dflash.serving.launch import free_loopback_port as free_port
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
 RUNTIME = {"max_batch_size": 8, "max_seq_len": 256, "block_size": 8, "dtype": "float32"}
 # One torch thread in every process a test starts (server, reference runs): tiny models gain nothing from
 # more, and on a busy 2-core machine OpenMP's spinning threads made them several times slower.
 TEST_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def terminate(proc: subprocess.Popen, timeout: float) -> int:

@@ -16,7 +16,8 @@ from pathlib import Path
 from ..errors import DFlashError
 
 
-def _free_port() -> int:
+def free_loopback_port() -> int:
+    """A port free on 127.0.0.1 now (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -24,7 +25,7 @@ def _free_port() -> int:
 
 def tp_env(tp_size: int, master_port: int | None = None) -> dict[str, str]:
     """Rendezvous of all ranks: rank 0 (this process) listens on MASTER_PORT."""
-    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port or _free_port()),
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port or free_loopback_port()),
             "TRTLLM_DFLASH_WORLD_SIZE": str(tp_size)}
 
 

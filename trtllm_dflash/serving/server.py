@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..errors import DFlashError
 from .http_guard import GuardLimits, HttpGuard
+from .launch import free_loopback_port
 from .repo import MODEL_NAME, fill_triton
 from .triton_env import TritonBinary, find_tritonserver
 from .triton_model import CONTROL_DIR_ENV, SUPERVISOR_PID_ENV
@@ -126,12 +127,6 @@ def build_cmd(binary: TritonBinary, repo: Path, host: str, http_port: int, grpc_
 def server_env(binary: TritonBinary) -> dict[str, str]:
     # PYTHONDONTWRITEBYTECODE: the stub would otherwise write __pycache__ into the repository.
     return {**binary.env, "PYTHONDONTWRITEBYTECODE": "1"}
-
-
-def free_loopback_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _die_with_parent() -> None:
