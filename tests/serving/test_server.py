@@ -581,35 +581,14 @@ def test_a_crashed_tritonserver_is_restarted_and_its_shared_memory_removed(tiny_
         assert srv.stop() == 0, srv.log_text()[-3000:]
 
 
-_BROKEN_ENGINE_MODEL = '''
-import json
-from pathlib import Path
-
-import triton_python_backend_utils as pb_utils
-
-from tests.serving.fakes import FakeEngine
-from trtllm_dflash.serving import triton_model
-from trtllm_dflash.serving.backends import TorchBackend
-
-HERE = Path(__file__).resolve().parent
-
-
-class TritonPythonModel:
-    # The real model over an engine whose device is lost: every step raises.
-    @classmethod
-    def auto_complete_config(cls, config):
-        return triton_model.auto_complete(config, HERE / "model.yaml")
-
-    def initialize(self, args):
-        backend = TorchBackend(FakeEngine(fail_at_step=0))
-        self.model = triton_model.DFlashModel(pb_utils, HERE, json.loads(args["model_config"]), backend=backend)
-
-    def execute(self, requests):
-        self.model.execute(requests)
-
-    def finalize(self):
-        self.model.finalize()
-'''
+def _broken_engine_model(real: str) -> str:
+    """The real model.py over an engine whose device is lost: every step raises."""
+    call = 'triton_model.DFlashModel(pb_utils, HERE, json.loads(args["model_config"]))'
+    imports = "from trtllm_dflash.serving import triton_model\n"
+    assert real.count(call) == 1 and real.count(imports) == 1, "the real model.py changed: update this test"
+    return (real.replace(imports, imports + "from tests.serving.fakes import FakeEngine\n"
+                         "from trtllm_dflash.serving.backends import TorchBackend\n")
+            .replace(call, call[:-1] + ", backend=TorchBackend(FakeEngine(fail_at_step=0)))"))
 
 
 @pytest.mark.slow
@@ -618,7 +597,8 @@ def test_a_broken_engine_is_not_ready_and_the_server_restarts(tiny_deployment, t
     from trtllm_dflash.serving.repo import fill_triton
     manifest = json.loads((tiny_deployment / "manifest.json").read_text())
     repo = fill_triton(tiny_deployment, manifest, repo_dir=tmp_path / "repo")
-    (repo / "tensorrt_llm" / "1" / "model.py").write_text(_BROKEN_ENGINE_MODEL)
+    model_py = repo / "tensorrt_llm" / "1" / "model.py"
+    model_py.write_text(_broken_engine_model(model_py.read_text()))
     srv = start_server(repo, tmp_path / "dflash-serve.log", "--max_restarts", "1")
     try:
         errors = []
