@@ -174,20 +174,12 @@ class OpenAIApp:
         self.backend, self.tokenizer, self.model_name = backend, tokenizer, model_name
         self.created = int(time.time())
 
-    def make(self, on_ready=None):
-        """The FastAPI app; ``on_ready()`` runs once it accepts requests."""
-        from contextlib import asynccontextmanager
-
+    def make(self):
+        """The FastAPI app."""
         from fastapi import FastAPI, Request
         from fastapi.responses import JSONResponse, StreamingResponse
 
-        @asynccontextmanager
-        async def lifespan(_app):
-            if on_ready is not None:
-                on_ready()
-            yield
-
-        app = FastAPI(title="dflash-openai", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+        app = FastAPI(title="dflash-openai", docs_url=None, redoc_url=None, openapi_url=None)
 
         @app.exception_handler(BadRequest)
         async def bad_request(_request, err: BadRequest):
