@@ -59,6 +59,13 @@ def _field(err: DFlashError, prefix: str = "sampling_param_") -> DFlashError:
     return DFlashError(name, err.problem, err.fix)
 
 
+def _usage(record: ServedRequest, request) -> dict:
+    """The usage fields of a Result for an engine request so far (every update carries them)."""
+    stats = request.stats
+    return dict(num_prompt_tokens=record.num_prompt_tokens, num_output_tokens=len(request.output_ids),
+                num_draft_tokens=stats.num_draft_tokens, num_accepted_draft_tokens=stats.num_accepted_draft_tokens)
+
+
 # ---------------------------------------------------------------------------------------------------
 # torch: trtllm_dflash.runtime.engine.Engine, stepped by one scheduler thread
 
@@ -195,10 +202,7 @@ class TorchBackend:
             now = time.time_ns()
             record.times_ns.setdefault("first_token_time_ns", now)
             record.times_ns["last_token_time_ns"] = now
-            stats = request.stats
-            record.emit(Result(token_ids=list(new_ids), num_prompt_tokens=record.num_prompt_tokens,
-                               num_output_tokens=len(request.output_ids), num_draft_tokens=stats.num_draft_tokens,
-                               num_accepted_draft_tokens=stats.num_accepted_draft_tokens))
+            record.emit(Result(token_ids=list(new_ids), **_usage(record, request)))
         return on_tokens
 
     def _schedule(self) -> None:
@@ -224,11 +228,8 @@ class TorchBackend:
         request.on_tokens = None      # no cycle keeping the record (and Triton's response sender) alive
         if record is None:            # failed earlier
             return
-        stats = request.stats
         record.emit(Result(finished=True, finish_reason=request.finish_reason or "", times_ns=dict(record.times_ns),
-                           num_prompt_tokens=record.num_prompt_tokens, num_output_tokens=len(request.output_ids),
-                           num_draft_tokens=stats.num_draft_tokens,
-                           num_accepted_draft_tokens=stats.num_accepted_draft_tokens))
+                           **_usage(record, request)))
 
     def _step_failed(self, err: BaseException) -> None:
         """Fail the requests the step was working on (those given a slot) and take them out of the engine;
