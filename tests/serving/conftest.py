@@ -38,6 +38,18 @@ def terminate(proc: subprocess.Popen, timeout: float) -> int:
     return proc.returncode
 
 
+def wait_logged(proc: subprocess.Popen, log: Path, line: str, timeout: float, stop_timeout: float) -> None:
+    """Until ``line`` is in ``log`` (a server says it is ready); if ``proc`` exits first or ``timeout``
+    passes, stops it and raises with the log's tail."""
+    t0 = time.monotonic()
+    while line not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() - t0 > timeout:
+            terminate(proc, stop_timeout)
+            raise RuntimeError(f"no {line!r} in {log.name} (exit code {proc.returncode}):\n"
+                               f"{log.read_text(errors='replace')[-6000:]}")
+        time.sleep(0.1)
+
+
 def make_deployment(root: Path, target: Path, drafter: Path, *, backend: str = "torch", tp_size: int = 1,
                     runtime: dict = RUNTIME, fill: bool = True) -> Path:
     """The parts of a dflash-build directory the server reads: manifest.json, target/, drafter/, triton/."""
@@ -115,14 +127,9 @@ def start_server(engine_dir: Path, log: Path, *extra: str, timeout: float = 120.
     t0 = time.monotonic()
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=TEST_ENV)
-    server = Server(proc, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, 0.0)
-    while "dflash-serve: ready" not in server.log_text():
-        if proc.poll() is not None or time.monotonic() - t0 > timeout:
-            server.stop(10)
-            raise RuntimeError(f"dflash-serve did not become ready:\n{server.log_text()[-6000:]}")
-        time.sleep(0.1)
-    server.ready_s = time.monotonic() - t0
-    return server
+    wait_logged(proc, log, "dflash-serve: ready", timeout, stop_timeout=10)
+    return Server(proc, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log,
+                  time.monotonic() - t0)
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.serving.conftest import TEST_ENV, free_port, terminate
+from tests.serving.conftest import TEST_ENV, free_port, terminate, wait_logged
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -28,12 +27,7 @@ class OpenAIServer:
                "--served_model_name", name]
         with open(log, "wb") as fh:
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=TEST_ENV)
-        t0 = time.monotonic()
-        while "dflash-openai: ready" not in log.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() - t0 > 180:
-                self.stop()
-                raise RuntimeError(f"dflash-openai did not start:\n{log.read_text()[-4000:]}")
-            time.sleep(0.1)
+        wait_logged(self.proc, log, "dflash-openai: ready", 180, stop_timeout=30)
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.client = openai.OpenAI(base_url=self.url, api_key="none", max_retries=0, timeout=120)
 
