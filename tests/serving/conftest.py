@@ -115,6 +115,13 @@ class Server:
             raise KeyError(f"{name}{labels} not in /metrics")
         return total
 
+    def metric_or_zero(self, name: str, **labels) -> float:
+        """``metric``, or 0 while no sample has those labels yet (a counter Triton has not created)."""
+        try:
+            return self.metric(name, **labels)
+        except KeyError:
+            return 0.0
+
     def stop(self, timeout: float = 60.0) -> int:
         return terminate(self.proc, timeout)
 

@@ -230,7 +230,7 @@ def test_bad_inputs_get_clear_errors_and_the_server_stays_healthy(tiny_server):
 
 @pytest.mark.slow
 def test_client_gone_mid_stream_frees_its_slot(tiny_server):
-    cancelled_before = _metric_or_zero(tiny_server, "dflash_requests_total", finish_reason="cancelled")
+    cancelled_before = tiny_server.metric_or_zero("dflash_requests_total", finish_reason="cancelled")
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys; from trtllm_dflash.cli import client_main; sys.exit(client_main())",
          "Tell me a long story", "--protocol", "grpc", "--url", tiny_server.grpc, "--streaming",
@@ -258,18 +258,11 @@ def test_client_gone_mid_stream_frees_its_slot(tiny_server):
 def _wait_for_cancelled(server, at_least: float) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if (_metric_or_zero(server, "dflash_requests_total", finish_reason="cancelled") >= at_least
+        if (server.metric_or_zero("dflash_requests_total", finish_reason="cancelled") >= at_least
                 and server.metric("dflash_active_requests") == 0):
             return
         time.sleep(0.1)
     pytest.fail("the departed client's request was not cancelled:\n" + server.log_text()[-3000:])
-
-
-def _metric_or_zero(server, name, **labels) -> float:
-    try:
-        return server.metric(name, **labels)
-    except KeyError:
-        return 0.0
 
 
 @pytest.mark.slow
