@@ -53,6 +53,10 @@ class RuntimeConfig:
     dtype: str = "auto"             # auto = bfloat16 on CUDA, float32 on CPU
     device: str = "auto"            # auto = cuda if available
     cuda_graphs: bool = True        # only used on CUDA
+    # Capture every graph a step can replay (decode: batch x KV-length buckets for the policy's blocks, greedy and
+    # plain sampling; prefill: rows x tokens buckets within max_num_tokens) when the engine starts, so no request
+    # waits for a capture. False captures each shape on first use (benchmarks that only time steady steps).
+    capture_graphs_at_start: bool = True
     # Keep a ModelOpt FP8 target's weights in FP8 and run torch._scaled_mm (CUDA compute capability >= 8.9,
     # bfloat16). None = auto: on wherever it runs, since it measured faster than the dequantised bf16 GEMMs
     # (H100, Qwen3-8B shapes: 1.04-1.14x per decode step; benchmarks/results/fp8_gemm_h100.json). True insists

@@ -175,8 +175,10 @@ def test_block_size_override_and_stats(tiny_pair):
 
 def eager_at_graph_shapes(engine: Engine) -> Engine:
     """Make an eager engine run every decode step at the padded shapes a CUDA graph replays it at
-    (Runner.graph_shape); tests/gpu compares such an engine with graph replay."""
+    (Runner.graph_shape), and every prefill at its padded (rows, tokens, keys) buckets with the scratch row;
+    tests/gpu compares such an engine with graph replay."""
     runner, step = engine.runner, engine.runner.step_tensors
+    runner.pad_shapes = True
     runner.padded_steps = []   # (rows, kv_len) of each step: what the test saw run
 
     def padded(n, kv_len, block):
@@ -201,3 +203,26 @@ def test_steps_padded_to_the_graph_shapes_emit_the_same_tokens(tiny_qwen3_pair, 
         assert x.output_ids == y.output_ids
         assert x.stats.acceptance_lengths == y.stats.acceptance_lengths
     assert {kv for _, kv in padded.runner.padded_steps} == {256} and (4, 256) in padded.runner.padded_steps
+
+
+@pytest.mark.parametrize("block, budget", [(None, 8192), (1, 8192), (None, 40)])
+def test_prefills_padded_to_buckets_emit_the_same_tokens(tiny_qwen3_pair, block, budget):
+    # padded prefill rows write only the scratch slot, padded tokens sit past each chunk's end, and the budget
+    # counts padded shapes: same tokens as exact shapes, also when the budget splits prompts into chunks
+    cfg = RuntimeConfig(max_seq_len=256, max_batch_size=4, block_size=block, max_num_tokens=budget)
+    exact = Engine.from_dirs(*tiny_qwen3_pair, cfg)
+    padded = Engine.from_dirs(*tiny_qwen3_pair, cfg)
+    padded.runner.pad_shapes = True
+    shapes = []
+    prefill = padded.runner.prefill_tensors
+    padded.runner.prefill_tensors = lambda m, T, kv: (shapes.append((m, T, kv)), prefill(m, T, kv))
+    ps = prompts(8)   # lengths 1..40 over 4 slots
+    sp = [SamplingParams(max_new_tokens=24, ignore_eos=True),
+          SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=0.8, seed=7)] * 4
+    for x, y in zip(exact.generate(ps, sp), padded.generate(ps, sp)):
+        assert x.output_ids == y.output_ids
+    assert all(m & (m - 1) == 0 and T & (T - 1) == 0 and T >= 16 and kv >= T for m, T, kv in shapes)
+    assert any(m > 1 for m, _, _ in shapes)   # several arrivals prefilled in one forward
+    if budget == 40:
+        assert all(m * T <= 40 or m == 1 for m, T, _ in shapes)
+        assert any(kv > T for _, T, kv in shapes)   # a continued chunk attends over the cache before it
