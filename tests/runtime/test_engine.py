@@ -226,3 +226,39 @@ def test_prefills_padded_to_buckets_emit_the_same_tokens(tiny_qwen3_pair, block,
     if budget == 40:
         assert all(m * T <= 40 or m == 1 for m, T, _ in shapes)
         assert any(kv > T for _, T, kv in shapes)   # a continued chunk attends over the cache before it
+
+
+def eager_graph_paths(engine: Engine) -> Engine:
+    """Run the CUDA-graph code paths on the CPU: padded shapes, start-up 'capture' and every replay call the
+    step function itself (with the state saving of a real capture), so start-up capture is checked here."""
+    r = engine.runner
+    r.use_graphs = r.pad_shapes = True
+
+    def capture(key, fn):
+        if key not in r._graphs:
+            r.captured_mid_run += r._warm
+            saved = (r.active.clone(), r.start.clone(), r.last.clone())
+            r.active.zero_()
+            fn()   # the warm-up run of a capture: it must not advance any request
+            for buf, old in zip((r.active, r.start, r.last), saved):
+                buf.copy_(old)
+            r._graphs[key] = fn
+        return r._graphs[key]
+    r._graph = capture
+    return engine
+
+
+@pytest.mark.parametrize("block", [None, 1])
+def test_start_up_capture_covers_every_step_and_changes_no_token(tiny_qwen3_pair, block):
+    cfg = RuntimeConfig(max_seq_len=128, max_batch_size=4, block_size=block, max_num_tokens=64)
+    exact = Engine.from_dirs(*tiny_qwen3_pair, cfg)
+    graphed = eager_graph_paths(Engine.from_dirs(*tiny_qwen3_pair, cfg))
+    graphed._capture([graphed.block_size])
+    captured = graphed.runner.num_graphs
+    assert captured > 0 and ("prefill", 4, 16, 16) in graphed.runner._graphs
+    ps = prompts(8)
+    sp = [SamplingParams(max_new_tokens=20, ignore_eos=True),
+          SamplingParams(max_new_tokens=20, ignore_eos=True, temperature=0.8, seed=7)] * 4
+    for x, y in zip(exact.generate(ps, sp), graphed.generate(ps, sp)):
+        assert x.output_ids == y.output_ids
+    assert graphed.runner.captured_mid_run == 0 and graphed.runner.num_graphs == captured

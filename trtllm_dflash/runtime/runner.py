@@ -349,8 +349,9 @@ class Runner:
     def warm_up(self, blocks: list[int]) -> dict:
         """Capture, before any request, every graph a step can replay: decode at each batch bucket x KV-length
         bucket x block in ``blocks`` x the greedy and plain-sampling paths, and prefill at each (rows, tokens)
-        bucket the token budget admits (first chunks: keys = tokens). After this, a capture mid-run (a
-        continued long prompt, top-k/top-p sampling) is counted in ``captured_mid_run``."""
+        bucket the token budget admits (new prompts: keys = tokens; a continued prompt: one row, keys > tokens).
+        After this, a capture mid-run (top-k/top-p sampling, a block the policy was not warmed for) is counted in
+        ``captured_mid_run``."""
         if not self.use_graphs:
             return {"graphs": 0, "seconds": 0.0}
         import time
@@ -367,14 +368,18 @@ class Runner:
                         if kv >= b:
                             self._graph((r, kv, b, flags_), lambda r=r, kv=kv, b=b: self.step_tensors(r, kv, b))
         self._flags = saved_flags
-        self._p_dev.zero_()
-        self._r_dev.zero_()
-        self._r_dev[: self.cfg.max_batch_size] = self.scratch   # warm-up prefills write the scratch row only
         for T in sorted({_bucket(t, self.max_chunk, 16) for t in range(1, self.max_chunk + 1, 16)} | {self.max_chunk}):
             for r in rows:
                 if r == 1 or r * T <= self.cfg.max_num_tokens:
+                    tok, row = self._staging(r, T, host=False)   # warm-up prefills: padded rows, the scratch slot
+                    tok[0], tok[1] = 0, torch.arange(T, device=self.device).clamp_(max=self.cfg.max_seq_len - 1)
+                    row.zero_()
+                    row[0] = self.scratch
                     self._graph(("prefill", r, T, T), lambda r=r, T=T: self.prefill_tensors(r, T, T))
-        torch.cuda.synchronize()
+            for kv in sorted({_bucket(k, S, T) for k in range(T + 1, S + 1)} - {T}):   # a continued prompt
+                self._graph(("prefill", 1, T, kv), lambda T=T, kv=kv: self.prefill_tensors(1, T, kv))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
         self._warm = True
         return {"graphs": len(self._graphs), "seconds": time.perf_counter() - t0}
 

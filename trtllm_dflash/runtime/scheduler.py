@@ -86,9 +86,13 @@ class Scheduler:
         # The running requests' verify tokens come first; prompts share what is left, oldest slot first
         # (one chunk per request per step), padded to the first chunk's (padded) length: the forward's real cost.
         budget = max(self.max_num_tokens - len(decoding) * out.block, 1)
-        pending = {**prefilling, **admitted}
+        # A prompt longer than one chunk continues alone, one chunk per step: its forward attends over the cache
+        # before the chunk (keys > tokens), a shape of one row that start-up captures for every length; arrivals
+        # wait for it (at most ~prompt / chunk steps). New prompts prefill together, keys = tokens.
+        started = [i for i, (_, done) in prefilling.items() if done]
+        pending = {started[0]: prefilling[started[0]]} if started else {**prefilling, **admitted}
         chunks, width = [], 0
-        for slot in sorted(pending, key=lambda i: pending[i][1] == 0):  # started prompts first, then new ones
+        for slot in pending:
             prompt, done = pending[slot]
             take = min(len(prompt) - done, width if chunks else self.chunk_cap(budget))
             if chunks:   # the first chunk always runs: every step makes progress
