@@ -154,7 +154,7 @@ def quote_problems(text: str, results: Path) -> list[str]:
 
 def provenance_note(data: dict, name: str) -> str:
     """Where the figures came from: the file, and its git SHA from the provenance record, or an honest
-    'legacy' note for files written before trtllm_dflash.provenance existed."""
+    'legacy' note for a file that has only its versions' git_sha (a file with no SHA at all is refused)."""
     prov = data.get("provenance")
     if data.get("git_sha"):   # the commit whose code ran, on main; a note says when it was reconstructed
         fixed = " (commit reconstructed after the run: see the file's git_sha_note)" if data.get("git_sha_note") else ""
@@ -167,7 +167,7 @@ def provenance_note(data: dict, name: str) -> str:
     sha = (data.get("versions") or {}).get("git_sha") if isinstance(data.get("versions"), dict) else None
     if sha:
         return f"`benchmarks/results/{name}`, legacy: git {sha[:10]}{'-dirty' if sha.endswith('-dirty') else ''} only"
-    return f"`benchmarks/results/{name}`, legacy: no git SHA recorded"
+    raise NoCommit(name, "records no commit")
 
 
 def _ms(x: float) -> str:

@@ -127,8 +127,9 @@ def test_unregistered_and_missing_blocks_are_reported(tmp_path, capsys):
     assert "'made_up' has no renderer" in err and "renderer 'training' has no block" in err
 
 
-def test_provenance_note_names_the_sha_or_says_legacy():
-    assert readme_results.provenance_note({}, "x.json") == "`benchmarks/results/x.json`, legacy: no git SHA recorded"
+def test_provenance_note_names_the_sha_or_refuses_a_file_without_one():
+    with pytest.raises(readme_results.NoCommit, match="x.json records no commit"):
+        readme_results.provenance_note({}, "x.json")
     rec = {"provenance": {"git": {"sha": "0123456789abcdef", "dirty": True, "diff_sha256": "fedcba9876543210"}}}
     assert readme_results.provenance_note(rec, "x.json") == (
         "`benchmarks/results/x.json`, git 0123456789, dirty tree, diff sha256 fedcba9876")
