@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_QUERY_ROWS = 128  # G * T rows per KV head in one tile (DFlash verify of 16 with G = 4 is 64)
+from . import MAX_QUERY_ROWS  # G * T rows per KV head in one tile (DFlash verify of 16 with G = 4 is 64)
 
 
 def _pow2(x: int) -> int:

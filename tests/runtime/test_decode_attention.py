@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Triton decode-path kernels (runtime/kernels/decode_attention.py) on the CPU, in Triton's interpreter:
+each against the torch path it replaces and against a float64 reference; the KeyRange bounds against the torch
+masks; and a tiny target/drafter pair whose greedy and sampled tokens are the same with the kernels as without.
+
+The interpreter runs each program in numpy, so shapes are tiny. float32 and float16 only: the interpreter's
+``tl.dot`` is wrong for bfloat16 (numpy has no bfloat16); tests/gpu/test_decode_attention_cuda.py covers bf16.
+Tolerances: float32 compares at 1e-5 relative (fp32 accumulation in another order; an indexing mistake is O(1));
+float16 at 2e-3 (inputs are exact fp16, one rounding of the output and of the probabilities fed to P @ V,
+2^-11 relative each). Skipped where triton is not installed (CI's CPU venv does not install the 190 MB wheel).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.runtime.compare import rel
+from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.runtime.kernels import resolve_attention_kernel
+from trtllm_dflash.runtime.kv_cache import KVCache
+from trtllm_dflash.runtime.models import layers as L
+
+if not torch.cuda.is_available():
+    # before the kernels are imported: triton.jit picks the interpreter when it decorates them
+    os.environ["TRITON_INTERPRET"] = "1"
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def kernels():
+    pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
+    from trtllm_dflash.runtime.kernels import decode_attention
+    return decode_attention
+
+
+def inputs(n, T, Hq, Hkv, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(n, T, Hq + 2 * Hkv, d, generator=g).to(dtype)
+    q, k, v = qkv.split([Hq, Hkv, Hkv], dim=2)   # strided views, as the qkv GEMM's output is
+    w = (torch.rand(2, d, generator=g) + 0.5).to(dtype)
+    return q, k, v, w[0], w[1]
+
+
+def rope_f64(x, cos, sin, w, eps):
+    x = x.double()
+    if w is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    half = x.shape[-1] // 2
+    return x * cos.double() + torch.cat([-x[..., half:], x[..., :half]], -1) * sin.double()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("with_q,norm,rows", [(True, True, "index"), (True, False, "slice"), (False, True, "index")])
+def test_rope_cache_write_equals_the_torch_path_and_float64(dtype, tol, with_q, norm, rows):
+    K = kernels()
+    n, T, Hq, Hkv, d, S = 2, 3, 6, 2, 16, 24
+    q, k, v, qw, kw = inputs(n, T, Hq, Hkv, d, dtype)
+    q = q if with_q else None
+    qw, kw = (qw, kw) if norm else (None, None)
+    pos = torch.tensor([[5, 6, 7], [0, 1, 2]])
+    rot = L.Rotary({"rope_theta": 10000.0, "rope_type": "default"}, d, S, S)
+    cos, sin = rot.tables(pos, dtype)
+    r = torch.tensor([3, 1]) if rows == "index" else slice(0, 2)
+    ref_cache, cache = (KVCache(2, 4, Hkv, S, d, dtype, "cpu") for _ in range(2))
+    q_ref, k_ref = L.rope_cache_write(q, k, v, cos, sin, qw, kw, 1e-6, ref_cache, 1, r, pos)
+    q_out, k_out = L.rope_cache_write(q, k, v, cos, sin, qw, kw, 1e-6, cache, 1, r, pos, kernel="triton")
+    assert cache.v.equal(ref_cache.v)                       # v is copied bit for bit
+    assert rel(cache.k, ref_cache.k) < tol and rel(k_out, k_ref) < tol
+    assert rel(k_out, rope_f64(k, cos, sin, kw, 1e-6)) < tol
+    ids = ref_cache.row_ids(r)
+    assert rel(cache.k[1][ids[:, None], :, pos], k_out) == 0   # the cache holds exactly what was returned
+    assert cache.k[0].abs().sum() == 0 and cache.k[1][2].abs().sum() == 0   # nothing else written
+    if with_q:
+        assert rel(q_out, q_ref) < tol and rel(q_out, rope_f64(q, cos, sin, qw, 1e-6)) < tol
+    else:
+        assert q_out is None
+    _, no_k = L.rope_cache_write(q, k, v, cos, sin, qw, kw, 1e-6, cache, 1, r, pos, kernel="triton", want_k=False)
+    assert no_k is None
+
+
+def attend_f64(q, k, v, visible, scale):
+    # q [n, T, Hq, d], k/v [n, Hkv, S, d], visible [n, 1, T, S] -> [n, T, Hq * d], plain GQA expansion
+    G = q.shape[2] // k.shape[1]
+    k, v = k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
+    s = (q.double().transpose(1, 2) @ k.transpose(-1, -2)) * scale
+    p = s.masked_fill(~visible, float("-inf")).softmax(-1)
+    return (p @ v).transpose(1, 2).flatten(2)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("G,T,d,splits", [(3, 1, 16, 1), (3, 4, 32, 3), (1, 5, 16, 2), (4, 16, 16, 4)])
+def test_attend_equals_the_torch_path_and_float64(dtype, tol, G, T, d, splits):
+    K = kernels()
+    n, Hkv, S, kv_len = 2, 2, 300, 256
+    g = torch.Generator().manual_seed(G * 100 + T)
+    cache = KVCache(1, 3, Hkv, S, d, dtype, "cpu")
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+    cache.k[..., kv_len:, :] = 1e4   # keys past kv_len must never count
+    q = torch.randn(n, T, G * Hkv, d, generator=g).to(dtype)
+    rows = torch.tensor([2, 0])
+    pos = torch.tensor([[140], [250 - T]]) + torch.arange(T)                 # [n, T]
+    lo = torch.tensor([[0], [60]]) + torch.arange(T)                          # row 1: a sliding window
+    hi = torch.stack([pos[0], (pos[1] + 3).clamp(max=kv_len + 5)])           # row 1: keys ahead, past kv_len
+    keys = L.KeyRange(lo, hi)
+    visible = keys.mask(kv_len)
+    k, v = cache.read(0, rows, kv_len)
+    ref = L.attend(q.transpose(1, 2), k, v, L.group_mask(visible, G), d ** -0.5)
+    want = attend_f64(q, k, v, visible, d ** -0.5)
+    out = K.attend(q, cache.k[0], cache.v[0], rows, kv_len, lo, hi, d ** -0.5, splits=splits)
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert rel(out, want) < tol and rel(out, ref) < 2 * tol
+    assert rel(L.attend_cache(q, cache, 0, rows, kv_len, keys, d ** -0.5), want) < tol   # default splits
+
+
+def test_key_ranges_equal_the_torch_masks(tiny_qwen3_pair):
+    """The target's and the drafter's KeyRange (what the kernel reads) against the boolean masks of the torch
+    path (what the reference attends with), for causal, non-causal and sliding-window drafter layers."""
+    from trtllm_dflash.runtime.models.dflash import DFlashDrafter, DrafterConfig
+    from trtllm_dflash.runtime.distributed import TPGroup
+    B, kv_len = 4, 40
+    start = torch.tensor([3, 17, 30])
+    pos = start[:, None] + torch.arange(B)
+    rel_ = torch.arange(kv_len)[None, None, :] - start[:, None, None]
+    for causal, window in [(False, None), (True, None), (False, 3), (True, 5)]:
+        c = DrafterConfig(block_size=B, mask_token_id=0, target_layer_ids=(0,), num_target_layers=2, vocab_size=8,
+                          hidden_size=16, intermediate_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                          head_dim=8, rms_norm_eps=1e-6, rope={"rope_theta": 1e4, "rope_type": "default"},
+                          max_position_embeddings=64, attention_bias=False, layer_causal=(causal,),
+                          layer_window=(window,))
+        drafter = DFlashDrafter(c, 16, TPGroup(), 64)
+        assert drafter._keys(0, pos, start, B).mask(kv_len).equal(drafter._mask(0, rel_, B)), (causal, window)
+    target_mask = (torch.arange(kv_len)[None, None, :] <= pos[:, :, None])[:, None]
+    assert L.KeyRange(torch.zeros_like(pos), pos).mask(kv_len).equal(target_mask)
+
+
+def test_attention_kernel_setting():
+    assert RuntimeConfig().attention_kernel in ("auto", "triton", "torch")
+    with pytest.raises(DFlashError, match="attention_kernel"):
+        RuntimeConfig(attention_kernel="cuda")
+    assert resolve_attention_kernel("torch", torch.device("cuda")) == "torch"
+    assert resolve_attention_kernel("auto", torch.device("cpu")) == "torch"
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        with pytest.raises(DFlashError, match="attention_kernel: 'triton' runs on CUDA GPUs only"):
+            resolve_attention_kernel("triton", torch.device("cpu"))
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+@pytest.mark.parametrize("block", [None, 1])
+def test_engine_tokens_are_the_same_with_the_kernels(tiny_qwen3_pair, block, monkeypatch):
+    """Greedy and sampled generation of a tiny Qwen3 pair (q/k norm, GQA, a DFlash drafter of block 8) with
+    every attention in the Triton kernels (prefill cache writes included) == the torch path, float32."""
+    K = kernels()
+    calls = {"attend": 0, "rope_cache_write": 0}
+    for name in calls:
+        def counted(*args, _f=getattr(K, name), _name=name, **kw):
+            calls[_name] += 1
+            return _f(*args, **kw)
+        monkeypatch.setattr(K, name, counted)
+    from trtllm_dflash.runtime.engine import Engine
+    from trtllm_dflash.runtime.models.llama import set_attention_kernel
+    cfg = RuntimeConfig(max_seq_len=64, max_batch_size=2, block_size=block)
+    ref, fused = Engine.from_dirs(*tiny_qwen3_pair, cfg), Engine.from_dirs(*tiny_qwen3_pair, cfg)
+    for model in (fused.target, fused.drafter):
+        if model is not None:
+            assert set_attention_kernel(model, "triton") == "triton"
+    ps = [[5, 9, 14, 3, 22], [7, 41]]
+    sp = [SamplingParams(max_new_tokens=6, ignore_eos=True),
+          SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=0.8, seed=3)]
+    for x, y in zip(ref.generate(ps, sp), fused.generate(ps, sp)):
+        assert x.output_ids == y.output_ids
+        assert x.stats.acceptance_lengths == y.stats.acceptance_lengths
+    assert calls["attend"] > 0 and calls["rope_cache_write"] > 0, calls
