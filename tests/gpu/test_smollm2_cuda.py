@@ -35,16 +35,20 @@ def prompt_ids(pair):
                 add_special_tokens=False)["input_ids"] for q in QUESTIONS]
 
 
-def generate(pair, prompt_ids, dtype):
-    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype=dtype, device="cuda")
+def generate(pair, prompt_ids, dtype, kernel="torch"):
+    from trtllm_dflash.runtime.models.llama import set_attention_kernel
+    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype=dtype, device="cuda", attention_kernel=kernel)
     ar = Engine.from_dirs(pair[0], None, RuntimeConfig(block_size=1, **cfg))
     df = Engine.from_dirs(pair[0], pair[1], RuntimeConfig(**cfg))
+    for model in (ar.target, df.target, df.drafter):   # whether or not the engine applies attention_kernel itself
+        set_attention_kernel(model, kernel)
     sp = SamplingParams(max_new_tokens=MAX_NEW)
     return ar.generate(prompt_ids, sp), df.generate(prompt_ids, sp)
 
 
-def test_greedy_dflash_equals_ar_in_float32(pair, prompt_ids, record_property):
-    a, d = generate(pair, prompt_ids, "float32")
+@pytest.mark.parametrize("kernel", ["torch", "triton"])   # RuntimeConfig.attention_kernel
+def test_greedy_dflash_equals_ar_in_float32(pair, prompt_ids, record_property, kernel):
+    a, d = generate(pair, prompt_ids, "float32", kernel)
     tau = sum(r.stats.tau for r in d) / len(d)
     record_property("tau", round(tau, 3))
     assert tau > 1.2, f"tau {tau:.2f}: the trained drafter should be accepted often, or this test checks little"
@@ -52,9 +56,10 @@ def test_greedy_dflash_equals_ar_in_float32(pair, prompt_ids, record_property):
         assert y.output_ids == x.output_ids, f"prompt {i}: first divergence at {first_divergence(x.output_ids, y.output_ids)}"
 
 
-def test_greedy_dflash_vs_ar_in_bf16_within_the_tolerance_policy(pair, prompt_ids, record_property):
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_greedy_dflash_vs_ar_in_bf16_within_the_tolerance_policy(pair, prompt_ids, record_property, kernel):
     from transformers import AutoModelForCausalLM
-    a, d = generate(pair, prompt_ids, "bfloat16")
+    a, d = generate(pair, prompt_ids, "bfloat16", kernel)
     ref = AutoModelForCausalLM.from_pretrained(str(pair[0]), dtype=torch.float32).cuda().eval()
     report = []
     for i, (p, x, y) in enumerate(zip(prompt_ids, a, d)):
