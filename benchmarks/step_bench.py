@@ -135,7 +135,7 @@ def shrink(cfg: dict, target: bool) -> dict:
     """--smoke: the same architecture (head grouping, q/k norm, RoPE, block size) with tiny widths and depths."""
     groups = cfg["num_attention_heads"] // cfg["num_key_value_heads"]
     small = dict(cfg, hidden_size=32 * groups, intermediate_size=128, num_attention_heads=2 * groups, num_key_value_heads=2,
-                 head_dim=16, vocab_size=1024, num_hidden_layers=4 if target else 1)
+                 head_dim=16, vocab_size=1024, num_hidden_layers=4 if target else 2)
     if not target:
         dc = dict(cfg.get("dflash_config") or {}, mask_token_id=1023, target_layer_ids=[1, 2])
         small.update(dflash_config=dc, num_target_layers=4, layer_types=None)

@@ -116,25 +116,80 @@ def test_attend_equals_the_torch_path_and_float64(dtype, tol, G, T, d, splits):
     assert rel(L.attend_cache(q, cache, 0, rows, kv_len, keys, d ** -0.5), want) < tol   # default splits
 
 
-def test_key_ranges_equal_the_torch_masks(tiny_qwen3_pair):
+def drafter_with(layer_causal, layer_window, B=4, seed=0):
+    """A random DFlash drafter whose layers are causal or not and windowed or not (as sliding-window drafters)."""
+    from trtllm_dflash.runtime.distributed import TPGroup
+    from trtllm_dflash.runtime.models.dflash import DFlashDrafter, DrafterConfig
+    n = len(layer_causal)
+    c = DrafterConfig(block_size=B, mask_token_id=0, target_layer_ids=(0,), num_target_layers=2, vocab_size=8,
+                      hidden_size=64, intermediate_size=64, num_layers=n, num_heads=6, num_kv_heads=2, head_dim=16,
+                      rms_norm_eps=1e-6, rope={"rope_theta": 1e4, "rope_type": "default"},
+                      max_position_embeddings=128, attention_bias=False, layer_causal=tuple(layer_causal),
+                      layer_window=tuple(layer_window))
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(c, 64, TPGroup(), 128)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.normal_(0, 0.2) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+    return drafter
+
+
+def test_key_ranges_equal_the_torch_masks():
     """The target's and the drafter's KeyRange (what the kernel reads) against the boolean masks of the torch
     path (what the reference attends with), for causal, non-causal and sliding-window drafter layers."""
-    from trtllm_dflash.runtime.models.dflash import DFlashDrafter, DrafterConfig
-    from trtllm_dflash.runtime.distributed import TPGroup
     B, kv_len = 4, 40
     start = torch.tensor([3, 17, 30])
     pos = start[:, None] + torch.arange(B)
     rel_ = torch.arange(kv_len)[None, None, :] - start[:, None, None]
-    for causal, window in [(False, None), (True, None), (False, 3), (True, 5)]:
-        c = DrafterConfig(block_size=B, mask_token_id=0, target_layer_ids=(0,), num_target_layers=2, vocab_size=8,
-                          hidden_size=16, intermediate_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
-                          head_dim=8, rms_norm_eps=1e-6, rope={"rope_theta": 1e4, "rope_type": "default"},
-                          max_position_embeddings=64, attention_bias=False, layer_causal=(causal,),
-                          layer_window=(window,))
-        drafter = DFlashDrafter(c, 16, TPGroup(), 64)
-        assert drafter._keys(0, pos, start, B).mask(kv_len).equal(drafter._mask(0, rel_, B)), (causal, window)
+    drafter = drafter_with([False, True, False, True], [None, None, 3, 5], B)
+    for i in range(4):
+        assert drafter._keys(i, pos, start, B).mask(kv_len).equal(drafter._mask(i, rel_, B)), i
     target_mask = (torch.arange(kv_len)[None, None, :] <= pos[:, :, None])[:, None]
     assert L.KeyRange(torch.zeros_like(pos), pos).mask(kv_len).equal(target_mask)
+
+
+def test_drafter_forward_with_the_kernels():
+    """A drafter with full, causal and windowed layers: context appended, then the block's forward, with the
+    kernels == the torch path (float32), for two requests at different context lengths in slots 2 and 0."""
+    kernels()
+    from trtllm_dflash.runtime.models.llama import set_attention_kernel
+    B, S = 4, 64
+    out = {}
+    for kernel in ("torch", "triton"):
+        drafter = drafter_with([False, True, False], [None, None, 3], B)
+        assert set_attention_kernel(drafter, kernel) == kernel
+        cache = KVCache(3, 3, 2, S, 16, torch.float32, "cpu")
+        g = torch.Generator().manual_seed(1)
+        rows, start = torch.tensor([2, 0]), torch.tensor([9, 20])
+        ctx_pos = torch.arange(20).expand(2, 20)
+        drafter.append_context(torch.randn(2, 20, 64, generator=g), ctx_pos, cache, rows)
+        x = torch.randn(2, B, 64, generator=g)
+        pos = start[:, None] + torch.arange(B)
+        out[kernel] = (drafter(x, pos, start, cache, rows, 32), cache.k.clone(), cache.v.clone())
+    assert rel(out["triton"][0], out["torch"][0]) < 1e-5
+    assert rel(out["triton"][1], out["torch"][1]) < 1e-5 and rel(out["triton"][2], out["torch"][2]) < 1e-5
+
+
+def test_target_forward_with_the_kernels(tiny_qwen3_pair):
+    """The target's verify forward over a cache (positions a strided slice, as the runner's are) with the kernels
+    == the torch path, float32."""
+    kernels()
+    from trtllm_dflash.runtime.loader import load_target
+    from trtllm_dflash.runtime.distributed import TPGroup
+    from trtllm_dflash.runtime.models.llama import set_attention_kernel
+    target = load_target(tiny_qwen3_pair[0], TPGroup(), torch.device("cpu"), torch.float32, 64)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(2, 90, (2, 30), generator=g)
+    out = {}
+    for kernel in ("torch", "triton"):
+        set_attention_kernel(target, kernel)
+        L_, H, D = target.kv_shape()
+        cache = KVCache(L_, 3, H, 64, D, torch.float32, "cpu")
+        target(ids[:, :20], torch.arange(20).expand(2, 20), cache, slice(0, 2), None)   # prefill 20 tokens
+        pos = torch.tensor([[20], [18]]) + torch.arange(16)
+        h, _ = target(ids[:, 20:26], pos[:, :6], cache, slice(0, 2), 40)                 # verify 6 (row 1: 2 back)
+        out[kernel] = h
+    assert rel(out["triton"], out["torch"]) < 1e-5
 
 
 def test_attention_kernel_setting():

@@ -65,7 +65,7 @@ def _rope_cache_write_kernel(
         q_out_ptr, k_out_ptr, ck_ptr, cv_ptr,
         T, Hq, Hkv, eps,
         s_qn, s_qt, s_qh, s_kn, s_kt, s_kh, s_vn, s_vt, s_vh,
-        s_cn, s_ct, s_pn, s_pt,
+        s_cn, s_ct, s_pn, s_pt, s_row,
         s_cb, s_ch, s_cs, s_vb, s_vh2, s_vs,
         HALF: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr, K_OUT: tl.constexpr):
     tok = tl.program_id(0)
@@ -73,7 +73,7 @@ def _rope_cache_write_kernel(
     i = tok // T
     t = tok % T
     pos = tl.load(pos_ptr + i * s_pn + t * s_pt)
-    row = tl.load(row_ptr + i)
+    row = tl.load(row_ptr + i * s_row)
     cs = cos_ptr + i * s_cn + t * s_ct
     sn = sin_ptr + i * s_cn + t * s_ct
     if head < Hq:
@@ -101,7 +101,9 @@ def rope_cache_write(q, k, v, cos, sin, q_w, k_w, eps: float, cache_k: torch.Ten
     n, T, Hkv, d = k.shape
     if d % 2 or (d // 2) & (d // 2 - 1):
         raise ValueError(f"head_dim {d}: the fused RoPE kernel needs head_dim / 2 to be a power of two")
-    for name, x in (("q", q), ("k", k), ("v", v)):
+    if cos.stride() != sin.stride():
+        raise ValueError("cos and sin must have the same strides")
+    for name, x in (("q", q), ("k", k), ("v", v), ("cos", cos)):
         if x is not None and x.stride(-1) != 1:
             raise ValueError(f"{name}: the last dim must be contiguous")
     Hq = q.shape[2] if q is not None else 0
@@ -117,7 +119,7 @@ def rope_cache_write(q, k, v, cos, sin, q_w, k_w, eps: float, cache_k: torch.Ten
         cache_k, cache_v, T, Hq, Hkv, float(eps),
         qq.stride(0), qq.stride(1), qq.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        cos.stride(0), cos.stride(1), positions.stride(0), positions.stride(1),
+        cos.stride(0), cos.stride(1), positions.stride(0), positions.stride(1), rows.stride(0),
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), cache_v.stride(0), cache_v.stride(1),
         cache_v.stride(2),
         HALF=d // 2, Q_NORM=q_w is not None, K_NORM=k_w is not None, K_OUT=want_k,
@@ -130,8 +132,8 @@ def rope_cache_write(q, k, v, cos, sin, q_w, k_w, eps: float, cache_k: torch.Ten
 @triton.jit
 def _attend_kernel(
         q_ptr, ck_ptr, cv_ptr, row_ptr, lo_ptr, hi_ptr, out_ptr, part_ptr, ml_ptr,
-        T, Hkv, kv_len, keys_per_split, scale_log2,
-        s_qn, s_qt, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_bn, s_bt,
+        T, Hkv, kv_len, keys_per_split, scale_log2, s_row,
+        s_qn, s_qt, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ln, s_lt, s_hn, s_ht,
         G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         SPLIT: tl.constexpr, IEEE: tl.constexpr):
     pid = tl.program_id(0)
@@ -144,10 +146,10 @@ def _attend_kernel(
     m_ok = m < T * G
     dd = tl.arange(0, D)
     q = tl.load(q_ptr + i * s_qn + t[:, None] * s_qt + h[:, None] * s_qh + dd[None, :], mask=m_ok[:, None], other=0.0)
-    lo = tl.load(lo_ptr + i * s_bn + t * s_bt, mask=m_ok, other=2147483647)
-    hi = tl.load(hi_ptr + i * s_bn + t * s_bt, mask=m_ok, other=-1)
+    lo = tl.load(lo_ptr + i * s_ln + t * s_lt, mask=m_ok, other=2147483647)
+    hi = tl.load(hi_ptr + i * s_hn + t * s_ht, mask=m_ok, other=-1)
     hi = tl.minimum(hi, kv_len - 1)
-    row = tl.load(row_ptr + i)
+    row = tl.load(row_ptr + i * s_row)
     # this program's keys, clipped to what any of its rows can see
     begin = tl.maximum(split * keys_per_split, tl.min(lo, 0))
     end = tl.minimum((split + 1) * keys_per_split, tl.max(hi, 0) + 1)
@@ -255,9 +257,9 @@ def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: 
     num_warps = 4 if BLOCK_M * d <= 64 * 64 else 8
     _attend_kernel[(n * Hkv, splits)](
         q, cache_k, cache_v, rows, lo, hi, out, part, ml,
-        T, Hkv, kv_len, keys_per_split, scale * LOG2E,
+        T, Hkv, kv_len, keys_per_split, scale * LOG2E, rows.stride(0),
         q.stride(0), q.stride(1), q.stride(2), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
-        cache_v.stride(0), cache_v.stride(1), cache_v.stride(2), lo.stride(0), lo.stride(1),
+        cache_v.stride(0), cache_v.stride(1), cache_v.stride(2), lo.stride(0), lo.stride(1), hi.stride(0), hi.stride(1),
         G=G, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
         num_warps=num_warps)
     if splits > 1:
