@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.runtime.compare import rel
+from tests.runtime.kernel_engine import engine_with_kernel
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import layers as L
@@ -123,15 +124,9 @@ def test_kernels_replay_in_a_cuda_graph():
 
 
 def engine(pair, block, kernel, dtype="float32"):
-    from trtllm_dflash.runtime.engine import Engine
-    from trtllm_dflash.runtime.models.llama import set_attention_kernel
-    eng = Engine.from_dirs(pair[0], pair[1] if block != 1 else None,
-                           RuntimeConfig(max_seq_len=256, max_batch_size=4, block_size=block, dtype=dtype,
-                                         device="cuda", attention_kernel=kernel))
-    for model in (eng.target, eng.drafter):   # whether or not the engine applies cfg.attention_kernel itself
-        if model is not None:
-            set_attention_kernel(model, kernel)
-    return eng
+    return engine_with_kernel(pair[0], pair[1] if block != 1 else None,
+                              RuntimeConfig(max_seq_len=256, max_batch_size=4, block_size=block, dtype=dtype,
+                                            device="cuda", attention_kernel=kernel))
 
 
 @pytest.mark.parametrize("pair_name", ["tiny_pair", "tiny_qwen3_pair"])
@@ -145,3 +140,24 @@ def test_tiny_pair_tokens_with_the_kernels(request, pair_name):
     ref = engine(pair, None, "torch").generate(ps, sp)
     for a, d, r in zip(ar, df, ref):
         assert d.output_ids == a.output_ids == r.output_ids
+
+
+def test_engine_graphs_run_the_kernels(tiny_qwen3_pair):
+    """The kernels are in the engine's captured graphs (set before capture), not only in eager calls."""
+    from trtllm_dflash.runtime.kernels import decode_attention as K
+    calls = {"attend": 0, "rope_cache_write": 0}
+    saved = {name: getattr(K, name) for name in calls}
+
+    def counted(name):
+        def run(*args, **kw):
+            calls[name] += 1
+            return saved[name](*args, **kw)
+        return run
+    try:
+        for name in calls:
+            setattr(K, name, counted(name))
+        engine(tiny_qwen3_pair, None, "triton")   # captures its graphs at start-up
+    finally:
+        for name, f in saved.items():
+            setattr(K, name, f)
+    assert calls["attend"] > 0 and calls["rope_cache_write"] > 0, calls

@@ -12,7 +12,7 @@ import torch
 from tests.gpu.divergence import MARGIN_BOUND, first_divergence, near_tie
 from trtllm_dflash.checkpoints.resolve import shipped_drafter_dir
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
-from trtllm_dflash.runtime.engine import Engine
+from tests.runtime.kernel_engine import engine_with_kernel
 
 pytestmark = pytest.mark.gpu
 QUESTIONS = ["What is the capital of France?", "Write a Python function that returns the sum of a list.",
@@ -36,12 +36,9 @@ def prompt_ids(pair):
 
 
 def generate(pair, prompt_ids, dtype, kernel="torch"):
-    from trtllm_dflash.runtime.models.llama import set_attention_kernel
     cfg = dict(max_seq_len=1024, max_batch_size=8, dtype=dtype, device="cuda", attention_kernel=kernel)
-    ar = Engine.from_dirs(pair[0], None, RuntimeConfig(block_size=1, **cfg))
-    df = Engine.from_dirs(pair[0], pair[1], RuntimeConfig(**cfg))
-    for model in (ar.target, df.target, df.drafter):   # whether or not the engine applies attention_kernel itself
-        set_attention_kernel(model, kernel)
+    ar = engine_with_kernel(pair[0], None, RuntimeConfig(block_size=1, **cfg))
+    df = engine_with_kernel(pair[0], pair[1], RuntimeConfig(**cfg))
     sp = SamplingParams(max_new_tokens=MAX_NEW)
     return ar.generate(prompt_ids, sp), df.generate(prompt_ids, sp)
 

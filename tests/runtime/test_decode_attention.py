@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.runtime.compare import rel
+from tests.runtime.kernel_engine import engine_with_kernel
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.kernels import resolve_attention_kernel
@@ -218,13 +219,9 @@ def test_engine_tokens_are_the_same_with_the_kernels(tiny_qwen3_pair, block, mon
             calls[_name] += 1
             return _f(*args, **kw)
         monkeypatch.setattr(K, name, counted)
-    from trtllm_dflash.runtime.engine import Engine
-    from trtllm_dflash.runtime.models.llama import set_attention_kernel
-    cfg = RuntimeConfig(max_seq_len=64, max_batch_size=2, block_size=block)
-    ref, fused = Engine.from_dirs(*tiny_qwen3_pair, cfg), Engine.from_dirs(*tiny_qwen3_pair, cfg)
-    for model in (fused.target, fused.drafter):
-        if model is not None:
-            assert set_attention_kernel(model, "triton") == "triton"
+    cfg = dict(max_seq_len=64, max_batch_size=2, block_size=block)
+    ref = engine_with_kernel(*tiny_qwen3_pair, RuntimeConfig(**cfg, attention_kernel="torch"))
+    fused = engine_with_kernel(*tiny_qwen3_pair, RuntimeConfig(**cfg, attention_kernel="triton"))
     ps = [[5, 9, 14, 3, 22], [7, 41]]
     sp = [SamplingParams(max_new_tokens=6, ignore_eos=True),
           SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=0.8, seed=3)]
