@@ -42,7 +42,6 @@ from trtllm_dflash.runtime.distributed import TPGroup  # noqa: E402
 from trtllm_dflash.runtime.draft_policy import candidate_blocks, measure_costs  # noqa: E402
 from trtllm_dflash.runtime.engine import Engine  # noqa: E402
 from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
-from trtllm_dflash.runtime.models.llama import set_attention_kernel  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 BF16 = torch.bfloat16 if DEV.type == "cuda" else torch.float32   # the model dtype (float32 for a CPU smoke run)
@@ -303,9 +302,7 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
     max_seq = args.ctx + args.steps * 20 + 64
     with tempfile.TemporaryDirectory() as work:
         hf, target, drafter, dcfg, dsd = build_pair(name, max_seq, Path(work), args.smoke)
-    kernel = args.attention_kernel
-    for model in (target, drafter):   # also set here in case the Engine does not apply cfg.attention_kernel itself
-        set_attention_kernel(model, kernel)
+    kernel = args.attention_kernel   # the Engine applies RuntimeConfig.attention_kernel to both models
     B = drafter.config.block_size
     bw = ceil["copy_bw_bytes_per_s"]
     t_bytes, d_bytes = weight_bytes(target), weight_bytes(drafter)

@@ -24,6 +24,7 @@ from ..errors import DFlashError
 from . import loader
 from .distributed import TPGroup
 from .draft_policy import AdaptivePolicy, CostTable, FixedPolicy, candidate_blocks, measure_costs
+from .models.llama import set_attention_kernel
 from .runner import Launched, Runner
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Request, Sequence
@@ -48,6 +49,9 @@ class Engine:
         if self.block_size > 1 and drafter is None:
             raise DFlashError("drafter", f"block_size {self.block_size} needs a drafter", "pass --drafter or use block_size 1")
         self.eos_ids = set(eos_ids)
+        for model in (target, drafter):   # before the runner captures graphs: they hold the kernels chosen here
+            if model is not None:
+                set_attention_kernel(model, cfg.attention_kernel)
         self.runner = Runner(target, drafter, cfg, tp, self.block_size, propose=self._propose)
         self.scheduler = Scheduler(cfg.max_batch_size, cfg.max_num_tokens, self.runner.prefill_shape,
                                    self.runner.chunk_cap)
