@@ -235,6 +235,12 @@ def eager_graph_paths(engine: Engine) -> Engine:
     r.use_graphs = r.pad_shapes = True
 
     def capture(key, fn):
+        if key[0] == "prefill":   # what a warm-up or a real prefill staged must index inside its shape
+            _, m, T, _ = key
+            _, row = r._staging(m, T, host=False)
+            assert (row[1] < T).all() and (row[1] >= 0).all() and (row[0] <= r.scratch).all(), key
+            if not r._warm:   # start-up prefills run padded rows only: the scratch slot, never done
+                assert (row[0] == r.scratch).all() and (row[1] == 0).all() and (row[3] == 0).all(), key
         if key not in r._graphs:
             r.captured_mid_run += r._warm
             saved = (r.active.clone(), r.start.clone(), r.last.clone())

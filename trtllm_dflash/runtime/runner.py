@@ -168,6 +168,14 @@ class Runner:
         p, r = (self._p_host, self._r_host) if host else (self._p_dev, self._r_dev)
         return p[: 2 * m * T].view(2, m, T), r[: 5 * m].view(5, m)
 
+    def _stage_idle(self, m: int, T: int) -> None:
+        """Stage m padded rows of T tokens (the scratch slot, positions 0.., never done) for a warm-up prefill: the
+        staging views of different shapes overlap, so each capture stages its own."""
+        tok, row = self._staging(m, T, host=False)
+        tok[0], tok[1] = 0, torch.arange(T, device=self.device).clamp_(max=self.cfg.max_seq_len - 1)
+        row.zero_()
+        row[0] = self.scratch
+
     def prefill_tensors(self, m: int, T: int, kv_len: int) -> None:
         """The prefill of the staged chunks (rows [0, m) of the staging buffers, T tokens each) attending over
         cache[:kv_len]; device work only (graph-safe). First tokens land in self._first[:m]."""
@@ -371,12 +379,10 @@ class Runner:
         for T in sorted({_bucket(t, self.max_chunk, 16) for t in range(1, self.max_chunk + 1, 16)} | {self.max_chunk}):
             for r in rows:
                 if r == 1 or r * T <= self.cfg.max_num_tokens:
-                    tok, row = self._staging(r, T, host=False)   # warm-up prefills: padded rows, the scratch slot
-                    tok[0], tok[1] = 0, torch.arange(T, device=self.device).clamp_(max=self.cfg.max_seq_len - 1)
-                    row.zero_()
-                    row[0] = self.scratch
+                    self._stage_idle(r, T)
                     self._graph(("prefill", r, T, T), lambda r=r, T=T: self.prefill_tensors(r, T, T))
             for kv in sorted({_bucket(k, S, T) for k in range(T + 1, S + 1)} - {T}):   # a continued prompt
+                self._stage_idle(1, T)
                 self._graph(("prefill", 1, T, kv), lambda T=T, kv=kv: self.prefill_tensors(1, T, kv))
         if self.device.type == "cuda":
             torch.cuda.synchronize()
