@@ -7,7 +7,7 @@ import pytest
 
 from tests.serving.fakes import FakeEngine, FakePbUtils, FakeRequest, triton_inputs
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.serving.backends import TorchBackend
+from trtllm_dflash.serving.runtimes import TorchBackend
 from trtllm_dflash.serving.repo import fill_triton
 from trtllm_dflash.serving.triton_model import DFlashModel
 

@@ -5,13 +5,13 @@ repo.py          fill triton_model_repo/ for one deployment (dflash-build calls 
 record.py        ServedRequest: one record per request, frontend -> backend -> frontend; its Results
 protocol.py      the tensorrt_llm model's inputs and outputs: validation into a record, response tensors
 detokenize.py    token chunks -> text pieces (incomplete characters and stop strings held back)
-backends.py      torch runtime (scheduler thread, continuous batching) and tensorrt_llm.LLM, one interface
+runtimes.py      torch runtime (scheduler thread, continuous batching) and tensorrt_llm.LLM, one interface
 launch.py        tensor parallelism of the torch runtime: mpiexec command for ranks 1..N-1
 triton_model.py  what 1/model.py does: requests in, streamed responses out, cancellation, dflash_* metrics
 triton_env.py    which tritonserver (NGC on PATH, or the nvidia-pytriton wheel's) and its environment
 server.py        dflash-serve: start tritonserver, wait for readiness, stop on SIGTERM/Ctrl-C
 client.py        dflash-client: HTTP generate / gRPC stream, prints text as it comes and the DFlash stats
-openai_server.py dflash-openai: OpenAI-compatible endpoints (FastAPI + uvicorn) over the same backends
+openai_server.py dflash-openai: OpenAI-compatible endpoints (FastAPI + uvicorn) over the same runtimes
 
 One request, one record, two threads between a frontend and the engine (torch backend)::
 

@@ -368,7 +368,7 @@ def _server_class():
 def load(engine_dir: Path):
     """(backend, tokenizer) for a deployment directory."""
     from ..checkpoints import manifest as manifest_mod
-    from .backends import load_backend
+    from .runtimes import load_backend
 
     record = manifest_mod.read(engine_dir)
     backend = load_backend(engine_dir, record)

@@ -105,7 +105,7 @@ class DFlashModel:
                               "point model.yaml at a dflash-build output (or refill the repository)")
         self.manifest = json.loads(manifest_path.read_text())
         if backend is None:
-            from .backends import load_backend
+            from .runtimes import load_backend
             backend = load_backend(self.deployment_dir, self.manifest)
         self.backend = backend
         # record -> (its Triton request, its cancel key), until the final response

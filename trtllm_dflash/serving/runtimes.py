@@ -9,7 +9,8 @@
 ``shutdown()``       cancel what is left, stop the threads and the runtime
 
 Concurrent requests are batched by the runtime itself: the torch runtime by one scheduler thread that
-owns ``Engine.step()``, TensorRT-LLM by its own executor.
+owns ``Engine.step()``, TensorRT-LLM by its own executor. (``trtllm_dflash/backends/`` is another thing: the
+TensorRT-LLM options a deployment directory is built with.)
 """
 from __future__ import annotations
 
