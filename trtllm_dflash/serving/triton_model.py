@@ -173,7 +173,8 @@ class DFlashModel:
         self.backend.shutdown()
         self._stop.set()
         self._monitor.join(timeout=30)
-        self._sender.join(timeout=30)
+        # The sender is not joined: while Triton unloads the model a response send can wait on the server
+        # itself, and finalize must return within Triton's exit timeout; the thread ends with the queue.
 
     # -- one sender thread for every request: the records' results -> Triton responses --
 
