@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """One record per request, from a frontend (Triton's model, the OpenAI server) to a backend and back.
 
-The frontend fills the request fields and calls ``backend.submit(record)``; the backend writes updates
-into the record (``emit``) from its own thread; the frontend reads them with ``results()`` (blocking, one
-thread per request, as Triton's model does) or ``aresults()`` (an asyncio task, as an ASGI app does).
-The record buffers what the backend wrote, so a slow reader never holds up the engine's next step.
+The frontend fills the request fields and calls ``backend.submit(record)``; the backend hands updates to
+the record's ``handoff`` (handoff.py: one step's updates of all records at once, pushed into each record on
+the frontend's thread) or, without one, pushes them itself (``emit``); the frontend reads them with
+``get``/``results()`` (a thread) or ``aresults()`` (an asyncio task, as an ASGI app does). The record
+buffers what the backend wrote, so a slow reader never holds up the engine's next step.
 
 The torch backend emits token ids only: the text is decoded here, on the reader's side, so detokenizing
 and stop strings never cost the engine's thread anything. A stop string found here ends the record and

@@ -120,6 +120,7 @@ class DFlashModel:
         self._finish_counts: dict[str, int] = {}
         self._metrics = _TritonMetrics(pb_utils, model_config["name"])
         self._stop = threading.Event()
+        self._finalized = False
         self.draining = ""     # why new requests are refused and running ones were ended ("" = serving)
         control = os.environ.get(CONTROL_DIR_ENV)
         self._control = Path(control) if control else None
@@ -172,9 +173,12 @@ class DFlashModel:
         self._log("finalize: stopping the runtime")
         self.backend.shutdown()
         self._stop.set()
+        # The final responses the shutdown queued go out while the model is still loaded; the wait is short
+        # (a send can wait on the unloading server itself, and finalize must return within Triton's exit
+        # timeout), and nothing is sent after finalize: Triton frees the requests' response senders then.
+        self._sender.join(timeout=2.0)
+        self._finalized = True
         self._monitor.join(timeout=30)
-        # The sender is not joined: while Triton unloads the model a response send can wait on the server
-        # itself, and finalize must return within Triton's exit timeout; the thread ends with the queue.
 
     # -- one sender thread for every request: the records' results -> Triton responses --
 
@@ -257,6 +261,8 @@ class DFlashModel:
             return False
 
     def _send(self, sender, outputs: dict, final: bool) -> None:
+        if self._finalized:
+            return
         response = self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in outputs.items()])
         flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         try:
@@ -265,6 +271,8 @@ class DFlashModel:
             self._log(f"sending a response failed: {err}", error=True)
 
     def _send_error(self, sender, message: str, code: str) -> None:
+        if self._finalized:
+            return
         code = getattr(self.pb.TritonError, code, None)
         error = self.pb.TritonError(message) if code is None else self.pb.TritonError(message, code)
         try:
