@@ -166,8 +166,10 @@ case $STAGE in
     # concurrency, after concurrency warm-up requests). Budget ~8 min on an H100.
     PY=${PYBIN:-python3}
     if [ "${SMOKE:-0}" = 1 ]; then   # the same pipeline at toy size on the CPU
-      $PY -c "import sys; from pathlib import Path; from tests.tiny import write_tiny_pair; write_tiny_pair(Path(sys.argv[1]))" "$RUN/tiny"
-      PAIR=(--target "$RUN/tiny/target" --drafter "$RUN/tiny/drafter" --gpu cpu --max_batch_size 4 --max_seq_len 256)
+      # the servers take text: a tiny random pair with SmolLM2's tokenizer (tests/serving's tiny deployment)
+      $PY -c "import sys; from pathlib import Path; from tests.tiny import write_tiny_pair_with_tokenizer as w; \
+from trtllm_dflash.checkpoints.packaged import smollm2_target_dir as s; w(Path(sys.argv[1]), s())" "$RUN/tiny3"
+      PAIR=(--target "$RUN/tiny3/target" --drafter "$RUN/tiny3/drafter" --gpu cpu --max_batch_size 4 --max_seq_len 256)
       LOAD=(--dataset random --input_len 16 --max_new_tokens 16 --ignore_eos --device cpu)
       LEVELS=1,4; MID=4; TOP=4; NAME=sweep3_smoke; INPUT=16
     else
