@@ -12,7 +12,9 @@ in another process (as real clients do) and read server-sent events as fast as t
 
   alone   N requests submitted to the runtime directly, nobody reading: the engine's own rate
   served  N streaming /v1/completions through dflash-openai: every step's tokens decoded and sent as SSE
-The ratio served/alone is what serving costs the engine loop (1.0 = nothing).
+The ratio served/alone is what serving costs the engine loop (1.0 = nothing); on a busy machine the rates
+move with the neighbours, so the CPU time of this process per step is recorded too: served minus alone is
+the serving work per step (all rows), which has to fit beside the step's own host work.
 """
 from __future__ import annotations
 
@@ -62,10 +64,13 @@ class GilEngine(FakeEngine):
         return super().step()
 
 
-def steps_per_s(engine, seconds: float) -> float:
-    s0, t0 = engine.counters["steps"], time.perf_counter()
+def measure(engine, seconds: float) -> tuple[float, float]:
+    """(engine steps/s, CPU ms of this process per step). The CPU time per step depends little on what else
+    runs on the machine, unlike the rate: served minus alone = what serving costs per step."""
+    s0, t0, c0 = engine.counters["steps"], time.perf_counter(), time.process_time()
     time.sleep(seconds)
-    return (engine.counters["steps"] - s0) / (time.perf_counter() - t0)
+    steps = engine.counters["steps"] - s0
+    return steps / (time.perf_counter() - t0), 1e3 * (time.process_time() - c0) / max(steps, 1)
 
 
 def wait_active(engine, n: int, timeout: float = 60) -> None:
@@ -104,7 +109,7 @@ def main(argv=None) -> int:
     for r in records:
         backend.submit(r)
     wait_active(engine, args.streams)
-    alone = steps_per_s(engine, args.seconds)
+    alone, cpu_alone = measure(engine, args.seconds)
     backend.shutdown()
 
     # served: dflash-openai in this process, N streaming clients in another
@@ -120,7 +125,7 @@ def main(argv=None) -> int:
     try:
         wait_active(engine, args.streams)
         time.sleep(1.0)        # the streams' first tokens are out
-        served = steps_per_s(engine, args.seconds)
+        served, cpu_served = measure(engine, args.seconds)
         scrape = __import__("urllib.request").request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     finally:
         client.terminate()
@@ -130,7 +135,10 @@ def main(argv=None) -> int:
     generated = [line for line in scrape.splitlines() if line.startswith("dflash:generation_tokens_total")]
     result = {"streams": args.streams, "busy_ms": args.busy_ms, "wait_ms": args.wait_ms, "tokenizer": args.tokenizer,
               "seconds": args.seconds, "steps_per_s_alone": alone, "steps_per_s_served": served,
-              "served_over_alone": served / alone, "generation_tokens_sent": generated,
+              "served_over_alone": served / alone, "cpu_ms_per_step_alone": cpu_alone,
+              "cpu_ms_per_step_served": cpu_served, "serving_cpu_ms_per_step": cpu_served - cpu_alone,
+              "serving_cpu_us_per_row": 1e3 * (cpu_served - cpu_alone) / args.streams,
+              "generation_tokens_sent": generated,
               "provenance": provenance()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
