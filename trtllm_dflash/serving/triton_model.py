@@ -220,6 +220,9 @@ class DFlashModel:
                 call.done = True
                 self._count(result)
                 self._respond_final(record, result, call.pieces, call.cancelled, call.sender)
+                # Triton has released the request: drop our references now, not when the record is collected
+                # (maybe after finalize, with the stub's shared memory gone).
+                call.request = call.sender = None
                 with self._lock:
                     self._open -= 1
             elif record.streaming:
