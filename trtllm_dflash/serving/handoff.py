@@ -7,7 +7,7 @@ rows of that frontend, whatever the batch size. The frontend's own thread then q
 record (``ServedRequest.push``) and decodes it there, so detokenization never runs on the engine's thread.
 
 ``LoopHandoff``   an asyncio frontend (dflash-openai): one ``call_soon_threadsafe`` per step
-A records without a handoff (a thread blocked in ``results()``) is woken by its own ``push``.
+A record without a handoff (a thread blocked in ``results()``) is woken by its own ``push``.
 Triton's model has its own: one sender thread fed by a queue (triton_model.py).
 """
 from __future__ import annotations
