@@ -190,10 +190,10 @@ def test_no_thread_per_request_and_one_hand_over_per_step(make_model):
     before = threading.active_count()
     reqs = [FakeRequest(triton_inputs(f"q{i}-", max_tokens=40, streaming=True)) for i in range(16)]
     model.execute(reqs)
-    assert threading.active_count() == before
+    assert threading.active_count() <= before      # (a thread of an earlier test may end meanwhile)
     for r in reqs:
         assert r.sender.final.wait(10), "no final response"
     assert all(r.sender.text() == (f"q{i}-" * 14)[:40] for i, r in enumerate(reqs))
-    # every request is in every step (16 slots): one hand-over per step carries all 16 rows (the last one
-    # their 16 final results too)
-    assert set(deliveries) == {16, 32} and len(deliveries) <= engine.counters["steps"] + 1
+    # at most one hand-over per step, carrying every row of it: 20 updates of 2 tokens + 1 final per request
+    assert sum(deliveries) == 16 * 21 and len(deliveries) <= engine.counters["steps"] + 1
+    assert max(deliveries) >= 16          # 16 slots: once all are admitted, a step's hand-over has all 16 rows
