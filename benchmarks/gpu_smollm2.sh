@@ -12,6 +12,11 @@
 #           per level (320 at 32 and 64), HumanEval prompts, 128 new tokens -> sweep_smollm2_h100_v2.jsonl, plots,
 #           .summary.json (~5 min on an H100, estimated from the v1 sweep's step times). SMOKE=1: a tiny random pair
 #           on this machine's CPU, 2 levels (PYBIN=python)
+#   sweep3  issue #22: AR vs DFlash fixed vs adaptive in-process at concurrency 1,4,16,64,256 (max_batch_size 256),
+#           then concurrency 64 through dflash-openai and Triton (dflash-serve; Triton needs the soak stage's
+#           .carry/soakw1 + soakw2 overlay, else it is skipped and the summary says so), 5 waves per level,
+#           HumanEval prompts, 128 new tokens -> sweep_smollm2_h100_v3.jsonl, plots, .summary.json (REGEN_TOK_S=
+#           fills regen_tok_s_b256 from a separate regeneration run). SMOKE=1: a tiny pair on the CPU, levels 1,4
 #   quant   ModelOpt FP8 build on the GPU + benchmarks/quant_report.py (weight-only vs fp8_gemm) -> quant_*.json
 #   gputests  pytest -m gpu (every gpu-marked module; the real SmolLM2 from prep's cache) -> gpu_tests_h100.json
 #   cudacheck benchmarks/cuda_check.py --smollm2 (every row, float32 + bf16) -> cuda_check_h100.json
@@ -47,7 +52,7 @@
 #   SMOKE=1      the same commands on CPU with a tiny corpus/run: seconds to minutes, no GPU (the CPU check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|sweep2|quant|gputests|cudacheck|soak|stash|regen_shards|train_big|ckpt_pull|eval_big}
+STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|sweep2|sweep3|quant|gputests|cudacheck|soak|stash|regen_shards|train_big|ckpt_pull|eval_big}
 SITE=/tmp/dflash_site
 for w in .carry/w*/; do   # each wheel folder once; they arrive over several calls
   marker=$SITE/.installed-$(basename "$w")
@@ -64,6 +69,43 @@ LOG=$OUT/$STAGE.log
 TRAIN=(env DATA="$PWD/.carry/w3/sharegpt_prompts.jsonl" bash benchmarks/train_smollm2_gpu.sh "$RUN")
 BIG=(env CORPUS="${CORPUS:-$PWD/.carry/corpus}" bash benchmarks/train_smollm2_gpu.sh "${BIG_RUN:-$PWD/.carry/bigrun}")
 exec > >(tee "$LOG") 2>&1
+# Triton 2.51 from nvidia-pytriton with numpy 1 on the GPU host (the carried soakw1 + soakw2, see above): puts a
+# python environment first on PATH for dflash-serve and its stub. Returns 1 (says which) while a part is missing.
+triton_overlay() {
+    SOAK_SITE=/tmp/dflash_soak_site
+    mkdir -p "$SOAK_SITE"
+    if [ ! -f "$SOAK_SITE/.installed-soakw1" ] && [ -f .carry/soakw1/SHA256SUMS ]; then
+      (cd .carry/soakw1 && sha256sum -c SHA256SUMS) && tar xJf .carry/soakw1/*.tar.xz -C "$SOAK_SITE" \
+        && touch "$SOAK_SITE/.installed-soakw1"
+    fi
+    if [ ! -f "$SOAK_SITE/.installed-soakw2" ] && ls .carry/soakw2/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --target "$SOAK_SITE" .carry/soakw2/*.whl \
+        && touch "$SOAK_SITE/.installed-soakw2"
+    fi
+    for w in soakw1 soakw2; do
+      if [ ! -f "$SOAK_SITE/.installed-$w" ]; then
+        echo "$STAGE: .carry/$w has not arrived yet: carry it in a call of its own, then run this stage again"
+        return 1
+      fi
+    done
+    # Triton's python-backend stub runs its interpreter isolated (no PYTHONPATH; measured in
+    # tests/serving/test_triton_env.py), so numpy 1 has to come first in a python environment, not on
+    # PYTHONPATH: a venv of our own whose .pth puts the soak site first, then the host venv's site-packages
+    # (processed as a site dir), the wheels and this checkout. dflash-serve puts its bin first on PATH.
+    SOAK_VENV=/tmp/dflash_soak_venv
+    if [ ! -x "$SOAK_VENV/bin/python3" ]; then
+      read -r BASE PYV HOST_SITE < <(python3 -c 'import sys, site; print(sys._base_executable, "%d.%d" % sys.version_info[:2], site.getsitepackages()[0])')
+      mkdir -p "$SOAK_VENV/bin" "$SOAK_VENV/lib/python$PYV/site-packages"
+      ln -sf "$BASE" "$SOAK_VENV/bin/python3"
+      printf 'home = %s\ninclude-system-site-packages = false\nversion = %s\n' "$(dirname "$BASE")" "$PYV" > "$SOAK_VENV/pyvenv.cfg"
+      # scipy/sklearn of the host venv are built for numpy 2 and break transformers' imports under numpy 1:
+      # None in sys.modules makes find_spec report them absent, so transformers does without them.
+      printf '%s\n' "$SOAK_SITE" "import site; site.addsitedir('$HOST_SITE')" "$SITE" "$PWD" \
+        "import sys; sys.modules.update(scipy=None, sklearn=None)" \
+        > "$SOAK_VENV/lib/python$PYV/site-packages/dflash_soak.pth"
+    fi
+    export PATH=$SOAK_VENV/bin:$PATH PYTHONPATH=$SOAK_SITE:$PYTHONPATH
+}
 case $STAGE in
   prep)
     python3 -m trtllm_dflash.checkpoints.packaged --join .carry/smollm2.gguf .carry/p[0-9]/*.part[0-9][0-9]
@@ -118,6 +160,63 @@ case $STAGE in
     $PY benchmarks/sweep2_summary.py --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy2" --batch $BATCH \
       --input_len $INPUT --out "$OUT/$NAME.summary.json"
     ;;
+  sweep3)
+    # Issue #22: AR vs DFlash fixed vs DFlash adaptive in-process at concurrency 1..256, then at concurrency 64 the
+    # same prompts through dflash-openai and Triton (dflash-serve); each level 5 waves (num_requests = 5 x
+    # concurrency, after concurrency warm-up requests). Budget ~8 min on an H100.
+    PY=${PYBIN:-python3}
+    if [ "${SMOKE:-0}" = 1 ]; then   # the same pipeline at toy size on the CPU
+      # the servers take text: a tiny random pair with SmolLM2's tokenizer (tests/serving's tiny deployment)
+      $PY -c "import sys; from pathlib import Path; from tests.tiny import write_tiny_pair_with_tokenizer as w; \
+from trtllm_dflash.checkpoints.packaged import smollm2_target_dir as s; w(Path(sys.argv[1]), s())" "$RUN/tiny3"
+      PAIR=(--target "$RUN/tiny3/target" --drafter "$RUN/tiny3/drafter" --gpu cpu --max_batch_size 4 --max_seq_len 256)
+      LOAD=(--dataset random --input_len 16 --max_new_tokens 16 --ignore_eos --device cpu)
+      LEVELS=1,4; MID=4; TOP=4; NAME=sweep3_smoke; INPUT=16
+    else
+      PAIR=(--target smollm2-135m --drafter smollm2-135m-dflash --gpu h100 --max_batch_size 256 --max_seq_len 2048)
+      LOAD=(--dataset humaneval --max_new_tokens 128)
+      LEVELS=1,4,16,64,256; MID=64; TOP=256; NAME=sweep_smollm2_h100_v3; INPUT=128
+    fi
+    # fixed: what dflash-serve runs on a GPU by default, and the in-process DFlash run the servers are compared with
+    $PY -m trtllm_dflash.build "${PAIR[@]}" --backend torch --draft_policy fixed --out "$RUN/deploy3" --force
+    rm -f "$OUT/$NAME.jsonl"
+    SWEEP=($PY -m trtllm_dflash.bench.sweep --engine "$RUN/deploy3" "${LOAD[@]}" --out "$OUT/$NAME.jsonl")
+    for mode in ar dflash adaptive; do
+      "${SWEEP[@]}" --mode $mode --concurrency $LEVELS
+    done
+    NOTES=(); PORT=${PORT:-$((20000 + RANDOM % 20000))}   # the servers listen on PORT, PORT+10..12
+    # A server in the background for one sweep at concurrency $MID: started, waited for, stopped by its pid.
+    serve_and_sweep() {   # label ready-line sweep-flags... -- server command...
+      local label=$1 ready=$2 log=$OUT/$NAME.$1.log; shift 2
+      local flags=(); while [ "$1" != -- ]; do flags+=("$1"); shift; done; shift
+      setsid "$@" > "$log" 2>&1 &
+      local pid=$! t=0 rc=0
+      until grep -q "$ready" "$log"; do
+        sleep 1; t=$((t + 1))
+        if ! kill -0 $pid 2>/dev/null || [ $t -gt 300 ]; then
+          echo "$label: not ready (see $log)"; tail -20 "$log"; kill -TERM -- -$pid 2>/dev/null; return 1
+        fi
+      done
+      "${SWEEP[@]}" --mode dflash --concurrency $MID "${flags[@]}" --label "DFlash via $label" || rc=$?
+      kill -TERM -- -$pid; wait $pid || true
+      return $rc
+    }
+    serve_and_sweep dflash-openai "dflash-openai: ready" --backend openai --url 127.0.0.1:$((PORT + 0)) -- \
+      $PY -m trtllm_dflash.serving.openai_server "$RUN/deploy3" --port $((PORT + 0)) --served_model_name deploy3 \
+      || NOTES+=(--note "dflash-openai: the run failed (see $NAME.dflash-openai.log)")
+    if [ "${SMOKE:-0}" = 1 ] || [ -d .carry/soakw1 ]; then
+      (if [ "${SMOKE:-0}" != 1 ]; then triton_overlay || exit 3; fi
+       serve_and_sweep Triton "dflash-serve: ready" --backend triton --url 127.0.0.1:$((PORT + 11)) -- \
+         $PY -m trtllm_dflash.serving.server "$RUN/deploy3" --http_port $((PORT + 10)) --grpc_port $((PORT + 11)) --metrics_port $((PORT + 12))) \
+        || NOTES+=(--note "Triton: not measured (the run failed or the numpy-1 overlay had not arrived; see the log)")
+    else
+      NOTES+=(--note "Triton: not measured (.carry/soakw1, the nvidia-pytriton + numpy-1 overlay, is not on this host)")
+    fi
+    $PY -m trtllm_dflash.bench.plot "$OUT/$NAME.jsonl" --out_dir "$OUT" \
+      --title "SmolLM2-135M: AR vs DFlash fixed vs adaptive, in-process and served"
+    $PY benchmarks/sweep2_summary.py --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy3" --batch $MID --top $TOP \
+      --input_len $INPUT ${REGEN_TOK_S:+--regen_tok_s $REGEN_TOK_S} "${NOTES[@]}" --out "$OUT/$NAME.summary.json"
+    ;;
   quant)   # the shipped drafter unless a trained one is in $RUN
     DRAFTER=$([ -d "$RUN/train/drafter" ] && echo "$RUN/train/drafter" || echo smollm2-135m-dflash)
     BUILD=(python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" --gpu h100 --backend torch --force)
@@ -135,39 +234,7 @@ case $STAGE in
   soak)
     DRAFTER=$([ -d "$RUN/train/drafter" ] && echo "$RUN/train/drafter" || echo smollm2-135m-dflash)
     if [ -z "${SMOKE:-}" ]; then
-      SOAK_SITE=/tmp/dflash_soak_site
-      mkdir -p "$SOAK_SITE"
-      if [ ! -f "$SOAK_SITE/.installed-soakw1" ] && [ -f .carry/soakw1/SHA256SUMS ]; then
-        (cd .carry/soakw1 && sha256sum -c SHA256SUMS) && tar xJf .carry/soakw1/*.tar.xz -C "$SOAK_SITE" \
-          && touch "$SOAK_SITE/.installed-soakw1"
-      fi
-      if [ ! -f "$SOAK_SITE/.installed-soakw2" ] && ls .carry/soakw2/*.whl >/dev/null 2>&1; then
-        python3 -m pip install -q --no-index --no-deps --target "$SOAK_SITE" .carry/soakw2/*.whl \
-          && touch "$SOAK_SITE/.installed-soakw2"
-      fi
-      for w in soakw1 soakw2; do
-        if [ ! -f "$SOAK_SITE/.installed-$w" ]; then
-          echo "soak: .carry/$w has not arrived yet: carry it in a call of its own, then run this stage again"
-          exit 0
-        fi
-      done
-      # Triton's python-backend stub runs its interpreter isolated (no PYTHONPATH; measured in
-      # tests/serving/test_triton_env.py), so numpy 1 has to come first in a python environment, not on
-      # PYTHONPATH: a venv of our own whose .pth puts the soak site first, then the host venv's site-packages
-      # (processed as a site dir), the wheels and this checkout. dflash-serve puts its bin first on PATH.
-      SOAK_VENV=/tmp/dflash_soak_venv
-      if [ ! -x "$SOAK_VENV/bin/python3" ]; then
-        read -r BASE PYV HOST_SITE < <(python3 -c 'import sys, site; print(sys._base_executable, "%d.%d" % sys.version_info[:2], site.getsitepackages()[0])')
-        mkdir -p "$SOAK_VENV/bin" "$SOAK_VENV/lib/python$PYV/site-packages"
-        ln -sf "$BASE" "$SOAK_VENV/bin/python3"
-        printf 'home = %s\ninclude-system-site-packages = false\nversion = %s\n' "$(dirname "$BASE")" "$PYV" > "$SOAK_VENV/pyvenv.cfg"
-        # scipy/sklearn of the host venv are built for numpy 2 and break transformers' imports under numpy 1:
-        # None in sys.modules makes find_spec report them absent, so transformers does without them.
-        printf '%s\n' "$SOAK_SITE" "import site; site.addsitedir('$HOST_SITE')" "$SITE" "$PWD" \
-          "import sys; sys.modules.update(scipy=None, sklearn=None)" \
-          > "$SOAK_VENV/lib/python$PYV/site-packages/dflash_soak.pth"
-      fi
-      export PATH=$SOAK_VENV/bin:$PATH PYTHONPATH=$SOAK_SITE:$PYTHONPATH
+      triton_overlay || exit 0
       python3 -I -c "import sys, numpy, torch; print('soak python', sys.executable, sys.version.split()[0], 'numpy', numpy.__version__, numpy.__file__, 'torch', torch.__version__)"
       GPU=h100 BATCH=64 NAME=soak_smollm2_h100 SOAK=(--streams 64 --duration 180 --kills 20)
     else

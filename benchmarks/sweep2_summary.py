@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Summary of the AR / DFlash fixed / DFlash adaptive sweep (gpu_smollm2.sh stage sweep2).
+"""Summary of the AR / DFlash fixed / DFlash adaptive sweep (gpu_smollm2.sh stages sweep2 and sweep3).
 
     python benchmarks/sweep2_summary.py --sweep sweep.jsonl --engine DEPLOY --batch 64 --input_len 128 --out summary.json
+    python benchmarks/sweep2_summary.py ... --top 256 --regen_tok_s 41000     # sweep3: the issue #22 keys as well
 
 - ``min/max_adaptive_over_ar_iso_interactivity``: DFlash adaptive's throughput (tok/s/gpu) over AR's at equal
   interactivity (tok/s/user), over the two Pareto fronts' shared range (bench/plot.py's iso_ratio, the
@@ -9,6 +10,12 @@
 - ``itl_c64_over_steady_b64``: the mean gap between streamed chunks at concurrency ``--batch`` in the sweep
   (requests arriving and leaving) over the step time of a steady batch of ``--batch`` requests that all
   decode (no arrivals), both in adaptive mode on this device: 1 = arrivals cost nothing.
+- ``ar_tok_s_c<batch>``, ``ar_tok_s_c<top>``: AR's output tokens/s of all users at those concurrencies.
+- ``openai_over_inprocess_c<batch>``, ``triton_over_inprocess_c<batch>``: tok/s of the runs labelled
+  ``DFlash via dflash-openai`` / ``DFlash via Triton`` (the same prompts through the servers) over the
+  in-process ``DFlash`` run at that concurrency; null when the sweep has no such run (``notes`` says why).
+- ``regen_tok_s_b<top>``: ``--regen_tok_s`` (dflash-train's regeneration, a separate run); null if not given.
+- ``steady_state``: requests per level over the concurrency (waves) and seconds measured, per run.
 """
 from __future__ import annotations
 
@@ -51,12 +58,37 @@ def steady_step_ms(engine_dir: Path, batch: int, input_len: int, mode: str, step
     return {"step_ms": 1e3 * statistics.median(times), "block_counts": engine.block_counts}
 
 
+SERVERS = {"openai": "DFlash via dflash-openai", "triton": "DFlash via Triton"}
+
+
+def serving_keys(rows: list[dict], batch: int, top: int, regen_tok_s: float | None) -> dict:
+    """Issue #22's keys: AR throughput at ``batch`` and ``top``, the servers over in-process at ``batch``."""
+    def tok_s(label: str, c: int) -> float | None:
+        at = [r for r in rows if r["label"] == label and r["settings"]["concurrency"] == c]
+        return at[-1]["metrics"]["total_tok_s"] if at else None
+
+    out = {f"ar_tok_s_c{batch}": tok_s("AR", batch), f"ar_tok_s_c{top}": tok_s("AR", top)}
+    inproc = tok_s("DFlash", batch)
+    for key, label in SERVERS.items():
+        served = tok_s(label, batch)
+        out[f"{key}_over_inprocess_c{batch}"] = served / inproc if served and inproc else None
+    out[f"regen_tok_s_b{top}"] = regen_tok_s
+    out["steady_state"] = [{"label": r["label"], "concurrency": r["settings"]["concurrency"],
+                            "waves": r["metrics"]["num_requests"] / r["settings"]["concurrency"],
+                            "wall_s": r["metrics"]["wall_s"]} for r in rows]
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sweep", type=Path, required=True, help="JSONL with the runs labelled AR, DFlash, DFlash adaptive")
     p.add_argument("--engine", type=Path, required=True, help="the deployment the sweep ran")
     p.add_argument("--batch", type=int, default=64, help="the concurrency compared with a steady batch")
     p.add_argument("--input_len", type=int, default=128, help="prompt tokens of the steady batch's requests")
+    p.add_argument("--top", type=int, default=None, help="the largest concurrency, for ar_tok_s_c<top> (sweep3)")
+    p.add_argument("--regen_tok_s", type=float, default=None,
+                   help="dflash-train's regeneration new tokens/s at batch --top, measured separately")
+    p.add_argument("--note", action="append", default=[], help="a line for the summary's notes (repeatable)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     rows = [json.loads(line) for line in args.sweep.read_text().splitlines() if line.strip()]
@@ -82,6 +114,9 @@ def main(argv=None) -> int:
     summary[f"itl_c{args.batch}_adaptive_ms"] = itl
     summary["itl_c64_over_steady_b64" if args.batch == 64 else f"itl_c{args.batch}_over_steady_b{args.batch}"] = (
         itl / steady["step_ms"] if itl else None)
+    if args.top is not None:
+        summary.update(serving_keys(rows, args.batch, args.top, args.regen_tok_s))
+    summary["notes"] = args.note
     summary["levels"] = {label: sorted(c for *_, c in pts) for label, pts in curves.items()}
     summary["requests_per_level"] = sorted({r["metrics"].get("num_requests") for r in rows} - {None})
     out = {"summary": summary, "provenance": record(["python", "benchmarks/sweep2_summary.py",

@@ -51,6 +51,25 @@ def write_tiny_pair(root: Path, arch: str = "llama", *, block_size: int = 8, dra
     return target, drafter
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json")
+
+
+def write_tiny_pair_with_tokenizer(root: Path, tokenizer_dir: Path) -> tuple[Path, Path]:
+    """(target, drafter): a 2-layer random Llama with the vocabulary and tokenizer of ``tokenizer_dir`` (SmolLM2's:
+    text works and a server takes seconds), plus an untrained 1-layer drafter (greedy output = the target's)."""
+    import shutil
+
+    vocab = json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"]
+    target = write_tiny_target(root / "target", num_layers=2, vocab=vocab)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, target / name)
+    drafter = write_random_drafter(target, root / "drafter", num_layers=1, block_size=8, target_layer_ids=[0, 1],
+                                   mask_token_id=vocab - 1, seed=1)
+    return target, drafter
+
+
 def write_tiny_gpt_oss(out: Path, *, heads=4, kv_heads=2, intermediate=64, mxfp4=False, seed=0) -> Path:
     """A random 4-layer GptOssForCausalLM (sliding window 8 / full alternating, 4 experts top-2, YaRN) saved by
     transformers. mxfp4=True stores the experts as MXFP4 blocks/scales instead, with the HF reference weights

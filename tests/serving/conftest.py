@@ -18,8 +18,6 @@ import pytest
 
 from trtllm_dflash.serving.launch import free_loopback_port as free_port
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "generation_config.json")
 RUNTIME = {"max_batch_size": 8, "max_seq_len": 256, "block_size": 8, "dtype": "float32"}
 # One torch thread in every process a test starts (server, reference runs): tiny models gain nothing from
 # more, and on a busy 2-core machine OpenMP's spinning threads made them several times slower.
@@ -71,18 +69,9 @@ def make_deployment(root: Path, target: Path, drafter: Path, *, backend: str = "
 def tiny_target_with_tokenizer(tmp_path_factory, smollm2_dir) -> tuple[Path, Path]:
     """(target, drafter): a 2-layer random Llama with SmolLM2's vocabulary and tokenizer (so text works and
     a server test takes seconds), plus an untrained 1-layer drafter (greedy output = the target's)."""
-    from tests.tiny import write_tiny_target
-    from trtllm_dflash.checkpoints.drafter_init import write_random_drafter
+    from tests.tiny import write_tiny_pair_with_tokenizer
 
-    root = tmp_path_factory.mktemp("tiny_smol")
-    vocab = json.loads((smollm2_dir / "config.json").read_text())["vocab_size"]
-    target = write_tiny_target(root / "target", num_layers=2, vocab=vocab)
-    for name in TOKENIZER_FILES:
-        if (smollm2_dir / name).is_file():
-            shutil.copy(smollm2_dir / name, target / name)
-    drafter = write_random_drafter(target, root / "drafter", num_layers=1, block_size=8, target_layer_ids=[0, 1],
-                                   mask_token_id=vocab - 1, seed=1)
-    return target, drafter
+    return write_tiny_pair_with_tokenizer(tmp_path_factory.mktemp("tiny_smol"), smollm2_dir)
 
 
 @pytest.fixture(scope="session")

@@ -162,6 +162,50 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(server):
     assert ok.usage.completion_tokens == 3
 
 
+def _scrape(server) -> dict:
+    from trtllm_dflash.serving.metrics import parse
+    with urllib.request.urlopen(server.url.removesuffix("/v1") + "/metrics", timeout=30) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return parse(resp.read().decode())
+
+
+def _value(samples: dict, name: str, **labels) -> float:
+    want = {"model_name": "smol", **{k: str(v) for k, v in labels.items()}}
+    return sum(v for (n, lab), v in samples.items() if n == name and want.items() <= dict(lab).items())
+
+
+def test_metrics_move_with_a_request(server):
+    before = _scrape(server)
+    reply = server.client.completions.create(model="smol", prompt="Count: 1, 2,", max_tokens=24, temperature=0,
+                                             stream=True, extra_body={"ignore_eos": True},
+                                             stream_options={"include_usage": True})
+    usage = [c for c in reply if c.usage][-1].usage
+    after = _scrape(server)
+
+    def delta(name, **labels):
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    assert delta("dflash:request_success_total", finished_reason="length") == 1
+    assert delta("dflash:prompt_tokens_total") == usage.prompt_tokens
+    assert delta("dflash:generation_tokens_total") == usage.completion_tokens == 24
+    assert delta("dflash:time_to_first_token_seconds_count") == 1
+    assert delta("dflash:e2e_request_latency_seconds_count") == 1
+    drafts, steps = delta("dflash:spec_decode_num_drafts_total"), delta("dflash:inter_token_latency_seconds_count")
+    assert drafts >= 1 and steps == drafts        # one update per DFlash step of this request
+    # block 16 (fixed): 15 drafts per step; accepted + 1 bonus per step = the tokens after the prefill's first
+    assert delta("dflash:spec_decode_num_draft_tokens_total") == 15 * drafts
+    accepted = delta("dflash:spec_decode_num_accepted_tokens_total")
+    assert accepted + drafts >= 24 - 1 and accepted + drafts <= 24 - 1 + 15
+    assert delta("dflash:spec_decode_acceptance_length_count") == drafts
+    assert delta("dflash:spec_decode_acceptance_length_sum") == accepted + drafts
+    assert _value(after, "dflash:spec_decode_block") == 16
+    assert delta("dflash:spec_decode_steps_by_block_total", block=16) >= drafts
+    assert _value(after, "dflash:num_requests_running") == 0
+    bucket = [v for (n, lab), v in after.items() if n == "dflash:time_to_first_token_seconds_bucket"
+              and dict(lab)["le"] == "+Inf"]
+    assert bucket == [_value(after, "dflash:time_to_first_token_seconds_count")]
+
+
 def test_sweep_openai_equals_triton_on_the_same_prompts(server, smol_deployment, tmp_path):
     """dflash-sweep --backend openai (written for trtllm-serve) against our server: the same token counts and
     acceptance as --backend triton on the same prompts (greedy, fixed lengths)."""

@@ -101,3 +101,44 @@ def test_text_stream_stop_string_cuts_and_holds_prefix():
     assert "".join(pieces) == "abcENx" and stream.stop_reason == "END"
     assert pieces[3:5] == ["", ""]          # "E", "EN" held back: they could start "END"
     assert stream.finish() == ""
+
+
+def test_text_stream_pieces_join_to_the_full_decode_with_the_real_tokenizer(smollm2_dir):
+    # The offsets window (vLLM's) must give exactly what one decode of all ids gives: multi-byte characters
+    # split across tokens, leading spaces, newlines, chunks of any size.
+    import random
+
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
+    text = ("def f(x):\n    return x * 2  # double it\n\nNaïve café — 東京タワー 🤖🚀 ok! "
+            "Ünïcödé ∑∫√ résumé; 한국어 텍스트. Ελληνικά. \t tabs and  double  spaces.\n") * 3
+    ids = tok.encode(text)
+    rng = random.Random(0)
+    assert TextStream(tok)._stream is not None          # SmolLM2's: tokenizers' DecodeStream
+    for trial in range(40):
+        stream, pieces, i = TextStream(tok), [], 0
+        if trial % 2:
+            stream._stream = None                        # the window path (tokenizers without a stream)
+        sample = ids if trial < 20 else [rng.randrange(tok.vocab_size) for _ in range(200)]
+        while i < len(sample):
+            n = rng.choice([1, 1, 1, 2, 3, 5])
+            pieces.append(stream.push(sample[i:i + n]))
+            i += n
+        pieces.append(stream.finish())
+        assert "".join(pieces) == tok.decode(sample, skip_special_tokens=True), trial
+
+
+def test_text_stream_decodes_only_the_tail():
+    # Quadratic before: every update decoded the whole text. Now each update decodes a window of a few tokens.
+    class Counting(ByteTokenizer):
+        decoded = 0
+
+        def decode(self, ids, skip_special_tokens=True):
+            Counting.decoded += len(ids)
+            return super().decode(ids)
+
+    stream = TextStream(Counting(), stop=("STOP",))
+    for chunk in _ids("x" * 4000):
+        stream.push(chunk)
+    assert stream.finish() == "" and stream.sent == 4000
+    assert Counting.decoded < 4000 * 12      # ~2 windows of <= 6 tokens per update, whatever the length

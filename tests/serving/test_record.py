@@ -58,4 +58,4 @@ def test_token_ids_are_decoded_on_the_reader_side_and_a_stop_string_ends_the_rec
     assert "".join(r.text for r in got) == "abc" and [r.token_ids for r in got][0] == [97, 98]
     assert got[-1].finished and got[-1].finish_reason == "stop" and got[-1].stop_reason == "END"
     assert stopped == [True] and record.finished
-    assert not record.emit(Result(finished=True, finish_reason="cancelled"))   # the engine's own final: dropped
+    assert not record.push(Result(finished=True, finish_reason="cancelled"))   # the engine's own final: dropped

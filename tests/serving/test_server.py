@@ -580,7 +580,7 @@ def _broken_engine_model(real: str) -> str:
     imports = "from trtllm_dflash.serving import triton_model\n"
     assert real.count(call) == 1 and real.count(imports) == 1, "the real model.py changed: update this test"
     return (real.replace(imports, imports + "from tests.serving.fakes import FakeEngine\n"
-                         "from trtllm_dflash.serving.backends import TorchBackend\n")
+                         "from trtllm_dflash.serving.runtimes import TorchBackend\n")
             .replace(call, call[:-1] + ", backend=TorchBackend(FakeEngine(fail_at_step=0)))"))
 
 

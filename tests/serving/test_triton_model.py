@@ -7,7 +7,7 @@ import pytest
 
 from tests.serving.fakes import FakeEngine, FakePbUtils, FakeRequest, triton_inputs
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.serving.backends import TorchBackend
+from trtllm_dflash.serving.runtimes import TorchBackend
 from trtllm_dflash.serving.repo import fill_triton
 from trtllm_dflash.serving.triton_model import DFlashModel
 
@@ -179,3 +179,21 @@ def test_decoupled_policy_must_match_model_yaml(tmp_path):
     loaded = {"name": "tensorrt_llm", "model_transaction_policy": {"decoupled": True}}
     with pytest.raises(DFlashError, match="triton_config.decoupled: is False in model.yaml"):
         DFlashModel(FakePbUtils, version_dir, loaded, backend=object())
+
+
+def test_no_thread_per_request_and_one_hand_over_per_step(make_model):
+    # Before: execute() started an OS thread per request and the runtime woke each record on its own.
+    import threading
+    model, engine = make_model(max_batch_size=16)
+    deliveries, deliver = [], model.deliver
+    model.deliver = lambda updates: (deliveries.append(len(updates)), deliver(updates))
+    before = threading.active_count()
+    reqs = [FakeRequest(triton_inputs(f"q{i}-", max_tokens=40, streaming=True)) for i in range(16)]
+    model.execute(reqs)
+    assert threading.active_count() <= before      # (a thread of an earlier test may end meanwhile)
+    for r in reqs:
+        assert r.sender.final.wait(10), "no final response"
+    assert all(r.sender.text() == (f"q{i}-" * 14)[:40] for i, r in enumerate(reqs))
+    # at most one hand-over per step, carrying every row of it: 20 updates of 2 tokens + 1 final per request
+    assert sum(deliveries) == 16 * 21 and len(deliveries) <= engine.counters["steps"] + 1
+    assert max(deliveries) >= 16          # 16 slots: once all are admitted, a step's hand-over has all 16 rows

@@ -4,32 +4,38 @@
 repo.py          fill triton_model_repo/ for one deployment (dflash-build calls fill_triton)
 record.py        ServedRequest: one record per request, frontend -> backend -> frontend; its Results
 protocol.py      the tensorrt_llm model's inputs and outputs: validation into a record, response tensors
-detokenize.py    token chunks -> text pieces (incomplete characters and stop strings held back)
-backends.py      torch runtime (scheduler thread, continuous batching) and tensorrt_llm.LLM, one interface
+detokenize.py    token chunks -> text pieces, incrementally (incomplete characters and stop strings held back)
+handoff.py       one step's updates -> the frontends, one wake-up per step (not per request)
+metrics.py       dflash-openai's Prometheus /metrics (vLLM's names under dflash:)
+runtimes.py      torch runtime (scheduler thread, continuous batching) and tensorrt_llm.LLM, one interface
 launch.py        tensor parallelism of the torch runtime: mpiexec command for ranks 1..N-1
 triton_model.py  what 1/model.py does: requests in, streamed responses out, cancellation, dflash_* metrics
 triton_env.py    which tritonserver (NGC on PATH, or the nvidia-pytriton wheel's) and its environment
 server.py        dflash-serve: start tritonserver, wait for readiness, stop on SIGTERM/Ctrl-C
 client.py        dflash-client: HTTP generate / gRPC stream, prints text as it comes and the DFlash stats
-openai_server.py dflash-openai: OpenAI-compatible endpoints (FastAPI + uvicorn) over the same backends
+openai_server.py dflash-openai: OpenAI-compatible endpoints (FastAPI + uvicorn) over the same runtimes
 
-One request, one record, two threads between a frontend and the engine (torch backend)::
+One request, one record; one hand-over per engine step for all requests (torch backend)::
 
   frontend thread             record (ServedRequest)            scheduler thread (owns Engine.step)
   ---------------             ----------------------            -----------------------------------
-  record = ServedRequest(..)
+  record = ServedRequest(.., handoff=H)
   backend.submit(record) ---- validates, tokenizes, engine.add_request -> queued (or DFlashError, nothing queued)
-  for r in record.results()   <- emit(Result(token_ids=..)) ---- on_tokens of each step
-     (text decoded here;      <- emit(Result(finished=True)) --- step() returned it finished
+                                                                  step(): on_tokens appends (record, Result)
+  H's thread: record.push(r)  <---- H.deliver([...all rows...]) -- once per step (handoff.hand_over)
+  for r in record.results()/aresults()
+     (text decoded here;
       a stop string ends it
       and cancels the slot)
   backend.cancel(record) ---------------------------------------> engine.cancel: freed at the next step,
                                                                   then the final Result (cancelled)
 
 - ``submit`` runs on the frontend's thread (Triton's execute(), an ASGI handler); it never waits for
-  the engine. ``emit`` runs on the scheduler thread and only appends to the record: a slow reader never
-  delays a step. Reading (``results()`` blocking, ``aresults()`` asyncio) and detokenizing run on the
-  reader's side, one reader per record.
+  the engine. Per row and step the scheduler thread only appends to a list; after the step it wakes each
+  frontend once (dflash-openai: one ``call_soon_threadsafe`` onto its event loop; Triton's model: one put
+  on its sender thread's queue): the wake-ups per step do not grow with the batch. Reading and
+  detokenizing (incremental: detokenize.py) run on the frontend's side; a slow reader never delays a step.
+- The runtime keeps the one map of live requests (``records()``); the frontends keep none.
 - Every accepted record gets exactly one final Result (finished=True): ``finish_reason`` stop / length /
   cancelled, or ``error`` when its step failed. A failed step fails only the requests it was stepping;
   steps that keep failing mark the engine broken: ``health()`` says so and ``submit`` refuses

@@ -26,6 +26,8 @@ import uuid
 from pathlib import Path
 
 from ..errors import DFlashError
+from .handoff import LoopHandoff
+from .metrics import ServingMetrics
 from .record import Result, ServedRequest, Unavailable
 
 log = logging.getLogger(__name__)
@@ -173,6 +175,8 @@ class OpenAIApp:
     def __init__(self, backend, tokenizer, model_name: str):
         self.backend, self.tokenizer, self.model_name = backend, tokenizer, model_name
         self.created = int(time.time())
+        self.metrics = ServingMetrics(model_name)
+        self.handoff: LoopHandoff | None = None   # the serving loop's, made on the first request
 
     def make(self):
         """The FastAPI app."""
@@ -200,6 +204,12 @@ class OpenAIApp:
             ok, reason = self.backend.health()
             return JSONResponse({"status": "ok" if ok else "unavailable", "reason": reason},
                                 status_code=200 if ok else 503)
+
+        @app.get("/metrics")
+        async def metrics():
+            from fastapi.responses import PlainTextResponse
+            text = self.metrics.render(self.backend.metrics())
+            return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
         @app.get("/v1/models")
         async def models():
@@ -245,7 +255,8 @@ class OpenAIApp:
             fields["prompt_ids"] = apply_chat_template(self.tokenizer, chat_messages(body))
         else:
             fields.update(prompt_fields(body))
-        return ServedRequest(**fields, request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex)
+        return ServedRequest(**fields, request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+                             handoff=self.handoff)
 
     def _submit(self, record: ServedRequest, chat: bool) -> None:
         try:
@@ -254,9 +265,20 @@ class OpenAIApp:
             raise BadRequest(503, None, str(err), kind="service_unavailable") from None
         except DFlashError as err:
             raise BadRequest(400, _param(err.field, chat), str(err)) from None
+        self.metrics.start(record)
+
+    async def _results(self, record: ServedRequest):
+        """The record's updates, each counted in /metrics as the client gets it."""
+        async for result in record.aresults():
+            self.metrics.observe(record, result)
+            yield result
 
     async def _generate(self, request, *, chat: bool, json_response, stream_response):
         body = await self._body(request)
+        loop = asyncio.get_running_loop()
+        if self.handoff is None or self.handoff.loop is not loop:
+            # The runtime hands each step's updates to this loop at once: one wake-up per step, not per stream.
+            self.handoff = LoopHandoff(loop)
         # Templating and tokenizing run off the event loop: a long prompt must not stall other streams.
         record = await asyncio.to_thread(self._record, body, chat)
         await asyncio.to_thread(self._submit, record, chat)
@@ -267,7 +289,7 @@ class OpenAIApp:
                                    media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         pieces, final = [], None
         try:
-            async for result in record.aresults():
+            async for result in self._results(record):
                 pieces.append(result.text)
                 final = result
         except asyncio.CancelledError:          # the client went away
@@ -301,7 +323,7 @@ class OpenAIApp:
             if chat:
                 yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None}])
-            async for result in record.aresults():
+            async for result in self._results(record):
                 if result.error:
                     err = BadRequest(500, None, result.error, kind="server_error").body()
                     yield f"data: {json.dumps(err)}\n\n"
@@ -368,7 +390,7 @@ def _server_class():
 def load(engine_dir: Path):
     """(backend, tokenizer) for a deployment directory."""
     from ..checkpoints import manifest as manifest_mod
-    from .backends import load_backend
+    from .runtimes import load_backend
 
     record = manifest_mod.read(engine_dir)
     backend = load_backend(engine_dir, record)

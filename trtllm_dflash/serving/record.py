@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """One record per request, from a frontend (Triton's model, the OpenAI server) to a backend and back.
 
-The frontend fills the request fields and calls ``backend.submit(record)``; the backend writes updates
-into the record (``emit``) from its own thread; the frontend reads them with ``results()`` (blocking, one
-thread per request, as Triton's model does) or ``aresults()`` (an asyncio task, as an ASGI app does).
-The record buffers what the backend wrote, so a slow reader never holds up the engine's next step.
+The frontend fills the request fields and calls ``backend.submit(record)``; the backend hands updates to
+the record's ``handoff`` (handoff.py: one step's updates of all records at once, pushed into each record on
+the frontend's thread) or, without one, pushes them itself (``emit``); the frontend reads them with
+``get``/``results()`` (a thread) or ``aresults()`` (an asyncio task, as an ASGI app does). The record
+buffers what the backend wrote, so a slow reader never holds up the engine's next step.
 
 The torch backend emits token ids only: the text is decoded here, on the reader's side, so detokenizing
 and stop strings never cost the engine's thread anything. A stop string found here ends the record and
@@ -20,6 +21,13 @@ from typing import AsyncIterator, Callable, Iterator
 
 from ..errors import DFlashError
 from .detokenize import TextStream
+
+
+def _running_loop():
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class Unavailable(DFlashError):
@@ -66,6 +74,11 @@ class ServedRequest:
     streaming: bool = False
     echo: bool = False                   # the frontend puts the prompt before the text (the backend ignores it)
     request_id: str = ""                 # the client's id, for logs and cancellation by id
+    cancel_key: str = ""                 # a client that cancels by id must send this too (Triton's cancel_key)
+    # Where the runtime hands this record's updates over, once per step for all records that share it
+    # (handoff.py); None: each emit wakes this record's own reader (a thread blocked in results()).
+    handoff: object = field(default=None, repr=False)
+    frontend: object = field(default=None, repr=False)   # the frontend's own state (Triton: request, sender)
 
     # -- written by the backend --
     num_prompt_tokens: int = 0
@@ -88,8 +101,17 @@ class ServedRequest:
         self._text = TextStream(tokenizer, self.stop)
         self._on_stop = on_stop
 
-    def emit(self, result: Result) -> bool:
-        """Hand one update to the reader (any thread). False once the record is finished: ignored."""
+    def emit(self, result: Result) -> None:
+        """Hand one update to the reader (any thread); ignored once the record is finished. A runtime
+        that has many records' updates at once hands them over with ``handoff.hand_over`` instead."""
+        if self.handoff is None:
+            self.push(result)
+        else:
+            self.handoff.deliver([(self, result)])
+
+    def push(self, result: Result) -> bool:
+        """Queue one update for the reader and wake it. False once the record is finished: ignored.
+        Called by ``emit`` or, on the reader's own thread, by a handoff."""
         with self._cond:
             if self._closed:
                 return False
@@ -99,6 +121,9 @@ class ServedRequest:
             self._cond.notify_all()
         if waker is not None:
             loop, event = waker
+            if _running_loop() is loop:   # a handoff dispatching on the reader's loop: no cross-thread call
+                event.set()
+                return True
             try:
                 loop.call_soon_threadsafe(event.set)
             except RuntimeError:      # the reader's loop is closed: nobody is listening any more

@@ -3,9 +3,10 @@
 ``triton_python_backend_utils`` is passed in (tests pass a fake).
 
 ``execute`` validates each request into a ``ServedRequest``, submits it to the backend and returns at
-once; one thread per request reads the record's results and sends them (decoupled: one response per
-piece, then a final one with the DFlash stats), and while nothing comes it asks Triton every
-``cancellation_check_period_ms`` whether the client cancelled or went away. A monitor thread publishes
+once. One sender thread serves every request (no thread per request): the runtime hands it each step's
+updates at once (a queue: the record's ``handoff``), it decodes them and sends the responses (decoupled: one
+response per piece, then a final one with the DFlash stats), and every ``cancellation_check_period_ms`` it
+asks Triton whether the clients of the running requests cancelled or went away. A monitor thread publishes
 the runtime's counters as Triton custom metrics and talks to dflash-serve through files in the
 directory that ``DFLASH_SERVE_CONTROL_DIR`` names (set by dflash-serve, never by a request):
 
@@ -21,9 +22,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import threading
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -105,16 +108,19 @@ class DFlashModel:
                               "point model.yaml at a dflash-build output (or refill the repository)")
         self.manifest = json.loads(manifest_path.read_text())
         if backend is None:
-            from .backends import load_backend
+            from .runtimes import load_backend
             backend = load_backend(self.deployment_dir, self.manifest)
         self.backend = backend
-        # record -> (its Triton request, its cancel key), until the final response
-        self._live: dict[ServedRequest, tuple[object, str]] = {}
+        # The runtime keeps the one map of live records (backend.records()); here only how many still
+        # owe their client a final response (dflash-serve's "drained" waits for 0).
+        self._open = 0
         self._lock = threading.Lock()
+        self._updates: queue.SimpleQueue = queue.SimpleQueue()   # lists of (record, Result), one per step
         self._counts = {"draft_tokens": 0, "accepted_draft_tokens": 0}
         self._finish_counts: dict[str, int] = {}
         self._metrics = _TritonMetrics(pb_utils, model_config["name"])
         self._stop = threading.Event()
+        self._finalized = False
         self.draining = ""     # why new requests are refused and running ones were ended ("" = serving)
         control = os.environ.get(CONTROL_DIR_ENV)
         self._control = Path(control) if control else None
@@ -123,6 +129,8 @@ class DFlashModel:
         self._reported_broken = False
         self._monitor = threading.Thread(target=self._monitor_loop, name="dflash-monitor", daemon=True)
         self._monitor.start()
+        self._sender = threading.Thread(target=self._send_loop, name="dflash-sender", daemon=True)
+        self._sender.start()
         self._log(f"serving {self.deployment_dir} with the {backend.name} backend "
                   f"(decoupled={self.decoupled}, max_seq_len={backend.max_seq_len})")
 
@@ -145,12 +153,14 @@ class DFlashModel:
                 if self.draining:
                     raise Unavailable("server", f"is shutting down ({self.draining})",
                                       "send the request to a running server")
-                # Tokenizing and queueing happen on the request's own thread: a long prompt never holds
-                # up the requests behind it in this call.
+                record.cancel_key = str(params.get(protocol.CANCEL_KEY, ""))
+                record.handoff, record.frontend = self, _Call(request, sender)
+                # Tokenizing and queueing happen here, as TensorRT-LLM's model calls generate_async in execute.
+                self.backend.submit(record)
                 with self._lock:
-                    self._live[record] = (request, str(params.get(protocol.CANCEL_KEY, "")))
-                threading.Thread(target=self._serve, args=(record, request, sender), daemon=True,
-                                 name="dflash-request").start()
+                    self._open += 1
+                if self.draining:       # drained while it was being queued
+                    self._end(record, self.draining)
             except Unavailable as err:
                 self._send_error(sender, str(err), "UNAVAILABLE")
             except DFlashError as err:
@@ -161,56 +171,78 @@ class DFlashModel:
 
     def finalize(self) -> None:
         self._log("finalize: stopping the runtime")
-        self._stop.set()
         self.backend.shutdown()
+        self._stop.set()
+        # The final responses the shutdown queued go out while the model is still loaded; the wait is short
+        # (a send can wait on the unloading server itself, and finalize must return within Triton's exit
+        # timeout), and nothing is sent after finalize: Triton frees the requests' response senders then.
+        self._sender.join(timeout=2.0)
+        self._finalized = True
         self._monitor.join(timeout=30)
 
-    # -- one thread per request: the record's results -> Triton responses --
+    # -- one sender thread for every request: the records' results -> Triton responses --
 
-    def _serve(self, record: ServedRequest, request, sender) -> None:
-        """Send the record's results; between results, check whether the client went away. Only this
-        thread touches the request after execute(), and never after its final response (Triton has
-        released the request by then)."""
-        pieces: list[str] = []
-        cancelled = False
-        try:
+    def deliver(self, updates: list) -> None:
+        """The record handoff: a runtime hands over one step's updates (any thread): one queue put."""
+        self._updates.put(updates)
+
+    def _send_loop(self) -> None:
+        next_check = time.monotonic() + self.period_s
+        while not (self._stop.is_set() and self._updates.empty()):
             try:
-                self.backend.submit(record)
-            except Unavailable as err:
-                self._send_error(sender, str(err), "UNAVAILABLE")
-                return
-            except DFlashError as err:
-                self._send_error(sender, str(err), "INVALID_ARG")
-                return
-            if record.finished:          # drained while it was being queued
-                self.backend.cancel(record)
-            if record.streaming and record.echo:
-                self._send(sender, protocol.text_outputs(record.prompt or ""), final=False)
-            next_check = time.monotonic() + self.period_s
-            while True:
-                result = record.get(timeout=self.period_s)
-                if not cancelled and time.monotonic() >= next_check:
-                    next_check = time.monotonic() + self.period_s
-                    if self._is_cancelled(request):
-                        cancelled = True       # gRPC stream closed or HTTP connection dropped
+                updates = self._updates.get(timeout=self.period_s)
+            except queue.Empty:
+                updates = []
+            touched: dict[ServedRequest, None] = {}
+            for record, result in updates:
+                record.push(result)
+                touched[record] = None
+            for record in touched:
+                try:
+                    self._respond(record)
+                except Exception:  # noqa: BLE001 - one failed response must not stop the others
+                    self._log(traceback.format_exc(), error=True)
+                    if not record.finished:
                         self.backend.cancel(record)
-                if result is None:
-                    continue
-                if result.finished:
-                    self._count(result)
-                    self._respond_final(record, result, pieces, cancelled, sender)
-                    return
-                if record.streaming:
-                    self._send(sender, protocol.text_outputs(result.text), final=False)
-                else:
-                    pieces.append(result.text)
-        except Exception:  # noqa: BLE001 - one failed response must not stop the others
-            self._log(traceback.format_exc(), error=True)
-            if not record.finished:
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + self.period_s
+                self._check_cancelled()
+
+    def _respond(self, record: ServedRequest) -> None:
+        """Send what the record has (decoded here, on the sender thread). Only this thread touches the
+        Triton request after execute(), and never after its final response (Triton releases it then)."""
+        call: _Call = record.frontend
+        while not call.done and (result := record.get(timeout=0)) is not None:
+            if record.streaming and record.echo and not call.echoed:
+                call.echoed = True
+                self._send(call.sender, protocol.text_outputs(record.prompt or ""), final=False)
+            if result.finished:
+                call.done = True
+                self._count(result)
+                self._respond_final(record, result, call.pieces, call.cancelled, call.sender)
+                # Triton has released the request: drop our references now, not when the record is collected
+                # (maybe after finalize, with the stub's shared memory gone).
+                call.request = call.sender = None
+                with self._lock:
+                    self._open -= 1
+            elif record.streaming:
+                self._send(call.sender, protocol.text_outputs(result.text), final=False)
+            else:
+                call.pieces.append(result.text)
+
+    def _check_cancelled(self) -> None:
+        """Ask Triton about each running request: gRPC stream closed or HTTP connection dropped."""
+        for record in self.backend.records():
+            call = record.frontend
+            if isinstance(call, _Call) and not call.done and not call.cancelled and self._is_cancelled(call.request):
+                call.cancelled = True
                 self.backend.cancel(record)
-        finally:
-            with self._lock:
-                self._live.pop(record, None)
+
+    def _end(self, record: ServedRequest, why: str) -> None:
+        record.emit(Result(finished=True, times_ns=dict(record.times_ns),
+                           error=f"server: is shutting down ({why}); the request was cancelled. "
+                                 "Fix: send it again to a running server"))
+        self.backend.cancel(record)
 
     def _respond_final(self, record: ServedRequest, result: Result, pieces: list[str], cancelled: bool,
                        sender) -> None:
@@ -232,6 +264,8 @@ class DFlashModel:
             return False
 
     def _send(self, sender, outputs: dict, final: bool) -> None:
+        if self._finalized:
+            return
         response = self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in outputs.items()])
         flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         try:
@@ -240,6 +274,8 @@ class DFlashModel:
             self._log(f"sending a response failed: {err}", error=True)
 
     def _send_error(self, sender, message: str, code: str) -> None:
+        if self._finalized:
+            return
         code = getattr(self.pb.TritonError, code, None)
         error = self.pb.TritonError(message) if code is None else self.pb.TritonError(message, code)
         try:
@@ -252,9 +288,9 @@ class DFlashModel:
         request sent with a ``cancel_key`` parameter can only be cancelled by a client that knows it)."""
         if not request_id:
             raise DFlashError("stop", "needs the id of the request to cancel", "send it as the request id")
-        with self._lock:
-            targets = [record for record, (_, key) in self._live.items()
-                       if record.request_id == request_id and key == cancel_key]
+        targets = [record for record in self.backend.records()
+                   if isinstance(record.frontend, _Call) and record.request_id == request_id
+                   and record.cancel_key == cancel_key]
         if not targets:
             raise DFlashError("stop", f"no running request has id {request_id!r} and this cancel_key",
                               "check the request id, and send the cancel_key parameter the request was sent with")
@@ -296,7 +332,7 @@ class DFlashModel:
                 self.drain("dflash-serve is stopping")
             elif self._supervisor is not None and not _alive(self._supervisor):
                 self.drain("dflash-serve is gone")
-        if self.draining and self._control is not None and not self._live and not (self._control / "drained").exists():
+        if self.draining and self._control is not None and not self._open and not (self._control / "drained").exists():
             (self._control / "drained").write_text(self.draining)
         ok, reason = self.health()
         if not ok and not self._reported_broken:
@@ -310,14 +346,10 @@ class DFlashModel:
         """Refuse new requests and end every running one now: each client gets a final response (an
         error saying why) while Triton's endpoints are still up; the engine frees the slots."""
         self.draining = why
-        with self._lock:
-            records = list(self._live)
+        records = [record for record in self.backend.records() if isinstance(record.frontend, _Call)]
         self._log(f"{why}: ending {len(records)} running request(s)")
         for record in records:
-            record.emit(Result(finished=True, times_ns=dict(record.times_ns),
-                               error=f"server: is shutting down ({why}); the request was cancelled. "
-                                     "Fix: send it again to a running server"))
-            self.backend.cancel(record)
+            self._end(record, why)
 
     def _publish_metrics(self) -> None:
         try:
@@ -331,6 +363,18 @@ class DFlashModel:
             (log.error if error else log.info)(message)
         else:
             (logger.log_error if error else logger.log_info)(f"[dflash] {message}")
+
+
+@dataclass(eq=False)
+class _Call:
+    """The Triton side of one record (``record.frontend``), touched by the sender thread only."""
+
+    request: object
+    sender: object
+    pieces: list[str] = field(default_factory=list)   # non-streamed text so far
+    cancelled: bool = False
+    echoed: bool = False
+    done: bool = False                                # the final response was sent
 
 
 def _alive(pid: int) -> bool:

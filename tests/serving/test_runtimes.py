@@ -36,7 +36,7 @@ def test_mpi_flavor_of_the_installed_mpiexec():
 
 def test_torch_backend_submit_record_usage_and_asyncio_reader():
     from tests.serving.fakes import FakeEngine
-    from trtllm_dflash.serving.backends import TorchBackend
+    from trtllm_dflash.serving.runtimes import TorchBackend
     from trtllm_dflash.serving.record import ServedRequest
 
     backend = TorchBackend(FakeEngine(max_batch_size=2))
@@ -73,7 +73,7 @@ def test_torch_backend_runs_the_deployments_draft_policy(tmp_path, tiny_target_w
     both load through TorchBackend.from_deployment), and /metrics says which blocks ran."""
     from tests.serving.conftest import RUNTIME, make_deployment
     from trtllm_dflash.runtime.draft_policy import AdaptivePolicy
-    from trtllm_dflash.serving.backends import TorchBackend
+    from trtllm_dflash.serving.runtimes import TorchBackend
     from trtllm_dflash.serving.record import ServedRequest
 
     d = make_deployment(tmp_path / "d", *tiny_target_with_tokenizer, runtime={**RUNTIME, "draft_policy": "adaptive"},

@@ -4,12 +4,14 @@
 
 ``submit(record)``   validate and queue one ``ServedRequest``; raises DFlashError (nothing queued) for bad input
 ``cancel(record)``   end it early: its last result has finish_reason ``cancelled``
+``records()``        the records it serves now: the one map of live requests (frontends keep none)
 ``health()``         ``(ok, reason)``: False once the engine can no longer serve
 ``metrics()``        counters for /metrics: running and waiting requests, steps, batch sizes
 ``shutdown()``       cancel what is left, stop the threads and the runtime
 
 Concurrent requests are batched by the runtime itself: the torch runtime by one scheduler thread that
-owns ``Engine.step()``, TensorRT-LLM by its own executor.
+owns ``Engine.step()``, TensorRT-LLM by its own executor. (``trtllm_dflash/backends/`` is another thing: the
+TensorRT-LLM options a deployment directory is built with.)
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 
 from ..errors import DFlashError
+from .handoff import hand_over
 from .launch import die_with_parent, follower_argv, stop_process, tp_env
 from .protocol import prompt_byte_limit
 from .record import Result, ServedRequest, Unavailable
@@ -81,7 +84,9 @@ class TorchBackend:
         self.max_seq_len = engine.cfg.max_seq_len
         self.max_prompt_bytes = prompt_byte_limit(self.max_seq_len, _max_token_bytes(engine.tokenizer))
         self.broken = ""                              # why the engine can no longer serve; "" = healthy
-        self._live: dict[int, tuple[ServedRequest, object]] = {}   # engine request id -> (record, Request)
+        # The one map of requests in the runtime: engine request id -> record (record.handle = the engine's Request)
+        self._live: dict[int, ServedRequest] = {}
+        self._updates: list[tuple[ServedRequest, Result]] = []   # this step's, handed over once it ends
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
@@ -161,16 +166,21 @@ class TorchBackend:
                 request = self.engine.add_request(prompt_ids, params, on_tokens=self._on_tokens_for(record))
             except DFlashError as err:   # e.g. token ids outside the vocabulary
                 raise _field(err) from None
-            record.handle = request.request_id
-            self._live[request.request_id] = (record, request)
+            record.handle = request
+            self._live[request.request_id] = record
         self._wake.set()
 
     def cancel(self, record: ServedRequest) -> None:
         """The engine frees the slot at its next step and then sends the final result."""
         if record.handle is None:
             return
-        self.engine.cancel(record.handle)
+        self.engine.cancel(record.handle.request_id)
         self._wake.set()
+
+    def records(self) -> list[ServedRequest]:
+        """The records the runtime is serving now (a copy)."""
+        with self._lock:
+            return list(self._live.values())
 
     def health(self) -> tuple[bool, str]:
         if self.broken:
@@ -198,12 +208,28 @@ class TorchBackend:
     # -- the scheduler thread --
 
     def _on_tokens_for(self, record: ServedRequest):
+        # Per row and step: one append. Times, wake-ups and decoding happen once per step (_hand_over)
+        # or on the frontend's thread.
+        updates = self._updates
+
         def on_tokens(request, new_ids: list[int]) -> None:
-            now = time.time_ns()
-            record.times_ns.setdefault("first_token_time_ns", now)
-            record.times_ns["last_token_time_ns"] = now
-            record.emit(Result(token_ids=list(new_ids), **_usage(record, request)))
+            updates.append((record, Result(token_ids=list(new_ids), **_usage(record, request))))
         return on_tokens
+
+    def _hand_over(self) -> None:
+        """This step's updates to the frontends: one wake-up per frontend, not one per row."""
+        updates = self._updates
+        if not updates:
+            return
+        now = time.time_ns()
+        for record, result in updates:
+            if result.finished:
+                result.times_ns = dict(record.times_ns)
+            else:
+                record.times_ns.setdefault("first_token_time_ns", now)
+                record.times_ns["last_token_time_ns"] = now
+        hand_over(updates[:])
+        updates.clear()      # the same list object: on_tokens closures append to it
 
     def _schedule(self) -> None:
         while not self._stopping and not self.broken:
@@ -216,29 +242,32 @@ class TorchBackend:
             try:
                 finished = self.engine.step()
             except Exception as err:  # noqa: BLE001 - a failed step fails its requests, not the server
+                self._hand_over()     # the tokens committed before the failure
                 self._step_failed(err)
                 continue
             self._failed_steps = 0
             for request in finished:
                 self._finished(request)
+            self._hand_over()
 
     def _finished(self, request) -> None:
         with self._lock:
-            record, _ = self._live.pop(request.request_id, (None, None))
+            record = self._live.pop(request.request_id, None)
         request.on_tokens = None      # no cycle keeping the record (and Triton's response sender) alive
         if record is None:            # failed earlier
             return
-        record.emit(Result(finished=True, finish_reason=request.finish_reason or "", times_ns=dict(record.times_ns),
-                           **_usage(record, request)))
+        # Queued after the step's token updates: the final one goes out in the same hand-over.
+        self._updates.append((record, Result(finished=True, finish_reason=request.finish_reason or "",
+                                             **_usage(record, request))))   # times_ns: set by _hand_over
 
     def _step_failed(self, err: BaseException) -> None:
         """Fail the requests the step was working on (those given a slot) and take them out of the engine;
         the waiting ones stay queued. Failures that keep coming with fresh requests break the engine."""
         self._failed_steps += 1
         with self._lock:
-            in_step = [(rid, rec) for rid, (rec, req) in self._live.items() if getattr(req, "slot", -1) >= 0]
+            in_step = [(rid, rec) for rid, rec in self._live.items() if getattr(rec.handle, "slot", -1) >= 0]
             if not in_step:   # the engine does not say which requests it was stepping: all of them
-                in_step = [(rid, rec) for rid, (rec, _) in self._live.items()]
+                in_step = list(self._live.items())
             for rid, _ in in_step:
                 self._live.pop(rid)
         log.error("[dflash] engine step failed (%d in a row), failing its %d request(s): %s: %s",
@@ -254,7 +283,7 @@ class TorchBackend:
 
     def _fail_all(self, why: str, finish_reason: str = "") -> None:
         with self._lock:
-            records, self._live = [rec for rec, _ in self._live.values()], {}
+            records, self._live = list(self._live.values()), {}
         for record in records:
             record.emit(Result(finished=True, finish_reason=finish_reason, times_ns=dict(record.times_ns),
                                error="" if finish_reason else why))
@@ -285,8 +314,8 @@ class TrtllmBackend:
         self.trtllm = tensorrt_llm_module
         self.max_seq_len = max_seq_len
         self.max_prompt_bytes = prompt_byte_limit(max_seq_len, 64) if max_seq_len else None
-        self._live: dict[int, tuple[ServedRequest, object]] = {}   # our handle -> (record, GenerationResult)
-        self._next = 0
+        # The one map of requests in the runtime: id(record) -> record (record.handle = its GenerationResult)
+        self._live: dict[int, ServedRequest] = {}
         self._lock = threading.Lock()
         self._stopping = False
         self._loop = asyncio.new_event_loop()
@@ -316,9 +345,8 @@ class TrtllmBackend:
         prompt = record.prompt_ids if record.prompt_ids is not None else record.prompt
         result = self.llm.generate_async(prompt, params, streaming=True)
         with self._lock:
-            self._next += 1
-            record.handle = self._next
-            self._live[record.handle] = (record, result)
+            record.handle = result
+            self._live[id(record)] = record
         asyncio.run_coroutine_threadsafe(self._pump(record, result), self._loop)
 
     async def _pump(self, record: ServedRequest, result) -> None:
@@ -348,15 +376,20 @@ class TrtllmBackend:
             record.emit(Result(finished=True, error=f"TensorRT-LLM: {err}", times_ns=dict(times)))
         finally:
             with self._lock:
-                self._live.pop(record.handle, None)
+                self._live.pop(id(record), None)
             # A request TensorRT-LLM aborted without a last update still gets one.
             record.emit(Result(finished=True, finish_reason="cancelled", times_ns=dict(times)))
 
     def cancel(self, record: ServedRequest) -> None:
         with self._lock:
-            _, result = self._live.get(record.handle, (None, None))
-        if result is not None:
-            result.abort()
+            live = id(record) in self._live
+        if live:
+            record.handle.abort()
+
+    def records(self) -> list[ServedRequest]:
+        """The records TensorRT-LLM is serving now (a copy)."""
+        with self._lock:
+            return list(self._live.values())
 
     def health(self) -> tuple[bool, str]:
         if not self._thread.is_alive():
@@ -372,7 +405,7 @@ class TrtllmBackend:
     def shutdown(self) -> None:
         self._stopping = True
         with self._lock:
-            results = [result for _, result in self._live.values()]
+            results = [record.handle for record in self._live.values()]
         for result in results:
             result.abort()
         self.llm.shutdown()
