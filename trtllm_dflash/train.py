@@ -19,9 +19,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from .errors import DFlashError, exit_code
-from .training.settings import PRESETS, STAGES, TrainConfig
+from .training.settings import CONFIG_FILE, PRESETS, STAGES, TrainConfig
+from .training.target import load_tokenizer, resolve_target
 
-CONFIG_FILE = "train_config.json"
 EPILOG = """examples:
   dflash-train --target smollm2-135m --data sharegpt --out runs/smollm2 --num_layers 3 --num_prompts 5000
   dflash-train --target ./my-llama --data prompts.jsonl --out runs/llama --block_size 8 --epochs 3
@@ -141,16 +141,6 @@ def config_from_args(argv: list[str] | None) -> TrainConfig:
     return TrainConfig(**ns)
 
 
-def resolve_target(name: str) -> Path:
-    if name == "smollm2-135m":
-        from .checkpoints.packaged import smollm2_target_dir
-        return smollm2_target_dir()
-    path = Path(name).expanduser()
-    if not (path / "config.json").is_file():
-        raise DFlashError("--target", f"{name} is not an HF checkpoint folder", "pass a folder or smollm2-135m")
-    return path.absolute()
-
-
 def _start(cfg: TrainConfig) -> None:
     """A new run needs an empty or absent --out; --resume needs the same settings as the run it continues."""
     out = cfg.out_dir
@@ -254,14 +244,6 @@ def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log) -
     result["greedy"] = export.check_greedy(cfg, target_dir, drafter, prompts)
     log(f"export: checks passed (rope, parity {result['parity']['max_rel_diff']:.1e}, DFlash greedy == AR greedy "
         f"on {len(prompts)} prompts, tau {result['greedy']['tau']})")
-
-
-def load_tokenizer(target_dir: Path):
-    """The target's tokenizer, or None when the folder has none (token-id data still works)."""
-    if not any((target_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(target_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """dflash-train's stages, one module each (``trtllm_dflash.train`` runs them in order):
 
-  settings        TrainConfig: every flag, with the paper's defaults
+  settings        TrainConfig: every flag, with the paper's defaults; the run's config file name
+  target          the target folder (--target) and its tokenizer, for every stage and the evaluation
   prompts         prompt sources (ShareGPT first turns, a JSONL file) minus anything in the evaluation sets
   corpus          the prompt set at scale (every ShareGPT turn + code tasks from real code) as sharded files
   decontaminate   n-gram near-copy detection against HumanEval / MT-Bench

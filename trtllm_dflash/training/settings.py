@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import DFlashError
 
 STAGES = ("regenerate", "train", "export")
+CONFIG_FILE = "train_config.json"   # a run's settings, in its --out; --resume checks them
 # Paper eq. 4: loss weight exp(-(k-1)/gamma) for block position k; gamma per trained block size.
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 # Fields that may differ when a run is resumed: they change how a run is watched, not what it computes.
