@@ -4,7 +4,7 @@
 # policy, tokens/s per user at concurrency 1, 4 and 16, on HumanEval and MT-Bench prompts. Every mode gets the
 # same prompts (dflash-sweep's seeded workload) and the same budget (256 new tokens, greedy). ~3 min on an H100.
 #   OUT=DIR bash benchmarks/e2e_smollm2.sh     # -> $OUT/e2e_smollm2_h100.json (rows + summary), e2e.jsonl
-#   DRAFTER: the drafter folder or shipped name [smollm2-135m-dflash]; SMOKE=1: the same on this CPU, 16 tokens,
+#   DRAFTER: the drafter folder or shipped name [smollm2-135m-dflash]; SMOKE=1: the same on this CPU, 8 tokens,
 #   2 levels, few requests (-> e2e_smollm2_smoke.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +13,7 @@ OUT=${OUT:?set OUT}
 DRAFTER=${DRAFTER:-smollm2-135m-dflash}
 mkdir -p "$OUT"
 if [[ ${SMOKE:-0} == 1 ]]; then
-  GPU=(--gpu h100 --max_batch_size 4); LOAD=(--max_new_tokens 16 --device cpu); LEVELS=("1 2" "4 4"); NAME=e2e_smollm2_smoke
+  GPU=(--gpu h100 --max_batch_size 2); LOAD=(--max_new_tokens 8 --device cpu --warmup 0); LEVELS=("1 1" "2 2"); NAME=e2e_smollm2_smoke
 else
   GPU=(--gpu h100 --max_batch_size 16); LOAD=(--max_new_tokens 256); LEVELS=("1 16" "4 32" "16 64"); NAME=e2e_smollm2_h100
 fi
