@@ -48,7 +48,7 @@ export DFLASH_SITE=${DFLASH_SITE:-/tmp/dflash_site}
 export PYTHONPATH=$DFLASH_SITE:$PWD TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$HOST/cache} PYTHONUNBUFFERED=1
 # the same dflash-train flags on every call (the run's train_config.json refuses a change on --resume)
 export TRAIN_EXTRA="--quiet --regen_total_s $REGEN_S --probe_batch_sizes $PROBE --probe_s $PROBE_S --train_time_budget_s $TRAIN_S"
-mkdir -p "$BACK" "$WORK"
+mkdir -p "$BACK" "$WORK" "$BIG_RUN"
 exec > >(tee "$BACK/onesitting.log") 2>&1
 left() { echo $(( CALL_S - (SECONDS - T0) )); }
 say() { echo "[onesitting +$((SECONDS - T0))s] $*"; }
@@ -161,12 +161,12 @@ status = {"next": nxt, "call_s": took, "regen": {"shards": len(shards), "rows": 
 out.write_text(json.dumps(status, indent=2) + "\n")
 print(json.dumps(status))
 PY
-(cd "$BIG_RUN" && tar czf "$BACK/onesitting_state.tgz" -C "$WORK" status.json \
-  $(cd "$WORK" && ls regen.log train.log eval.log e2e.log prep.log 2>/dev/null) \
-  -C "$BIG_RUN" $(ls loss.csv tau.csv report.json batch_probe.json train_config.json data/manifest.json \
-                     data/regenerate.json loss.png 2>/dev/null))
+logs=($(cd "$WORK" && ls status.json regen.log train.log eval.log e2e.log prep.log 2>/dev/null || true))
+runf=($(cd "$BIG_RUN" && ls loss.csv tau.csv report.json batch_probe.json train_config.json data/manifest.json \
+          data/regenerate.json loss.png 2>/dev/null || true))
+tar czf "$BACK/onesitting_state.tgz" -C "$WORK" "${logs[@]}" ${runf[0]:+-C "$BIG_RUN" "${runf[@]}"}
 if [[ $EVALUATED == 1 ]]; then
-  cp "$WORK"/eval/acceptance_big.json "$WORK"/eval/model-0000?-of-00002.safetensors \
+  cp "$WORK"/eval/acceptance_big.json "$WORK"/eval/model-*-of-*.safetensors \
     "$WORK"/eval/model.safetensors.index.json "$BACK"/
   # eval_extra.tgz (tau.csv, drafter config.json, the acceptance table) joins the state tarball
   mkdir -p "$WORK/x" && tar xzf "$WORK/eval/eval_extra.tgz" -C "$WORK/x"
