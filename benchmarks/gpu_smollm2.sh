@@ -38,6 +38,7 @@
 #             pip install --no-deps --target S W/nvidia_pytriton-0.7.0-*.whl   # keeps tritonserver's exec bits
 #             tar cf - -C S . | xz -T2 -6 > .carry/soakw1/nvidia_pytriton-0.7.0-site.tar.xz
 #             (cd .carry/soakw1 && sha256sum *.tar.xz > SHA256SUMS)
+#   wheels  only install the wheel folders that have arrived (benchmarks/gpu_onesitting.sh runs it every call)
 #   .carry/w1 w2 w3  wheels (ModelOpt stack, transformers 5.14.1, tokenizers 0.22.2, gguf, data packages);
 #           .carry/wlead: gguf alone, enough for prep + inference stages on the host's transformers 5.17
 # The 10x drafter (issue #15; benchmarks/TRAINING_PLAN.md): a corpus built on the CPU side
@@ -52,8 +53,8 @@
 #   SMOKE=1      the same commands on CPU with a tiny corpus/run: seconds to minutes, no GPU (the CPU check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: $0 prep|regen|train|eval|sweep|sweep2|sweep3|quant|gputests|cudacheck|soak|stash|regen_shards|train_big|ckpt_pull|eval_big}
-SITE=/tmp/dflash_site
+STAGE=${1:?usage: $0 wheels|prep|regen|train|eval|sweep|sweep2|sweep3|quant|gputests|cudacheck|soak|stash|regen_shards|train_big|ckpt_pull|eval_big}
+SITE=${DFLASH_SITE:-/tmp/dflash_site}
 for w in .carry/w*/; do   # each wheel folder once; they arrive over several calls
   marker=$SITE/.installed-$(basename "$w")
   if ls "$w"*.whl >/dev/null 2>&1 && [ ! -f "$marker" ]; then
@@ -107,6 +108,7 @@ triton_overlay() {
     export PATH=$SOAK_VENV/bin:$PATH PYTHONPATH=$SOAK_SITE:$PYTHONPATH
 }
 case $STAGE in
+  wheels) ;;   # only the wheel folders that have arrived (above)
   prep)
     python3 -m trtllm_dflash.checkpoints.packaged --join .carry/smollm2.gguf .carry/p[0-9]/*.part[0-9][0-9]
     TRTLLM_DFLASH_SMOLLM2_GGUF=$PWD/.carry/smollm2.gguf python3 -m trtllm_dflash.checkpoints.packaged

@@ -10,7 +10,7 @@
 #   benchmarks/train_smollm2_gpu.sh RUN_DIR --big STAGE # the 10x drafter, one stage per time-limited call:
 #       stash | regen_shards | train_big | ckpt_pull | eval_big  (benchmarks/TRAINING_PLAN.md; files -> $OUT)
 #       CORPUS (a python -m trtllm_dflash.training.corpus folder), PRESET (paper | modelopt), REGEN_S, TRAIN_S,
-#       MAX_STEPS, PART; SMOKE=1 runs the same commands with tiny settings on the CPU
+#       MAX_STEPS, PART, TRAIN_EXTRA (more dflash-train flags, the same on every call of a run); SMOKE=1 runs the same commands with tiny settings on the CPU
 #
 # STAGES (default regenerate,train,export,eval) runs a part, e.g. STAGES=regenerate then STAGES=train,export then
 # STAGES=eval on a host whose calls are time-limited. Re-running with the same OUT_DIR resumes (finished stages
@@ -55,7 +55,7 @@ if [[ $MODE == --big ]]; then
     *) echo "PRESET must be paper or modelopt" >&2; exit 2 ;;
   esac
   DFT=("$PY" -m trtllm_dflash.train --target smollm2-135m --data "${CORPUS:?set CORPUS, a corpus folder}" --out "$OUT"
-       --resume --num_prompts 100000000 --loss kd --mask_token_id 16 "${RECIPE[@]}" "${RUN_ARGS[@]}")
+       --resume --num_prompts 100000000 --loss kd --mask_token_id 16 "${RECIPE[@]}" "${RUN_ARGS[@]}" ${TRAIN_EXTRA:-})
   CARRY=("$PY" -m trtllm_dflash.training.carry)
   case $BIG_STAGE in
     stash)         # files carried in (.carry/in, packed by trtllm_dflash.training.carry) -> the run on this host

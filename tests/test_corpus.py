@@ -195,6 +195,14 @@ def test_sharded_regeneration_cut_and_resumed_equals_uncut(tmp_path, deco):
     assert len(rows) == 9 and all(len(r["loss_mask"]) == len(r["input_ids"]) for r in rows)
     assert {r["temperature"] for r in rows} == {0.0, 1.0}
     assert all(sum(r["loss_mask"]) == len(r["input_ids"]) - r["prompt_len"] > 0 for r in rows)
+    # --regen_total_s: once the answered shards took that long (over calls), the data set is those shards.
+    closed = ["--out", tmp_path / "closed", "--num_prompts", "9", "--regen_total_s", "1e-6",
+              "--regen_time_budget_s", "1e-6"]
+    for calls in range(1, 3):
+        assert train.main([str(a) for a in base + closed + (["--resume"] if calls > 1 else [])]) == 0
+    ccfg = train.config_from_args([str(a) for a in base + closed])
+    assert regenerate.is_done(ccfg) and len(regenerate.read_manifest(ccfg)["shards"]) == 1
+    assert regenerate.load_rows(ccfg) == rows[:3]
     # The run travels as a few bounded files and arrives sha256-checked (a fresh GPU host, or shards coming back).
     from trtllm_dflash.training import carry
     files, parts = carry.pack_regen(tmp_path / "cut", None, tmp_path / "in", part=0, max_files=2)

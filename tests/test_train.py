@@ -335,6 +335,16 @@ def test_module_entry_point_and_help():
         "error: --block_size: must be >= 2, got 1. Fix: use 16 (the paper's) or 8"]
 
 
+def test_stages_do_not_import_the_command():
+    """train.py is the command on top of training/: a stage that imported it back made a circle (issue #24)."""
+    stages = sorted((ROOT / "trtllm_dflash" / "training").glob("*.py"))
+    assert len(stages) > 10
+    for path in stages:
+        src = path.read_text()
+        assert "from ..train import" not in src and "from .. import train" not in src, path.name
+        assert "trtllm_dflash.train import" not in src, path.name
+
+
 @needs_modelopt
 @pytest.mark.slow
 def test_gpu_script_smoke_on_cpu(tmp_path, prompts_file):

@@ -19,9 +19,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from .errors import DFlashError, exit_code
-from .training.settings import PRESETS, STAGES, TrainConfig
+from .training.settings import CONFIG_FILE, PRESETS, STAGES, TrainConfig
+from .training.target import load_tokenizer, resolve_target
 
-CONFIG_FILE = "train_config.json"
 EPILOG = """examples:
   dflash-train --target smollm2-135m --data sharegpt --out runs/smollm2 --num_layers 3 --num_prompts 5000
   dflash-train --target ./my-llama --data prompts.jsonl --out runs/llama --block_size 8 --epochs 3
@@ -39,10 +39,11 @@ needs: pip install 'trtllm-dflash[modelopt]' (nvidia-modelopt==0.47.0, transform
 # Flags grouped as in --help; each is a TrainConfig field of the same name.
 _GROUPS = {
     "regenerate (stage 1)": ("num_prompts", "max_prompt_len", "max_new_tokens", "regen_temperature",
-                             "regen_batch_size", "regen_time_budget_s", "exclude_eval"),
+                             "regen_batch_size", "regen_time_budget_s", "regen_total_s", "exclude_eval"),
     "drafter": ("block_size", "num_layers", "target_layer_ids", "intermediate_size", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "mask_token_id"),
-    "train (stage 2)": ("loss", "loss_decay_gamma", "num_anchors", "max_seq_len", "batch_size", "lr", "weight_decay",
+    "train (stage 2)": ("loss", "loss_decay_gamma", "num_anchors", "max_seq_len", "batch_size", "probe_batch_sizes",
+                        "probe_s", "lr", "weight_decay",
                         "warmup_ratio", "warmup_steps", "lr_schedule", "grad_clip", "epochs", "max_steps",
                         "train_time_budget_s", "stop_after_s", "save_every", "log_every"),
     "export (stage 3)": ("export_dtype", "verify_prompts", "verify_max_new_tokens"),
@@ -56,6 +57,12 @@ _HELP = {
     "regen_batch_size": "concurrent requests in the runtime",
     "regen_time_budget_s": "stop admitting prompts after this many seconds (0 = no limit); with a corpus folder, "
                            "start no shard that would end past it (the rest waits for a --resume call)",
+    "regen_total_s": "with a corpus folder: once the answered shards took this long (summed over calls), stop and "
+                     "train on them (0 = answer every shard)",
+    "probe_batch_sizes": "before training starts, time a few steps at each of these batch sizes and train at the "
+                         "one with the most tokens/s; --batch_size x --max_steps (or --train_time_budget_s) is kept "
+                         "as the budget, turned into steps at the chosen size (batch_probe.json says what it measured)",
+    "probe_s": "seconds the batch-size probe spends, over all its sizes",
     "exclude_eval": "drop prompts that also occur in HumanEval / MT-Bench",
     "block_size": "tokens per block: the anchor + block_size - 1 drafts",
     "num_layers": "draft layers; ModelOpt 0.47 taps one target layer per draft layer",
@@ -113,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
             kind = str(f.type)
             if kind == "bool":
                 g.add_argument(f"--no_{name}", dest=name, action="store_false", help=f"do not {_HELP[name]}")
-            elif name == "target_layer_ids":
+            elif name in ("target_layer_ids", "probe_batch_sizes"):
                 g.add_argument(f"--{name}", type=int, nargs="+", default=None, help=_HELP[name])
             elif name == "warmup_steps":
                 g.add_argument(f"--{name}", type=int, default=None, help=_HELP[name])
@@ -136,19 +143,10 @@ def config_from_args(argv: list[str] | None) -> TrainConfig:
     ns = vars(parser.parse_args(argv))
     ns["progress"] = not ns.pop("quiet")
     ns["stages"] = tuple(s.strip() for s in ns["stages"].split(",") if s.strip())
-    if ns["target_layer_ids"] is not None:
-        ns["target_layer_ids"] = tuple(ns["target_layer_ids"])
+    for name in ("target_layer_ids", "probe_batch_sizes"):
+        if ns[name] is not None:
+            ns[name] = tuple(ns[name])
     return TrainConfig(**ns)
-
-
-def resolve_target(name: str) -> Path:
-    if name == "smollm2-135m":
-        from .checkpoints.packaged import smollm2_target_dir
-        return smollm2_target_dir()
-    path = Path(name).expanduser()
-    if not (path / "config.json").is_file():
-        raise DFlashError("--target", f"{name} is not an HF checkpoint folder", "pass a folder or smollm2-135m")
-    return path.absolute()
 
 
 def _start(cfg: TrainConfig) -> None:
@@ -169,9 +167,10 @@ def _start(cfg: TrainConfig) -> None:
 def run(cfg: TrainConfig, log=print) -> dict:
     """All requested stages; returns the report's sections. report.json is written even when a stage fails
     (with ``status`` saying how), so a failed GPU run still says how far it got."""
-    from .training import regenerate, report
+    from .training import batch_probe, regenerate, report
 
     t0 = time.perf_counter()
+    cfg = batch_probe.applied(cfg)   # a resumed run trains at the batch size its probe chose
     _start(cfg)
     target_dir = resolve_target(cfg.target)
     out, sections = cfg.out_dir, {"settings": cfg.to_json(), "target_dir": str(target_dir), "status": "running"}
@@ -207,7 +206,7 @@ def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log) -
     import torch
 
     from .checkpoints import hf
-    from .training import batches, checkpoint, loop, mask_token, modelopt_model, regenerate
+    from .training import batch_probe, batches, checkpoint, loop, mask_token, modelopt_model, regenerate
 
     rows = regenerate.load_rows(cfg)
     tokenizer = load_tokenizer(target_dir)
@@ -226,6 +225,11 @@ def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log) -
     sections["modelopt"] = {"config": mo_cfg, "draft_parameters": n_params}
     log(f"train: ModelOpt DFlash draft, {n_params / 1e6:.2f} M parameters, target layers "
         f"{mo_cfg['dflash_architecture_config']['target_layer_ids']}, on {device}")
+    if ("train" in cfg.stages and cfg.probe_batch_sizes and not checkpoint.exists(cfg.out_dir)
+            and not (cfg.out_dir / batch_probe.PROBE_FILE).is_file()):
+        cfg, sections["batch_probe"] = batch_probe.run(cfg, model, data, log)
+        (cfg.out_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+        sections["settings"] = cfg.to_json()
     if "train" in cfg.stages:
         stream = batches.BatchStream(data, cfg.batch_size, cfg.block_size, cfg.seed)
         max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(data) / cfg.batch_size))
@@ -254,14 +258,6 @@ def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log) -
     result["greedy"] = export.check_greedy(cfg, target_dir, drafter, prompts)
     log(f"export: checks passed (rope, parity {result['parity']['max_rel_diff']:.1e}, DFlash greedy == AR greedy "
         f"on {len(prompts)} prompts, tau {result['greedy']['tau']})")
-
-
-def load_tokenizer(target_dir: Path):
-    """The target's tokenizer, or None when the folder has none (token-id data still works)."""
-    if not any((target_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(target_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,12 @@ that price: at most ``probe_budget`` of the block-1 time goes to probes (every `
 probes are nearly free, e.g. a launch-bound GPU step; every ~120 steps on a CPU where block 2 costs 1.3x
 block 1), and it runs the largest block that costs about as much as the cheapest one (every drafting block
 pays for draft 1 being accepted first, so that rate decides whether drafting can pay at all).
+
+Drafting is chosen on evidence, not on the prior: for the choice the prior counts as rejected drafts, so the
+first probe (run because the prior says drafting might pay) does not by itself start a run of drafting steps
+that each cost more than an AR step (on a CPU the quick start's short answers paid for such runs; issue #24).
+Costs are made non-decreasing in the block (a noisy measurement must not make a large block look cheap), and
+are measured in rounds over all blocks so that a burst of load on a shared CPU does not skew one block.
 """
 from __future__ import annotations
 
@@ -47,7 +53,7 @@ class CostTable:
         # the smallest measured batch >= batch (the engine pads to a bucket; never underestimates)
         sizes = sorted(self.seconds)
         b = next((s for s in sizes if s >= batch), sizes[-1])
-        row = self.seconds[b]
+        row = _monotone(self.seconds[b])
         if block in row:
             return row[block]
         blocks = sorted(row)
@@ -73,6 +79,16 @@ class CostTable:
     @classmethod
     def load(cls, path) -> "CostTable":
         return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def _monotone(row: dict[int, float]) -> dict[int, float]:
+    """A step never costs less for verifying more tokens: a block measured cheaper than a smaller one (noise on
+    a loaded CPU had block 16 at 1.3x block 1 and block 2 at 4.2x) is charged the smaller block's cost."""
+    out, top = {}, 0.0
+    for k in sorted(row):
+        top = max(top, row[k])
+        out[k] = top
+    return out
 
 
 @dataclass
@@ -101,14 +117,14 @@ class AcceptanceStats:
                 self.tried[j] += 1
                 self.passed[j] += j <= a
 
-    def rate(self, j: int) -> float:
-        w = self.prior_weight
-        return (self.passed[j] + w * self.prior_rate) / (self.tried[j] + w)
+    def rate(self, j: int, prior_rate: float | None = None) -> float:
+        w, r = self.prior_weight, self.prior_rate if prior_rate is None else prior_rate
+        return (self.passed[j] + w * r) / (self.tried[j] + w)
 
-    def expected_tokens(self, block: int) -> float:
+    def expected_tokens(self, block: int, prior_rate: float | None = None) -> float:
         total, p = 1.0, 1.0
         for j in range(1, block):
-            p *= self.rate(j)
+            p *= self.rate(j, prior_rate)
             total += p
         return total
 
@@ -144,14 +160,18 @@ class AdaptivePolicy:
         extra = max(self.costs.cost(batch, block) - ar, 0.0)
         return block, max(self.probe_every, math.ceil(extra / (self.probe_budget * ar)))
 
-    def rates(self, batch: int) -> dict[int, float]:
-        """Expected tokens per second per row-step for each candidate block."""
-        return {b: self.stats.expected_tokens(b) / self.costs.cost(batch, b) for b in self.blocks}
+    def rates(self, batch: int, prior_rate: float | None = 0.0) -> dict[int, float]:
+        """Expected tokens per second per row-step for each candidate block. Drafting is chosen on evidence:
+        the prior counts as ``prior_weight`` rejected drafts (prior_rate 0), so a block > 1 wins only once
+        observed acceptance pays for its cost; the optimistic prior (None: ``stats.prior_rate``) only decides
+        whether a first probe is worth running."""
+        return {b: self.stats.expected_tokens(b, prior_rate) / self.costs.cost(batch, b) for b in self.blocks}
 
     def choose(self, batch: int) -> tuple[int, str]:
         rates = self.rates(batch)
         best = max(rates, key=rates.get)
-        if best > 1 and not any(self.stats.tried):
+        hopeful = self.rates(batch, prior_rate=None)
+        if max(hopeful, key=hopeful.get) > 1 and not any(self.stats.tried):
             # only the prior says drafting pays: learn the acceptance with one probe before drafting more (on a CPU,
             # the prior alone had the smollm2 quick start run 3-5 steps at block 4 that each cost 1.7x block 1)
             block = self.probe(batch)[0]
@@ -165,7 +185,7 @@ class AdaptivePolicy:
         else:
             self._ar_steps = 0
         full = self.block_size
-        return best, (f"batch {batch}: {self.stats.expected_tokens(best):.2f} tok / "
+        return best, (f"batch {batch}: {self.stats.expected_tokens(best, 0.0):.2f} tok / "
                       f"{1e3 * self.costs.cost(batch, best):.1f} ms = {rates[best]:.0f} tok/s per row at block {best}"
                       + (f" vs {rates[full]:.0f} at block {full}" if best != full else "")
                       + (f" vs {rates[1]:.0f} at block 1 (AR)" if best != 1 else ""))
@@ -196,18 +216,20 @@ def measure_costs(runner, batches: list[int], blocks: list[int], context: int, r
     seconds: dict[int, dict[int, float]] = {}
     saved = runner.start_host[:]
     for n in batches:
-        seconds[n] = {}
-        for b in blocks:
-            runner.start_host[:n] = [context] * n
-            runner.start[:n] = context
-            times = []
-            for i in range(reps + 1):
+        times: dict[int, list[float]] = {b: [] for b in blocks}
+        # rounds over all blocks (the first one a warm-up), so a burst of load on a shared CPU lands on one
+        # sample of every block rather than on every sample of one block
+        for i in range(reps + 1):
+            for b in blocks:
+                runner.start_host[:n] = [context] * n
+                runner.start[:n] = context
                 if runner.device.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 runner.decode(n, b)
-                times.append(time.perf_counter() - t0)
-            seconds[n][b] = sorted(times[1:])[len(times[1:]) // 2]
+                if i:
+                    times[b].append(time.perf_counter() - t0)
+        seconds[n] = {b: sorted(t)[len(t) // 2] for b, t in times.items()}
     runner.start_host[:] = saved
     runner.start.zero_()
     return CostTable(seconds, str(runner.device), context)

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """dflash-train's stages, one module each (``trtllm_dflash.train`` runs them in order):
 
-  settings        TrainConfig: every flag, with the paper's defaults
+  settings        TrainConfig: every flag, with the paper's defaults; the run's config file name
+  target          the target folder (--target) and its tokenizer, for every stage and the evaluation
   prompts         prompt sources (ShareGPT first turns, a JSONL file) minus anything in the evaluation sets
   corpus          the prompt set at scale (every ShareGPT turn + code tasks from real code) as sharded files
   decontaminate   n-gram near-copy detection against HumanEval / MT-Bench
@@ -10,6 +11,7 @@
                   shard by shard with a manifest (a corpus folder), resumable across time-limited calls
   batches         that JSONL -> padded, deterministic, resumable training batches
   modelopt_model  the HF target converted by ModelOpt into a DFlash training model (``mtsp.convert``)
+  batch_probe     before stage 2: s/step at a few batch sizes, train at the most tokens/s (--probe_batch_sizes)
   loop            stage 2: AdamW + warmup/cosine + grad clip, bf16 autocast on CUDA, loss CSV
   checkpoint      pickle-free training checkpoints (weights, AdamW moments, RNG) in < 16 MB files, swapped in atomically
   carry           a run's shards and checkpoint packed into few bounded files and back (GPU host <-> keeper)

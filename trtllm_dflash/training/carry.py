@@ -25,6 +25,7 @@ from ..checkpoints.manifest import sha256_file
 from ..errors import DFlashError, exit_code
 from .corpus import write_json
 from .regenerate import MANIFEST, SHARD_DIR
+from .settings import CONFIG_FILE
 
 MAX_BYTES, MAX_FILES = 15_000_000, 7
 
@@ -65,7 +66,7 @@ def pack_regen(run: Path, before: Path | None, out: Path, part: int = 0,
 
 
 def _config(run: Path, out: Path) -> list[Path]:
-    src = run / "train_config.json"
+    src = run / CONFIG_FILE
     return [Path(shutil.copy(src, out / src.name))] if src.is_file() else []
 
 
@@ -107,8 +108,8 @@ def unpack(src: Path, run: Path) -> dict:
     got = {"shards": 0, "checkpoint_files": 0}
     data = run / "data"
     run.mkdir(parents=True, exist_ok=True)
-    if (src / "train_config.json").is_file() and not (run / "train_config.json").is_file():
-        shutil.copy(src / "train_config.json", run / "train_config.json")
+    if (src / CONFIG_FILE).is_file() and not (run / CONFIG_FILE).is_file():
+        shutil.copy(src / CONFIG_FILE, run / CONFIG_FILE)
     if (src / MANIFEST).is_file():
         (data / SHARD_DIR).mkdir(parents=True, exist_ok=True)
         for tar in sorted(src.glob("regen-part*.tar")):

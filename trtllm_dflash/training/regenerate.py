@@ -14,7 +14,9 @@ With ``--data CORPUS_DIR`` (``corpus.py``) the work goes shard by shard instead:
 ``<out>/data/manifest.json`` with its sha256 and token counts. Each shard runs on an idle engine and its rows are
 written in prompt order, so a shard's bytes do not depend on which call produced it: a run cut off by
 ``--regen_time_budget_s`` (no new shard starts once the budget would be passed) and resumed later gives the same
-data as an uncut run. ``--num_prompts`` takes whole shards, in order, until it is reached.
+data as an uncut run. ``--num_prompts`` takes whole shards, in order, until it is reached. ``--regen_total_s``
+closes the stage early: once the answered shards took that long (their times summed over every call), the
+data set is those shards (``regenerate.json`` lists them), so a time-boxed run trains on what it could answer.
 """
 from __future__ import annotations
 
@@ -208,10 +210,18 @@ def run_shards(cfg: TrainConfig, target_dir: Path, log=print) -> dict:
     todo = [s for s in plan if s["name"] not in done["shards"]]
     log(f"regenerate: {len(todo)} of {len(plan)} shards to answer ({len(plan) - len(todo)} done earlier) from "
         f"{cfg.data}")
-    t0, spent, budget_hit = time.perf_counter(), [], False
+    t0, spent, budget_hit, closed = time.perf_counter(), [], False, False
     engine = None
     for shard in todo:
         elapsed = time.perf_counter() - t0
+        # --regen_total_s: the shards' own times, summed over every call (the manifest keeps them)
+        total = sum(e["elapsed_s"] for e in done["shards"].values())
+        mean = total / len(done["shards"]) if done["shards"] else 0.0
+        if cfg.regen_total_s and done["shards"] and total + mean > cfg.regen_total_s:
+            closed = True
+            log(f"regenerate: --regen_total_s {cfg.regen_total_s:g} reached ({total:.0f} s in "
+                f"{len(done['shards'])} shards); training uses those")
+            break
         # A shard is never cut: start one only if the mean shard time of this call still fits in the budget.
         if cfg.regen_time_budget_s and spent and elapsed + sum(spent) / len(spent) > cfg.regen_time_budget_s:
             budget_hit = True
@@ -233,9 +243,11 @@ def run_shards(cfg: TrainConfig, target_dir: Path, log=print) -> dict:
         log(f"regenerate: {shard['name']} -> {entry['file']} ({entry['rows']} rows, {entry['response_tokens']} "
             f"response tokens, {entry['response_tokens'] / max(entry['elapsed_s'], 1e-9):.0f} tok/s)")
     left = [s["name"] for s in plan if s["name"] not in done["shards"]]
+    if closed:
+        plan, left = [s for s in plan if s["name"] in done["shards"]], []
     entries = [done["shards"][s["name"]] for s in plan if s["name"] in done["shards"]]
     counts = {"shards_done": len(entries), "shards_planned": len(plan), "shards_left": len(left),
-              "time_budget_hit": budget_hit, "elapsed_s": round(time.perf_counter() - t0, 1),
+              "time_budget_hit": budget_hit, "closed_by_regen_total_s": closed, "elapsed_s": round(time.perf_counter() - t0, 1),
               "device": str(engine.device) if engine is not None else None,
               **{k: sum(e[k] for e in entries) for k in ("rows", "too_long", "prompt_tokens", "response_tokens")}}
     counts["new_tokens_per_s"] = round(sum(done["shards"][s["name"]]["response_tokens"] for s in todo
@@ -246,7 +258,8 @@ def run_shards(cfg: TrainConfig, target_dir: Path, log=print) -> dict:
     if not left:
         if counts["rows"] == 0:
             raise DFlashError("--data", "no prompt was regenerated", "check --num_prompts and --max_prompt_len")
-        (out / DONE_FILE).write_text(json.dumps({"settings": _settings(cfg), "counts": counts}, indent=2) + "\n")
+        (out / DONE_FILE).write_text(json.dumps({"settings": _settings(cfg), "counts": counts,
+                                                 "shards": [s["name"] for s in plan]}, indent=2) + "\n")
     return counts
 
 
@@ -287,7 +300,12 @@ def load_rows(cfg: TrainConfig) -> list[dict]:
     if not corpus.is_corpus(cfg.data):
         return read_rows(data_dir(cfg) / DATA_FILE)
     manifest, rows = read_manifest(cfg), []
+    # the shards the finished stage used: fewer than planned when --regen_total_s closed it early
+    done = data_dir(cfg) / DONE_FILE
+    used = json.loads(done.read_text()).get("shards") if done.is_file() else None
     for shard in planned_shards(cfg, corpus.load_manifest(cfg.data)):
+        if used is not None and shard["name"] not in used:
+            continue
         entry = manifest["shards"].get(shard["name"])
         path = data_dir(cfg) / entry["file"] if entry else None
         if path is None or not path.is_file():

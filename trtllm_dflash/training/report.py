@@ -18,6 +18,7 @@ from pathlib import Path
 from .. import __version__
 from .loop import CSV_FILE, read_csv
 from .modelopt_model import versions
+from .settings import CONFIG_FILE
 
 REPORT_FILE, PLOT_FILE, TAU_FILE = "report.json", "loss.png", "tau.csv"
 TAU_COLUMNS = ("step", "tokens", "humaneval_tau_greedy", "humaneval_tau_t1", "mtbench_tau_greedy", "mtbench_tau_t1")
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.run_dir)
     if args.add_tau:
         print(json.dumps(add_tau(out, json.loads(Path(args.add_tau).read_text()))))
-    cfg = json.loads((out / "train_config.json").read_text())
+    cfg = json.loads((out / CONFIG_FILE).read_text())
     png = plot(out, title(cfg))
     if png is None:
         return 1

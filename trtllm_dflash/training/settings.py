@@ -10,12 +10,13 @@ from pathlib import Path
 from ..errors import DFlashError
 
 STAGES = ("regenerate", "train", "export")
+CONFIG_FILE = "train_config.json"   # a run's settings, in its --out; --resume checks them
 # Paper eq. 4: loss weight exp(-(k-1)/gamma) for block position k; gamma per trained block size.
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 # Fields that may differ when a run is resumed: they change how a run is watched, not what it computes.
 RESUME_SAFE = frozenset({"out", "device", "resume", "stages", "progress", "save_every", "log_every",
                          "verify_prompts", "verify_max_new_tokens", "regen_time_budget_s", "train_time_budget_s",
-                         "stop_after_s"})
+                         "stop_after_s", "regen_total_s", "probe_s"})
 # --preset: named recipes; a flag given on the command line wins over its preset value.
 PRESETS = {
     "paper": {},  # the dataclass defaults: the DFlash paper (arXiv 2602.06036 §4.2, A.1)
@@ -48,6 +49,8 @@ class TrainConfig:
     regen_temperature: float = 0.0          # 0 = greedy: the distribution tau_greedy is measured on
     regen_batch_size: int = 128
     regen_time_budget_s: float = 0.0        # > 0: stop admitting prompts after this long (0 = no limit)
+    regen_total_s: float = 0.0              # > 0 (corpus): close the data set once its shards took this long,
+                                            # summed over calls; training uses the shards answered by then
     exclude_eval: bool = True               # drop prompts that also occur in HumanEval / MT-Bench
     # -- the drafter
     block_size: int = 16
@@ -64,6 +67,8 @@ class TrainConfig:
     num_anchors: int = 512                  # random anchors per sequence
     max_seq_len: int = 2048                 # training sequence cut (prompt + response)
     batch_size: int = 8
+    probe_batch_sizes: tuple[int, ...] | None = None  # set: time these batch sizes first, train at the most tokens/s
+    probe_s: float = 60.0                   # seconds the probe spends, over all its batch sizes
     lr: float = 6e-4
     weight_decay: float = 0.0
     warmup_ratio: float = 0.04
@@ -106,10 +111,13 @@ class TrainConfig:
             raise DFlashError("--lr_schedule", f"unknown schedule {self.lr_schedule!r}", "use cosine or linear")
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise DFlashError("--warmup_steps", f"must be >= 0, got {self.warmup_steps}", "use 100, or omit it")
-        if self.stop_after_s and self.train_time_budget_s:
+        if self.stop_after_s and self.train_time_budget_s and not self.probe_batch_sizes:
             raise DFlashError("--stop_after_s", "cannot be combined with --train_time_budget_s (that one squeezes "
                               "the schedule into one call)", "use --max_steps with --stop_after_s for runs over "
-                              "several calls")
+                              "several calls, or --probe_batch_sizes (it turns the budget into --max_steps)")
+        if self.probe_batch_sizes is not None and (not self.probe_batch_sizes or min(self.probe_batch_sizes) <= 0):
+            raise DFlashError("--probe_batch_sizes", f"must be positive sizes, got {self.probe_batch_sizes}",
+                              "pass e.g. 16 32 64")
         if not 0 <= self.warmup_ratio < 1:
             raise DFlashError("--warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}", "use 0.04")
         if self.export_dtype not in ("bfloat16", "float16", "float32"):
@@ -131,7 +139,8 @@ class TrainConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d["stages"] = list(self.stages)
-        d["target_layer_ids"] = list(self.target_layer_ids) if self.target_layer_ids is not None else None
+        for name in ("target_layer_ids", "probe_batch_sizes"):
+            d[name] = list(d[name]) if d[name] is not None else None
         return d
 
     def check_resume(self, path: Path) -> None:

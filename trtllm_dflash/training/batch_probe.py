@@ -1,0 +1,107 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Before training starts: a few timed optimizer steps at each batch size of ``--probe_batch_sizes``, then the
+run trains at the one with the most supervised tokens per second (issue #24: a 135M target and a 3-layer draft
+leave an H100 idle at batch 16).
+
+The probe steps run the real training step (batch building on the CPU, forward, backward, clipping, AdamW) on
+the run's own batches, but with a throwaway AdamW at learning rate 0, so the draft weights do not move; the RNG
+state (ModelOpt samples the anchors with torch's RNG) is put back afterwards. The token budget of the command
+line is kept: ``--batch_size`` x ``--max_steps`` sequences become ``max_steps`` at the chosen size, and a
+``--train_time_budget_s`` becomes ``max_steps`` = budget / measured s per step, a fixed step count that resumes
+exactly over several ``--stop_after_s`` calls. ``batch_probe.json`` in the run says what was measured and
+chosen; a resumed run reads it instead of probing again.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import replace
+
+import torch
+
+from .batches import IGNORE, BatchStream
+from .modelopt_model import trainable
+from .settings import TrainConfig
+
+PROBE_FILE = "batch_probe.json"
+
+
+def applied(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with the settings an earlier probe of this run chose (unchanged when it has not probed)."""
+    path = cfg.out_dir / PROBE_FILE
+    if not cfg.probe_batch_sizes or not path.is_file():
+        return cfg
+    return replace(cfg, **json.loads(path.read_text())["settings"])
+
+
+def settings_for(cfg: TrainConfig, batch: int, s_per_step: float) -> dict:
+    """The TrainConfig fields a probe that chose ``batch`` (at ``s_per_step``) changes."""
+    out = {"batch_size": batch}
+    if cfg.train_time_budget_s > 0:
+        out.update(max_steps=max(1, int(cfg.train_time_budget_s / s_per_step)), train_time_budget_s=0.0)
+    elif cfg.max_steps:
+        out["max_steps"] = max(1, math.ceil(cfg.max_steps * cfg.batch_size / batch))
+    return out
+
+
+def run(cfg: TrainConfig, model, data: list, log=print) -> tuple[TrainConfig, dict]:
+    """Time each batch size, pick the most tokens/s; returns the new config and what was measured."""
+    device = next(model.dflash_module.parameters()).device
+    params = trainable(model)
+    opt = torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)   # lr 0: the weights stay as they are
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None)
+    rng = torch.get_rng_state(), (torch.cuda.get_rng_state_all() if device.type == "cuda" else None)
+    sizes = sorted(set(cfg.probe_batch_sizes))
+    each = cfg.probe_s / len(sizes)
+    measured: dict[str, dict] = {}
+    model.train()
+    for batch in sizes:
+        stream = BatchStream(data, batch, cfg.block_size, cfg.seed)
+        try:
+            measured[str(batch)] = _time(model, opt, params, stream, cfg.grad_clip, autocast, device, each)
+        except torch.cuda.OutOfMemoryError:
+            measured[str(batch)] = {"error": "out of memory"}
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+        log(f"train: batch probe {batch}: {measured[str(batch)]}")
+    model.eval()
+    opt.state.clear()
+    torch.set_rng_state(rng[0])
+    if rng[1] is not None:
+        torch.cuda.set_rng_state_all(rng[1])
+    ok = {int(b): m for b, m in measured.items() if "tokens_per_s" in m}
+    if not ok:
+        raise RuntimeError(f"batch probe: no batch size of {sizes} trained ({measured})")
+    best = max(ok, key=lambda b: ok[b]["tokens_per_s"])
+    settings = settings_for(cfg, best, ok[best]["s_per_step"])
+    record = {"batch_sizes": sizes, "probe_s": cfg.probe_s, "measured": measured, "chosen": best,
+              "settings": settings, "device": str(device)}
+    (cfg.out_dir / PROBE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    log(f"train: batch {best} trains the most tokens/s ({ok[best]['tokens_per_s']:.0f}); settings {settings}")
+    return replace(cfg, **settings), record
+
+
+def _time(model, opt, params, stream: BatchStream, grad_clip: float, autocast, device, seconds: float) -> dict:
+    """One untimed warm-up step, then steps until ``seconds`` have passed (at least 2)."""
+    def step(i: int) -> int:
+        batch = {k: v.to(device, non_blocking=True) for k, v in stream.batch(i).items()}
+        if autocast is not None:
+            with autocast:
+                loss = model(**batch).loss
+        else:
+            loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()   # the loop reads the loss every step too: this is where it waits for the GPU
+        return int((batch["labels"] != IGNORE).sum())
+
+    step(0)
+    t0, steps, tokens = time.perf_counter(), 0, 0
+    while steps < 2 or time.perf_counter() - t0 < seconds:
+        tokens += step(1 + steps)
+        steps += 1
+    elapsed = time.perf_counter() - t0
+    return {"steps": steps, "s_per_step": round(elapsed / steps, 4), "tokens_per_s": round(tokens / elapsed, 1)}
