@@ -95,6 +95,8 @@ def main(argv=None) -> int:
     p.add_argument("--regen_tok_s", type=float, default=None,
                    help="dflash-train's regeneration new tokens/s at batch --top, measured separately")
     p.add_argument("--note", action="append", default=[], help="a line for the summary's notes (repeatable)")
+    p.add_argument("--skip_steady", action="store_true",
+                   help="no steady-batch measurement (no GPU here): the itl_*_over_steady key is null")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     rows = [json.loads(line) for line in args.sweep.read_text().splitlines() if line.strip()]
@@ -114,12 +116,12 @@ def main(argv=None) -> int:
         summary[f"min_{key}_over_ar_iso_interactivity"] = min(vals) if vals else None
         summary[f"max_{key}_over_ar_iso_interactivity"] = max(vals) if vals else None
     at_c = [r for r in rows if r["label"] == "DFlash adaptive" and r["settings"]["concurrency"] == args.batch]
-    steady = steady_step_ms(args.engine, args.batch, args.input_len, "adaptive")
+    steady = None if args.skip_steady else steady_step_ms(args.engine, args.batch, args.input_len, "adaptive")
     summary["steady_b%d_adaptive" % args.batch] = steady
     itl = at_c[-1]["metrics"]["itl_chunk_ms"]["mean"] if at_c else None
     summary[f"itl_c{args.batch}_adaptive_ms"] = itl
     summary["itl_c64_over_steady_b64" if args.batch == 64 else f"itl_c{args.batch}_over_steady_b{args.batch}"] = (
-        itl / steady["step_ms"] if itl else None)
+        itl / steady["step_ms"] if itl and steady else None)
     if args.top is not None:
         summary.update(serving_keys(rows, args.batch, args.top, args.regen_tok_s))
     summary["notes"] = args.note

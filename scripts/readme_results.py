@@ -214,31 +214,93 @@ def render_cpu_parity(results: Path) -> str:
 
 
 def render_step_bench(results: Path) -> str:
-    """Decode step cost on one H100 (Qwen3-8B, Llama-3.1-8B)."""
-    name = "step_bench_h100_v3.json"
-    d = _load(results, name)
-    meta = d["meta"]
-    q, ll = _step_rows(d, "qwen3-8b"), _step_rows(d, "llama-3.1-8b")
-    batches = sorted({b for (_, b) in q})
-    qb = d["summary"]["qwen3-8b"]["block_size"]
-    lb = d["summary"]["llama-3.1-8b"]["block_size"]
+    """Decode step cost on one H100: the torch path against the Triton kernels (SmolLM2-135M, Qwen3-8B)."""
+    runs = {k: _load(results, f"step_bench_h100_v5_{k}.json") for k in ("torch", "triton")}
+    notes = "; ".join(provenance_note(d, f"step_bench_h100_v5_{k}.json") for k, d in runs.items())
+    meta = runs["triton"]["meta"]
+    cmd = meta["command"].split(" --out ")[0].replace(" --attention_kernel triton", " --attention_kernel torch|triton")
     lines = [
-        f"**Decode step cost on one H100 80 GB** (random bf16 weights at real shapes, prompt "
-        f"{q[('ar', batches[0])]['ctx']} tokens, CUDA graphs; `python {meta['command'].replace(' --out /root/out/step_bench.json', '')}`; "
-        f"torch {meta['torch']}, transformers {meta['transformers']}; {provenance_note(d, name)}). Roofline = bytes "
-        f"that must cross HBM per step (every weight once + the KV cache) at the copy bandwidth measured in the same "
-        f"run ({meta['copy_bw_bytes_per_s'] / 1e12:.1f} TB/s), or the FLOPs at the measured bf16 matmul rate "
-        f"({meta['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s) where that is larger.",
+        f"**Decode step cost on one H100 80 GB** (random bf16 weights at real shapes, prompt 512 tokens, CUDA graphs; "
+        f"`python {cmd}`; torch {meta['torch']}, triton {meta['triton']}; {notes}). Roofline = bytes that must cross "
+        f"HBM per step (every weight once + the KV cache) at the copy bandwidth measured in the same run "
+        f"({meta['copy_bw_bytes_per_s'] / 1e12:.1f} TB/s). Kernels: the attention path of each layer "
+        f"(`RuntimeConfig.attention_kernel`, `auto` = Triton on CUDA, the default).",
         "",
-        "| Qwen3-8B, batch | " + " | ".join(str(b) for b in batches) + " |",
-        "|---|" + "---|" * len(batches),
-        "| AR step (ms) / % of roofline | " + " | ".join(
-            f"{_ms(q[('ar', b)]['step_ms'])} / {_pct(q[('ar', b)]['roofline_fraction'])}" for b in batches) + " |",
-        f"| DFlash step, block {qb} (ms) / % of roofline | " + " | ".join(
-            f"{_ms(q[('dflash', b)]['step_ms'])} / {_pct(q[('dflash', b)]['roofline_fraction'])}" for b in batches) + " |",
-        f"| Llama-3.1-8B: AR / DFlash block {lb} (ms) | " + " | ".join(
-            f"{_ms(ll[('ar', b)]['step_ms'])} / {_ms(ll[('dflash', b)]['step_ms'])}" for b in batches) + " |",
+        "| model | kernels | AR b1 (ms) / roofline | DFlash b1 (ms) | DFlash / AR | AR b64 (ms) | DFlash b64 (ms) | kernels per layer (AR / verify / drafter) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    for model in ("smollm2-135m", "qwen3-8b"):
+        for k, d in runs.items():
+            r, sm = _step_rows(d, model), d["summary"][model]
+            kl = sm.get("kernels_per_layer") or {}
+            per = " / ".join(str(kl[x]["per_layer"]) for x in ("target_T1", "target_T16", "drafter_T16") if x in kl)
+            lines.append(
+                f"| {model} | {k} | {_ms(r[('ar', 1)]['step_ms'])} / {_pct(r[('ar', 1)]['roofline_fraction'])} | "
+                f"{_ms(r[('dflash', 1)]['step_ms'])} | {sm['dflash_b1_step_over_ar_step']:.2f} | "
+                f"{_ms(r[('ar', 64)]['step_ms'])} | {_ms(r[('dflash', 64)]['step_ms'])} | {per} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_engine_load(results: Path) -> str:
+    """Requests arriving and leaving: the closed loop against the steady step (one H100)."""
+    name = "engine_load_h100.json"
+    d = _load(results, name)
+    st = d["settings"]
+    lines = [
+        f"**Serving at the speed of the step** (one H100, in-process engine, random bf16 weights at the shipped "
+        f"SmolLM2 pair's shapes; {st['waves']} waves of requests per level, prompts {st['prompt_len']} tokens, outputs "
+        f"{st['output_len']} tokens, a new request as soon as one finishes; `python benchmarks/engine_load.py --batch "
+        f"{st['batch']}`; {provenance_note(d, name)}). Steady step = every row decoding, nothing arriving; "
+        f"mean / steady = 1 when arrivals cost the running requests nothing.",
+        "",
+        "| mode | concurrency | new tok/s | mean step (ms) | steady step (ms) | mean / steady | time per output token p50 (ms) | graphs captured at start-up / mid-run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in d["rows"]:
+        lines.append(f"| {r['mode']} | {r['batch']} | {r['tok_s']:,.0f} | {_ms(r['mean_step_ms'])} | "
+                     f"{_ms(r['steady_step_ms'])} | {r['mean_step_over_steady']:.2f} | {_ms(r['tpot_ms_p50'])} | "
+                     f"{r['startup_graphs']} / {r['graphs_captured_mid_run']} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_sweep_v3(results: Path) -> str:
+    """AR vs DFlash fixed vs adaptive on the real SmolLM2 pair, concurrency 1..256 (one H100)."""
+    name = "sweep_smollm2_h100_v3.summary.json"
+    d = _load(results, name)
+    s = d["summary"]
+    rows = [json.loads(x) for x in (results / "sweep_smollm2_h100_v3.jsonl").read_text().splitlines() if x.strip()]
+    at = {(r["label"], r["settings"]["concurrency"]): r["metrics"] for r in rows}
+    levels = sorted({c for _, c in at})
+    sha = rows[0]["versions"]["git_sha"][:10]
+    lines = [
+        f"**SmolLM2-135M + the shipped drafter, in-process, HumanEval prompts, 128 new tokens, one H100** "
+        f"(`bash benchmarks/gpu_smollm2.sh sweep3`, git {sha}, see the rows' git_sha_note; summary "
+        f"{provenance_note(d, name)}). New tokens/s over all users (tokens/s per user):",
+        "",
+        "| concurrency | " + " | ".join(str(c) for c in levels) + " |",
+        "|---|" + "---|" * len(levels),
+    ]
+    for label in ("AR", "DFlash", "DFlash adaptive"):
+        lines.append(f"| {label} | " + " | ".join(
+            f"{at[(label, c)]['total_tok_s']:,.0f} ({at[(label, c)]['tok_s_user']:,.0f})" for c in levels) + " |")
+    v2 = [json.loads(x) for x in (results / "sweep_smollm2_h100_v2.jsonl").read_text().splitlines() if x.strip()]
+    before = next(r["metrics"]["total_tok_s"] for r in reversed(v2)
+                  if r["label"] == "AR" and r["settings"]["concurrency"] == 64)
+    v2_note = provenance_note(_load(results, "sweep_smollm2_h100_v2.summary.json"), "sweep_smollm2_h100_v2.summary.json")
+    lines += ["",
+              f"AR at concurrency 64: {s['ar_tok_s_c64']:,.0f} tok/s ({before:,.0f} in sweep v2 before this engine, "
+              f"{v2_note}); at 256: "
+              f"{s['ar_tok_s_c256']:,.0f}. DFlash adaptive over AR at equal interactivity: "
+              f"{s['min_adaptive_over_ar_iso_interactivity']:.2f}x to {s['max_adaptive_over_ar_iso_interactivity']:.2f}x "
+              f"(fixed block: {s['min_fixed_over_ar_iso_interactivity']:.2f}x to "
+              f"{s['max_fixed_over_ar_iso_interactivity']:.2f}x)."]
+    missing = [what for key, what in (("openai_over_inprocess_c64", "through dflash-openai"),
+                                      ("triton_over_inprocess_c64", "through Triton"),
+                                      ("regen_tok_s_b256", "regeneration at batch 256"),
+                                      ("itl_c64_over_steady_b64", "the steady batch-64 step of the real pair"))
+               if s.get(key) is None]
+    if missing:
+        lines[-1] += " Not measured in this run: " + ", ".join(missing) + " (the summary's notes say why)."
     return "\n".join(lines) + "\n"
 
 
@@ -645,6 +707,8 @@ RENDERERS = {
     "quickstart_tau": render_quickstart_tau,
     "cpu_parity": render_cpu_parity,
     "step_bench": render_step_bench,
+    "engine_load": render_engine_load,
+    "sweep_v3": render_sweep_v3,
     "step_notes": render_step_notes,
     "layer_ops": render_layer_ops,
     "tp_bench": render_tp_bench,

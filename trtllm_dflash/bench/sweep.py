@@ -17,7 +17,6 @@ import argparse
 import json
 import platform
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -246,15 +245,11 @@ def run_level(target: Target, items: list[WorkItem], concurrency: int, args, lab
 
 
 def git_sha() -> str | None:
-    repo = Path(__file__).resolve().parents[2]
-    try:
-        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sha + ("-dirty" if dirty else "")
+    """The commit of the code that ran, as provenance.git_state finds it: on the GPU host the copy of the tree sits
+    under a stale .git and only the carried .git_state.json is right (asking git there recorded 8246e5c-dirty)."""
+    from ..provenance import git_state
+    state = git_state()
+    return state["sha"] and state["sha"] + ("-dirty" if state["dirty"] else "")
 
 
 def versions() -> dict:
