@@ -12,7 +12,7 @@ import pytest
 
 from tests.serving.conftest import start_server
 from trtllm_dflash.serving import client
-from trtllm_dflash.serving.http_guard import GuardLimits, Refused, check_body, json_depth, parse_head
+from trtllm_dflash.serving.http_guard import GuardLimits, Refused, atoi, bracket_depth, check_body, json_part, parse_head
 
 GEN = "/v2/models/tensorrt_llm/generate"
 
@@ -21,9 +21,16 @@ def nested(depth: int) -> bytes:
     return b'{"text_input": "hi", "x": ' + b"[" * depth + b"]" * depth + b"}"
 
 
-def test_json_depth_and_head_parsing():
-    assert json_depth(1) == 0 and json_depth({}) == 1 and json_depth({"a": [[1], {"b": []}]}) == 4
-    assert json_depth(json.loads(nested(500))) == 501
+def test_depth_json_part_and_head_parsing():
+    assert bracket_depth(b"1") == 0 and bracket_depth(b"{}") == 1 and bracket_depth(b'{"a": [[1], {"b": []}]}') == 4
+    assert bracket_depth(nested(500)) == 501 and bracket_depth(b"[" * 10**6) == 10**6   # invalid JSON counts too
+    assert bracket_depth(b'{"a": "[[[[\\"[[[", "b": "}}}"}') == 1      # brackets inside strings do not
+    assert (atoi(" 12abc"), atoi("abc"), atoi("-3"), atoi("")) == (12, 0, -3, 0)
+    body = b'{"a": 1}\0\0'
+    assert json_part({"inference-header-content-length": "8"}, body) == body[:8]
+    for value in ("0", "x", "-1", "99"):          # Triton then parses the whole body
+        assert json_part({"inference-header-content-length": value}, body) == body
+    assert json_part({}, body) == body
     method, target, headers = parse_head(b"POST /x?y=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\n")
     assert (method, target, headers) == ("POST", "/x?y=1", [("host", "a"), ("content-length", "3")])
     for bad in (b"POST /x\r\n\r\n", b"GET / HTTP/1.1\r\nno colon\r\n\r\n", b"GET / HTTP/1.1\r\n Host: a\r\n\r\n"):
@@ -44,7 +51,34 @@ def test_json_depth_and_head_parsing():
     ("/v2/models/tensorrt_llm/versions/1/generate", {}, b'{"streaming": true}', 400, "streaming"),
     (GEN + "_stream", {}, b'{"text_input": "hi", "streaming": true}', None, None),
     (GEN, {}, b'{"text_input": "hi", "streaming": false}', None, None),
-    (GEN, {}, b"not json", None, None),                           # Triton's own 400 says where
+    (GEN, {}, b"not json", 400, "body"),                          # Triton 2.51 answers some of these 500
+    (GEN, {}, b"", 400, "body"),
+    (GEN, {}, b'{"text_input": "\xff"}', 400, "body"),                # not UTF-8
+    (GEN, {}, b'[1]', 400, "body"),
+    ("/v2/models/other/generate", {}, b"not json", None, None),   # not our model: Triton's own answer
+    # Triton parses the JSON part whatever the Content-Type, and all of it when the binary header is 0 / bad
+    (GEN, {"content-type": "application/octet-stream"}, nested(1000), 400, "body"),
+    ("/v2/models/m/infer", {"inference-header-content-length": "0"}, nested(1000), 400, "body"),
+    ("/v2/models/m/infer", {"inference-header-content-length": "zz"}, b"[" * 100_000, 400, "body"),
+    ("/v2/repository/index", {"content-type": "text/plain"}, b"[" * 100_000, 400, "body"),
+    # values that Triton would cast without a range check, or answer 500 to
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_max_tokens": 4294967304}', 400, "sampling_param_max_tokens"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_max_tokens": 2147483648}', 400, "sampling_param_max_tokens"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_max_tokens": "ten"}', 400, "sampling_param_max_tokens"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": 1e30}', 400, "sampling_param_temperature"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": "NaN"}', 400, "sampling_param_temperature"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": NaN}', 400, "body"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": Infinity}', 400, "body"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_seed": -1}', 400, "sampling_param_seed"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_seed": 18446744073709551616}', 400, "sampling_param_seed"),
+    (GEN, {}, b'{"text_input": 5}', 400, "text_input"),
+    (GEN, {}, b'{"text_input": ["hi"], "streaming": [false], "sampling_param_seed": 18446744073709551615, '
+              b'"sampling_param_temperature": 2, "sampling_param_max_tokens": [3]}', None, None),
+    ("/v2/models/tensorrt_llm/infer", {}, b'{"inputs": [{"name": "sampling_param_max_tokens", "shape": [1], '
+     b'"datatype": "INT32", "data": [4294967304]}]}', 400, "sampling_param_max_tokens"),
+    ("/v2/models/tensorrt_llm/infer", {}, b'{"inputs": [{"name": "text_input", "shape": [1], '
+     b'"datatype": "FP32", "data": [1]}]}', 400, "text_input"),
+    ("/v2/models/tensorrt_llm/infer", {}, b'{"inputs": 3}', 400, "inputs"),
     # the binary tensor extension: only the JSON header is parsed
     ("/v2/models/m/infer", {"inference-header-content-length": "2"}, b"{}" + b"[" * 100, None, None),
     ("/v2/models/m/infer", {"inference-header-content-length": str(len(nested(80)))}, nested(80) + b"\0",
