@@ -220,6 +220,9 @@ def _cancelled(srv) -> float:
     return srv.metric_or_zero("dflash_requests_total", finish_reason="cancelled")
 
 
+SMALL = b'{"text_input": "%s"}' % (b"x" * 282)     # 300 bytes
+
+
 def test_memory_bound_over_all_connections_and_no_triton():
     # No tritonserver behind it (restarting): 503 naming the server. Bodies held by all connections together
     # are bounded: a request whose body would pass the bound is refused while another one holds it.
@@ -238,13 +241,66 @@ def test_memory_bound_over_all_connections_and_no_triton():
         while guard.buffered != 800:           # the holder's head was read: its body is reserved
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        status, text = _post(addr, GEN, b"{" + b" " * 299, {"Content-Type": "application/json"})
+        status, text = _post(addr, GEN, SMALL, {"Content-Type": "application/json"})
         assert status == 503 and "bytes of other requests' bodies" in json.loads(text)["error"]
         holder.close()
         while guard.buffered:                  # released when the holder goes away
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        status, _ = _post(addr, GEN, b"{" + b" " * 299, {"Content-Type": "application/json"})
+        status, _ = _post(addr, GEN, SMALL, {"Content-Type": "application/json"})
         assert status == 503                   # admitted this time, then Triton is not there
     finally:
         guard.stop()
+
+
+def test_slow_clients_are_bounded_per_client_and_in_time():
+    # #25: four connections each announcing 16 MiB and sending one byte held the whole 64 MiB budget for
+    # good while /v2/health/ready said 200. Now one client holds at most max_client_bytes (429 beyond), a
+    # request must arrive within read_timeout_s (408), and ready says 503 while a full body cannot be taken.
+    from tests.serving.conftest import free_port
+    from trtllm_dflash.serving.http_guard import HttpGuard
+
+    limits = GuardLimits(max_body_bytes=1000, max_buffered_bytes=2500, max_client_bytes=1500, read_timeout_s=1.5)
+    guard = HttpGuard("127.0.0.1", free_port(), free_port(), limits)
+    guard.start()
+    try:
+        addr = f"127.0.0.1:{guard.port}"
+        holders = []
+        for _ in range(2):
+            s = socket.create_connection(("127.0.0.1", guard.port), timeout=30)
+            s.sendall(f"POST {GEN} HTTP/1.1\r\nHost: x\r\nContent-Length: 800\r\n\r\n".encode() + b"{")
+            holders.append(s)
+            time.sleep(0.3)
+        assert guard.buffered == 800                        # the second one would pass 1500
+        reply = holders[1].recv(65536).decode()
+        assert reply.startswith("HTTP/1.1 429") and "per-client bound of 1500" in reply, reply
+        # the budget left (1700) still takes a full body, so ready is relayed (and Triton is not there)
+        status, text = _get(addr, "/v2/health/ready")
+        assert status == 503 and "tritonserver is not running" in text
+        guard.buffered += 900                  # as if another client held 900 more: 800 left < max_body_bytes
+        status, text = _get(addr, "/v2/health/ready")
+        assert status == 503 and "not ready: request bodies being received hold 1700 of 2500" in text, text
+        guard.buffered -= 900
+        t0 = time.monotonic()
+        reply = holders[0].recv(65536).decode()            # the first holder: timed out
+        assert reply.startswith("HTTP/1.1 408") and "--read_timeout_s" in reply, reply
+        assert time.monotonic() - t0 < 3
+        deadline = time.monotonic() + 10
+        while guard.buffered or guard.clients:
+            assert time.monotonic() < deadline, (guard.buffered, guard.clients)
+            time.sleep(0.05)
+        for s in holders:
+            s.close()
+    finally:
+        guard.stop()
+
+
+def _get(addr: str, path: str) -> tuple[int, str]:
+    host, port = addr.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        conn.close()

@@ -124,6 +124,13 @@ def _strict_json(data: bytes):
     return json.loads(data, parse_constant=constant)
 
 
+def drop_header(head: bytes, name: str) -> bytes:
+    """``head`` (ending in CRLF CRLF) without its ``name:`` lines."""
+    prefix = name.lower().encode() + b":"
+    return b"".join(line + b"\r\n" for line in head[:-2].split(b"\r\n")[:-1]
+                    if not line.lower().startswith(prefix)) + b"\r\n"
+
+
 def check_body(target: str, headers: dict[str, str], body: bytes, limits: GuardLimits) -> None:
     """Raise Refused for a body Triton 2.51 would crash on or misread: a big form body, JSON (the part
     Triton parses, whatever the Content-Type) nested too deep, a /generate asked to stream, and for our
@@ -187,10 +194,14 @@ def _check_values(endpoint: str, obj: dict) -> None:
 
 
 class HttpGuard:
-    """Listens on ``host:port`` in a thread of its own; relays to ``127.0.0.1:upstream_port``."""
+    """Listens on ``host:port`` in a thread of its own; relays to ``upstream``: a port on 127.0.0.1, or
+    ``unix:PATH``. ``drop_header``: a header removed from every request (the key of Triton's restricted
+    APIs, which must open nothing to a client)."""
 
-    def __init__(self, host: str, port: int, upstream_port: int, limits: GuardLimits = GuardLimits()):
-        self.host, self.port, self.upstream_port, self.limits = host, port, upstream_port, limits
+    def __init__(self, host: str, port: int, upstream: int | str, limits: GuardLimits = GuardLimits(),
+                 drop_header: str = ""):
+        self.host, self.port, self.upstream, self.limits = host, port, upstream, limits
+        self.drop_header = drop_header.lower()
         self.loop = asyncio.new_event_loop()
         self.conns: set[asyncio.Task] = set()
         self.last_output = 0.0          # monotonic time of the last bytes relayed to a client
@@ -268,7 +279,9 @@ class HttpGuard:
                     return        # the rest of a refused request is unread: this connection cannot go on
                 if upstream is None or pipe.done():
                     try:
-                        upstream = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+                        upstream = await (
+                            asyncio.open_unix_connection(self.upstream[5:]) if isinstance(self.upstream, str)
+                            else asyncio.open_connection("127.0.0.1", self.upstream))
                     except OSError:
                         await self._answer(writer, 503, str(DFlashError(
                             "server", "tritonserver is not running (restarting or stopping)",
@@ -387,9 +400,10 @@ class HttpGuard:
             if headers["expect"].lower() != "100-continue":
                 raise Refused(400, DFlashError("Expect", f"{headers['expect'][:40]!r} is not supported",
                                                "send Expect: 100-continue or none"))
-            head = b"".join(line + b"\r\n" for line in head[:-2].split(b"\r\n")[:-1]
-                            if not line.lower().startswith(b"expect:")) + b"\r\n"
+            head = drop_header(head, "expect")
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self.drop_header and self.drop_header in headers:
+            head = drop_header(head, self.drop_header)
         if te:
             raw, body = await self._read_chunked(reader, held)
         else:
