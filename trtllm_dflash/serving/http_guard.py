@@ -56,9 +56,10 @@ class GuardLimits:
     max_json_depth: int = 64            # a Triton request is ~5 deep; 50,000 kills 2.51
     max_head_bytes: int = 64 << 10
     max_buffered_bytes: int = 64 << 20  # bodies held by all connections at once (read, not yet relayed)
-    # One client (peer address) holds at most a quarter of that, so four slow uploads from one host cannot
-    # take the whole budget, and at most this many connections (the CPU soak opens 64 streams from one host).
-    max_client_bytes: int = 16 << 20
+    # One client (peer address) holds at most one largest body plus 1 MiB of ordinary requests (about a
+    # quarter of the total), so slow uploads from one host cannot take the whole budget, and at most this
+    # many connections (the CPU soak opens 64 streams from one host).
+    max_client_bytes: int = 17 << 20
     max_client_connections: int = 256
     # Seconds a client has to send a request's head and body once its first byte came (nginx's
     # client_header_timeout / client_body_timeout are 60 s, uvicorn's h11 has none): a client that
@@ -408,11 +409,10 @@ class HttpGuard:
             raw, body = await self._read_chunked(reader, held)
         else:
             raw = body = await reader.readexactly(int(length))
-        if body:
-            if len(body) > 65536:      # parse big bodies off the loop so other connections keep moving
-                await asyncio.to_thread(check_body, target, headers, body, limits)
-            else:
-                check_body(target, headers, body, limits)
+        if len(body) > 65536:      # parse big bodies off the loop so other connections keep moving
+            await asyncio.to_thread(check_body, target, headers, body, limits)
+        else:                      # an empty body too: Triton 2.51 answers 500 to one on /generate
+            check_body(target, headers, body, limits)
         return head, raw
 
     async def _read_chunked(self, reader: asyncio.StreamReader, held: list[int]) -> tuple[bytes, bytes]:

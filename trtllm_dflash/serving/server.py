@@ -250,9 +250,13 @@ class Supervisor:
     running and nothing is left in /dev/shm."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], control: Path, args: argparse.Namespace,
-                 guard: HttpGuard | None = None, triton_http: str | None = None, grpc_guard: GrpcGuard | None = None):
+                 guard: HttpGuard | None = None, triton_http: str | None = None, grpc_guard: GrpcGuard | None = None,
+                 sockets: tuple[Path, ...] = ()):
         self.cmd, self.env, self.control, self.args, self.guard = cmd, env, control, args, guard
         self.grpc_guard = grpc_guard
+        # Triton's Unix sockets: its HTTP front end leaves its socket file behind, and a restarted
+        # tritonserver then fails with "already in use"
+        self.sockets = sockets
         # where to ask Triton itself whether it is ready: its internal socket behind the guard
         self.triton_http = triton_http or f"{args.host}:{args.http_port}"
         self.proc: subprocess.Popen | None = None
@@ -269,8 +273,8 @@ class Supervisor:
         signal.signal(signal.SIGINT, self.on_signal)
         restarts = 0
         while True:
-            for name in ("stop", "drained", "broken"):
-                (self.control / name).unlink(missing_ok=True)
+            for path in (*(self.control / name for name in ("stop", "drained", "broken")), *self.sockets):
+                path.unlink(missing_ok=True)
             self.proc = start(self.cmd, self.env)
             if self.guard is not None:
                 self.guard.draining = False
@@ -331,9 +335,6 @@ class Supervisor:
         hangs; then reap the process group and remove its shared-memory files. 0 if it stopped cleanly."""
         proc, args = self.proc, self.args
         clean = True
-        if graceful and proc.poll() is None:
-            (self.control / "stop").write_text("")
-            print("dflash-serve: stopping: ending the running requests", flush=True)
         final = bool(self.signals)             # the server stops for good (not a restart)
         if self.guard is not None:
             self.guard.draining = True           # new HTTP requests and /v2/health/ready: 503
@@ -410,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             if guarded:
                 limits = GuardLimits(max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout_s,
                                      max_buffered_bytes=max(GuardLimits.max_buffered_bytes, 4 * args.max_body_bytes),
-                                     max_client_bytes=max(GuardLimits.max_client_bytes, args.max_body_bytes))
+                                     max_client_bytes=max(GuardLimits.max_client_bytes, args.max_body_bytes + (1 << 20)))
                 guard = HttpGuard(args.host, args.http_port, http_sock, limits, drop_header=ADMIN_HEADER)
                 guard.start()
                 print(f"dflash-serve: HTTP guard on {args.host}:{args.http_port} -> Triton on {http_sock}", flush=True)
@@ -421,7 +422,9 @@ def main(argv: list[str] | None = None) -> int:
                 grpc_guard.start()
                 print(f"dflash-serve: gRPC guard on {args.host}:{args.grpc_port} -> Triton on {grpc_sock}:1",
                       flush=True)
-            return Supervisor(cmd, env, control, args, guard, http_sock if guarded else None, grpc_guard).run()
+            sockets = (Path(work) / "triton-http.sock", Path(work) / "triton-grpc.sock:1")
+            return Supervisor(cmd, env, control, args, guard, http_sock if guarded else None, grpc_guard,
+                              sockets).run()
         finally:
             for g in (guard, grpc_guard):
                 if g is not None:
