@@ -108,10 +108,10 @@ def test_guard_bypasses_get_400_and_triton_lives(srv):
 
 @pytest.mark.parametrize("body, field, words", [
     (b'{"text_input": "hi", "sampling_param_max_tokens": 4294967304}', "sampling_param_max_tokens",
-     "must be an integer in [1, 2147483647]"),
-    (b'{"text_input": "hi", "sampling_param_max_tokens": 2147483648}', "sampling_param_max_tokens", "[1, 2147483647]"),
+     "must be an integer in [-2147483648, 2147483647] (INT32), got 4294967304"),
+    (b'{"text_input": "hi", "sampling_param_max_tokens": 2147483648}', "sampling_param_max_tokens", "got 2147483648"),
     (b'{"text_input": "hi", "sampling_param_max_tokens": "ten"}', "sampling_param_max_tokens", "got 'ten'"),
-    (b'{"text_input": "hi", "sampling_param_temperature": 1e30}', "sampling_param_temperature", "[0, 2]"),
+    (b'{"text_input": "hi", "sampling_param_temperature": 1e30}', "sampling_param_temperature", "must be in [0, 2.0], got 1e+30"),
     (b'{"text_input": "hi", "sampling_param_temperature": "NaN"}', "sampling_param_temperature", "got 'NaN'"),
     (b'{"text_input": "hi", "sampling_param_temperature": Infinity}', "body", "is not JSON"),
     (b'{"text_input": "hi", "sampling_param_seed": -1}', "sampling_param_seed", "[0, 18446744073709551615]"),

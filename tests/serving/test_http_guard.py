@@ -65,7 +65,9 @@ def test_depth_json_part_and_head_parsing():
     (GEN, {}, b'{"text_input": "hi", "sampling_param_max_tokens": 4294967304}', 400, "sampling_param_max_tokens"),
     (GEN, {}, b'{"text_input": "hi", "sampling_param_max_tokens": 2147483648}', 400, "sampling_param_max_tokens"),
     (GEN, {}, b'{"text_input": "hi", "sampling_param_max_tokens": "ten"}', 400, "sampling_param_max_tokens"),
-    (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": 1e30}', 400, "sampling_param_temperature"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": 1e30}', None, None),   # the model's bound
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": 1e39}', 400, "sampling_param_temperature"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_max_tokens": 0}', None, None),        # the model's bound
     (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": "NaN"}', 400, "sampling_param_temperature"),
     (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": NaN}', 400, "body"),
     (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": Infinity}', 400, "body"),

@@ -91,8 +91,9 @@ def _text(value, name: str) -> str:
 
 def check_json_value(name: str, value) -> None:
     """A JSON value (scalar or nested list) sent for input ``name`` fits its Triton datatype, before Triton
-    casts it: bool for BOOL, a string for BYTES, an integer in range for INT32 / UINT64, a finite number for
-    FP32 (in [0, MAX_TEMPERATURE] for the temperature). Unknown names are the model's to refuse."""
+    casts it: bool for BOOL, a string for BYTES, an integer in range for INT32 / UINT64, a finite number in
+    range for FP32. Only the datatype: each input's own bounds (max_tokens against max_seq_len, temperature
+    in [0, MAX_TEMPERATURE]) are parse_request's, on every path. Unknown names are the model's to refuse."""
     kind = INPUT_TYPES.get(name)
     if kind is None:
         return
@@ -107,16 +108,12 @@ def check_json_value(name: str, value) -> None:
             raise DFlashError(name, f"expected a string, got {short_repr(v)}", "send a JSON string")
         elif kind in INT_RANGES:
             lo, hi = INT_RANGES[kind]
-            if name == "sampling_param_max_tokens":
-                lo = 1
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise DFlashError(name, f"must be an integer in [{lo}, {hi}] ({kind}), got {short_repr(v)}",
                                   "send a JSON integer in that range")
         elif kind == "FP32":
-            hi = MAX_TEMPERATURE if name == "sampling_param_temperature" else FP32_MAX
-            lo = 0.0 if name == "sampling_param_temperature" else -FP32_MAX
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:   # NaN fails too
-                raise DFlashError(name, f"must be a finite number in [{lo:g}, {hi:g}], got {short_repr(v)}",
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not -FP32_MAX <= v <= FP32_MAX:  # NaN too
+                raise DFlashError(name, f"must be a finite number (FP32), got {short_repr(v)}",
                                   "send a JSON number in that range")
 
 
@@ -166,7 +163,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, obj
                           f"max_seq_len of this deployment is {max_seq_len}")
     temperature = _scalar(inputs, "sampling_param_temperature", float)
     if temperature is not None and not 0.0 <= temperature <= MAX_TEMPERATURE:   # also rejects NaN and inf
-        raise DFlashError("sampling_param_temperature", f"must be in [0, {MAX_TEMPERATURE}], got {temperature}",
+        raise DFlashError("sampling_param_temperature", f"must be in [0, {MAX_TEMPERATURE}], got {temperature:g}",
                           "use 0 for greedy, 1 for the model's own distribution")
     top_k = _scalar(inputs, "sampling_param_top_k", int)
     if top_k is not None and top_k < 0:
