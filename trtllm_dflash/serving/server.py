@@ -276,8 +276,6 @@ class Supervisor:
             for path in (*(self.control / name for name in ("stop", "drained", "broken")), *self.sockets):
                 path.unlink(missing_ok=True)
             self.proc = start(self.cmd, self.env)
-            if self.guard is not None:
-                self.guard.draining = False
             try:
                 seconds = wait_ready(self.proc, self.triton_http, self.args.ready_timeout,
                                      stopping=lambda: bool(self.signals))
@@ -336,7 +334,7 @@ class Supervisor:
         proc, args = self.proc, self.args
         clean = True
         final = bool(self.signals)             # the server stops for good (not a restart)
-        if self.guard is not None:
+        if final and self.guard is not None:
             self.guard.draining = True           # new HTTP requests and /v2/health/ready: 503
         if final and self.grpc_guard is not None:
             self.grpc_guard.refuse_new()
