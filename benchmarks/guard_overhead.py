@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """What dflash-serve's HTTP guard costs: the same requests through the guard (--http_port) and straight to
-Triton's internal HTTP port, interleaved in one run on one server.
+Triton's internal HTTP socket (a Unix socket in dflash-serve's private directory), interleaved in one run on one server.
 
 Measures (CPU unless the deployment says otherwise; the machine is named in the results' provenance):
   * health_ms: GET /v2/health/ready round trips (no model work: the guard's relay cost alone), one
@@ -17,7 +17,6 @@ Medians over ``--reps`` interleaved repetitions (guard, direct, guard, ...); rat
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import re
@@ -31,13 +30,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trtllm_dflash.provenance import record  # noqa: E402
+from trtllm_dflash.serving.launch import http_connection  # noqa: E402
 from trtllm_dflash.serving.server import free_loopback_port  # noqa: E402
 
 GEN = "/v2/models/tensorrt_llm/generate"
 
 
-def start(engine: Path, log: Path, timeout: float = 900.0) -> tuple[subprocess.Popen, int, int]:
-    """dflash-serve on free ports; (process, guard port, Triton's internal port) once it is ready."""
+def start(engine: Path, log: Path, timeout: float = 900.0) -> tuple[subprocess.Popen, str, str]:
+    """dflash-serve on free ports; (process, guard address, Triton's internal socket) once it is ready."""
     http = free_loopback_port()
     cmd = [sys.executable, "-m", "trtllm_dflash.serving.server", str(engine), "--http_port", str(http),
            "--grpc_port", str(free_loopback_port()), "--metrics_port", str(free_loopback_port())]
@@ -49,12 +49,12 @@ def start(engine: Path, log: Path, timeout: float = 900.0) -> tuple[subprocess.P
             proc.kill()
             sys.exit(f"dflash-serve did not start; its log:\n{log.read_text(errors='replace')[-3000:]}")
         time.sleep(0.2)
-    internal = int(re.search(r"-> Triton on 127\.0\.0\.1:(\d+)", log.read_text()).group(1))
-    return proc, http, internal
+    internal = re.search(r"HTTP guard on \S+ -> Triton on (\S+)", log.read_text()).group(1)
+    return proc, f"127.0.0.1:{http}", internal
 
 
-def health_ms(port: int, n: int) -> float:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+def health_ms(target: str, n: int) -> float:
+    conn = http_connection(target, timeout=60)
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -67,10 +67,10 @@ def health_ms(port: int, n: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def generate_ms(port: int, prompt: str) -> float:
+def generate_ms(target: str, prompt: str) -> float:
     body = json.dumps({"text_input": prompt, "sampling_param_max_tokens": 1}).encode()
     t0 = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn = http_connection(target, timeout=600)
     conn.request("POST", GEN, body=body, headers={"Content-Type": "application/json"})
     r = conn.getresponse()
     out = json.loads(r.read())
@@ -79,11 +79,11 @@ def generate_ms(port: int, prompt: str) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def stream(port: int, prompt: str, tokens: int) -> tuple[float, float, str]:
+def stream(target: str, prompt: str, tokens: int) -> tuple[float, float, str]:
     """(tokens/s after the first event, seconds to the first event, text)."""
     body = json.dumps({"text_input": prompt, "sampling_param_max_tokens": tokens, "streaming": True,
                        "sampling_param_ignore_eos": True}).encode()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn = http_connection(target, timeout=600)
     t0 = time.perf_counter()
     conn.request("POST", GEN + "_stream", body=body, headers={"Content-Type": "application/json"})
     r = conn.getresponse()

@@ -561,6 +561,15 @@ def malformed_cases() -> list[tuple[str, bytes, str]]:
         ("nan_temperature", b'{"text_input": "hi", "sampling_param_temperature": NaN}', "application/json"),
         ("stop_list_5000", j({"text_input": "hi", "sampling_param_max_tokens": 4,
                               "sampling_param_stop": [f"stop{i}" for i in range(5000)]}), "application/json"),
+        # #25: the guard's depth check was skipped for other content types (Triton 2.51 then died), and
+        # values Triton casts without a range check or answers 500 to
+        ("nested_1M_octet_stream", b'{"text_input": ' + b"[" * 10**6 + b"]" * 10**6 + b"}", "application/octet-stream"),
+        ("max_tokens_2^32+8", j({"text_input": "hi", "sampling_param_max_tokens": 2**32 + 8}), "application/json"),
+        ("temperature_1e30", j({"text_input": "hi", "sampling_param_temperature": 1e30}), "application/json"),
+        ("seed_-1", j({"text_input": "hi", "sampling_param_seed": -1}), "application/json"),
+        ("seed_2^64", j({"text_input": "hi", "sampling_param_seed": 2**64}), "application/json"),
+        ("empty_body", b"", "application/json"),
+        ("non_utf8_body", b'{"text_input": "\xff\xfe"}', "application/json"),
     ]
 
 
@@ -609,7 +618,7 @@ def fault_malformed(srv: Server, timeout: float, skip: list[str] = ()) -> dict:
     return {"cases": cases, "pass": all(c["pass"] for c in cases) and srv.ready(), "finished": _finished(cases)}
 
 
-OVERSIZED = ("prompt_5MiB_json", "body_4MiB_form_urlencoded")
+OVERSIZED = ("prompt_5MiB_json", "body_4MiB_form_urlencoded", "grpc_message_8MiB", "slow_uploads_4x16MiB")
 
 
 def fault_oversized(srv: Server, timeout: float, skip: list[str] = ()) -> dict:
@@ -625,7 +634,58 @@ def fault_oversized(srv: Server, timeout: float, skip: list[str] = ()) -> dict:
         ok = 400 <= code < 600 and bool(text) and secs <= timeout and srv.proc.poll() is None
         cases.append({"name": name, "code": code, "error": text[:300], "seconds": round(secs, 3), "pass": ok,
                       "finish_reason": reason})
+    if OVERSIZED[2] not in skip:
+        cases.append(_grpc_oversized(srv, 8 << 20, timeout))
+    if OVERSIZED[3] not in skip:
+        cases.append(_slow_uploads(srv, timeout))
     return {"cases": cases, "pass": all(c["pass"] for c in cases) and srv.ready(), "finished": _finished(cases)}
+
+
+def _grpc_oversized(srv: Server, size: int, timeout: float) -> dict:
+    """A gRPC message over dflash-serve's bound (4 MiB): refused with RESOURCE_EXHAUSTED naming the bound,
+    before Triton buffers it (#25: 200 MB ones were held whole, 4 GB RSS)."""
+    import numpy as np
+    t0 = time.monotonic()
+    try:
+        got = client.collect(client.generate_grpc(srv.grpc, {"text_input": np.array([b"x" * size], dtype=np.object_)},
+                                                  timeout=timeout))
+        code, text = 200, f"answered: {got.get('finish_reason')}"
+    except DFlashError as err:
+        code, text = 400, str(err)
+    secs = time.monotonic() - t0
+    return {"name": OVERSIZED[2], "code": code, "error": text[:300], "seconds": round(secs, 3),
+            "pass": code == 400 and "larger than max" in text and secs <= timeout, "finish_reason": None}
+
+
+def _slow_uploads(srv: Server, timeout: float) -> dict:
+    """Four connections announce 16 MiB bodies and send one byte (#25: they held the guard's whole 64 MiB
+    for good): all but the first are refused at once (429, per-client bound) and a normal request is still
+    answered while they are open."""
+    import socket
+    host, port = srv.http.rsplit(":", 1)
+    t0 = time.monotonic()
+    socks, replies = [], []
+    try:
+        for _ in range(4):
+            s = socket.create_connection((host, int(port)), timeout=timeout)
+            s.sendall(f"POST /v2/models/{MODEL}/generate HTTP/1.1\r\nHost: x\r\nContent-Length: {16 << 20}\r\n\r\n{{"
+                      .encode())
+            socks.append(s)
+        for s in socks[1:]:
+            try:
+                replies.append(s.recv(4096).decode("latin-1").split("\r\n", 1)[0])
+            except OSError as err:
+                replies.append(f"{type(err).__name__}")
+        code, text, _, reason = _post(f"http://{srv.http}/v2/models/{MODEL}/generate",
+                                      json.dumps({"text_input": "hi", "sampling_param_max_tokens": 2}).encode(),
+                                      "application/json", timeout + 5)
+    finally:
+        for s in socks:
+            s.close()
+    secs = time.monotonic() - t0
+    ok = all(r.startswith("HTTP/1.1 429") for r in replies) and code == 200 and secs <= 2 * timeout
+    return {"name": OVERSIZED[3], "code": code, "error": "; ".join(replies)[:300], "seconds": round(secs, 3),
+            "pass": ok, "finish_reason": reason}
 
 
 def fault_kill(srv: Server, protocol: str, max_tokens: int, timeout: float) -> dict:

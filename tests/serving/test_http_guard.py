@@ -12,7 +12,7 @@ import pytest
 
 from tests.serving.conftest import start_server
 from trtllm_dflash.serving import client
-from trtllm_dflash.serving.http_guard import GuardLimits, Refused, check_body, json_depth, parse_head
+from trtllm_dflash.serving.http_guard import GuardLimits, Refused, atoi, bracket_depth, check_body, json_part, parse_head
 
 GEN = "/v2/models/tensorrt_llm/generate"
 
@@ -21,9 +21,16 @@ def nested(depth: int) -> bytes:
     return b'{"text_input": "hi", "x": ' + b"[" * depth + b"]" * depth + b"}"
 
 
-def test_json_depth_and_head_parsing():
-    assert json_depth(1) == 0 and json_depth({}) == 1 and json_depth({"a": [[1], {"b": []}]}) == 4
-    assert json_depth(json.loads(nested(500))) == 501
+def test_depth_json_part_and_head_parsing():
+    assert bracket_depth(b"1") == 0 and bracket_depth(b"{}") == 1 and bracket_depth(b'{"a": [[1], {"b": []}]}') == 4
+    assert bracket_depth(nested(500)) == 501 and bracket_depth(b"[" * 10**6) == 10**6   # invalid JSON counts too
+    assert bracket_depth(b'{"a": "[[[[\\"[[[", "b": "}}}"}') == 1      # brackets inside strings do not
+    assert (atoi(" 12abc"), atoi("abc"), atoi("-3"), atoi("")) == (12, 0, -3, 0)
+    body = b'{"a": 1}\0\0'
+    assert json_part({"inference-header-content-length": "8"}, body) == body[:8]
+    for value in ("0", "x", "-1", "99"):          # Triton then parses the whole body
+        assert json_part({"inference-header-content-length": value}, body) == body
+    assert json_part({}, body) == body
     method, target, headers = parse_head(b"POST /x?y=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\n")
     assert (method, target, headers) == ("POST", "/x?y=1", [("host", "a"), ("content-length", "3")])
     for bad in (b"POST /x\r\n\r\n", b"GET / HTTP/1.1\r\nno colon\r\n\r\n", b"GET / HTTP/1.1\r\n Host: a\r\n\r\n"):
@@ -44,7 +51,36 @@ def test_json_depth_and_head_parsing():
     ("/v2/models/tensorrt_llm/versions/1/generate", {}, b'{"streaming": true}', 400, "streaming"),
     (GEN + "_stream", {}, b'{"text_input": "hi", "streaming": true}', None, None),
     (GEN, {}, b'{"text_input": "hi", "streaming": false}', None, None),
-    (GEN, {}, b"not json", None, None),                           # Triton's own 400 says where
+    (GEN, {}, b"not json", 400, "body"),                          # Triton 2.51 answers some of these 500
+    (GEN, {}, b"", 400, "body"),
+    (GEN, {}, b'{"text_input": "\xff"}', 400, "body"),                # not UTF-8
+    (GEN, {}, b'[1]', 400, "body"),
+    ("/v2/models/other/generate", {}, b"not json", None, None),   # not our model: Triton's own answer
+    # Triton parses the JSON part whatever the Content-Type, and all of it when the binary header is 0 / bad
+    (GEN, {"content-type": "application/octet-stream"}, nested(1000), 400, "body"),
+    ("/v2/models/m/infer", {"inference-header-content-length": "0"}, nested(1000), 400, "body"),
+    ("/v2/models/m/infer", {"inference-header-content-length": "zz"}, b"[" * 100_000, 400, "body"),
+    ("/v2/repository/index", {"content-type": "text/plain"}, b"[" * 100_000, 400, "body"),
+    # values that Triton would cast without a range check, or answer 500 to
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_max_tokens": 4294967304}', 400, "sampling_param_max_tokens"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_max_tokens": 2147483648}', 400, "sampling_param_max_tokens"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_max_tokens": "ten"}', 400, "sampling_param_max_tokens"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": 1e30}', None, None),   # the model's bound
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": 1e39}', 400, "sampling_param_temperature"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_max_tokens": 0}', None, None),        # the model's bound
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": "NaN"}', 400, "sampling_param_temperature"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": NaN}', 400, "body"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_temperature": Infinity}', 400, "body"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_seed": -1}', 400, "sampling_param_seed"),
+    (GEN, {}, b'{"text_input": "hi", "sampling_param_seed": 18446744073709551616}', 400, "sampling_param_seed"),
+    (GEN, {}, b'{"text_input": 5}', 400, "text_input"),
+    (GEN, {}, b'{"text_input": ["hi"], "streaming": [false], "sampling_param_seed": 18446744073709551615, '
+              b'"sampling_param_temperature": 2, "sampling_param_max_tokens": [3]}', None, None),
+    ("/v2/models/tensorrt_llm/infer", {}, b'{"inputs": [{"name": "sampling_param_max_tokens", "shape": [1], '
+     b'"datatype": "INT32", "data": [4294967304]}]}', 400, "sampling_param_max_tokens"),
+    ("/v2/models/tensorrt_llm/infer", {}, b'{"inputs": [{"name": "text_input", "shape": [1], '
+     b'"datatype": "FP32", "data": [1]}]}', 400, "text_input"),
+    ("/v2/models/tensorrt_llm/infer", {}, b'{"inputs": 3}', 400, "inputs"),
     # the binary tensor extension: only the JSON header is parsed
     ("/v2/models/m/infer", {"inference-header-content-length": "2"}, b"{}" + b"[" * 100, None, None),
     ("/v2/models/m/infer", {"inference-header-content-length": str(len(nested(80)))}, nested(80) + b"\0",
@@ -186,6 +222,9 @@ def _cancelled(srv) -> float:
     return srv.metric_or_zero("dflash_requests_total", finish_reason="cancelled")
 
 
+SMALL = b'{"text_input": "%s"}' % (b"x" * 282)     # 300 bytes
+
+
 def test_memory_bound_over_all_connections_and_no_triton():
     # No tritonserver behind it (restarting): 503 naming the server. Bodies held by all connections together
     # are bounded: a request whose body would pass the bound is refused while another one holds it.
@@ -204,13 +243,66 @@ def test_memory_bound_over_all_connections_and_no_triton():
         while guard.buffered != 800:           # the holder's head was read: its body is reserved
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        status, text = _post(addr, GEN, b"{" + b" " * 299, {"Content-Type": "application/json"})
+        status, text = _post(addr, GEN, SMALL, {"Content-Type": "application/json"})
         assert status == 503 and "bytes of other requests' bodies" in json.loads(text)["error"]
         holder.close()
         while guard.buffered:                  # released when the holder goes away
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        status, _ = _post(addr, GEN, b"{" + b" " * 299, {"Content-Type": "application/json"})
+        status, _ = _post(addr, GEN, SMALL, {"Content-Type": "application/json"})
         assert status == 503                   # admitted this time, then Triton is not there
     finally:
         guard.stop()
+
+
+def test_slow_clients_are_bounded_per_client_and_in_time():
+    # #25: four connections each announcing 16 MiB and sending one byte held the whole 64 MiB budget for
+    # good while /v2/health/ready said 200. Now one client holds at most max_client_bytes (429 beyond), a
+    # request must arrive within read_timeout_s (408), and ready says 503 while a full body cannot be taken.
+    from tests.serving.conftest import free_port
+    from trtllm_dflash.serving.http_guard import HttpGuard
+
+    limits = GuardLimits(max_body_bytes=1000, max_buffered_bytes=2500, max_client_bytes=1500, read_timeout_s=1.5)
+    guard = HttpGuard("127.0.0.1", free_port(), free_port(), limits)
+    guard.start()
+    try:
+        addr = f"127.0.0.1:{guard.port}"
+        holders = []
+        for _ in range(2):
+            s = socket.create_connection(("127.0.0.1", guard.port), timeout=30)
+            s.sendall(f"POST {GEN} HTTP/1.1\r\nHost: x\r\nContent-Length: 800\r\n\r\n".encode() + b"{")
+            holders.append(s)
+            time.sleep(0.3)
+        assert guard.buffered == 800                        # the second one would pass 1500
+        reply = holders[1].recv(65536).decode()
+        assert reply.startswith("HTTP/1.1 429") and "per-client bound of 1500" in reply, reply
+        # the budget left (1700) still takes a full body, so ready is relayed (and Triton is not there)
+        status, text = _get(addr, "/v2/health/ready")
+        assert status == 503 and "tritonserver is not running" in text
+        guard.buffered += 900                  # as if another client held 900 more: 800 left < max_body_bytes
+        status, text = _get(addr, "/v2/health/ready")
+        assert status == 503 and "not ready: request bodies being received hold 1700 of 2500" in text, text
+        guard.buffered -= 900
+        t0 = time.monotonic()
+        reply = holders[0].recv(65536).decode()            # the first holder: timed out
+        assert reply.startswith("HTTP/1.1 408") and "--read_timeout_s" in reply, reply
+        assert time.monotonic() - t0 < 3
+        deadline = time.monotonic() + 10
+        while guard.buffered or guard.clients:
+            assert time.monotonic() < deadline, (guard.buffered, guard.clients)
+            time.sleep(0.05)
+        for s in holders:
+            s.close()
+    finally:
+        guard.stop()
+
+
+def _get(addr: str, path: str) -> tuple[int, str]:
+    host, port = addr.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        conn.close()

@@ -33,12 +33,20 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import DFlashError
+from .protocol import INPUT_TYPES, check_json_value, short_repr
+from .repo import MODEL_NAME
 
 GENERATE = re.compile(r"^/v2/models/[^/?]+(?:/versions/[^/?]+)?/generate(?:\?.*)?$")
+# our model's inference endpoints: their bodies are validated here (Triton 2.51 answers 500 or casts silently)
+MODEL_ENDPOINT = re.compile(rf"^/v2/models/{MODEL_NAME}(?:/versions/[^/?]+)?/(generate|generate_stream|infer)"
+                            r"(?:\?.*)?$")
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 REASONS = {400: "Bad Request", 413: "Payload Too Large", 415: "Unsupported Media Type",
-           431: "Request Header Fields Too Large", 501: "Not Implemented", 503: "Service Unavailable"}
+           408: "Request Timeout", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
+           501: "Not Implemented", 503: "Service Unavailable"}
 
 
 @dataclass
@@ -48,23 +56,21 @@ class GuardLimits:
     max_json_depth: int = 64            # a Triton request is ~5 deep; 50,000 kills 2.51
     max_head_bytes: int = 64 << 10
     max_buffered_bytes: int = 64 << 20  # bodies held by all connections at once (read, not yet relayed)
+    # One client (peer address) holds at most one largest body plus 1 MiB of ordinary requests (about a
+    # quarter of the total), so slow uploads from one host cannot take the whole budget, and at most this
+    # many connections (the CPU soak opens 64 streams from one host).
+    max_client_bytes: int = 17 << 20
+    max_client_connections: int = 256
+    # Seconds a client has to send a request's head and body once its first byte came (nginx's
+    # client_header_timeout / client_body_timeout are 60 s, uvicorn's h11 has none): a client that
+    # announces 16 MiB and sends one byte holds its share of the budget this long at most.
+    read_timeout_s: float = 30.0
 
 
 class Refused(Exception):
     def __init__(self, status: int, err: DFlashError):
         super().__init__(str(err))
         self.status, self.err = status, err
-
-
-def json_depth(obj) -> int:
-    """Nesting depth of parsed JSON (a scalar is 0), without recursion."""
-    depth, stack = 0, [(obj, 1)]
-    while stack:
-        node, d = stack.pop()
-        if isinstance(node, (dict, list)):
-            depth = max(depth, d)
-            stack.extend((child, d + 1) for child in (node.values() if isinstance(node, dict) else node))
-    return depth
 
 
 def parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]]]:
@@ -83,34 +89,79 @@ def parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]]]:
     return parts[0], parts[1], headers
 
 
+def atoi(text: str) -> int:
+    """C's atoi, as Triton reads Inference-Header-Content-Length: leading blanks, a sign, digits; 0 when
+    there are none ("abc" is 0, "12abc" is 12)."""
+    m = re.match(r"\s*([+-]?\d+)", text)
+    return int(m.group(1)) if m else 0
+
+
+def json_part(headers: dict[str, str], body: bytes) -> bytes:
+    """The bytes Triton parses as JSON: the first Inference-Header-Content-Length bytes of a binary-tensor
+    request, else the whole body (Triton takes the whole body when the header is absent, 0 or not a
+    number, whatever the Content-Type; a value past the body's end it refuses itself)."""
+    n = atoi(headers.get("inference-header-content-length", ""))
+    return body[:n] if 0 < n < len(body) else body
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+
+
+def bracket_depth(data: bytes) -> int:
+    """Deepest nesting of [ and { outside JSON strings, whether or not ``data`` is valid JSON: Triton's
+    parser recurses as it reads, so an invalid body nested 1,000,000 deep crashes it as a valid one does."""
+    steps = _STRING.sub(b"", data).translate(None, _NOT_BRACKET).translate(_BRACKET_STEP)
+    if not steps:
+        return 0
+    return int(np.frombuffer(steps, dtype=np.int8).cumsum(dtype=np.int64).max())
+
+
+def _strict_json(data: bytes):
+    """json.loads without NaN / Infinity (not JSON; Python accepts them, Triton's parser does not)."""
+    def constant(name):
+        raise ValueError(f"{name} is not a JSON value")
+    return json.loads(data, parse_constant=constant)
+
+
+def drop_header(head: bytes, name: str) -> bytes:
+    """``head`` (ending in CRLF CRLF) without its ``name:`` lines."""
+    prefix = name.lower().encode() + b":"
+    return b"".join(line + b"\r\n" for line in head[:-2].split(b"\r\n")[:-1]
+                    if not line.lower().startswith(prefix)) + b"\r\n"
+
+
 def check_body(target: str, headers: dict[str, str], body: bytes, limits: GuardLimits) -> None:
-    """Raise Refused for JSON nested too deep or a /generate asked to stream (the parsed body is checked
-    where it is JSON; anything else is Triton's to answer)."""
+    """Raise Refused for a body Triton 2.51 would crash on or misread: a big form body, JSON (the part
+    Triton parses, whatever the Content-Type) nested too deep, a /generate asked to stream, and for our
+    model's generate / infer: a body that is not JSON or a value that does not fit its input's datatype."""
     ctype = headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype in FORM_TYPES and len(body) > limits.max_form_bytes:
         raise Refused(415, DFlashError("Content-Type", f"{ctype} bodies over {limits.max_form_bytes} bytes crash "
                                        f"Triton 2.51 (this one has {len(body)})",
                                        "send Content-Type: application/json (curl: -H 'Content-Type: "
                                        "application/json')"))
-    part = body
-    if "inference-header-content-length" in headers:
-        try:
-            part = body[:int(headers["inference-header-content-length"])]
-        except ValueError:
-            return        # Triton answers its own header's errors
-    elif ctype == "application/octet-stream":
-        return
-    if not part.lstrip()[:1] in (b"{", b"["):
-        return
-    try:
-        obj = json.loads(part)
-    except RecursionError:
-        obj = None
-    except ValueError:
-        return            # not JSON: Triton's own 400 says where
-    if obj is None or json_depth(obj) > limits.max_json_depth:
+    part = json_part(headers, body)
+    if bracket_depth(part) > limits.max_json_depth:
         raise Refused(400, DFlashError("body", f"JSON nested deeper than {limits.max_json_depth} levels",
                                        "send a flat request such as {\"text_input\": \"...\"}"))
+    ours = MODEL_ENDPOINT.match(target)
+    if not ours and not GENERATE.match(target):
+        return                # other endpoints: Triton answers their errors (with depth bounded)
+    try:
+        obj = _strict_json(part)
+    except ValueError as err:  # invalid UTF-8 or JSON: Triton 2.51 answers 500 to some of them
+        if not ours:
+            return
+        why = "is empty" if not part.strip() else f"is not JSON ({str(err)[:80]})"
+        raise Refused(400, DFlashError("body", why, "send a JSON object such as {\"text_input\": \"Hi\"}, "
+                                       "UTF-8 encoded")) from None
+    if ours and not isinstance(obj, dict):
+        raise Refused(400, DFlashError("body", f"is a JSON {type(obj).__name__}, not an object",
+                                       "send a JSON object such as {\"text_input\": \"Hi\"}"))
+    if ours:
+        _check_values(ours.group(1), obj)
     if GENERATE.match(target) and isinstance(obj, dict):
         for key in ("stream", "streaming"):
             if obj.get(key) in (True, [True]):
@@ -119,16 +170,46 @@ def check_body(target: str, headers: dict[str, str], body: bytes, limits: GuardL
                                                f"{key} out"))
 
 
-class HttpGuard:
-    """Listens on ``host:port`` in a thread of its own; relays to ``127.0.0.1:upstream_port``."""
+def _check_values(endpoint: str, obj: dict) -> None:
+    """Each input value of a generate body (``{name: value}``) or an infer body (``{"inputs": [{name,
+    datatype, data}]}``; binary data is exact and not looked at) fits its datatype."""
+    try:
+        if endpoint != "infer":
+            for name, value in obj.items():
+                check_json_value(name, value)
+            return
+        inputs = obj.get("inputs")
+        if not isinstance(inputs, list) or not all(isinstance(i, dict) for i in inputs):
+            raise DFlashError("inputs", "must be a list of objects", "send {\"inputs\": [{\"name\": ..., "
+                              "\"shape\": [1], \"datatype\": ..., \"data\": [...]}]}")
+        for item in inputs:
+            name = item.get("name")
+            want = INPUT_TYPES.get(name) if isinstance(name, str) else None
+            if want is not None and item.get("datatype") != want:
+                raise DFlashError(name, f"datatype must be {want}, got {short_repr(item.get('datatype'))}",
+                                  f"send \"datatype\": \"{want}\"")
+            if want is not None and "data" in item:
+                check_json_value(name, item["data"])
+    except DFlashError as err:
+        raise Refused(400, err) from None
 
-    def __init__(self, host: str, port: int, upstream_port: int, limits: GuardLimits = GuardLimits()):
-        self.host, self.port, self.upstream_port, self.limits = host, port, upstream_port, limits
+
+class HttpGuard:
+    """Listens on ``host:port`` in a thread of its own; relays to ``upstream``: a port on 127.0.0.1, or
+    ``unix:PATH``. ``drop_header``: a header removed from every request (the key of Triton's restricted
+    APIs, which must open nothing to a client)."""
+
+    def __init__(self, host: str, port: int, upstream: int | str, limits: GuardLimits = GuardLimits(),
+                 drop_header: str = ""):
+        self.host, self.port, self.upstream, self.limits = host, port, upstream, limits
+        self.drop_header = drop_header.lower()
         self.loop = asyncio.new_event_loop()
         self.conns: set[asyncio.Task] = set()
         self.last_output = 0.0          # monotonic time of the last bytes relayed to a client
         self.refused = 0
         self.buffered = 0               # body bytes reserved by connections now (<= max_buffered_bytes)
+        self.clients: dict[str, list[int]] = {}   # peer address -> [connections, body bytes reserved]
+        self.draining = False           # set when the server stops: new requests get 503
         self._server = None
         self._thread = threading.Thread(target=self.loop.run_forever, name="http-guard", daemon=True)
 
@@ -171,13 +252,20 @@ class HttpGuard:
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        peer = (writer.get_extra_info("peername") or ("?",))[0]
+        client = self.clients.setdefault(peer, [0, 0])
+        client[0] += 1
         self.conns.add(task)
         upstream = pipe = None
-        held = [0]                      # this connection's share of self.buffered
+        held = [0, client]              # this connection's share of self.buffered, and its client's tally
         try:
+            if client[0] > self.limits.max_client_connections:
+                await self._refuse(reader, writer, Refused(429, DFlashError(
+                    "connections", f"this client ({peer}) has {client[0] - 1} connections open, the bound",
+                    "reuse keep-alive connections or close idle ones")))
+                return
             while True:
-                self.buffered -= held[0]
-                held[0] = 0
+                self._release(held)
                 try:
                     head, payload = await self._read_request(reader, writer, held)
                 except asyncio.IncompleteReadError:
@@ -192,7 +280,9 @@ class HttpGuard:
                     return        # the rest of a refused request is unread: this connection cannot go on
                 if upstream is None or pipe.done():
                     try:
-                        upstream = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+                        upstream = await (
+                            asyncio.open_unix_connection(self.upstream[5:]) if isinstance(self.upstream, str)
+                            else asyncio.open_connection("127.0.0.1", self.upstream))
                     except OSError:
                         await self._answer(writer, 503, str(DFlashError(
                             "server", "tritonserver is not running (restarting or stopping)",
@@ -205,7 +295,10 @@ class HttpGuard:
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
-            self.buffered -= held[0]
+            self._release(held)
+            client[0] -= 1
+            if client[0] == 0 and client[1] == 0:
+                self.clients.pop(peer, None)
             self.conns.discard(task)
             if pipe is not None:
                 pipe.cancel()
@@ -225,27 +318,71 @@ class HttpGuard:
         finally:
             writer.close()
 
-    def _reserve(self, held: list[int], n: int) -> None:
-        """Count ``n`` more body bytes against the guard's memory bound, or refuse the request."""
+    def _reserve(self, held: list, n: int) -> None:
+        """Count ``n`` more body bytes against the guard's memory bound and the client's share of it, or
+        refuse the request."""
+        client = held[1]
+        if client[1] + n > self.limits.max_client_bytes:
+            raise Refused(429, DFlashError("body", f"this client holds {client[1]} bytes of request bodies being "
+                                           f"sent; {n} more would pass the per-client bound of "
+                                           f"{self.limits.max_client_bytes}", "finish or close the other uploads "
+                                           "first"))
         if self.buffered + n > self.limits.max_buffered_bytes:
             raise Refused(503, DFlashError("body", f"the server holds {self.buffered} bytes of other requests' "
                                            f"bodies; {n} more would pass its bound of "
                                            f"{self.limits.max_buffered_bytes}", "retry in a moment"))
         self.buffered += n
         held[0] += n
+        client[1] += n
+
+    def _release(self, held: list) -> None:
+        self.buffered -= held[0]
+        held[1][1] -= held[0]
+        held[0] = 0
+
+    def accepting(self) -> str:
+        """"" while a request with a body of the largest size can be admitted, else why not."""
+        if self.draining:
+            return "the server is shutting down"
+        free = self.limits.max_buffered_bytes - self.buffered
+        if free < self.limits.max_body_bytes:
+            return (f"request bodies being received hold {self.buffered} of {self.limits.max_buffered_bytes} "
+                    "bytes")
+        return ""
 
     async def _read_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            held: list[int]) -> tuple[bytes, bytes]:
+                            held: list) -> tuple[bytes, bytes]:
         """(head to send upstream, body bytes as received) of one request, checked. ``held``: the body
-        bytes this request counts against ``max_buffered_bytes`` (released by the caller)."""
+        bytes this request counts against ``max_buffered_bytes`` (released by the caller). Waiting for a
+        request's first byte has no bound (an idle keep-alive connection holds no body bytes, and a
+        response may still be streaming on it); the rest must come within ``read_timeout_s``."""
+        first = await reader.readexactly(1)
+        try:
+            async with asyncio.timeout(self.limits.read_timeout_s):
+                return await self._read_rest(first, reader, writer, held)
+        except TimeoutError:
+            raise Refused(408, DFlashError("request", f"head and body not received within "
+                                           f"{self.limits.read_timeout_s:g} s", "send the whole request at once, "
+                                           "or raise dflash-serve --read_timeout_s")) from None
+
+    async def _read_rest(self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         held: list) -> tuple[bytes, bytes]:
         limits = self.limits
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            head = first + await reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError:
             raise Refused(431, DFlashError("headers", f"request head over {limits.max_head_bytes} bytes",
                                            "send fewer or shorter headers")) from None
-        _, target, pairs = parse_head(head)
+        method, target, pairs = parse_head(head)
         headers = dict(pairs)
+        if self.draining:
+            raise Refused(503, DFlashError("server", "is shutting down", "retry on another replica or later"))
+        if method == "GET" and target.split("?")[0] == "/v2/health/ready" and (why := self.accepting()):
+            raise Refused(503, DFlashError("server", f"not ready: {why}", "retry in a moment"))
+        if headers.get("content-encoding", "identity").lower() != "identity":
+            raise Refused(415, DFlashError("Content-Encoding", f"{headers['content-encoding'][:40]!r}: Triton "
+                                           "would inflate the body past the guard's checks", "send the body "
+                                           "uncompressed"))
         te = headers.get("transfer-encoding", "").lower()
         if te and te != "chunked":
             raise Refused(501, DFlashError("Transfer-Encoding", f"{te!r} is not supported", "send chunked or "
@@ -264,18 +401,18 @@ class HttpGuard:
             if headers["expect"].lower() != "100-continue":
                 raise Refused(400, DFlashError("Expect", f"{headers['expect'][:40]!r} is not supported",
                                                "send Expect: 100-continue or none"))
-            head = b"".join(line + b"\r\n" for line in head[:-2].split(b"\r\n")[:-1]
-                            if not line.lower().startswith(b"expect:")) + b"\r\n"
+            head = drop_header(head, "expect")
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self.drop_header and self.drop_header in headers:
+            head = drop_header(head, self.drop_header)
         if te:
             raw, body = await self._read_chunked(reader, held)
         else:
             raw = body = await reader.readexactly(int(length))
-        if body:
-            if len(body) > 65536:      # parse big bodies off the loop so other connections keep moving
-                await asyncio.to_thread(check_body, target, headers, body, limits)
-            else:
-                check_body(target, headers, body, limits)
+        if len(body) > 65536:      # parse big bodies off the loop so other connections keep moving
+            await asyncio.to_thread(check_body, target, headers, body, limits)
+        else:                      # an empty body too: Triton 2.51 answers 500 to one on /generate
+            check_body(target, headers, body, limits)
         return head, raw
 
     async def _read_chunked(self, reader: asyncio.StreamReader, held: list[int]) -> tuple[bytes, bytes]:

@@ -5,6 +5,7 @@ TRTLLM_DFLASH_RANK_OFFSET=1 and a rendezvous (MASTER_ADDR/MASTER_PORT) that rank
 The command is built as a list (tested as data), never a shell string."""
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import signal
@@ -21,6 +22,27 @@ def free_loopback_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket (Triton's internal HTTP front end behind dflash-serve's guard)."""
+
+    def __init__(self, path: str, timeout: float = 60.0):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def http_connection(target: str, timeout: float = 60.0) -> http.client.HTTPConnection:
+    """A connection to ``host:port`` or ``unix:/path``."""
+    if target.startswith("unix:"):
+        return UnixHTTPConnection(target[5:], timeout)
+    host, port = target.rsplit(":", 1)
+    return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
 
 
 def tp_env(tp_size: int, master_port: int | None = None) -> dict[str, str]:

@@ -36,6 +36,7 @@ from pathlib import Path
 from ..errors import DFlashError
 from .protocol import prompt_byte_limit
 from .record import Result, ServedRequest, Unavailable
+from .protocol import MAX_TEMPERATURE
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 << 20          # a prompt far above any max_seq_len we build fits in 4 MiB of JSON
@@ -106,7 +107,7 @@ def sampling_fields(body: dict, *, chat: bool) -> dict:
     if not isinstance(body.get("ignore_eos", False), bool):
         raise BadRequest(400, "ignore_eos", "ignore_eos must be true or false")
     return dict(max_tokens=_number(body, name, 1, 1 << 31, integer=True),
-                temperature=_number(body, "temperature", 0.0, 2.0),
+                temperature=_number(body, "temperature", 0.0, MAX_TEMPERATURE),
                 top_p=_number(body, "top_p", 0.0, 1.0),
                 top_k=_number(body, "top_k", 0, 1 << 31, integer=True),
                 seed=_number(body, "seed", -(1 << 63), (1 << 64) - 1, integer=True),

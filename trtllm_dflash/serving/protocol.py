@@ -15,7 +15,8 @@ from ..errors import DFlashError
 from .record import Result, ServedRequest
 
 __all__ = ["INPUT_NAMES", "OUTPUT_NAMES", "Result", "ServedRequest", "cancel_requested", "final_outputs",
-           "parse_request", "prompt_byte_limit", "text_outputs"]
+           "parse_request", "prompt_byte_limit", "text_outputs", "check_json_value",
+           "MAX_TEMPERATURE", "INPUT_TYPES"]
 
 SAMPLING_INPUTS = ("best_of", "temperature", "top_k", "top_p", "frequency_penalty", "presence_penalty",
                    "max_tokens", "stop", "seed", "exclude_input_from_output", "return_perf_metrics", "ignore_eos")
@@ -34,6 +35,22 @@ CANCEL_KEY = "cancel_key"
 # for the held-back text check of every streamed piece.
 MAX_STOP_STRINGS = 32
 MAX_STOP_BYTES = 256
+# Sampling temperature: finite and at most OpenAI's API bound (platform.openai.com/docs/api-reference,
+# "temperature: between 0 and 2"); far above 2 the distribution is flat and the text is noise (1e30 gave
+# garbage). Both servers use this one bound.
+MAX_TEMPERATURE = 2.0
+# Each input's Triton datatype (config.pbtxt). Triton's HTTP front end casts a JSON number to it without
+# a range check (2^32+8 became 8 as INT32), so JSON values are checked against it before they reach Triton.
+INPUT_TYPES = {"text_input": "BYTES", "streaming": "BOOL", "sampling_param_best_of": "INT32",
+               "sampling_param_temperature": "FP32", "sampling_param_top_k": "INT32",
+               "sampling_param_top_p": "FP32", "sampling_param_frequency_penalty": "FP32",
+               "sampling_param_presence_penalty": "FP32", "sampling_param_max_tokens": "INT32",
+               "sampling_param_stop": "BYTES", "sampling_param_seed": "UINT64",
+               "sampling_param_exclude_input_from_output": "BOOL", "sampling_param_return_perf_metrics": "BOOL",
+               "sampling_param_ignore_eos": "BOOL", "return_finish_reason": "BOOL", "return_stop_reason": "BOOL",
+               "stop": "BOOL"}
+INT_RANGES = {"INT32": (-(1 << 31), (1 << 31) - 1), "UINT64": (0, (1 << 64) - 1)}
+FP32_MAX = 3.4028234663852886e38
 
 
 def prompt_byte_limit(max_prompt_tokens: int, max_token_bytes: int) -> int:
@@ -70,6 +87,39 @@ def _text(value, name: str) -> str:
     except UnicodeDecodeError as err:
         raise DFlashError(name, f"is not valid UTF-8 ({err.reason} at byte {err.start})",
                           "send UTF-8 text") from None
+
+
+def check_json_value(name: str, value) -> None:
+    """A JSON value (scalar or nested list) sent for input ``name`` fits its Triton datatype, before Triton
+    casts it: bool for BOOL, a string for BYTES, an integer in range for INT32 / UINT64, a finite number in
+    range for FP32. Only the datatype: each input's own bounds (max_tokens against max_seq_len, temperature
+    in [0, MAX_TEMPERATURE]) are parse_request's, on every path. Unknown names are the model's to refuse."""
+    kind = INPUT_TYPES.get(name)
+    if kind is None:
+        return
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(v)
+        elif kind == "BOOL" and not isinstance(v, bool):
+            raise DFlashError(name, f"expected true or false, got {short_repr(v)}", "send a JSON boolean")
+        elif kind == "BYTES" and not isinstance(v, str):
+            raise DFlashError(name, f"expected a string, got {short_repr(v)}", "send a JSON string")
+        elif kind in INT_RANGES:
+            lo, hi = INT_RANGES[kind]
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise DFlashError(name, f"must be an integer in [{lo}, {hi}] ({kind}), got {short_repr(v)}",
+                                  "send a JSON integer in that range")
+        elif kind == "FP32":
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not -FP32_MAX <= v <= FP32_MAX:  # NaN too
+                raise DFlashError(name, f"must be a finite number (FP32), got {short_repr(v)}",
+                                  "send a JSON number in that range")
+
+
+def short_repr(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def cancel_requested(inputs: Mapping[str, np.ndarray]) -> bool:
@@ -112,8 +162,9 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, obj
         raise DFlashError("sampling_param_max_tokens", f"must be in [1, {max_seq_len - 1}], got {max_tokens}",
                           f"max_seq_len of this deployment is {max_seq_len}")
     temperature = _scalar(inputs, "sampling_param_temperature", float)
-    if temperature is not None and not temperature >= 0.0:   # also rejects NaN
-        raise DFlashError("sampling_param_temperature", f"must be >= 0, got {temperature}", "use 0 for greedy")
+    if temperature is not None and not 0.0 <= temperature <= MAX_TEMPERATURE:   # also rejects NaN and inf
+        raise DFlashError("sampling_param_temperature", f"must be in [0, {MAX_TEMPERATURE}], got {temperature:g}",
+                          "use 0 for greedy, 1 for the model's own distribution")
     top_k = _scalar(inputs, "sampling_param_top_k", int)
     if top_k is not None and top_k < 0:
         raise DFlashError("sampling_param_top_k", f"must be >= 0, got {top_k}", "use 0 to disable top-k")

@@ -18,13 +18,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
+import http.client
 from pathlib import Path
 
 from ..errors import DFlashError
+from .grpc_guard import GrpcGuard, GrpcLimits
 from .http_guard import GuardLimits, HttpGuard
-from .launch import free_loopback_port
+from .launch import free_loopback_port, http_connection  # noqa: F401 - benchmarks import free_loopback_port here
 from .repo import MODEL_NAME, fill_triton
 from .triton_env import TritonBinary, find_tritonserver
 from .triton_model import CONTROL_DIR_ENV, SUPERVISOR_PID_ENV
@@ -54,10 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--exit_timeout_secs", type=int, default=10,
                    help="tritonserver's own wait for in-flight requests once it is told to stop (it is killed "
                         "after this plus 5 s)")
-    p.add_argument("--drain_timeout", type=float, default=5.0,
-                   help="on SIGTERM / Ctrl-C, seconds to wait for the model to end its running requests (each "
-                        "client gets a final response saying the server is shutting down) before tritonserver "
-                        "is stopped; a second SIGTERM / Ctrl-C kills at once")
+    p.add_argument("--drain_timeout_s", type=float, default=10.0,
+                   help="on SIGTERM / Ctrl-C, seconds for the model to end its running requests (each client gets "
+                        "a final response saying the server is shutting down); after it, calls still open (an "
+                        "idle gRPC stream, say) get a final error and tritonserver is stopped; a second "
+                        "SIGTERM / Ctrl-C kills at once")
     p.add_argument("--http_guard", choices=("true", "false"), default="true",
                    help="true: a small guard listens on --http_port and relays to Triton on an internal loopback "
                         "port, answering itself (4xx, one line naming the field) bodies over --max_body_bytes, "
@@ -65,8 +66,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "crash or confuse Triton 2.51; false: Triton listens on --http_port itself")
     p.add_argument("--max_body_bytes", type=int, default=GuardLimits.max_body_bytes,
                    help="with --http_guard true: the largest HTTP request body relayed to Triton")
+    p.add_argument("--read_timeout_s", type=float, default=GuardLimits.read_timeout_s,
+                   help="with --http_guard true: seconds a client has to send a request's head and body once "
+                        "it began (408 after it)")
+    p.add_argument("--grpc_guard", choices=("true", "false"), default="true",
+                   help="true: a gRPC relay listens on --grpc_port and passes calls to Triton on a private Unix "
+                        "socket, refusing messages over --max_grpc_message_bytes (Triton 2.51 takes up to 2 GiB) "
+                        "and bounding calls per client and in total; false: Triton listens on --grpc_port itself")
+    p.add_argument("--max_grpc_message_bytes", type=int, default=GrpcLimits.max_message_bytes,
+                   help="with --grpc_guard true: the largest gRPC message relayed to Triton")
     p.add_argument("--max_restarts", type=int, default=3,
-                   help="restart tritonserver at most this many times when it crashes or its engine breaks")
+                   help="restart tritonserver at most this many times in a row when it crashes or its engine "
+                        "breaks (the count starts again after --restart_reset_s of serving)")
+    p.add_argument("--restart_reset_s", type=float, default=600.0,
+                   help="seconds of serving after which earlier restarts no longer count: a crash loop (a bad "
+                        "engine, a request that kills every fresh server) shows within minutes; crashes hours "
+                        "apart are separate events, not a loop")
     p.add_argument("--ready_timeout", type=float, default=900.0, help="seconds to wait for the model to load")
     p.add_argument("--dry_run", action="store_true", help="print the tritonserver command and exit")
     p.add_argument("extra", nargs="*", help="after --: more tritonserver flags, passed as they are")
@@ -98,23 +113,29 @@ def resolve_repo(path: Path, fill: bool, decoupled_mode: bool, workdir: Path) ->
 # Triton's APIs that no client of this model needs and that must not be open to one: system/CUDA shared
 # memory (registering a region by key is a step of CVE-2025-23320/23334's chain), loading and unloading
 # models, tracing and log settings. They answer 403 unless a request carries the header below.
+# The key is in tritonserver's argv, which any local user can read in /proc, so it must open nothing: the
+# guards drop this header from every request they relay, and behind them Triton's HTTP and gRPC listen
+# only on Unix sockets in dflash-serve's private (0700) temporary directory, which other users cannot
+# reach. (Triton 2.51 reads the key from its command line only: no config file or environment variable.)
 RESTRICTED_APIS = "shared-memory,model-repository,trace,logging"
 ADMIN_HEADER = "dflash-admin-key"
 
 
 def build_cmd(binary: TritonBinary, repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int,
               exit_timeout_secs: int = 10, extra: list[str] = (), admin_key: str = "",
-              http: tuple[str, int] | None = None) -> list[str]:
+              http: tuple[str, int] | None = None, grpc: tuple[str, int] | None = None) -> list[str]:
     """The tritonserver command line, as a list (printed by --dry_run, tested as data). ``admin_key``:
-    the value of the header that opens the restricted APIs (random per server by default); ``http``:
-    (address, port) of Triton's HTTP front end when it is not ``host``:``http_port`` (behind the guard)."""
+    the value of the header that opens the restricted APIs (random per server by default); ``http`` /
+    ``grpc``: (address, port) of Triton's HTTP / gRPC front end when it is not ``host`` and the user's
+    port (behind the guards: ``unix:PATH``, which Triton 2.51 binds as a Unix socket)."""
     http_host, http_port = http or (host, http_port)
+    grpc_host, grpc_port = grpc or (host, grpc_port)
     key = admin_key or secrets.token_hex(16)
     cmd = [binary.path, f"--model-repository={Path(repo).resolve()}"]
     if binary.backend_dir:
         cmd.append(f"--backend-directory={binary.backend_dir}")
     cmd += [f"--http-address={http_host}", f"--http-port={http_port}",
-            f"--grpc-address={host}", f"--grpc-port={grpc_port}",
+            f"--grpc-address={grpc_host}", f"--grpc-port={grpc_port}",
             f"--metrics-address={host}", f"--metrics-port={metrics_port}",
             f"--exit-timeout-secs={exit_timeout_secs}",
             f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={key}",
@@ -140,17 +161,25 @@ def start(cmd: list[str], env: dict[str, str], stdout=None) -> subprocess.Popen:
                             start_new_session=True, preexec_fn=_die_with_parent)
 
 
-def wait_ready(proc: subprocess.Popen, url: str, timeout: float, stopping=lambda: False) -> float:
-    """Seconds until ``url/v2/health/ready`` answers 200 (or ``stopping()``); raises if the server exits
-    or times out."""
+def is_ready(target: str) -> bool:
+    """GET /v2/health/ready on ``host:port`` or ``unix:/path`` answers 200."""
+    conn = http_connection(target, timeout=2)
+    try:
+        conn.request("GET", "/v2/health/ready")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def wait_ready(proc: subprocess.Popen, target: str, timeout: float, stopping=lambda: False) -> float:
+    """Seconds until ``target``'s /v2/health/ready answers 200 (or ``stopping()``); raises if the server
+    exits or times out."""
     t0 = time.monotonic()
     while not stopping():
-        try:
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return time.monotonic() - t0
-        except (urllib.error.URLError, OSError):
-            pass
+        if is_ready(target):
+            return time.monotonic() - t0
         if proc.poll() is not None:
             raise DFlashError("tritonserver", f"exited with code {proc.returncode} before it was ready",
                               "see its log above")
@@ -221,9 +250,15 @@ class Supervisor:
     running and nothing is left in /dev/shm."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], control: Path, args: argparse.Namespace,
-                 guard: HttpGuard | None = None, triton_http_port: int | None = None):
+                 guard: HttpGuard | None = None, triton_http: str | None = None, grpc_guard: GrpcGuard | None = None,
+                 sockets: tuple[Path, ...] = ()):
         self.cmd, self.env, self.control, self.args, self.guard = cmd, env, control, args, guard
-        self.triton_http_port = triton_http_port or args.http_port
+        self.grpc_guard = grpc_guard
+        # Triton's Unix sockets: its HTTP front end leaves its socket file behind, and a restarted
+        # tritonserver then fails with "already in use"
+        self.sockets = sockets
+        # where to ask Triton itself whether it is ready: its internal socket behind the guard
+        self.triton_http = triton_http or f"{args.host}:{args.http_port}"
         self.proc: subprocess.Popen | None = None
         self.signals: list[int] = []
         self.shm: set[Path] = set()
@@ -237,14 +272,13 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
         restarts = 0
-        url = (f"http://127.0.0.1:{self.triton_http_port}" if self.guard else
-               f"http://{self.args.host}:{self.args.http_port}")
         while True:
-            for name in ("stop", "drained", "broken"):
-                (self.control / name).unlink(missing_ok=True)
+            for path in (*(self.control / name for name in ("stop", "drained", "broken")), *self.sockets):
+                path.unlink(missing_ok=True)
             self.proc = start(self.cmd, self.env)
             try:
-                seconds = wait_ready(self.proc, url, self.args.ready_timeout, stopping=lambda: bool(self.signals))
+                seconds = wait_ready(self.proc, self.triton_http, self.args.ready_timeout,
+                                     stopping=lambda: bool(self.signals))
             except DFlashError:
                 self.stop(graceful=False)
                 if self.signals:
@@ -256,7 +290,10 @@ class Supervisor:
             print(f"dflash-serve: ready in {seconds:.1f} s, serving {self.args.repo}\n"
                   f"{endpoints(self.args.host, self.args.http_port, self.args.grpc_port, self.args.metrics_port)}\n"
                   f"dflash-serve: Ctrl-C or SIGTERM stops the server", flush=True)
+            serving_since = time.monotonic()
             event = self.watch()
+            if time.monotonic() - serving_since >= self.args.restart_reset_s:
+                restarts = 0          # served long enough since the last restart: not a crash loop
             if event == "signal":
                 return self.stop()
             if event == "broken":
@@ -296,14 +333,26 @@ class Supervisor:
         hangs; then reap the process group and remove its shared-memory files. 0 if it stopped cleanly."""
         proc, args = self.proc, self.args
         clean = True
+        final = bool(self.signals)             # the server stops for good (not a restart)
+        if final and self.guard is not None:
+            self.guard.draining = True           # new HTTP requests and /v2/health/ready: 503
+        if final and self.grpc_guard is not None:
+            self.grpc_guard.refuse_new()
+        t0 = time.monotonic()
         if graceful and proc.poll() is None:
             (self.control / "stop").write_text("")
             print("dflash-serve: stopping: ending the running requests", flush=True)
-            deadline = time.monotonic() + args.drain_timeout
+            deadline = t0 + args.drain_timeout_s
             while (not (self.control / "drained").exists() and proc.poll() is None and len(self.signals) < 2
                    and time.monotonic() < deadline):
                 time.sleep(0.05)
         drained = (self.control / "drained").exists()
+        if final and self.grpc_guard is not None:
+            # What the model ended has had its final response; what is still open (an idle stream: Triton
+            # 2.51 waits for it when it exits, then is killed) ends now with UNAVAILABLE, within the drain.
+            ended = self.grpc_guard.close(max(0.0, min(1.0, t0 + args.drain_timeout_s - time.monotonic())))
+            if ended:
+                print(f"dflash-serve: ended {ended} gRPC call(s) still open after the drain", flush=True)
         if self.guard is not None:
             # Triton 2.51 waits for open HTTP connections (idle keep-alive ones too) before it unloads the
             # model, out of the same --exit_timeout_secs: with them gone it stops at once.
@@ -338,11 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="dflash-serve-") as work:
         args.repo = resolve_repo(args.engine_dir, args.fill, args.decoupled_mode != "false", Path(work))
         binary = find_tritonserver()
-        guarded = args.http_guard == "true"
-        # with the guard, Triton's HTTP port is an internal loopback one that only the guard talks to
-        triton_http = free_loopback_port() if guarded else args.http_port
+        guarded, grpc_guarded = args.http_guard == "true", args.grpc_guard == "true"
+        # Behind a guard, Triton listens on a Unix socket in this private (0700) directory: only the guard
+        # (and this user) can reach it, so no one goes around the guard's checks.
+        http_sock, grpc_sock = f"unix:{work}/triton-http.sock", f"unix:{work}/triton-grpc.sock"
         cmd = build_cmd(binary, args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
-                        args.exit_timeout_secs, args.extra, http=("127.0.0.1", triton_http) if guarded else None)
+                        args.exit_timeout_secs, args.extra, http=(http_sock, 1) if guarded else None,
+                        grpc=(grpc_sock, 1) if grpc_guarded else None)
         env = server_env(binary)
         if args.dry_run:
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(cmd))
@@ -353,17 +404,29 @@ def main(argv: list[str] | None = None) -> int:
         control.mkdir()
         env.update({CONTROL_DIR_ENV: str(control), SUPERVISOR_PID_ENV: str(os.getpid())})
         print(f"dflash-serve: tritonserver from {binary.source}: {binary.path}", flush=True)
-        guard = None
-        if guarded:
-            guard = HttpGuard(args.host, args.http_port, triton_http, GuardLimits(max_body_bytes=args.max_body_bytes))
-            guard.start()
-            print(f"dflash-serve: HTTP guard on {args.host}:{args.http_port} -> Triton on 127.0.0.1:{triton_http}",
-                  flush=True)
+        guard = grpc_guard = None
         try:
-            return Supervisor(cmd, env, control, args, guard, triton_http).run()
+            if guarded:
+                limits = GuardLimits(max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout_s,
+                                     max_buffered_bytes=max(GuardLimits.max_buffered_bytes, 4 * args.max_body_bytes),
+                                     max_client_bytes=max(GuardLimits.max_client_bytes, args.max_body_bytes + (1 << 20)))
+                guard = HttpGuard(args.host, args.http_port, http_sock, limits, drop_header=ADMIN_HEADER)
+                guard.start()
+                print(f"dflash-serve: HTTP guard on {args.host}:{args.http_port} -> Triton on {http_sock}", flush=True)
+            if grpc_guarded:
+                # Triton binds "unix:PATH" + ":" + port: the socket file's name ends in ":1"
+                grpc_guard = GrpcGuard(args.host, args.grpc_port, f"{grpc_sock}:1", ADMIN_HEADER,
+                                       GrpcLimits(max_message_bytes=args.max_grpc_message_bytes))
+                grpc_guard.start()
+                print(f"dflash-serve: gRPC guard on {args.host}:{args.grpc_port} -> Triton on {grpc_sock}:1",
+                      flush=True)
+            sockets = (Path(work) / "triton-http.sock", Path(work) / "triton-grpc.sock:1")
+            return Supervisor(cmd, env, control, args, guard, http_sock if guarded else None, grpc_guard,
+                              sockets).run()
         finally:
-            if guard is not None:
-                guard.stop()
+            for g in (guard, grpc_guard):
+                if g is not None:
+                    g.stop()
 
 
 if __name__ == "__main__":
