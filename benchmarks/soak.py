@@ -1237,6 +1237,8 @@ def expected_finishes(outcomes: list[Outcome], faults: list[dict], kills: dict |
             add("cancelled")
         else:
             uncertain += 1
+    # the idle non-streaming timeouts: cancelled, unless one finished before its client gave up
+    uncertain += len((kills or {}).get("nonstream_timeouts", {}).get("clients", []))
     return seen, uncertain
 
 
