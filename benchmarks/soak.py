@@ -12,9 +12,17 @@ Phases, in order (each bounded in time; nothing leaves this machine's loopback i
                malformed  bodies that are not JSON, deeply nested, of wrong types, empty, unknown fields,
                           a seed of 2**64-1, 5,000 stop strings, invalid UTF-8 over gRPC
                oversized  a 5 MB prompt as JSON and a 4 MB form-urlencoded body (what `curl -d` sends)
+               timeout    6 non-streaming requests whose clients give up after 0.5 s
              and once, half way, a burst of --burst requests at once on one gRPC stream
   kills      on the idle server: --kills clients killed mid-stream one by one; how long until the slot is
-             free (seconds and engine steps), and the latency of the next request against the idle baseline
+             free (seconds and engine steps), and the latency of the next request against the idle baseline;
+             then 6 non-streaming clients that time out: every slot must be free within 1 s
+
+--server openai tests dflash-openai the same way: clients openai (/v1/completions streamed) and openai_plain
+(not streamed), solo answers from openai_plain, faults kill (a streaming client SIGKILLed), malformed (bad
+JSON, nesting, a lone surrogate, out-of-range values, 5,000 stop strings), oversized (a 4 MB prompt refused by
+its size, a 5 MiB body refused from its Content-Length) and timeout; the burst is --burst requests at once;
+active requests come from its /health (running + waiting); it publishes no finish counts to compare.
   sigterm    (--sigterm) 16 streams in flight, SIGTERM to dflash-serve: when and how each client ended,
              whether the server's processes and /dev/shm files are gone
 

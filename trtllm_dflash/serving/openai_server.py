@@ -19,8 +19,9 @@ Resources a client can hold: a body of ``MAX_BODY_BYTES``; a prompt is refused b
 tokenized (``max_prompt_bytes``: max_seq_len x the longest vocabulary entry in UTF-8 bytes, so a longer text
 cannot fit whatever it holds), and at most ``tokenize_workers`` prompts are templated/tokenized at once; a
 client that goes away (streaming or not) has its request cancelled at once. SIGTERM drains: no new
-requests, running ones may finish for ``--drain_timeout_s``, then each gets a final error (an SSE error
-event and ``[DONE]``, or a 503 body) and the process exits 0.
+requests; every client has its final response within ``--drain_timeout_s``: running requests may finish
+until shortly before it, then each gets a final error (an SSE error event and ``[DONE]``, or a 503 body);
+the process exits 0.
 """
 
 import argparse
@@ -34,9 +35,8 @@ import uuid
 from pathlib import Path
 
 from ..errors import DFlashError
-from .protocol import prompt_byte_limit
+from .protocol import MAX_TEMPERATURE, prompt_byte_limit
 from .record import Result, ServedRequest, Unavailable
-from .protocol import MAX_TEMPERATURE
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 << 20          # a prompt far above any max_seq_len we build fits in 4 MiB of JSON
@@ -447,8 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served_model_name", default=None,
                    help="the model id clients send (default: the deployment directory's name)")
     p.add_argument("--drain_timeout_s", type=float, default=10.0,
-                   help="on SIGTERM/SIGINT: seconds running requests may still finish; then each gets a final "
-                        "error (an SSE error event and [DONE], or a 503) and the server exits 0 (as dflash-serve)")
+                   help="on SIGTERM/SIGINT: seconds until every client has its final response (as dflash-serve): "
+                        "running requests may finish until shortly before it (min(1 s, half of it)), then each gets "
+                        "a final error (an SSE error event and [DONE], or a 503) and the server exits 0")
     p.add_argument("--tokenize_workers", type=int, default=None,
                    help="prompts templated/tokenized at once (default: the machine's cores); more wait their turn")
     p.add_argument("--log_level", default="warning", choices=("debug", "info", "warning", "error"))
@@ -456,6 +457,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 DRAIN_GRACE_S = 2.0     # after the final errors are sent: clients that do not read them are cut off
+
+
+def expire_after_s(drain_timeout_s: float) -> float:
+    """When running requests are ended with an error: early enough that their final events reach the clients
+    within ``drain_timeout_s`` of the signal."""
+    return drain_timeout_s - min(1.0, drain_timeout_s / 2)
 
 
 def _server_class(openai_app: OpenAIApp, drain_timeout_s: float):
@@ -478,7 +485,7 @@ def _server_class(openai_app: OpenAIApp, drain_timeout_s: float):
                 bound.cancel()
 
         async def _bound_drain(self):
-            await asyncio.sleep(drain_timeout_s)
+            await asyncio.sleep(expire_after_s(drain_timeout_s))
             n = openai_app.expire(f"drain timeout of {drain_timeout_s:g} s")
             log.warning("dflash-openai: drain timeout: ended %d running request(s) with an error", n)
             await asyncio.sleep(DRAIN_GRACE_S)
