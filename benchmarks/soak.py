@@ -103,8 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"client kinds, taken in turn, of {', '.join(KINDS)} [default: http,sse,grpc, plus openai "
                         "with --openai]")
     p.add_argument("--server", choices=("triton", "openai"), default="triton",
-                   help="the server under test: dflash-serve (Triton: HTTP, SSE, gRPC) or dflash-openai (/v1/completions, "
-                        "streamed and not); one report per server")
+                   help="the server under test: dflash-serve (Triton: HTTP, SSE, gRPC) or dflash-openai "
+                        "(/v1/completions, streamed and not); one report per server")
     p.add_argument("--openai", action="store_true",
                    help="also start dflash-openai on the deployment (its own engine) and send its clients "
                         "/v1/completions streams; their answers are compared with the same solo answers")
@@ -147,8 +147,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.faults = ",".join(OPENAI_FAULTS if openai_only else FAULTS)
     args.faults = [] if args.faults == "none" else [f for f in args.faults.split(",") if f]
     args.skip_cases = [c for c in args.skip_cases.split(",") if c]
-    known = ({name for name, _, _ in malformed_cases()} | set(OVERSIZED) | {name for name, _ in openai_malformed_cases()}
-             | set(OPENAI_OVERSIZED))
+    known = ({name for name, _, _ in malformed_cases()} | set(OVERSIZED)
+             | {name for name, _ in openai_malformed_cases()} | set(OPENAI_OVERSIZED))
     for c in args.skip_cases:
         if c not in known:
             p.error(f"--skip_cases: unknown {c!r}; choose from {', '.join(sorted(known))}")

@@ -230,7 +230,8 @@ def test_derived_schedule_never_drafts_zero_up_to_max_batch_size():
     assert all(trtllm.draft_len_for_batch(derived.schedule, n, 7) == max(1, raw[n - 1]) for n in range(2, 257))
 
 
-@pytest.mark.parametrize("schedule, zeros", [({1: 7, 8: 3}, list(range(9, 17))), ({1: 7, 8: 0, 16: 1}, list(range(2, 9))),
+@pytest.mark.parametrize("schedule, zeros", [({1: 7, 8: 3}, list(range(9, 17))),
+                                             ({1: 7, 8: 0, 16: 1}, list(range(2, 9))),
                                              ({1: 7, 4: 3, 16: 0}, list(range(5, 17))), ({1: 7, 16: 1}, [])])
 def test_zero_draft_batch_sizes_reads_the_schedule_as_tensorrt_llm_does(schedule, zeros):
     from trtllm_dflash import draft_schedule

@@ -624,7 +624,8 @@ def test_non_streaming_http_clients_that_time_out_are_cancelled(tiny_server):
     import socket
 
     def reasons():
-        return {r: tiny_server.metric_or_zero("dflash_requests_total", finish_reason=r) for r in ("cancelled", "length")}
+        return {r: tiny_server.metric_or_zero("dflash_requests_total", finish_reason=r)
+                for r in ("cancelled", "length")}
 
     before = reasons()
     for i in range(10):
