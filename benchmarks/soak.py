@@ -667,8 +667,8 @@ def _grpc_oversized(srv: Server, size: int, timeout: float) -> dict:
 
 def _slow_uploads(srv: Server, timeout: float) -> dict:
     """Four connections announce 16 MiB bodies and send one byte (#25: they held the guard's whole 64 MiB
-    for good): all but the first are refused at once (429, per-client bound) and a normal request is still
-    answered while they are open."""
+    for good): all but the first are refused at once (429, per-client bound) and a request's body still
+    reaches the model while they are open."""
     import socket
     host, port = srv.http.rsplit(":", 1)
     t0 = time.monotonic()
@@ -684,14 +684,18 @@ def _slow_uploads(srv: Server, timeout: float) -> dict:
                 replies.append(s.recv(4096).decode("latin-1").split("\r\n", 1)[0])
             except OSError as err:
                 replies.append(f"{type(err).__name__}")
+        # A body that reaches the model and is refused there at once (max_tokens over max_seq_len): proof that
+        # bodies still get through, answered at once even while the load queues every request that decodes
+        # (one that decodes waited minutes here, and its client's timeout then cancelled it).
         code, text, _, reason = _post(f"http://{srv.http}/v2/models/{MODEL}/generate",
-                                      json.dumps({"text_input": "hi", "sampling_param_max_tokens": 2}).encode(),
+                                      json.dumps({"text_input": "hi", "sampling_param_max_tokens": 1 << 30}).encode(),
                                       "application/json", timeout + 5)
     finally:
         for s in socks:
             s.close()
     secs = time.monotonic() - t0
-    ok = all(r.startswith("HTTP/1.1 429") for r in replies) and code == 200 and secs <= 2 * timeout
+    ok = (all(r.startswith("HTTP/1.1 429") for r in replies) and code == 400 and "max_tokens" in text
+          and secs <= 2 * timeout)
     return {"name": OVERSIZED[3], "code": code, "error": "; ".join(replies)[:300], "seconds": round(secs, 3),
             "pass": ok, "finish_reason": reason}
 
