@@ -5,14 +5,17 @@
    greedy, and DFlash sampled == AR sampled (same seed), six requests of different lengths over four slots;
 2. the real SmolLM2-135M-Instruct target (from the packaged GGUF) with the shipped trained drafter, in float32
    (must be exact) and bf16 (equal up to a first divergence that must be a float32 near-tie: the policy in
-   tests/gpu/divergence.py), each divergence with its position and float32 top-2 margin; tokens/s at batch 1, 8.
+   tests/gpu/divergence.py: the two tokens are the float32 top 2, their float32 logits less than 0.5 apart), each
+   divergence with its position and float32 numbers; tokens/s at batch 1, 8.
 
     python benchmarks/cuda_check.py --out results.json [--smollm2] [--drafter DIR|random]
     python benchmarks/cuda_check.py --cpu_smoke --out /tmp/c.json     # the same code paths on CPU, tiny, float32
+    python benchmarks/cuda_check.py --rejudge results.json  # re-judge a file's divergences from its float32 numbers
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import tempfile
@@ -23,9 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.gpu.divergence import MARGIN_BOUND, first_divergence, near_tie  # noqa: E402
+from tests.gpu.divergence import POLICY, first_divergence, judge, near_tie, policy_met  # noqa: E402
 from trtllm_dflash.config import RuntimeConfig, SamplingParams  # noqa: E402
-from trtllm_dflash.provenance import record  # noqa: E402
+from trtllm_dflash.provenance import git_state, record  # noqa: E402
 from trtllm_dflash.runtime.engine import Engine  # noqa: E402
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that returns the sum of a list.",
@@ -95,18 +98,50 @@ def smollm2_check(target: Path, drafter: Path, dtype: str, device: str, max_new:
         res["divergences"] = [{"prompt": i, **near_tie(ref, p, x.output_ids[:at], x.output_ids[at], y.output_ids[at])}
                               for i, (p, x, y, at) in enumerate(zip(ids, a, b, res["diverged_at"])) if at is not None]
         del ref
-    res["policy"] = ("float32: exact" if dtype == "float32" else
-                     f"bf16: equal up to a first divergence where both tokens lie within {MARGIN_BOUND} of the "
-                     f"float32 best logit")
-    res["policy_met"] = (res["dflash_eq_ar_greedy"] == len(ids) if dtype == "float32" else
-                         all(d["allowed"] for d in res.get("divergences", [])))
+    res["policy"] = POLICY[dtype]
+    res["policy_met"] = policy_met(res)
     print({k: v for k, v in res.items() if k != "first_answer"}, flush=True)
     return res
 
 
+def _changes(where: str, old: dict, new: dict) -> list[str]:
+    """Apply ``new`` to ``old``; the values that differ, as 'where key: old -> new' (keys new to the file: silent)."""
+    out = [f"{where} {k}: {json.dumps(old[k])} -> {json.dumps(v)}" for k, v in new.items()
+           if old.get(k) is not None and old[k] != v]
+    old.update(new)
+    return out
+
+
+def rejudge(path: Path, argv: list[str]) -> bool:
+    """Re-judge a results file's SmolLM2 rows in place from the float32 numbers it recorded (no model, no GPU):
+    each divergence's verdict and margin, each row's policy and policy_met; a `rejudged` record says what changed,
+    by which command and commit. Files made before the margin was the two tokens' own gap keep the old top-1/top-2
+    gap as f32_top2_margin. Returns whether every row meets its policy."""
+    data = json.loads(path.read_text())
+    changed = []
+    for row in data.get("smollm2", []):
+        for d in row.get("divergences", []):
+            d.setdefault("f32_top2_margin", d.get("f32_margin"))   # what the older code called f32_margin
+            new = judge(d["tokens"], d["f32_top2"], d["f32_gaps"])
+            changed += _changes(f"{row['dtype']} prompt {d['prompt']}", d, new)
+        new_row = {"policy": POLICY[row["dtype"]], "policy_met": policy_met(row)}
+        changed += _changes(row["dtype"], row, new_row)
+    if changed:
+        data.setdefault("rejudged", []).append({
+            "what": "policy verdicts re-evaluated on the CPU from the float32 logits this file recorded (tokens, "
+                    "f32_top2, f32_gaps); outputs, divergence positions and timings are the original GPU run's",
+            "command": " ".join(["python", "benchmarks/cuda_check.py", *argv]), "git": git_state(),
+            "utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "changed": changed})
+        path.write_text(json.dumps(data, indent=1) + "\n")
+    print("\n".join(changed) or f"{path}: every verdict already holds")
+    return all(r["policy_met"] for r in data.get("smollm2", []))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="the results file to write (required unless --rejudge)")
+    p.add_argument("--rejudge", type=Path, metavar="FILE",
+                   help="re-judge FILE's divergences from its recorded float32 numbers and rewrite it; runs nothing")
     p.add_argument("--smollm2", action="store_true", help="also the real SmolLM2 pair (float32 and bf16)")
     p.add_argument("--drafter", default="smollm2-135m-dflash",
                    help="SmolLM2 drafter: a folder, a shipped drafter name, or 'random' (untrained, 1 layer)")
@@ -114,6 +149,10 @@ def main(argv=None) -> int:
     p.add_argument("--cpu_smoke", action="store_true",
                    help="run on CPU in float32 with few tokens: checks the script, measures nothing")
     args = p.parse_args(argv)
+    if args.rejudge:
+        return 0 if rejudge(args.rejudge, sys.argv[1:] if argv is None else list(argv)) else 1
+    if not args.out:
+        p.error("--out: required. Fix: --out results.json (or --rejudge FILE to re-check a recorded file)")
     import transformers
     device = "cpu" if args.cpu_smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():

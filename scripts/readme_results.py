@@ -5,6 +5,11 @@ Each block of the README between ``<!-- results:NAME -->`` and ``<!-- /results:N
 ``RENDERERS[NAME](results_dir)``: a figure in the README is a figure in a committed results file, and
 ``--check`` (run by tests/test_readme_results.py in CI) fails when the two disagree.
 
+Only a file that records the commit that made it, a commit in this repository's history, is quoted: a block
+whose file does not is rendered as one sentence saying its figures await a re-measurement with provenance, and
+``--check`` fails when the README's own text names a ``benchmarks/results/`` file (or folder) that does not.
+Deciding needs the git history: in a shallow clone or a copy without .git the script stops and says so.
+
     python scripts/readme_results.py            # rewrite the blocks in README.md
     python scripts/readme_results.py --check    # exit 1 and print a diff when a block is stale
 
@@ -16,8 +21,10 @@ from __future__ import annotations
 import argparse
 import csv
 import difflib
+import functools
 import json
 import re
+import subprocess
 import sys
 import textwrap
 from collections import Counter
@@ -27,17 +34,127 @@ ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 
 
-def _load(results: Path, name: str) -> dict:
-    return json.loads((results / name).read_text())
+SHA = re.compile(r"[0-9a-f]{7,40}(-dirty)?")
+QUOTE = re.compile(r"benchmarks/results/([A-Za-z0-9_.\-/]*[A-Za-z0-9_\-/])")
 
 
-def _jsonl(results: Path, name: str) -> list[dict]:
-    return [json.loads(line) for line in (results / name).read_text().splitlines() if line.strip()]
+class NoCommit(Exception):
+    """A results file the README must not quote: it records no commit of this repository's history."""
+
+    def __init__(self, name: str, why: str):
+        super().__init__(f"benchmarks/results/{name} {why}")
+        self.name, self.why = name, why
+
+
+class HistoryUnavailable(Exception):
+    """git cannot tell whether a commit is in the history (shallow clone, or no .git)."""
+
+
+@functools.lru_cache(maxsize=None)
+def in_history(sha: str, root: Path = ROOT) -> bool:
+    """Whether commit ``sha`` is HEAD or one of its ancestors (a commit only in another branch, or rebased away,
+    is not: the code it names is not what this checkout's history holds)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    shallow = git("rev-parse", "--is-shallow-repository")
+    if shallow.returncode != 0:
+        raise HistoryUnavailable(f"{root} is not a git checkout; run this script in a clone with its history")
+    if git("merge-base", "--is-ancestor", sha, "HEAD").returncode == 0:
+        return True
+    if shallow.stdout.strip() == "true":
+        raise HistoryUnavailable(f"this clone is shallow, so commit {sha[:10]} may lie beyond it: run "
+                                 "git fetch --unshallow, then again")
+    return False
+
+
+def recorded_commits(data) -> list[str]:
+    """Every commit a results file names for the code that made it: ``git_sha`` keys, and ``git`` keys holding a
+    SHA or a provenance record's ``{"sha": ...}``, at any depth (a JSONL file is the list of its rows)."""
+    found = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key == "git_sha" and isinstance(value, str):
+                found.append(value)
+            elif key == "git" and isinstance(value, str):
+                found.append(value)
+            elif key == "git" and isinstance(value, dict) and isinstance(value.get("sha"), str):
+                found.append(value["sha"])
+            else:
+                found += recorded_commits(value)
+    elif isinstance(data, list):
+        for value in data:
+            found += recorded_commits(value)
+    return found
+
+
+def commit_problem(data) -> str | None:
+    """None when the file records at least one commit and every commit it records is in the history; else why not."""
+    shas = sorted(set(recorded_commits(data)))
+    if not shas:
+        return "records no commit"
+    for sha in shas:
+        if not SHA.fullmatch(sha):
+            return f"records {sha!r}, not a commit SHA"
+        if not in_history(sha.removesuffix("-dirty")):
+            return f"records commit {sha[:10]}, which is not in this repository's history"
+    return None
+
+
+def _checked(name: str, data):
+    why = commit_problem(data)
+    if why:
+        raise NoCommit(name, why)
+    return data
+
+
+def _read(results: Path, name: str):
+    """A results file's JSON (a .jsonl file: the list of its rows)."""
+    text = (results / name).read_text()
+    if name.endswith(".jsonl"):
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)
+
+
+def _load(results: Path, name: str):
+    """A results file's JSON, refused (NoCommit) when it records no commit of the history."""
+    return _checked(name, _read(results, name))
+
+
+def owners(results: Path, quoted: str) -> list[str]:
+    """The JSON files that give a quoted results path its provenance: the file itself; for a folder or a file in
+    one (a plot, a table), the run file beside the folder (``D.jsonl`` / ``D.json``) or else the JSON files in it."""
+    path = results / quoted
+    if path.suffix in (".json", ".jsonl"):
+        return [quoted]
+    top = quoted.split("/")[0]
+    beside = [f"{top}{ext}" for ext in (".jsonl", ".json") if (results / f"{top}{ext}").is_file()]
+    inside = sorted(str(f.relative_to(results)) for f in (results / top).glob("*.json"))
+    return beside[:1] or inside
+
+
+def quote_problems(text: str, results: Path) -> list[str]:
+    """Every ``benchmarks/results/...`` path the README names (a block renders a refused file by its bare name)
+    must exist and record a commit of the history."""
+    problems = []
+    for quoted in sorted(set(QUOTE.findall(text))):
+        if not (results / quoted).exists():
+            problems.append(f"the README names benchmarks/results/{quoted}, which does not exist")
+            continue
+        names = owners(results, quoted)
+        if not names:
+            problems.append(f"the README quotes benchmarks/results/{quoted}, and no JSON file beside or in it records "
+                            "the commit that made it")
+        for name in names:
+            why = commit_problem(_read(results, name))
+            if why:
+                problems.append(f"the README quotes benchmarks/results/{quoted}, but benchmarks/results/{name} {why}: "
+                                "re-measure it, or stop quoting it")
+    return problems
 
 
 def provenance_note(data: dict, name: str) -> str:
     """Where the figures came from: the file, and its git SHA from the provenance record, or an honest
-    'legacy' note for files written before trtllm_dflash.provenance existed."""
+    'legacy' note for a file that has only its versions' git_sha (a file with no SHA at all is refused)."""
     prov = data.get("provenance")
     if data.get("git_sha"):   # the commit whose code ran, on main; a note says when it was reconstructed
         fixed = " (commit reconstructed after the run: see the file's git_sha_note)" if data.get("git_sha_note") else ""
@@ -50,7 +167,7 @@ def provenance_note(data: dict, name: str) -> str:
     sha = (data.get("versions") or {}).get("git_sha") if isinstance(data.get("versions"), dict) else None
     if sha:
         return f"`benchmarks/results/{name}`, legacy: git {sha[:10]}{'-dirty' if sha.endswith('-dirty') else ''} only"
-    return f"`benchmarks/results/{name}`, legacy: no git SHA recorded"
+    raise NoCommit(name, "records no commit")
 
 
 def _ms(x: float) -> str:
@@ -68,13 +185,16 @@ def _step_rows(data: dict, model: str) -> dict[tuple[str, int], dict]:
 # ---------------------------------------------------------------------------------------------- blocks
 
 def render_quickstart_tau(results: Path) -> str:
+    """The shipped drafter's greedy acceptance on HumanEval and MT-Bench."""
     d = _load(results, "acceptance_smollm2.json")
     he, mt = d["humaneval"], d["mtbench"]
-    return (f"greedy acceptance is {he['tau_greedy']:.2f} tokens per step on HumanEval and {mt['tau_greedy']:.2f} on "
-            f"MT-Bench (block {he['block_size']}, H100 bf16; {provenance_note(d, 'acceptance_smollm2.json')}).\n")
+    return (f"Its greedy acceptance on all HumanEval and MT-Bench first turns is {he['tau_greedy']:.2f} tokens per step "
+            f"on HumanEval and {mt['tau_greedy']:.2f} on MT-Bench (block {he['block_size']}, H100 bf16; "
+            f"{provenance_note(d, 'acceptance_smollm2.json')}).\n")
 
 
 def render_cpu_parity(results: Path) -> str:
+    """Block 1 vs AR on the CPU (step cost and whole generation)."""
     name = "cpu_generate_parity.json"
     d = _load(results, name)
     now, before = d["trees"]["this"], d["trees"].get("before")
@@ -94,6 +214,7 @@ def render_cpu_parity(results: Path) -> str:
 
 
 def render_step_bench(results: Path) -> str:
+    """Decode step cost on one H100 (Qwen3-8B, Llama-3.1-8B)."""
     name = "step_bench_h100_v3.json"
     d = _load(results, name)
     meta = d["meta"]
@@ -122,12 +243,12 @@ def render_step_bench(results: Path) -> str:
 
 
 def render_step_notes(results: Path) -> str:
+    """Step cost beside its peers (HF transformers, the dflash reference package) and its history."""
     v1, v2, v3 = (_load(results, f"step_bench_h100_{v}.json") for v in ("v1", "v2", "v3"))
-    files = sorted(results.glob("step_bench_h100_v*.json"))
-    hf = {m: [json.loads(f.read_text())["summary"][m].get("hf_ar_b1_ms_per_token") for f in files]
-          for m in ("qwen3-8b", "llama-3.1-8b")}
+    files = [_load(results, f.name) for f in sorted(results.glob("step_bench_h100_v*.json"))]
+    hf = {m: [f["summary"][m].get("hf_ar_b1_ms_per_token") for f in files] for m in ("qwen3-8b", "llama-3.1-8b")}
     hf = {m: [x for x in xs if x is not None] for m, xs in hf.items()}
-    speed = [json.loads(f.read_text())["summary"][m].get("speedup_vs_hf_ar_b1") for f in files for m in hf]
+    speed = [f["summary"][m].get("speedup_vs_hf_ar_b1") for f in files for m in hf]
     speed = [x for x in speed if x is not None]
     s2q, s2l = v2["summary"]["qwen3-8b"], v2["summary"]["llama-3.1-8b"]
     s3q = v3["summary"]["qwen3-8b"]
@@ -157,6 +278,7 @@ def render_step_notes(results: Path) -> str:
 
 
 def render_tp_bench(results: Path) -> str:
+    """Tensor parallelism, 2x H200."""
     name = "tp_bench_h200x2.json"
     d = _load(results, name)
     rows = {(r["mode"], r["batch"]): r["step_ms"] for r in d["rows"]}
@@ -168,6 +290,7 @@ def render_tp_bench(results: Path) -> str:
 
 
 def render_gpt_oss(results: Path) -> str:
+    """gpt-oss-20b step cost, bf16 experts."""
     name = "gpt_oss_20b_step_h100.json"
     d = _load(results, name)
     g = {(r["step"], r["block_size"], r["batch"]): r["median_ms"] for r in d["results"] if r["mode"] == "graph"}
@@ -184,8 +307,9 @@ def render_gpt_oss(results: Path) -> str:
 
 
 def render_sweep(results: Path) -> str:
+    """Sweep, SmolLM2-135M AR vs DFlash with the shipped drafter."""
     name = "sweep_smollm2_h100.jsonl"
-    rows = _jsonl(results, name)
+    rows = _load(results, name)
     al = [r["metrics"]["acceptance_length_mean"] for r in rows if r["settings"]["mode"] == "dflash"]
     table = (results / "sweep_smollm2_h100" / "iso_interactivity.md").read_text()
     ratios = [float(x) for x in re.findall(r"\| ([0-9.]+)x \|", table)]
@@ -200,10 +324,11 @@ def render_sweep(results: Path) -> str:
 
 
 def render_sweep_v2(results: Path) -> str:
+    """Sweep v2, AR vs DFlash fixed vs DFlash adaptive."""
     name = "sweep_smollm2_h100_v2.summary.json"
     d = _load(results, name)
     s = d["summary"]
-    rows = _jsonl(results, "sweep_smollm2_h100_v2.jsonl")
+    rows = _load(results, "sweep_smollm2_h100_v2.jsonl")
     concs = sorted({r["settings"]["concurrency"] for r in rows})
     nreq = sorted({r["settings"]["num_requests"] for r in rows})
     al = {m: [r["metrics"]["acceptance_length_mean"] for r in rows if r["label"] == m] for m in ("DFlash", "DFlash adaptive")}
@@ -235,9 +360,9 @@ def _cuda_rows(d: dict) -> list[str]:
     for s in _smollm2_rows(d):
         n = s["n_prompts"]
         divs = s.get("divergences")
-        if divs is not None:
+        if divs is not None:   # the margin is the float32 logit gap between the two tokens that diverged
             note = "; ".join(f"prompt {x['prompt']} at token {x['position']}, float32 margin {x['f32_margin']:.2f}"
-                             f"{'' if x['allowed'] else ' (NOT a near-tie)'}" for x in divs)
+                             f"{'' if x['allowed'] else ' (NOT a float32 top-2 near-tie)'}" for x in divs)
         else:
             note = ", ".join(f"after {x} tokens" for x in s.get("diverged_at", []) if x is not None)
         tau = f", tau {s['tau']:.2f}" if "tau" in s else ""
@@ -246,22 +371,36 @@ def _cuda_rows(d: dict) -> list[str]:
     return out
 
 
+def _cuda_policy(d: dict) -> list[str]:
+    """Each SmolLM2 row's policy beside its agreement, and who re-judged the verdicts after the run."""
+    lines = [f"- SmolLM2 {s['dtype']}: DFlash == AR greedy on {s['dflash_eq_ar_greedy']} of {s['n_prompts']} prompts; "
+             f"policy \"{s['policy']}\": **{'met' if s['policy_met'] else 'NOT met'}**"
+             + (f" (divergences that are not float32 top-2 near-ties: {sum(not x['allowed'] for x in s['divergences'])} "
+                f"of {len(s['divergences'])})" if not s["policy_met"] and s.get("divergences") else "") + "."
+             for s in _smollm2_rows(d) if "policy" in s]
+    for r in d.get("rejudged", []):
+        lines.append(f"- Verdicts re-evaluated on the CPU from the float32 logits the run recorded (`python "
+                     f"benchmarks/cuda_check.py --rejudge`, git {r['git']['sha'][:10]}, {r['utc'][:10]}): "
+                     f"{'; '.join(r['changed'])}.")
+    return lines
+
+
 def render_cuda_check(results: Path) -> str:
+    """Correctness on CUDA."""
     name = "cuda_check_h100.json"
     d = _load(results, name)
     timed = next((s for s in _smollm2_rows(d) if "ar_b1_tok_per_s" in s), None)
     head = (f"**Correctness on CUDA** (`python benchmarks/cuda_check.py --smollm2`, {d.get('gpu', 'GPU')}, torch "
-            f"{d.get('torch')}; {provenance_note(d, name)}"
-            + ("; made before the fused kernels, grouped-query attention, matmul attention and drafter changes landed"
-               if "provenance" not in d else "") + "): every row.")
-    tail = []
+            f"{d.get('torch')}; {provenance_note(d, name)}): every row.")
+    tail = _cuda_policy(d)
     if timed:
-        tail.append(f"SmolLM2 bf16 on this GPU: {timed['ar_b1_tok_per_s']:.0f} tok/s AR at batch 1, "
-                    f"{timed['ar_b8_tok_per_s']:,.0f} tok/s at batch 8.")
+        tail += ["", f"SmolLM2 bf16 on this GPU: {timed['ar_b1_tok_per_s']:.0f} tok/s AR at batch 1, "
+                     f"{timed['ar_b8_tok_per_s']:,.0f} tok/s at batch 8."]
     return "\n".join([head, "", *_cuda_rows(d), "", *tail]).rstrip() + "\n"
 
 
 def render_gpu_tests(results: Path) -> str:
+    """GPU test set."""
     name = "gpu_tests_h100.json"
     if not (results / name).is_file():
         return ("**GPU test set** (`pytest -m gpu`): no report committed yet; on the GPU host `bash "
@@ -282,6 +421,7 @@ def render_gpu_tests(results: Path) -> str:
 
 
 def render_quant(results: Path) -> str:
+    """Quantized SmolLM2 (FP8 on H100, FP8 and NVFP4 on CPU)."""
     h = _load(results, "quant_smollm2_fp8_h100.json")
     f, n = _load(results, "quant_smollm2_fp8.json"), _load(results, "quant_smollm2_nvfp4.json")
     t, a, tf = h["tau"], h["agreement_vs_base"], h["teacher_forced_top1_agreement"]
@@ -307,6 +447,7 @@ def render_quant(results: Path) -> str:
 
 
 def render_fp8_gemm(results: Path) -> str:
+    """FP8 GEMMs on Hopper."""
     name = "fp8_gemm_h100.json"
     d = _load(results, name)
     s = d["summary"]
@@ -324,6 +465,7 @@ def render_fp8_gemm(results: Path) -> str:
 
 
 def render_acceptance(results: Path) -> str:
+    """Acceptance of the shipped SmolLM2 drafter."""
     name = "acceptance_smollm2.json"
     d = _load(results, name)
     meta = _load(results, "acceptance_smollm2.meta.json")
@@ -348,6 +490,7 @@ def render_acceptance(results: Path) -> str:
 
 
 def render_training(results: Path) -> str:
+    """The shipped drafter's training run."""
     rep = _load(results, "train_smollm2/report.json")
     with open(results / "train_smollm2" / "loss.csv") as fh:
         rows = list(csv.DictReader(fh))
@@ -365,6 +508,7 @@ def render_training(results: Path) -> str:
 
 
 def render_gpt_oss_mxfp4(results: Path) -> str:
+    """gpt-oss step cost with MXFP4 experts."""
     files = (("gpt-oss-20b", "H100", "gpt_oss_20b_step_h100_mxfp4.json"), ("gpt-oss-120b", "H200", "gpt_oss_120b_step_h200.json"))
     lines = ["| target, GPU (MXFP4 experts, Triton) | AR step b=1 (roofline) | DFlash step b=1 (roofline) | break-even tokens "
              "b=1 | vs bf16-dequantised | AR / DFlash b=64 | weights |", "|---|---|---|---|---|---|---|"]
@@ -447,6 +591,7 @@ def _soak_line(results: Path, name: str, label: str, command: str) -> str:
 
 
 def render_soak(results: Path) -> str:
+    """Soak, SmolLM2-135M demo on CPU."""
     name = "soak_smollm2_cpu.json"
     command = "python benchmarks/soak.py --engine out/smollm2 --streams 64 --duration 600 --sigterm"
     if (results / name).is_file():    # the settings the committed run used
@@ -467,11 +612,13 @@ def render_soak_openai(results: Path) -> str:
 
 
 def render_soak_h100(results: Path) -> str:
+    """Soak, SmolLM2-135M pair on one H100."""
     return _soak_line(results, "soak_smollm2_h100.json", "SmolLM2-135M pair on one H100",
                       "bash benchmarks/gpu_smollm2.sh soak")
 
 
 def render_layer_ops(results: Path) -> str:
+    """Ops per decoder layer."""
     data = _load(results, "layer_op_counts.json")
     c = data["cases"]
 
@@ -493,6 +640,7 @@ def render_layer_ops(results: Path) -> str:
 
 
 def render_http_guard(results: Path) -> str:
+    """HTTP guard cost."""
     name = "guard_overhead_cpu.json"
     d = _load(results, name)
     m, r, add = d["medians"], d["ratios_guard_over_direct"], d["guard_adds_ms"]
@@ -559,11 +707,17 @@ def render_readme(text: str, results: Path, renderers: dict = RENDERERS) -> tupl
         if name not in renderers:
             problems.append(f"README block '{name}' has no renderer in RENDERERS (add render_{name})")
             return m.group(0)
-        return m.group(1) + wrap(renderers[name](results)) + m.group(4)
+        try:
+            body = renderers[name](results)
+        except NoCommit as e:   # one sentence in place of the figures; the name alone, so it does not read as a quote
+            title = (renderers[name].__doc__ or name).strip().splitlines()[0].rstrip(".")
+            body = f"*{title}: awaits a re-measurement with provenance* (the last one, `{e.name}`, {e.why}).\n"
+        return m.group(1) + wrap(body) + m.group(4)
 
     out = BLOCK.sub(fill, text)
     problems += [f"renderer '{n}' has no block in the README (add <!-- results:{n} --> ... <!-- /results:{n} -->)"
                  for n in renderers if n not in seen]
+    problems += quote_problems(out, results)
     return out, problems
 
 
@@ -576,7 +730,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 and print a diff when a block is stale")
     args = p.parse_args(argv)
     text = args.readme.read_text()
-    new, problems = render_readme(text, args.results)
+    try:
+        new, problems = render_readme(text, args.results)
+    except HistoryUnavailable as e:
+        print(f"readme_results: cannot check the commits the results files record: {e}", file=sys.stderr)
+        return 1
     for msg in problems:
         print(f"readme_results: {msg}", file=sys.stderr)
     if args.check:

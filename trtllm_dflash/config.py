@@ -53,6 +53,10 @@ class RuntimeConfig:
     dtype: str = "auto"             # auto = bfloat16 on CUDA, float32 on CPU
     device: str = "auto"            # auto = cuda if available
     cuda_graphs: bool = True        # only used on CUDA
+    # Capture every graph a step can replay (decode: batch x KV-length buckets for the policy's blocks, greedy and
+    # plain sampling; prefill: rows x tokens buckets within max_num_tokens) when the engine starts, so no request
+    # waits for a capture. False captures each shape on first use (benchmarks that only time steady steps).
+    capture_graphs_at_start: bool = True
     # Keep a ModelOpt FP8 target's weights in FP8 and run torch._scaled_mm (CUDA compute capability >= 8.9,
     # bfloat16). None = auto: on wherever it runs, since it measured faster than the dequantised bf16 GEMMs
     # (H100, Qwen3-8B shapes: 1.04-1.14x per decode step; benchmarks/results/fp8_gemm_h100.json). True insists
@@ -62,6 +66,11 @@ class RuntimeConfig:
     # (runtime/mxfp4_moe.py); "dequant" dequantises them to dtype on load (CPU, the reference; 4x the memory);
     # "auto" = triton for MXFP4 checkpoints on CUDA, else dequant. An explicit choice that cannot run is an error.
     mxfp4_moe: str = "auto"
+    # Llama-family / drafter attention: "triton" = the fused kernels of runtime/kernels/decode_attention.py (q/k
+    # norm + RoPE + cache write in one kernel, short-query GQA attention against the cache); "torch" = the
+    # compiled chains, index_put and SDPA/matmul attention (the reference; the only path on CPU); "auto" = triton
+    # on CUDA, else torch. An explicit "triton" off CUDA, or Triton failing to import, is an error naming this field.
+    attention_kernel: str = "torch"
 
     def __post_init__(self):
         if self.max_batch_size <= 0:
@@ -72,6 +81,8 @@ class RuntimeConfig:
             raise DFlashError("block_size", f"must be >= 1, got {self.block_size}", "use 1 for AR decoding")
         if self.mxfp4_moe not in ("auto", "triton", "dequant"):
             raise DFlashError("mxfp4_moe", f"unknown value {self.mxfp4_moe!r}", "use auto, triton or dequant")
+        if self.attention_kernel not in ("auto", "triton", "torch"):
+            raise DFlashError("attention_kernel", f"unknown value {self.attention_kernel!r}", "use auto, triton or torch")
         if self.max_num_tokens < 1:
             raise DFlashError("max_num_tokens", f"must be >= 1, got {self.max_num_tokens}", "pass e.g. 8192")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "float64"):

@@ -20,12 +20,13 @@ class OracleEngine(Engine):
     def _propose(self, last, pos, start, rows, ctx_len, num_drafts):
         n, B = pos.shape
         out = torch.zeros(n, B - 1, dtype=torch.long)   # [n, B-1] drafts
+        anchors = start.tolist()   # the device's positions: the host's output_ids lag by the step in flight
         for i in range(n):
             req = self.slots[i]
             if req is None:
                 continue
             seq = self.truth[tuple(req.prompt_ids)]
-            done = len(req.output_ids)  # output_ids[done-1] is the anchor; the drafts continue from it
+            done = anchors[i] - len(req.prompt_ids) + 1  # output[done-1] is the anchor; the drafts continue from it
             for j in range(B - 1):
                 k = done + j
                 tok = seq[k] if k < len(seq) else 0

@@ -154,4 +154,6 @@ def test_block1_steps_cost_what_ar_costs(tiny_pair):
     for _ in range(64):
         eng.step()
     assert calls["draft"] == 0 and eng.block_counts == {1: 64}
-    assert eng.runner.stash_steps == 32 and eng.runner.context_appends == 1 + 64 // 32
+    # + 1: the step enqueued before the host read the request's last tokens (overlap) runs its row once more
+    # and that step's stashed feature is appended when the slot is released
+    assert eng.runner.stash_steps == 32 and eng.runner.context_appends == 1 + 64 // 32 + 1

@@ -175,8 +175,10 @@ def test_block_size_override_and_stats(tiny_pair):
 
 def eager_at_graph_shapes(engine: Engine) -> Engine:
     """Make an eager engine run every decode step at the padded shapes a CUDA graph replays it at
-    (Runner.graph_shape); tests/gpu compares such an engine with graph replay."""
+    (Runner.graph_shape), and every prefill at its padded (rows, tokens, keys) buckets with the scratch row;
+    tests/gpu compares such an engine with graph replay."""
     runner, step = engine.runner, engine.runner.step_tensors
+    runner.pad_shapes = True
     runner.padded_steps = []   # (rows, kv_len) of each step: what the test saw run
 
     def padded(n, kv_len, block):
@@ -201,3 +203,68 @@ def test_steps_padded_to_the_graph_shapes_emit_the_same_tokens(tiny_qwen3_pair, 
         assert x.output_ids == y.output_ids
         assert x.stats.acceptance_lengths == y.stats.acceptance_lengths
     assert {kv for _, kv in padded.runner.padded_steps} == {256} and (4, 256) in padded.runner.padded_steps
+
+
+@pytest.mark.parametrize("block, budget", [(None, 8192), (1, 8192), (None, 40)])
+def test_prefills_padded_to_buckets_emit_the_same_tokens(tiny_qwen3_pair, block, budget):
+    # padded prefill rows write only the scratch slot, padded tokens sit past each chunk's end, and the budget
+    # counts padded shapes: same tokens as exact shapes, also when the budget splits prompts into chunks
+    cfg = RuntimeConfig(max_seq_len=256, max_batch_size=4, block_size=block, max_num_tokens=budget)
+    exact = Engine.from_dirs(*tiny_qwen3_pair, cfg)
+    padded = Engine.from_dirs(*tiny_qwen3_pair, cfg)
+    padded.runner.pad_shapes = True
+    shapes = []
+    prefill = padded.runner.prefill_tensors
+    padded.runner.prefill_tensors = lambda m, T, kv: (shapes.append((m, T, kv)), prefill(m, T, kv))
+    ps = prompts(8)   # lengths 1..40 over 4 slots
+    sp = [SamplingParams(max_new_tokens=24, ignore_eos=True),
+          SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=0.8, seed=7)] * 4
+    for x, y in zip(exact.generate(ps, sp), padded.generate(ps, sp)):
+        assert x.output_ids == y.output_ids
+    assert all(m & (m - 1) == 0 and T & (T - 1) == 0 and T >= 16 and kv >= T for m, T, kv in shapes)
+    assert any(m > 1 for m, _, _ in shapes)   # several arrivals prefilled in one forward
+    if budget == 40:
+        assert all(m * T <= 40 or m == 1 for m, T, _ in shapes)
+        assert any(kv > T for _, T, kv in shapes)   # a continued chunk attends over the cache before it
+
+
+def eager_graph_paths(engine: Engine) -> Engine:
+    """Run the CUDA-graph code paths on the CPU: padded shapes, start-up 'capture' and every replay call the
+    step function itself (with the state saving of a real capture), so start-up capture is checked here."""
+    r = engine.runner
+    r.use_graphs = r.pad_shapes = True
+
+    def capture(key, fn):
+        if key[0] == "prefill":   # what a warm-up or a real prefill staged must index inside its shape
+            _, m, T, _ = key
+            _, row = r._staging(m, T, host=False)
+            assert (row[1] < T).all() and (row[1] >= 0).all() and (row[0] <= r.scratch).all(), key
+            if not r._warm:   # start-up prefills run padded rows only: the scratch slot, never done
+                assert (row[0] == r.scratch).all() and (row[1] == 0).all() and (row[3] == 0).all(), key
+        if key not in r._graphs:
+            r.captured_mid_run += r._warm
+            saved = (r.active.clone(), r.start.clone(), r.last.clone())
+            r.active.zero_()
+            fn()   # the warm-up run of a capture: it must not advance any request
+            for buf, old in zip((r.active, r.start, r.last), saved):
+                buf.copy_(old)
+            r._graphs[key] = fn
+        return r._graphs[key]
+    r._graph = capture
+    return engine
+
+
+@pytest.mark.parametrize("block", [None, 1])
+def test_start_up_capture_covers_every_step_and_changes_no_token(tiny_qwen3_pair, block):
+    cfg = RuntimeConfig(max_seq_len=128, max_batch_size=4, block_size=block, max_num_tokens=64)
+    exact = Engine.from_dirs(*tiny_qwen3_pair, cfg)
+    graphed = eager_graph_paths(Engine.from_dirs(*tiny_qwen3_pair, cfg))
+    graphed._capture([graphed.block_size])
+    captured = graphed.runner.num_graphs
+    assert captured > 0 and ("prefill", 4, 16, 16) in graphed.runner._graphs
+    ps = prompts(8)
+    sp = [SamplingParams(max_new_tokens=20, ignore_eos=True),
+          SamplingParams(max_new_tokens=20, ignore_eos=True, temperature=0.8, seed=7)] * 4
+    for x, y in zip(exact.generate(ps, sp), graphed.generate(ps, sp)):
+        assert x.output_ids == y.output_ids
+    assert graphed.runner.captured_mid_run == 0 and graphed.runner.num_graphs == captured

@@ -61,6 +61,10 @@ def test_budget_bounds_padded_prompt_tokens_per_step():
         s.slots[seq.slot] = seq
     s.slots[0].num_prefilled = 32
     out, _, _ = s.schedule(lambda b: (4, "fixed"))
-    # 8 tokens left of the first prompt; the others join padded to its chunk: 3 x 8 <= 32
-    assert out.chunks == [(0, 32, 40), (1, 0, 8), (2, 0, 7)]
-    assert out.decode_rows == 3   # slots 0 and 2 finish their prompts and decode in this step (slot 1 waits)
+    # 8 tokens left of the first prompt: a continued prompt prefills alone (one row attending over its cache)
+    assert out.chunks == [(0, 32, 40)] and out.decode_rows == 1   # and decodes in the step that completes it
+    s.slots[0].num_prefilled = 40
+    out, _, _ = s.schedule(lambda b: (4, "fixed"))
+    # the new prompts go together, padded to the first one's chunk, within what the decoding row leaves: 2 x 10 <= 28
+    assert out.chunks == [(1, 0, 10), (2, 0, 7)]
+    assert out.decode_rows == 3   # slot 0 decodes; slots 1 and 2 finish their prompts and decode in this step

@@ -17,17 +17,29 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..config import RuntimeConfig, SamplingParams
 from ..errors import DFlashError
 from . import loader
 from .distributed import TPGroup
 from .draft_policy import AdaptivePolicy, CostTable, FixedPolicy, candidate_blocks, measure_costs
-from .runner import Runner
+from .models.llama import set_attention_kernel
+from .runner import Launched, Runner
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Request, Sequence
 
 __all__ = ["Engine", "Request"]
+
+
+@dataclass
+class _Step:
+    """A step in flight: what was scheduled, where its results land, and who its rows belonged to then."""
+
+    out: SchedulerOutput
+    handle: Launched
+    first: list[tuple[int, Sequence]]   # (slot, request) whose prompt this step completes
+    rows: list[tuple[int, Sequence]]    # (slot, request) decoding in this step
 
 
 class Engine:
@@ -37,13 +49,27 @@ class Engine:
         if self.block_size > 1 and drafter is None:
             raise DFlashError("drafter", f"block_size {self.block_size} needs a drafter", "pass --drafter or use block_size 1")
         self.eos_ids = set(eos_ids)
-        self.scheduler = Scheduler(cfg.max_batch_size, cfg.max_num_tokens)
+        for model in (target, drafter):   # before the runner captures graphs: they hold the kernels chosen here
+            if model is not None:
+                set_attention_kernel(model, cfg.attention_kernel)
         self.runner = Runner(target, drafter, cfg, tp, self.block_size, propose=self._propose)
+        self.scheduler = Scheduler(cfg.max_batch_size, cfg.max_num_tokens, self.runner.prefill_shape,
+                                   self.runner.chunk_cap)
         self.device, self.dtype = self.runner.device, self.runner.dtype
         self.policy = FixedPolicy(self.block_size)
         self.counters = {"steps": 0, "max_active_batch": 0, "prefills": 0, "finished": 0}
         self.block_counts: dict[int, int] = {}   # steps run at each block
         self.last_block, self.last_reason = 0, ""
+        self._in_flight: _Step | None = None     # the step the device runs while the host post-processes
+        self.startup_capture = {"graphs": 0, "seconds": 0.0}
+        if self.runner.use_graphs and cfg.capture_graphs_at_start:
+            self._capture([self.block_size])
+
+    def _capture(self, blocks: list[int]) -> None:
+        self.startup_capture = self.runner.warm_up(blocks)
+        if self.tp.rank == 0:
+            print(f"[trtllm_dflash] captured {self.startup_capture['graphs']} CUDA graphs at start-up in "
+                  f"{self.startup_capture['seconds']:.1f}s (blocks {blocks})", file=sys.stderr)
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -76,6 +102,8 @@ class Engine:
                             max_batch: int | None = None) -> AdaptivePolicy:
         """Pick the block per step (draft_policy.AdaptivePolicy); without a cost table, measure one now on
         this device at the batch buckets up to ``max_batch`` (default max_batch_size; the slots must be empty)."""
+        if self.runner.use_graphs and self.cfg.capture_graphs_at_start:
+            self._capture(candidate_blocks(self.block_size))   # every block the policy may pick
         if costs is None:
             top = min(max_batch or self.cfg.max_batch_size, self.cfg.max_batch_size)
             # batches: 1, the powers of two below top, and top (the runner's batch buckets: same series)
@@ -104,7 +132,7 @@ class Engine:
         self.scheduler.cancel(request_id)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._in_flight is not None
 
     @property
     def slots(self) -> list[Sequence | None]:
@@ -118,7 +146,8 @@ class Engine:
         return reqs
 
     def metrics(self) -> dict:
-        return {**self.counters, "graphs": self.runner.num_graphs, "active": self.scheduler.num_running(),
+        return {**self.counters, "graphs": self.runner.num_graphs, "graphs_captured_mid_run": self.runner.captured_mid_run,
+                "active": self.scheduler.num_running(),
                 "waiting": len(self.scheduler.waiting), "block_size": self.block_size,
                 "max_batch_size": self.cfg.max_batch_size, "adaptive_policy": int(isinstance(self.policy, AdaptivePolicy)),
                 "last_block": self.last_block,
@@ -126,14 +155,16 @@ class Engine:
 
     # ---- the loop -------------------------------------------------------------------------------
     def step(self) -> list[Request]:
-        """Schedule, prefill this step's prompt chunks, then one draft + verify over the decoding slots."""
+        """Schedule and enqueue this step (prefill chunks, then one draft + verify over the decoding slots), then
+        read and post-process the previous one while the device runs this one (the overlap of SGLang's and vLLM
+        V1's schedulers). Returns the requests that finished; a request's tokens come one step after its step ran.
+        The scheduler sees a finish one step late, so a finished row may run once more: its results are dropped."""
         out, finished, arriving = self._schedule()
         finished += self._apply(out, arriving)
-        firsts = self.runner.prefill(out.chunks, {s: self.slots[s].prompt_ids for s, _, _ in out.chunks})
-        finished += self._postprocess_prefill(out, firsts)
-        if out.decode_rows:
-            t, a = self.runner.decode(out.decode_rows, out.block)
-            finished += self._postprocess_decode(out, t, a)
+        launched = self._launch(out) if out.chunks or out.decode_rows else None
+        if self._in_flight is not None:
+            finished += self._postprocess(self._in_flight)
+        self._in_flight = launched
         return finished
 
     def _schedule(self) -> tuple[SchedulerOutput, list[Request], dict[int, Sequence]]:
@@ -158,21 +189,36 @@ class Engine:
             self.runner.admit(slot, params)
         return finished
 
-    def _postprocess_prefill(self, out: SchedulerOutput, firsts: dict[int, int]) -> list[Request]:
+    def _launch(self, out: SchedulerOutput) -> "_Step":
+        prompts = {}
+        for s, _, end in out.chunks:
+            seq = self.slots[s]
+            prompts[s], seq.num_prefilled = seq.prompt_ids, end   # the next schedule sees this chunk as done
+        ahead = self._in_flight.out.block if self._in_flight is not None and self._in_flight.out.decode_rows else 0
+        handle = self.runner.launch(out.chunks, prompts, out.decode_rows, out.block, ahead)
+        first = [(s, self.slots[s]) for s, _, end in out.chunks if end == len(self.slots[s].prompt_ids)]
+        rows = [(i, seq) for i, seq in enumerate(self.slots[: out.decode_rows]) if seq is not None and seq.decoding]
+        return _Step(out, handle, first, rows)
+
+    def _postprocess(self, st: "_Step") -> list[Request]:
+        firsts, t, a = self.runner.collect(st.handle)   # the step's one host sync
         finished = []
-        for slot, _, end in out.chunks:
-            seq = self.slots[slot]
-            seq.num_prefilled = end
-            if slot in firsts:
-                seq.stats.num_prompt_tokens = len(seq.prompt_ids)
-                seq.stats.ttft_s = time.perf_counter() - seq.t_arrival
-                self.counters["prefills"] += 1
-                done = self._emit(seq, [firsts[slot]])
-                if done:
-                    finished.append(self._finish(seq, done))
+        for slot, seq in st.first:
+            if seq.done:   # cancelled while its prefill ran
+                continue
+            seq.stats.num_prompt_tokens = len(seq.prompt_ids)
+            seq.stats.ttft_s = time.perf_counter() - seq.t_arrival
+            self.counters["prefills"] += 1
+            done = self._emit(seq, [firsts[slot]])
+            if done:
+                finished.append(self._finish(seq, done))
+        if st.out.decode_rows:
+            live = [(i, seq) for i, seq in st.rows if self.slots[i] is seq]   # rows still held by their request
+            self.runner.advance(live, a)
+            finished += self._postprocess_decode(st.out, live, t, a)
         return finished
 
-    def _postprocess_decode(self, out: SchedulerOutput, t: list[list[int]], a: list[int]) -> list[Request]:
+    def _postprocess_decode(self, out: SchedulerOutput, rows, t: list[list[int]], a: list[int]) -> list[Request]:
         b = out.block
         self.counters["steps"] += 1
         running = self.scheduler.num_running()
@@ -181,9 +227,8 @@ class Engine:
         self.block_counts[b] = self.block_counts.get(b, 0) + 1
         self.last_block, self.last_reason = b, out.reason
         finished, accepted = [], []
-        for i in range(out.decode_rows):
-            seq = self.slots[i]
-            if seq is None or not seq.decoding:
+        for i, seq in rows:
+            if seq.done:
                 continue
             k = a[i]
             accepted.append(k)

@@ -21,11 +21,14 @@ class KVCache:
 
     def write(self, layer: int, rows, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # k, v [n, T, H, d] at positions [n, T] of cache rows `rows` (slice or index tensor [n])
-        if isinstance(rows, slice):  # a decode step's rows [0, n): no arange per layer and write
-            rows = self._rows[rows]
-        r = rows[:, None]
+        r = self.row_ids(rows)[:, None]
         self.k[layer][r, :, positions] = k  # the indexed view is [n, T, H, d]
         self.v[layer][r, :, positions] = v
+
+    def row_ids(self, rows) -> torch.Tensor:
+        """rows (slice or index tensor [n]) -> index tensor [n]; a decode step's rows [0, n) are a view of a
+        preallocated arange, not a kernel per layer."""
+        return self._rows[rows] if isinstance(rows, slice) else rows
 
     def read(self, layer: int, rows, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         # -> k, v [n, H, kv_len, d]; a view for a slice of rows, a gather for an index tensor

@@ -29,10 +29,19 @@ class SchedulerOutput:
     stop: bool = False          # rank 0 is shutting down
 
 
+def _exact(m: int, T: int) -> tuple[int, int]:
+    return m, T
+
+
 class Scheduler:
-    def __init__(self, max_batch_size: int, max_num_tokens: int):
+    def __init__(self, max_batch_size: int, max_num_tokens: int, prefill_shape=_exact, chunk_cap=None):
+        """``prefill_shape(m, T) -> (rows, tokens)`` is the padded shape the runner runs m chunks of at most T
+        tokens at, which is what the budget counts; ``chunk_cap(budget)`` the longest first chunk (default:
+        the budget)."""
         self.slots: list[Sequence | None] = [None] * max_batch_size
         self.max_num_tokens = max_num_tokens
+        self.prefill_shape = prefill_shape
+        self.chunk_cap = chunk_cap or (lambda budget: budget)
         self.waiting: deque[Sequence] = deque()
         self._cancel: set[int] = set()
         self._lock = threading.Lock()  # add/cancel come from any thread; schedule from the step thread
@@ -75,17 +84,24 @@ class Scheduler:
                       if s is not None and s.request_id not in leaving and i not in admitted and not s.decoding}
         out.block, out.reason = choose_block(len(decoding)) if decoding else (1, "")
         # The running requests' verify tokens come first; prompts share what is left, oldest slot first
-        # (one chunk per request per step), padded to the longest chunk (the forward's real cost).
+        # (one chunk per request per step), padded to the first chunk's (padded) length: the forward's real cost.
         budget = max(self.max_num_tokens - len(decoding) * out.block, 1)
-        pending = {**prefilling, **admitted}
-        chunks, longest = [], 0
-        for slot in sorted(pending, key=lambda i: pending[i][1] == 0):  # started prompts first, then new ones
+        # A prompt longer than one chunk continues alone, one chunk per step: its forward attends over the cache
+        # before the chunk (keys > tokens), a shape of one row that start-up captures for every length; arrivals
+        # wait for it (at most ~prompt / chunk steps). New prompts prefill together, keys = tokens.
+        started = [i for i, (_, done) in prefilling.items() if done]
+        pending = {started[0]: prefilling[started[0]]} if started else {**prefilling, **admitted}
+        chunks, width = [], 0
+        for slot in pending:
             prompt, done = pending[slot]
-            take = min(len(prompt) - done, longest if chunks else budget)  # later chunks pad to the first's length
-            if (len(chunks) + 1) * max(longest, take) > budget:
-                break
+            take = min(len(prompt) - done, width if chunks else self.chunk_cap(budget))
+            if chunks:   # the first chunk always runs: every step makes progress
+                m, T = self.prefill_shape(len(chunks) + 1, width)
+                if m * T > budget:
+                    break
+            else:
+                width = self.prefill_shape(1, take)[1]
             chunks.append((slot, done, done + take))
-            longest = max(longest, take)
         out.chunks = chunks
         finishing = {slot for slot, _, end in chunks if end == len(pending[slot][0])}
         rows = decoding + sorted(finishing)

@@ -20,7 +20,7 @@ from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from .gpt_oss import gpt_oss_rope
-from .layers import RMSNorm, Rotary, group_mask, rope_cache_write, rope_parameters
+from .layers import KeyRange, RMSNorm, Rotary, group_mask, rope_cache_write, rope_parameters, uses_attention_kernel
 from .llama import Attention, DecoderLayer, check_tp
 
 # Optional reference-package fields that change the math; we refuse them rather than ignore them.
@@ -118,7 +118,8 @@ class DraftAttention(Attention):
         q_rows = self.h * self.d
         bias = self.qkv_proj.bias[q_rows:] if self.qkv_proj.bias is not None else None
         k, v = F.linear(x, self.qkv_proj.weight[q_rows:], bias).view(n, T, 2 * self.kvh, self.d).chunk(2, dim=2)
-        rope_cache_write(None, k, v, cos, sin, None, self.k_norm.weight, self.eps, cache, layer, rows, positions)
+        rope_cache_write(None, k, v, cos, sin, None, self.k_norm.weight, self.eps, cache, layer, rows, positions,
+                         self.kernel, want_k=False)
 
 
 class DFlashDrafter(nn.Module):
@@ -149,14 +150,17 @@ class DFlashDrafter(nn.Module):
         Returns the normed hidden states [n, B, hidden]."""
         B = x.shape[1]
         cos, sin = self.rotary.tables(positions, x.dtype)
-        key_pos = torch.arange(kv_len, device=x.device)                  # [S]
-        rel = key_pos[None, None, :] - ctx_len[:, None, None]            # [n, 1, S]: key position - block start
+        fused = uses_attention_kernel(self.layers[0].self_attn, B, kv_len)
+        if not fused:
+            key_pos = torch.arange(kv_len, device=x.device)                  # [S]
+            rel = key_pos[None, None, :] - ctx_len[:, None, None]            # [n, 1, S]: key position - block start
         masks = {}  # layers with the same (causal, window) share one mask
         h = self.layers[0].input_layernorm(x)
         for i, layer in enumerate(self.layers):
             a, kind = layer.self_attn, (self.config.layer_causal[i], self.config.layer_window[i])
             if kind not in masks:
-                masks[kind] = group_mask(self._mask(i, rel, B), a.h // a.kvh)
+                masks[kind] = (self._keys(i, positions, ctx_len, B) if fused
+                               else group_mask(self._mask(i, rel, B), a.h // a.kvh))
             nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             h, x = layer(h, x, cos, sin, cache, i, rows, positions, masks[kind], kv_len, nxt)
         return h
@@ -170,3 +174,15 @@ class DFlashDrafter(nn.Module):
         if window is not None:  # by position distance, both ways (the reference's non-causal SWA rule)
             visible = visible & ((j - rel).abs() < window)
         return visible.expand(rel.shape[0], B, rel.shape[-1])[:, None]
+
+    def _keys(self, layer: int, positions: torch.Tensor, ctx_len: torch.Tensor, B: int) -> KeyRange:
+        """_mask's rule as a KeyRange (the Triton attention's form): the context and the whole block, i.e. keys
+        up to ctx_len + B - 1, or up to the query's own position in a causal layer; a window keeps
+        |query position - key position| < window."""
+        hi = positions if self.config.layer_causal[layer] else (ctx_len[:, None] + (B - 1)).expand_as(positions)
+        lo = torch.zeros_like(positions)
+        window = self.config.layer_window[layer]
+        if window is not None:
+            lo = positions - (window - 1)
+            hi = torch.minimum(hi, positions + (window - 1))
+        return KeyRange(lo, hi)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -209,21 +210,52 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
 
 def rope_cache_write(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      q_w: torch.Tensor | None, k_w: torch.Tensor | None, eps: float, cache, layer: int, rows,
-                     positions: torch.Tensor):
+                     positions: torch.Tensor, kernel: str = "torch", want_k: bool = True):
     """Optional per-head q/k RMSNorm and RoPE, then k (roped) and v into cache rows ``rows`` at ``positions``.
 
     q [n, T, Hq, d] or None (the drafter's context rows have no queries), k/v [n, T, Hkv, d], cos/sin
-    [n, T, 1, d] -> (q, k) roped, [n, T, H, d]. Every attention of the Llama family and the drafter goes
-    through here, so a kernel that ropes k straight into its cache rows (saving one write and read of k)
-    has one place to land. Today it is the compiled norm+RoPE chain and then the cache's index_put: fusing
-    the scatter into the compiled chain mutates the whole cache tensor inside torch.compile, which needs
-    checking on a GPU (in-place scatter, no cache-sized copy) before it can be used."""
+    [n, T, 1, d] -> (q, k) roped, [n, T, H, d] (k None for ``kernel="triton"`` without ``want_k``: attention
+    then reads k from the cache). Every attention of the Llama family and the drafter goes through here.
+    ``kernel``: "triton" = one fused kernel (runtime/kernels/decode_attention.py) that writes the cache rows in
+    place; "torch" = the compiled norm+RoPE chain and the cache's index_put (the reference, and CPU)."""
+    if kernel == "triton":
+        from ..kernels import decode_attention
+        return decode_attention.rope_cache_write(q, k, v, cos, sin, q_w, k_w, eps, cache.k[layer], cache.v[layer],
+                                                 cache.row_ids(rows), positions, want_k)
     if q is None:
         k = norm_rope(k, cos, sin, k_w, eps)
     else:
         q, k = qk_norm_rope(q, k, cos, sin, q_w, k_w, eps)
     cache.write(layer, rows, positions, k, v)
     return q, k
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """Which cache positions each query row sees: lo[i, t] <= position <= hi[i, t] (inclusive, [n, T]), and
+    below the step's kv_len. The Triton attention's form of a mask (two integers per row instead of a
+    [n, 1, T, S] boolean tensor); ``mask`` gives the boolean form, which tests compare with the torch masks."""
+    lo: torch.Tensor
+    hi: torch.Tensor
+
+    def mask(self, kv_len: int) -> torch.Tensor:
+        p = torch.arange(kv_len, device=self.lo.device)[None, None, :]
+        return ((p >= self.lo[:, :, None]) & (p <= self.hi[:, :, None]))[:, None]
+
+
+def attend_cache(q: torch.Tensor, cache, layer: int, rows, kv_len: int, keys: KeyRange, scale: float) -> torch.Tensor:
+    """The Triton attention of short query blocks: q [n, T, Hq, d] against cache[:kv_len] of ``rows``, keys
+    visible per ``keys`` -> [n, T, Hq * d] (``attend``'s output layout)."""
+    from ..kernels import decode_attention
+    return decode_attention.attend(q, cache.k[layer], cache.v[layer], cache.row_ids(rows), kv_len, keys.lo, keys.hi,
+                                   scale)
+
+
+def uses_attention_kernel(attn, T: int, kv_len: int | None) -> bool:
+    """Whether a forward of T query rows per request runs attention in the Triton kernel: attention against the
+    cache (kv_len set) of blocks up to MAX_QUERY_ROWS rows per KV head; prefill chunks keep SDPA."""
+    from ..kernels import MAX_QUERY_ROWS
+    return attn.kernel == "triton" and kv_len is not None and T * (attn.h // attn.kvh) <= MAX_QUERY_ROWS
 
 
 _SMALL_QUERY = 16  # query rows per KV head up to which attention runs as plain matmuls (measured on H100)

@@ -16,7 +16,9 @@ from torch import nn
 from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
-from .layers import RMSNorm, Rotary, TargetHead, attend, group_mask, rope_cache_write, rope_parameters, silu_mul
+from ..kernels import resolve_attention_kernel
+from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, attend, attend_cache, group_mask, rope_cache_write,
+                     rope_parameters, silu_mul, uses_attention_kernel)
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -82,15 +84,20 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.d, c.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.d, c.rms_norm_eps) if qk_norm else None
         self.eps, self.tp = c.rms_norm_eps, tp
+        self.kernel = "torch"   # "triton": the fused kernels (set_attention_kernel, RuntimeConfig.attention_kernel)
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None):
         """x [n, T, hidden]; cos/sin [n, T, 1, d]; positions [n, T]; visible [n, 1, T, S], built once per
-        forward by the model (group_mask) and shared by its layers -> [n, T, hidden].
+        forward by the model (group_mask) and shared by its layers, or a KeyRange where the Triton attention
+        runs (uses_attention_kernel) -> [n, T, hidden].
         kv_len None = prefill (attend within this chunk); else over cache[:kv_len] incl. the rows written here."""
         n, T, _ = x.shape
         q, k, v = self.qkv_proj(x).view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)  # [n, T, H, d]
+        fused_attention = isinstance(visible, KeyRange)
         q, k = rope_cache_write(q, k, v, cos, sin, _weight(self.q_norm), _weight(self.k_norm), self.eps,
-                                cache, layer, rows, positions)
+                                cache, layer, rows, positions, self.kernel, want_k=kv_len is None)
+        if fused_attention:
+            return self.project_out(attend_cache(q, cache, layer, rows, kv_len, visible, self.d ** -0.5))
         if kv_len is None:
             k, v = k.transpose(1, 2), v.transpose(1, 2)
         else:
@@ -103,6 +110,16 @@ class Attention(nn.Module):
         if self.o_proj.bias is None:
             return self.tp.all_reduce(self.o_proj(out))
         return self.tp.all_reduce(F.linear(out, self.o_proj.weight)) + self.o_proj.bias
+
+
+def set_attention_kernel(model: nn.Module, setting: str) -> str:
+    """Point every Attention of ``model`` (a target or the drafter) at RuntimeConfig.attention_kernel as it
+    resolves on the model's device (kernels.resolve_attention_kernel); returns "triton" or "torch"."""
+    kernel = resolve_attention_kernel(setting, next(model.parameters()).device)
+    for m in model.modules():
+        if isinstance(m, Attention):
+            m.kernel = kernel
+    return kernel
 
 
 def _weight(norm: RMSNorm | None) -> torch.Tensor | None:
@@ -169,10 +186,13 @@ class LlamaTarget(TargetHead):
         """
         x = self.embed(ids)
         cos, sin = self.rotary.tables(positions, x.dtype)
-        key_pos = positions if kv_len is None else torch.arange(kv_len, device=ids.device)[None]
-        visible = (key_pos[:, None, :] <= positions[:, :, None])[:, None]  # causal by absolute position
         a = self.layers[0].self_attn
-        visible = group_mask(visible, a.h // a.kvh)  # built once, shared by every layer
+        if uses_attention_kernel(a, ids.shape[1], kv_len):   # causal by absolute position, as the mask below
+            visible = KeyRange(torch.zeros_like(positions), positions)
+        else:
+            key_pos = positions if kv_len is None else torch.arange(kv_len, device=ids.device)[None]
+            visible = (key_pos[:, None, :] <= positions[:, :, None])[:, None]  # causal by absolute position
+            visible = group_mask(visible, a.h // a.kvh)  # built once, shared by every layer
         feats: dict[int, torch.Tensor] = {}
         h = self.layers[0].input_layernorm(x)
         for i, layer in enumerate(self.layers):

@@ -1,0 +1,231 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Triton decode-path kernels (runtime/kernels/decode_attention.py) on the CPU, in Triton's interpreter:
+each against the torch path it replaces and against a float64 reference; the KeyRange bounds against the torch
+masks; and a tiny target/drafter pair whose greedy and sampled tokens are the same with the kernels as without.
+
+The interpreter runs each program in numpy, so shapes are tiny. float32 and float16 only: the interpreter's
+``tl.dot`` is wrong for bfloat16 (numpy has no bfloat16); tests/gpu/test_decode_attention_cuda.py covers bf16.
+Tolerances: float32 compares at 1e-5 relative (fp32 accumulation in another order; an indexing mistake is O(1));
+float16 at 2e-3 (inputs are exact fp16, one rounding of the output and of the probabilities fed to P @ V,
+2^-11 relative each). Skipped where triton is not installed (CI's CPU venv does not install the 190 MB wheel).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.runtime.compare import rel
+from tests.runtime.kernel_engine import engine_with_kernel
+from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.runtime.kernels import resolve_attention_kernel
+from trtllm_dflash.runtime.kv_cache import KVCache
+from trtllm_dflash.runtime.models import layers as L
+
+if not torch.cuda.is_available():
+    # before the kernels are imported: triton.jit picks the interpreter when it decorates them
+    os.environ["TRITON_INTERPRET"] = "1"
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def kernels():
+    pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
+    from trtllm_dflash.runtime.kernels import decode_attention
+    return decode_attention
+
+
+def inputs(n, T, Hq, Hkv, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(n, T, Hq + 2 * Hkv, d, generator=g).to(dtype)
+    q, k, v = qkv.split([Hq, Hkv, Hkv], dim=2)   # strided views, as the qkv GEMM's output is
+    w = (torch.rand(2, d, generator=g) + 0.5).to(dtype)
+    return q, k, v, w[0], w[1]
+
+
+def rope_f64(x, cos, sin, w, eps):
+    x = x.double()
+    if w is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    half = x.shape[-1] // 2
+    return x * cos.double() + torch.cat([-x[..., half:], x[..., :half]], -1) * sin.double()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("with_q,norm,rows", [(True, True, "index"), (True, False, "slice"), (False, True, "index")])
+def test_rope_cache_write_equals_the_torch_path_and_float64(dtype, tol, with_q, norm, rows):
+    K = kernels()
+    n, T, Hq, Hkv, d, S = 2, 3, 6, 2, 16, 24
+    q, k, v, qw, kw = inputs(n, T, Hq, Hkv, d, dtype)
+    q = q if with_q else None
+    qw, kw = (qw, kw) if norm else (None, None)
+    pos = torch.tensor([[5, 6, 7], [0, 1, 2]])
+    rot = L.Rotary({"rope_theta": 10000.0, "rope_type": "default"}, d, S, S)
+    cos, sin = rot.tables(pos, dtype)
+    r = torch.tensor([3, 1]) if rows == "index" else slice(0, 2)
+    ref_cache, cache = (KVCache(2, 4, Hkv, S, d, dtype, "cpu") for _ in range(2))
+    q_ref, k_ref = L.rope_cache_write(q, k, v, cos, sin, qw, kw, 1e-6, ref_cache, 1, r, pos)
+    q_out, k_out = L.rope_cache_write(q, k, v, cos, sin, qw, kw, 1e-6, cache, 1, r, pos, kernel="triton")
+    assert cache.v.equal(ref_cache.v)                       # v is copied bit for bit
+    assert rel(cache.k, ref_cache.k) < tol and rel(k_out, k_ref) < tol
+    assert rel(k_out, rope_f64(k, cos, sin, kw, 1e-6)) < tol
+    ids = ref_cache.row_ids(r)
+    assert rel(cache.k[1][ids[:, None], :, pos], k_out) == 0   # the cache holds exactly what was returned
+    assert cache.k[0].abs().sum() == 0 and cache.k[1][2].abs().sum() == 0   # nothing else written
+    if with_q:
+        assert rel(q_out, q_ref) < tol and rel(q_out, rope_f64(q, cos, sin, qw, 1e-6)) < tol
+    else:
+        assert q_out is None
+    _, no_k = L.rope_cache_write(q, k, v, cos, sin, qw, kw, 1e-6, cache, 1, r, pos, kernel="triton", want_k=False)
+    assert no_k is None
+
+
+def attend_f64(q, k, v, visible, scale):
+    # q [n, T, Hq, d], k/v [n, Hkv, S, d], visible [n, 1, T, S] -> [n, T, Hq * d], plain GQA expansion
+    G = q.shape[2] // k.shape[1]
+    k, v = k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
+    s = (q.double().transpose(1, 2) @ k.transpose(-1, -2)) * scale
+    p = s.masked_fill(~visible, float("-inf")).softmax(-1)
+    return (p @ v).transpose(1, 2).flatten(2)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("G,T,d,splits", [(3, 1, 16, 1), (3, 4, 32, 3), (1, 5, 16, 2), (4, 16, 16, 4)])
+def test_attend_equals_the_torch_path_and_float64(dtype, tol, G, T, d, splits):
+    K = kernels()
+    n, Hkv, S, kv_len = 2, 2, 300, 256
+    g = torch.Generator().manual_seed(G * 100 + T)
+    cache = KVCache(1, 3, Hkv, S, d, dtype, "cpu")
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+    cache.k[..., kv_len:, :] = 1e4   # keys past kv_len must never count
+    q = torch.randn(n, T, G * Hkv, d, generator=g).to(dtype)
+    rows = torch.tensor([2, 0])
+    pos = torch.tensor([[140], [250 - T]]) + torch.arange(T)                 # [n, T]
+    lo = torch.tensor([[0], [60]]) + torch.arange(T)                          # row 1: a sliding window
+    hi = torch.stack([pos[0], (pos[1] + 3).clamp(max=kv_len + 5)])           # row 1: keys ahead, past kv_len
+    keys = L.KeyRange(lo, hi)
+    visible = keys.mask(kv_len)
+    k, v = cache.read(0, rows, kv_len)
+    ref = L.attend(q.transpose(1, 2), k, v, L.group_mask(visible, G), d ** -0.5)
+    want = attend_f64(q, k, v, visible, d ** -0.5)
+    out = K.attend(q, cache.k[0], cache.v[0], rows, kv_len, lo, hi, d ** -0.5, splits=splits)
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert rel(out, want) < tol and rel(out, ref) < 2 * tol
+    assert rel(L.attend_cache(q, cache, 0, rows, kv_len, keys, d ** -0.5), want) < tol   # default splits
+
+
+def drafter_with(layer_causal, layer_window, B=4, seed=0):
+    """A random DFlash drafter whose layers are causal or not and windowed or not (as sliding-window drafters)."""
+    from trtllm_dflash.runtime.distributed import TPGroup
+    from trtllm_dflash.runtime.models.dflash import DFlashDrafter, DrafterConfig
+    n = len(layer_causal)
+    c = DrafterConfig(block_size=B, mask_token_id=0, target_layer_ids=(0,), num_target_layers=2, vocab_size=8,
+                      hidden_size=64, intermediate_size=64, num_layers=n, num_heads=6, num_kv_heads=2, head_dim=16,
+                      rms_norm_eps=1e-6, rope={"rope_theta": 1e4, "rope_type": "default"},
+                      max_position_embeddings=128, attention_bias=False, layer_causal=tuple(layer_causal),
+                      layer_window=tuple(layer_window))
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(c, 64, TPGroup(), 128)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.normal_(0, 0.2) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+    return drafter
+
+
+def test_key_ranges_equal_the_torch_masks():
+    """The target's and the drafter's KeyRange (what the kernel reads) against the boolean masks of the torch
+    path (what the reference attends with), for causal, non-causal and sliding-window drafter layers."""
+    B, kv_len = 4, 40
+    start = torch.tensor([3, 17, 30])
+    pos = start[:, None] + torch.arange(B)
+    rel_ = torch.arange(kv_len)[None, None, :] - start[:, None, None]
+    drafter = drafter_with([False, True, False, True], [None, None, 3, 5], B)
+    for i in range(4):
+        assert drafter._keys(i, pos, start, B).mask(kv_len).equal(drafter._mask(i, rel_, B)), i
+    target_mask = (torch.arange(kv_len)[None, None, :] <= pos[:, :, None])[:, None]
+    assert L.KeyRange(torch.zeros_like(pos), pos).mask(kv_len).equal(target_mask)
+
+
+def test_drafter_forward_with_the_kernels():
+    """A drafter with full, causal and windowed layers: context appended, then the block's forward, with the
+    kernels == the torch path (float32), for two requests at different context lengths in slots 2 and 0."""
+    kernels()
+    from trtllm_dflash.runtime.models.llama import set_attention_kernel
+    B, S = 4, 64
+    out = {}
+    for kernel in ("torch", "triton"):
+        drafter = drafter_with([False, True, False], [None, None, 3], B)
+        assert set_attention_kernel(drafter, kernel) == kernel
+        cache = KVCache(3, 3, 2, S, 16, torch.float32, "cpu")
+        g = torch.Generator().manual_seed(1)
+        rows, start = torch.tensor([2, 0]), torch.tensor([9, 20])
+        ctx_pos = torch.arange(20).expand(2, 20)
+        drafter.append_context(torch.randn(2, 20, 64, generator=g), ctx_pos, cache, rows)
+        x = torch.randn(2, B, 64, generator=g)
+        pos = start[:, None] + torch.arange(B)
+        out[kernel] = (drafter(x, pos, start, cache, rows, 32), cache.k.clone(), cache.v.clone())
+    assert rel(out["triton"][0], out["torch"][0]) < 1e-5
+    assert rel(out["triton"][1], out["torch"][1]) < 1e-5 and rel(out["triton"][2], out["torch"][2]) < 1e-5
+
+
+def test_target_forward_with_the_kernels(tiny_qwen3_pair):
+    """The target's verify forward over a cache (positions a strided slice, as the runner's are) with the kernels
+    == the torch path, float32."""
+    kernels()
+    from trtllm_dflash.runtime.loader import load_target
+    from trtllm_dflash.runtime.distributed import TPGroup
+    from trtllm_dflash.runtime.models.llama import set_attention_kernel
+    target = load_target(tiny_qwen3_pair[0], TPGroup(), torch.device("cpu"), torch.float32, 64)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(2, 90, (2, 30), generator=g)
+    out = {}
+    for kernel in ("torch", "triton"):
+        set_attention_kernel(target, kernel)
+        L_, H, D = target.kv_shape()
+        cache = KVCache(L_, 3, H, 64, D, torch.float32, "cpu")
+        target(ids[:, :20], torch.arange(20).expand(2, 20), cache, slice(0, 2), None)   # prefill 20 tokens
+        pos = torch.tensor([[20], [18]]) + torch.arange(16)
+        h, _ = target(ids[:, 20:26], pos[:, :6], cache, slice(0, 2), 40)                 # verify 6 (row 1: 2 back)
+        out[kernel] = h
+    assert rel(out["triton"], out["torch"]) < 1e-5
+
+
+def test_attention_kernel_setting():
+    assert RuntimeConfig().attention_kernel in ("auto", "triton", "torch")
+    with pytest.raises(DFlashError, match="attention_kernel"):
+        RuntimeConfig(attention_kernel="cuda")
+    assert resolve_attention_kernel("torch", torch.device("cuda")) == "torch"
+    assert resolve_attention_kernel("auto", torch.device("cpu")) == "torch"
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        with pytest.raises(DFlashError, match="attention_kernel: 'triton' runs on CUDA GPUs only"):
+            resolve_attention_kernel("triton", torch.device("cpu"))
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+@pytest.mark.parametrize("block", [None, 1])
+def test_engine_tokens_are_the_same_with_the_kernels(tiny_qwen3_pair, block, monkeypatch):
+    """Greedy and sampled generation of a tiny Qwen3 pair (q/k norm, GQA, a DFlash drafter of block 8) with
+    every attention in the Triton kernels (prefill cache writes included) == the torch path, float32."""
+    K = kernels()
+    calls = {"attend": 0, "rope_cache_write": 0}
+    for name in calls:
+        def counted(*args, _f=getattr(K, name), _name=name, **kw):
+            calls[_name] += 1
+            return _f(*args, **kw)
+        monkeypatch.setattr(K, name, counted)
+    cfg = dict(max_seq_len=64, max_batch_size=2, block_size=block)
+    ref = engine_with_kernel(*tiny_qwen3_pair, RuntimeConfig(**cfg, attention_kernel="torch"))
+    fused = engine_with_kernel(*tiny_qwen3_pair, RuntimeConfig(**cfg, attention_kernel="triton"))
+    ps = [[5, 9, 14, 3, 22], [7, 41]]
+    sp = [SamplingParams(max_new_tokens=6, ignore_eos=True),
+          SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=0.8, seed=3)]
+    for x, y in zip(ref.generate(ps, sp), fused.generate(ps, sp)):
+        assert x.output_ids == y.output_ids
+        assert x.stats.acceptance_lengths == y.stats.acceptance_lengths
+    assert calls["attend"] > 0 and calls["rope_cache_write"] > 0, calls

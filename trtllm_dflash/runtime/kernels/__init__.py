@@ -1,0 +1,34 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Hand-written GPU kernels of the runtime (OpenAI Triton). Importing this package does not import Triton:
+``resolve_attention_kernel`` does, once, where RuntimeConfig.attention_kernel asks for the kernels."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ...errors import DFlashError
+
+# Query rows per KV head (G * T) up to which attention against the cache runs in the Triton kernel; larger
+# blocks (chunked prefill) keep the torch path, whose flash kernel is built for them.
+MAX_QUERY_ROWS = 128
+SETTINGS = ("auto", "triton", "torch")
+
+
+def resolve_attention_kernel(setting: str, device: torch.device) -> str:
+    """RuntimeConfig.attention_kernel -> "triton" or "torch". auto = triton on CUDA, else torch. "triton" off
+    CUDA is an error, except under TRITON_INTERPRET=1 (the CPU tests run the kernels in Triton's interpreter)."""
+    if setting not in SETTINGS:
+        raise DFlashError("attention_kernel", f"unknown value {setting!r}", f"use one of {', '.join(SETTINGS)}")
+    kind = torch.device(device).type
+    if setting == "torch" or (setting == "auto" and kind != "cuda"):
+        return "torch"
+    if kind != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise DFlashError("attention_kernel", f"'triton' runs on CUDA GPUs only, not on {kind}",
+                          "use attention_kernel='torch' (or 'auto') on this device")
+    try:
+        from . import decode_attention  # noqa: F401
+    except Exception as err:  # a broken Triton install must be seen, not routed around
+        raise DFlashError("attention_kernel", f"{setting!r} needs OpenAI Triton, which failed to import ({err!r})",
+                          "install triton (it ships with CUDA builds of torch) or set attention_kernel='torch'")
+    return "triton"

@@ -1,0 +1,268 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Triton kernels for the Llama-family / drafter attention on the decode path (RuntimeConfig.attention_kernel).
+
+Two kernels replace what was, per layer, a compiled norm+RoPE chain, two ``index_put`` cache writes, a mask
+and a cuDNN SDPA call (or two batched matmuls and a masked softmax):
+
+  rope_cache_write   grid (tokens, q + 2 kv heads): one program per (token, head). q heads: optional
+                     per-head RMSNorm (Qwen3 q_norm), RoPE, stored to a new [n, T, Hq, d] tensor; k heads:
+                     k_norm + RoPE stored straight into the cache row at the token's position (and, for
+                     prefill, to a [n, T, Hkv, d] copy); v heads: copied into the cache. No index_put, no
+                     intermediate q/k tensors.
+  attend             grid (n * Hkv, splits): one program per (request, KV head, slice of the cache). Its
+                     G = Hq / Hkv query heads x T query rows form one tile, so each K/V row is read once per
+                     KV head (GQA). Scores and the online softmax are float32; a key at cache position p is
+                     visible to query row (i, t) iff lo[i, t] <= p <= hi[i, t] and p < kv_len. Each program
+                     only walks the keys its rows can see, so a graph captured for a KV-length bucket costs
+                     what the real context costs. With several splits (flash-decoding: long contexts at small
+                     batch) each writes float32 partials and ``_combine`` merges them in a fixed order.
+
+Both are CUDA-graph safe: no host syncs, grids fixed by the shapes and the (per graph) kv_len.
+Under ``TRITON_INTERPRET=1`` (set before this module is imported) they run on CPU tensors, which the CPU
+tests use; the runtime itself only calls them on CUDA tensors.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import MAX_QUERY_ROWS  # G * T rows per KV head in one tile (DFlash verify of 16 with G = 4 is 64)
+
+
+def _pow2(x: int) -> int:
+    return triton.next_power_of_2(max(int(x), 1))
+
+
+# ---- norm + RoPE + cache write ---------------------------------------------------------------------------
+
+@triton.jit
+def _norm_rope(src, w_ptr, cs, sn, eps, HALF: tl.constexpr, NORM: tl.constexpr):
+    """One head [2 * HALF] at src -> (first half, second half) after optional RMSNorm and RoPE, float32."""
+    d1 = tl.arange(0, HALF)
+    d2 = d1 + HALF
+    x1 = tl.load(src + d1).to(tl.float32)
+    x2 = tl.load(src + d2).to(tl.float32)
+    if NORM:
+        inv = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
+        x1 = x1 * inv * tl.load(w_ptr + d1).to(tl.float32)
+        x2 = x2 * inv * tl.load(w_ptr + d2).to(tl.float32)
+    y1 = x1 * tl.load(cs + d1).to(tl.float32) - x2 * tl.load(sn + d1).to(tl.float32)
+    y2 = x2 * tl.load(cs + d2).to(tl.float32) + x1 * tl.load(sn + d2).to(tl.float32)
+    return y1, y2
+
+
+@triton.jit
+def _store_halves(dst, y1, y2, HALF: tl.constexpr):
+    d1 = tl.arange(0, HALF)
+    tl.store(dst + d1, y1.to(dst.dtype.element_ty))
+    tl.store(dst + HALF + d1, y2.to(dst.dtype.element_ty))
+
+
+@triton.jit
+def _rope_cache_write_kernel(
+        q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, pos_ptr, row_ptr,
+        q_out_ptr, k_out_ptr, ck_ptr, cv_ptr,
+        T, Hq, Hkv, eps,
+        s_qn, s_qt, s_qh, s_kn, s_kt, s_kh, s_vn, s_vt, s_vh,
+        s_cn, s_ct, s_pn, s_pt, s_row,
+        s_cb, s_ch, s_cs, s_vb, s_vh2, s_vs,
+        HALF: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr, K_OUT: tl.constexpr):
+    tok = tl.program_id(0)
+    head = tl.program_id(1)      # [0, Hq) q heads, [Hq, Hq + Hkv) k heads, then v heads
+    i = tok // T
+    t = tok % T
+    pos = tl.load(pos_ptr + i * s_pn + t * s_pt)
+    row = tl.load(row_ptr + i * s_row)
+    cs = cos_ptr + i * s_cn + t * s_ct
+    sn = sin_ptr + i * s_cn + t * s_ct
+    if head < Hq:
+        y1, y2 = _norm_rope(q_ptr + i * s_qn + t * s_qt + head * s_qh, qw_ptr, cs, sn, eps, HALF, Q_NORM)
+        _store_halves(q_out_ptr + (tok * Hq + head) * (2 * HALF), y1, y2, HALF)
+    elif head < Hq + Hkv:
+        kh = head - Hq
+        y1, y2 = _norm_rope(k_ptr + i * s_kn + t * s_kt + kh * s_kh, kw_ptr, cs, sn, eps, HALF, K_NORM)
+        _store_halves(ck_ptr + row * s_cb + kh * s_ch + pos * s_cs, y1, y2, HALF)
+        if K_OUT:
+            _store_halves(k_out_ptr + (tok * Hkv + kh) * (2 * HALF), y1, y2, HALF)
+    else:
+        vh = head - Hq - Hkv
+        d = tl.arange(0, 2 * HALF)
+        x = tl.load(v_ptr + i * s_vn + t * s_vt + vh * s_vh + d)
+        tl.store(cv_ptr + row * s_vb + vh * s_vh2 + pos * s_vs + d, x.to(cv_ptr.dtype.element_ty))
+
+
+def rope_cache_write(q, k, v, cos, sin, q_w, k_w, eps: float, cache_k: torch.Tensor, cache_v: torch.Tensor,
+                     rows: torch.Tensor, positions: torch.Tensor, want_k: bool):
+    """q [n, T, Hq, d] or None, k/v [n, T, Hkv, d] (views of the qkv GEMM's output are fine: the last dim must
+    be contiguous), cos/sin [n, T, 1, d], q_w/k_w [d] or None, cache_k/cache_v [max_batch, Hkv, S, d] (one
+    layer), rows [n] (int), positions [n, T] -> (q roped [n, T, Hq, d] or None, k roped [n, T, Hkv, d] if
+    ``want_k`` else None). k (roped) and v land in cache rows ``rows`` at ``positions``."""
+    n, T, Hkv, d = k.shape
+    if d % 2 or (d // 2) & (d // 2 - 1):
+        raise ValueError(f"head_dim {d}: the fused RoPE kernel needs head_dim / 2 to be a power of two")
+    if cos.stride() != sin.stride():
+        raise ValueError("cos and sin must have the same strides")
+    for name, x in (("q", q), ("k", k), ("v", v), ("cos", cos)):
+        if x is not None and x.stride(-1) != 1:
+            raise ValueError(f"{name}: the last dim must be contiguous")
+    Hq = q.shape[2] if q is not None else 0
+    q_out = torch.empty(n, T, Hq, d, dtype=q.dtype, device=q.device) if q is not None else None
+    k_out = torch.empty(n, T, Hkv, d, dtype=k.dtype, device=k.device) if want_k else None
+    if n * T == 0:
+        return q_out, k_out
+    dummy = k  # never read: the constexpr flags switch the corresponding loads and stores off
+    qq = q if q is not None else dummy
+    _rope_cache_write_kernel[(n * T, Hq + 2 * Hkv)](
+        qq, k, v, cos, sin, q_w if q_w is not None else dummy, k_w if k_w is not None else dummy,
+        positions, rows, q_out if q_out is not None else dummy, k_out if k_out is not None else dummy,
+        cache_k, cache_v, T, Hq, Hkv, float(eps),
+        qq.stride(0), qq.stride(1), qq.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        cos.stride(0), cos.stride(1), positions.stride(0), positions.stride(1), rows.stride(0),
+        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), cache_v.stride(0), cache_v.stride(1),
+        cache_v.stride(2),
+        HALF=d // 2, Q_NORM=q_w is not None, K_NORM=k_w is not None, K_OUT=want_k,
+        num_warps=1)
+    return q_out, k_out
+
+
+# ---- attention of short query blocks against the cache -------------------------------------------------
+
+@triton.jit
+def _attend_kernel(
+        q_ptr, ck_ptr, cv_ptr, row_ptr, lo_ptr, hi_ptr, out_ptr, part_ptr, ml_ptr,
+        T, Hkv, kv_len, keys_per_split, scale_log2, s_row,
+        s_qn, s_qt, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ln, s_lt, s_hn, s_ht,
+        G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        SPLIT: tl.constexpr, IEEE: tl.constexpr):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    i = pid // Hkv
+    kvh = pid % Hkv
+    m = tl.arange(0, BLOCK_M)           # tile row m = t * G + g: query head kvh * G + g at block offset t
+    t = m // G
+    h = kvh * G + m % G
+    m_ok = m < T * G
+    dd = tl.arange(0, D)
+    q = tl.load(q_ptr + i * s_qn + t[:, None] * s_qt + h[:, None] * s_qh + dd[None, :], mask=m_ok[:, None], other=0.0)
+    lo = tl.load(lo_ptr + i * s_ln + t * s_lt, mask=m_ok, other=2147483647)
+    hi = tl.load(hi_ptr + i * s_hn + t * s_ht, mask=m_ok, other=-1)
+    hi = tl.minimum(hi, kv_len - 1)
+    row = tl.load(row_ptr + i * s_row)
+    # this program's keys, clipped to what any of its rows can see
+    begin = tl.maximum(split * keys_per_split, tl.min(lo, 0))
+    end = tl.minimum((split + 1) * keys_per_split, tl.max(hi, 0) + 1)
+    begin = (begin // BLOCK_N) * BLOCK_N
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    k_base = ck_ptr + row * s_kb + kvh * s_kh
+    v_base = cv_ptr + row * s_vb + kvh * s_vh
+    for start in range(begin, end, BLOCK_N):
+        p = start + tl.arange(0, BLOCK_N)
+        p_ok = p < end
+        kt = tl.load(k_base + p[None, :] * s_ks + dd[:, None], mask=p_ok[None, :], other=0.0)   # [D, BLOCK_N]
+        if IEEE:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        s = s * scale_log2
+        vis = (p[None, :] >= lo[:, None]) & (p[None, :] <= hi[:, None]) & p_ok[None, :]
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows that have seen nothing yet stay at 0
+        alpha = tl.exp2(m_i - m_safe)
+        pr = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(pr, 1)
+        vt = tl.load(v_base + p[:, None] * s_vs + dd[None, :], mask=p_ok[:, None], other=0.0)    # [BLOCK_N, D]
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(pr.to(vt.dtype), vt, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(pr.to(vt.dtype), vt)
+        m_i = m_new
+    if SPLIT:
+        # float32 partials [n * Hkv, splits, BLOCK_M, D] and (max, sum) [n * Hkv, splits, 2, BLOCK_M]
+        base = pid * tl.num_programs(1) + split
+        tl.store(part_ptr + base * BLOCK_M * D + m[:, None] * D + dd[None, :], acc)
+        tl.store(ml_ptr + base * 2 * BLOCK_M + m, m_i)
+        tl.store(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, l_i)
+    else:
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]   # a row that sees no key gives 0, not NaN
+        # out [n, T, Hq * D]
+        tl.store(out_ptr + ((i * T + t[:, None]) * (Hkv * G) + h[:, None]) * D + dd[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
+@triton.jit
+def _combine_kernel(part_ptr, ml_ptr, out_ptr, T, Hkv, SPLITS: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
+    pid = tl.program_id(0)
+    i = pid // Hkv
+    kvh = pid % Hkv
+    m = tl.arange(0, BLOCK_M)
+    dd = tl.arange(0, D)
+    t = m // G
+    h = kvh * G + m % G
+    m_ok = m < T * G
+    mx = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(SPLITS):
+        mx = tl.maximum(mx, tl.load(ml_ptr + (pid * SPLITS + s) * 2 * BLOCK_M + m))
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    for s in range(SPLITS):   # fixed order: deterministic
+        base = pid * SPLITS + s
+        w = tl.exp2(tl.load(ml_ptr + base * 2 * BLOCK_M + m) - mx)
+        l += w * tl.load(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m)
+        acc += w[:, None] * tl.load(part_ptr + base * BLOCK_M * D + m[:, None] * D + dd[None, :])
+    o = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+    tl.store(out_ptr + ((i * T + t[:, None]) * (Hkv * G) + h[:, None]) * D + dd[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
+def num_splits(programs: int, kv_len: int, block_n: int, sms: int) -> int:
+    """Splits of the cache per (request, KV head): enough programs to cover the GPU's SMs twice, none shorter
+    than 4 key tiles (below that the combine pass costs more than the parallelism gains)."""
+    want = max(1, -(-2 * sms // max(programs, 1)))
+    return max(1, min(want, kv_len // (4 * block_n), 16))
+
+
+def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: torch.Tensor, kv_len: int,
+           lo: torch.Tensor, hi: torch.Tensor, scale: float, splits: int | None = None) -> torch.Tensor:
+    """q [n, T, Hq, d] (last dim contiguous), cache_k/cache_v [max_batch, Hkv, S, d] (one layer), rows [n],
+    lo/hi [n, T] (visible key positions, inclusive) -> [n, T, Hq * d] in q's dtype. ``splits`` None picks
+    by the device (num_splits)."""
+    n, T, Hq, d = q.shape
+    Hkv = cache_k.shape[1]
+    G = Hq // Hkv
+    if G * T > MAX_QUERY_ROWS:
+        raise ValueError(f"{G * T} query rows per KV head: the decode attention kernel takes at most {MAX_QUERY_ROWS}")
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"head_dim {d}: the decode attention kernel needs a power of two >= 16")
+    BLOCK_M, BLOCK_N = max(16, _pow2(G * T)), 64 if d <= 64 else 32
+    if splits is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        splits = num_splits(n * Hkv, kv_len, BLOCK_N, sms)
+    keys_per_split = -(-kv_len // splits)
+    keys_per_split = -(-keys_per_split // BLOCK_N) * BLOCK_N
+    splits = -(-kv_len // keys_per_split)
+    out = torch.empty(n, T, Hq * d, dtype=q.dtype, device=q.device)
+    if splits > 1:
+        part = torch.empty(n * Hkv, splits, BLOCK_M, d, dtype=torch.float32, device=q.device)
+        ml = torch.empty(n * Hkv, splits, 2, BLOCK_M, dtype=torch.float32, device=q.device)
+    else:
+        part = ml = out
+    LOG2E = 1.4426950408889634
+    num_warps = 4 if BLOCK_M * d <= 64 * 64 else 8
+    _attend_kernel[(n * Hkv, splits)](
+        q, cache_k, cache_v, rows, lo, hi, out, part, ml,
+        T, Hkv, kv_len, keys_per_split, scale * LOG2E, rows.stride(0),
+        q.stride(0), q.stride(1), q.stride(2), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
+        cache_v.stride(0), cache_v.stride(1), cache_v.stride(2), lo.stride(0), lo.stride(1), hi.stride(0), hi.stride(1),
+        G=G, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
+        num_warps=num_warps)
+    if splits > 1:
+        _combine_kernel[(n * Hkv,)](part, ml, out, T, Hkv, SPLITS=splits, G=G, D=d, BLOCK_M=BLOCK_M,
+                                    num_warps=num_warps)
+    return out
