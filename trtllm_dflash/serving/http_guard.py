@@ -357,29 +357,36 @@ class HttpGuard:
         finally:
             writer.close()
 
-    async def _stop(self, path: str, request_id: str, cancel_key: str) -> None:
-        """Our model's ``stop`` for ``request_id``: it ends that request now (the answer is not needed)."""
+    async def _stop(self, path: str, request_id: str, cancel_key: str, tries: int = 10) -> None:
+        """Our model's ``stop`` for ``request_id``: it ends that request now (the answer is not needed). A
+        request its client left at once may not have reached the model yet ("no running request"): tried
+        again every 0.2 s, ``tries`` times."""
         body = {"id": request_id, "text_input": "", "stop": True}
         if cancel_key:
             body["parameters"] = {CANCEL_KEY: cancel_key}
         data = json.dumps(body).encode()
-        try:
-            reader, writer = await (
-                asyncio.open_unix_connection(self.upstream[5:]) if isinstance(self.upstream, str)
-                else asyncio.open_connection("127.0.0.1", self.upstream))
-        except OSError:
-            return                # tritonserver is gone: nothing runs any more
-        try:
-            writer.write(f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                         f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
-            await writer.drain()
-            async with asyncio.timeout(10):
-                while await reader.read(65536):
-                    pass
-        except (OSError, TimeoutError):
-            pass
-        finally:
-            writer.close()
+        for _ in range(tries):
+            try:
+                reader, writer = await (
+                    asyncio.open_unix_connection(self.upstream[5:]) if isinstance(self.upstream, str)
+                    else asyncio.open_connection("127.0.0.1", self.upstream))
+            except OSError:
+                return            # tritonserver is gone: nothing runs any more
+            answer = b""
+            try:
+                writer.write(f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+                await writer.drain()
+                async with asyncio.timeout(10):
+                    while chunk := await reader.read(65536):
+                        answer += chunk
+            except (OSError, TimeoutError):
+                pass
+            finally:
+                writer.close()
+            if b"no running request" not in answer:
+                return
+            await asyncio.sleep(0.2)
 
     def _reserve(self, held: list, n: int) -> None:
         """Count ``n`` more body bytes against the guard's memory bound and the client's share of it, or
