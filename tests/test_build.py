@@ -567,8 +567,8 @@ def test_default_schedule_comes_from_the_measured_costs_and_a_flag_wins(capsys):
     # shorter drafts as load grows, as the table says (verify cost grows with batch x draft length)
     lengths = [trtllm.draft_len_for_batch(sched, n, 15) for n in range(1, 65)]
     assert lengths == sorted(lengths, reverse=True) and lengths[-1] < 15
-    rc, out, _ = run([*base, "--draft_len_schedule", "1:15,8:7"], capsys)
-    assert "draft_len_schedule: {1: 15, 8: 7}" in out and "given (--draft_len_schedule" in out
+    rc, out, _ = run([*base, "--draft_len_schedule", "1:15,8:7,64:2"], capsys)
+    assert "draft_len_schedule: {1: 15, 8: 7, 64: 2}" in out and "given (--draft_len_schedule" in out
     rc, out, _ = run([*base, "--draft_len_schedule", "none"], capsys)
     assert rc == 0 and "draft_len_schedule" not in out.split("--- llm_api_options.yaml ---")[1]
     assert "off (--draft_len_schedule none)" in out

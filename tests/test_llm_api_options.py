@@ -15,6 +15,11 @@ Sources (NVIDIA/TensorRT-LLM):
   smallest key mapped to max_draft_len; ``draft_len_schedule`` and ``max_concurrency`` mutually exclusive (the
   latter becomes {max_concurrency: max_draft_len}). The field's own example: {4: 4, 8: 2, 32: 1} = batch sizes
   1-4 draft 4, 5-8 draft 2, 9-32 draft 1, 33+ draft 0. (PR #8194's first version read keys as lower bounds.)
+- [zero] DFlash at draft length 0: ``py_executor.py`` turns speculation off for an iteration whose
+  ``get_draft_len_for_batch_size`` is 0 (``use_spec_decode = False``), so ``speculative/dflash.py: DFlashWorker``, which
+  appends each step's accepted tokens to the request's stored drafting context, does not run; the context misses
+  those tokens and acceptance collapses. Reported by PR #16888 (open: floors one-model modes at 1 with
+  ``min_runtime_draft_len``). dflash-build therefore never emits a schedule that drafts 0 up to max_batch_size.
 - [1.4.0rc1] API reference nvidia.github.io/TensorRT-LLM/1.4.0rc1/llm-api/reference/DFlashDecodingConfig.html
   (and TorchLlmArgs.html, MoeConfig.html, CudaGraphConfig.html of the same release).
 - [1.3.0rc27] the same page for 1.3.0rc27: draft_len_schedule, max_concurrency, use_rejection_sampling and FA4
@@ -204,3 +209,47 @@ def test_our_lengths_convert_to_a_schedule_tensorrt_llm_runs_exactly(lengths):
     if want == sorted(want, reverse=True):   # passes our rules and TensorRT-LLM's, in the options too
         trtllm.check_schedule(sched, 7, max_batch_size=len(lengths))
         check_schema(options(draft_len_schedule=sched))
+
+
+# ---- [zero] never a draft length of 0 for DFlash ---------------------------------------------------------------
+def test_derived_schedule_never_drafts_zero_up_to_max_batch_size():
+    """At a low assumed acceptance our cost model would stop drafting at large batches (the unfloored lengths hold
+    0s, so this test can fail); the schedule dflash-build writes drafts at least 1 at every batch size."""
+    from trtllm_dflash import draft_schedule
+    from trtllm_dflash.runtime.draft_policy import AcceptanceStats, AdaptivePolicy, best_block
+
+    table, _ = draft_schedule.cost_table("h100", "Qwen/Qwen3-8B")
+    stats = AcceptanceStats(8, prior_rate=0.1, prior_weight=1e9)
+    raw = [best_block(AdaptivePolicy(8, table, stats=stats), n) - 1 for n in range(1, 257)]
+    assert 0 in raw
+    derived = draft_schedule.derive("h100", "Qwen/Qwen3-8B", max_draft_len=7, max_batch_size=256, acceptance_rate=0.1)
+    trtllm.check_schedule(derived.schedule, 7, max_batch_size=256)
+    assert draft_schedule.zero_draft_batch_sizes(derived.schedule, 256) == []
+    assert max(derived.schedule) == 256 and min(derived.schedule.values()) >= draft_schedule.MIN_DRAFT_LEN
+    # batch 1 is raised to max_draft_len (TensorRT-LLM's rule); every other size drafts what the model chose, >= 1
+    assert all(trtllm.draft_len_for_batch(derived.schedule, n, 7) == max(1, raw[n - 1]) for n in range(2, 257))
+
+
+@pytest.mark.parametrize("schedule, zeros", [({1: 7, 8: 3}, list(range(9, 17))),
+                                             ({1: 7, 8: 0, 16: 1}, list(range(2, 9))),
+                                             ({1: 7, 4: 3, 16: 0}, list(range(5, 17))), ({1: 7, 16: 1}, [])])
+def test_zero_draft_batch_sizes_reads_the_schedule_as_tensorrt_llm_does(schedule, zeros):
+    from trtllm_dflash import draft_schedule
+
+    got = draft_schedule.zero_draft_batch_sizes(schedule, 16)
+    assert got == zeros
+    assert got == [n for n in range(1, 17) if trtllm.draft_len_for_batch(schedule, n, 7) == 0]
+
+
+def test_a_given_schedule_that_drafts_zero_is_refused_with_the_reason(capsys):
+    from trtllm_dflash import cli
+
+    base = ["--target", "qwen3-8b", "--gpu", "h100", "--backend", "trtllm", "--dry_run", "--max_batch_size", "64"]
+    assert cli.build_main([*base, "--draft_len_schedule", "1:15,8:7"]) != 0
+    err = capsys.readouterr().err
+    assert "draft_len_schedule" in err and "9..64" in err and "#16888" in err and "64:1" in err
+    assert cli.build_main([*base, "--draft_len_schedule", "1:15,8:7,64:1"]) == 0
+    out = capsys.readouterr().out
+    assert "draft_len_schedule: {1: 15, 8: 7, 64: 1}" in out
+    assert cli.build_main(base) == 0
+    assert "at least 1 draft at every batch size" in capsys.readouterr().out

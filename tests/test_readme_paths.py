@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PATHLIKE = re.compile(r"(?<![\w/.\-<:])((?:[\w.\-]+/)+[\w.\-]*)")
 BARE_FILE = re.compile(r"`([\w.\-]+\.(?:py|sh|json|jsonl|yaml|yml|png|md|txt|csv|toml))`")
 MODULE = re.compile(r"python3? -m (trtllm_dflash(?:\.\w+)*)")
-COMMAND = re.compile(r"(?<![\w\-/.])(dflash-[a-z_]+)\b")
+# a whole dflash-* word: `dflash-admin-key` (a header name) is no command dflash-admin
+COMMAND = re.compile(r"(?<![\w\-/.])(dflash-[a-z_]+)(?![\w\-])")
 # files the README names that live in a checkpoint or a deployment, not in this repository
 NOT_OURS = {"hf_quant_config.json"}
 
@@ -78,7 +79,7 @@ def test_every_path_module_and_command_the_readme_names_exists():
 def test_a_missing_path_module_or_command_is_reported():
     text = ("`benchmarks/aiperf_openai.sh` runs it; see tests/serving/no_such_test.py, `serving/http_guard.py`, "
             "`no_such_plot.png`, out/smollm2 (made by the user), `python -m trtllm_dflash.nothing`, "
-            "`dflash-nothing --help`, `dflash-serve DIR`.")
+            "`dflash-nothing --help`, `dflash-serve DIR`, the `dflash-admin-key` header.")
     got = missing(text, tracked(), {**_scripts(), "dflash-broken": "trtllm_dflash.cli:no_such_main"})
     assert got == ["path benchmarks/aiperf_openai.sh: no such file or folder in the repository",
                    "path tests/serving/no_such_test.py: no such file or folder in the repository",

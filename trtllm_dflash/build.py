@@ -146,14 +146,23 @@ def _schedule(cfg: bc.BuildConfig, target_source: str, max_draft_len: int, valid
     one our cost model derives where a step-cost table was measured for this GPU and target."""
     if cfg.backend != "trtllm":
         return None, ""
+    from . import draft_schedule
+
     if cfg.draft_len_schedule:
+        zeros = draft_schedule.zero_draft_batch_sizes(cfg.draft_len_schedule, cfg.max_batch_size)
+        if zeros:
+            raise DFlashError("draft_len_schedule", f"drafts 0 at batch sizes {zeros[0]}..{zeros[-1]} "
+                              f"(max_batch_size {cfg.max_batch_size}): {draft_schedule.ZERO_DRAFT_REASON}",
+                              f"map every batch size up to {cfg.max_batch_size} to a draft length >= "
+                              f"{draft_schedule.MIN_DRAFT_LEN} (end it with {cfg.max_batch_size}:1 or more)")
         return cfg.draft_len_schedule, "given (--draft_len_schedule or the preset)"
     if cfg.draft_len_schedule == {}:
         return None, "off (--draft_len_schedule none)"
     if cfg.max_concurrency is not None:
+        if cfg.max_concurrency < cfg.max_batch_size:   # TensorRT-LLM reads it as {max_concurrency: max_draft_len}
+            validation["max_concurrency"] = (f"warning: drafts 0 above {cfg.max_concurrency} concurrent requests: "
+                                             f"{draft_schedule.ZERO_DRAFT_REASON}")
         return None, "not derived: --max_concurrency given (TensorRT-LLM refuses both)"
-    from . import draft_schedule
-
     derived = draft_schedule.derive(cfg.gpu, target_source, max_draft_len=max_draft_len,
                                     max_batch_size=cfg.max_batch_size, acceptance_rate=cfg.draft_acceptance_rate)
     if derived is None:
@@ -163,7 +172,8 @@ def _schedule(cfg: bc.BuildConfig, target_source: str, max_draft_len: int, valid
     if derived.schedule is None:
         return None, (f"none needed: our policy's {derived.source} drafts {max_draft_len} at every batch size up to "
                       f"{cfg.max_batch_size}")
-    return derived.schedule, f"derived from our policy's {derived.source}"
+    return derived.schedule, (f"derived from our policy's {derived.source}; at least {draft_schedule.MIN_DRAFT_LEN} "
+                              f"draft at every batch size: {draft_schedule.ZERO_DRAFT_REASON}")
 
 
 # The demo's untrained drafter: one layer, block 16 (target_layer_ids by the z-lab rule, last vocab id as mask).

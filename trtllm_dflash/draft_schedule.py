@@ -5,6 +5,18 @@ this GPU and target (``cost_tables.json``, shipped with the package) at an assum
 
 The costs are our torch runtime's, not TensorRT-LLM's: they say how verify cost grows with batch x draft length
 on that GPU at that model's shapes, which is what the schedule trades against acceptance.
+
+Never a draft length of 0 for DFlash (``MIN_DRAFT_LEN``), at any batch size up to max_batch_size. In the
+TensorRT-LLM releases we support, a schedule that resolves to 0 (an explicit 0, or any batch size above the
+largest key: ``tensorrt_llm/_torch/speculative/utils.py: get_draft_len_for_batch_size``) makes the executor turn
+speculation off for that iteration (``tensorrt_llm/_torch/pyexecutor/py_executor.py``: "Check if draft_len=0 ->
+immediately disable", ``use_spec_decode = False``), so the one-model DFlash worker does not run; but that worker
+is what appends each step's accepted tokens' target features to the request's stored drafting context
+(``tensorrt_llm/_torch/speculative/dflash.py: DFlashWorker``, "The context accumulates across steps - each step
+adds newly accepted tokens' projected hidden states to a per-request buffer"). Tokens committed at draft length
+0 never enter that context, and once the batch shrinks the drafter attends to positions never written: its
+acceptance collapses for the rest of each request. NVIDIA/TensorRT-LLM PR #16888 (open) reports this and floors
+one-model modes at 1 (``min_runtime_draft_len``); until a release has it, we never ask for 0.
 """
 from __future__ import annotations
 
@@ -12,10 +24,19 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backends.trtllm import schedule_from_lengths
+from .backends.trtllm import draft_len_for_batch, schedule_from_lengths
 from .runtime.draft_policy import AcceptanceStats, AdaptivePolicy, CostTable, best_block
 
 TABLES = Path(__file__).resolve().parent / "cost_tables.json"
+MIN_DRAFT_LEN = 1     # DFlash's stored context is only updated while it drafts: see the module docstring
+ZERO_DRAFT_REASON = ("at draft length 0 TensorRT-LLM skips the DFlash worker, whose per-request drafting context "
+                     "then misses those tokens and acceptance collapses (NVIDIA/TensorRT-LLM PR #16888)")
+
+
+def zero_draft_batch_sizes(schedule: dict[int, int], max_batch_size: int) -> list[int]:
+    """The batch sizes 1..max_batch_size at which TensorRT-LLM would draft 0 under ``schedule`` (read as it
+    reads it: the value of the first key >= the batch size, 0 above the largest key)."""
+    return [n for n in range(1, max_batch_size + 1) if draft_len_for_batch(schedule, n, max(schedule.values())) == 0]
 
 
 @dataclass(frozen=True)
@@ -43,7 +64,9 @@ def derive(gpu: str, target_source: str, *, max_draft_len: int, max_batch_size: 
     table, where = found
     stats = AcceptanceStats(max_draft_len + 1, prior_rate=acceptance_rate, prior_weight=1e9)  # the prior alone
     policy = AdaptivePolicy(max_draft_len + 1, table, stats=stats)
-    lengths = [best_block(policy, n) - 1 for n in range(1, max_batch_size + 1)]
+    # Floored at MIN_DRAFT_LEN; schedule_from_lengths then keys the last run at max_batch_size, so no batch size
+    # up to it falls into TensorRT-LLM's implicit 0 above the largest key.
+    lengths = [max(MIN_DRAFT_LEN, best_block(policy, n) - 1) for n in range(1, max_batch_size + 1)]
     schedule, raised = schedule_from_lengths(lengths, max_draft_len)
     if all(n == max_draft_len for n in lengths):
         schedule = None

@@ -57,7 +57,9 @@ def make_deployment(root: Path, target: Path, drafter: Path, *, backend: str = "
     for name, src in (("target", target), ("drafter", drafter)):
         if not (root / name).exists():
             os.symlink(src.resolve(), root / name)
-    manifest = {"backend": backend, "tp_size": tp_size, "runtime": dict(runtime),
+    from trtllm_dflash.checkpoints.manifest import FORMAT_VERSION
+
+    manifest = {"format_version": FORMAT_VERSION, "backend": backend, "tp_size": tp_size, "runtime": dict(runtime),
                 "target": {"path": "target"}, "drafter": {"path": "drafter"}}
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
     if fill:

@@ -12,7 +12,8 @@ import pytest
 
 from tests.serving.conftest import start_server
 from trtllm_dflash.serving import client
-from trtllm_dflash.serving.http_guard import GuardLimits, Refused, atoi, bracket_depth, check_body, json_part, parse_head
+from trtllm_dflash.serving.http_guard import (GuardLimits, Refused, atoi, bracket_depth, cancellable, check_body,
+                                              json_part, parse_head)
 
 GEN = "/v2/models/tensorrt_llm/generate"
 
@@ -306,3 +307,27 @@ def _get(addr: str, path: str) -> tuple[int, str]:
         return r.status, r.read().decode()
     finally:
         conn.close()
+
+
+def test_cancellable_names_each_non_streaming_generate_so_a_stop_can_reach_it():
+    """#25: a non-streaming /generate gets an id (when it has none) the guard can send a stop for; its
+    Content-Length follows the new body; a client's own id and cancel_key are kept; streams, other endpoints
+    and chunked bodies pass unchanged."""
+    def req(target, obj, extra=b""):
+        body = json.dumps(obj).encode()
+        head = (f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n".encode() + extra + b"\r\n")
+        method, path, pairs = parse_head(head)
+        return cancellable(method, path, dict(pairs), head, body)
+
+    head, body, handle = req("/v2/models/tensorrt_llm/generate", {"text_input": "hi"})
+    path, rid, key = handle
+    assert path == "/v2/models/tensorrt_llm/generate" and rid.startswith("guard-") and key == ""
+    assert json.loads(body) == {"text_input": "hi", "id": rid}
+    assert dict(parse_head(head)[2])["content-length"] == str(len(body)) and head.count(b"Content-Length") == 1
+    _, body, handle = req("/v2/models/tensorrt_llm/generate",
+                          {"text_input": "hi", "id": "mine", "parameters": {"cancel_key": "k"}})
+    assert handle[1:] == ("mine", "k") and json.loads(body)["id"] == "mine"
+    for target in ("/v2/models/tensorrt_llm/generate_stream", "/v2/models/other/generate",
+                   "/v2/models/tensorrt_llm/infer"):
+        assert req(target, {"text_input": "hi"})[2] is None
+    assert req("/v2/models/tensorrt_llm/generate", "not an object")[2] is None

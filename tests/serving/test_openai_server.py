@@ -21,10 +21,10 @@ PROMPT = "Write one sentence about the sea."
 
 
 class OpenAIServer:
-    def __init__(self, engine_dir: Path, log: Path, name: str = "smol"):
+    def __init__(self, engine_dir: Path, log: Path, name: str = "smol", *extra: str):
         self.port, self.log = free_port(), log
         cmd = [sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(engine_dir), "--port", str(self.port),
-               "--served_model_name", name]
+               "--served_model_name", name, *extra]
         with open(log, "wb") as fh:
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=TEST_ENV)
         wait_logged(self.proc, log, "dflash-openai: ready", 180, stop_timeout=30)
@@ -229,3 +229,106 @@ def test_sweep_openai_equals_triton_on_the_same_prompts(server, smol_deployment,
     assert o["metrics"]["acceptance_source"] == t["metrics"]["acceptance_source"] == "server_counters"
     assert o["metrics"]["acceptance_rate"] == pytest.approx(t["metrics"]["acceptance_rate"])
     assert o["metrics"]["acceptance_length_mean"] == pytest.approx(t["metrics"]["acceptance_length_mean"])
+
+
+# ---- issue 25: what a hostile but legitimate client can hold -------------------------------------------------
+def _timed_completion(server, max_tokens: int = 3) -> float:
+    import time
+
+    t0 = time.monotonic()
+    ok = server.client.completions.create(model="smol", prompt="Hi", max_tokens=max_tokens, temperature=0)
+    assert ok.usage.completion_tokens == max_tokens
+    return time.monotonic() - t0
+
+
+def test_non_streaming_clients_that_time_out_free_their_slots(server):
+    """6 non-streaming requests (more than max_batch_size 4) whose clients give up after 0.5 s: their slots
+    must be free within 1 s, so the next short request takes about its idle time (it used to wait for all
+    of them: 11-12 s instead of 0.7 s)."""
+    import time
+
+    idle = _timed_completion(server)
+    quick = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=0.5)
+    for _ in range(6):
+        with pytest.raises(openai.APITimeoutError):
+            quick.completions.create(model="smol", prompt="Count: 1, 2,", max_tokens=400, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    time.sleep(1.0)
+    assert _timed_completion(server) < idle + 2.0     # 400 tokens x 4 slots would take far longer on CPU
+
+
+def test_lone_surrogate_is_a_400_naming_the_field(server):
+    code, err = server.post("/completions", b'{"model": "smol", "prompt": "a\\ud800b"}')
+    assert code == 400 and err["error"]["param"] == "prompt" and "surrogate" in err["error"]["message"], err
+    body = b'{"model": "smol", "messages": [{"role": "user", "content": "ok"}, {"role": "user", "content": "\\udfff"}]}'
+    code, err = server.post("/chat/completions", body)
+    assert code == 400 and err["error"]["param"] == "messages[1].content", err
+    assert _timed_completion(server) > 0
+
+
+@pytest.mark.parametrize("path, key", [("/completions", "prompt"), ("/chat/completions", "messages[0].content")])
+def test_a_huge_prompt_is_refused_by_size_before_tokenizing(server, path, key):
+    """~4 MB of prompt (under the 4 MiB body bound) took 2.6 s and 3 GB to refuse once tokenized; its size
+    alone says it cannot fit max_seq_len 512: refused at once, several at a time."""
+    import concurrent.futures
+    import time
+
+    text = "word " * 800_000
+    body = {"model": "smol", "prompt": text} if key == "prompt" else \
+        {"model": "smol", "messages": [{"role": "user", "content": text}]}
+    raw = json.dumps(body).encode()
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: server.post(path, raw), range(4)))
+    assert time.monotonic() - t0 < 2.0
+    for code, err in answers:
+        assert code == 400 and err["error"]["param"] == key and "bytes" in err["error"]["message"], err
+    assert _timed_completion(server) > 0
+
+
+def test_sigterm_drain_is_bounded_and_every_client_gets_a_final_answer(smol_deployment, tmp_path):
+    """--drain_timeout_s 1 with 2 streams and 1 non-streaming request running 400 tokens each: each client
+    gets its final answer (an SSE error event then [DONE]; a 503 body) within the bound, and exit 0."""
+    import http.client
+    import signal
+    import threading
+    import time
+
+    srv = OpenAIServer(smol_deployment, tmp_path / "drain.log", "smol", "--drain_timeout_s", "1")
+    ended: dict[str, tuple[float, int, bytes]] = {}
+    started = threading.Barrier(4)
+
+    def one(name: str, stream: bool) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps(
+            {"model": "smol", "prompt": "Count: 1, 2,", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+             "stream": stream}), {"Content-Type": "application/json"})
+        if stream:
+            resp = conn.getresponse()
+            resp.readline()           # the first event: it is running
+            started.wait(120)
+        else:
+            started.wait(120)         # its answer comes only at the end
+            resp = conn.getresponse()
+        body = resp.read()
+        ended[name] = (time.monotonic(), resp.status, body)
+
+    threads = [threading.Thread(target=one, args=(f"s{i}", True)) for i in range(2)]
+    threads.append(threading.Thread(target=one, args=("plain", False)))
+    for t in threads:
+        t.start()
+    started.wait(120)
+    time.sleep(1.0)                   # the non-streaming one is decoding too
+    t_term = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    rc = srv.proc.wait(30)
+    for t in threads:
+        t.join(30)
+    assert rc == 0, srv.log.read_text()[-3000:]
+    assert time.monotonic() - t_term < 8.0
+    for name in ("s0", "s1"):
+        t_end, status, body = ended[name]
+        assert status == 200 and t_end - t_term < 5.0
+        assert b'"service_unavailable"' in body and body.rstrip().endswith(b"data: [DONE]"), body[-400:]
+    t_end, status, body = ended["plain"]
+    assert status == 503 and t_end - t_term < 5.0 and json.loads(body)["error"]["type"] == "service_unavailable"

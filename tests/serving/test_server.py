@@ -614,3 +614,34 @@ def test_a_broken_engine_is_not_ready_and_the_server_restarts(tiny_deployment, t
         assert "tritonserver: stopped serving 2 times (--max_restarts 1)" in srv.log_text()
     finally:
         srv.stop(10)
+
+
+def test_non_streaming_http_clients_that_time_out_are_cancelled(tiny_server):
+    """#25: a non-streaming /generate whose client gives up ran to its end (Triton 2.51 pauses the HTTP request
+    until its answer and never sees the connection close). 10 such clients (more than max_batch_size 8): each
+    request ends 'cancelled', none 'length', and nothing is active within 1 s of the last one leaving; a
+    client's own id and cancel_key are honoured."""
+    import socket
+
+    def reasons():
+        return {r: tiny_server.metric_or_zero("dflash_requests_total", finish_reason=r)
+                for r in ("cancelled", "length")}
+
+    before = reasons()
+    for i in range(10):
+        body = {"text_input": "Once upon a time", "sampling_param_max_tokens": 240, "sampling_param_ignore_eos": True}
+        if i == 0:
+            body.update(id="mine", parameters={"cancel_key": "k"})
+        data = json.dumps(body).encode()
+        host, port = tiny_server.http.split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(f"POST /v2/models/tensorrt_llm/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                      f"\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+            time.sleep(0.15)         # decoding (or queued), then the client gives up
+    t_gone = time.monotonic()
+    while tiny_server.metric_or_zero("dflash_active_requests") + tiny_server.metric_or_zero("dflash_waiting_requests"):
+        assert time.monotonic() - t_gone < 1.0, "slots still held 1 s after the clients left"
+        time.sleep(0.02)
+    time.sleep(0.5)                  # the counters are published every cancellation check (100 ms)
+    after = reasons()
+    assert after["cancelled"] - before["cancelled"] == 10 and after["length"] == before["length"], (before, after)

@@ -48,6 +48,29 @@ def test_short_soak_with_faults_and_sigterm(tiny_deployment, tmp_path):
     assert len(report["rss_samples"]) >= 10 and out.with_suffix(".png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
+def test_short_soak_through_dflash_openai(tiny_deployment, tmp_path):
+    """--server openai: dflash-openai alone under load (streamed and not), its own faults (#25's OpenAI probes:
+    lone surrogate, 4 MB prompt, non-streaming clients that time out, ...), kills, the idle non-streaming
+    timeouts freed within 1 s, and a bounded SIGTERM drain."""
+    out = tmp_path / "soak_openai.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "soak.py"), "--engine", str(tiny_deployment), "--out", str(out),
+           "--server", "openai", "--streams", "8", "--duration", "20", "--fault_every", "2", "--kills", "2",
+           "--burst", "8", "--sigterm", "--sigterm_streams", "8", "--sample_every", "1", "--quiet",
+           "--max_rss_growth", "0.5"]
+    run = subprocess.run(cmd, env=TEST_ENV, capture_output=True, text=True, timeout=300)
+    assert out.is_file(), run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    failed = {k: c for k, c in report["checks"].items() if not c["pass"]}
+    assert run.returncode == 0 and not failed, (failed, run.stdout[-3000:], run.stderr[-3000:])
+    assert set(report["latency"]) == {"openai", "openai_plain"}
+    assert {f["fault"] for f in report["faults"]} == {"kill", "malformed", "oversized", "timeout", "burst"}
+    cases = {c["name"]: c for f in report["faults"] for c in f.get("cases", [])}
+    assert cases["openai_lone_surrogate"]["code"] == 400 and cases["prompt_4MB_openai"]["code"] == 400
+    assert report["kills"]["nonstream_timeouts"]["pass"]
+    assert report["sigterm"]["clients_with_final_in_time"] == 8 and report["sigterm"]["dflash_serve_exit_code"] == 0
+
+
 def _outcome(prompt=0, text="a", status="ok", reason="length", phase="load"):
     return soak.Outcome(phase, "http", prompt, 0.0, status=status, latency_s=1.0, finish_reason=reason, text=text)
 

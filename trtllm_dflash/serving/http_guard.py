@@ -19,7 +19,11 @@ field and the fix, when:
 Everything else goes to Triton byte for byte (the guard drops only an ``Expect: 100-continue`` line, which
 it answers itself since it reads the body first) over one upstream connection per client connection, and
 the answer comes back as Triton sends it, so SSE keeps streaming and keep-alive clients keep their
-connection. A client that goes away closes its upstream connection, which is how Triton notices it today.
+connection. A client that goes away closes its upstream connection, which is how Triton notices a stream
+(SSE) whose client left. A non-streaming ``/generate`` is different: Triton 2.51 pauses the HTTP request
+until its answer (``evhtp_request_pause`` in ``InferRequestClass``), so it does not see the connection close
+and the generation would run to its end. The guard gives each such request an id when it has none and, when
+its client leaves before the answer, sends our model's ``stop`` input for that id (and its cancel_key).
 Memory: at most one head and one body per connection in flight, and ``max_buffered_bytes`` of bodies
 over all connections together (beyond it a request gets 503, retry).
 """
@@ -31,12 +35,13 @@ import re
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import DFlashError
-from .protocol import INPUT_TYPES, check_json_value, short_repr
+from .protocol import CANCEL_KEY, INPUT_TYPES, check_json_value, short_repr
 from .repo import MODEL_NAME
 
 GENERATE = re.compile(r"^/v2/models/[^/?]+(?:/versions/[^/?]+)?/generate(?:\?.*)?$")
@@ -170,6 +175,31 @@ def check_body(target: str, headers: dict[str, str], body: bytes, limits: GuardL
                                                f"{key} out"))
 
 
+def cancellable(method: str, target: str, headers: dict[str, str], head: bytes, body: bytes
+                ) -> tuple[bytes, bytes, tuple[str, str, str] | None]:
+    """(head, body, (path, request id, cancel_key)) of a non-streaming generate of our model with a
+    Content-Length body (checked JSON): the id is added when the client sent none, so that a ``stop`` can name
+    it. Anything else passes unchanged, with None."""
+    ours = MODEL_ENDPOINT.match(target)
+    if method != "POST" or not ours or ours.group(1) != "generate" or "content-length" not in headers:
+        return head, body, None
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return head, body, None
+    if not isinstance(obj, dict):
+        return head, body, None
+    params = obj.get("parameters") if isinstance(obj.get("parameters"), dict) else {}
+    key = params.get(CANCEL_KEY, "")
+    rid = obj.get("id")
+    if not isinstance(rid, str) or not rid:
+        rid = obj["id"] = f"guard-{uuid.uuid4().hex}"
+        body = json.dumps(obj).encode()
+        head = drop_header(head, "content-length")
+        head = head[:-2] + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    return head, body, (target.split("?")[0], rid, str(key))
+
+
 def _check_values(endpoint: str, obj: dict) -> None:
     """Each input value of a generate body (``{name: value}``) or an infer body (``{"inputs": [{name,
     datatype, data}]}``; binary data is exact and not looked at) fits its datatype."""
@@ -258,6 +288,8 @@ class HttpGuard:
         self.conns.add(task)
         upstream = pipe = None
         held = [0, client]              # this connection's share of self.buffered, and its client's tally
+        answered = [0.0]                # monotonic time of the last bytes relayed to this client
+        pending = None                  # (sent at, (path, id, cancel_key)) of the last non-streaming generate
         try:
             if client[0] > self.limits.max_client_connections:
                 await self._refuse(reader, writer, Refused(429, DFlashError(
@@ -269,7 +301,11 @@ class HttpGuard:
                 try:
                     head, payload = await self._read_request(reader, writer, held)
                 except asyncio.IncompleteReadError:
-                    return        # the client went away (between requests or mid-body)
+                    # the client went away (between requests or mid-body); one waiting for a non-streaming
+                    # answer gets its request cancelled (Triton would not notice: see the module docstring)
+                    if pending is not None and answered[0] < pending[0]:
+                        asyncio.ensure_future(self._stop(*pending[1]))
+                    return
                 except asyncio.LimitOverrunError:
                     err = Refused(400, DFlashError("body", "a chunk line over the head bound", "send a valid "
                                                    "chunked body"))
@@ -288,7 +324,10 @@ class HttpGuard:
                             "server", "tritonserver is not running (restarting or stopping)",
                             "retry in a few seconds")))
                         return
-                    pipe = asyncio.create_task(self._relay(upstream[0], writer))
+                    pipe = asyncio.create_task(self._relay(upstream[0], writer, answered))
+                method, target, pairs = parse_head(head)
+                head, payload, handle = cancellable(method, target, dict(pairs), head, payload)
+                pending = None if handle is None else (time.monotonic(), handle)
                 upstream[1].write(head + payload)
                 del payload
                 await upstream[1].drain()
@@ -306,17 +345,48 @@ class HttpGuard:
                 if w is not None:
                     w.close()
 
-    async def _relay(self, upstream: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _relay(self, upstream: asyncio.StreamReader, writer: asyncio.StreamWriter, answered: list) -> None:
         """Triton's answers to the client as they come; Triton closing ends the client's connection."""
         try:
             while data := await upstream.read(65536):
                 writer.write(data)
-                self.last_output = time.monotonic()
+                self.last_output = answered[0] = time.monotonic()
                 await writer.drain()
         except ConnectionError:
             pass
         finally:
             writer.close()
+
+    async def _stop(self, path: str, request_id: str, cancel_key: str, tries: int = 10) -> None:
+        """Our model's ``stop`` for ``request_id``: it ends that request now (the answer is not needed). A
+        request its client left at once may not have reached the model yet ("no running request"): tried
+        again every 0.2 s, ``tries`` times."""
+        body = {"id": request_id, "text_input": "", "stop": True}
+        if cancel_key:
+            body["parameters"] = {CANCEL_KEY: cancel_key}
+        data = json.dumps(body).encode()
+        for _ in range(tries):
+            try:
+                reader, writer = await (
+                    asyncio.open_unix_connection(self.upstream[5:]) if isinstance(self.upstream, str)
+                    else asyncio.open_connection("127.0.0.1", self.upstream))
+            except OSError:
+                return            # tritonserver is gone: nothing runs any more
+            answer = b""
+            try:
+                writer.write(f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+                await writer.drain()
+                async with asyncio.timeout(10):
+                    while chunk := await reader.read(65536):
+                        answer += chunk
+            except (OSError, TimeoutError):
+                pass
+            finally:
+                writer.close()
+            if b"no running request" not in answer:
+                return
+            await asyncio.sleep(0.2)
 
     def _reserve(self, held: list, n: int) -> None:
         """Count ``n`` more body bytes against the guard's memory bound and the client's share of it, or

@@ -14,12 +14,21 @@ Chat requests are templated with the target's own chat template (``tokenizer.app
 (draft tokens, accepted draft tokens, acceptance rate). Errors are OpenAI-shaped
 (``{"error": {"message", "type", "param", "code"}}``): 400 naming the field for a bad request, 404 for an
 unknown model, 413 for a body over the limit, 503 when the engine cannot serve; the server keeps serving.
+
+Resources a client can hold: a body of ``MAX_BODY_BYTES``; a prompt is refused by its size before it is
+tokenized (``max_prompt_bytes``: max_seq_len x the longest vocabulary entry in UTF-8 bytes, so a longer text
+cannot fit whatever it holds), and at most ``tokenize_workers`` prompts are templated/tokenized at once; a
+client that goes away (streaming or not) has its request cancelled at once. SIGTERM drains: no new
+requests; every client has its final response within ``--drain_timeout_s``: running requests may finish
+until shortly before it, then each gets a final error (an SSE error event and ``[DONE]``, or a 503 body);
+the process exits 0.
 """
 
 import argparse
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -28,8 +37,8 @@ from pathlib import Path
 from ..errors import DFlashError
 from .handoff import LoopHandoff
 from .metrics import ServingMetrics
+from .protocol import MAX_TEMPERATURE, prompt_byte_limit
 from .record import Result, ServedRequest, Unavailable
-from .protocol import MAX_TEMPERATURE
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 << 20          # a prompt far above any max_seq_len we build fits in 4 MiB of JSON
@@ -107,23 +116,44 @@ def sampling_fields(body: dict, *, chat: bool) -> dict:
                 stop=stop, ignore_eos=body.get("ignore_eos"), streaming=bool(body.get("stream", False)))
 
 
-def prompt_fields(body: dict) -> dict:
+def text_size(text: str, field: str, max_bytes: int | None) -> int:
+    """UTF-8 bytes of a prompt text, checked before any tokenizing. JSON can carry a lone surrogate
+    (``"\\ud800"``) that no UTF-8 tokenizer takes: 400 naming the field. Over ``max_bytes``: 400 (the
+    character count is checked first: a text never has fewer bytes than characters)."""
+    if max_bytes is not None and len(text) > max_bytes:
+        raise BadRequest(400, field, f"{field} is {len(text)} characters; this deployment takes at most "
+                         f"{max_bytes} bytes of prompt text: shorten it")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as err:
+        raise BadRequest(400, field, f"{field} is not valid Unicode (a lone surrogate at character "
+                         f"{err.start}): send UTF-8 text") from None
+    if max_bytes is not None and size > max_bytes:
+        raise BadRequest(400, field, f"{field} is {size} bytes; this deployment takes at most {max_bytes} bytes "
+                         "of prompt text: shorten it")
+    return size
+
+
+def prompt_fields(body: dict, max_bytes: int | None = None) -> dict:
     """/v1/completions: a string, a list with one string, or a list of token ids."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, str) and prompt:
+        text_size(prompt, "prompt", max_bytes)
         return {"prompt": prompt}
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return {"prompt_ids": list(prompt)}
     raise BadRequest(400, "prompt", "prompt must be a non-empty string (or one string in a list, or token ids)")
 
 
-def chat_messages(body: dict) -> list[dict]:
+def chat_messages(body: dict, max_bytes: int | None = None) -> list[dict]:
+    """The messages, checked; their text together is bounded by ``max_bytes`` (the templated prompt holds
+    all of it, so a longer total cannot fit)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest(400, "messages", "messages must be a non-empty list")
-    out = []
+    out, total = [], 0
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
             raise BadRequest(400, f"messages[{i}].role", "each message needs a role: system, user or assistant")
@@ -135,6 +165,8 @@ def chat_messages(body: dict) -> list[dict]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest(400, f"messages[{i}].content", "content must be a string")
+        left = None if max_bytes is None else max_bytes - total
+        total += text_size(content, f"messages[{i}].content", left)
         out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
     return out
 
@@ -171,13 +203,37 @@ def finish_reason(final: Result) -> str:
 
 
 class OpenAIApp:
-    """The endpoints over one backend (anything with submit/cancel/health and the record interface)."""
+    """The endpoints over one backend (anything with submit/cancel/health and the record interface).
 
-    def __init__(self, backend, tokenizer, model_name: str):
+    ``tokenize_workers``: prompts templated and tokenized at once (more wait their turn, holding only their
+    body); the default is the machine's cores."""
+
+    def __init__(self, backend, tokenizer, model_name: str, tokenize_workers: int | None = None):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.backend, self.tokenizer, self.model_name = backend, tokenizer, model_name
         self.created = int(time.time())
         self.metrics = ServingMetrics(model_name)
         self.handoff: LoopHandoff | None = None   # the serving loop's, made on the first request
+        self.max_prompt_bytes = getattr(backend, "max_prompt_bytes", None)
+        if self.max_prompt_bytes is None and getattr(backend, "max_seq_len", None):
+            # 64 bytes a token: above the longest vocabulary entry of the tokenizers we serve
+            self.max_prompt_bytes = prompt_byte_limit(backend.max_seq_len, 64)
+        self._tokenize = ThreadPoolExecutor(max_workers=tokenize_workers or os.cpu_count() or 2,
+                                            thread_name_prefix="dflash-tokenize")
+        self.live: set[ServedRequest] = set()     # submitted, final response not sent yet
+        self.draining = ""                        # why new requests are refused ("" = serving)
+
+    def expire(self, why: str) -> int:
+        """End every running request now with an error saying ``why`` (its client gets a final response:
+        an SSE error event and [DONE], or a 503 body); the engine frees the slots. Returns how many."""
+        records = list(self.live)
+        for record in records:
+            record.emit(Result(finished=True, times_ns=dict(record.times_ns),
+                               error=f"server: is shutting down ({why}); the request was cancelled. "
+                                     "Fix: send it again to a running server"))
+            self.backend.cancel(record)
+        return len(records)
 
     def make(self):
         """The FastAPI app."""
@@ -203,7 +259,11 @@ class OpenAIApp:
         @app.get("/health")
         async def health():
             ok, reason = self.backend.health()
-            return JSONResponse({"status": "ok" if ok else "unavailable", "reason": reason},
+            if self.draining:
+                ok, reason = False, f"shutting down ({self.draining})"
+            # running/waiting: requests holding or queued for a slot (a client that left must free its own)
+            counts = {k: v for k, v in self.backend.metrics().items() if k in ("running", "waiting", "steps")}
+            return JSONResponse({"status": "ok" if ok else "unavailable", "reason": reason, **counts},
                                 status_code=200 if ok else 503)
 
         @app.get("/metrics")
@@ -253,11 +313,17 @@ class OpenAIApp:
     def _record(self, body: dict, chat: bool) -> ServedRequest:
         fields = sampling_fields(body, chat=chat)
         if chat:
-            fields["prompt_ids"] = apply_chat_template(self.tokenizer, chat_messages(body))
+            fields["prompt_ids"] = apply_chat_template(self.tokenizer, chat_messages(body, self.max_prompt_bytes))
         else:
-            fields.update(prompt_fields(body))
+            fields.update(prompt_fields(body, self.max_prompt_bytes))
         return ServedRequest(**fields, request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
                              handoff=self.handoff)
+
+    def _prepare(self, body: dict, chat: bool) -> ServedRequest:
+        """Check, template, tokenize and submit (the backend tokenizes raw text): on a bounded pool."""
+        record = self._record(body, chat)
+        self._submit(record, chat)
+        return record
 
     def _submit(self, record: ServedRequest, chat: bool) -> None:
         try:
@@ -274,37 +340,74 @@ class OpenAIApp:
             self.metrics.observe(record, result)
             yield result
 
+    def _unavailable(self) -> None:
+        if self.draining:
+            raise BadRequest(503, None, f"server: is shutting down ({self.draining}). Fix: send the request to "
+                             "a running server", kind="service_unavailable")
+
     async def _generate(self, request, *, chat: bool, json_response, stream_response):
+        self._unavailable()
         body = await self._body(request)
         loop = asyncio.get_running_loop()
         if self.handoff is None or self.handoff.loop is not loop:
             # The runtime hands each step's updates to this loop at once: one wake-up per step, not per stream.
             self.handoff = LoopHandoff(loop)
-        # Templating and tokenizing run off the event loop: a long prompt must not stall other streams.
-        record = await asyncio.to_thread(self._record, body, chat)
-        await asyncio.to_thread(self._submit, record, chat)
+        # Templating and tokenizing run off the event loop (a long prompt must not stall other streams), on
+        # a pool of bounded size (16 big prompts at once must not take 16 cores' memory).
+        record = await loop.run_in_executor(self._tokenize, self._prepare, body, chat)
+        self.live.add(record)
+        if self.draining:             # SIGTERM came while it was being tokenized
+            self.expire(self.draining)
         if record.streaming:
             opts = body.get("stream_options") or {}
             return stream_response(self._stream(record, chat, bool(opts.get("include_usage")),
                                                  bool(opts.get("continuous_usage_stats"))),
                                    media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        pieces, final = [], None
         try:
-            async for result in self._results(record):
-                pieces.append(result.text)
-                final = result
-        except asyncio.CancelledError:          # the client went away
-            self.backend.cancel(record)
-            raise
+            final, text = await self._collect(record, request)
+        finally:
+            self.live.discard(record)
+        if final is None:              # the client went away: its request is cancelled, nobody reads this
+            return json_response({}, status_code=499)
         if final.error:
-            raise BadRequest(500, None, final.error, kind="server_error")
-        text = "".join(pieces)
+            raise BadRequest(503 if self.draining else 500, None, final.error,
+                             kind="service_unavailable" if self.draining else "server_error")
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
                   if chat else {"index": 0, "text": text, "logprobs": None})
         choice["finish_reason"] = finish_reason(final)
         return json_response({"id": record.request_id, "object": "chat.completion" if chat else "text_completion",
                               "created": int(time.time()), "model": self.model_name, "choices": [choice],
                               "usage": usage(record, final), "dflash": dflash_stats(final)})
+
+    async def _collect(self, record: ServedRequest, request) -> tuple[Result | None, str]:
+        """(final result, whole text) of a non-streaming request, or (None, "") once its client went away:
+        the request is cancelled then, so it frees its slot at the engine's next step (Starlette does not
+        cancel a handler whose client left; only the ASGI receive channel says so)."""
+        async def collect():
+            pieces, final = [], None
+            async for result in self._results(record):
+                pieces.append(result.text)
+                final = result
+            return final, "".join(pieces)
+
+        async def gone():      # the body is read: the next message can only be http.disconnect
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        work, watch = asyncio.ensure_future(collect()), asyncio.ensure_future(gone())
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self.backend.cancel(record)
+            work.cancel()
+            raise
+        finally:
+            watch.cancel()
+        if work.done():
+            return work.result()
+        self.backend.cancel(record)
+        work.cancel()
+        return None, ""
 
     async def _stream(self, record: ServedRequest, chat: bool, include_usage: bool, continuous: bool):
         created, obj = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
@@ -326,7 +429,8 @@ class OpenAIApp:
                               "finish_reason": None}])
             async for result in self._results(record):
                 if result.error:
-                    err = BadRequest(500, None, result.error, kind="server_error").body()
+                    err = BadRequest(503 if self.draining else 500, None, result.error,
+                                     kind="service_unavailable" if self.draining else "server_error").body()
                     yield f"data: {json.dumps(err)}\n\n"
                     break
                 extra = {"usage": usage(record, result)} if continuous else {}
@@ -342,6 +446,8 @@ class OpenAIApp:
         except (asyncio.CancelledError, GeneratorExit):   # the client went away mid-stream: free the slot
             self.backend.cancel(record)
             raise
+        finally:
+            self.live.discard(record)
 
 
 # ---- command line ------------------------------------------------------------------------------------------
@@ -362,11 +468,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="HTTP port")
     p.add_argument("--served_model_name", default=None,
                    help="the model id clients send (default: the deployment directory's name)")
+    p.add_argument("--drain_timeout_s", type=float, default=10.0,
+                   help="on SIGTERM/SIGINT: seconds until every client has its final response (as dflash-serve): "
+                        "running requests may finish until shortly before it (min(1 s, half of it)), then each gets "
+                        "a final error (an SSE error event and [DONE], or a 503) and the server exits 0")
+    p.add_argument("--tokenize_workers", type=int, default=None,
+                   help="prompts templated/tokenized at once (default: the machine's cores); more wait their turn")
     p.add_argument("--log_level", default="warning", choices=("debug", "info", "warning", "error"))
     return p
 
 
-def _server_class():
+DRAIN_GRACE_S = 2.0     # after the final errors are sent: clients that do not read them are cut off
+
+
+def expire_after_s(drain_timeout_s: float) -> float:
+    """When running requests are ended with an error: early enough that their final events reach the clients
+    within ``drain_timeout_s`` of the signal."""
+    return drain_timeout_s - min(1.0, drain_timeout_s / 2)
+
+
+def _server_class(openai_app: OpenAIApp, drain_timeout_s: float):
     import contextlib
     import signal
 
@@ -374,7 +495,23 @@ def _server_class():
 
     class Server(uvicorn.Server):
         """uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, so the process would die by the signal
-        before the backend is shut down; here the signal only asks for the shutdown, and main() returns 0."""
+        before the backend is shut down; here the signal only asks for the shutdown, and main() returns 0.
+        The shutdown is bounded: uvicorn alone waits for every response to finish, however long."""
+
+        async def shutdown(self, sockets=None):
+            openai_app.draining = "the server is stopping"
+            bound = asyncio.ensure_future(self._bound_drain())
+            try:
+                await super().shutdown(sockets)
+            finally:
+                bound.cancel()
+
+        async def _bound_drain(self):
+            await asyncio.sleep(expire_after_s(drain_timeout_s))
+            n = openai_app.expire(f"drain timeout of {drain_timeout_s:g} s")
+            log.warning("dflash-openai: drain timeout: ended %d running request(s) with an error", n)
+            await asyncio.sleep(DRAIN_GRACE_S)
+            self.force_exit = True
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -412,10 +549,14 @@ def main(argv: list[str] | None = None) -> int:
                           "pip install 'trtllm-dflash[openai]'") from None
     engine_dir = Path(args.engine_dir).expanduser().resolve()
     name = args.served_model_name or engine_dir.name
+    if args.drain_timeout_s < 0:
+        raise DFlashError("--drain_timeout_s", f"is {args.drain_timeout_s}", "pass seconds >= 0")
+    if args.tokenize_workers is not None and args.tokenize_workers < 1:
+        raise DFlashError("--tokenize_workers", f"is {args.tokenize_workers}", "pass 1 or more")
     backend, tokenizer = load(engine_dir)
-    _Server = _server_class()
-    app = OpenAIApp(backend, tokenizer, name).make()
-    server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False))
+    openai_app = OpenAIApp(backend, tokenizer, name, args.tokenize_workers)
+    app = openai_app.make()
+    server = _server_class(openai_app, args.drain_timeout_s)(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False))
 
     def announce():     # once the socket listens (lifespan startup runs before it is bound)
         while not server.started and not server.should_exit:

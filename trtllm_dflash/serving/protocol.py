@@ -25,9 +25,10 @@ INPUT_NAMES = ("text_input", "streaming", *(f"sampling_param_{n}" for n in SAMPL
 OUTPUT_NAMES = ("text_output", "finish_reason", "stop_reason", "arrival_time_ns", "first_token_time_ns",
                 "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 # Request parameters Triton itself may attach (KServe ones); anything else is a client mistake,
-# e.g. a misspelled input name in an HTTP generate body, which Triton turns into a parameter.
+# e.g. a misspelled input name in an HTTP generate body, which Triton turns into a parameter. "id": a
+# generate body's request id, which Triton 2.51 both takes as the id and passes on as a parameter.
 _TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
-                      "binary_data_output", "headers"}
+                      "binary_data_output", "headers", "id"}
 # Ours: a secret the client chooses; a `stop` request must repeat it to cancel this request by its id.
 CANCEL_KEY = "cancel_key"
 # Bounds checked before anything is decoded or tokenized (a 40 MB prompt took 33 s and 5 GB to refuse,
