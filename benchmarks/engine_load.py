@@ -26,6 +26,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights  # noqa: E402
 from trtllm_dflash.checkpoints.resolve import PUBLIC_CONFIGS  # noqa: E402
@@ -34,6 +35,7 @@ from trtllm_dflash.provenance import record  # noqa: E402
 from trtllm_dflash.runtime.distributed import TPGroup  # noqa: E402
 from trtllm_dflash.runtime.engine import Engine  # noqa: E402
 from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
+from step_bench import settle, step_spacing_s  # noqa: E402
 
 DRAFTER_DIR = ROOT / "trtllm_dflash" / "drafters" / "smollm2-135m-dflash-b16"
 
@@ -72,18 +74,8 @@ def steady_step_ms(eng: Engine, batch: int, prompt_len: int, steps: int, vocab: 
     g = torch.Generator().manual_seed(batch)
     reqs = [eng.add_request(torch.randint(10, vocab - 10, (prompt_len,), generator=g).tolist(),
                             SamplingParams(max_new_tokens=10**6, ignore_eos=True)) for _ in range(batch)]
-    while not all(r.decoding for r in reqs):
-        eng.step()
-    for _ in range(3):
-        eng.step()
-    times, window = [], 5
-    for _ in range(max(1, steps // window)):
-        sync(eng)
-        t0 = time.perf_counter()
-        for _ in range(window):
-            eng.step()
-        sync(eng)
-        times.append((time.perf_counter() - t0) / window)
+    settle(eng, reqs)
+    times = step_spacing_s(eng, steps)
     for r in reqs:
         eng.cancel(r.request_id)
     while eng.has_work():

@@ -173,14 +173,13 @@ def settle(eng: Engine, reqs) -> None:
         eng.step()
 
 
-def time_engine(eng: Engine, batch: int, ctx: int, steps: int) -> dict:
-    g = torch.Generator().manual_seed(batch)
-    prompts = [torch.randint(100, 1000, (ctx,), generator=g).tolist() for _ in range(batch)]
-    reqs = [eng.add_request(p, SamplingParams(max_new_tokens=10**6, ignore_eos=True)) for p in prompts]
-    settle(eng, reqs)
-    # step() enqueues step k+1 and then reads step k (the host's work overlaps the device's): the step time is
-    # the spacing of steps in a run of them, not one call's wall time; median over windows of 5 steps
-    times, window = [], 5
+def step_spacing_s(eng: Engine, steps: int, window: int = 5) -> list[float]:
+    """Seconds per step in runs of ``window`` steps: step() enqueues step k+1 and then reads step k (the host's work
+    overlaps the device's), so one call's wall time is not its step; the spacing of steps in a run is."""
+    def sync():
+        if eng.device.type == "cuda":
+            torch.cuda.synchronize()
+    times = []
     for _ in range(max(1, steps // window)):
         sync()
         t0 = time.perf_counter()
@@ -188,6 +187,15 @@ def time_engine(eng: Engine, batch: int, ctx: int, steps: int) -> dict:
             eng.step()
         sync()
         times.append((time.perf_counter() - t0) / window)
+    return times
+
+
+def time_engine(eng: Engine, batch: int, ctx: int, steps: int) -> dict:
+    g = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(100, 1000, (ctx,), generator=g).tolist() for _ in range(batch)]
+    reqs = [eng.add_request(p, SamplingParams(max_new_tokens=10**6, ignore_eos=True)) for p in prompts]
+    settle(eng, reqs)
+    times = step_spacing_s(eng, steps)
     for r in reqs:
         eng.cancel(r.request_id)
     eng.step()

@@ -23,7 +23,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -37,7 +36,7 @@ from trtllm_dflash.provenance import record  # noqa: E402
 def steady_step_ms(engine_dir: Path, batch: int, input_len: int, mode: str, steps: int = 30) -> dict:
     """Median step time of ``batch`` requests that all decode (prompts prefilled first, nothing arrives)."""
     import torch
-    from step_bench import settle
+    from step_bench import settle, step_spacing_s
     from trtllm_dflash.runtime.engine import Engine
     engine = Engine.from_deployment(engine_dir, max_batch_size=batch, **({"block_size": 1} if mode == "ar" else {}))
     if mode == "adaptive":
@@ -47,16 +46,7 @@ def steady_step_ms(engine_dir: Path, batch: int, input_len: int, mode: str, step
     reqs = [engine.add_request(torch.randint(10, vocab - 10, (input_len,), generator=g).tolist(),
                                SamplingParams(max_new_tokens=10**6, ignore_eos=True)) for _ in range(batch)]
     settle(engine, reqs)
-    # step() enqueues step k+1, then reads step k (host work overlaps the device's): time the spacing of steps in
-    # runs of 5, not one call (its wall time no longer covers its own device work)
-    times, window = [], 5
-    for _ in range(max(1, steps // window)):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(window):
-            engine.step()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / window)
+    times = step_spacing_s(engine, steps)
     for r in reqs:
         engine.cancel(r.request_id)
     while engine.has_work():
