@@ -28,7 +28,7 @@ from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights  # noq
 from trtllm_dflash.checkpoints.resolve import KNOWN_MODELS, PUBLIC_CONFIGS  # noqa: E402
 from trtllm_dflash.config import RuntimeConfig, SamplingParams  # noqa: E402
 from trtllm_dflash.provenance import record  # noqa: E402
-from trtllm_dflash.runtime.distributed import init_tp, launcher_rank_and_size  # noqa: E402
+from trtllm_dflash.runtime.distributed import launcher_rank_and_size  # noqa: E402
 from trtllm_dflash.runtime.engine import Engine  # noqa: E402
 from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
 from trtllm_dflash.runtime.shard import slice_for_rank  # noqa: E402

@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from tests import fixtures_build as fb
 from tests.test_llm_api_options import check_schema
-from trtllm_dflash import build, cli
+from trtllm_dflash import cli
 from trtllm_dflash.checkpoints import manifest
 from trtllm_dflash.errors import DFlashError
 

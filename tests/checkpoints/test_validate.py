@@ -8,7 +8,6 @@ import shutil
 import pytest
 import torch
 
-from tests.tiny import write_tiny_pair
 from trtllm_dflash.checkpoints import hf
 from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.errors import DFlashError

@@ -22,7 +22,6 @@ from safetensors.torch import load_file
 from tests.runtime.compare import rel
 from tests.runtime.oracle import PeriodicOracle
 from tests.runtime.test_tp import mpiexec
-from tests.tiny import GPT_OSS_WINDOW as WINDOW
 from tests.tiny import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime import shard
