@@ -45,7 +45,7 @@ def count_one(tree: str) -> dict:
 
     from trtllm_dflash.runtime.distributed import TPGroup
     from trtllm_dflash.runtime.kv_cache import KVCache
-    from trtllm_dflash.runtime.models import dflash
+    from trtllm_dflash.runtime.models import dflash, gpt_oss, llama
 
     from trtllm_dflash.runtime.models import layers
     chain_code = layers._fused(lambda x: x).__code__   # the wrapper every compiled chain runs through
