@@ -168,19 +168,19 @@ def test_hopper_presets_use_fa4_drafter_attention():
 def test_tensorrt_llm_1_4_fields_reach_the_yaml_and_the_manifest(ckpt, tmp_path, capsys):
     out = tmp_path / "deploy"
     rc, stdout, err = run(tiny_args(ckpt, out, "llama", "z-lab", "--backend", "trtllm", "--max_batch_size", "16",
-                                    "--max_draft_len", "7", "--draft_len_schedule", "1:7,4:5,8:2",
+                                    "--max_draft_len", "7", "--draft_len_schedule", "1:7,4:5,16:2",
                                     "--use_rejection_sampling", "--enable_block_reuse"),
                           capsys)
     assert rc == 0, err
     opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
     check_schema(opts)
     spec = opts["speculative_config"]
-    assert spec["draft_len_schedule"] == {1: 7, 4: 5, 8: 2} and "max_concurrency" not in spec
+    assert spec["draft_len_schedule"] == {1: 7, 4: 5, 16: 2} and "max_concurrency" not in spec
     assert spec["use_rejection_sampling"] is True and spec["context_recompute_tail"] == 32
     assert opts["kv_cache_config"]["enable_block_reuse"] is True and spec["attention_backend"] == "FA4"
     m = manifest.read(out)["trtllm"]
     assert (m["versions"], m["min_version"], m["schema"]) == (">=1.4.0rc1,<1.5", "1.4.0rc1", "1.4.0rc1")
-    assert m["draft_len_schedule"] == {"1": 7, "4": 5, "8": 2}     # JSON keys are strings
+    assert m["draft_len_schedule"] == {"1": 7, "4": 5, "16": 2}     # JSON keys are strings
     assert "TensorRT-LLM >=1.4.0rc1,<1.5" in stdout
 
 

@@ -204,8 +204,9 @@ def draft_len_schedule(policy: AdaptivePolicy, max_batch_size: int) -> tuple[dic
 
 
 def best_block(policy: AdaptivePolicy, batch: int) -> int:
-    """The block the policy prefers at this batch size, without probing."""
-    rates = policy.rates(batch)
+    """The block the policy prefers at this batch size at its acceptance estimate, prior included (a schedule
+    derived for TensorRT-LLM has only the assumed acceptance to go on), without probing."""
+    rates = policy.rates(batch, prior_rate=None)
     return max(rates, key=rates.get)
 
 
