@@ -35,7 +35,7 @@ from trtllm_dflash.provenance import record  # noqa: E402
 from trtllm_dflash.runtime.distributed import TPGroup  # noqa: E402
 from trtllm_dflash.runtime.engine import Engine  # noqa: E402
 from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
-from step_bench import settle, step_spacing_s  # noqa: E402
+from step_bench import steady_step_ms  # noqa: E402
 
 DRAFTER_DIR = ROOT / "trtllm_dflash" / "drafters" / "smollm2-135m-dflash-b16"
 
@@ -70,17 +70,10 @@ def build(tcfg: dict, dcfg: dict, max_seq_len: int, device, dtype):
     return target, drafter
 
 
-def steady_step_ms(eng: Engine, batch: int, prompt_len: int, steps: int, vocab: int) -> float:
+def steady_ms(eng: Engine, batch: int, prompt_len: int, steps: int, vocab: int) -> float:
     g = torch.Generator().manual_seed(batch)
-    reqs = [eng.add_request(torch.randint(10, vocab - 10, (prompt_len,), generator=g).tolist(),
-                            SamplingParams(max_new_tokens=10**6, ignore_eos=True)) for _ in range(batch)]
-    settle(eng, reqs)
-    times = step_spacing_s(eng, steps)
-    for r in reqs:
-        eng.cancel(r.request_id)
-    while eng.has_work():
-        eng.step()
-    return 1e3 * statistics.median(times)
+    return steady_step_ms(eng, [torch.randint(10, vocab - 10, (prompt_len,), generator=g).tolist()
+                                for _ in range(batch)], steps)
 
 
 def sync(eng: Engine) -> None:
@@ -149,7 +142,7 @@ def main(argv=None) -> int:
         start_s = time.perf_counter() - t0
         for b in batches:
             loop = closed_loop(eng, b, args.waves, plen, olen, vocab)
-            steady = steady_step_ms(eng, b, args.steady_prompt_len if not args.smoke else 16, 20, vocab)
+            steady = steady_ms(eng, b, args.steady_prompt_len if not args.smoke else 16, 20, vocab)
             row = {"mode": mode, "batch": b, "block": eng.block_size, **loop, "steady_step_ms": steady,
                    "mean_step_over_steady": loop["mean_step_ms"] / steady,
                    "tpot_p50_over_steady": loop["tpot_ms_p50"] / steady,

@@ -190,6 +190,19 @@ def step_spacing_s(eng: Engine, steps: int, window: int = 5) -> list[float]:
     return times
 
 
+def steady_step_ms(eng: Engine, prompts: list[list[int]], steps: int) -> float:
+    """Median step time (ms) of one request per prompt, all decoding and nothing arriving; the requests are
+    cancelled and the engine drained afterwards, so the next measurement starts from an idle engine."""
+    reqs = [eng.add_request(p, SamplingParams(max_new_tokens=10**6, ignore_eos=True)) for p in prompts]
+    settle(eng, reqs)
+    times = step_spacing_s(eng, steps)
+    for r in reqs:
+        eng.cancel(r.request_id)
+    while eng.has_work():
+        eng.step()
+    return 1e3 * statistics.median(times)
+
+
 def time_engine(eng: Engine, batch: int, ctx: int, steps: int) -> dict:
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(100, 1000, (ctx,), generator=g).tolist() for _ in range(batch)]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,29 +28,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from trtllm_dflash.bench.plot import iso_ratio  # noqa: E402
-from trtllm_dflash.config import SamplingParams  # noqa: E402
 from trtllm_dflash.provenance import record  # noqa: E402
 
 
 def steady_step_ms(engine_dir: Path, batch: int, input_len: int, mode: str, steps: int = 30) -> dict:
     """Median step time of ``batch`` requests that all decode (prompts prefilled first, nothing arrives)."""
     import torch
-    from step_bench import settle, step_spacing_s
+    import step_bench
     from trtllm_dflash.runtime.engine import Engine
     engine = Engine.from_deployment(engine_dir, max_batch_size=batch, **({"block_size": 1} if mode == "ar" else {}))
     if mode == "adaptive":
         engine.use_adaptive_policy(context=input_len)
     g = torch.Generator().manual_seed(0)
     vocab = engine.target.config.vocab_size
-    reqs = [engine.add_request(torch.randint(10, vocab - 10, (input_len,), generator=g).tolist(),
-                               SamplingParams(max_new_tokens=10**6, ignore_eos=True)) for _ in range(batch)]
-    settle(engine, reqs)
-    times = step_spacing_s(engine, steps)
-    for r in reqs:
-        engine.cancel(r.request_id)
-    while engine.has_work():
-        engine.step()
-    return {"step_ms": 1e3 * statistics.median(times), "block_counts": engine.block_counts}
+    step_ms = step_bench.steady_step_ms(engine, [torch.randint(10, vocab - 10, (input_len,), generator=g).tolist()
+                                                 for _ in range(batch)], steps)
+    return {"step_ms": step_ms, "block_counts": engine.block_counts}
 
 
 SERVERS = {"openai": "DFlash via dflash-openai", "triton": "DFlash via Triton"}
