@@ -78,13 +78,10 @@ class Runner:
         self._p_dev = torch.zeros(2 * n * self.max_chunk, dtype=torch.long, device=self.device)
         self._r_host = torch.zeros(5 * n, dtype=torch.long, pin_memory=pin)
         self._r_dev = torch.zeros(5 * n, dtype=torch.long, device=self.device)
-        self._first_rows: list[int] = []
         # results of a step: first tokens [max_batch], samples [max_batch, B], accepted [max_batch]
         self._res_host = [torch.zeros(n * (block_size + 2), dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self._parity = 0
         self._first = torch.zeros(n, dtype=torch.long, device=self.device)          # [max_batch] first tokens
-        self._pending_firsts: list[int] = []      # slots whose first token this step's prefill sampled
-        self._m = 0                               # rows of this step's prefill
         # Block-1 steps keep the drafter's context current. Eagerly (CPU) one append per step was 1.6 ms of a
         # 60 ms smollm2-135m step, ~25 small ops for one token: so their features wait here and go in as one
         # append of up to ``stash_steps`` tokens, before anything reads or rewrites the drafter cache (a drafting
@@ -128,22 +125,22 @@ class Runner:
         return cap
 
     @torch.inference_mode()
-    def prefill(self, chunks: list[tuple[int, int, int]], prompts: dict[int, list[int]]) -> None:
+    def prefill(self, chunks: list[tuple[int, int, int]], prompts: dict[int, list[int]]) -> dict[int, int]:
         """Launch prompt tokens [begin, end) of each slot's prompt into the caches, in one forward at the padded
         shape (a graph replay where graphs are on). The first tokens of the prompts this completes are sampled on
-        the device and read with the step's results (results()); nothing here waits for the device."""
-        self._m, self._pending_firsts = 0, []
+        the device into self._first[:len(chunks)] and read with the step's results (collect()); nothing here waits
+        for the device. Returns {slot: its row in self._first} for the prompts this completes."""
         if not chunks:
-            return
+            return {}
         self.flush_context()
         m, T = len(chunks), max(end - begin for _, begin, end in chunks)
         m_pad, T_pad = self.prefill_shape(m, T)
         kv = max(e for *_, e in chunks)
         kv_pad = _bucket(kv, self.cfg.max_seq_len, T_pad) if self.pad_shapes else kv
         tok, row = self._staging(m_pad, T_pad, host=True)   # [2, m_pad, T_pad] ids, positions; [5, m_pad]
-        tok[0] = 0
         # padded rows: the scratch slot, positions 0.., never done; padding sits past each chunk's end (clamped
         # inside the cache): later tokens overwrite it before any query can see it (keys are masked by position)
+        tok[0] = 0
         tok[1] = torch.arange(T_pad).clamp_(max=self.cfg.max_seq_len - 1)
         row.zero_()
         row[0] = self.scratch
@@ -160,9 +157,7 @@ class Runner:
             self.prefill_tensors(m_pad, T_pad, kv_pad)
         for s, _, e in chunks:
             self.start_host[s], self.decoding_host[s] = e, e == len(prompts[s])
-        self._m = m
-        self._pending_firsts = [s for s, _, e in chunks if e == len(prompts[s])]
-        self._first_rows = [i for i, (s, _, e) in enumerate(chunks) if e == len(prompts[s])]
+        return {s: i for i, (s, _, e) in enumerate(chunks) if e == len(prompts[s])}
 
     def _staging(self, m: int, T: int, host: bool) -> tuple[torch.Tensor, torch.Tensor]:
         p, r = (self._p_host, self._r_host) if host else (self._p_dev, self._r_dev)
@@ -224,10 +219,10 @@ class Runner:
         """Enqueue a whole step (the prefill of ``chunks``, then a draft + verify over slots [0, n)) and the copy of
         its results to pinned host memory; returns at once. collect() waits for them: the host works on the
         previous step while the device runs this one."""
-        self.prefill(chunks, prompts)
+        first_rows = self.prefill(chunks, prompts)
         if n:
             self.launch_decode(n, block, ahead)
-        m, block = self._m, min(block, self.block_size)   # a larger block verifies the drafter's block_size
+        m, block = len(chunks), min(block, self.block_size)   # a larger block verifies the drafter's block_size
         host = self._res_host[self._parity]                       # pinned; alternate buffers, one per step in flight
         self._parity ^= 1
         host[:m].copy_(self._first[:m], non_blocking=True)
@@ -237,8 +232,6 @@ class Runner:
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        first_rows = dict(zip(self._pending_firsts, self._first_rows))
-        self._m, self._pending_firsts = 0, []
         return Launched(host, m, first_rows, n, block, event)
 
     def collect(self, step: "Launched") -> tuple[dict[int, int], list[list[int]], list[int]]:
