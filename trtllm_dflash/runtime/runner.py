@@ -140,14 +140,16 @@ class Runner:
         tok, row = self._staging(m_pad, T_pad, host=True)   # [2, m_pad, T_pad] ids, positions; [5, m_pad]
         # padded rows: the scratch slot, positions 0.., never done; padding sits past each chunk's end (clamped
         # inside the cache): later tokens overwrite it before any query can see it (keys are masked by position)
-        tok[0] = 0
-        tok[1] = torch.arange(T_pad).clamp_(max=self.cfg.max_seq_len - 1)
+        S, j = self.cfg.max_seq_len, torch.arange(T_pad)
         row.zero_()
         row[0] = self.scratch
-        for i, (s, b, e) in enumerate(chunks):
-            tok[0, i, : e - b] = torch.as_tensor(prompts[s][b:e])
-            tok[1, i] = torch.arange(b, b + T_pad).clamp_(max=self.cfg.max_seq_len - 1)
-            row[:, i] = torch.tensor([s, e - b - 1, e, int(e == len(prompts[s])), 0])  # slot, last index, plen, done
+        row[:, :m] = torch.tensor([[s, e - b - 1, e, int(e == len(prompts[s])), 0]      # slot, last index, plen, done
+                                   for s, b, e in chunks]).T
+        tok[0] = 0
+        tok[0, :m][j < (row[1, :m] + 1)[:, None]] = torch.tensor(   # each chunk's ids, row-major as the mask runs
+            [t for s, b, e in chunks for t in prompts[s][b:e]], dtype=torch.long)
+        tok[1] = j.clamp(max=S - 1)
+        tok[1, :m] = (torch.tensor([b for _, b, _ in chunks])[:, None] + j).clamp_(max=S - 1)
         dev_tok, dev_row = self._staging(m_pad, T_pad, host=False)
         dev_tok.copy_(tok, non_blocking=True)
         dev_row.copy_(row, non_blocking=True)
