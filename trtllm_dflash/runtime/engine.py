@@ -214,7 +214,7 @@ class Engine:
                 finished.append(self._finish(seq, done))
         if st.out.decode_rows:
             live = [(i, seq) for i, seq in st.rows if self.slots[i] is seq]   # rows still held by their request
-            self.runner.advance(live, a)
+            self.runner.advance([i for i, _ in live], a)
             finished += self._postprocess_decode(st.out, live, t, a)
         return finished
 

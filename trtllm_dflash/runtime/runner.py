@@ -199,7 +199,7 @@ class Runner:
         """One draft + verify of ``block`` tokens over slots [0, n), waited for. Returns the target's samples
         [n][block] and the accepted draft counts [n] (rows that are not decoding are left unchanged)."""
         _, t, a = self.collect(self.launch([], {}, n, block))
-        self.advance([(i, None) for i in range(n) if self.decoding_host[i]], a)
+        self.advance([i for i in range(n) if self.decoding_host[i]], a)
         return t, a
 
     @torch.inference_mode()
@@ -247,10 +247,10 @@ class Runner:
         t_flat, a_host = flat[m: m + n * block], flat[m + n * block:]
         return firsts, [t_flat[i * block:(i + 1) * block] for i in range(n)], a_host
 
-    def advance(self, rows: list[tuple[int, object]], accepted: list[int]) -> None:
-        """The host's copy of the anchor positions follows the device's for the rows [(slot, _)] that decoded."""
+    def advance(self, slots: list[int], accepted: list[int]) -> None:
+        """The host's copy of the anchor positions follows the device's for the slots that decoded."""
         start = self.start_host
-        for i, _ in rows:
+        for i in slots:
             start[i] += accepted[i] + 1
 
     def graph_shape(self, n: int, kv_len: int) -> tuple[int, int]:
