@@ -37,7 +37,7 @@ from pathlib import Path
 from ..errors import DFlashError
 from .handoff import LoopHandoff
 from .metrics import ServingMetrics
-from .protocol import MAX_TEMPERATURE, prompt_byte_limit
+from .protocol import MAX_TEMPERATURE
 from .record import Result, ServedRequest, Unavailable
 
 log = logging.getLogger(__name__)
@@ -215,10 +215,8 @@ class OpenAIApp:
         self.created = int(time.time())
         self.metrics = ServingMetrics(model_name)
         self.handoff: LoopHandoff | None = None   # the serving loop's, made on the first request
+        # The runtime's own bound (as the Triton model reads it): None where it has none.
         self.max_prompt_bytes = getattr(backend, "max_prompt_bytes", None)
-        if self.max_prompt_bytes is None and getattr(backend, "max_seq_len", None):
-            # 64 bytes a token: above the longest vocabulary entry of the tokenizers we serve
-            self.max_prompt_bytes = prompt_byte_limit(backend.max_seq_len, 64)
         self._tokenize = ThreadPoolExecutor(max_workers=tokenize_workers or os.cpu_count() or 2,
                                             thread_name_prefix="dflash-tokenize")
         self.live: set[ServedRequest] = set()     # submitted, final response not sent yet
