@@ -343,6 +343,13 @@ class OpenAIApp:
             raise BadRequest(503, None, f"server: is shutting down ({self.draining}). Fix: send the request to "
                              "a running server", kind="service_unavailable")
 
+    def _failed(self, final: Result) -> BadRequest:
+        """A request's final error as the client gets it: 503 while draining (the request was ended for the
+        shutdown), 500 otherwise."""
+        if self.draining:
+            return BadRequest(503, None, final.error, kind="service_unavailable")
+        return BadRequest(500, None, final.error, kind="server_error")
+
     async def _generate(self, request, *, chat: bool, json_response, stream_response):
         self._unavailable()
         body = await self._body(request)
@@ -368,8 +375,7 @@ class OpenAIApp:
         if final is None:              # the client went away: its request is cancelled, nobody reads this
             return json_response({}, status_code=499)
         if final.error:
-            raise BadRequest(503 if self.draining else 500, None, final.error,
-                             kind="service_unavailable" if self.draining else "server_error")
+            raise self._failed(final)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
                   if chat else {"index": 0, "text": text, "logprobs": None})
         choice["finish_reason"] = finish_reason(final)
@@ -427,8 +433,7 @@ class OpenAIApp:
                               "finish_reason": None}])
             async for result in self._results(record):
                 if result.error:
-                    err = BadRequest(503 if self.draining else 500, None, result.error,
-                                     kind="service_unavailable" if self.draining else "server_error").body()
+                    err = self._failed(result).body()
                     yield f"data: {json.dumps(err)}\n\n"
                     break
                 extra = {"usage": usage(record, result)} if continuous else {}
