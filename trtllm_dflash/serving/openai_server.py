@@ -227,9 +227,7 @@ class OpenAIApp:
         an SSE error event and [DONE], or a 503 body); the engine frees the slots. Returns how many."""
         records = list(self.live)
         for record in records:
-            record.emit(Result(finished=True, times_ns=dict(record.times_ns),
-                               error=f"server: is shutting down ({why}); the request was cancelled. "
-                                     "Fix: send it again to a running server"))
+            record.end_for_shutdown(why)
             self.backend.cancel(record)
         return len(records)
 
