@@ -62,7 +62,7 @@ from trtllm_dflash.bench.helpformat import HelpFormatter  # noqa: E402
 from trtllm_dflash.bench.metrics import distribution  # noqa: E402
 from trtllm_dflash.errors import DFlashError  # noqa: E402
 from trtllm_dflash.serving import client  # noqa: E402
-from trtllm_dflash.serving.server import free_loopback_port  # noqa: E402
+from trtllm_dflash.serving.launch import free_loopback_port  # noqa: E402
 
 MODEL = "tensorrt_llm"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
