@@ -219,13 +219,13 @@ class OpenAIApp:
         self.max_prompt_bytes = getattr(backend, "max_prompt_bytes", None)
         self._tokenize = ThreadPoolExecutor(max_workers=tokenize_workers or os.cpu_count() or 2,
                                             thread_name_prefix="dflash-tokenize")
-        self.live: set[ServedRequest] = set()     # submitted, final response not sent yet
         self.draining = ""                        # why new requests are refused ("" = serving)
 
     def expire(self, why: str) -> int:
         """End every running request now with an error saying ``why`` (its client gets a final response:
-        an SSE error event and [DONE], or a 503 body); the engine frees the slots. Returns how many."""
-        records = list(self.live)
+        an SSE error event and [DONE], or a 503 body); the engine frees the slots. Returns how many. The
+        runtime keeps the one map of running requests (``backend.records()``), as for the Triton model."""
+        records = self.backend.records()
         for record in records:
             record.end_for_shutdown(why)
             self.backend.cancel(record)
@@ -358,7 +358,6 @@ class OpenAIApp:
         # Templating and tokenizing run off the event loop (a long prompt must not stall other streams), on
         # a pool of bounded size (16 big prompts at once must not take 16 cores' memory).
         record = await loop.run_in_executor(self._tokenize, self._prepare, body, chat)
-        self.live.add(record)
         if self.draining:             # SIGTERM came while it was being tokenized
             self.expire(self.draining)
         if record.streaming:
@@ -366,10 +365,7 @@ class OpenAIApp:
             return stream_response(self._stream(record, chat, bool(opts.get("include_usage")),
                                                  bool(opts.get("continuous_usage_stats"))),
                                    media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        try:
-            final, text = await self._collect(record, request)
-        finally:
-            self.live.discard(record)
+        final, text = await self._collect(record, request)
         if final is None:              # the client went away: its request is cancelled, nobody reads this
             return json_response({}, status_code=499)
         if final.error:
@@ -447,8 +443,6 @@ class OpenAIApp:
         except (asyncio.CancelledError, GeneratorExit):   # the client went away mid-stream: free the slot
             self.backend.cancel(record)
             raise
-        finally:
-            self.live.discard(record)
 
 
 # ---- command line ------------------------------------------------------------------------------------------
