@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from trtllm_dflash import provenance
-from trtllm_dflash.serving.server import free_loopback_port
+from trtllm_dflash.serving.launch import free_loopback_port
 
 
 def main() -> int:

@@ -30,8 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trtllm_dflash.provenance import record  # noqa: E402
-from trtllm_dflash.serving.launch import http_connection  # noqa: E402
-from trtllm_dflash.serving.server import free_loopback_port  # noqa: E402
+from trtllm_dflash.serving.launch import free_loopback_port, http_connection  # noqa: E402
 
 GEN = "/v2/models/tensorrt_llm/generate"
 

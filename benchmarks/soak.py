@@ -49,6 +49,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -61,7 +62,7 @@ from trtllm_dflash.bench.helpformat import HelpFormatter  # noqa: E402
 from trtllm_dflash.bench.metrics import distribution  # noqa: E402
 from trtllm_dflash.errors import DFlashError  # noqa: E402
 from trtllm_dflash.serving import client  # noqa: E402
-from trtllm_dflash.serving.server import free_loopback_port  # noqa: E402
+from trtllm_dflash.serving.launch import free_loopback_port  # noqa: E402
 
 MODEL = "tensorrt_llm"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
@@ -398,47 +399,45 @@ class OpenAIServer:
                 self.proc.wait(timeout=30)
 
 
-def generate_openai_plain(url: str, model: str, prompt: str, timeout: float, **sampling):
-    """/v1/completions not streamed: one dict like the streamed ones' last."""
-    req = urllib.request.Request(f"http://{url}/v1/completions", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"model": model, "prompt": prompt, **sampling}).encode())
+@contextmanager
+def _openai_completion(url: str, body: dict, timeout: float):
+    """POST ``body`` to /v1/completions; the response, with HTTP, connection and timeout failures (also those while
+    it is read) as one-line DFlashErrors."""
+    req = urllib.request.Request(f"http://{url}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            choice = json.loads(r.read())["choices"][0]
+            yield r
     except urllib.error.HTTPError as err:
         raise DFlashError("server", f"HTTP {err.code}: {err.read()[:300].decode('utf-8', 'replace')}") from None
     except urllib.error.URLError as err:
         raise DFlashError("url", f"cannot reach {url} ({err.reason})") from None
     except TimeoutError:
         raise DFlashError("server", f"no response within {timeout:.0f} s") from None
+
+
+def generate_openai_plain(url: str, model: str, prompt: str, timeout: float, **sampling):
+    """/v1/completions not streamed: one dict like the streamed ones' last."""
+    with _openai_completion(url, {"model": model, "prompt": prompt, **sampling}, timeout) as r:
+        choice = json.loads(r.read())["choices"][0]
     yield {"text_output": choice["text"], "finish_reason": choice["finish_reason"]}
 
 
 def generate_openai(url: str, model: str, prompt: str, timeout: float, **sampling):
     """/v1/completions streamed (server-sent events), as dicts like dflash-client's: ``text_output`` and, on the
     last chunk, ``finish_reason``."""
-    body = {"model": model, "prompt": prompt, "stream": True, **sampling}
-    req = urllib.request.Request(f"http://{url}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            for line in r:
-                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                    continue
-                event = json.loads(line[5:])
-                if "error" in event:
-                    raise DFlashError("server", json.dumps(event["error"])[:300])
-                choice = event["choices"][0]
-                out = {"text_output": choice.get("text", "")}
-                if choice.get("finish_reason"):
-                    out["finish_reason"] = choice["finish_reason"]
-                yield out
-    except urllib.error.HTTPError as err:
-        raise DFlashError("server", f"HTTP {err.code}: {err.read()[:300].decode('utf-8', 'replace')}") from None
-    except urllib.error.URLError as err:
-        raise DFlashError("url", f"cannot reach {url} ({err.reason})") from None
-    except TimeoutError:
-        raise DFlashError("server", f"no response within {timeout:.0f} s") from None
+    with _openai_completion(url, {"model": model, "prompt": prompt, "stream": True, **sampling}, timeout) as r:
+        for line in r:
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            event = json.loads(line[5:])
+            if "error" in event:
+                raise DFlashError("server", json.dumps(event["error"])[:300])
+            choice = event["choices"][0]
+            out = {"text_output": choice.get("text", "")}
+            if choice.get("finish_reason"):
+                out["finish_reason"] = choice["finish_reason"]
+            yield out
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -20,6 +20,16 @@ soak = sys.modules["soak"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(soak)
 
 
+def _soak(cmd: list[str], out: Path) -> dict:
+    """Run soak.py; its report, which must exist and pass every check with exit code 0."""
+    run = subprocess.run(cmd, env=TEST_ENV, capture_output=True, text=True, timeout=300)
+    assert out.is_file(), run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    failed = {k: c for k, c in report["checks"].items() if not c["pass"]}
+    assert run.returncode == 0 and not failed, (failed, run.stdout[-3000:], run.stderr[-3000:])
+    return report
+
+
 @pytest.mark.slow
 def test_short_soak_with_faults_and_sigterm(tiny_deployment, tmp_path):
     out = tmp_path / "soak.json"
@@ -29,11 +39,7 @@ def test_short_soak_with_faults_and_sigterm(tiny_deployment, tmp_path):
            # 20 s of load cannot tell a leak from the allocator settling (a run on a loaded 2-core machine grew
            # 30% with nothing leaking): the bound here catches a gross leak; the 10% goal is the 10-minute soak's.
            "--max_rss_growth", "0.5"]
-    run = subprocess.run(cmd, env=TEST_ENV, capture_output=True, text=True, timeout=300)
-    assert out.is_file(), run.stderr[-3000:]
-    report = json.loads(out.read_text())
-    failed = {k: c for k, c in report["checks"].items() if not c["pass"]}
-    assert run.returncode == 0 and not failed, (failed, run.stdout[-3000:], run.stderr[-3000:])
+    report = _soak(cmd, out)
     assert set(report["checks"]) == {"every_request_answered", "greedy_equals_solo", "faults_handled", "slots_free",
                                      "rss_bounded", "metrics_agree", "server_alive", "killed_clients_freed",
                                      "sigterm"}
@@ -58,11 +64,7 @@ def test_short_soak_through_dflash_openai(tiny_deployment, tmp_path):
            "--server", "openai", "--streams", "8", "--duration", "20", "--fault_every", "2", "--kills", "2",
            "--burst", "8", "--sigterm", "--sigterm_streams", "8", "--sample_every", "1", "--quiet",
            "--max_rss_growth", "0.5"]
-    run = subprocess.run(cmd, env=TEST_ENV, capture_output=True, text=True, timeout=300)
-    assert out.is_file(), run.stderr[-3000:]
-    report = json.loads(out.read_text())
-    failed = {k: c for k, c in report["checks"].items() if not c["pass"]}
-    assert run.returncode == 0 and not failed, (failed, run.stdout[-3000:], run.stderr[-3000:])
+    report = _soak(cmd, out)
     assert set(report["latency"]) == {"openai", "openai_plain"}
     assert {f["fault"] for f in report["faults"]} == {"kill", "malformed", "oversized", "timeout", "burst"}
     cases = {c["name"]: c for f in report["faults"] for c in f.get("cases", [])}

@@ -316,9 +316,7 @@ class HttpGuard:
                     return        # the rest of a refused request is unread: this connection cannot go on
                 if upstream is None or pipe.done():
                     try:
-                        upstream = await (
-                            asyncio.open_unix_connection(self.upstream[5:]) if isinstance(self.upstream, str)
-                            else asyncio.open_connection("127.0.0.1", self.upstream))
+                        upstream = await self._open_upstream()
                     except OSError:
                         await self._answer(writer, 503, str(DFlashError(
                             "server", "tritonserver is not running (restarting or stopping)",
@@ -345,6 +343,12 @@ class HttpGuard:
                 if w is not None:
                     w.close()
 
+    async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A new connection to Triton's HTTP endpoint (OSError if it is not listening)."""
+        if isinstance(self.upstream, str):
+            return await asyncio.open_unix_connection(self.upstream[5:])
+        return await asyncio.open_connection("127.0.0.1", self.upstream)
+
     async def _relay(self, upstream: asyncio.StreamReader, writer: asyncio.StreamWriter, answered: list) -> None:
         """Triton's answers to the client as they come; Triton closing ends the client's connection."""
         try:
@@ -367,9 +371,7 @@ class HttpGuard:
         data = json.dumps(body).encode()
         for _ in range(tries):
             try:
-                reader, writer = await (
-                    asyncio.open_unix_connection(self.upstream[5:]) if isinstance(self.upstream, str)
-                    else asyncio.open_connection("127.0.0.1", self.upstream))
+                reader, writer = await self._open_upstream()
             except OSError:
                 return            # tritonserver is gone: nothing runs any more
             answer = b""

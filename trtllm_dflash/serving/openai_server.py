@@ -37,7 +37,7 @@ from pathlib import Path
 from ..errors import DFlashError
 from .handoff import LoopHandoff
 from .metrics import ServingMetrics
-from .protocol import MAX_TEMPERATURE, prompt_byte_limit
+from .protocol import MAX_TEMPERATURE
 from .record import Result, ServedRequest, Unavailable
 
 log = logging.getLogger(__name__)
@@ -215,23 +215,19 @@ class OpenAIApp:
         self.created = int(time.time())
         self.metrics = ServingMetrics(model_name)
         self.handoff: LoopHandoff | None = None   # the serving loop's, made on the first request
+        # The runtime's own bound (as the Triton model reads it): None where it has none.
         self.max_prompt_bytes = getattr(backend, "max_prompt_bytes", None)
-        if self.max_prompt_bytes is None and getattr(backend, "max_seq_len", None):
-            # 64 bytes a token: above the longest vocabulary entry of the tokenizers we serve
-            self.max_prompt_bytes = prompt_byte_limit(backend.max_seq_len, 64)
         self._tokenize = ThreadPoolExecutor(max_workers=tokenize_workers or os.cpu_count() or 2,
                                             thread_name_prefix="dflash-tokenize")
-        self.live: set[ServedRequest] = set()     # submitted, final response not sent yet
         self.draining = ""                        # why new requests are refused ("" = serving)
 
     def expire(self, why: str) -> int:
         """End every running request now with an error saying ``why`` (its client gets a final response:
-        an SSE error event and [DONE], or a 503 body); the engine frees the slots. Returns how many."""
-        records = list(self.live)
+        an SSE error event and [DONE], or a 503 body); the engine frees the slots. Returns how many. The
+        runtime keeps the one map of running requests (``backend.records()``), as for the Triton model."""
+        records = self.backend.records()
         for record in records:
-            record.emit(Result(finished=True, times_ns=dict(record.times_ns),
-                               error=f"server: is shutting down ({why}); the request was cancelled. "
-                                     "Fix: send it again to a running server"))
+            record.end_for_shutdown(why)
             self.backend.cancel(record)
         return len(records)
 
@@ -345,6 +341,13 @@ class OpenAIApp:
             raise BadRequest(503, None, f"server: is shutting down ({self.draining}). Fix: send the request to "
                              "a running server", kind="service_unavailable")
 
+    def _failed(self, final: Result) -> BadRequest:
+        """A request's final error as the client gets it: 503 while draining (the request was ended for the
+        shutdown), 500 otherwise."""
+        if self.draining:
+            return BadRequest(503, None, final.error, kind="service_unavailable")
+        return BadRequest(500, None, final.error, kind="server_error")
+
     async def _generate(self, request, *, chat: bool, json_response, stream_response):
         self._unavailable()
         body = await self._body(request)
@@ -355,7 +358,6 @@ class OpenAIApp:
         # Templating and tokenizing run off the event loop (a long prompt must not stall other streams), on
         # a pool of bounded size (16 big prompts at once must not take 16 cores' memory).
         record = await loop.run_in_executor(self._tokenize, self._prepare, body, chat)
-        self.live.add(record)
         if self.draining:             # SIGTERM came while it was being tokenized
             self.expire(self.draining)
         if record.streaming:
@@ -363,15 +365,11 @@ class OpenAIApp:
             return stream_response(self._stream(record, chat, bool(opts.get("include_usage")),
                                                  bool(opts.get("continuous_usage_stats"))),
                                    media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        try:
-            final, text = await self._collect(record, request)
-        finally:
-            self.live.discard(record)
+        final, text = await self._collect(record, request)
         if final is None:              # the client went away: its request is cancelled, nobody reads this
             return json_response({}, status_code=499)
         if final.error:
-            raise BadRequest(503 if self.draining else 500, None, final.error,
-                             kind="service_unavailable" if self.draining else "server_error")
+            raise self._failed(final)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
                   if chat else {"index": 0, "text": text, "logprobs": None})
         choice["finish_reason"] = finish_reason(final)
@@ -429,8 +427,7 @@ class OpenAIApp:
                               "finish_reason": None}])
             async for result in self._results(record):
                 if result.error:
-                    err = BadRequest(503 if self.draining else 500, None, result.error,
-                                     kind="service_unavailable" if self.draining else "server_error").body()
+                    err = self._failed(result).body()
                     yield f"data: {json.dumps(err)}\n\n"
                     break
                 extra = {"usage": usage(record, result)} if continuous else {}
@@ -446,8 +443,6 @@ class OpenAIApp:
         except (asyncio.CancelledError, GeneratorExit):   # the client went away mid-stream: free the slot
             self.backend.cancel(record)
             raise
-        finally:
-            self.live.discard(record)
 
 
 # ---- command line ------------------------------------------------------------------------------------------

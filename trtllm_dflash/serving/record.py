@@ -130,6 +130,13 @@ class ServedRequest:
                 pass
         return True
 
+    def end_for_shutdown(self, why: str) -> None:
+        """Emit the final update of a request a drain ends: an error telling its client the server stops
+        (the caller then cancels it at the runtime, which frees its slot)."""
+        self.emit(Result(finished=True, times_ns=dict(self.times_ns),
+                         error=f"server: is shutting down ({why}); the request was cancelled. "
+                               "Fix: send it again to a running server"))
+
     @property
     def finished(self) -> bool:
         """The final Result was emitted (maybe not read yet)."""

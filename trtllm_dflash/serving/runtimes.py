@@ -313,6 +313,7 @@ class TrtllmBackend:
         self.llm = llm
         self.trtllm = tensorrt_llm_module
         self.max_seq_len = max_seq_len
+        # 64 bytes a token: above the longest vocabulary entry of the tokenizers we serve
         self.max_prompt_bytes = prompt_byte_limit(max_seq_len, 64) if max_seq_len else None
         # The one map of requests in the runtime: id(record) -> record (record.handle = its GenerationResult)
         self._live: dict[int, ServedRequest] = {}

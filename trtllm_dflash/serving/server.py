@@ -24,7 +24,7 @@ from pathlib import Path
 from ..errors import DFlashError
 from .grpc_guard import GrpcGuard, GrpcLimits
 from .http_guard import GuardLimits, HttpGuard
-from .launch import free_loopback_port, http_connection  # noqa: F401 - benchmarks import free_loopback_port here
+from .launch import http_connection
 from .repo import MODEL_NAME, fill_triton
 from .triton_env import TritonBinary, find_tritonserver
 from .triton_model import CONTROL_DIR_ENV, SUPERVISOR_PID_ENV

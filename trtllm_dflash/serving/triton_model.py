@@ -239,9 +239,7 @@ class DFlashModel:
                 self.backend.cancel(record)
 
     def _end(self, record: ServedRequest, why: str) -> None:
-        record.emit(Result(finished=True, times_ns=dict(record.times_ns),
-                           error=f"server: is shutting down ({why}); the request was cancelled. "
-                                 "Fix: send it again to a running server"))
+        record.end_for_shutdown(why)
         self.backend.cancel(record)
 
     def _respond_final(self, record: ServedRequest, result: Result, pieces: list[str], cancelled: bool,
