@@ -19,8 +19,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from .errors import DFlashError, exit_code
+from .runtime.loader import load_tokenizer
 from .training.settings import CONFIG_FILE, PRESETS, STAGES, TrainConfig
-from .training.target import load_tokenizer, resolve_target
+from .training.target import resolve_target
 
 EPILOG = """examples:
   dflash-train --target smollm2-135m --data sharegpt --out runs/smollm2 --num_layers 3 --num_prompts 5000
