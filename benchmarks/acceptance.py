@@ -189,7 +189,8 @@ def markdown(result: dict, block_sizes: list[int]) -> str:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    from trtllm_dflash.training.target import load_tokenizer, resolve_target
+    from trtllm_dflash.runtime.loader import load_tokenizer
+    from trtllm_dflash.training.target import resolve_target
 
     t0 = time.perf_counter()
     target_dir, drafter_dir = resolve_target(args.target), Path(args.drafter).expanduser().absolute()

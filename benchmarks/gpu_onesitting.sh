@@ -4,7 +4,8 @@
 #   OUT=... bash benchmarks/gpu_onesitting.sh
 # does whatever the files that have arrived allow, in order, inside this call's CALL_S seconds, and keeps its
 # state on the host (.carry/, kept while the machine stays warm):
-#   wheels    install the wheel folders that arrived (.carry/w1, w2; benchmarks/onesitting_carry.sh makes them)
+#   wheels    install the wheel folders that arrived (.carry/w1, w2; benchmarks/onesitting_carry.sh makes them;
+#             w1's tokenizers waits for w2's transformers)
 #   prep      once .carry/p0..p3 (the GGUF in 4 parts) are all here: join, sha256-check, convert (~1 min)
 #   corpus    .carry/c1 + c2 (the corpus in halves) -> .carry/corpus
 #   regen     answer corpus shards; the stage closes at REGEN_S seconds of answering over all calls

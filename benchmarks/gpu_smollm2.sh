@@ -55,12 +55,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=${1:?usage: $0 wheels|prep|regen|train|eval|sweep|sweep2|sweep3|quant|gputests|cudacheck|soak|stash|regen_shards|train_big|ckpt_pull|eval_big}
 SITE=${DFLASH_SITE:-/tmp/dflash_site}
-for w in .carry/w*/; do   # each wheel folder once; they arrive over several calls
-  marker=$SITE/.installed-$(basename "$w")
-  if ls "$w"*.whl >/dev/null 2>&1 && [ ! -f "$marker" ]; then
-    python3 -m pip install -q --no-index --no-deps --target "$SITE" "$w"*.whl && touch "$marker"
-  fi
+# Each arrived wheel once (a marker per wheel: the folders arrive over several calls). tokenizers waits until a
+# transformers wheel has arrived too: transformers pins its tokenizers range, and SITE comes first on PYTHONPATH,
+# so .carry/w1's tokenizers 0.22.2 without w2's transformers 5.14.1 broke the host's transformers 5.17 (prep on
+# the H100 failed so).
+mkdir -p "$SITE"
+NEW=()
+for whl in .carry/w*/*.whl; do
+  [ -e "$whl" ] && [ ! -f "$SITE/.installed-$(basename "$whl")" ] || continue
+  case $(basename "$whl") in
+    tokenizers-*) ls .carry/w*/transformers-*.whl >/dev/null 2>&1 \
+                    || { echo "wheels: $(basename "$whl") waits for a transformers wheel"; continue; } ;;
+  esac
+  NEW+=("$whl")
 done
+if [ ${#NEW[@]} -gt 0 ]; then
+  python3 -m pip install -q --no-index --no-deps --target "$SITE" "${NEW[@]}"
+  for whl in "${NEW[@]}"; do touch "$SITE/.installed-$(basename "$whl")"; done
+fi
 export PYTHONPATH=$SITE:$PWD TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$PWD/.carry/cache} PYTHONUNBUFFERED=1 \
   PYTHON=${PYTHON:-python3}
 RUN=$PWD/.carry/run

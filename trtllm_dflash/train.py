@@ -19,8 +19,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from .errors import DFlashError, exit_code
+from .runtime.loader import load_tokenizer
 from .training.settings import CONFIG_FILE, PRESETS, STAGES, TrainConfig
-from .training.target import load_tokenizer, resolve_target
+from .training.target import resolve_target
 
 EPILOG = """examples:
   dflash-train --target smollm2-135m --data sharegpt --out runs/smollm2 --num_layers 3 --num_prompts 5000
@@ -161,7 +162,7 @@ def _start(cfg: TrainConfig) -> None:
         # data/ alone is allowed: regenerated data copied from another run, trained here with other settings
         raise DFlashError("--out", f"{out} is not empty and holds no dflash-train run", "pass a new or empty folder")
     out.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    cfg.save()
 
 
 def run(cfg: TrainConfig, log=print) -> dict:
@@ -228,7 +229,7 @@ def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log) -
     if ("train" in cfg.stages and cfg.probe_batch_sizes and not checkpoint.exists(cfg.out_dir)
             and not (cfg.out_dir / batch_probe.PROBE_FILE).is_file()):
         cfg, sections["batch_probe"] = batch_probe.run(cfg, model, data, log)
-        (cfg.out_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+        cfg.save()   # the probe's choice: what a --resume call is checked against
         sections["settings"] = cfg.to_json()
     if "train" in cfg.stages:
         stream = batches.BatchStream(data, cfg.batch_size, cfg.block_size, cfg.seed)

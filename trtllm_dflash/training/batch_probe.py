@@ -21,6 +21,7 @@ from dataclasses import replace
 import torch
 
 from .batches import IGNORE, BatchStream
+from .loop import autocast_for, train_step
 from .modelopt_model import trainable
 from .settings import TrainConfig
 
@@ -50,7 +51,7 @@ def run(cfg: TrainConfig, model, data: list, log=print) -> tuple[TrainConfig, di
     device = next(model.dflash_module.parameters()).device
     params = trainable(model)
     opt = torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)   # lr 0: the weights stay as they are
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None)
+    autocast = autocast_for(device)
     rng = torch.get_rng_state(), (torch.cuda.get_rng_state_all() if device.type == "cuda" else None)
     sizes = sorted(set(cfg.probe_batch_sizes))
     each = cfg.probe_s / len(sizes)
@@ -86,16 +87,8 @@ def _time(model, opt, params, stream: BatchStream, grad_clip: float, autocast, d
     """One untimed warm-up step, then steps until ``seconds`` have passed (at least 2)."""
     def step(i: int) -> int:
         batch = {k: v.to(device, non_blocking=True) for k, v in stream.batch(i).items()}
-        if autocast is not None:
-            with autocast:
-                loss = model(**batch).loss
-        else:
-            loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()   # the loop reads the loss every step too: this is where it waits for the GPU
+        result, _ = train_step(model, opt, params, batch, grad_clip, autocast, i)
+        result.loss.item()   # the loop reads the loss every step too: this is where it waits for the GPU
         return int((batch["labels"] != IGNORE).sum())
 
     step(0)

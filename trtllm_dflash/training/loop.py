@@ -44,6 +44,25 @@ def progress_of(cfg: TrainConfig, step: int, max_steps: int, elapsed_s: float) -
     return max(step / max_steps, by_time)
 
 
+def autocast_for(device: torch.device):
+    """bf16 autocast on CUDA (the draft keeps float32 master weights); nothing on CPU."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def train_step(model, opt, params: list, batch: dict, grad_clip: float, autocast, step: int):
+    """One optimizer step on a batch already on the device: forward, backward, clipping, AdamW. Returns the
+    model's output and the gradient norm before clipping (the training loop and the batch probe both use it)."""
+    with autocast:
+        result = model(**batch)
+    if not torch.isfinite(result.loss):
+        raise DFlashError("training loss", f"is {result.loss.item()} at step {step}", "lower --lr or check the data")
+    result.loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return result, grad_norm
+
+
 def run(cfg: TrainConfig, model, stream: BatchStream, max_steps: int, log=print) -> dict:
     """Train until progress reaches 1; returns what happened (for report.json)."""
     from tqdm import tqdm
@@ -57,7 +76,7 @@ def run(cfg: TrainConfig, model, stream: BatchStream, max_steps: int, log=print)
         step, spent, tokens = checkpoint.load(out, model.dflash_module, opt)
         log(f"train: resumed from {out / checkpoint.DIR} at step {step} ({spent:.0f} s spent, {tokens} tokens)")
     _trim_csv(out / CSV_FILE, step)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext())
+    autocast = autocast_for(device)
     model.train()
     t0, window, last_saved, paused, first = time.perf_counter(), [], step, False, step
     bar = tqdm(total=max_steps, initial=step, desc="train", unit="step", disable=not cfg.progress, file=sys.stderr)
@@ -79,17 +98,9 @@ def run(cfg: TrainConfig, model, stream: BatchStream, max_steps: int, log=print)
                 group["lr"] = lr
             batch = {k: v.to(device, non_blocking=True) for k, v in stream.batch(step).items()}
             tokens += int((batch["labels"] != IGNORE).sum())
-            with autocast:
-                result = model(**batch)
-            loss = result.loss
-            if not torch.isfinite(loss):
-                raise DFlashError("training loss", f"is {loss.item()} at step {step}", "lower --lr or check the data")
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            result, grad_norm = train_step(model, opt, params, batch, cfg.grad_clip, autocast, step)
             step += 1
-            window.append((loss.item(), float(result.train_acc[0][0]), float(grad_norm)))
+            window.append((result.loss.item(), float(result.train_acc[0][0]), float(grad_norm)))
             bar.update()
             if step % cfg.log_every == 0 or step == max_steps:
                 row = _row(step, stream.epoch_of(step), tokens, window, lr, spent + time.perf_counter() - t0)

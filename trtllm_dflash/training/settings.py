@@ -143,6 +143,10 @@ class TrainConfig:
             d[name] = list(d[name]) if d[name] is not None else None
         return d
 
+    def save(self) -> None:
+        """Write these settings to the run's CONFIG_FILE (what a --resume call is checked against)."""
+        (self.out_dir / CONFIG_FILE).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
     def check_resume(self, path: Path) -> None:
         """Refuse to continue a run in ``path`` that was started with different settings."""
         saved = json.loads(path.read_text())

@@ -1,13 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The target a training run works for: its local folder (from ``--target``) and its tokenizer. Shared by the
-stages (corpus, regenerate, train, export) and ``benchmarks/acceptance.py``, so none of them imports the
-``dflash-train`` command to get them."""
+"""The target a training run works for: its local folder (from ``--target``). Shared by the stages (corpus,
+regenerate, train, export) and ``benchmarks/acceptance.py``, so none of them imports the ``dflash-train`` command to
+get it; its tokenizer comes from ``runtime.loader.load_tokenizer`` (None for a folder without one)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import DFlashError
-from ..runtime.loader import load_tokenizer  # noqa: F401  (re-exported: None for a folder without a tokenizer)
 
 
 def resolve_target(name: str) -> Path:
