@@ -178,6 +178,11 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def _table_head(*columns: str) -> list[str]:
+    """A markdown table's header row and its separator."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def _step_rows(data: dict, model: str) -> dict[tuple[str, int], dict]:
     return {(r["mode"], r["batch"]): r for r in data["rows"] if r["model"] == model}
 
@@ -226,8 +231,8 @@ def render_step_bench(results: Path) -> str:
         f"({meta['copy_bw_bytes_per_s'] / 1e12:.1f} TB/s). Kernels: the attention path of each layer "
         f"(`RuntimeConfig.attention_kernel`, `auto` = Triton on CUDA, the default).",
         "",
-        "| model | kernels | AR b1 (ms) / roofline | DFlash b1 (ms) | DFlash / AR | AR b64 (ms) | DFlash b64 (ms) | kernels per layer (AR / verify / drafter) |",
-        "|---|---|---|---|---|---|---|---|",
+        *_table_head("model", "kernels", "AR b1 (ms) / roofline", "DFlash b1 (ms)", "DFlash / AR", "AR b64 (ms)",
+                     "DFlash b64 (ms)", "kernels per layer (AR / verify / drafter)"),
     ]
     for model in ("smollm2-135m", "qwen3-8b"):
         for k, d in runs.items():
@@ -253,8 +258,8 @@ def render_engine_load(results: Path) -> str:
         f"{st['batch']}`; {provenance_note(d, name)}). Steady step = every row decoding, nothing arriving; "
         f"mean / steady = 1 when arrivals cost the running requests nothing.",
         "",
-        "| mode | concurrency | new tok/s | mean step (ms) | steady step (ms) | mean / steady | time per output token p50 (ms) | graphs captured at start-up / mid-run |",
-        "|---|---|---|---|---|---|---|---|",
+        *_table_head("mode", "concurrency", "new tok/s", "mean step (ms)", "steady step (ms)", "mean / steady",
+                     "time per output token p50 (ms)", "graphs captured at start-up / mid-run"),
     ]
     for r in d["rows"]:
         lines.append(f"| {r['mode']} | {r['batch']} | {r['tok_s']:,.0f} | {_ms(r['mean_step_ms'])} | "
@@ -268,7 +273,7 @@ def render_sweep_v3(results: Path) -> str:
     name = "sweep_smollm2_h100_v3.summary.json"
     d = _load(results, name)
     s = d["summary"]
-    rows = [json.loads(x) for x in (results / "sweep_smollm2_h100_v3.jsonl").read_text().splitlines() if x.strip()]
+    rows = _read(results, "sweep_smollm2_h100_v3.jsonl")
     at = {(r["label"], r["settings"]["concurrency"]): r["metrics"] for r in rows}
     levels = sorted({c for _, c in at})
     sha = rows[0]["versions"]["git_sha"][:10]
@@ -277,13 +282,12 @@ def render_sweep_v3(results: Path) -> str:
         f"(`bash benchmarks/gpu_smollm2.sh sweep3`, git {sha}, see the rows' git_sha_note; summary "
         f"{provenance_note(d, name)}). New tokens/s over all users (tokens/s per user):",
         "",
-        "| concurrency | " + " | ".join(str(c) for c in levels) + " |",
-        "|---|" + "---|" * len(levels),
+        *_table_head("concurrency", *map(str, levels)),
     ]
     for label in ("AR", "DFlash", "DFlash adaptive"):
         lines.append(f"| {label} | " + " | ".join(
             f"{at[(label, c)]['total_tok_s']:,.0f} ({at[(label, c)]['tok_s_user']:,.0f})" for c in levels) + " |")
-    v2 = [json.loads(x) for x in (results / "sweep_smollm2_h100_v2.jsonl").read_text().splitlines() if x.strip()]
+    v2 = _read(results, "sweep_smollm2_h100_v2.jsonl")
     before = next(r["metrics"]["total_tok_s"] for r in reversed(v2)
                   if r["label"] == "AR" and r["settings"]["concurrency"] == 64)
     v2_note = provenance_note(_load(results, "sweep_smollm2_h100_v2.summary.json"), "sweep_smollm2_h100_v2.summary.json")
@@ -414,8 +418,7 @@ def _smollm2_rows(d: dict) -> list[dict]:
 
 
 def _cuda_rows(d: dict) -> list[str]:
-    out = ["| model | dtype | prompts | DFlash == AR greedy | AR == HF greedy | DFlash == AR sampled |",
-           "|---|---|---|---|---|---|"]
+    out = _table_head("model", "dtype", "prompts", "DFlash == AR greedy", "AR == HF greedy", "DFlash == AR sampled")
     for r in d.get("tiny", []):
         out.append(f"| tiny random {r['arch']} | {r['dtype']} | {r['n']} | {r['dflash_eq_ar_greedy']}/{r['n']} | "
                    f"{r['ar_eq_hf_greedy']}/{r['n']} | {r['dflash_eq_ar_sampled']}/{r['n']} |")
@@ -538,9 +541,8 @@ def render_acceptance(results: Path) -> str:
             f"{meta['args']['max_new_tokens']} new tokens; `python benchmarks/acceptance.py --target smollm2-135m "
             f"--drafter DIR --block_sizes {' '.join(sizes)} --reference`; {provenance_note(meta, 'acceptance_smollm2.meta.json')}, "
             f"no drafter sha256 recorded):")
-    cols = [f"B={b} greedy | B={b} T=1" for b in sizes]
-    lines = [head, "", "| dataset | prompts | " + " | ".join(cols) + " | `dflash` reference package, greedy (ours / ref) |",
-             "|---|---|" + "---|" * (2 * len(sizes) + 1)]
+    cols = [c for b in sizes for c in (f"B={b} greedy", f"B={b} T=1")]
+    lines = [head, "", *_table_head("dataset", "prompts", *cols, "`dflash` reference package, greedy (ours / ref)")]
     for key, label in (("humaneval", "HumanEval"), ("mtbench", "MT-Bench")):
         r = d[key]
         cells = [f"{r['block_sizes'][b]['tau_greedy']:.2f} | {r['block_sizes'][b]['tau_t1']:.2f}" for b in sizes]
@@ -572,8 +574,8 @@ def render_training(results: Path) -> str:
 def render_gpt_oss_mxfp4(results: Path) -> str:
     """gpt-oss step cost with MXFP4 experts."""
     files = (("gpt-oss-20b", "H100", "gpt_oss_20b_step_h100_mxfp4.json"), ("gpt-oss-120b", "H200", "gpt_oss_120b_step_h200.json"))
-    lines = ["| target, GPU (MXFP4 experts, Triton) | AR step b=1 (roofline) | DFlash step b=1 (roofline) | break-even tokens "
-             "b=1 | vs bf16-dequantised | AR / DFlash b=64 | weights |", "|---|---|---|---|---|---|---|"]
+    lines = _table_head("target, GPU (MXFP4 experts, Triton)", "AR step b=1 (roofline)", "DFlash step b=1 (roofline)",
+                        "break-even tokens b=1", "vs bf16-dequantised", "AR / DFlash b=64", "weights")
     notes = []
     for model, gpu, name in files:
         d = _load(results, name)
