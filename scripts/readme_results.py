@@ -50,18 +50,27 @@ class HistoryUnavailable(Exception):
     """git cannot tell whether a commit is in the history (shallow clone, or no .git)."""
 
 
+def _git(root: Path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_shallow(root: Path) -> bool:
+    """Whether the checkout at ``root`` is a shallow clone: asked once per checkout, not once per commit."""
+    shallow = _git(root, "rev-parse", "--is-shallow-repository")
+    if shallow.returncode != 0:
+        raise HistoryUnavailable(f"{root} is not a git checkout; run this script in a clone with its history")
+    return shallow.stdout.strip() == "true"
+
+
 @functools.lru_cache(maxsize=None)
 def in_history(sha: str, root: Path = ROOT) -> bool:
     """Whether commit ``sha`` is HEAD or one of its ancestors (a commit only in another branch, or rebased away,
     is not: the code it names is not what this checkout's history holds)."""
-    def git(*args):
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
-    shallow = git("rev-parse", "--is-shallow-repository")
-    if shallow.returncode != 0:
-        raise HistoryUnavailable(f"{root} is not a git checkout; run this script in a clone with its history")
-    if git("merge-base", "--is-ancestor", sha, "HEAD").returncode == 0:
+    shallow = _is_shallow(root)
+    if _git(root, "merge-base", "--is-ancestor", sha, "HEAD").returncode == 0:
         return True
-    if shallow.stdout.strip() == "true":
+    if shallow:
         raise HistoryUnavailable(f"this clone is shallow, so commit {sha[:10]} may lie beyond it: run "
                                  "git fetch --unshallow, then again")
     return False
