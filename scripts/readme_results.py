@@ -161,6 +161,11 @@ def quote_problems(text: str, results: Path) -> list[str]:
     return problems
 
 
+def _legacy_note(sha: str) -> str:
+    """A file that records only its versions' git_sha (no provenance record): the SHA, said to be all there is."""
+    return f"legacy: git {sha[:10]}{'-dirty' if sha.endswith('-dirty') else ''} only"
+
+
 def provenance_note(data: dict, name: str) -> str:
     """Where the figures came from: the file, and its git SHA from the provenance record, or an honest
     'legacy' note for a file that has only its versions' git_sha (a file with no SHA at all is refused)."""
@@ -175,7 +180,7 @@ def provenance_note(data: dict, name: str) -> str:
         return f"`benchmarks/results/{name}`, git {sha}{dirty}"
     sha = (data.get("versions") or {}).get("git_sha") if isinstance(data.get("versions"), dict) else None
     if sha:
-        return f"`benchmarks/results/{name}`, legacy: git {sha[:10]}{'-dirty' if sha.endswith('-dirty') else ''} only"
+        return f"`benchmarks/results/{name}`, {_legacy_note(sha)}"
     raise NoCommit(name, "records no commit")
 
 
@@ -392,8 +397,8 @@ def render_sweep(results: Path) -> str:
     concs = sorted({r["settings"]["concurrency"] for r in rows})
     return (f"- **Sweep, SmolLM2-135M AR vs DFlash with the shipped drafter** (H100, HumanEval prompts, <= "
             f"{rows[0]['settings']['max_new_tokens']} new tokens, concurrency {concs[0]}..{concs[-1]}, "
-            f"`bash benchmarks/gpu_smollm2.sh sweep`; `benchmarks/results/sweep_smollm2_h100/`, legacy: git "
-            f"{sha[:10]}{'-dirty' if sha.endswith('-dirty') else ''} only, no checkpoint sha256): acceptance length "
+            f"`bash benchmarks/gpu_smollm2.sh sweep`; `benchmarks/results/sweep_smollm2_h100/`, {_legacy_note(sha)}, "
+            f"no checkpoint sha256): acceptance length "
             f"{min(al):.2f}-{max(al):.2f}, and DFlash/AR throughput at equal interactivity between {min(ratios):.2f}x "
             f"and {max(ratios):.2f}x.\n")
 
