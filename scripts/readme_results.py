@@ -82,9 +82,7 @@ def recorded_commits(data) -> list[str]:
     found = []
     if isinstance(data, dict):
         for key, value in data.items():
-            if key == "git_sha" and isinstance(value, str):
-                found.append(value)
-            elif key == "git" and isinstance(value, str):
+            if key in ("git_sha", "git") and isinstance(value, str):
                 found.append(value)
             elif key == "git" and isinstance(value, dict) and isinstance(value.get("sha"), str):
                 found.append(value["sha"])
