@@ -50,18 +50,27 @@ class HistoryUnavailable(Exception):
     """git cannot tell whether a commit is in the history (shallow clone, or no .git)."""
 
 
+def _git(root: Path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_shallow(root: Path) -> bool:
+    """Whether the checkout at ``root`` is a shallow clone: asked once per checkout, not once per commit."""
+    shallow = _git(root, "rev-parse", "--is-shallow-repository")
+    if shallow.returncode != 0:
+        raise HistoryUnavailable(f"{root} is not a git checkout; run this script in a clone with its history")
+    return shallow.stdout.strip() == "true"
+
+
 @functools.lru_cache(maxsize=None)
 def in_history(sha: str, root: Path = ROOT) -> bool:
     """Whether commit ``sha`` is HEAD or one of its ancestors (a commit only in another branch, or rebased away,
     is not: the code it names is not what this checkout's history holds)."""
-    def git(*args):
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
-    shallow = git("rev-parse", "--is-shallow-repository")
-    if shallow.returncode != 0:
-        raise HistoryUnavailable(f"{root} is not a git checkout; run this script in a clone with its history")
-    if git("merge-base", "--is-ancestor", sha, "HEAD").returncode == 0:
+    shallow = _is_shallow(root)
+    if _git(root, "merge-base", "--is-ancestor", sha, "HEAD").returncode == 0:
         return True
-    if shallow.stdout.strip() == "true":
+    if shallow:
         raise HistoryUnavailable(f"this clone is shallow, so commit {sha[:10]} may lie beyond it: run "
                                  "git fetch --unshallow, then again")
     return False
@@ -73,9 +82,7 @@ def recorded_commits(data) -> list[str]:
     found = []
     if isinstance(data, dict):
         for key, value in data.items():
-            if key == "git_sha" and isinstance(value, str):
-                found.append(value)
-            elif key == "git" and isinstance(value, str):
+            if key in ("git_sha", "git") and isinstance(value, str):
                 found.append(value)
             elif key == "git" and isinstance(value, dict) and isinstance(value.get("sha"), str):
                 found.append(value["sha"])
@@ -152,6 +159,11 @@ def quote_problems(text: str, results: Path) -> list[str]:
     return problems
 
 
+def _legacy_note(sha: str) -> str:
+    """A file that records only its versions' git_sha (no provenance record): the SHA, said to be all there is."""
+    return f"legacy: git {sha[:10]}{'-dirty' if sha.endswith('-dirty') else ''} only"
+
+
 def provenance_note(data: dict, name: str) -> str:
     """Where the figures came from: the file, and its git SHA from the provenance record, or an honest
     'legacy' note for a file that has only its versions' git_sha (a file with no SHA at all is refused)."""
@@ -166,7 +178,7 @@ def provenance_note(data: dict, name: str) -> str:
         return f"`benchmarks/results/{name}`, git {sha}{dirty}"
     sha = (data.get("versions") or {}).get("git_sha") if isinstance(data.get("versions"), dict) else None
     if sha:
-        return f"`benchmarks/results/{name}`, legacy: git {sha[:10]}{'-dirty' if sha.endswith('-dirty') else ''} only"
+        return f"`benchmarks/results/{name}`, {_legacy_note(sha)}"
     raise NoCommit(name, "records no commit")
 
 
@@ -176,6 +188,11 @@ def _ms(x: float) -> str:
 
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
+
+
+def _table_head(*columns: str) -> list[str]:
+    """A markdown table's header row and its separator."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 
 
 def _step_rows(data: dict, model: str) -> dict[tuple[str, int], dict]:
@@ -226,8 +243,8 @@ def render_step_bench(results: Path) -> str:
         f"({meta['copy_bw_bytes_per_s'] / 1e12:.1f} TB/s). Kernels: the attention path of each layer "
         f"(`RuntimeConfig.attention_kernel`, `auto` = Triton on CUDA, the default).",
         "",
-        "| model | kernels | AR b1 (ms) / roofline | DFlash b1 (ms) | DFlash / AR | AR b64 (ms) | DFlash b64 (ms) | kernels per layer (AR / verify / drafter) |",
-        "|---|---|---|---|---|---|---|---|",
+        *_table_head("model", "kernels", "AR b1 (ms) / roofline", "DFlash b1 (ms)", "DFlash / AR", "AR b64 (ms)",
+                     "DFlash b64 (ms)", "kernels per layer (AR / verify / drafter)"),
     ]
     for model in ("smollm2-135m", "qwen3-8b"):
         for k, d in runs.items():
@@ -253,8 +270,8 @@ def render_engine_load(results: Path) -> str:
         f"{st['batch']}`; {provenance_note(d, name)}). Steady step = every row decoding, nothing arriving; "
         f"mean / steady = 1 when arrivals cost the running requests nothing.",
         "",
-        "| mode | concurrency | new tok/s | mean step (ms) | steady step (ms) | mean / steady | time per output token p50 (ms) | graphs captured at start-up / mid-run |",
-        "|---|---|---|---|---|---|---|---|",
+        *_table_head("mode", "concurrency", "new tok/s", "mean step (ms)", "steady step (ms)", "mean / steady",
+                     "time per output token p50 (ms)", "graphs captured at start-up / mid-run"),
     ]
     for r in d["rows"]:
         lines.append(f"| {r['mode']} | {r['batch']} | {r['tok_s']:,.0f} | {_ms(r['mean_step_ms'])} | "
@@ -268,7 +285,7 @@ def render_sweep_v3(results: Path) -> str:
     name = "sweep_smollm2_h100_v3.summary.json"
     d = _load(results, name)
     s = d["summary"]
-    rows = [json.loads(x) for x in (results / "sweep_smollm2_h100_v3.jsonl").read_text().splitlines() if x.strip()]
+    rows = _read(results, "sweep_smollm2_h100_v3.jsonl")
     at = {(r["label"], r["settings"]["concurrency"]): r["metrics"] for r in rows}
     levels = sorted({c for _, c in at})
     sha = rows[0]["versions"]["git_sha"][:10]
@@ -277,13 +294,12 @@ def render_sweep_v3(results: Path) -> str:
         f"(`bash benchmarks/gpu_smollm2.sh sweep3`, git {sha}, see the rows' git_sha_note; summary "
         f"{provenance_note(d, name)}). New tokens/s over all users (tokens/s per user):",
         "",
-        "| concurrency | " + " | ".join(str(c) for c in levels) + " |",
-        "|---|" + "---|" * len(levels),
+        *_table_head("concurrency", *map(str, levels)),
     ]
     for label in ("AR", "DFlash", "DFlash adaptive"):
         lines.append(f"| {label} | " + " | ".join(
             f"{at[(label, c)]['total_tok_s']:,.0f} ({at[(label, c)]['tok_s_user']:,.0f})" for c in levels) + " |")
-    v2 = [json.loads(x) for x in (results / "sweep_smollm2_h100_v2.jsonl").read_text().splitlines() if x.strip()]
+    v2 = _read(results, "sweep_smollm2_h100_v2.jsonl")
     before = next(r["metrics"]["total_tok_s"] for r in reversed(v2)
                   if r["label"] == "AR" and r["settings"]["concurrency"] == 64)
     v2_note = provenance_note(_load(results, "sweep_smollm2_h100_v2.summary.json"), "sweep_smollm2_h100_v2.summary.json")
@@ -379,8 +395,8 @@ def render_sweep(results: Path) -> str:
     concs = sorted({r["settings"]["concurrency"] for r in rows})
     return (f"- **Sweep, SmolLM2-135M AR vs DFlash with the shipped drafter** (H100, HumanEval prompts, <= "
             f"{rows[0]['settings']['max_new_tokens']} new tokens, concurrency {concs[0]}..{concs[-1]}, "
-            f"`bash benchmarks/gpu_smollm2.sh sweep`; `benchmarks/results/sweep_smollm2_h100/`, legacy: git "
-            f"{sha[:10]}{'-dirty' if sha.endswith('-dirty') else ''} only, no checkpoint sha256): acceptance length "
+            f"`bash benchmarks/gpu_smollm2.sh sweep`; `benchmarks/results/sweep_smollm2_h100/`, {_legacy_note(sha)}, "
+            f"no checkpoint sha256): acceptance length "
             f"{min(al):.2f}-{max(al):.2f}, and DFlash/AR throughput at equal interactivity between {min(ratios):.2f}x "
             f"and {max(ratios):.2f}x.\n")
 
@@ -414,8 +430,7 @@ def _smollm2_rows(d: dict) -> list[dict]:
 
 
 def _cuda_rows(d: dict) -> list[str]:
-    out = ["| model | dtype | prompts | DFlash == AR greedy | AR == HF greedy | DFlash == AR sampled |",
-           "|---|---|---|---|---|---|"]
+    out = _table_head("model", "dtype", "prompts", "DFlash == AR greedy", "AR == HF greedy", "DFlash == AR sampled")
     for r in d.get("tiny", []):
         out.append(f"| tiny random {r['arch']} | {r['dtype']} | {r['n']} | {r['dflash_eq_ar_greedy']}/{r['n']} | "
                    f"{r['ar_eq_hf_greedy']}/{r['n']} | {r['dflash_eq_ar_sampled']}/{r['n']} |")
@@ -538,9 +553,8 @@ def render_acceptance(results: Path) -> str:
             f"{meta['args']['max_new_tokens']} new tokens; `python benchmarks/acceptance.py --target smollm2-135m "
             f"--drafter DIR --block_sizes {' '.join(sizes)} --reference`; {provenance_note(meta, 'acceptance_smollm2.meta.json')}, "
             f"no drafter sha256 recorded):")
-    cols = [f"B={b} greedy | B={b} T=1" for b in sizes]
-    lines = [head, "", "| dataset | prompts | " + " | ".join(cols) + " | `dflash` reference package, greedy (ours / ref) |",
-             "|---|---|" + "---|" * (2 * len(sizes) + 1)]
+    cols = [c for b in sizes for c in (f"B={b} greedy", f"B={b} T=1")]
+    lines = [head, "", *_table_head("dataset", "prompts", *cols, "`dflash` reference package, greedy (ours / ref)")]
     for key, label in (("humaneval", "HumanEval"), ("mtbench", "MT-Bench")):
         r = d[key]
         cells = [f"{r['block_sizes'][b]['tau_greedy']:.2f} | {r['block_sizes'][b]['tau_t1']:.2f}" for b in sizes]
@@ -572,8 +586,8 @@ def render_training(results: Path) -> str:
 def render_gpt_oss_mxfp4(results: Path) -> str:
     """gpt-oss step cost with MXFP4 experts."""
     files = (("gpt-oss-20b", "H100", "gpt_oss_20b_step_h100_mxfp4.json"), ("gpt-oss-120b", "H200", "gpt_oss_120b_step_h200.json"))
-    lines = ["| target, GPU (MXFP4 experts, Triton) | AR step b=1 (roofline) | DFlash step b=1 (roofline) | break-even tokens "
-             "b=1 | vs bf16-dequantised | AR / DFlash b=64 | weights |", "|---|---|---|---|---|---|---|"]
+    lines = _table_head("target, GPU (MXFP4 experts, Triton)", "AR step b=1 (roofline)", "DFlash step b=1 (roofline)",
+                        "break-even tokens b=1", "vs bf16-dequantised", "AR / DFlash b=64", "weights")
     notes = []
     for model, gpu, name in files:
         d = _load(results, name)

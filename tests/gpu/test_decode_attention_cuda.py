@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runtime.compare import rel
+from tests.runtime.compare import attend_f64, rel, rope_f64
 from tests.runtime.kernel_engine import engine_with_kernel
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime.kv_cache import KVCache
@@ -29,14 +29,6 @@ SHAPES = [("smollm2-135m", 9, 3, 64, False), ("qwen3-8b", 32, 8, 128, True)]
 def kernels():
     from trtllm_dflash.runtime.kernels import decode_attention
     return decode_attention
-
-
-def rope_f64(x, cos, sin, w, eps):
-    x = x.double()
-    if w is not None:
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
-    half = x.shape[-1] // 2
-    return x * cos.double() + torch.cat([-x[..., half:], x[..., :half]], -1) * sin.double()
 
 
 @pytest.mark.parametrize("name,Hq,Hkv,d,norm", SHAPES)
@@ -59,13 +51,6 @@ def test_rope_cache_write_bf16(name, Hq, Hkv, d, norm, n, T):
     assert rel(q_out, rope_f64(q, cos, sin, qw, eps)) < 4e-3 and rel(k_out, rope_f64(k, cos, sin, kw, eps)) < 4e-3
     assert rel(q_out, q_ref) < 1.5e-2 and rel(cache.k, ref_cache.k) < 1.5e-2
     assert cache.k[1][rows[:, None], :, pos].equal(k_out)
-
-
-def attend_f64(q, k, v, visible, scale):
-    G = q.shape[2] // k.shape[1]
-    k, v = k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
-    s = (q.double().transpose(1, 2) @ k.transpose(-1, -2)) * scale
-    return (s.masked_fill(~visible, float("-inf")).softmax(-1) @ v).transpose(1, 2).flatten(2)
 
 
 @pytest.mark.parametrize("name,Hq,Hkv,d,norm", SHAPES)

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""How far a result is from its reference, for the runtime's numeric tests."""
+"""How far a result is from its reference, and the float64 references, for the runtime's numeric tests
+(the decode kernels' CPU tests and their GPU twins in tests/gpu/ compare against the same references)."""
 from __future__ import annotations
 
 import torch
@@ -9,3 +10,22 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """Relative error ||a - b|| / ||b|| in float64 on the host (either tensor may be on a GPU)."""
     a, b = a.double().cpu(), b.double().cpu()
     return ((a - b).norm() / b.norm()).item()
+
+
+def rope_f64(x, cos, sin, w, eps):
+    """RoPE (after the q/k RMS norm with weight ``w``, when given) in float64."""
+    x = x.double()
+    if w is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    half = x.shape[-1] // 2
+    return x * cos.double() + torch.cat([-x[..., half:], x[..., :half]], -1) * sin.double()
+
+
+def attend_f64(q, k, v, visible, scale):
+    """Attention in float64: q [n, T, Hq, d], k/v [n, Hkv, S, d], visible [n, 1, T, S] -> [n, T, Hq * d], plain GQA
+    expansion."""
+    G = q.shape[2] // k.shape[1]
+    k, v = k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
+    s = (q.double().transpose(1, 2) @ k.transpose(-1, -2)) * scale
+    p = s.masked_fill(~visible, float("-inf")).softmax(-1)
+    return (p @ v).transpose(1, 2).flatten(2)

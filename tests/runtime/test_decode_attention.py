@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from tests.runtime.compare import rel
+from tests.runtime.compare import attend_f64, rel, rope_f64
 from tests.runtime.kernel_engine import engine_with_kernel
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.errors import DFlashError
@@ -43,14 +43,6 @@ def inputs(n, T, Hq, Hkv, d, dtype, seed=0):
     q, k, v = qkv.split([Hq, Hkv, Hkv], dim=2)   # strided views, as the qkv GEMM's output is
     w = (torch.rand(2, d, generator=g) + 0.5).to(dtype)
     return q, k, v, w[0], w[1]
-
-
-def rope_f64(x, cos, sin, w, eps):
-    x = x.double()
-    if w is not None:
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
-    half = x.shape[-1] // 2
-    return x * cos.double() + torch.cat([-x[..., half:], x[..., :half]], -1) * sin.double()
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
@@ -80,15 +72,6 @@ def test_rope_cache_write_equals_the_torch_path_and_float64(dtype, tol, with_q, 
         assert q_out is None
     _, no_k = L.rope_cache_write(q, k, v, cos, sin, qw, kw, 1e-6, cache, 1, r, pos, kernel="triton", want_k=False)
     assert no_k is None
-
-
-def attend_f64(q, k, v, visible, scale):
-    # q [n, T, Hq, d], k/v [n, Hkv, S, d], visible [n, 1, T, S] -> [n, T, Hq * d], plain GQA expansion
-    G = q.shape[2] // k.shape[1]
-    k, v = k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
-    s = (q.double().transpose(1, 2) @ k.transpose(-1, -2)) * scale
-    p = s.masked_fill(~visible, float("-inf")).softmax(-1)
-    return (p @ v).transpose(1, 2).flatten(2)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])

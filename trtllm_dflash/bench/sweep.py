@@ -244,16 +244,10 @@ def run_level(target: Target, items: list[WorkItem], concurrency: int, args, lab
     return metrics
 
 
-def git_sha() -> str | None:
-    """The commit of the code that ran, as provenance.git_state finds it: on the GPU host the copy of the tree sits
-    under a stale .git and only the carried .git_state.json is right (asking git there recorded 8246e5c-dirty)."""
-    from ..provenance import git_state
-    state = git_state()
-    return state["sha"] and state["sha"] + ("-dirty" if state["dirty"] else "")
-
-
-def versions() -> dict:
-    return {"trtllm_dflash": __version__, "python": platform.python_version(), "git_sha": git_sha(),
+def versions(git_sha: str | None) -> dict:
+    """``git_sha``: the provenance record's (provenance.git_state: on the GPU host the copy of the tree sits under a
+    stale .git and only the carried .git_state.json is right; asking git there recorded 8246e5c-dirty)."""
+    return {"trtllm_dflash": __version__, "python": platform.python_version(), "git_sha": git_sha,
             **installed("torch", "transformers", "tritonclient", "tensorrt_llm")}
 
 
@@ -275,7 +269,9 @@ def provenance(command: str, engine_dir: Path | None, m: dict) -> dict:
     return prov
 
 
-def make_row(args, label: str, concurrency: int, target: Target, metrics: dict, command: str, extra: dict) -> dict:
+def make_row(args, label: str, concurrency: int, target: Target, metrics: dict, command: str, extra: dict,
+             prov: dict) -> dict:
+    """One level's row; its versions' git_sha is the provenance record's, read once per sweep, not per level."""
     n, w = level_sizes(args, concurrency)
     settings = {"backend": args.backend, "engine_dir": str(args.engine) if args.engine else None, "mode": args.mode,
                 "concurrency": concurrency, "dataset": args.dataset, "num_requests": n, "warmup": w,
@@ -284,7 +280,8 @@ def make_row(args, label: str, concurrency: int, target: Target, metrics: dict, 
                 **target.settings, **extra}
     settings["num_gpus"] = settings["tp_size"]
     return {"schema": SCHEMA, "label": label, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": command, "settings": settings, "versions": versions(), "metrics": metrics}
+            "command": command, "settings": settings, "versions": versions(prov["git_sha"]), "metrics": metrics,
+            "provenance": prov}
 
 
 def _fmt(x, spec: str = ".1f") -> str:
@@ -322,8 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         for c in args.levels:
             metrics = run_level(target, items, c, args, label)
-            row = make_row(args, label, c, target, metrics, command, {"num_prompts_skipped": dropped})
-            row["provenance"] = prov
+            row = make_row(args, label, c, target, metrics, command, {"num_prompts_skipped": dropped}, prov)
             with args.out.open("a") as f:   # one line per level, so a crashed sweep keeps the finished ones
                 f.write(json.dumps(row) + "\n")
             print(summary_line(row), flush=True)
