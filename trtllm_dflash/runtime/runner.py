@@ -73,10 +73,11 @@ class Runner:
         self.max_chunk = min(S, cfg.max_num_tokens)   # prompt tokens one row may prefill in one step
         pin = self.device.type == "cuda"
         # Staging of a prefill's inputs, flat so that the [2, rows, tokens] and [5, rows] views of any shape are
-        # contiguous (one pinned -> device copy each) and sit at the addresses its graph was captured with.
-        self._p_host = torch.zeros(2 * n * self.max_chunk, dtype=torch.long, pin_memory=pin)
+        # contiguous (one pinned -> device copy each) and sit at the addresses its graph was captured with. Two host
+        # buffers, by step parity like the results': step k+1 is staged while step k's copy may still be queued.
+        self._p_host = [torch.zeros(2 * n * self.max_chunk, dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self._p_dev = torch.zeros(2 * n * self.max_chunk, dtype=torch.long, device=self.device)
-        self._r_host = torch.zeros(5 * n, dtype=torch.long, pin_memory=pin)
+        self._r_host = [torch.zeros(5 * n, dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self._r_dev = torch.zeros(5 * n, dtype=torch.long, device=self.device)
         # results of a step: first tokens [max_batch], samples [max_batch, B], accepted [max_batch]
         self._res_host = [torch.zeros(n * (block_size + 2), dtype=torch.long, pin_memory=pin) for _ in range(2)]
@@ -162,7 +163,7 @@ class Runner:
         return {s: i for i, (s, _, e) in enumerate(chunks) if e == len(prompts[s])}
 
     def _staging(self, m: int, T: int, host: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        p, r = (self._p_host, self._r_host) if host else (self._p_dev, self._r_dev)
+        p, r = (self._p_host[self._parity], self._r_host[self._parity]) if host else (self._p_dev, self._r_dev)
         return p[: 2 * m * T].view(2, m, T), r[: 5 * m].view(5, m)
 
     def _stage_idle(self, m: int, T: int) -> None:
