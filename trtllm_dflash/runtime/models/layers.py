@@ -258,6 +258,31 @@ def uses_attention_kernel(attn, T: int, kv_len: int | None) -> bool:
     return attn.kernel == "triton" and kv_len is not None and T * (attn.h // attn.kvh) <= MAX_QUERY_ROWS
 
 
+def uses_gemm_kernel(kernel: str, lin: nn.Module, x: torch.Tensor) -> bool:
+    """Whether projection ``lin`` of x [..., K] runs in the Triton GEMM (runtime/kernels/gemm.py): the
+    decode-path switch is on (kernel == "triton", RuntimeConfig.attention_kernel), ``lin`` is a plain nn.Linear
+    (an Fp8Linear, which runtime/fp8.py swaps in, keeps its own FP8 GEMM) and x has at most GEMM_MAX_ROWS rows
+    (prefill chunks keep cuBLAS)."""
+    from ..kernels import GEMM_MAX_ROWS
+    return kernel == "triton" and type(lin) is nn.Linear and x.numel() <= GEMM_MAX_ROWS * x.shape[-1]
+
+
+def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The Triton GEMM: x [..., K] @ weight [N, K]^T (+ bias) (+ residual [..., N]) -> [..., N]."""
+    from ..kernels import gemm as kernels
+    return kernels.linear(x, weight, bias, residual)
+
+
+def gate_up_silu(kernel: str, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of the fused gate_up projection ``lin`` (weight [2I, K]): x [..., K] -> [..., I]. One
+    Triton kernel where uses_gemm_kernel, else the projection (cuBLAS or FP8) and the compiled silu_mul."""
+    if uses_gemm_kernel(kernel, lin, x):
+        from ..kernels import gemm as kernels
+        return kernels.gate_up_silu(x, lin.weight)
+    return silu_mul(lin(x))
+
+
 _SMALL_QUERY = 16  # query rows per KV head up to which attention runs as plain matmuls (measured on H100)
 
 

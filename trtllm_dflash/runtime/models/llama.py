@@ -17,8 +17,8 @@ from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from ..kernels import resolve_attention_kernel
-from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, attend, attend_cache, group_mask, rope_cache_write,
-                     rope_parameters, silu_mul, uses_attention_kernel)
+from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, attend, attend_cache, gate_up_silu, gemm, group_mask,
+                     rope_cache_write, rope_parameters, uses_attention_kernel, uses_gemm_kernel)
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -86,10 +86,12 @@ class Attention(nn.Module):
         self.eps, self.tp = c.rms_norm_eps, tp
         self.kernel = "torch"   # "triton": the fused kernels (set_attention_kernel, RuntimeConfig.attention_kernel)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None):
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
+                residual: torch.Tensor | None = None):
         """x [n, T, hidden]; cos/sin [n, T, 1, d]; positions [n, T]; visible [n, 1, T, S], built once per
         forward by the model (group_mask) and shared by its layers, or a KeyRange where the Triton attention
-        runs (uses_attention_kernel) -> [n, T, hidden].
+        runs (uses_attention_kernel) -> [n, T, hidden]; with ``residual`` [n, T, hidden] (only where
+        fuses_residual(x)), residual + that, added in o_proj's epilogue.
         kv_len None = prefill (attend within this chunk); else over cache[:kv_len] incl. the rows written here."""
         n, T, _ = x.shape
         q, k, v = self.qkv_proj(x).view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)  # [n, T, H, d]
@@ -97,27 +99,39 @@ class Attention(nn.Module):
         q, k = rope_cache_write(q, k, v, cos, sin, _weight(self.q_norm), _weight(self.k_norm), self.eps,
                                 cache, layer, rows, positions, self.kernel, want_k=kv_len is None)
         if fused_attention:
-            return self.project_out(attend_cache(q, cache, layer, rows, kv_len, visible, self.d ** -0.5))
+            return self.project_out(attend_cache(q, cache, layer, rows, kv_len, visible, self.d ** -0.5), residual)
         if kv_len is None:
             k, v = k.transpose(1, 2), v.transpose(1, 2)
         else:
             k, v = cache.read(layer, rows, kv_len)
-        return self.project_out(attend(q.transpose(1, 2), k, v, visible, self.d ** -0.5))
+        return self.project_out(attend(q.transpose(1, 2), k, v, visible, self.d ** -0.5), residual)
 
-    def project_out(self, out: torch.Tensor) -> torch.Tensor:
+    def fuses_residual(self, x: torch.Tensor) -> bool:
+        """Whether forward(x, ..., residual) adds the residual in o_proj's GEMM: the Triton GEMM runs it
+        (uses_gemm_kernel) and tp == 1 (row-parallel ranks hold partial sums, so at tp > 1 the residual joins
+        after the all-reduce, in the caller's add + norm)."""
+        return self.tp.size == 1 and uses_gemm_kernel(self.kernel, self.o_proj, x)
+
+    def project_out(self, out: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         # row-parallel o_proj: a bias is added once, after the all-reduce. Without one, the module call keeps
         # an FP8 o_proj (fp8.convert swaps the module) on its own GEMM.
-        if self.o_proj.bias is None:
+        w, b = self.o_proj.weight, self.o_proj.bias
+        if residual is not None:   # tp 1, Triton GEMM (fuses_residual)
+            return gemm(out, w, b, residual)
+        triton = uses_gemm_kernel(self.kernel, self.o_proj, out)
+        if b is None and not triton:
             return self.tp.all_reduce(self.o_proj(out))
-        return self.tp.all_reduce(F.linear(out, self.o_proj.weight)) + self.o_proj.bias
+        y = self.tp.all_reduce(gemm(out, w) if triton else F.linear(out, w))
+        return y if b is None else y + b
 
 
 def set_attention_kernel(model: nn.Module, setting: str) -> str:
-    """Point every Attention of ``model`` (a target or the drafter) at RuntimeConfig.attention_kernel as it
-    resolves on the model's device (kernels.resolve_attention_kernel); returns "triton" or "torch"."""
+    """Point every Attention and MLP of ``model`` (a target or the drafter) at RuntimeConfig.attention_kernel
+    as it resolves on the model's device (kernels.resolve_attention_kernel): "triton" runs the decode path's
+    attention and its o_proj / gate_up / down GEMMs in the Triton kernels. Returns "triton" or "torch"."""
     kernel = resolve_attention_kernel(setting, next(model.parameters()).device)
     for m in model.modules():
-        if isinstance(m, Attention):
+        if isinstance(m, (Attention, MLP)):
             m.kernel = kernel
     return kernel
 
@@ -132,9 +146,20 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(hidden, 2 * (inter // tp.size), bias=False)
         self.down_proj = nn.Linear(inter // tp.size, hidden, bias=False)
         self.tp = tp
+        self.kernel = "torch"   # "triton": the fused GEMMs where uses_gemm_kernel (set_attention_kernel)
 
-    def forward(self, x):
-        return self.tp.all_reduce(self.down_proj(silu_mul(self.gate_up_proj(x))))
+    def fuses_residual(self, x: torch.Tensor) -> bool:
+        """Whether forward(x, residual) adds the residual in down_proj's GEMM (Attention.fuses_residual's rule)."""
+        return self.tp.size == 1 and uses_gemm_kernel(self.kernel, self.down_proj, x)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        # x [n, T, hidden] -> [n, T, hidden] (+ residual [n, T, hidden] in the GEMM, only where fuses_residual)
+        a = gate_up_silu(self.kernel, self.gate_up_proj, x)   # [n, T, inter / tp]
+        if residual is not None:
+            return gemm(a, self.down_proj.weight, None, residual)
+        if uses_gemm_kernel(self.kernel, self.down_proj, a):
+            return self.tp.all_reduce(gemm(a, self.down_proj.weight))
+        return self.tp.all_reduce(self.down_proj(a))
 
 
 class DecoderLayer(nn.Module):
@@ -145,7 +170,13 @@ class DecoderLayer(nn.Module):
     norm) thus runs here, fused with the layer's last residual add, as in nano-vllm's
     ``RMSNorm(x, residual)`` chain: two add+norm kernels per layer; and y, the layer's output, exists as a
     tensor, so the target's feature taps cost nothing (in nano-vllm's order it only exists inside the next
-    layer's norm, and a tap would add one add kernel)."""
+    layer's norm, and a tap would add one add kernel).
+
+    On the decode path with the Triton kernels at tp 1 (fuses_residual), o_proj and down_proj add the residual
+    in their GEMM's epilogue and the norms after them are plain RMSNorms: norm, qkv, rope + cache write,
+    attention, o_proj + residual, norm, gate_up + SiLU, down + residual = 8 kernels per layer (+ attention's
+    combine where it splits the cache). y is a new tensor either way (nothing is written in place), so the
+    feature taps read the same values."""
 
     def __init__(self, c, tp: TPGroup, attn: nn.Module):
         super().__init__()
@@ -157,8 +188,15 @@ class DecoderLayer(nn.Module):
     def forward(self, h, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
                 next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         # h, x [n, T, hidden] -> next_norm(y), y [n, T, hidden]
-        h, x = self.post_attention_layernorm(self.self_attn(h, cos, sin, cache, layer, rows, positions, visible,
-                                                            kv_len), x)
+        attn, norm = self.self_attn, self.post_attention_layernorm
+        if attn.fuses_residual(h):
+            x = attn(h, cos, sin, cache, layer, rows, positions, visible, kv_len, residual=x)
+            h = norm(x)
+        else:
+            h, x = norm(attn(h, cos, sin, cache, layer, rows, positions, visible, kv_len), x)
+        if self.mlp.fuses_residual(h):
+            x = self.mlp(h, residual=x)
+            return next_norm(x), x
         return next_norm(self.mlp(h), x)
 
 

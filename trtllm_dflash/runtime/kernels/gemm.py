@@ -1,0 +1,183 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Triton GEMMs for the decode path's few rows (M = requests x block tokens, up to
+kernels.GEMM_MAX_ROWS) with the
+MLP's and the residual stream's elementwise work fused into the epilogue (RuntimeConfig.attention_kernel).
+
+  linear        out [M, N] = x [M, K] @ W[N, K]^T (+ bias) (+ residual): o_proj and down_proj with the residual
+                add in the epilogue, so the norm after them is a plain RMSNorm (one kernel per GEMM instead of
+                GEMM + add).
+  gate_up_silu  out [M, I] = SiLU(x @ Wg^T) * (x @ Wu^T) for gate_up_proj's weight [2I, K] (gate rows, then up
+                rows, as the runtime fuses them at load): each program computes the gate and the up tile of the
+                same output columns, so the [M, 2I] intermediate and the silu_mul kernel disappear.
+
+One program per (BLOCK_M rows, BLOCK_N output columns) walks all of K: weights are read once per row tile,
+accumulation is float32, the epilogue rounds once to the model dtype. No split-K: at the 8B shapes BLOCK_N = 16
+already gives >= 2 programs per SM at M = 1 (N = 4096 -> 256 programs), and the small models' GEMMs are
+latency-bound at a few microseconds, so a second reduce kernel would cost more than the idle SMs do.
+Two inner products: ``tl.dot`` tiles (BLOCK_M >= 16, tensor cores; rows past M are masked) or, with
+BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows).
+
+CUDA-graph safe: the grid and the config are functions of the shapes only (pick_config), no autotuning and no
+host syncs. Under ``TRITON_INTERPRET=1`` (set before this module is imported) the kernels run on CPU tensors,
+which the CPU tests use; the runtime calls them on CUDA tensors only. F.linear (cuBLAS) stays the reference and
+the path for larger M (prefill): see models/llama.py ``gemm_kernel``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+_SMEM_BUDGET = 160 * 1024   # bytes of pipelined tiles per program (H100: 227 KB per block; headroom for Triton)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile shape and launch parameters. block_m = 1 selects the FMA (GEMV) inner product; >= 16, tl.dot."""
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def smem(self, gated: bool, elem: int) -> int:
+        return self.num_stages * (self.block_m + (2 if gated else 1) * self.block_n) * self.block_k * elem
+
+
+def _pow2(x: int) -> int:
+    return triton.next_power_of_2(max(int(x), 1))
+
+
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
+    """The default tile for an [M, K] x [N, K]^T GEMM (N = output columns; I for gate_up_silu) on a GPU with
+    ``sms`` SMs: tl.dot rows padded to 16..64; the widest BLOCK_N in (64, 32, 16) that still gives two programs
+    per SM; BLOCK_K 256 for up to 16 rows (more bytes in flight per program), else 128; as many pipeline stages
+    (<= 4) as fit the shared-memory budget. benchmarks/gemm_bench.py times the alternatives."""
+    block_m = min(64, max(16, _pow2(M)))
+    block_k = min(256 if M <= 16 else 128, max(16, _pow2(K)))
+    m_tiles = -(-M // block_m)
+    block_n = 16
+    for bn in (64, 32):
+        if m_tiles * -(-N // bn) >= 2 * sms:
+            block_n = bn
+            break
+    block_n = min(block_n, max(16, _pow2(N)))
+    stages = 4
+    while stages > 2 and Config(block_m, block_n, block_k, 4, stages).smem(gated, elem) > _SMEM_BUDGET:
+        stages -= 1
+    return Config(block_m, block_n, block_k, 4, stages)
+
+
+def check_config(cfg: Config, gated: bool, elem: int) -> None:
+    for name in ("block_m", "block_n", "block_k"):
+        v = getattr(cfg, name)
+        if v & (v - 1):
+            raise ValueError(f"{name} {v}: tile sizes must be powers of two")
+    if cfg.block_m != 1 and cfg.block_m < 16 or cfg.block_n < 16 or cfg.block_k < 16:
+        raise ValueError(f"{cfg}: tl.dot needs every tile dim >= 16 (block_m = 1 selects the FMA path)")
+    if cfg.smem(gated, elem) > 227 * 1024:
+        raise ValueError(f"{cfg}: {cfg.smem(gated, elem)} bytes of pipelined tiles exceed the H100's 227 KB")
+
+
+@triton.jit
+def _load_w(w_ptrs, n_ok, k_ok, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(w_ptrs)
+    return tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _inner(x, w, acc, DOT: tl.constexpr, IEEE: tl.constexpr):
+    """acc [BM, BN] += x [BM, BK] @ w [BN, BK]^T."""
+    if DOT:
+        if IEEE:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    else:
+        acc += tl.sum(x[:, None, :].to(tl.float32) * w[None, :, :].to(tl.float32), 2)
+    return acc
+
+
+@triton.jit
+def _gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, K, up_off, s_xm, s_wn, s_rm, s_om,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GATED: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+                 EVEN_W: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * s_xm + rk[None, :]            # [BM, BK]
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * s_wn + rk[None, :]            # [BN, BK] gate (or only) rows
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = k0 + rk < K
+        x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = _inner(x, _load_w(w_ptrs, n_ok, k_ok, EVEN_W), acc, DOT, IEEE)
+        if GATED:   # up rows: the same columns, up_off rows further down the weight
+            acc_up = _inner(x, _load_w(w_ptrs + up_off * s_wn, n_ok, k_ok, EVEN_W), acc_up, DOT, IEEE)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if GATED:
+        acc = acc * tl.sigmoid(acc) * acc_up
+    mn_ok = m_ok[:, None] & n_ok[None, :]
+    if RESIDUAL:
+        acc += tl.load(r_ptr + rm[:, None].to(tl.int64) * s_rm + rn[None, :], mask=mn_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rm[:, None].to(tl.int64) * s_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mn_ok)
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated: bool, cfg: Config | None):
+    K = x.shape[-1]
+    if weight.shape[-1] != K or weight.stride(-1) != 1 or x.stride(-1) != 1:
+        raise ValueError(f"x [..., {K}] and weight {tuple(weight.shape)} must share K with contiguous rows")
+    x2 = x.reshape(-1, K)                       # [M, K]
+    M = x2.shape[0]
+    elem = x.element_size()
+    cfg = cfg or pick_config(M, N, K, gated, elem, _sms(x.device))
+    check_config(cfg, gated, elem)
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    r2 = out
+    if residual is not None:
+        if residual.shape[:-1] != x.shape[:-1] or residual.shape[-1] != N or residual.stride(-1) != 1:
+            raise ValueError(f"residual {tuple(residual.shape)} must be x's rows x {N} with contiguous rows")
+        r2 = residual.reshape(-1, N)
+    if M:
+        grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m))
+        _gemm_kernel[grid](
+            x2, weight, bias if bias is not None else weight, r2, out, M, N, K, N if gated else 0,
+            x2.stride(0), weight.stride(0), r2.stride(0), out.stride(0),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            GATED=gated, BIAS=bias is not None, RESIDUAL=residual is not None,
+            EVEN_W=N % cfg.block_n == 0 and K % cfg.block_k == 0, DOT=cfg.block_m > 1,
+            IEEE=x.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out.view(*x.shape[:-1], N)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None, cfg: Config | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T (+ bias [N]) (+ residual [..., N]) -> [..., N] in x's dtype (F.linear's
+    layout; float32 accumulation, one rounding at the end). ``cfg`` None = pick_config."""
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias {tuple(bias.shape)} must be [{weight.shape[0]}]")
+    return _launch(x, weight, bias, residual, weight.shape[0], False, cfg)
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, cfg: Config | None = None) -> torch.Tensor:
+    """x [..., K], weight [2I, K] (gate rows then up rows) -> SiLU(x @ gate^T) * (x @ up^T) [..., I]: the
+    gate_up GEMM and layers.silu_mul in one kernel."""
+    if weight.shape[0] % 2:
+        raise ValueError(f"gate_up weight {tuple(weight.shape)}: needs an even number of rows (gate, then up)")
+    return _launch(x, weight, None, None, weight.shape[0] // 2, True, cfg)
