@@ -1,0 +1,221 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The decode-path Triton GEMMs (runtime/kernels/gemm.py) on the CPU, in Triton's interpreter: each against the
+path it replaces (F.linear + the torch epilogue) and a float64 reference, in both inner products (tl.dot tiles
+and the block_m = 1 FMA path), ragged and even tiles; the routing rule (FP8 modules, row limit, tp > 1: the
+residual joins after the all-reduce); and a tiny target/drafter pair whose greedy and sampled tokens are the
+same with the kernels as without.
+
+Tiny shapes (the interpreter runs each program in numpy); float32 and float16 only (the interpreter has no
+bfloat16; tests/gpu/test_gemm_cuda.py covers bf16 at the real shapes). Tolerances, relative norm error:
+float32 1e-5 (float32 accumulation in another order over K <= 96 is ~1e-7; an indexing mistake is O(1));
+float16 2e-3 against float64 (exact fp16 inputs, float32 accumulation, one rounding of the output: 2^-11
+relative) and 3e-3 against the torch path, which rounds the GEMM output, the SiLU and the product (or the
+residual sum) separately. Skipped where triton is not installed (CI's CPU venv does not install it).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tests.runtime.compare import rel
+from tests.runtime.kernel_engine import engine_with_kernel
+from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.runtime.distributed import TPGroup
+from trtllm_dflash.runtime.models import layers as L
+
+if not torch.cuda.is_available():
+    # before the kernels are imported: triton.jit picks the interpreter when it decorates them
+    os.environ["TRITON_INTERPRET"] = "1"
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 3e-3)}   # (vs float64, vs the torch path)
+
+
+def kernels():
+    pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
+    from trtllm_dflash.runtime.kernels import gemm
+    return gemm
+
+
+def operands(M, N, K, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(dtype)
+    return x, w, torch.randn(N, generator=g).to(dtype), torch.randn(M, N, generator=g).to(dtype)
+
+
+def configs(G):
+    # default pick; FMA with ragged N and K tiles; tl.dot with M spread over several row tiles
+    return [None, G.Config(1, 16, 16), G.Config(16, 32, 32, num_stages=2)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("M,N,K", [(1, 48, 64), (5, 40, 24), (19, 32, 96)])
+@pytest.mark.parametrize("bias,residual", [(False, False), (False, True), (True, True)])
+def test_linear_equals_f_linear_and_float64(dtype, M, N, K, bias, residual):
+    G = kernels()
+    x, w, b, r = operands(M, N, K, dtype)
+    b, r = (b if bias else None), (r if residual else None)
+    want64 = x.double() @ w.double().T + (b.double() if bias else 0) + (r.double() if residual else 0)
+    want = F.linear(x, w, b) + (r if residual else 0)
+    tol64, tol = TOL[dtype]
+    for cfg in configs(G):
+        got = G.linear(x[None], w, b, r[None] if residual else None, cfg)[0]   # leading dims kept
+        assert got.shape == (M, N) and got.dtype == dtype
+        assert rel(got, want64) < tol64, cfg
+        assert rel(got, want) < tol, cfg
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("M,I,K", [(1, 48, 64), (5, 24, 40), (19, 32, 32)])
+def test_gate_up_silu_equals_silu_mul_and_float64(dtype, M, I, K):
+    G = kernels()
+    x, w, _, _ = operands(M, 2 * I, K, dtype)
+    y = x.double() @ w.double().T
+    want64 = F.silu(y[:, :I]) * y[:, I:]
+    want = L.silu_mul.eager(F.linear(x, w))
+    tol64, tol = TOL[dtype]
+    for cfg in configs(G):
+        got = G.gate_up_silu(x, w, cfg)
+        assert got.shape == (M, I) and got.dtype == dtype
+        assert rel(got, want64) < tol64, cfg
+        assert rel(got, want) < tol, cfg
+
+
+def test_strided_rows_and_errors():
+    """x rows with a stride (a view of a wider tensor) are read in place; unsupported inputs are clear errors."""
+    G = kernels()
+    x, w, _, _ = operands(3, 16, 32, torch.float32)
+    wide = torch.cat([x, torch.ones(3, 8)], 1)[:, :32]           # [3, 32], row stride 40
+    assert rel(G.linear(wide, w), x @ w.T) < 1e-5
+    with pytest.raises(ValueError, match="share K"):
+        G.linear(x[:, :16], w)
+    with pytest.raises(ValueError, match="residual"):
+        G.linear(x, w, residual=torch.zeros(3, 8))
+    with pytest.raises(ValueError, match="even number of rows"):
+        G.gate_up_silu(x, w[:15])
+    with pytest.raises(ValueError, match=">= 16"):
+        G.linear(x, w, cfg=G.Config(8, 16, 16))
+    assert G.linear(x[:0], w).shape == (0, 16)
+
+
+@pytest.mark.parametrize("M", [1, 16, 64, 128])
+@pytest.mark.parametrize("N,K,gated", [(576, 576, False), (1536, 576, True), (576, 1536, False),
+                                       (4096, 4096, False), (12288, 4096, True), (4096, 12288, False),
+                                       (14336, 4096, True), (4096, 14336, False)])
+def test_pick_config_is_valid_at_the_real_shapes(M, N, K, gated):
+    """SmolLM2 / Qwen3-8B / Llama-3.1-8B shapes on an H100 (132 SMs): power-of-two tiles tl.dot accepts, within
+    shared memory, and at the 8B shapes enough programs to cover the SMs at M = 1."""
+    G = kernels()
+    cfg = G.pick_config(M, N, K, gated, 2, 132)
+    G.check_config(cfg, gated, 2)
+    assert cfg.smem(gated, 2) <= G._SMEM_BUDGET
+    programs = -(-N // cfg.block_n) * -(-M // cfg.block_m)
+    if N >= 4096:
+        assert programs >= 132, (cfg, programs)
+
+
+class _Fp8Like(nn.Module):   # stands in for fp8.Fp8Linear: any module that is not a plain nn.Linear
+    weight = None
+
+
+def test_routing_rule():
+    lin = nn.Linear(8, 4, bias=False)
+    x = torch.zeros(2, 3, 8)
+    from trtllm_dflash.runtime.kernels import GEMM_MAX_ROWS
+    assert L.uses_gemm_kernel("triton", lin, x)
+    assert not L.uses_gemm_kernel("torch", lin, x)
+    assert not L.uses_gemm_kernel("triton", _Fp8Like(), x)
+    assert L.uses_gemm_kernel("triton", lin, torch.zeros(GEMM_MAX_ROWS, 8))
+    assert not L.uses_gemm_kernel("triton", lin, torch.zeros(1, GEMM_MAX_ROWS + 1, 8))
+
+
+class _TwoEqualRanks(TPGroup):
+    """tp = 2 where both ranks hold the same shard: the all-reduce doubles (in place, as dist.all_reduce).
+    A residual added before the all-reduce would be doubled too, so the test below can tell."""
+
+    def __init__(self):
+        super().__init__(0, 2)
+
+    def all_reduce(self, x):
+        return x.mul_(2)
+
+
+def _tiny_target(tp):
+    from trtllm_dflash.runtime.models.llama import LlamaTarget, TargetConfig
+    c = TargetConfig("Qwen3ForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=96, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                     rope={"rope_theta": 10000.0, "rope_type": "default"}, max_position_embeddings=64,
+                     tie_word_embeddings=False, attention_bias=False, qk_norm=True)
+    torch.manual_seed(0)
+    model = LlamaTarget(c, tp, 64, capture_layers=(0, 1))
+    for p in model.parameters():
+        if p.dim() == 1:   # norm weights away from 1, so a mixed-up norm shows
+            p.data.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("tp", [TPGroup(), _TwoEqualRanks()], ids=["tp1", "tp2"])
+def test_target_layers_with_the_gemm_kernels(tp, monkeypatch):
+    """Prefill then a decode step of 3 tokens through the target (float32): hidden states and the feature taps
+    with the kernels == the torch path. At tp 1 o_proj and down add the residual in their epilogue (2 per layer
+    and step); at tp 2 they must not (the residual joins after the all-reduce)."""
+    G = kernels()
+    from trtllm_dflash.runtime.kv_cache import KVCache
+    from trtllm_dflash.runtime.models.llama import set_attention_kernel
+    calls = {"residual": 0, "plain": 0, "gated": 0}
+
+    def linear(*args, _f=G.linear, **kw):
+        calls["residual" if (len(args) > 3 and args[3] is not None) or kw.get("residual") is not None
+              else "plain"] += 1
+        return _f(*args, **kw)
+
+    def gated(*args, _f=G.gate_up_silu, **kw):
+        calls["gated"] += 1
+        return _f(*args, **kw)
+
+    monkeypatch.setattr(G, "linear", linear)
+    monkeypatch.setattr(G, "gate_up_silu", gated)
+    model = _tiny_target(tp)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for kernel in ("torch", "triton"):
+        set_attention_kernel(model, kernel)
+        n_layers, kvh, d = model.kv_shape()
+        cache = KVCache(n_layers, 2, kvh, 64, d, torch.float32, "cpu")
+        model(ids[:, :9], torch.arange(9).expand(2, 9), cache, slice(0, 2), None)
+        out[kernel] = model(ids[:, 9:], torch.arange(9, 12).expand(2, 3), cache, slice(0, 2), 12)
+    assert rel(out["triton"][0], out["torch"][0]) < 1e-5 and rel(out["triton"][1], out["torch"][1]) < 1e-5
+    layers, steps = 2, 2   # prefill (18 rows) and decode (6 rows) are both under GEMM_MAX_ROWS
+    assert calls["gated"] == layers * steps
+    if tp.size == 1:
+        assert calls == {"residual": 2 * layers * steps, "plain": 0, "gated": layers * steps}
+    else:
+        assert calls == {"residual": 0, "plain": 2 * layers * steps, "gated": layers * steps}
+
+
+def test_engine_tokens_are_the_same_with_the_gemm_kernels(tiny_qwen3_pair, monkeypatch):
+    """Greedy and sampled DFlash generation of a tiny Qwen3 pair with the decode path in the Triton kernels
+    (GEMMs included, target and drafter) == the torch path, float32."""
+    G = kernels()
+    calls = {"linear": 0, "gate_up_silu": 0}
+    for name in calls:
+        def counted(*args, _f=getattr(G, name), _name=name, **kw):
+            calls[_name] += 1
+            return _f(*args, **kw)
+        monkeypatch.setattr(G, name, counted)
+    cfg = dict(max_seq_len=64, max_batch_size=2)
+    ref = engine_with_kernel(*tiny_qwen3_pair, RuntimeConfig(**cfg, attention_kernel="torch"))
+    assert calls == {"linear": 0, "gate_up_silu": 0}
+    fused = engine_with_kernel(*tiny_qwen3_pair, RuntimeConfig(**cfg, attention_kernel="triton"))
+    ps = [[5, 9, 14, 3, 22], [7, 41]]
+    sp = [SamplingParams(max_new_tokens=6, ignore_eos=True),
+          SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=0.8, seed=3)]
+    for x, y in zip(ref.generate(ps, sp), fused.generate(ps, sp)):
+        assert x.output_ids == y.output_ids
+        assert x.stats.acceptance_lengths == y.stats.acceptance_lengths
+    assert calls["linear"] > 0 and calls["gate_up_silu"] > 0, calls
