@@ -113,7 +113,7 @@ def test_pick_config_is_valid_at_the_real_shapes(M, N, K, gated):
     G = kernels()
     cfg = G.pick_config(M, N, K, gated, 2, 132)
     G.check_config(cfg, gated, 2)
-    assert cfg.smem(gated, 2) <= G._SMEM_BUDGET
+    assert cfg.smem(gated, 2) <= G.SMEM_BUDGET
     programs = -(-N // cfg.block_n) * -(-M // cfg.block_m)
     if N >= 4096:
         assert programs >= 132, (cfg, programs)

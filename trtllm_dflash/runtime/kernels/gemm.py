@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-_SMEM_BUDGET = 160 * 1024   # bytes of pipelined tiles per program (H100: 227 KB per block; headroom for Triton)
+SMEM_BUDGET = 160 * 1024   # bytes of pipelined tiles per program (H100: 227 KB per block; headroom for Triton)
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def _pow2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
 
-def _sms(device: torch.device) -> int:
+def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
@@ -69,7 +69,7 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
             break
     block_n = min(block_n, max(16, _pow2(N)))
     stages = 4
-    while stages > 2 and Config(block_m, block_n, block_k, 4, stages).smem(gated, elem) > _SMEM_BUDGET:
+    while stages > 2 and Config(block_m, block_n, block_k, 4, stages).smem(gated, elem) > SMEM_BUDGET:
         stages -= 1
     return Config(block_m, block_n, block_k, 4, stages)
 
@@ -146,7 +146,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated
     x2 = x.reshape(-1, K)                       # [M, K]
     M = x2.shape[0]
     elem = x.element_size()
-    cfg = cfg or pick_config(M, N, K, gated, elem, _sms(x.device))
+    cfg = cfg or pick_config(M, N, K, gated, elem, num_sms(x.device))
     check_config(cfg, gated, elem)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     r2 = out

@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The decode-path Triton GEMMs (runtime/kernels/gemm.py) against what they replace, one GPU.
+
+    python benchmarks/gemm_bench.py --out gemm_h100.json
+    python benchmarks/gemm_bench.py --smoke --out /tmp/gemm_smoke.json   # tiny shapes, CPU, Triton's interpreter
+
+For each model's (--models, public configs) o_proj and down_proj (with the residual add in the epilogue) and
+gate_up_proj (with SiLU(gate) * up in the epilogue) at M rows (--M): cuBLAS F.linear alone and with its torch
+epilogue (the residual add; the compiled silu_mul), against the Triton kernel at its default config (pick_config)
+and at a few other tile configs. Every variant is captured in a CUDA graph (as the runtime replays decode steps)
+and the replay timed with CUDA events, median of --reps. Each replay runs the GEMM over copies of the weight
+totalling >= 256 MB, so weights stream from HBM rather than from the 50 MB L2; times are per GEMM.
+Bandwidth = bytes that must move (weight + x + out, + residual) / time, and its fraction of the copy bandwidth
+measured in the same run. In the runtime the unfused residual add rides in the next add + RMSNorm kernel, so for
+o_proj / down the baseline that counts is cuBLAS alone; for gate_up it is cuBLAS + silu_mul.
+The summary's ``best`` is the fastest config per shape, ``default`` pick_config's: where best beats default
+clearly, pick_config should be changed; where cuBLAS beats the best Triton config at some M, GEMM_MAX_ROWS (or a
+per-shape rule) should route that M to cuBLAS. A config that fails to compile is recorded under "errors".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+COLD_BYTES = 256 * 1024**2   # weight bytes cycled per timed replay (> L2)
+SMOKE_SHAPES = {"tiny": {"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 2, "head_dim": 16}}
+
+
+def gemms(cfg: dict) -> list[tuple[str, int, int, str]]:
+    """(name, K, N output columns, epilogue) of a decoder layer's o_proj, gate_up_proj and down_proj at tp 1."""
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    attn = cfg["num_attention_heads"] * cfg.get("head_dim", hidden // cfg["num_attention_heads"])
+    return [("o_proj", attn, hidden, "residual"), ("gate_up_proj", hidden, inter, "silu_mul"),
+            ("down_proj", inter, hidden, "residual")]
+
+
+def candidates(G, M: int, smoke: bool) -> list:
+    """Tile configs tried besides pick_config's: FMA (GEMV) tiles at M = 1, tl.dot tiles of BLOCK_N 16..64."""
+    C = G.Config
+    if smoke:
+        return [C(1, 16, 16), C(16, 16, 32, 4, 2)]
+    if M == 1:
+        return [C(1, 32, 256, 4, 3), C(1, 64, 128, 4, 3), C(1, 16, 512, 4, 3), C(16, 16, 256, 4, 4),
+                C(16, 32, 256, 4, 3), C(16, 64, 128, 4, 4), C(16, 16, 512, 4, 3)]
+    bm = min(64, max(16, 1 << (M - 1).bit_length()))
+    return [C(bm, 16, 256, 4, 3), C(bm, 32, 128, 4, 4), C(bm, 64, 128, 4, 3), C(bm, 32, 64, 4, 4),
+            C(bm, 64, 64, 8, 4)]
+
+
+def label(c) -> str:
+    return f"m{c.block_m}n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}"
+
+
+def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, graphed, bw, errors) -> dict:
+    gated = epilogue == "silu_mul"
+    rows = 2 * N if gated else N
+    elem = torch.finfo(dtype).bits // 8
+    w_bytes = rows * K * elem
+    copies = max(1, math.ceil(COLD_BYTES / w_bytes)) if dev.type == "cuda" else 1
+    gen = torch.Generator(dev).manual_seed(0)
+    ws = [torch.randn(rows, K, generator=gen, device=dev, dtype=dtype) / K ** 0.5 for _ in range(copies)]
+    x = torch.randn(M, K, generator=gen, device=dev, dtype=dtype)
+    r = torch.randn(M, N, generator=gen, device=dev, dtype=dtype) if not gated else None
+    moved = w_bytes + (M * K + M * N * (1 if gated else 2)) * elem   # weight + x + out (+ residual)
+    from trtllm_dflash.runtime.models.layers import silu_mul
+
+    def triton(cfg):
+        if gated:
+            return lambda: [G.gate_up_silu(x, w, cfg) for w in ws]
+        return lambda: [G.linear(x, w, None, r, cfg) for w in ws]
+
+    variants = {"cublas": lambda: [F.linear(x, w) for w in ws],
+                "cublas_epilogue": (lambda: [silu_mul(F.linear(x, w)) for w in ws]) if gated
+                else (lambda: [F.linear(x, w) + r for w in ws])}
+    default = G.pick_config(M, N, K, gated, elem, G.num_sms(dev))
+    configs = {"default": default, **{label(c): c for c in candidates(G, M, args.smoke) if c != default}}
+    for key, c in configs.items():
+        variants[f"triton_{key}"] = triton(c)
+
+    # correctness of the default config against float64, so a fast wrong kernel cannot win
+    y64 = x.double() @ ws[0].double().T
+    want = F.silu(y64[:, :N]) * y64[:, N:] if gated else y64 + r.double()
+    got = triton(default)()[0]
+    row = {"model": model, "gemm": name, "epilogue": epilogue, "M": M, "N": N, "K": K, "weight_copies": copies,
+           "bytes": moved, "default_config": label(default),
+           "default_rel_err_vs_f64": ((got.double() - want).norm() / want.norm()).item(), "us": {}}
+    for key, fn in variants.items():
+        try:
+            run = graphed(fn) if dev.type == "cuda" else fn
+            row["us"][key] = 1e6 * cuda_time(run, args.reps) / copies
+        except Exception as err:   # noqa: BLE001 - a config that does not compile here is data, not a crash
+            errors[f"{model}/{name}/M{M}/{key}"] = repr(err)[:500]
+    row["GBps"] = {k: moved / us / 1e3 for k, us in row["us"].items()}
+    row["bw_fraction"] = {k: moved / (us * 1e-6) / bw for k, us in row["us"].items()}
+    tri = {k: v for k, v in row["us"].items() if k.startswith("triton_")}
+    if tri:
+        best = min(tri, key=tri.get)
+        row["best"] = best.removeprefix("triton_").replace("default", label(default))
+        row["best_us"] = tri[best]
+        base = row["us"]["cublas_epilogue" if gated else "cublas"]
+        row["default_speedup_vs_baseline"] = base / tri["triton_default"] if "triton_default" in tri else None
+        row["best_speedup_vs_baseline"] = base / tri[best]
+    print(f"{model:14s} {name:13s} M={M:3d} N={N:6d} K={K:6d}  " + "  ".join(
+        f"{k}={v:.1f}us({row['bw_fraction'][k]:.0%})" for k, v in row["us"].items()
+        if k in ("cublas", "cublas_epilogue", "triton_default") or k == f"triton_{row.get('best')}")
+        + f"  best={row.get('best')} err={row['default_rel_err_vs_f64']:.1e}", flush=True)
+    return row
+
+
+def summarize(rows: list[dict]) -> dict:
+    out = {}
+    for r in rows:
+        if "best" not in r or "triton_default" not in r["us"]:
+            continue
+        out[f"{r['model']}/{r['gemm']}/M{r['M']}"] = {
+            "default": r["default_config"], "default_us": round(r["us"]["triton_default"], 2),
+            "default_bw_fraction": round(r["bw_fraction"]["triton_default"], 3),
+            "best": r["best"], "best_us": round(r["best_us"], 2),
+            "best_bw_fraction": round(r["bw_fraction"][f"triton_{r['best']}" if r["best"] != r["default_config"]
+                                                        else "triton_default"], 3),
+            "baseline_us": round(r["us"]["cublas_epilogue" if r["epilogue"] == "silu_mul" else "cublas"], 2),
+            "default_speedup_vs_baseline": round(r["default_speedup_vs_baseline"], 3)}
+    return out
+
+
+def main(argv=None) -> int:
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="JSON file for every number")
+    p.add_argument("--models", default="smollm2-135m,qwen3-8b,llama-3.1-8b")
+    p.add_argument("--M", default="1,16,64,128", type=ints, help="rows per GEMM (requests x block tokens)")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU in Triton's interpreter")
+    args = p.parse_args(argv)
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"   # before the kernels are imported
+        args.M, args.reps = [m for m in args.M if m <= 16] or [1], 1
+    elif not torch.cuda.is_available():
+        p.error("needs a CUDA GPU (or --smoke)")
+    from step_bench import ceilings, cuda_time, graphed, target_config
+
+    from trtllm_dflash.provenance import record
+    from trtllm_dflash.runtime.kernels import GEMM_MAX_ROWS, gemm as G
+
+    dev = torch.device("cpu" if args.smoke else "cuda")
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    meta = {"device": "cpu (smoke, Triton interpreter)" if args.smoke else torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": __import__("triton").__version__, "cuda": torch.version.cuda,
+            "python": platform.python_version(), "dtype": str(dtype).removeprefix("torch."),
+            "sms": G.num_sms(dev), "gemm_max_rows": GEMM_MAX_ROWS, **ceilings(args.smoke)}
+    print(json.dumps(meta), flush=True)
+    result = {"meta": meta, "provenance": record(["python", "benchmarks/gemm_bench.py", *(argv or sys.argv[1:])]),
+              "rows": [], "errors": {}}
+    shapes = SMOKE_SHAPES if args.smoke else {m: target_config(m) for m in args.models.split(",")}
+    with torch.inference_mode():
+        for model, cfg in shapes.items():
+            for name, K, N, epilogue in gemms(cfg):
+                for M in args.M:
+                    try:
+                        result["rows"].append(bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype,
+                                                          cuda_time, graphed, meta["copy_bw_bytes_per_s"],
+                                                          result["errors"]))
+                    except Exception as err:   # noqa: BLE001 - recorded; the other shapes still run
+                        result["errors"][f"{model}/{name}/M{M}"] = repr(err)[:500]
+                        print(f"{model}/{name}/M{M}: {err!r}", flush=True)
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+    result["summary"] = summarize(result["rows"])
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["summary"], indent=1))
+    print(f"errors: {len(result['errors'])}" + "".join(f"\n  {k}: {v}" for k, v in result["errors"].items()))
+    return 1 if result["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
