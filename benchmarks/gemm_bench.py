@@ -4,15 +4,15 @@
     python benchmarks/gemm_bench.py --out gemm_h100.json
     python benchmarks/gemm_bench.py --smoke --out /tmp/gemm_smoke.json   # tiny shapes, CPU, Triton's interpreter
 
-For each model's (--models, public configs) o_proj and down_proj (with the residual add in the epilogue) and
-gate_up_proj (with SiLU(gate) * up in the epilogue) at M rows (--M): cuBLAS F.linear alone and with its torch
-epilogue (the residual add; the compiled silu_mul), against the Triton kernel at its default config (pick_config)
+For each model's (--models, public configs) qkv_proj (plain), o_proj and down_proj (with the residual add in the
+epilogue) and gate_up_proj (with SiLU(gate) * up in the epilogue) at M rows (--M): cuBLAS F.linear alone and with
+its torch epilogue (the residual add; the compiled silu_mul), against the Triton kernel at its default config (pick_config)
 and at a few other tile configs. Every variant is captured in a CUDA graph (as the runtime replays decode steps)
 and the replay timed with CUDA events, median of --reps. Each replay runs the GEMM over copies of the weight
 totalling >= 256 MB, so weights stream from HBM rather than from the 50 MB L2; times are per GEMM.
 Bandwidth = bytes that must move (weight + x + out, + residual) / time, and its fraction of the copy bandwidth
 measured in the same run. In the runtime the unfused residual add rides in the next add + RMSNorm kernel, so for
-o_proj / down the baseline that counts is cuBLAS alone; for gate_up it is cuBLAS + silu_mul.
+qkv / o_proj / down the baseline that counts is cuBLAS alone; for gate_up it is cuBLAS + silu_mul.
 The summary's ``best`` is the fastest config per shape, ``default`` pick_config's: where best beats default
 clearly, pick_config should be changed; where cuBLAS beats the best Triton config at some M, GEMM_MAX_ROWS (or a
 per-shape rule) should route that M to cuBLAS. A config that fails to compile is recorded under "errors".
@@ -34,15 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 COLD_BYTES = 256 * 1024**2   # weight bytes cycled per timed replay (> L2)
-SMOKE_SHAPES = {"tiny": {"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 2, "head_dim": 16}}
+SMOKE_SHAPES = {"tiny": {"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 2,
+                         "num_key_value_heads": 1, "head_dim": 16}}
 
 
 def gemms(cfg: dict) -> list[tuple[str, int, int, str]]:
-    """(name, K, N output columns, epilogue) of a decoder layer's o_proj, gate_up_proj and down_proj at tp 1."""
+    """(name, K, N output columns, epilogue) of a decoder layer's GEMMs at tp 1."""
     hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
-    attn = cfg["num_attention_heads"] * cfg.get("head_dim", hidden // cfg["num_attention_heads"])
-    return [("o_proj", attn, hidden, "residual"), ("gate_up_proj", hidden, inter, "silu_mul"),
-            ("down_proj", inter, hidden, "residual")]
+    d = cfg.get("head_dim", hidden // cfg["num_attention_heads"])
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    return [("qkv_proj", hidden, (heads + 2 * kv) * d, "none"), ("o_proj", heads * d, hidden, "residual"),
+            ("gate_up_proj", hidden, inter, "silu_mul"), ("down_proj", inter, hidden, "residual")]
 
 
 def candidates(G, M: int, smoke: bool) -> list:
@@ -71,8 +73,8 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
     gen = torch.Generator(dev).manual_seed(0)
     ws = [torch.randn(rows, K, generator=gen, device=dev, dtype=dtype) / K ** 0.5 for _ in range(copies)]
     x = torch.randn(M, K, generator=gen, device=dev, dtype=dtype)
-    r = torch.randn(M, N, generator=gen, device=dev, dtype=dtype) if not gated else None
-    moved = w_bytes + (M * K + M * N * (1 if gated else 2)) * elem   # weight + x + out (+ residual)
+    r = torch.randn(M, N, generator=gen, device=dev, dtype=dtype) if epilogue == "residual" else None
+    moved = w_bytes + (M * K + M * N * (2 if r is not None else 1)) * elem   # weight + x + out (+ residual)
     from trtllm_dflash.runtime.models.layers import silu_mul
 
     def triton(cfg):
@@ -80,9 +82,11 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
             return lambda: [G.gate_up_silu(x, w, cfg) for w in ws]
         return lambda: [G.linear(x, w, None, r, cfg) for w in ws]
 
-    variants = {"cublas": lambda: [F.linear(x, w) for w in ws],
-                "cublas_epilogue": (lambda: [silu_mul(F.linear(x, w)) for w in ws]) if gated
-                else (lambda: [F.linear(x, w) + r for w in ws])}
+    variants = {"cublas": lambda: [F.linear(x, w) for w in ws]}
+    if gated:
+        variants["cublas_epilogue"] = lambda: [silu_mul(F.linear(x, w)) for w in ws]
+    elif r is not None:
+        variants["cublas_epilogue"] = lambda: [F.linear(x, w) + r for w in ws]
     default = G.pick_config(M, N, K, gated, elem, G.num_sms(dev))
     configs = {"default": default, **{label(c): c for c in candidates(G, M, args.smoke) if c != default}}
     for key, c in configs.items():
@@ -90,7 +94,7 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
 
     # correctness of the default config against float64, so a fast wrong kernel cannot win
     y64 = x.double() @ ws[0].double().T
-    want = F.silu(y64[:, :N]) * y64[:, N:] if gated else y64 + r.double()
+    want = F.silu(y64[:, :N]) * y64[:, N:] if gated else y64 + (r.double() if r is not None else 0)
     got = triton(default)()[0]
     row = {"model": model, "gemm": name, "epilogue": epilogue, "M": M, "N": N, "K": K, "weight_copies": copies,
            "bytes": moved, "default_config": label(default),

@@ -274,6 +274,13 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return kernels.linear(x, weight, bias, residual)
 
 
+def project(kernel: str, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """lin(x), weight and bias: on the Triton GEMM where uses_gemm_kernel, else the module's own forward."""
+    if uses_gemm_kernel(kernel, lin, x):
+        return gemm(x, lin.weight, lin.bias)
+    return lin(x)
+
+
 def gate_up_silu(kernel: str, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up of the fused gate_up projection ``lin`` (weight [2I, K]): x [..., K] -> [..., I]. One
     Triton kernel where uses_gemm_kernel, else the projection (cuBLAS or FP8) and the compiled silu_mul."""

@@ -18,7 +18,7 @@ from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from ..kernels import resolve_attention_kernel
 from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, attend, attend_cache, gate_up_silu, gemm, group_mask,
-                     rope_cache_write, rope_parameters, uses_attention_kernel, uses_gemm_kernel)
+                     project, rope_cache_write, rope_parameters, uses_attention_kernel, uses_gemm_kernel)
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -94,7 +94,8 @@ class Attention(nn.Module):
         fuses_residual(x)), residual + that, added in o_proj's epilogue.
         kv_len None = prefill (attend within this chunk); else over cache[:kv_len] incl. the rows written here."""
         n, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)  # [n, T, H, d]
+        qkv = project(self.kernel, self.qkv_proj, x)   # [n, T, (h + 2 kvh) d]
+        q, k, v = qkv.view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)  # [n, T, H, d]
         fused_attention = isinstance(visible, KeyRange)
         q, k = rope_cache_write(q, k, v, cos, sin, _weight(self.q_norm), _weight(self.k_norm), self.eps,
                                 cache, layer, rows, positions, self.kernel, want_k=kv_len is None)
@@ -118,17 +119,16 @@ class Attention(nn.Module):
         w, b = self.o_proj.weight, self.o_proj.bias
         if residual is not None:   # tp 1, Triton GEMM (fuses_residual)
             return gemm(out, w, b, residual)
+        if b is None:
+            return self.tp.all_reduce(project(self.kernel, self.o_proj, out))
         triton = uses_gemm_kernel(self.kernel, self.o_proj, out)
-        if b is None and not triton:
-            return self.tp.all_reduce(self.o_proj(out))
-        y = self.tp.all_reduce(gemm(out, w) if triton else F.linear(out, w))
-        return y if b is None else y + b
+        return self.tp.all_reduce(gemm(out, w) if triton else F.linear(out, w)) + b
 
 
 def set_attention_kernel(model: nn.Module, setting: str) -> str:
     """Point every Attention and MLP of ``model`` (a target or the drafter) at RuntimeConfig.attention_kernel
     as it resolves on the model's device (kernels.resolve_attention_kernel): "triton" runs the decode path's
-    attention and its o_proj / gate_up / down GEMMs in the Triton kernels. Returns "triton" or "torch"."""
+    attention and its qkv / o_proj / gate_up / down GEMMs in the Triton kernels. Returns "triton" or "torch"."""
     kernel = resolve_attention_kernel(setting, next(model.parameters()).device)
     for m in model.modules():
         if isinstance(m, (Attention, MLP)):
@@ -157,9 +157,7 @@ class MLP(nn.Module):
         a = gate_up_silu(self.kernel, self.gate_up_proj, x)   # [n, T, inter / tp]
         if residual is not None:
             return gemm(a, self.down_proj.weight, None, residual)
-        if uses_gemm_kernel(self.kernel, self.down_proj, a):
-            return self.tp.all_reduce(gemm(a, self.down_proj.weight))
-        return self.tp.all_reduce(self.down_proj(a))
+        return self.tp.all_reduce(project(self.kernel, self.down_proj, a))
 
 
 class DecoderLayer(nn.Module):
