@@ -24,6 +24,7 @@ the path for larger M (prefill): see models/llama.py ``gemm_kernel``.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,10 +51,12 @@ def _pow2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
 
+@functools.cache
 def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+@functools.cache   # a pure function of its ints, called per GEMM launch (host time when not graph-replayed)
 def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
     """The default tile for an [M, K] x [N, K]^T GEMM (N = output columns; I for gate_up_silu) on a GPU with
     ``sms`` SMs: tl.dot rows padded to 16..64; the widest BLOCK_N in (64, 32, 16) that still gives two programs
@@ -74,6 +77,7 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
     return Config(block_m, block_n, block_k, 4, stages)
 
 
+@functools.cache
 def check_config(cfg: Config, gated: bool, elem: int) -> None:
     for name in ("block_m", "block_n", "block_k"):
         v = getattr(cfg, name)
@@ -87,9 +91,11 @@ def check_config(cfg: Config, gated: bool, elem: int) -> None:
 
 @triton.jit
 def _load_w(w_ptrs, n_ok, k_ok, EVEN: tl.constexpr):
-    if EVEN:
-        return tl.load(w_ptrs)
-    return tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    if EVEN:   # whole tiles: unmasked loads vectorize without relying on the compiler's mask analysis
+        w = tl.load(w_ptrs)
+    else:
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    return w
 
 
 @triton.jit
