@@ -16,6 +16,12 @@ qkv / o_proj / down the baseline that counts is cuBLAS alone; for gate_up it is 
 The summary's ``best`` is the fastest config per shape, ``default`` pick_config's: where best beats default
 clearly, pick_config should be changed; where cuBLAS beats the best Triton config at some M, GEMM_MAX_ROWS (or a
 per-shape rule) should route that M to cuBLAS. A config that fails to compile is recorded under "errors".
+
+``--compile_only 90`` needs no GPU: it compiles the kernel for sm_90 with Triton's own compiler and ptxas at every
+shape and config above (specialized as a launch would be: 16-byte-aligned pointers, ints divisible by 16 marked so)
+and reports shared memory, registers and spills (cuobjdump), whether the loads are pipelined (cp.async) and whether
+tl.dot became wgmma; a config over the 227 KB of shared memory a block may use on an H100 is an error (it would
+fail at launch).
 """
 from __future__ import annotations
 
@@ -121,6 +127,63 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
     return row
 
 
+KERNEL_ARGS = ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "out_ptr", "M", "N", "K", "up_off", "s_xm", "s_wn", "s_rm", "s_om")
+MAX_SHARED = 227 * 1024   # bytes of shared memory one block may use on an H100 (sm_90)
+
+
+def compile_stats(G, cfg, epilogue: str, M: int, N: int, K: int, arch: int) -> dict:
+    """Compile _gemm_kernel for sm_<arch> (no GPU needed) as a bf16 launch at these shapes would specialize it."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    gated = epilogue == "silu_mul"
+    consts = G.constexprs(cfg, N, K, gated, False, epilogue == "residual", torch.bfloat16)
+    values = dict(M=M, N=N, K=K, up_off=N if gated else 0, s_xm=K, s_wn=K, s_rm=N, s_om=N)
+    sig = {a: "*bf16" if a.endswith("_ptr") else "i32" for a in KERNEL_ARGS} | {c: "constexpr" for c in consts}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(KERNEL_ARGS)
+             if a.endswith("_ptr") or values[a] % 16 == 0 and values[a]}
+    k = triton.compile(ASTSource(fn=G._gemm_kernel, signature=sig, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
+    regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
+    return {"shared": k.metadata.shared, "regs": regs and int(regs.group(1)), "stack": stack and int(stack.group(1)),
+            "pipelined": "cp.async" in k.asm["ptx"], "wgmma": "wgmma" in k.asm["ptx"]}
+
+
+def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> None:
+    done = {}
+    for model, cfg in shapes.items():
+        for name, K, N, epilogue in gemms(cfg):
+            for M in ms:
+                default = G.pick_config(M, N, K, epilogue == "silu_mul", 2, 132)
+                for c in [default, *(c for c in candidates(G, M, smoke=False) if c != default)]:
+                    key = (c, epilogue, N % c.block_n == 0 and K % c.block_k == 0, M == 1)
+                    tag = f"{model}/{name}/M{M}/{label(c)}"
+                    if key not in done:
+                        try:
+                            done[key] = compile_stats(G, c, epilogue, M, N, K, arch)
+                        except Exception as err:   # noqa: BLE001 - recorded, the others still compile
+                            done[key] = {"error": repr(err)[:500]}
+                    row = {"model": model, "gemm": name, "M": M, "config": label(c), "default": c == default,
+                           **done[key]}
+                    result["rows"].append(row)
+                    if "error" in row:
+                        result["errors"][tag] = row["error"]
+                    elif row["shared"] > MAX_SHARED:
+                        result["errors"][tag] = f"{row['shared']} bytes of shared memory > {MAX_SHARED}"
+                    print(f"{tag}: " + " ".join(f"{k}={v}" for k, v in done[key].items())
+                          + (" (default)" if c == default else ""), flush=True)
+
+
 def summarize(rows: list[dict]) -> dict:
     out = {}
     for r in rows:
@@ -145,7 +208,20 @@ def main(argv=None) -> int:
     p.add_argument("--M", default="1,16,64,128", type=ints, help="rows per GEMM (requests x block tokens)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU in Triton's interpreter")
+    p.add_argument("--compile_only", type=int, metavar="ARCH", help="no GPU: compile for sm_ARCH (90 = H100), report")
     args = p.parse_args(argv)
+    if args.compile_only:
+        from step_bench import target_config
+
+        from trtllm_dflash.provenance import record
+        from trtllm_dflash.runtime.kernels import gemm as G
+        result = {"meta": {"compile_only": f"sm_{args.compile_only}", "triton": __import__("triton").__version__},
+                  "provenance": record(["python", "benchmarks/gemm_bench.py", *(argv or sys.argv[1:])]),
+                  "rows": [], "errors": {}}
+        compile_only(G, {m: target_config(m) for m in args.models.split(",")}, args.M, args.compile_only, result)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print(f"errors: {len(result['errors'])}" + "".join(f"\n  {k}: {v}" for k, v in result["errors"].items()))
+        return 1 if result["errors"] else 0
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"   # before the kernels are imported
         args.M, args.reps = [m for m in args.M if m <= 16] or [1], 1

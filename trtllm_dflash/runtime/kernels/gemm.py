@@ -145,6 +145,14 @@ def _gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, K, up_off, s_xm, s_w
     tl.store(out_ptr + rm[:, None].to(tl.int64) * s_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mn_ok)
 
 
+def constexprs(cfg: Config, N: int, K: int, gated: bool, bias: bool, residual: bool, dtype: torch.dtype) -> dict:
+    """_gemm_kernel's compile-time arguments for a launch (benchmarks/gemm_bench.py --compile_only compiles the
+    same set for a GPU architecture without a GPU)."""
+    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GATED=gated, BIAS=bias,
+                RESIDUAL=residual, EVEN_W=N % cfg.block_n == 0 and K % cfg.block_k == 0, DOT=cfg.block_m > 1,
+                IEEE=dtype == torch.float32)
+
+
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated: bool, cfg: Config | None):
     K = x.shape[-1]
     if weight.shape[-1] != K or weight.stride(-1) != 1 or x.stride(-1) != 1:
@@ -165,10 +173,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated
         _gemm_kernel[grid](
             x2, weight, bias if bias is not None else weight, r2, out, M, N, K, N if gated else 0,
             x2.stride(0), weight.stride(0), r2.stride(0), out.stride(0),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            GATED=gated, BIAS=bias is not None, RESIDUAL=residual is not None,
-            EVEN_W=N % cfg.block_n == 0 and K % cfg.block_k == 0, DOT=cfg.block_m > 1,
-            IEEE=x.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            **constexprs(cfg, N, K, gated, bias is not None, residual is not None, x.dtype),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out.view(*x.shape[:-1], N)
 
 
