@@ -139,17 +139,14 @@ def test_kernels_compile_for_the_h100(tmp_path):
     assert all(r["pipelined"] for r in rows if r["default"])   # the default tiles stream weights through cp.async
 
 
-class _Fp8Like(nn.Module):   # stands in for fp8.Fp8Linear: any module that is not a plain nn.Linear
-    weight = None
-
-
 def test_routing_rule():
+    from trtllm_dflash.runtime.fp8 import Fp8Linear
+    from trtllm_dflash.runtime.kernels import GEMM_MAX_ROWS
     lin = nn.Linear(8, 4, bias=False)
     x = torch.zeros(2, 3, 8)
-    from trtllm_dflash.runtime.kernels import GEMM_MAX_ROWS
     assert L.uses_gemm_kernel("triton", lin, x)
     assert not L.uses_gemm_kernel("torch", lin, x)
-    assert not L.uses_gemm_kernel("triton", _Fp8Like(), x)
+    assert not L.uses_gemm_kernel("triton", Fp8Linear(8, 4), x)   # FP8 weights keep torch._scaled_mm
     assert L.uses_gemm_kernel("triton", lin, torch.zeros(GEMM_MAX_ROWS, 8))
     assert not L.uses_gemm_kernel("triton", lin, torch.zeros(1, GEMM_MAX_ROWS + 1, 8))
 

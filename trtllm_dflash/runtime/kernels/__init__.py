@@ -12,8 +12,8 @@ from ...errors import DFlashError
 # Query rows per KV head (G * T) up to which attention against the cache runs in the Triton kernel; larger
 # blocks (chunked prefill) keep the torch path, whose flash kernel is built for them.
 MAX_QUERY_ROWS = 128
-# Rows (requests x block tokens) up to which the decode-path GEMMs (o_proj, gate_up + SiLU, down) run in the
-# Triton GEMM (kernels/gemm.py); larger (prefill chunks) stay on cuBLAS, which is built for them.
+# Rows (requests x block tokens) up to which the decode-path GEMMs (qkv, o_proj + residual, gate_up + SiLU,
+# down + residual) run in the Triton GEMM (kernels/gemm.py); larger (prefill chunks) stay on cuBLAS.
 GEMM_MAX_ROWS = 128
 SETTINGS = ("auto", "triton", "torch")
 

@@ -114,8 +114,8 @@ class Attention(nn.Module):
         return self.tp.size == 1 and uses_gemm_kernel(self.kernel, self.o_proj, x)
 
     def project_out(self, out: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        # row-parallel o_proj: a bias is added once, after the all-reduce. Without one, the module call keeps
-        # an FP8 o_proj (fp8.convert swaps the module) on its own GEMM.
+        # row-parallel o_proj: a bias is added once, after the all-reduce (or in the epilogue at tp 1). Without
+        # one, project keeps an FP8 o_proj (fp8.convert swaps the module) on its own GEMM.
         w, b = self.o_proj.weight, self.o_proj.bias
         if residual is not None:   # tp 1, Triton GEMM (fuses_residual)
             return gemm(out, w, b, residual)
