@@ -58,9 +58,9 @@ def candidates(G, M: int, smoke: bool) -> list:
     C = G.Config
     if smoke:
         return [C(1, 16, 16), C(16, 16, 32, 4, 2)]
-    if M == 1:
-        return [C(1, 32, 256, 4, 3), C(1, 16, 512, 4, 3), C(16, 16, 256, 4, 4), C(16, 32, 256, 4, 4),
-                C(16, 64, 128, 4, 4)]
+    if M == 1:   # FMA tiles down to 4 columns: more programs where N is small (SmolLM2: 576)
+        return [C(1, 32, 256, 4, 3), C(1, 16, 512, 4, 3), C(1, 4, 1024, 4, 3), C(16, 16, 256, 4, 4),
+                C(16, 32, 256, 4, 4), C(16, 64, 128, 4, 4)]
     bm = min(64, max(16, 1 << (M - 1).bit_length()))
     return [C(bm, 16, 256, 4, 3), C(bm, 32, 128, 4, 4), C(bm, 64, 64, 4, 4)]
 

@@ -49,8 +49,8 @@ def operands(M, N, K, dtype, seed=0):
 
 
 def configs(G):
-    # default pick; FMA with ragged N and K tiles; tl.dot with M spread over several row tiles
-    return [None, G.Config(1, 16, 16), G.Config(16, 32, 32, num_stages=2)]
+    # default pick; FMA with ragged N and K tiles (and a narrow one); tl.dot with M over several row tiles
+    return [None, G.Config(1, 16, 16), G.Config(1, 4, 32), G.Config(16, 32, 32, num_stages=2)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -100,6 +100,10 @@ def test_strided_rows_and_errors():
         G.gate_up_silu(x, w[:15])
     with pytest.raises(ValueError, match=">= 16"):
         G.linear(x, w, cfg=G.Config(8, 16, 16))
+    with pytest.raises(ValueError, match=">= 16"):
+        G.linear(x, w, cfg=G.Config(16, 8, 16))
+    with pytest.raises(ValueError, match="powers of two"):
+        G.linear(x, w, cfg=G.Config(1, 12, 16))
     assert G.linear(x[:0], w).shape == (0, 16)
 
 

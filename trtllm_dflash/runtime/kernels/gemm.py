@@ -15,7 +15,8 @@ accumulation is float32, the epilogue rounds once to the model dtype. No split-K
 already gives >= 2 programs per SM at M = 1 (N = 4096 -> 256 programs), and the small models' GEMMs are
 latency-bound at a few microseconds, so a second reduce kernel would cost more than the idle SMs do.
 Two inner products: ``tl.dot`` tiles (BLOCK_M >= 16, tensor cores; rows past M are masked) or, with
-BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows).
+BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows, any power-of-two BLOCK_N:
+narrow tiles put more programs on a small N, e.g. SmolLM2's 576 columns, where BLOCK_N = 16 leaves most SMs idle).
 
 CUDA-graph safe: the grid and the config are functions of the shapes only (pick_config), no autotuning and no
 host syncs. Under ``TRITON_INTERPRET=1`` (set before this module is imported) the kernels run on CPU tensors,
@@ -83,7 +84,7 @@ def check_config(cfg: Config, gated: bool, elem: int) -> None:
         v = getattr(cfg, name)
         if v & (v - 1):
             raise ValueError(f"{name} {v}: tile sizes must be powers of two")
-    if cfg.block_m != 1 and cfg.block_m < 16 or cfg.block_n < 16 or cfg.block_k < 16:
+    if cfg.block_m != 1 and min(cfg.block_m, cfg.block_n, cfg.block_k) < 16:
         raise ValueError(f"{cfg}: tl.dot needs every tile dim >= 16 (block_m = 1 selects the FMA path)")
     if cfg.smem(gated, elem) > 227 * 1024:
         raise ValueError(f"{cfg}: {cfg.smem(gated, elem)} bytes of pipelined tiles exceed the H100's 227 KB")
