@@ -58,6 +58,16 @@ def test_gate_up_silu_bf16(name, hidden, inter, attn, M):
     assert rel(got, L.silu_mul(F.linear(x, w))) < 1e-2
 
 
+def test_rows_do_not_depend_on_the_batch_up_to_16():
+    """pick_config gives M = 1 and M = 16 the same tiles, so a row's bits do not depend on how many rows share the
+    launch: an AR step (1 row) and a DFlash verify (16 rows) compute a token's projections identically."""
+    G = kernels()
+    x, w, r = randn(16, 4096, seed=16), randn(12288, 4096, seed=17, scale=1 / 64), randn(16, 12288, seed=18)
+    for m in (1, 5):
+        assert torch.equal(G.linear(x[:m], w, None, r[:m]), G.linear(x, w, None, r)[:m])
+        assert torch.equal(G.gate_up_silu(x[:m], w), G.gate_up_silu(x, w)[:m])
+
+
 def test_bias_and_every_benchmarked_config_at_qwen3_shapes():
     """The configs benchmarks/gemm_bench.py tries compile and are correct on this GPU (o_proj with a bias, as the
     drafter's may have one)."""

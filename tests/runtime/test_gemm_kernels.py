@@ -86,6 +86,14 @@ def test_gate_up_silu_equals_silu_mul_and_float64(dtype, M, I, K):
         assert rel(got, want) < tol, cfg
 
 
+def test_rows_do_not_depend_on_the_batch_up_to_16():
+    G = kernels()
+    x, w, _, r = operands(16, 32, 64, torch.float32)
+    for m in (1, 5):
+        assert torch.equal(G.linear(x[:m], w, None, r[:m]), G.linear(x, w, None, r)[:m])
+        assert torch.equal(G.gate_up_silu(x[:m], w), G.gate_up_silu(x, w)[:m])
+
+
 def test_strided_rows_and_errors():
     """x rows with a stride (a view of a wider tensor) are read in place; unsupported inputs are clear errors."""
     G = kernels()

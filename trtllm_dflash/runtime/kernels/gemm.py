@@ -62,7 +62,9 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
     """The default tile for an [M, K] x [N, K]^T GEMM (N = output columns; I for gate_up_silu) on a GPU with
     ``sms`` SMs: tl.dot rows padded to 16..64; the widest BLOCK_N in (64, 32, 16) that still gives two programs
     per SM; BLOCK_K 256 for up to 16 rows (more bytes in flight per program), else 128; as many pipeline stages
-    (<= 4) as fit the shared-memory budget. benchmarks/gemm_bench.py times the alternatives."""
+    (<= 4) as fit the shared-memory budget. Every M <= 16 gets the same tiles, so a row's bits do not depend on
+    how many rows share the launch (an AR step and a DFlash verify project a token identically).
+    benchmarks/gemm_bench.py times the alternatives."""
     block_m = min(64, max(16, _pow2(M)))
     block_k = min(256 if M <= 16 else 128, max(16, _pow2(K)))
     m_tiles = -(-M // block_m)
