@@ -188,27 +188,31 @@ def _tiny_target(tp):
     return model
 
 
+def _count(monkeypatch, owner, names, calls, key=lambda name, args, kw: name):
+    """Wrap owner.<name> for each name so that calls[key(...)] counts its calls."""
+    for name in names:
+        def counted(*args, _f=getattr(owner, name), _name=name, **kw):
+            k = key(_name, args, kw)
+            calls[k] = calls.get(k, 0) + 1
+            return _f(*args, **kw)
+        monkeypatch.setattr(owner, name, counted)
+
+
 @pytest.mark.parametrize("tp", [TPGroup(), _TwoEqualRanks()], ids=["tp1", "tp2"])
 def test_target_layers_with_the_gemm_kernels(tp, monkeypatch):
     """Prefill then a decode step of 3 tokens through the target (float32): hidden states and the feature taps
-    with the kernels == the torch path. At tp 1 o_proj and down add the residual in their epilogue; at tp 2 they
-    must not (the residual joins after the all-reduce)."""
+    with the kernels == the torch path. What the decode step runs: at tp 1 o_proj and down add the residual in
+    their epilogue and every norm is a plain RMSNorm (8 kernels per layer, no cuBLAS, no silu_mul); at tp 2 the
+    residual must join after the all-reduce, in the add + norm."""
     G = kernels()
     from trtllm_dflash.runtime.kv_cache import KVCache
     from trtllm_dflash.runtime.models.llama import set_attention_kernel
-    calls = {"residual": 0, "plain": 0, "gated": 0}
-
-    def linear(*args, _f=G.linear, **kw):
-        calls["residual" if (len(args) > 3 and args[3] is not None) or kw.get("residual") is not None
-              else "plain"] += 1
-        return _f(*args, **kw)
-
-    def gated(*args, _f=G.gate_up_silu, **kw):
-        calls["gated"] += 1
-        return _f(*args, **kw)
-
-    monkeypatch.setattr(G, "linear", linear)
-    monkeypatch.setattr(G, "gate_up_silu", gated)
+    calls = {}
+    _count(monkeypatch, G, ["linear"], calls,
+           lambda name, args, kw: "gemm+residual" if (args[3:4] or [kw.get("residual")])[0] is not None else "gemm")
+    _count(monkeypatch, G, ["gate_up_silu"], calls)
+    _count(monkeypatch, L, ["silu_mul", "rms_norm", "add_rms_norm"], calls)
+    _count(monkeypatch, F, ["linear"], calls, lambda name, args, kw: "F.linear")
     model = _tiny_target(tp)
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     out = {}
@@ -217,13 +221,14 @@ def test_target_layers_with_the_gemm_kernels(tp, monkeypatch):
         n_layers, kvh, d = model.kv_shape()
         cache = KVCache(n_layers, 2, kvh, 64, d, torch.float32, "cpu")
         model(ids[:, :9], torch.arange(9).expand(2, 9), cache, slice(0, 2), None)
+        calls.clear()
         out[kernel] = model(ids[:, 9:], torch.arange(9, 12).expand(2, 3), cache, slice(0, 2), 12)
     assert rel(out["triton"][0], out["torch"][0]) < 1e-5 and rel(out["triton"][1], out["torch"][1]) < 1e-5
-    n = 2 * 2   # layers x forwards: prefill (18 rows) and decode (6 rows) are both under GEMM_MAX_ROWS
-    if tp.size == 1:   # qkv plain; o_proj and down with the residual
-        assert calls == {"residual": 2 * n, "plain": n, "gated": n}
-    else:              # qkv, o_proj and down plain, the residual added after the all-reduce
-        assert calls == {"residual": 0, "plain": 3 * n, "gated": n}
+    n = n_layers   # the triton decode step's calls
+    if tp.size == 1:   # qkv plain; o_proj and down with the residual; norms: the first input norm + 2 per layer
+        assert calls == {"gemm": n, "gemm+residual": 2 * n, "gate_up_silu": n, "rms_norm": 1 + 2 * n}
+    else:              # qkv, o_proj and down plain, then all-reduce, then add + norm
+        assert calls == {"gemm": 3 * n, "gate_up_silu": n, "rms_norm": 1, "add_rms_norm": 2 * n}
 
 
 def test_engine_tokens_are_the_same_with_the_gemm_kernels(tiny_qwen3_pair, monkeypatch):
