@@ -5,7 +5,8 @@
     python benchmarks/gemm_bench.py --smoke --out /tmp/gemm_smoke.json   # tiny shapes, CPU, Triton's interpreter
 
 For each model's (--models, public configs) qkv_proj (plain), o_proj and down_proj (with the residual add in the
-epilogue) and gate_up_proj (with SiLU(gate) * up in the epilogue) at M rows (--M): cuBLAS F.linear alone and with
+epilogue), gate_up_proj (with SiLU(gate) * up in the epilogue) and lm_head (plain; the runtime keeps it on cuBLAS:
+timed to see whether routing it would pay) at M rows (--M): cuBLAS F.linear alone and with
 its torch epilogue (the residual add; the compiled silu_mul), against the Triton kernel at its default config (pick_config)
 and at a few other tile configs. Every variant is captured in a CUDA graph (as the runtime replays decode steps)
 and the replay timed with CUDA events, median of --reps. Each replay runs the GEMM over copies of the weight
@@ -41,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 COLD_BYTES = 256 * 1024**2   # weight bytes cycled per timed replay (> L2)
 SMOKE_SHAPES = {"tiny": {"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 2,
-                         "num_key_value_heads": 1, "head_dim": 16}}
+                         "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 80}}
 
 
 def gemms(cfg: dict) -> list[tuple[str, int, int, str]]:
@@ -50,7 +51,8 @@ def gemms(cfg: dict) -> list[tuple[str, int, int, str]]:
     d = cfg.get("head_dim", hidden // cfg["num_attention_heads"])
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     return [("qkv_proj", hidden, (heads + 2 * kv) * d, "none"), ("o_proj", heads * d, hidden, "residual"),
-            ("gate_up_proj", hidden, inter, "silu_mul"), ("down_proj", inter, hidden, "residual")]
+            ("gate_up_proj", hidden, inter, "silu_mul"), ("down_proj", inter, hidden, "residual"),
+            ("lm_head", hidden, cfg["vocab_size"], "none")]   # not routed here (yet): is it worth it?
 
 
 def candidates(G, M: int, smoke: bool) -> list:
