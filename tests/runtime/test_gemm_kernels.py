@@ -159,6 +159,7 @@ def test_routing_rule():
     assert L.uses_gemm_kernel("triton", lin, x)
     assert not L.uses_gemm_kernel("torch", lin, x)
     assert not L.uses_gemm_kernel("triton", Fp8Linear(8, 4), x)   # FP8 weights keep torch._scaled_mm
+    assert not L.uses_gemm_kernel("triton", nn.Linear(8, 4, dtype=torch.float64), x.double())   # no fp64 tl.dot
     assert L.uses_gemm_kernel("triton", lin, torch.zeros(GEMM_MAX_ROWS, 8))
     assert not L.uses_gemm_kernel("triton", lin, torch.zeros(1, GEMM_MAX_ROWS + 1, 8))
 

@@ -261,10 +261,14 @@ def uses_attention_kernel(attn, T: int, kv_len: int | None) -> bool:
 def uses_gemm_kernel(kernel: str, lin: nn.Module, x: torch.Tensor) -> bool:
     """Whether projection ``lin`` of x [..., K] runs in the Triton GEMM (runtime/kernels/gemm.py): the
     decode-path switch is on (kernel == "triton", RuntimeConfig.attention_kernel), ``lin`` is a plain nn.Linear
-    (an Fp8Linear, which runtime/fp8.py swaps in, keeps its own FP8 GEMM) and x has at most GEMM_MAX_ROWS rows
-    (prefill chunks keep cuBLAS)."""
+    (an Fp8Linear, which runtime/fp8.py swaps in, keeps its own FP8 GEMM) in a dtype tl.dot takes (bf16, fp16,
+    fp32; float64 keeps cuBLAS) and x has at most GEMM_MAX_ROWS rows (prefill chunks keep cuBLAS)."""
     from ..kernels import GEMM_MAX_ROWS
-    return kernel == "triton" and type(lin) is nn.Linear and x.numel() <= GEMM_MAX_ROWS * x.shape[-1]
+    return (kernel == "triton" and type(lin) is nn.Linear and lin.weight.dtype in _GEMM_DTYPES
+            and x.numel() <= GEMM_MAX_ROWS * x.shape[-1])
+
+
+_GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
