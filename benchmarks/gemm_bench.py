@@ -6,9 +6,9 @@
 
 For each model's (--models, public configs) qkv_proj (plain), o_proj and down_proj (with the residual add in the
 epilogue), gate_up_proj (with SiLU(gate) * up in the epilogue) and lm_head (plain; the runtime keeps it on cuBLAS:
-timed to see whether routing it would pay) at M rows (--M): cuBLAS F.linear alone and with
-its torch epilogue (the residual add; the compiled silu_mul), against the Triton kernel at its default config (pick_config)
-and at a few other tile configs. Every variant is captured in a CUDA graph (as the runtime replays decode steps)
+timed to see whether routing it would pay) at M rows (--M): cuBLAS F.linear alone and with its torch epilogue
+(the residual add; the compiled silu_mul), against the Triton kernel at its default config (pick_config) and at
+a few other tile configs. Every variant is captured in a CUDA graph (as the runtime replays decode steps)
 and the replay timed with CUDA events, median of --reps. Each replay runs the GEMM over copies of the weight
 totalling >= 256 MB, so weights stream from HBM rather than from the 50 MB L2; times are per GEMM.
 Bandwidth = bytes that must move (weight + x + out, + residual) / time, and its fraction of the copy bandwidth
