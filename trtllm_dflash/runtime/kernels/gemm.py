@@ -1,27 +1,26 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Triton GEMMs for the decode path's few rows (M = requests x block tokens, up to
-kernels.GEMM_MAX_ROWS) with the
-MLP's and the residual stream's elementwise work fused into the epilogue (RuntimeConfig.attention_kernel).
+"""Triton GEMMs for the decode path's few rows (M = requests x block tokens, up to kernels.GEMM_MAX_ROWS), with
+the MLP's and the residual stream's elementwise work fused into the epilogue (RuntimeConfig.attention_kernel).
 
-  linear        out [M, N] = x [M, K] @ W[N, K]^T (+ bias) (+ residual): o_proj and down_proj with the residual
-                add in the epilogue, so the norm after them is a plain RMSNorm (one kernel per GEMM instead of
-                GEMM + add).
+  linear        out [M, N] = x [M, K] @ W[N, K]^T (+ bias) (+ residual): qkv_proj plain; o_proj and down_proj with
+                the residual add in the epilogue, so the norm after them is a plain RMSNorm (one kernel per GEMM
+                instead of GEMM + add).
   gate_up_silu  out [M, I] = SiLU(x @ Wg^T) * (x @ Wu^T) for gate_up_proj's weight [2I, K] (gate rows, then up
                 rows, as the runtime fuses them at load): each program computes the gate and the up tile of the
                 same output columns, so the [M, 2I] intermediate and the silu_mul kernel disappear.
 
 One program per (BLOCK_M rows, BLOCK_N output columns) walks all of K: weights are read once per row tile,
-accumulation is float32, the epilogue rounds once to the model dtype. No split-K: at the 8B shapes BLOCK_N = 16
-already gives >= 2 programs per SM at M = 1 (N = 4096 -> 256 programs), and the small models' GEMMs are
-latency-bound at a few microseconds, so a second reduce kernel would cost more than the idle SMs do.
+accumulation is float32, the epilogue rounds once to the model dtype, and each GEMM is one kernel. No split-K
+(it would need a second, reduce kernel, or non-deterministic atomics): at the 8B shapes BLOCK_N = 16 already
+gives 256 programs at M = 1 for N = 4096, about two per SM; for a small N (SmolLM2's 576 columns) the FMA path's
+narrow tiles spread the columns over more SMs instead. benchmarks/gemm_bench.py measures both.
 Two inner products: ``tl.dot`` tiles (BLOCK_M >= 16, tensor cores; rows past M are masked) or, with
-BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows, any power-of-two BLOCK_N:
-narrow tiles put more programs on a small N, e.g. SmolLM2's 576 columns, where BLOCK_N = 16 leaves most SMs idle).
+BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows, any power-of-two BLOCK_N).
 
 CUDA-graph safe: the grid and the config are functions of the shapes only (pick_config), no autotuning and no
 host syncs. Under ``TRITON_INTERPRET=1`` (set before this module is imported) the kernels run on CPU tensors,
 which the CPU tests use; the runtime calls them on CUDA tensors only. F.linear (cuBLAS) stays the reference and
-the path for larger M (prefill): see models/llama.py ``gemm_kernel``.
+the path for larger M (prefill) and FP8 / float64 weights: the routing rule is models/layers.py uses_gemm_kernel.
 """
 from __future__ import annotations
 
