@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,28 +145,27 @@ def main(argv=None) -> int:
                     torch_path(logits, sb, pos, draft, t_out, a_out, ref_state)
                     ref_t, ref_a = t_out.clone(), a_out.clone()
                     state = fresh_state(n, T, dev)
+                    ref_fn = partial(torch_path, logits, sb, pos, draft, t_out, a_out, state)
                     row = {"model": name, "vocab": V, "rows": n, "block": T, "mode": "greedy" if greedy else "sampled",
-                           "torch_us": timed(lambda: torch_path(logits, sb, pos, draft, t_out, a_out, state), dev,
-                                             args.reps, args.inner),
-                           "torch_kernels": kernels_per_call(
-                               lambda: torch_path(logits, sb, pos, draft, t_out, a_out, state)),
-                           "torch_aten_ops": aten_ops(lambda: torch_path(logits, sb, pos, draft, t_out, a_out, state)),
+                           "torch_us": timed(ref_fn, dev, args.reps, args.inner),
+                           "torch_kernels": kernels_per_call(ref_fn), "torch_aten_ops": aten_ops(ref_fn),
                            "kernel_us": {}, "tokens_equal": True}
                     for bv, pr in plans:
-                        def fn(bv=bv, pr=pr):
-                            K.sample_accept(logits, sb, pos, draft, t_out, a_out, state, block_v=bv, programs=pr)
                         st = fresh_state(n, T, dev)
                         K.sample_accept(logits, sb, pos, draft, t_out, a_out, st, block_v=bv, programs=pr)
                         row["tokens_equal"] &= bool(torch.equal(t_out, ref_t) and torch.equal(a_out, ref_a)
                                                     and torch.equal(st.start, ref_state.start)
                                                     and torch.equal(st.last, ref_state.last))
+                        fn = partial(K.sample_accept, logits, sb, pos, draft, t_out, a_out, state, block_v=bv,
+                                     programs=pr)
                         row["kernel_us"][f"{bv}:{pr}"] = timed(fn, dev, args.reps, args.inner)
                         row["kernel_kernels"] = kernels_per_call(fn)
                     best = min(row["kernel_us"], key=row["kernel_us"].get)
                     row["best_plan"], row["speedup"] = best, row["torch_us"] / row["kernel_us"][best]
                     results.append(row)
                     print(f"{name} n={n} T={T} {row['mode']}: torch {row['torch_us']:.1f} us "
-                          f"({row['torch_kernels']} kernels, {row['torch_aten_ops']} aten ops), kernels {row['kernel_us'][best]:.1f} us at {best} "
+                          f"({row['torch_kernels']} kernels, {row['torch_aten_ops']} aten ops), "
+                          f"kernels {row['kernel_us'][best]:.1f} us at {best} "
                           f"({row['kernel_kernels']} kernels), x{row['speedup']:.1f}, equal={row['tokens_equal']}",
                           flush=True)
     geo = {f"{bv}:{pr}": math.exp(statistics.mean(math.log(r["kernel_us"][f"{bv}:{pr}"]) for r in results))
@@ -173,9 +173,10 @@ def main(argv=None) -> int:
     summary = {"best_plan": min(geo, key=geo.get), "geomean_us_by_plan": geo,
                "default_plan": f"{K.BLOCK_V}:{K.PROGRAMS}",
                "all_tokens_equal": all(r["tokens_equal"] for r in results),
-               "torch_kernels_range": [min(r["torch_kernels"] for r in results), max(r["torch_kernels"] for r in results)],
-               "kernel_kernels_range": [min(r["kernel_kernels"] for r in results), max(r["kernel_kernels"] for r in results)]}
-    out = {"provenance": record(["python", "benchmarks/sample_bench.py", *(argv if argv is not None else sys.argv[1:])]),
+               **{f"{k}_range": [min(r[k] for r in results), max(r[k] for r in results)]
+                  for k in ("torch_kernels", "torch_aten_ops", "kernel_kernels")}}
+    argv_ = argv if argv is not None else sys.argv[1:]
+    out = {"provenance": record(["python", "benchmarks/sample_bench.py", *argv_]),
            "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (Triton interpreter)",
            "summary": summary, "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

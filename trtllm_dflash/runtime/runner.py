@@ -16,8 +16,8 @@ import torch
 
 from ..config import RuntimeConfig, SamplingParams
 from .distributed import TPGroup
-from .kv_cache import KVCache
 from .kernels import resolve_attention_kernel
+from .kv_cache import KVCache
 from .sampling import Commit, SamplingBatch, accept, commit, flags, sample, seed_int64
 
 
