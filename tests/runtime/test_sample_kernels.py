@@ -223,3 +223,36 @@ def test_engine_tokens_are_the_same_with_the_sampling_kernels(tiny_pair, block, 
             assert x.output_ids == y.output_ids
             assert x.stats.acceptance_lengths == y.stats.acceptance_lengths
     assert calls["n"] >= 14, calls   # every decode step of both batches sampled in the kernels
+
+
+COMPILE_SM90 = '''
+import itertools, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from trtllm_dflash.runtime.kernels import sample as K
+target = GPUTarget("cuda", 90, 32)
+sig = {"logits_ptr": "*bf16", "s_ln": "i32", "s_lt": "i32", "temp_ptr": "*fp32", "seed_ptr": "*i64",
+       "pos_ptr": "*i64", "s_pn": "i32", "s_pt": "i32", "val_ptr": "*fp32", "idx_ptr": "*i32", "T": "i32",
+       "V": "i32", "PER_SPLIT": "i32", "SPLITS": "i32", "BLOCK_V": "constexpr", "SAMPLED": "constexpr"}
+for sampled in (False, True):
+    k = triton.compile(ASTSource(K._vocab_argmax, sig, {"BLOCK_V": 1024, "SAMPLED": sampled}), target=target)
+    assert "lg2.approx" not in k.asm["ptx"]   # tl.log is libdevice's logf, as torch's log
+sig = {"val_ptr": "*fp32", "idx_ptr": "*i32", "draft_ptr": "*i64", "s_dn": "i32", "t_ptr": "*i64", "s_tn": "i32",
+       "a_ptr": "*i64", "start_ptr": "*i64", "last_ptr": "*i64", "active_ptr": "*i1", "limit": "i32", "T": "i32",
+       "SPLITS": "i32", "BLOCK_T": "constexpr", "BLOCK_S": "constexpr", "COMMIT": "constexpr"}
+for bt, bs, commit in ((16, 64, True), (1, 256, False)):
+    triton.compile(ASTSource(K._finish, sig, {"BLOCK_T": bt, "BLOCK_S": bs, "COMMIT": commit}), target=target)
+'''
+
+
+def test_kernels_compile_for_the_h100():
+    """The interpreter accepts code the compiler refuses (a plain global in a kernel did): compile both kernels
+    to an sm_90 cubin (Triton's bundled ptxas; no GPU needed), in a process without TRITON_INTERPRET."""
+    pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
