@@ -18,10 +18,15 @@ At decode sizes (a few pairs per expert) both GEMM kernels also split K (grid ax
 holds enough programs to keep HBM busy; the float32 partial sums are then reduced in a fixed order by
 ``_swiglu_kernel`` (+ bias, SwiGLU) and ``_combine_kernel`` (+ bias, x routing weight, sum over the k rows).
 
-Weights are dequantised in registers, with the activations in bf16: ``tl.dot_scaled`` (Triton's own E2M1
-upcast, the default) or an explicit bit-level E2M1 -> float32 decode (``dot_scaled=False``, the variant the
-Triton interpreter can run). Blocks past the used count return at once, so the grid can be sized for the
-worst case: min(E, N * k) + ceil(N * k / BM) blocks.
+Weights are dequantised in registers, never to memory. Three variants of the GEMM inner step (TileConfig.variant,
+``_mx_tile``; default_tiles picks one per call by an explicit rule on the token count):
+  mma   x @ W with tl.dot on BM >= 16 pair rows: ``tl.dot_scaled`` (Triton's own E2M1 upcast) or an explicit
+        bit-level E2M1 decode + tl.dot (``dot_scaled=False``: the variant Triton's CPU interpreter runs);
+  swap  W @ x^T: the same, with the weight's output rows as the MMA's M operand and the pair rows as its N;
+  gemv  decode (~3 integer ops per E2M1 value, ``_e2m1_f16``) and FMA in registers, one valid pair row at a
+        time: no 16-row MMA tile to fill, padding rows skipped; for calls of up to GEMV_MAX_TOKENS tokens.
+Blocks past the used count return at once, so the grid can be sized for the worst case:
+min(E, N * k) + ceil(N * k / BM) blocks.
 """
 from __future__ import annotations
 
@@ -32,15 +37,36 @@ import triton
 import triton.language as tl
 
 
+VARIANTS = ("mma", "swap", "gemv")
+_MMA, _SWAP, _GEMV = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)   # MODE: VARIANTS.index(variant)
+GEMV_MAX_TOKENS = 16   # default_tiles' rule: GEMV up to this many tokens per call (see there)
+
+
 @dataclass(frozen=True)
 class TileConfig:
-    block_m: int = 16      # pair rows per program (tl.dot needs >= 16)
+    """How the two expert GEMMs tile. ``variant``:
+      mma   x @ W: BM pair rows x BN outputs per tl.dot (BM >= 16; at decode most of the 16 rows are padding);
+      swap  W @ x^T: the BN weight rows are the MMA's M side, the BM (>= 16) pair rows its N side;
+      gemv  no MMA: the weight tile is decoded in registers once and FMA'd with each valid pair row in turn, so
+            BM (any power of two >= 2) only bounds the rows per block: padding rows cost nothing.
+    ``dot_scaled`` (mma, swap): Triton's tl.dot_scaled upcast, or the explicit E2M1 decode + tl.dot (the path
+    Triton's CPU interpreter runs); gemv always decodes explicitly."""
+    block_m: int = 16      # pair rows per program
     block_n: int = 64      # output channels per program (H100 sweep: 64 beat 32 at 1, 8 and 512 tokens)
-    block_k: int = 128     # inputs per loop step (a multiple of 32: whole scale groups)
+    block_k: int = 128     # inputs per loop step (a power of two >= 32: whole scale groups)
     num_warps: int = 4
     num_stages: int = 4
     dot_scaled: bool = True
     split_k: int | None = None   # K slices per output tile (None: enough programs to fill the GPU, see split_for)
+    variant: str = "mma"
+
+    def check(self) -> None:
+        pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731
+        mma = self.variant in ("mma", "swap")
+        if (self.variant not in VARIANTS or not (pow2(self.block_m) and pow2(self.block_n) and pow2(self.block_k))
+                or self.block_k < 32 or self.block_m < (16 if mma else 2) or self.block_n < (16 if mma else 1)):
+            raise ValueError(f"{self}: variant is one of {VARIANTS}; block_m/n/k are powers of two, block_k >= 32, "
+                             "and mma/swap need block_m, block_n >= 16 (tl.dot), gemv block_m >= 2")
 
 
 def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
@@ -54,9 +80,19 @@ def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
     return split
 
 
-def default_tiles(pairs: int, num_experts: int) -> TileConfig:
-    """Decode-sized batches (a few pairs per expert) use 16-row GEMV-like tiles; verify/prefill grow BM."""
-    per_expert = pairs / max(1, num_experts)
+def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
+    """The variant and tiles for a call of ``tokens`` tokens x ``top_k`` experts over ``num_experts`` local ones.
+
+    Rule: tokens <= GEMV_MAX_TOKENS -> gemv with block_m = the power of two >= tokens. A token's top-k experts
+    are distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one row block, its weights
+    are read once per call whatever the routing, and the FMA work is the valid rows only. Above that, the MMA
+    variant with BM grown by pairs per expert (verify / prefill sizes, where the 16-row tl.dot tile is full).
+    GEMV_MAX_TOKENS = 16 keeps the AR steps up to batch 16 and a DFlash block of 10 at batch 1 on gemv; where the
+    MMA variant overtakes it is measured per token count by benchmarks/mxfp4_bench.py (gemv_vs_mma rows)."""
+    if tokens <= GEMV_MAX_TOKENS:
+        return TileConfig(variant="gemv", block_m=max(2, 1 << max(0, (tokens - 1).bit_length())), block_n=32,
+                          block_k=256)
+    per_expert = tokens * top_k / max(1, num_experts)
     return TileConfig(block_m=16 if per_expert <= 16 else 32 if per_expert <= 48 else 64)
 
 
@@ -105,65 +141,146 @@ def _e2m1_scaled(nib, scale):
 
 
 @triton.jit
-def _mx_dot(acc, a_ptr_row, a_mask_row, w_ptr_col, w_mask_col, s_ptr_col, k0, K,
-            BK: tl.constexpr, DOT_SCALED: tl.constexpr):
-    """acc [BM, BN] += A[:, k0:k0+BK] @ dequant(W)[k0:k0+BK, :].
+def _e2m1_f16(nib):
+    """E2M1 codes (int32, 0..15) -> float32 value x 2^-14, exactly, in ~3 integer ops: the code's exponent and
+    mantissa bits go to the bottom of an fp16's exponent and the top of its mantissa (the fp16 value is the E2M1
+    value x 2^-14; code 1 = 0.5 becomes the fp16 subnormal 2^-15, which the fp16 -> fp32 conversion keeps). The
+    caller's scale carries the 2^14 back (``_scale_x2p14``). Cheaper than ``_e2m1_scaled``'s select: the GEMV
+    variant decodes every weight in registers, so its integer ops per nibble bound its bandwidth."""
+    bits = ((nib & 7) << 9) | ((nib & 8) << 12)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
-    a_ptr_row [BM, 1]: row starts of the bf16/f32 activations; w_ptr_col / s_ptr_col [1, BN]: the byte and
-    scale row starts of the BN output rows; masks [BM, 1] / [1, BN]."""
-    if DOT_SCALED:
+
+@triton.jit
+def _scale_x2p14(s):
+    """E8M0 scales (int32) -> float32 2^(s - 127) x 2^14 (the ``_e2m1_f16`` offset), built from its exponent bits.
+    Exact for s <= 240; larger scales (2^114 and up; 255 is E8M0's NaN) are outside what this variant decodes."""
+    return ((s + 14) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mx_tile(acc, a_ptr, a_off, nvalid, w_rows, s_rows, w_ok, k0, K,
+             BM: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr, DOT_SCALED: tl.constexpr, CDT: tl.constexpr):
+    """One BK step of acc += A[rows, k0:k0+BK] @ dequant(W)[k0:k0+BK, cols].
+
+    a_off [BM] int64: element offsets of the A rows from a_ptr, -1 for padding rows (the first ``nvalid`` are
+    the valid ones); w_rows / s_rows [BN]: the byte / scale row starts of the BN output rows, w_ok [BN] their mask.
+    acc is [BM, BN] for MODE _MMA and _GEMV, [BN, BM] for _SWAP (the weight is the MMA's M operand: its output
+    rows fill the 64-row instruction that 1..16 pair rows would waste). CDT: the MMA operand type (bf16 on CUDA;
+    float32 in Triton's CPU interpreter, where numpy has no bf16)."""
+    a_ok = a_off >= 0
+    a_row = a_ptr + tl.where(a_ok, a_off, 0)
+    if MODE == _GEMV:
+        # [BN, G, 16] bytes: G = BK / 32 scale groups of 16 bytes (32 inputs) per output row; no tl.dot, so any
+        # number of pair rows: each valid row costs its FMAs, padding rows cost nothing, the weights load once
+        G: tl.constexpr = BK // 32
+        g = tl.arange(0, G)
+        b = tl.arange(0, 16)
+        grp = k0 // 32 + g                                                        # [G] global scale groups
+        wm = w_ok[:, None, None] & (grp < K // 32)[None, :, None]
+        w = tl.load(w_rows[:, None, None] + (grp * 16)[None, :, None] + b[None, None, :], mask=wm,
+                    other=0).to(tl.int32)                                         # [BN, G, 16]
+        sc = _scale_x2p14(tl.load(s_rows[:, None] + grp[None, :], mask=w_ok[:, None] & (grp < K // 32)[None, :],
+                                  other=0).to(tl.int32))                          # [BN, G]
+        lo = _e2m1_f16(w & 15)                                                    # inputs 2j
+        hi = _e2m1_f16(w >> 4)                                                    # inputs 2j + 1
+        ke = (grp * 32)[:, None] + 2 * b[None, :]                                 # [G, 16] even inputs
+        km = (grp < K // 32)[:, None]
+        ar = tl.arange(0, BM)
+        for r in range(0, nvalid):
+            off = tl.sum(tl.where(ar == r, a_off, 0), axis=0)                     # row r's offset (a scalar)
+            xe = tl.load(a_ptr + off + ke, mask=km, other=0.0).to(tl.float32)
+            xo = tl.load(a_ptr + off + ke + 1, mask=km, other=0.0).to(tl.float32)
+            part = tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2)      # [BN, G]: one scale each
+            y = tl.sum(part * sc, axis=1)                                         # [BN]
+            acc = tl.where((ar == r)[:, None], acc + y[None, :], acc)
+    elif DOT_SCALED:
         kk = k0 + tl.arange(0, BK)
-        a = tl.load(a_ptr_row + kk[None, :], mask=a_mask_row & (kk < K)[None, :], other=0.0).to(tl.bfloat16)
         kb = k0 // 2 + tl.arange(0, BK // 2)
-        w = tl.load(w_ptr_col + kb[:, None], mask=w_mask_col & (kb < K // 2)[:, None], other=0)   # [BK/2, BN]
         ks = k0 // 32 + tl.arange(0, BK // 32)
-        s = tl.load(tl.trans(s_ptr_col) + ks[None, :], mask=tl.trans(w_mask_col) & (ks < K // 32)[None, :],
-                    other=127)                                                                    # [BN, BK/32]
-        acc = tl.dot_scaled(a, None, "bf16", w, s, "e2m1", acc)
+        s = tl.load(s_rows[:, None] + ks[None, :], mask=w_ok[:, None] & (ks < K // 32)[None, :], other=127)  # [BN, BK/32]
+        if MODE == _SWAP:
+            w = tl.load(w_rows[:, None] + kb[None, :], mask=w_ok[:, None] & (kb < K // 2)[None, :], other=0)  # [BN, BK/2]
+            a = tl.load(a_row[None, :] + kk[:, None], mask=a_ok[None, :] & (kk < K)[:, None], other=0.0)     # [BK, BM]
+            acc = tl.dot_scaled(w, s, "e2m1", a.to(tl.bfloat16), None, "bf16", acc)
+        else:
+            w = tl.load(w_rows[None, :] + kb[:, None], mask=w_ok[None, :] & (kb < K // 2)[:, None], other=0)  # [BK/2, BN]
+            a = tl.load(a_row[:, None] + kk[None, :], mask=a_ok[:, None] & (kk < K)[None, :], other=0.0)     # [BM, BK]
+            acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
     else:
         # even inputs meet low nibbles, odd inputs high nibbles: two dots, no interleave of the weights
         j = tl.arange(0, BK // 2)
         ke = k0 + 2 * j
-        a_even = tl.load(a_ptr_row + ke[None, :], mask=a_mask_row & (ke < K)[None, :], other=0.0).to(tl.bfloat16)
-        a_odd = tl.load(a_ptr_row + ke[None, :] + 1, mask=a_mask_row & (ke + 1 < K)[None, :], other=0.0).to(tl.bfloat16)
         kb = k0 // 2 + j
-        wm = w_mask_col & (kb < K // 2)[:, None]
-        w = tl.load(w_ptr_col + kb[:, None], mask=wm, other=0).to(tl.int32)                      # [BK/2, BN]
-        s = tl.load(s_ptr_col + (kb // 16)[:, None], mask=wm, other=127).to(tl.int32)
-        scale = (s << 23).to(tl.float32, bitcast=True)                                           # 2^(s - 127)
-        lo = _e2m1_scaled(w & 15, scale).to(tl.bfloat16)
-        hi = _e2m1_scaled(w >> 4, scale).to(tl.bfloat16)
-        acc = tl.dot(a_even, lo, acc)
-        acc = tl.dot(a_odd, hi, acc)
+        if MODE == _SWAP:
+            wm = w_ok[:, None] & (kb < K // 2)[None, :]
+            w = tl.load(w_rows[:, None] + kb[None, :], mask=wm, other=0).to(tl.int32)                 # [BN, BK/2]
+            s = tl.load(s_rows[:, None] + (kb // 16)[None, :], mask=wm, other=127).to(tl.int32)
+            a_even = tl.load(a_row[None, :] + ke[:, None], mask=a_ok[None, :] & (ke < K)[:, None], other=0.0)   # [BK/2, BM]
+            a_odd = tl.load(a_row[None, :] + ke[:, None] + 1, mask=a_ok[None, :] & (ke + 1 < K)[:, None], other=0.0)
+        else:
+            wm = w_ok[None, :] & (kb < K // 2)[:, None]
+            w = tl.load(w_rows[None, :] + kb[:, None], mask=wm, other=0).to(tl.int32)                 # [BK/2, BN]
+            s = tl.load(s_rows[None, :] + (kb // 16)[:, None], mask=wm, other=127).to(tl.int32)
+            a_even = tl.load(a_row[:, None] + ke[None, :], mask=a_ok[:, None] & (ke < K)[None, :], other=0.0)   # [BM, BK/2]
+            a_odd = tl.load(a_row[:, None] + ke[None, :] + 1, mask=a_ok[:, None] & (ke + 1 < K)[None, :], other=0.0)
+        scale = (s << 23).to(tl.float32, bitcast=True)                                               # 2^(s - 127)
+        lo = _e2m1_scaled(w & 15, scale).to(CDT)
+        hi = _e2m1_scaled(w >> 4, scale).to(CDT)
+        if MODE == _SWAP:
+            acc = tl.dot(lo, a_even.to(CDT), acc)
+            acc = tl.dot(hi, a_odd.to(CDT), acc)
+        else:
+            acc = tl.dot(a_even.to(CDT), lo, acc)
+            acc = tl.dot(a_odd.to(CDT), hi, acc)
+    return acc
+
+
+@triton.jit
+def _acc_zeros(BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr):
+    if MODE == _SWAP:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _rows_first(acc, MODE: tl.constexpr):
+    """[BM, BN] whatever the orientation ``_mx_tile`` accumulated in."""
+    if MODE == _SWAP:
+        acc = tl.trans(acc)
     return acc
 
 
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, act_ptr, part_ptr,
                     K, I, R, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_SCALED: tl.constexpr,
-                    SPLIT: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr,
+                    DOT_SCALED: tl.constexpr, SPLIT: tl.constexpr, CDT: tl.constexpr):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if pid_m >= tl.load(num_blocks_ptr):
         return
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    rows = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))                   # pair ids, -1 = padding
+    rows = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))                   # pair ids, -1 = padding (last)
     valid = rows >= 0
-    tok = tl.where(valid, rows // topk, 0).to(tl.int64)
+    nvalid = tl.sum(valid.to(tl.int32), axis=0)
+    a_off = tl.where(valid, (rows // topk).to(tl.int64) * stride_xm, -1)        # the pairs' token rows of x
     c = pid_n * BN + tl.arange(0, BN)                                            # intermediate channels
     cm = c < I
-    a_row = x_ptr + tok[:, None] * stride_xm
     g_rows, u_rows = (2 * c).to(tl.int64), (2 * c + 1).to(tl.int64)
-    wg = w_ptr + e * stride_we + g_rows[None, :] * stride_wn
-    wu = w_ptr + e * stride_we + u_rows[None, :] * stride_wn
-    sg = s_ptr + e * stride_se + g_rows[None, :] * stride_sn
-    su = s_ptr + e * stride_se + u_rows[None, :] * stride_sn
-    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    wg = w_ptr + e * stride_we + g_rows * stride_wn
+    wu = w_ptr + e * stride_we + u_rows * stride_wn
+    sg = s_ptr + e * stride_se + g_rows * stride_sn
+    su = s_ptr + e * stride_se + u_rows * stride_sn
+    acc_g = _acc_zeros(BM, BN, MODE)
+    acc_u = _acc_zeros(BM, BN, MODE)
     k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
     for k0 in range(pid_k * k_len, tl.minimum(pid_k * k_len + k_len, K), BK):
-        acc_g = _mx_dot(acc_g, a_row, valid[:, None], wg, cm[None, :], sg, k0, K, BK, DOT_SCALED)
-        acc_u = _mx_dot(acc_u, a_row, valid[:, None], wu, cm[None, :], su, k0, K, BK, DOT_SCALED)
+        acc_g = _mx_tile(acc_g, x_ptr, a_off, nvalid, wg, sg, cm, k0, K, BM, BK, MODE, DOT_SCALED, CDT)
+        acc_u = _mx_tile(acc_u, x_ptr, a_off, nvalid, wu, su, cm, k0, K, BM, BK, MODE, DOT_SCALED, CDT)
+    acc_g = _rows_first(acc_g, MODE)
+    acc_u = _rows_first(acc_u, MODE)
     out_rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     if SPLIT > 1:  # partial sums [SPLIT, R, 2, I]; _swiglu_kernel adds them up
         m = valid[:, None] & cm[None, :]
@@ -181,7 +298,7 @@ def _swiglu_store(acc_g, acc_u, bias_ptr, g_rows, u_rows, cm, valid, act_ptr, ou
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     act = (up + 1.0) * gate * tl.sigmoid(gate * alpha)
-    tl.store(act_ptr + out_rows[:, None] * I + c[None, :], act.to(tl.bfloat16), mask=valid[:, None] & cm[None, :])
+    tl.store(act_ptr + out_rows[:, None] * I + c[None, :], act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & cm[None, :])
 
 
 @triton.jit
@@ -210,32 +327,33 @@ def _swiglu_kernel(part_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr
 @triton.jit
 def _down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, rw_ptr, y_ptr,
                  K, H, P, stride_we, stride_wn, stride_se, stride_sn, stride_be,
-                 HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 DOT_SCALED: tl.constexpr, SPLIT: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr,
+                 DOT_SCALED: tl.constexpr, SPLIT: tl.constexpr, CDT: tl.constexpr):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if pid_m >= tl.load(num_blocks_ptr):
         return
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     rows = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
     valid = rows >= 0
+    nvalid = tl.sum(valid.to(tl.int32), axis=0)
     n = pid_n * BN + tl.arange(0, BN)                                            # hidden features
     nm = n < H
-    a_row = act_ptr + (pid_m * BM + tl.arange(0, BM)).to(tl.int64)[:, None] * K
-    w = w_ptr + e * stride_we + n.to(tl.int64)[None, :] * stride_wn
-    s = s_ptr + e * stride_se + n.to(tl.int64)[None, :] * stride_sn
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    a_off = tl.where(valid, (pid_m * BM + tl.arange(0, BM)).to(tl.int64) * K, -1)   # this block's act rows
+    w = w_ptr + e * stride_we + n.to(tl.int64) * stride_wn
+    s = s_ptr + e * stride_se + n.to(tl.int64) * stride_sn
+    acc = _acc_zeros(BM, BN, MODE)
     k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
     for k0 in range(pid_k * k_len, tl.minimum(pid_k * k_len + k_len, K), BK):
-        acc = _mx_dot(acc, a_row, valid[:, None], w, nm[None, :], s, k0, K, BK, DOT_SCALED)
+        acc = _mx_tile(acc, act_ptr, a_off, nvalid, w, s, nm, k0, K, BM, BK, MODE, DOT_SCALED, CDT)
+    acc = _rows_first(acc, MODE)
+    pr = tl.where(valid, rows, 0).to(tl.int64)
     if SPLIT > 1:  # float32 partials [SPLIT, P, H]; _combine_kernel adds bias, weight and the k rows
-        pr = tl.where(valid, rows, 0).to(tl.int64)
         tl.store(y_ptr + (pid_k * P + pr[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
         return
     if HAS_BIAS:
         acc += tl.load(b_ptr + e * stride_be + n, mask=nm, other=0.0).to(tl.float32)[None, :]
-    rw = tl.load(rw_ptr + tl.where(valid, rows, 0), mask=valid, other=0.0).to(tl.float32)
+    rw = tl.load(rw_ptr + pr, mask=valid, other=0.0).to(tl.float32)
     acc = acc * rw[:, None]
-    pr = tl.where(valid, rows, 0).to(tl.int64)
     tl.store(y_ptr + pr[:, None] * H + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=valid[:, None] & nm[None, :])
 
 
@@ -294,13 +412,17 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     N, k = ids.shape
     E, two_i, G, _ = gu_blocks.shape
     H, I = x.shape[1], two_i // 2
-    t = tiles or default_tiles(N * k, E)
+    t = tiles or default_tiles(N, k, E)
+    t.check()
+    mode = VARIANTS.index(t.variant)
+    # MMA operand / activation type: bf16 on CUDA; float32 in Triton's CPU interpreter (numpy has no bf16)
+    cdt, act_dtype = (tl.bfloat16, torch.bfloat16) if x.device.type == "cuda" else (tl.float32, torch.float32)
     x = x.contiguous()
     sorted_ids, block_expert, num_blocks, max_blocks = route(ids, first, E, t.block_m)
     R, sms, dev = max_blocks * t.block_m, _sms(x.device), x.device
     # programs that do work: at most one row block per chosen expert at decode sizes
     busy = min(max_blocks, min(E, N * k) + (N * k) // t.block_m)
-    act = torch.empty(R, I, dtype=torch.bfloat16, device=dev)
+    act = torch.empty(R, I, dtype=act_dtype, device=dev)
     gu_b, gu_s = gu_blocks.view(E, two_i, G * 16), gu_scales
     n_gu = triton.cdiv(I, t.block_n)
     split = split_for(t, busy * n_gu, triton.cdiv(H, t.block_k), sms)
@@ -308,8 +430,8 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     _gate_up_kernel[(max_blocks, n_gu, split)](
         x, gu_b, gu_s, gu_bias, sorted_ids, block_expert, num_blocks, act, part, H, I, R, k, float(limit),
         float(alpha), x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_s.stride(0), gu_s.stride(1), gu_bias.stride(0),
-        BM=t.block_m, BN=t.block_n, BK=t.block_k, DOT_SCALED=t.dot_scaled, SPLIT=split, num_warps=t.num_warps,
-        num_stages=t.num_stages)
+        BM=t.block_m, BN=t.block_n, BK=t.block_k, MODE=mode, DOT_SCALED=t.dot_scaled, SPLIT=split, CDT=cdt,
+        num_warps=t.num_warps, num_stages=t.num_stages)
     if split > 1:
         _swiglu_kernel[(max_blocks, n_gu)](part, gu_bias, sorted_ids, block_expert, num_blocks, act, I, R,
                                            float(limit), float(alpha), gu_bias.stride(0), BM=t.block_m, BN=t.block_n,
@@ -325,8 +447,8 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     _down_kernel[(max_blocks, n_dn, split)](
         act, dn_b, dn_s, bias, sorted_ids, block_expert, num_blocks, weights.reshape(-1).contiguous(), y, I, H, N * k,
         dn_b.stride(0), dn_b.stride(1), dn_s.stride(0), dn_s.stride(1), bias.stride(0),
-        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, DOT_SCALED=t.dot_scaled,
-        SPLIT=split, num_warps=t.num_warps, num_stages=t.num_stages)
+        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, MODE=mode, DOT_SCALED=t.dot_scaled,
+        SPLIT=split, CDT=cdt, num_warps=t.num_warps, num_stages=t.num_stages)
     if split == 1:
         return y.view(N, k, H).sum(1)
     out = torch.empty(N, H, dtype=x.dtype, device=dev)
