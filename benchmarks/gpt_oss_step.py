@@ -289,7 +289,7 @@ def tile_sweep(target, device, token_counts, iters: int, sweep_decode: bool = Fa
     rows = []
     for N in token_counts:
         x, ids, w = moe_inputs(target, N, device)
-        base = mxfp4_moe.default_tiles(ids.numel(), mx.num_local)
+        base = mxfp4_moe.default_tiles(N, ids.shape[1], mx.num_local)
         for ds in ((True, False) if sweep_decode else (True,)):
             for bn, bk, warps in ((64, 128, 4), (128, 128, 8), (64, 256, 8), (128, 64, 4)):
                 t = dataclasses.replace(base, block_n=bn, block_k=bk, num_warps=warps, dot_scaled=ds)
