@@ -83,15 +83,17 @@ def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
 def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     """The variant and tiles for a call of ``tokens`` tokens x ``top_k`` experts over ``num_experts`` local ones.
 
-    Rule: tokens <= GEMV_MAX_TOKENS -> gemv with block_m = the power of two >= tokens. A token's top-k experts
-    are distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one row block, its weights
-    are read once per call whatever the routing, and the FMA work is the valid rows only. Above that, the MMA
-    variant with BM grown by pairs per expert (verify / prefill sizes, where the 16-row tl.dot tile is full).
-    GEMV_MAX_TOKENS = 16 keeps the AR steps up to batch 16 and a DFlash block of 10 at batch 1 on gemv; where the
-    MMA variant overtakes it is measured per token count by benchmarks/mxfp4_bench.py (gemv_vs_mma rows)."""
+    Rule: tokens <= GEMV_MAX_TOKENS -> gemv with block_m = GEMV_MAX_TOKENS. A token's top-k experts are
+    distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one row block, its weights
+    are read once per call whatever the routing, and the FMA work is the valid rows only (padding rows are
+    skipped, so one block_m serves every token count: one compiled kernel). Above that, the MMA variant with BM
+    grown by pairs per expert (verify / prefill sizes, where the 16-row tl.dot tile is full). 16 keeps the AR
+    steps up to batch 16 and a DFlash block of 10 at batch 1 on gemv; where mma overtakes gemv is measured per
+    token count and routing by benchmarks/mxfp4_bench.py (its ``best`` rows), which is where to move it from.
+    block_n 32 x block_k 256: 128 contiguous bytes (one cache line) per weight row per step, 8 KB of gate + up
+    weights per step and program."""
     if tokens <= GEMV_MAX_TOKENS:
-        return TileConfig(variant="gemv", block_m=max(2, 1 << max(0, (tokens - 1).bit_length())), block_n=32,
-                          block_k=256)
+        return TileConfig(variant="gemv", block_m=GEMV_MAX_TOKENS, block_n=32, block_k=256)
     per_expert = tokens * top_k / max(1, num_experts)
     return TileConfig(block_m=16 if per_expert <= 16 else 32 if per_expert <= 48 else 64)
 
