@@ -255,3 +255,22 @@ def test_dequant_layout_pinned_by_hand():
     want = torch.zeros(1, 32, 2, dtype=torch.float64)
     want[0, 0, 0], want[0, 1, 0], want[0, 30, 1], want[0, 31, 1] = -3.0, 2.0, 3.0, -3.0
     assert torch.equal(w, want)
+
+
+def test_bench_smoke_in_the_interpreter(tmp_path):
+    """benchmarks/mxfp4_bench.py --smoke: rows for every point, the configs agree, ``best`` per point."""
+    if torch.cuda.is_available():
+        pytest.skip("--smoke is the CPU interpreter run")
+    triton_or_skip()
+    import json
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import mxfp4_bench
+    out = tmp_path / "b.json"
+    assert mxfp4_bench.main(["--smoke", "--configs", "old,default", "--routings", "concentrated",
+                             "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert {(r["tokens"], r["config"]) for r in res["rows"]} == {(n, c) for n in (1, 3) for c in ("old", "default")}
+    assert all(r["us"] > 0 and r["rel_diff_vs_first_config"] < 1e-5 and r["distinct_experts"] >= 1 for r in res["rows"])
+    assert set(res["best"]) == {"tiny/N1/concentrated", "tiny/N3/concentrated"}
