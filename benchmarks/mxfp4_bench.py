@@ -162,6 +162,8 @@ def main(argv=None) -> int:
                         tiles = mx.default_tiles(N, k, E)
                     else:
                         tiles = mx.TileConfig(**table[name])
+                        if tiles.variant == "gemv" and N > tiles.block_m:  # gemv holds an expert's pairs in one block
+                            tiles = dataclasses.replace(tiles, block_m=1 << (N - 1).bit_length())
                     fn = lambda t=tiles: mx.fused_experts(  # noqa: E731
                         x, ids, weights, w["gu_blocks"], w["gu_scales"], w["gu_bias"], w["dn_blocks"], w["dn_scales"],
                         w["dn_bias"], first=0, num_experts=E, limit=7.0, alpha=SWIGLU_ALPHA, tiles=t)

@@ -3,8 +3,9 @@
 
 The experts stay in the published layout (models/mxfp4.py): ``*_blocks`` uint8 [E, rows, K / 32, 16] (two E2M1
 values per byte, low nibble first) and ``*_scales`` uint8 [E, rows, K / 32] (E8M0), rows = output features.
-Three kernels per MoE layer, all on the device (no host sync, fixed grids: CUDA-graph safe):
+All on the device (no host sync, fixed grids: CUDA-graph safe). Two kernel paths, chosen by TileConfig.variant:
 
+mma / swap (any token count), 3 kernels per MoE layer (+ 2 reductions at decode sizes):
   route     one program per local expert: counts every expert's (token, slot) pairs, then writes its own
             pairs in order into its BM-padded segment of ``sorted`` (padding -1) and its block ids into
             ``block_expert``; the first program writes the number of used blocks. Deterministic (no atomics).
@@ -13,10 +14,18 @@ Three kernels per MoE layer, all on the device (no host sync, fixed grids: CUDA-
             runs in the epilogue; the activation goes to a padded [blocks * BM, I] bf16 buffer.
   down      grid (max blocks, H / BN): the activation rows times down_proj, + bias, x routing weight, stored
             to the pair's row of y [N * k, H]; the k rows of a token are summed by the caller (no atomics).
+  At decode sizes both GEMM kernels also split K (grid axis 2, ``split_for``) so the GPU holds enough programs
+  to keep HBM busy; the float32 partial sums are then reduced in a fixed order by ``_swiglu_kernel`` (+ bias,
+  SwiGLU) and ``_combine_kernel`` (+ bias, x routing weight, sum over the k rows).
 
-At decode sizes (a few pairs per expert) both GEMM kernels also split K (grid axis 2, ``split_for``) so the GPU
-holds enough programs to keep HBM busy; the float32 partial sums are then reduced in a fixed order by
-``_swiglu_kernel`` (+ bias, SwiGLU) and ``_combine_kernel`` (+ bias, x routing weight, sum over the k rows).
+gemv (up to block_m tokens per call: decode and DFlash blocks), 2 kernels per MoE layer:
+  gate_up   grid (min(E, N * k) expert slots, I / BN, split): each program finds its slot's expert and that
+            expert's pairs itself from the call's expert ids (``_gemv_pairs``: no route kernel, no sorted array),
+            so every distinct expert's weights are read once; SwiGLU epilogue into act [N * k, I].
+  down      the same grid over H: float32 partials per pair; the program that completes a feature tile (a
+            per-tile counter, ``_last_arrival``) sums every token's k pairs in a fixed order and writes out [N, H].
+  Split-K partials are summed in slice order by whichever program finishes a tile last: deterministic, and no
+  separate reduction kernel.
 
 Weights are dequantised in registers, never to memory. Three variants of the GEMM inner step (TileConfig.variant,
 ``_mx_tile``; default_tiles picks one per call by an explicit rule on the token count):
@@ -304,6 +313,19 @@ def _swiglu_store(acc_g, acc_u, bias_ptr, g_rows, u_rows, cm, valid, act_ptr, ou
 
 
 @triton.jit
+def _gate_up_partials(part_ptr, rows, m, c, R, I, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """The SPLIT float32 gate / up partial sums of rows [BM] x channels c [BN] (layout [SPLIT, R, 2, I]), added
+    in slice order (deterministic). Read through L2 (.cg): in the gemv kernels other programs wrote them."""
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    for sk in tl.static_range(SPLIT):
+        base = part_ptr + ((sk * R + rows[:, None]) * 2) * I + c[None, :]
+        acc_g += tl.load(base, mask=m, other=0.0, cache_modifier=".cg")
+        acc_u += tl.load(base + I, mask=m, other=0.0, cache_modifier=".cg")
+    return acc_g, acc_u
+
+
+@triton.jit
 def _swiglu_kernel(part_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, act_ptr, I, R, limit, alpha,
                    stride_be, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
     """Split-K gate_up: the SPLIT partial sums, in order, then bias and the clamped SwiGLU."""
@@ -315,13 +337,7 @@ def _swiglu_kernel(part_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr
     c = pid_n * BN + tl.arange(0, BN)
     cm = c < I
     out_rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-    m = valid[:, None] & cm[None, :]
-    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-    for sk in range(SPLIT):
-        base = part_ptr + ((sk * R + out_rows[:, None]) * 2) * I + c[None, :]
-        acc_g += tl.load(base, mask=m, other=0.0)
-        acc_u += tl.load(base + I, mask=m, other=0.0)
+    acc_g, acc_u = _gate_up_partials(part_ptr, out_rows, valid[:, None] & cm[None, :], c, R, I, BM, BN, SPLIT)
     _swiglu_store(acc_g, acc_u, b_ptr + e * stride_be, (2 * c).to(tl.int64), (2 * c + 1).to(tl.int64), cm, valid,
                   act_ptr, out_rows, c, I, limit, alpha)
 
@@ -360,24 +376,141 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num
 
 
 @triton.jit
-def _combine_kernel(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, H, P, first, num_local, stride_be,
-                    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
-    """Split-K down: out[t] = sum_j w[t, j] * (sum_s part[s, t * k + j] + bias[e]), over this rank's experts."""
-    t, pid_n = tl.program_id(0), tl.program_id(1)
+def _combine_tokens(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, t0, N, n, nm, H, P, first, num_local, stride_be,
+                    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, TB: tl.constexpr, BN: tl.constexpr,
+                    SPLIT: tl.constexpr):
+    """out[t] = sum_j w[t, j] * (sum_s part[s, t * k + j] + bias[e]) over this rank's experts, for tokens
+    t0 .. t0 + TB (masked to N) x features n [BN]; fixed order (deterministic); 0 for a token with no local pair."""
+    t = t0 + tl.arange(0, TB)
+    tm = t < N
+    out = tl.zeros([TB, BN], dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        pair = t * TOPK + j
+        e = tl.load(ids_ptr + pair, mask=tm, other=-1).to(tl.int32) - first
+        mine = tm & (e >= 0) & (e < num_local)
+        m = mine[:, None] & nm[None, :]
+        y = tl.zeros([TB, BN], dtype=tl.float32)
+        for sk in tl.static_range(SPLIT):
+            y += tl.load(part_ptr + (sk * P + pair).to(tl.int64)[:, None] * H + n[None, :], mask=m, other=0.0,
+                         cache_modifier=".cg")
+        if HAS_BIAS:
+            y += tl.load(b_ptr + tl.where(mine, e, 0).to(tl.int64)[:, None] * stride_be + n[None, :], mask=m,
+                         other=0.0).to(tl.float32)
+        out += tl.load(rw_ptr + pair, mask=mine, other=0.0).to(tl.float32)[:, None] * y
+    tl.store(out_ptr + t.to(tl.int64)[:, None] * H + n[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=tm[:, None] & nm[None, :])
+
+
+@triton.jit
+def _combine_kernel(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, N, H, P, first, num_local, stride_be,
+                    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, TB: tl.constexpr, BN: tl.constexpr,
+                    SPLIT: tl.constexpr):
+    """Split-K down (mma / swap): TB tokens x BN features per program."""
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    _combine_tokens(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, tl.program_id(0) * TB, N, n, n < H, H, P, first,
+                    num_local, stride_be, TOPK, HAS_BIAS, TB, BN, SPLIT)
+
+
+# ---- gemv: no route kernel, split-K reduced by the last program to finish a tile ---------------------------
+@triton.jit
+def _gemv_pairs(ids_ptr, P, first, num_local, slot, BM: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr):
+    """In-kernel routing (the call has at most a few dozen pairs, so every program reads them all): the call's
+    ``slot``-th distinct local expert in id order, and its pairs. Returns e (int64), used (distinct local experts
+    of the call), pairs [BM] int64 (e's pair ids in pair order, -1 after the last) and their count."""
+    po = tl.arange(0, PB)
+    loc = tl.load(ids_ptr + po, mask=po < P, other=-1).to(tl.int32) - first
+    ok = (po < P) & (loc >= 0) & (loc < num_local)
+    present = tl.histogram(tl.where(ok, loc, 0), EB, mask=ok) > 0                  # [EB]
+    nth = tl.cumsum(present.to(tl.int32), axis=0) - 1
+    is_slot = present & (nth == slot)
+    e = tl.sum(tl.where(is_slot, tl.arange(0, EB), 0), axis=0)
+    used = tl.sum(present.to(tl.int32), axis=0)
+    mine = ok & (loc == e) & (tl.sum(is_slot.to(tl.int32), axis=0) > 0)          # [PB]
+    rank = tl.cumsum(mine.to(tl.int32), axis=0) - 1
+    hit = mine[None, :] & (rank[None, :] == tl.arange(0, BM)[:, None])            # [BM, PB]
+    pairs = tl.sum(tl.where(hit, po[None, :] + 1, 0), axis=1).to(tl.int64) - 1   # [BM]
+    return e.to(tl.int64), used, pairs, tl.sum(mine.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _last_arrival(cnt_ptr, arrivals):
+    """True in the program that completes a tile: the caller's stores are made visible first (CTA barrier, then
+    a gpu-scope acq_rel atomic: the release/acquire pattern of CUTLASS's semaphore); the counter is left for
+    ``_reset`` by that program, so it is 0 again for the next launch (CUDA-graph replays included)."""
+    tl.debug_barrier()
+    return tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == arrivals - 1
+
+
+@triton.jit
+def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, cnt_ptr, P, first, num_local,
+                         K, I, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr,
+                         SPLIT: tl.constexpr, CDT: tl.constexpr):
+    """grid (min(E, P) expert slots, I / BN, SPLIT) -> act [P, I] (row = pair id)."""
+    slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    e, used, pairs, count = _gemv_pairs(ids_ptr, P, first, num_local, slot, BM, EB, PB)
+    if slot >= used:
+        return
+    valid = pairs >= 0
+    a_off = tl.where(valid, (pairs // topk) * stride_xm, -1)                  # the pairs' token rows of x
+    c = pid_n * BN + tl.arange(0, BN)
+    cm = c < I
+    g_rows, u_rows = (2 * c).to(tl.int64), (2 * c + 1).to(tl.int64)
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
+    for k0 in range(pid_k * k_len, tl.minimum(pid_k * k_len + k_len, K), BK):
+        acc_g = _mx_tile(acc_g, x_ptr, a_off, count, w_ptr + e * stride_we + g_rows * stride_wn,
+                         s_ptr + e * stride_se + g_rows * stride_sn, cm, k0, K, BM, BK, _GEMV, False, CDT)
+        acc_u = _mx_tile(acc_u, x_ptr, a_off, count, w_ptr + e * stride_we + u_rows * stride_wn,
+                         s_ptr + e * stride_se + u_rows * stride_sn, cm, k0, K, BM, BK, _GEMV, False, CDT)
+    rows = tl.where(valid, pairs, 0)
+    m = valid[:, None] & cm[None, :]
+    if SPLIT > 1:  # partials [SPLIT, P, 2, I]; the slice that finishes this tile last adds them up
+        base = part_ptr + ((pid_k * P + rows[:, None]) * 2) * I + c[None, :]
+        tl.store(base, acc_g, mask=m)
+        tl.store(base + I, acc_u, mask=m)
+        tile = cnt_ptr + slot * tl.num_programs(1) + pid_n
+        if _last_arrival(tile, SPLIT):
+            acc_g, acc_u = _gate_up_partials(part_ptr, rows, m, c, P, I, BM, BN, SPLIT)
+            _swiglu_store(acc_g, acc_u, b_ptr + e * stride_be, g_rows, u_rows, cm, valid, act_ptr, rows, c, I,
+                          limit, alpha)
+            tl.store(tile, 0)
+    else:
+        _swiglu_store(acc_g, acc_u, b_ptr + e * stride_be, g_rows, u_rows, cm, valid, act_ptr, rows, c, I,
+                      limit, alpha)
+
+
+@triton.jit
+def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, out_ptr, cnt_ptr, N, P, first,
+                      num_local, K, H, stride_we, stride_wn, stride_se, stride_sn, stride_be,
+                      TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                      BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr, SPLIT: tl.constexpr,
+                      CDT: tl.constexpr):
+    """grid (min(E, P) expert slots, H / BN, SPLIT) -> out [N, H]: float32 partials [SPLIT, P, H] per pair; the
+    program that completes a feature tile (all slots x slices) sums the k pairs of every token into out."""
+    slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    e, used, pairs, count = _gemv_pairs(ids_ptr, P, first, num_local, slot, BM, EB, PB)
     n = pid_n * BN + tl.arange(0, BN)
     nm = n < H
-    out = tl.zeros([BN], dtype=tl.float32)
-    for j in range(TOPK):
-        pair = t * TOPK + j
-        e = tl.load(ids_ptr + pair).to(tl.int32) - first
-        mine = (e >= 0) & (e < num_local)
-        y = tl.zeros([BN], dtype=tl.float32)
-        for sk in range(SPLIT):
-            y += tl.load(part_ptr + (sk * P + pair).to(tl.int64) * H + n, mask=nm & mine, other=0.0)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + tl.where(mine, e, 0).to(tl.int64) * stride_be + n, mask=nm & mine, other=0.0).to(tl.float32)
-        out += tl.where(mine, tl.load(rw_ptr + pair).to(tl.float32), 0.0) * y
-    tl.store(out_ptr + t.to(tl.int64) * H + n, out.to(out_ptr.dtype.element_ty), mask=nm)
+    if slot < used:
+        valid = pairs >= 0
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
+        for k0 in range(pid_k * k_len, tl.minimum(pid_k * k_len + k_len, K), BK):
+            acc = _mx_tile(acc, act_ptr, tl.where(valid, pairs * K, -1), count,
+                           w_ptr + e * stride_we + n.to(tl.int64) * stride_wn,
+                           s_ptr + e * stride_se + n.to(tl.int64) * stride_sn, nm, k0, K, BM, BK, _GEMV, False, CDT)
+        rows = tl.where(valid, pairs, 0)
+        tl.store(part_ptr + (pid_k * P + rows[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
+        if _last_arrival(cnt_ptr + pid_n, used * SPLIT):
+            _combine_tokens(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, 0, N, n, nm, H, P, first, num_local,
+                            stride_be, TOPK, HAS_BIAS, TB, BN, SPLIT)
+            tl.store(cnt_ptr + pid_n, 0)
+    elif (slot == 0) & (used == 0):  # no pair of the call lives on this rank: its partial sum is 0
+        t = tl.arange(0, TB)
+        tl.store(out_ptr + t.to(tl.int64)[:, None] * H + n[None, :], tl.zeros([TB, BN], dtype=tl.float32).to(
+            out_ptr.dtype.element_ty), mask=(t < N)[:, None] & nm[None, :])
 
 
 def _sms(device: torch.device) -> int:
@@ -401,6 +534,57 @@ def route(ids: torch.Tensor, first: int, num_local: int, block_m: int):
     return sorted_ids, block_expert, num_blocks, max_blocks
 
 
+COUNTERS = 1 << 16         # int32 tile counters per device for the gemv kernels' split-K reductions (256 KB)
+_counters: dict[tuple, torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device, need: int) -> torch.Tensor:
+    """The device's zeroed counters, made once (on the first, eager call: the runner warms up before it captures
+    a graph); every kernel leaves them at 0 again."""
+    if need > COUNTERS:
+        raise ValueError(f"the gemv kernels need {need} tile counters, more than COUNTERS = {COUNTERS}: use fewer "
+                         "tokens per call, a wider block_n, or the mma variant")
+    key = (device.type, device.index)
+    if key not in _counters:
+        _counters[key] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return _counters[key]
+
+
+def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first, limit, alpha,
+                  t: TileConfig, cdt, act_dtype) -> torch.Tensor:
+    """The gemv variant: two kernels (gate_up + SwiGLU, down + k-sum), no route kernel, no separate reduction."""
+    (N, k), (E, two_i, G, _), H = ids.shape, gu_blocks.shape, x.shape[1]
+    I, P, dev, sms = two_i // 2, N * k, x.device, _sms(x.device)
+    if N > t.block_m:
+        raise ValueError(f"gemv keeps each expert's pairs in one block, so tokens per call ({N}) must be <= block_m "
+                         f"({t.block_m}); use a larger block_m or the mma variant (default_tiles does)")
+    slots = min(E, P)                       # distinct local experts a call can touch
+    EB, PB, TB = _pow2(max(E, 2)), _pow2(max(P, 16)), _pow2(max(N, 2))
+    ids_flat, rw = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
+    n_gu, n_dn = triton.cdiv(I, t.block_n), triton.cdiv(H, t.block_n)
+    split_gu = split_for(t, slots * n_gu, triton.cdiv(H, t.block_k), sms)
+    split_dn = split_for(t, slots * n_dn, triton.cdiv(I, t.block_k), sms)
+    cnt = _tile_counters(dev, slots * n_gu + n_dn)
+    act = torch.empty(P, I, dtype=act_dtype, device=dev)                                    # row = pair id
+    part = torch.empty(split_gu, P, 2, I, dtype=torch.float32, device=dev) if split_gu > 1 else act
+    gu_b = gu_blocks.view(E, two_i, G * 16)
+    _gemv_gate_up_kernel[(slots, n_gu, split_gu)](
+        x, ids_flat, gu_b, gu_scales, gu_bias, act, part, cnt, P, first, E, H, I, k, float(limit), float(alpha),
+        x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_scales.stride(0), gu_scales.stride(1), gu_bias.stride(0),
+        BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, SPLIT=split_gu, CDT=cdt, num_warps=t.num_warps,
+        num_stages=t.num_stages)
+    dn_b = dn_blocks.view(E, H, -1)
+    bias = dn_bias if dn_bias is not None else gu_bias  # a valid pointer; unread when HAS_BIAS is False
+    part = torch.empty(split_dn, P, H, dtype=torch.float32, device=dev)
+    out = torch.empty(N, H, dtype=x.dtype, device=dev)
+    _gemv_down_kernel[(slots, n_dn, split_dn)](
+        act, ids_flat, rw, dn_b, dn_scales, bias, part, out, cnt[slots * n_gu:], N, P, first, E, I, H,
+        dn_b.stride(0), dn_b.stride(1), dn_scales.stride(0), dn_scales.stride(1), bias.stride(0), TOPK=k,
+        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, TB=TB, SPLIT=split_dn,
+        CDT=cdt, num_warps=t.num_warps, num_stages=t.num_stages)
+    return out
+
+
 def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                   gu_blocks: torch.Tensor, gu_scales: torch.Tensor, gu_bias: torch.Tensor,
                   dn_blocks: torch.Tensor, dn_scales: torch.Tensor, dn_bias: torch.Tensor | None,
@@ -420,6 +604,9 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     # MMA operand / activation type: bf16 on CUDA; float32 in Triton's CPU interpreter (numpy has no bf16)
     cdt, act_dtype = (tl.bfloat16, torch.bfloat16) if x.device.type == "cuda" else (tl.float32, torch.float32)
     x = x.contiguous()
+    if t.variant == "gemv":
+        return _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first,
+                             limit, alpha, t, cdt, act_dtype)
     sorted_ids, block_expert, num_blocks, max_blocks = route(ids, first, E, t.block_m)
     R, sms, dev = max_blocks * t.block_m, _sms(x.device), x.device
     # programs that do work: at most one row block per chosen expert at decode sizes
@@ -454,7 +641,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     if split == 1:
         return y.view(N, k, H).sum(1)
     out = torch.empty(N, H, dtype=x.dtype, device=dev)
-    _combine_kernel[(N, triton.cdiv(H, 256))](y, ids.reshape(-1), weights.reshape(-1).contiguous(), bias, out, H,
-                                              N * k, first, E, bias.stride(0), TOPK=k, HAS_BIAS=dn_bias is not None,
-                                              BN=256, SPLIT=split, num_warps=4)
+    _combine_kernel[(triton.cdiv(N, 4), triton.cdiv(H, 256))](
+        y, ids.reshape(-1), weights.reshape(-1).contiguous(), bias, out, N, H, N * k, first, E, bias.stride(0), TOPK=k,
+        HAS_BIAS=dn_bias is not None, TB=4, BN=256, SPLIT=split, num_warps=4)
     return out
