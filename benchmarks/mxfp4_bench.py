@@ -164,7 +164,7 @@ def main(argv=None) -> int:
                         tiles = mx.TileConfig(**table[name])
                         if tiles.variant == "gemv" and N > tiles.block_m:  # gemv holds an expert's pairs in one block
                             tiles = dataclasses.replace(tiles, block_m=1 << (N - 1).bit_length())
-                    fn = lambda t=tiles: mx.fused_experts(  # noqa: E731
+                    fn = lambda t=tiles, x=x, ids=ids, weights=weights, w=w, E=E: mx.fused_experts(  # noqa: E731
                         x, ids, weights, w["gu_blocks"], w["gu_scales"], w["gu_bias"], w["dn_blocks"], w["dn_scales"],
                         w["dn_bias"], first=0, num_experts=E, limit=7.0, alpha=SWIGLU_ALPHA, tiles=t)
                     row = {"model": model, "tokens": N, "routing": kind, "config": name, "distinct_experts": distinct,

@@ -123,7 +123,7 @@ def test_gemv_with_no_local_pair_gives_zeros_and_rejects_too_many_tokens():
     from trtllm_dflash.runtime import mxfp4_moe
     if torch.cuda.is_available():
         pytest.skip("the interpreter runs only where no GPU is visible")
-    dev, E, k, H, I = torch.device("cpu"), 2, 2, 64, 64
+    dev, E, H, I = torch.device("cpu"), 2, 64, 64
     w = random_experts(E, H, I, dev)
     ids, weights = torch.tensor([[0, 1], [1, 0]]), torch.full((2, 2), 0.5)   # global ids 0, 1; this rank: 2, 3
     x = torch.randn(2, H)

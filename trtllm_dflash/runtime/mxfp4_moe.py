@@ -47,7 +47,7 @@ import triton.language as tl
 
 
 VARIANTS = ("mma", "swap", "gemv")
-_MMA, _SWAP, _GEMV = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)   # MODE: VARIANTS.index(variant)
+_MMA, _SWAP = tl.constexpr(0), tl.constexpr(1)   # MODE of the routed kernels: VARIANTS.index(variant)
 GEMV_MAX_TOKENS = 16   # default_tiles' rule: GEMV up to this many tokens per call (see there)
 
 
@@ -170,42 +170,18 @@ def _scale_x2p14(s):
 
 
 @triton.jit
-def _mx_tile(acc, a_ptr, a_off, nvalid, w_rows, s_rows, w_ok, k0, K,
-             BM: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr, DOT_SCALED: tl.constexpr, CDT: tl.constexpr):
-    """One BK step of acc += A[rows, k0:k0+BK] @ dequant(W)[k0:k0+BK, cols].
+def _mx_tile(acc, a_ptr, a_off, w_rows, s_rows, w_ok, k0, K,
+             BK: tl.constexpr, MODE: tl.constexpr, DOT_SCALED: tl.constexpr, CDT: tl.constexpr):
+    """One BK step of acc += A[rows, k0:k0+BK] @ dequant(W)[k0:k0+BK, cols] on the MMA (variants mma, swap).
 
-    a_off [BM] int64: element offsets of the A rows from a_ptr, -1 for padding rows (the first ``nvalid`` are
-    the valid ones); w_rows / s_rows [BN]: the byte / scale row starts of the BN output rows, w_ok [BN] their mask.
-    acc is [BM, BN] for MODE _MMA and _GEMV, [BN, BM] for _SWAP (the weight is the MMA's M operand: its output
-    rows fill the 64-row instruction that 1..16 pair rows would waste). CDT: the MMA operand type (bf16 on CUDA;
-    float32 in Triton's CPU interpreter, where numpy has no bf16)."""
+    a_off [BM] int64: element offsets of the A rows from a_ptr, -1 for padding rows; w_rows / s_rows [BN]: the
+    byte / scale row starts of the BN output rows, w_ok [BN] their mask. acc is [BM, BN] for MODE _MMA, [BN, BM]
+    for _SWAP (the weight is the MMA's M operand: its output rows fill the 64-row instruction that 1..16 pair
+    rows would waste). CDT: the MMA operand type (bf16 on CUDA; float32 in Triton's CPU interpreter, where numpy
+    has no bf16)."""
     a_ok = a_off >= 0
     a_row = a_ptr + tl.where(a_ok, a_off, 0)
-    if MODE == _GEMV:
-        # [BN, G, 16] bytes: G = BK / 32 scale groups of 16 bytes (32 inputs) per output row; no tl.dot, so any
-        # number of pair rows: each valid row costs its FMAs, padding rows cost nothing, the weights load once
-        G: tl.constexpr = BK // 32
-        g = tl.arange(0, G)
-        b = tl.arange(0, 16)
-        grp = k0 // 32 + g                                                        # [G] global scale groups
-        wm = w_ok[:, None, None] & (grp < K // 32)[None, :, None]
-        w = tl.load(w_rows[:, None, None] + (grp * 16)[None, :, None] + b[None, None, :], mask=wm,
-                    other=0).to(tl.int32)                                         # [BN, G, 16]
-        sc = _scale_x2p14(tl.load(s_rows[:, None] + grp[None, :], mask=w_ok[:, None] & (grp < K // 32)[None, :],
-                                  other=0).to(tl.int32))                          # [BN, G]
-        lo = _e2m1_f16(w & 15)                                                    # inputs 2j
-        hi = _e2m1_f16(w >> 4)                                                    # inputs 2j + 1
-        ke = (grp * 32)[:, None] + 2 * b[None, :]                                 # [G, 16] even inputs
-        km = (grp < K // 32)[:, None]
-        ar = tl.arange(0, BM)
-        for r in range(0, nvalid):
-            off = tl.sum(tl.where(ar == r, a_off, 0), axis=0)                     # row r's offset (a scalar)
-            xe = tl.load(a_ptr + off + ke, mask=km, other=0.0).to(tl.float32)
-            xo = tl.load(a_ptr + off + ke + 1, mask=km, other=0.0).to(tl.float32)
-            part = tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2)      # [BN, G]: one scale each
-            y = tl.sum(part * sc, axis=1)                                         # [BN]
-            acc = tl.where((ar == r)[:, None], acc + y[None, :], acc)
-    elif DOT_SCALED:
+    if DOT_SCALED:
         kk = k0 + tl.arange(0, BK)
         kb = k0 // 2 + tl.arange(0, BK // 2)
         ks = k0 // 32 + tl.arange(0, BK // 32)
@@ -248,6 +224,42 @@ def _mx_tile(acc, a_ptr, a_off, nvalid, w_rows, s_rows, w_ok, k0, K,
 
 
 @triton.jit
+def _gemv_load(w_rows, s_rows, w_ok, k0, k_end, BK: tl.constexpr):
+    """The packed weight tile [BN, BK / 32, 16] uint8 (BK / 32 scale groups of 16 bytes per output row) and its
+    scales [BN, BK / 32] uint8 at inputs k0 .. k0 + BK, masked at k_end (a multiple of 32): nothing is read past
+    it, so the caller may prefetch one step beyond its K slice."""
+    g = k0 // 32 + tl.arange(0, BK // 32)
+    gm = w_ok[:, None] & (g < k_end // 32)[None, :]
+    w = tl.load(w_rows[:, None, None] + (g * 16)[None, :, None] + tl.arange(0, 16)[None, None, :],
+                mask=gm[:, :, None], other=0)
+    s = tl.load(s_rows[:, None] + g[None, :], mask=gm, other=0)
+    return w, s
+
+
+@triton.jit
+def _gemv_fma(acc, w, s, a_ptr, a_off, nvalid, k0, k_end, BM: tl.constexpr, BK: tl.constexpr):
+    """acc [BM, BN] += A[rows, k0:k0+BK] @ dequant(w, s) without the MMA: the tile is decoded once in registers
+    (``_e2m1_f16``, ~3 integer ops per value), then each of the first ``nvalid`` rows (a_off [BM]: element
+    offsets from a_ptr) is FMA'd with it in turn; padding rows cost nothing. Scales are applied per 32-input
+    group after the group's products are summed (one multiply per 32 values)."""
+    lo = _e2m1_f16(w.to(tl.int32) & 15)                                           # [BN, G, 16]: inputs 2j
+    hi = _e2m1_f16(w.to(tl.int32) >> 4)                                           # inputs 2j + 1
+    sc = _scale_x2p14(s.to(tl.int32))                                             # [BN, G]
+    g = k0 // 32 + tl.arange(0, BK // 32)
+    ke = (g * 32)[:, None] + 2 * tl.arange(0, 16)[None, :]                        # [G, 16] even inputs
+    km = (g < k_end // 32)[:, None]
+    ar = tl.arange(0, BM)
+    for r in range(nvalid):
+        off = tl.sum(tl.where(ar == r, a_off, 0), axis=0)                         # row r's offset (a scalar)
+        xe = tl.load(a_ptr + off + ke, mask=km, other=0.0).to(tl.float32)
+        xo = tl.load(a_ptr + off + ke + 1, mask=km, other=0.0).to(tl.float32)
+        part = tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2)          # [BN, G]: one scale each
+        y = tl.sum(part * sc, axis=1)                                             # [BN]
+        acc = tl.where((ar == r)[:, None], acc + y[None, :], acc)
+    return acc
+
+
+@triton.jit
 def _acc_zeros(BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr):
     if MODE == _SWAP:
         acc = tl.zeros([BN, BM], dtype=tl.float32)
@@ -275,7 +287,6 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, nu
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     rows = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))                   # pair ids, -1 = padding (last)
     valid = rows >= 0
-    nvalid = tl.sum(valid.to(tl.int32), axis=0)
     a_off = tl.where(valid, (rows // topk).to(tl.int64) * stride_xm, -1)        # the pairs' token rows of x
     c = pid_n * BN + tl.arange(0, BN)                                            # intermediate channels
     cm = c < I
@@ -288,8 +299,8 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, nu
     acc_u = _acc_zeros(BM, BN, MODE)
     k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
     for k0 in range(pid_k * k_len, tl.minimum(pid_k * k_len + k_len, K), BK):
-        acc_g = _mx_tile(acc_g, x_ptr, a_off, nvalid, wg, sg, cm, k0, K, BM, BK, MODE, DOT_SCALED, CDT)
-        acc_u = _mx_tile(acc_u, x_ptr, a_off, nvalid, wu, su, cm, k0, K, BM, BK, MODE, DOT_SCALED, CDT)
+        acc_g = _mx_tile(acc_g, x_ptr, a_off, wg, sg, cm, k0, K, BK, MODE, DOT_SCALED, CDT)
+        acc_u = _mx_tile(acc_u, x_ptr, a_off, wu, su, cm, k0, K, BK, MODE, DOT_SCALED, CDT)
     acc_g = _rows_first(acc_g, MODE)
     acc_u = _rows_first(acc_u, MODE)
     out_rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
@@ -353,7 +364,6 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     rows = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
     valid = rows >= 0
-    nvalid = tl.sum(valid.to(tl.int32), axis=0)
     n = pid_n * BN + tl.arange(0, BN)                                            # hidden features
     nm = n < H
     a_off = tl.where(valid, (pid_m * BM + tl.arange(0, BM)).to(tl.int64) * K, -1)   # this block's act rows
@@ -362,7 +372,7 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num
     acc = _acc_zeros(BM, BN, MODE)
     k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
     for k0 in range(pid_k * k_len, tl.minimum(pid_k * k_len + k_len, K), BK):
-        acc = _mx_tile(acc, act_ptr, a_off, nvalid, w, s, nm, k0, K, BM, BK, MODE, DOT_SCALED, CDT)
+        acc = _mx_tile(acc, act_ptr, a_off, w, s, nm, k0, K, BK, MODE, DOT_SCALED, CDT)
     acc = _rows_first(acc, MODE)
     pr = tl.where(valid, rows, 0).to(tl.int64)
     if SPLIT > 1:  # float32 partials [SPLIT, P, H]; _combine_kernel adds bias, weight and the k rows
@@ -445,7 +455,7 @@ def _last_arrival(cnt_ptr, arrivals):
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, cnt_ptr, P, first, num_local,
                          K, I, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr,
-                         SPLIT: tl.constexpr, CDT: tl.constexpr):
+                         SPLIT: tl.constexpr):
     """grid (min(E, P) expert slots, I / BN, SPLIT) -> act [P, I] (row = pair id)."""
     slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     e, used, pairs, count = _gemv_pairs(ids_ptr, P, first, num_local, slot, BM, EB, PB)
@@ -456,14 +466,24 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
     c = pid_n * BN + tl.arange(0, BN)
     cm = c < I
     g_rows, u_rows = (2 * c).to(tl.int64), (2 * c + 1).to(tl.int64)
+    wg_rows = w_ptr + e * stride_we + g_rows * stride_wn
+    wu_rows = w_ptr + e * stride_we + u_rows * stride_wn
+    sg_rows = s_ptr + e * stride_se + g_rows * stride_sn
+    su_rows = s_ptr + e * stride_se + u_rows * stride_sn
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
     k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
-    for k0 in range(pid_k * k_len, tl.minimum(pid_k * k_len + k_len, K), BK):
-        acc_g = _mx_tile(acc_g, x_ptr, a_off, count, w_ptr + e * stride_we + g_rows * stride_wn,
-                         s_ptr + e * stride_se + g_rows * stride_sn, cm, k0, K, BM, BK, _GEMV, False, CDT)
-        acc_u = _mx_tile(acc_u, x_ptr, a_off, count, w_ptr + e * stride_we + u_rows * stride_wn,
-                         s_ptr + e * stride_se + u_rows * stride_sn, cm, k0, K, BM, BK, _GEMV, False, CDT)
+    k_lo = pid_k * k_len
+    k_hi = tl.minimum(k_lo + k_len, K)
+    # the next step's gate and up tiles are requested before this step's FMAs: two tiles in flight per program
+    wg, sg = _gemv_load(wg_rows, sg_rows, cm, k_lo, k_hi, BK)
+    wu, su = _gemv_load(wu_rows, su_rows, cm, k_lo, k_hi, BK)
+    for k0 in range(k_lo, k_hi, BK):
+        wg_next, sg_next = _gemv_load(wg_rows, sg_rows, cm, k0 + BK, k_hi, BK)
+        wu_next, su_next = _gemv_load(wu_rows, su_rows, cm, k0 + BK, k_hi, BK)
+        acc_g = _gemv_fma(acc_g, wg, sg, x_ptr, a_off, count, k0, k_hi, BM, BK)
+        acc_u = _gemv_fma(acc_u, wu, su, x_ptr, a_off, count, k0, k_hi, BM, BK)
+        wg, sg, wu, su = wg_next, sg_next, wu_next, su_next
     rows = tl.where(valid, pairs, 0)
     m = valid[:, None] & cm[None, :]
     if SPLIT > 1:  # partials [SPLIT, P, 2, I]; the slice that finishes this tile last adds them up
@@ -485,8 +505,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
 def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, out_ptr, cnt_ptr, N, P, first,
                       num_local, K, H, stride_we, stride_wn, stride_se, stride_sn, stride_be,
                       TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr, SPLIT: tl.constexpr,
-                      CDT: tl.constexpr):
+                      BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr, SPLIT: tl.constexpr):
     """grid (min(E, P) expert slots, H / BN, SPLIT) -> out [N, H]: float32 partials [SPLIT, P, H] per pair; the
     program that completes a feature tile (all slots x slices) sums the k pairs of every token into out."""
     slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -495,12 +514,18 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
     nm = n < H
     if slot < used:
         valid = pairs >= 0
+        a_off = tl.where(valid, pairs * K, -1)                                  # act rows = pair ids
+        w_rows = w_ptr + e * stride_we + n.to(tl.int64) * stride_wn
+        s_rows = s_ptr + e * stride_se + n.to(tl.int64) * stride_sn
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
-        for k0 in range(pid_k * k_len, tl.minimum(pid_k * k_len + k_len, K), BK):
-            acc = _mx_tile(acc, act_ptr, tl.where(valid, pairs * K, -1), count,
-                           w_ptr + e * stride_we + n.to(tl.int64) * stride_wn,
-                           s_ptr + e * stride_se + n.to(tl.int64) * stride_sn, nm, k0, K, BM, BK, _GEMV, False, CDT)
+        k_lo = pid_k * k_len
+        k_hi = tl.minimum(k_lo + k_len, K)
+        w, s = _gemv_load(w_rows, s_rows, nm, k_lo, k_hi, BK)
+        for k0 in range(k_lo, k_hi, BK):  # prefetch one step ahead, as in the gate_up kernel
+            w_next, s_next = _gemv_load(w_rows, s_rows, nm, k0 + BK, k_hi, BK)
+            acc = _gemv_fma(acc, w, s, act_ptr, a_off, count, k0, k_hi, BM, BK)
+            w, s = w_next, s_next
         rows = tl.where(valid, pairs, 0)
         tl.store(part_ptr + (pid_k * P + rows[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
         if _last_arrival(cnt_ptr + pid_n, used * SPLIT):
@@ -551,7 +576,7 @@ def _tile_counters(device: torch.device, need: int) -> torch.Tensor:
 
 
 def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first, limit, alpha,
-                  t: TileConfig, cdt, act_dtype) -> torch.Tensor:
+                  t: TileConfig, act_dtype: torch.dtype) -> torch.Tensor:
     """The gemv variant: two kernels (gate_up + SwiGLU, down + k-sum), no route kernel, no separate reduction."""
     (N, k), (E, two_i, G, _), H = ids.shape, gu_blocks.shape, x.shape[1]
     I, P, dev, sms = two_i // 2, N * k, x.device, _sms(x.device)
@@ -571,7 +596,7 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
     _gemv_gate_up_kernel[(slots, n_gu, split_gu)](
         x, ids_flat, gu_b, gu_scales, gu_bias, act, part, cnt, P, first, E, H, I, k, float(limit), float(alpha),
         x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_scales.stride(0), gu_scales.stride(1), gu_bias.stride(0),
-        BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, SPLIT=split_gu, CDT=cdt, num_warps=t.num_warps,
+        BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, SPLIT=split_gu, num_warps=t.num_warps,
         num_stages=t.num_stages)
     dn_b = dn_blocks.view(E, H, -1)
     bias = dn_bias if dn_bias is not None else gu_bias  # a valid pointer; unread when HAS_BIAS is False
@@ -581,7 +606,7 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
         act, ids_flat, rw, dn_b, dn_scales, bias, part, out, cnt[slots * n_gu:], N, P, first, E, I, H,
         dn_b.stride(0), dn_b.stride(1), dn_scales.stride(0), dn_scales.stride(1), bias.stride(0), TOPK=k,
         HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, TB=TB, SPLIT=split_dn,
-        CDT=cdt, num_warps=t.num_warps, num_stages=t.num_stages)
+        num_warps=t.num_warps, num_stages=t.num_stages)
     return out
 
 
@@ -606,7 +631,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     x = x.contiguous()
     if t.variant == "gemv":
         return _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first,
-                             limit, alpha, t, cdt, act_dtype)
+                             limit, alpha, t, act_dtype)
     sorted_ids, block_expert, num_blocks, max_blocks = route(ids, first, E, t.block_m)
     R, sms, dev = max_blocks * t.block_m, _sms(x.device), x.device
     # programs that do work: at most one row block per chosen expert at decode sizes
