@@ -32,7 +32,7 @@ Weights are dequantised in registers, never to memory. Three variants of the GEM
   mma   x @ W with tl.dot on BM >= 16 pair rows: ``tl.dot_scaled`` (Triton's own E2M1 upcast) or an explicit
         bit-level E2M1 decode + tl.dot (``dot_scaled=False``: the variant Triton's CPU interpreter runs);
   swap  W @ x^T: the same, with the weight's output rows as the MMA's M operand and the pair rows as its N;
-  gemv  decode (~3 integer ops per E2M1 value, ``_e2m1_f16``) and FMA in registers, one valid pair row at a
+  gemv  decode (~2-3 integer ops per E2M1 value, ``_e2m1x2_f16``) and FMA in registers, one valid pair row at a
         time: no 16-row MMA tile to fill, padding rows skipped; for calls of up to GEMV_MAX_TOKENS tokens.
 Blocks past the used count return at once, so the grid can be sized for the worst case:
 min(E, N * k) + ceil(N * k / BM) blocks.
@@ -152,19 +152,27 @@ def _e2m1_scaled(nib, scale):
 
 
 @triton.jit
-def _e2m1_f16(nib):
-    """E2M1 codes (int32, 0..15) -> float32 value x 2^-14, exactly, in ~3 integer ops: the code's exponent and
-    mantissa bits go to the bottom of an fp16's exponent and the top of its mantissa (the fp16 value is the E2M1
-    value x 2^-14; code 1 = 0.5 becomes the fp16 subnormal 2^-15, which the fp16 -> fp32 conversion keeps). The
-    caller's scale carries the 2^14 back (``_scale_x2p14``). Cheaper than ``_e2m1_scaled``'s select: the GEMV
-    variant decodes every weight in registers, so its integer ops per nibble bound its bandwidth."""
-    bits = ((nib & 7) << 9) | ((nib & 8) << 12)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+def _e2m1x2_f16(t):
+    """Two E2M1 codes per int32 (bits 0..3 and 16..19, zeros elsewhere) -> two fp16 bit patterns in one int32
+    (low and high half), each the E2M1 value x 2^-14, exactly, with ~4 integer ops for the two: the code's
+    exponent and mantissa bits go to the bottom of the fp16 exponent and the top of its mantissa, its sign to the
+    fp16 sign (code 1 = 0.5 becomes the fp16 subnormal 2^-15, which the fp16 -> fp32 conversion keeps). The
+    caller's scale carries the 2^14 back (``_scale_x2p14``). Both halves move with the same shifts, so every
+    integer op decodes two values: the gemv variant's integer ops per weight bound its bandwidth."""
+    return ((t & 0x00070007) << 9) | ((t & 0x00080008) << 12)
+
+
+@triton.jit
+def _f16_halves(v):
+    """int32 holding two fp16 bit patterns -> (low half, high half) as float32."""
+    lo = v.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (v >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
 
 
 @triton.jit
 def _scale_x2p14(s):
-    """E8M0 scales (int32) -> float32 2^(s - 127) x 2^14 (the ``_e2m1_f16`` offset), built from its exponent bits.
+    """E8M0 scales (int32) -> float32 2^(s - 127) x 2^14 (the ``_e2m1x2_f16`` offset), built from its exponent bits.
     Exact for s <= 240; larger scales (2^114 and up; 255 is E8M0's NaN) are outside what this variant decodes."""
     return ((s + 14) << 23).to(tl.float32, bitcast=True)
 
@@ -225,38 +233,73 @@ def _mx_tile(acc, a_ptr, a_off, w_rows, s_rows, w_ok, k0, K,
 
 @triton.jit
 def _gemv_load(w_rows, s_rows, w_ok, k0, k_end, BK: tl.constexpr):
-    """The packed weight tile [BN, BK / 32, 16] uint8 (BK / 32 scale groups of 16 bytes per output row) and its
-    scales [BN, BK / 32] uint8 at inputs k0 .. k0 + BK, masked at k_end (a multiple of 32): nothing is read past
-    it, so the caller may prefetch one step beyond its K slice."""
+    """The packed weights of inputs k0 .. k0 + BK as int32 words [BK / 32, BN, 4] (scale group, output row, the
+    group's 4 words = 16 bytes = 32 E2M1 values) and their scales [BK / 32, BN] uint8; masked at k_end (a multiple
+    of 32): nothing is read past it, so the caller may prefetch one step beyond its K slice. Groups lead so that
+    Triton's coalescing spreads a warp's lanes over 8 groups x 4 rows (whole 128-byte lines per row) and its
+    warps over rows: the sum over groups stays inside a warp (shuffles, no shared memory)."""
     g = k0 // 32 + tl.arange(0, BK // 32)
-    gm = w_ok[:, None] & (g < k_end // 32)[None, :]
-    w = tl.load(w_rows[:, None, None] + (g * 16)[None, :, None] + tl.arange(0, 16)[None, None, :],
+    gm = (g < k_end // 32)[:, None] & w_ok[None, :]                               # [G, BN]
+    words = w_rows.to(tl.pointer_type(tl.int32))                                  # row starts are 16-byte aligned
+    w = tl.load(words[None, :, None] + (g * 4)[:, None, None] + tl.arange(0, 4)[None, None, :],
                 mask=gm[:, :, None], other=0)
-    s = tl.load(s_rows[:, None] + g[None, :], mask=gm, other=0)
+    s = tl.load(s_rows[None, :] + g[:, None], mask=gm, other=0)
     return w, s
 
 
 @triton.jit
-def _gemv_fma(acc, w, s, a_ptr, a_off, nvalid, k0, k_end, BM: tl.constexpr, BK: tl.constexpr):
-    """acc [BM, BN] += A[rows, k0:k0+BK] @ dequant(w, s) without the MMA: the tile is decoded once in registers
-    (``_e2m1_f16``, ~3 integer ops per value), then each of the first ``nvalid`` rows (a_off [BM]: element
-    offsets from a_ptr) is FMA'd with it in turn; padding rows cost nothing. Scales are applied per 32-input
-    group after the group's products are summed (one multiply per 32 values)."""
-    lo = _e2m1_f16(w.to(tl.int32) & 15)                                           # [BN, G, 16]: inputs 2j
-    hi = _e2m1_f16(w.to(tl.int32) >> 4)                                           # inputs 2j + 1
-    sc = _scale_x2p14(s.to(tl.int32))                                             # [BN, G]
+def _gemv_dequant(w, s):
+    """w [G, BN, 4] int32 words + s [G, BN] E8M0 -> the 8 values of every word, v0..v7 [G, BN, 4] float32, scaled.
+    A word's bytes b0..b3 hold its inputs 0..7 as (b0 lo, b0 hi, b1 lo, ...); spreading b0 / b1 (b2 / b3) to the
+    two 16-bit halves decodes inputs (0, 2), (1, 3), (4, 6), (5, 7) two at a time. Once per K step, whatever the
+    number of rows; the scale multiply runs on the FP pipe beside the integer decode that bounds this step."""
+    sc = _scale_x2p14(s.to(tl.int32))[:, :, None]                                  # [G, BN, 1]
+    t01 = (w & 0xFF) | ((w & 0xFF00) << 8)                                        # b0 in bits 0..7, b1 in 16..23
+    t23 = ((w >> 16) & 0xFF) | ((w >> 8) & 0xFF0000)                               # b2, b3
+    v0, v2 = _f16_halves(_e2m1x2_f16(t01))
+    v1, v3 = _f16_halves(_e2m1x2_f16(t01 >> 4))
+    v4, v6 = _f16_halves(_e2m1x2_f16(t23))
+    v5, v7 = _f16_halves(_e2m1x2_f16(t23 >> 4))
+    return v0 * sc, v1 * sc, v2 * sc, v3 * sc, v4 * sc, v5 * sc, v6 * sc, v7 * sc
+
+
+@triton.jit
+def _gemv_row(v, x3):
+    """One row: sum over inputs of dequant(W) * x -> [BN]. v: ``_gemv_dequant``'s 8 tensors [G, BN, 4];
+    x3 [G, 4, 8] float32 (each word's 8 inputs, in order), split in registers into the 8 [G, 4] slices."""
+    G: tl.constexpr = x3.shape[0]
+    x_e, x_o = tl.split(tl.reshape(x3, [G, 4, 4, 2]))                            # inputs 0,2,4,6 / 1,3,5,7
+    x_04, x_26 = tl.split(tl.reshape(x_e, [G, 4, 2, 2]))
+    x_15, x_37 = tl.split(tl.reshape(x_o, [G, 4, 2, 2]))
+    x0, x4 = tl.split(x_04)
+    x2, x6 = tl.split(x_26)
+    x1, x5 = tl.split(x_15)
+    x3_, x7 = tl.split(x_37)
+    acc = v[0] * x0[:, None, :] + v[1] * x1[:, None, :] + v[2] * x2[:, None, :] + v[3] * x3_[:, None, :]
+    acc += v[4] * x4[:, None, :] + v[5] * x5[:, None, :] + v[6] * x6[:, None, :] + v[7] * x7[:, None, :]
+    return tl.sum(tl.sum(acc, axis=2), axis=0)
+
+
+@triton.jit
+def _gemv_fma(acc_a, acc_b, wa, sa, wb, sb, a_ptr, a_off, nvalid, k0, k_end,
+              TWO: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """acc_a [BM, BN] += A[rows, k0:k0+BK] @ dequant(wa, sa), and the same for b when TWO (gate and up share
+    each row of A), without the MMA: the tiles are decoded once, then each of the first ``nvalid`` rows (a_off
+    [BM]: element offsets from a_ptr) is loaded once and FMA'd with them; padding rows cost nothing."""
     g = k0 // 32 + tl.arange(0, BK // 32)
-    ke = (g * 32)[:, None] + 2 * tl.arange(0, 16)[None, :]                        # [G, 16] even inputs
-    km = (g < k_end // 32)[:, None]
+    kx = (g * 32)[:, None, None] + (tl.arange(0, 4) * 8)[None, :, None] + tl.arange(0, 8)[None, None, :]
+    km = (g < k_end // 32)[:, None, None]
+    va = _gemv_dequant(wa, sa)
+    if TWO:
+        vb = _gemv_dequant(wb, sb)
     ar = tl.arange(0, BM)
     for r in range(nvalid):
         off = tl.sum(tl.where(ar == r, a_off, 0), axis=0)                         # row r's offset (a scalar)
-        xe = tl.load(a_ptr + off + ke, mask=km, other=0.0).to(tl.float32)
-        xo = tl.load(a_ptr + off + ke + 1, mask=km, other=0.0).to(tl.float32)
-        part = tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2)          # [BN, G]: one scale each
-        y = tl.sum(part * sc, axis=1)                                             # [BN]
-        acc = tl.where((ar == r)[:, None], acc + y[None, :], acc)
-    return acc
+        x3 = tl.load(a_ptr + off + kx, mask=km, other=0.0).to(tl.float32)        # [G, 4, 8]
+        acc_a = tl.where((ar == r)[:, None], acc_a + _gemv_row(va, x3)[None, :], acc_a)
+        if TWO:
+            acc_b = tl.where((ar == r)[:, None], acc_b + _gemv_row(vb, x3)[None, :], acc_b)
+    return acc_a, acc_b
 
 
 @triton.jit
@@ -481,8 +524,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
     for k0 in range(k_lo, k_hi, BK):
         wg_next, sg_next = _gemv_load(wg_rows, sg_rows, cm, k0 + BK, k_hi, BK)
         wu_next, su_next = _gemv_load(wu_rows, su_rows, cm, k0 + BK, k_hi, BK)
-        acc_g = _gemv_fma(acc_g, wg, sg, x_ptr, a_off, count, k0, k_hi, BM, BK)
-        acc_u = _gemv_fma(acc_u, wu, su, x_ptr, a_off, count, k0, k_hi, BM, BK)
+        acc_g, acc_u = _gemv_fma(acc_g, acc_u, wg, sg, wu, su, x_ptr, a_off, count, k0, k_hi, True, BM, BK)
         wg, sg, wu, su = wg_next, sg_next, wu_next, su_next
     rows = tl.where(valid, pairs, 0)
     m = valid[:, None] & cm[None, :]
@@ -524,7 +566,7 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
         w, s = _gemv_load(w_rows, s_rows, nm, k_lo, k_hi, BK)
         for k0 in range(k_lo, k_hi, BK):  # prefetch one step ahead, as in the gate_up kernel
             w_next, s_next = _gemv_load(w_rows, s_rows, nm, k0 + BK, k_hi, BK)
-            acc = _gemv_fma(acc, w, s, act_ptr, a_off, count, k0, k_hi, BM, BK)
+            acc, _ = _gemv_fma(acc, acc, w, s, w, s, act_ptr, a_off, count, k0, k_hi, False, BM, BK)
             w, s = w_next, s_next
         rows = tl.where(valid, pairs, 0)
         tl.store(part_ptr + (pid_k * P + rows[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
