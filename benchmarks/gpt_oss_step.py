@@ -308,7 +308,8 @@ def tile_sweep(target, device, token_counts, iters: int, sweep_decode: bool = Fa
 
 
 # runtime/mxfp4_moe.py's kernels: their device time per step is the experts' cost (profile_top)
-EXPERT_KERNELS = ("_route_kernel", "_gate_up_kernel", "_swiglu_kernel", "_down_kernel", "_combine_kernel")
+EXPERT_KERNELS = ("_route_kernel", "_gate_up_kernel", "_swiglu_kernel", "_down_kernel", "_combine_kernel",
+                  "_gemv_gate_up_kernel", "_gemv_down_kernel")
 
 
 def profile_top(fn, steps: int = 3, top: int = 12) -> dict:
