@@ -367,12 +367,12 @@ def _swiglu_store(acc_g, acc_u, bias_ptr, g_rows, u_rows, cm, valid, act_ptr, ou
 
 
 @triton.jit
-def _gate_up_partials(part_ptr, rows, m, c, R, I, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+def _gate_up_partials(part_ptr, rows, m, c, R, I, BM: tl.constexpr, BN: tl.constexpr, SPLIT):
     """The SPLIT float32 gate / up partial sums of rows [BM] x channels c [BN] (layout [SPLIT, R, 2, I]), added
     in slice order (deterministic). Read through L2 (.cg): in the gemv kernels other programs wrote them."""
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-    for sk in tl.static_range(SPLIT):
+    for sk in range(SPLIT):
         base = part_ptr + ((sk * R + rows[:, None]) * 2) * I + c[None, :]
         acc_g += tl.load(base, mask=m, other=0.0, cache_modifier=".cg")
         acc_u += tl.load(base + I, mask=m, other=0.0, cache_modifier=".cg")
@@ -430,8 +430,7 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num
 
 @triton.jit
 def _combine_tokens(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, t0, N, n, nm, H, P, first, num_local, stride_be,
-                    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, TB: tl.constexpr, BN: tl.constexpr,
-                    SPLIT: tl.constexpr):
+                    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, TB: tl.constexpr, BN: tl.constexpr, SPLIT):
     """out[t] = sum_j w[t, j] * (sum_s part[s, t * k + j] + bias[e]) over this rank's experts, for tokens
     t0 .. t0 + TB (masked to N) x features n [BN]; fixed order (deterministic); 0 for a token with no local pair."""
     t = t0 + tl.arange(0, TB)
@@ -443,7 +442,7 @@ def _combine_tokens(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, t0, N, n, nm, H, 
         mine = tm & (e >= 0) & (e < num_local)
         m = mine[:, None] & nm[None, :]
         y = tl.zeros([TB, BN], dtype=tl.float32)
-        for sk in tl.static_range(SPLIT):
+        for sk in range(SPLIT):
             y += tl.load(part_ptr + (sk * P + pair).to(tl.int64)[:, None] * H + n[None, :], mask=m, other=0.0,
                          cache_modifier=".cg")
         if HAS_BIAS:
@@ -497,9 +496,10 @@ def _last_arrival(cnt_ptr, arrivals):
 @triton.jit
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, cnt_ptr, P, first, num_local,
                          K, I, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
-                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr,
-                         SPLIT: tl.constexpr):
-    """grid (min(E, P) expert slots, I / BN, SPLIT) -> act [P, I] (row = pair id)."""
+                         split, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EB: tl.constexpr,
+                         PB: tl.constexpr):
+    """grid (min(E, P) expert slots, I / BN, split) -> act [P, I] (row = pair id). ``split`` is a runtime
+    argument (not a constexpr): one compiled kernel serves every token count."""
     slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     e, used, pairs, count = _gemv_pairs(ids_ptr, P, first, num_local, slot, BM, EB, PB)
     if slot >= used:
@@ -515,7 +515,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
     su_rows = s_ptr + e * stride_se + u_rows * stride_sn
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-    k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
+    k_len = tl.cdiv(tl.cdiv(K, BK), split) * BK
     k_lo = pid_k * k_len
     k_hi = tl.minimum(k_lo + k_len, K)
     # the next step's gate and up tiles are requested before this step's FMAs: two tiles in flight per program
@@ -528,27 +528,27 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
         wg, sg, wu, su = wg_next, sg_next, wu_next, su_next
     rows = tl.where(valid, pairs, 0)
     m = valid[:, None] & cm[None, :]
-    if SPLIT > 1:  # partials [SPLIT, P, 2, I]; the slice that finishes this tile last adds them up
+    finish = split == 1
+    if split > 1:  # partials [split, P, 2, I]; the slice that finishes this tile last adds them up
         base = part_ptr + ((pid_k * P + rows[:, None]) * 2) * I + c[None, :]
         tl.store(base, acc_g, mask=m)
         tl.store(base + I, acc_u, mask=m)
         tile = cnt_ptr + slot * tl.num_programs(1) + pid_n
-        if _last_arrival(tile, SPLIT):
-            acc_g, acc_u = _gate_up_partials(part_ptr, rows, m, c, P, I, BM, BN, SPLIT)
-            _swiglu_store(acc_g, acc_u, b_ptr + e * stride_be, g_rows, u_rows, cm, valid, act_ptr, rows, c, I,
-                          limit, alpha)
+        finish = _last_arrival(tile, split)
+        if finish:
+            acc_g, acc_u = _gate_up_partials(part_ptr, rows, m, c, P, I, BM, BN, split)
             tl.store(tile, 0)
-    else:
+    if finish:  # one call site: Triton 3.6 fails to compile this store in two branches at some tile shapes
         _swiglu_store(acc_g, acc_u, b_ptr + e * stride_be, g_rows, u_rows, cm, valid, act_ptr, rows, c, I,
                       limit, alpha)
 
 
 @triton.jit
 def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, out_ptr, cnt_ptr, N, P, first,
-                      num_local, K, H, stride_we, stride_wn, stride_se, stride_sn, stride_be,
+                      num_local, K, H, stride_we, stride_wn, stride_se, stride_sn, stride_be, split,
                       TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr, SPLIT: tl.constexpr):
-    """grid (min(E, P) expert slots, H / BN, SPLIT) -> out [N, H]: float32 partials [SPLIT, P, H] per pair; the
+                      BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr):
+    """grid (min(E, P) expert slots, H / BN, split) -> out [N, H]: float32 partials [split, P, H] per pair; the
     program that completes a feature tile (all slots x slices) sums the k pairs of every token into out."""
     slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     e, used, pairs, count = _gemv_pairs(ids_ptr, P, first, num_local, slot, BM, EB, PB)
@@ -560,7 +560,7 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
         w_rows = w_ptr + e * stride_we + n.to(tl.int64) * stride_wn
         s_rows = s_ptr + e * stride_se + n.to(tl.int64) * stride_sn
         acc = tl.zeros([BM, BN], dtype=tl.float32)
-        k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
+        k_len = tl.cdiv(tl.cdiv(K, BK), split) * BK
         k_lo = pid_k * k_len
         k_hi = tl.minimum(k_lo + k_len, K)
         w, s = _gemv_load(w_rows, s_rows, nm, k_lo, k_hi, BK)
@@ -570,9 +570,9 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
             w, s = w_next, s_next
         rows = tl.where(valid, pairs, 0)
         tl.store(part_ptr + (pid_k * P + rows[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
-        if _last_arrival(cnt_ptr + pid_n, used * SPLIT):
+        if _last_arrival(cnt_ptr + pid_n, used * split):
             _combine_tokens(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, 0, N, n, nm, H, P, first, num_local,
-                            stride_be, TOPK, HAS_BIAS, TB, BN, SPLIT)
+                            stride_be, TOPK, HAS_BIAS, TB, BN, split)
             tl.store(cnt_ptr + pid_n, 0)
     elif (slot == 0) & (used == 0):  # no pair of the call lives on this rank: its partial sum is 0
         t = tl.arange(0, TB)
@@ -626,7 +626,8 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
         raise ValueError(f"gemv keeps each expert's pairs in one block, so tokens per call ({N}) must be <= block_m "
                          f"({t.block_m}); use a larger block_m or the mma variant (default_tiles does)")
     slots = min(E, P)                       # distinct local experts a call can touch
-    EB, PB, TB = _pow2(max(E, 2)), _pow2(max(P, 16)), _pow2(max(N, 2))
+    # fixed per tile config (tokens <= block_m), so one compiled kernel serves every token count
+    EB, PB, TB = _pow2(max(E, 2)), _pow2(max(t.block_m * k, 16)), t.block_m
     ids_flat, rw = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
     n_gu, n_dn = triton.cdiv(I, t.block_n), triton.cdiv(H, t.block_n)
     split_gu = split_for(t, slots * n_gu, triton.cdiv(H, t.block_k), sms)
@@ -638,7 +639,7 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
     _gemv_gate_up_kernel[(slots, n_gu, split_gu)](
         x, ids_flat, gu_b, gu_scales, gu_bias, act, part, cnt, P, first, E, H, I, k, float(limit), float(alpha),
         x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_scales.stride(0), gu_scales.stride(1), gu_bias.stride(0),
-        BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, SPLIT=split_gu, num_warps=t.num_warps,
+        split_gu, BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, num_warps=t.num_warps,
         num_stages=t.num_stages)
     dn_b = dn_blocks.view(E, H, -1)
     bias = dn_bias if dn_bias is not None else gu_bias  # a valid pointer; unread when HAS_BIAS is False
@@ -646,8 +647,8 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
     out = torch.empty(N, H, dtype=x.dtype, device=dev)
     _gemv_down_kernel[(slots, n_dn, split_dn)](
         act, ids_flat, rw, dn_b, dn_scales, bias, part, out, cnt[slots * n_gu:], N, P, first, E, I, H,
-        dn_b.stride(0), dn_b.stride(1), dn_scales.stride(0), dn_scales.stride(1), bias.stride(0), TOPK=k,
-        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, TB=TB, SPLIT=split_dn,
+        dn_b.stride(0), dn_b.stride(1), dn_scales.stride(0), dn_scales.stride(1), bias.stride(0), split_dn, TOPK=k,
+        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, TB=TB,
         num_warps=t.num_warps, num_stages=t.num_stages)
     return out
 
