@@ -34,8 +34,8 @@ Weights are dequantised in registers, never to memory. Three variants of the GEM
   swap  W @ x^T: the same, with the weight's output rows as the MMA's M operand and the pair rows as its N;
   gemv  decode (~2-3 integer ops per E2M1 value, ``_e2m1x2_f16``) and FMA in registers, one valid pair row at a
         time: no 16-row MMA tile to fill, padding rows skipped; for calls of up to GEMV_MAX_TOKENS tokens.
-Blocks past the used count return at once, so the grid can be sized for the worst case:
-min(E, N * k) + ceil(N * k / BM) blocks.
+mma / swap: blocks past the used count return at once, so the grid can be sized for the worst case:
+min(E, N * k) + ceil(N * k / BM) blocks. gemv: slots past the call's distinct experts return at once.
 """
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ class TileConfig:
     """How the two expert GEMMs tile. ``variant``:
       mma   x @ W: BM pair rows x BN outputs per tl.dot (BM >= 16; at decode most of the 16 rows are padding);
       swap  W @ x^T: the BN weight rows are the MMA's M side, the BM (>= 16) pair rows its N side;
-      gemv  no MMA: the weight tile is decoded in registers once and FMA'd with each valid pair row in turn, so
-            BM (any power of two >= 2) only bounds the rows per block: padding rows cost nothing.
+      gemv  no MMA: the weight tile is decoded in registers once and FMA'd with each valid pair row in turn;
+            BM (a power of two >= 2) must be >= the call's tokens, so each expert's pairs are one block (a clear
+            error otherwise); padding rows cost nothing, so a large BM costs only registers.
     ``dot_scaled`` (mma, swap): Triton's tl.dot_scaled upcast, or the explicit E2M1 decode + tl.dot (the path
     Triton's CPU interpreter runs); gemv always decodes explicitly."""
     block_m: int = 16      # pair rows per program
