@@ -1,0 +1,79 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Compile runtime/mxfp4_moe.py's kernels for an H100 (sm_90) without a GPU: Triton's front end, its MLIR passes
+and the bundled ptxas all run on the CPU, so a kernel that would fail to compile on the GPU host fails here
+(Triton 3.6 has refused some tile shapes of code the interpreter runs). Prints one JSON line per kernel with
+its registers and spill stack (cuobjdump) for the occupancy a tile config gets.
+
+Argument types and the 16-divisibility hints are the ones the JIT specialises on at gpt-oss shapes (hidden and
+intermediate 2880, rows of 1440 bytes). Run in its own process: TRITON_INTERPRET must be unset.
+
+  python tests/runtime/mxfp4_sm90_compile.py gemv:16:32:256:4 mma:16:64:128:4 swap:16:64:128:4
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from trtllm_dflash.runtime import mxfp4_moe as M  # noqa: E402
+
+TYPES = {  # argument name -> Triton type, for every kernel (the rest are i32)
+    "x_ptr": "*bf16", "ids_ptr": "*i64", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16", "act_ptr": "*bf16",
+    "part_ptr": "*fp32", "cnt_ptr": "*i32", "rw_ptr": "*fp32", "out_ptr": "*bf16", "y_ptr": "*fp32",
+    "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "num_blocks_ptr": "*i32", "limit": "fp32", "alpha": "fp32"}
+DIV16 = {"K", "I", "H", "stride_xm", "stride_we", "stride_wn", "stride_se", "stride_be"}
+
+
+def compile_sm90(kernel, consts: dict, num_warps: int, num_stages: int = 4) -> dict:
+    sig = {n: "constexpr" if n in consts else TYPES.get(n, "i32") for n in kernel.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if sig[n].startswith("*") or n in DIV16}
+    compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mxfp4_sm90_{os.getpid()}.cubin"
+    path.write_bytes(compiled.asm["cubin"])
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    usage = subprocess.run([str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True).stdout
+    path.unlink()
+    line = next((u for u in usage.splitlines() if "REG:" in u), "")
+    field = lambda key: int(line.split(key + ":")[1].split()[0]) if key + ":" in line else None  # noqa: E731
+    return {"kernel": kernel.__name__, "regs": field("REG"), "stack": field("STACK")}
+
+
+def configs(spec: str):
+    """variant:block_m:block_n:block_k:num_warps -> [(kernel, constexprs, num_warps)] as fused_experts launches them
+    (gemv: split 1 and a runtime split; mma / swap: split 1 and 2, dot_scaled both ways)."""
+    variant, bm, bn, bk, warps = spec.split(":")
+    bm, bn, bk, warps = int(bm), int(bn), int(bk), int(warps)
+    if variant == "gemv":
+        common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4}
+        for one in ({"split": 1}, {}):
+            yield M._gemv_gate_up_kernel, {**common, **one}, warps
+            yield M._gemv_down_kernel, {**common, **one, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, warps
+        return
+    mode = M.VARIANTS.index(variant)
+    for ds in (True, False):
+        for split in (1, 2):
+            common = {"BM": bm, "BN": bn, "BK": bk, "MODE": mode, "DOT_SCALED": ds, "SPLIT": split, "CDT": tl.bfloat16}
+            yield M._gate_up_kernel, common, warps
+            yield M._down_kernel, {**common, "HAS_BIAS": True}, warps
+    yield M._swiglu_kernel, {"BM": bm, "BN": bn, "SPLIT": 2}, 4
+    yield M._combine_kernel, {"TOPK": 4, "HAS_BIAS": True, "TB": 4, "BN": 256, "SPLIT": 2}, 4
+    yield M._route_kernel, {"BM": bm, "EB": 128, "CP": 64}, 4
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: this compiles for the GPU")
+    for spec in sys.argv[1:]:
+        for kernel, consts, warps in configs(spec):
+            print(json.dumps({"config": spec, **compile_sm90(kernel, consts, warps),
+                              "constexprs": {k: str(v) for k, v in consts.items()}}), flush=True)
