@@ -153,7 +153,7 @@ def test_kernels_compile_for_the_h100(tmp_path):
 
 def test_routing_rule():
     from trtllm_dflash.runtime.fp8 import Fp8Linear
-    from trtllm_dflash.runtime.kernels import GEMM_MAX_ROWS
+    from trtllm_dflash.runtime.kernels import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS
     lin = nn.Linear(8, 4, bias=False)
     x = torch.zeros(2, 3, 8)
     assert L.uses_gemm_kernel("triton", lin, x)
@@ -162,6 +162,9 @@ def test_routing_rule():
     assert not L.uses_gemm_kernel("triton", nn.Linear(8, 4, dtype=torch.float64), x.double())   # no fp64 tl.dot
     assert L.uses_gemm_kernel("triton", lin, torch.zeros(GEMM_MAX_ROWS, 8))
     assert not L.uses_gemm_kernel("triton", lin, torch.zeros(1, GEMM_MAX_ROWS + 1, 8))
+    assert GATED_GEMM_MAX_ROWS > GEMM_MAX_ROWS   # gate_up + SiLU stays on Triton where the plain ones leave it
+    assert L.uses_gemm_kernel("triton", lin, torch.zeros(GATED_GEMM_MAX_ROWS, 8), gated=True)
+    assert not L.uses_gemm_kernel("triton", lin, torch.zeros(GATED_GEMM_MAX_ROWS + 1, 8), gated=True)
 
 
 class _TwoEqualRanks(TPGroup):

@@ -138,11 +138,11 @@ def test_gemv_with_no_local_pair_gives_zeros_and_rejects_too_many_tokens():
 def test_default_tiles_rule_and_checks():
     triton_or_skip()
     from trtllm_dflash.runtime import mxfp4_moe
-    for tokens in (1, 2, 3, 10, 16):  # every expert's pairs fit one gemv block: weights read once per expert
+    for tokens in range(1, mxfp4_moe.GEMV_MAX_TOKENS + 1):  # every expert's pairs fit one gemv block
         t = mxfp4_moe.default_tiles(tokens, 4, 128)
         assert t.variant == "gemv" and t.block_m >= tokens and t.block_m & (t.block_m - 1) == 0
         t.check()
-    for tokens, bm in ((17, 16), (64, 16), (640, 32), (4096, 64)):
+    for tokens, bm in ((mxfp4_moe.GEMV_MAX_TOKENS + 1, 16), (10, 16), (17, 16), (64, 16), (640, 32), (4096, 64)):
         t = mxfp4_moe.default_tiles(tokens, 4, 32 if tokens > 1000 else 128)
         assert (t.variant, t.block_m) == ("mma", bm)
     for bad in (dict(variant="mma", block_m=8), dict(variant="swap", block_n=8), dict(variant="gemv", block_m=1),

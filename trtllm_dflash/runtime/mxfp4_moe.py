@@ -48,7 +48,8 @@ import triton.language as tl
 
 VARIANTS = ("mma", "swap", "gemv")
 _MMA, _SWAP = tl.constexpr(0), tl.constexpr(1)   # MODE of the routed kernels: VARIANTS.index(variant)
-GEMV_MAX_TOKENS = 16   # default_tiles' rule: GEMV up to this many tokens per call (see there)
+GEMV_MAX_TOKENS = 4    # default_tiles' rule: GEMV up to this many tokens per call (see there)
+GEMV_BLOCK_M = 16      # gemv's row block: one compiled kernel for every token count up to it
 
 
 @dataclass(frozen=True)
@@ -93,17 +94,19 @@ def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
 def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     """The variant and tiles for a call of ``tokens`` tokens x ``top_k`` experts over ``num_experts`` local ones.
 
-    Rule: tokens <= GEMV_MAX_TOKENS -> gemv with block_m = GEMV_MAX_TOKENS. A token's top-k experts are
-    distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one row block, its weights
-    are read once per call whatever the routing, and the FMA work is the valid rows only (padding rows are
-    skipped, so one block_m serves every token count: one compiled kernel). Above that, the MMA variant with BM
-    grown by pairs per expert (verify / prefill sizes, where the 16-row tl.dot tile is full). 16 keeps the AR
-    steps up to batch 16 and a DFlash block of 10 at batch 1 on gemv; where mma overtakes gemv is measured per
-    token count and routing by benchmarks/mxfp4_bench.py (its ``best`` rows), which is where to move it from.
+    Rule: tokens <= GEMV_MAX_TOKENS -> gemv (block_m GEMV_BLOCK_M, no split-K). A token's top-k experts are
+    distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one row block and its
+    weights are read once per call whatever the routing; padding rows are skipped, so one block_m serves every
+    token count (one compiled kernel). gemv's FMA work grows with the pairs per expert, so it wins only while
+    they are few. Measured on an H100 (benchmarks/mxfp4_bench.py, one gpt-oss-20b MoE layer, graph replay):
+    1 token 59-63 us vs the mma path's 96 us (no split-K: 63 vs 71 us split); 4 tokens 152-181 vs 171-253 us;
+    10 tokens 330 vs 398 us with random routing but 271 vs 178 us when the tokens share 8 experts (a verify
+    block's tokens often do), so DFlash blocks go to mma. Above that, the mma variant with BM grown by pairs
+    per expert (verify / prefill sizes, where the 16-row tl.dot tile is full).
     block_n 32 x block_k 256: 128 contiguous bytes (one cache line) per weight row per step, 8 KB of gate + up
     weights per step and program."""
     if tokens <= GEMV_MAX_TOKENS:
-        return TileConfig(variant="gemv", block_m=GEMV_MAX_TOKENS, block_n=32, block_k=256)
+        return TileConfig(variant="gemv", block_m=GEMV_BLOCK_M, block_n=32, block_k=256, split_k=1)
     per_expert = tokens * top_k / max(1, num_experts)
     return TileConfig(block_m=16 if per_expert <= 16 else 32 if per_expert <= 48 else 64)
 

@@ -60,12 +60,14 @@ def num_sms(device: torch.device) -> int:
 def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
     """The default tile for an [M, K] x [N, K]^T GEMM (N = output columns; I for gate_up_silu) on a GPU with
     ``sms`` SMs: tl.dot rows padded to 16..64; the widest BLOCK_N in (64, 32, 16) that still gives two programs
-    per SM; BLOCK_K 256 for up to 16 rows (more bytes in flight per program), else 128; as many pipeline stages
+    per SM; BLOCK_K 256 for up to 16 rows and K >= 2048 (more bytes in flight per program), else 128 (a small K,
+    e.g. SmolLM2's 576, wastes most of a 256 tile's last step: its lm_head ran 27.0 us at 256, 22.8 at 128,
+    cuBLAS 23.4, H100); as many pipeline stages
     (<= 4) as fit the shared-memory budget. Every M <= 16 gets the same tiles, so a row's bits do not depend on
     how many rows share the launch (an AR step and a DFlash verify project a token identically).
     benchmarks/gemm_bench.py times the alternatives."""
     block_m = min(64, max(16, _pow2(M)))
-    block_k = min(256 if M <= 16 else 128, max(16, _pow2(K)))
+    block_k = min(256 if M <= 16 and K >= 2048 else 128, max(16, _pow2(K)))
     m_tiles = -(-M // block_m)
     block_n = 16
     for bn in (64, 32):

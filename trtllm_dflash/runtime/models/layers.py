@@ -32,6 +32,8 @@ class TargetHead(nn.Module):
     """What the engine needs from any target family besides forward(): token embedding, vocab-parallel
     logits and the KV-cache shape. Subclasses set embed_tokens, lm_head, layers (with .self_attn.kvh/.d)."""
 
+    kernel = "torch"   # "triton": lm_head on the Triton GEMM where uses_gemm_kernel (set_attention_kernel)
+
     def kv_shape(self) -> tuple[int, int, int]:
         a = self.layers[0].self_attn
         return len(self.layers), a.kvh, a.d
@@ -42,7 +44,7 @@ class TargetHead(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab] in the model dtype, gathered over the vocab-parallel ranks
         (argmax needs no upcast; sampling upcasts to float32 itself)."""
-        return self.tp.all_gather_last(self.lm_head(h))[..., : self.config.vocab_size]
+        return self.tp.all_gather_last(project(self.kernel, self.lm_head, h))[..., : self.config.vocab_size]
 
 
 def rope_parameters(cfg: dict) -> dict:
@@ -258,14 +260,16 @@ def uses_attention_kernel(attn, T: int, kv_len: int | None) -> bool:
     return attn.kernel == "triton" and kv_len is not None and T * (attn.h // attn.kvh) <= MAX_QUERY_ROWS
 
 
-def uses_gemm_kernel(kernel: str, lin: nn.Module, x: torch.Tensor) -> bool:
+def uses_gemm_kernel(kernel: str, lin: nn.Module, x: torch.Tensor, gated: bool = False) -> bool:
     """Whether projection ``lin`` of x [..., K] runs in the Triton GEMM (runtime/kernels/gemm.py): the
     decode-path switch is on (kernel == "triton", RuntimeConfig.attention_kernel), ``lin`` is a plain nn.Linear
     (an Fp8Linear, which runtime/fp8.py swaps in, keeps its own FP8 GEMM) in a dtype tl.dot takes (bf16, fp16,
-    fp32; float64 keeps cuBLAS) and x has at most GEMM_MAX_ROWS rows (prefill chunks keep cuBLAS)."""
-    from ..kernels import GEMM_MAX_ROWS
+    fp32; float64 keeps cuBLAS) and x has at most GEMM_MAX_ROWS rows (GATED_GEMM_MAX_ROWS for the gate_up +
+    SiLU kernel; kernels/__init__.py says where the two limits come from). Larger x stays on cuBLAS."""
+    from ..kernels import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS
+    rows = GATED_GEMM_MAX_ROWS if gated else GEMM_MAX_ROWS
     return (kernel == "triton" and type(lin) is nn.Linear and lin.weight.dtype in _GEMM_DTYPES
-            and x.numel() <= GEMM_MAX_ROWS * x.shape[-1])
+            and x.numel() <= rows * x.shape[-1])
 
 
 _GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -288,7 +292,7 @@ def project(kernel: str, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def gate_up_silu(kernel: str, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up of the fused gate_up projection ``lin`` (weight [2I, K]): x [..., K] -> [..., I]. One
     Triton kernel where uses_gemm_kernel, else the projection (cuBLAS or FP8) and the compiled silu_mul."""
-    if uses_gemm_kernel(kernel, lin, x):
+    if uses_gemm_kernel(kernel, lin, x, gated=True):
         from ..kernels import gemm as kernels
         return kernels.gate_up_silu(x, lin.weight)
     return silu_mul(lin(x))
