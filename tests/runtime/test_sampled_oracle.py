@@ -95,3 +95,21 @@ def test_oracle_right_for_k_tokens_then_wrong_commits_k_plus_one(tiny_pair, ar_t
         assert r.output_ids == truth[tuple(p)][:MAX_NEW], f"row {ps.index(p)}: DFlash sampled != AR sampled"
         assert set(r.stats.acceptance_lengths) == {right + 1}, r.stats.acceptance_lengths
         assert r.stats.num_accepted_draft_tokens == right * len(r.stats.acceptance_lengths)
+
+
+@pytest.mark.parametrize("right", [None, 2])
+def test_oracle_with_the_sampling_kernels(tiny_pair, ar_truth, right, monkeypatch):
+    """The same with the decode step's sampling + acceptance in the Triton kernels (runtime/kernels/sample.py, in
+    the interpreter on the CPU): DFlash sampled == AR sampled (AR on the torch path), token for token."""
+    from tests.runtime.test_sample_kernels import sampling_kernels_only
+    calls = sampling_kernels_only(monkeypatch)
+    truth = ar_truth["temperature"]
+    SampledOracle.truth, SampledOracle.right = truth, right
+    eng = SampledOracle.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(**CFG, attention_kernel="triton"))
+    ps = prompts(4)
+    out = eng.generate(ps, params("temperature", 4, 16))
+    B = eng.block_size
+    for p, r in zip(ps, out):
+        assert r.output_ids == truth[tuple(p)][:16], f"row {ps.index(p)}: DFlash sampled != AR sampled"
+        assert set(r.stats.acceptance_lengths) == {B if right is None else right + 1}, r.stats.acceptance_lengths
+    assert calls["n"] > 0

@@ -16,8 +16,9 @@ import torch
 
 from ..config import RuntimeConfig, SamplingParams
 from .distributed import TPGroup
+from .kernels import resolve_attention_kernel
 from .kv_cache import KVCache
-from .sampling import SamplingBatch, accept, flags, sample, seed_int64
+from .sampling import Commit, SamplingBatch, accept, commit, flags, sample, seed_int64
 
 
 @dataclass
@@ -65,6 +66,11 @@ class Runner:
         self._arange = torch.arange(block_size, device=self.device)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.use_graphs = cfg.cuda_graphs and self.device.type == "cuda"
+        # The step's sampling + acceptance kernels follow RuntimeConfig.attention_kernel, as the models' do.
+        self._sample_kernels = None
+        if resolve_attention_kernel(cfg.attention_kernel, self.device) == "triton":
+            from .kernels import sample as sample_kernels
+            self._sample_kernels = sample_kernels
         self.captured_mid_run = 0                 # graphs captured after warm_up(): each one a stall
         self._warm = False
         # Prefill runs at padded shapes (rows, tokens, keys) rounded up to buckets wherever graphs replay it, so a
@@ -273,20 +279,22 @@ class Runner:
                                                block - 1))[:, : block - 1] if block > 1 else None   # [n, b-1]
         ids = torch.cat([last[:, None], draft], 1) if block > 1 else last[:, None]   # [n, b]
         h, feats = self.target(ids, vpos, self.cache, rows, kv_len)
-        t = self.tp.broadcast(sample(self.target.logits(h), self._sampling(n), vpos + 1))  # [n, b] target samples
-        a = accept(draft, t) if block > 1 else torch.zeros_like(start)  # [n]
+        logits, sb = self.target.logits(h), self._sampling(n)            # [n, b, V]
+        state = Commit(start, last, self.active[:n], self.cfg.max_seq_len - B)
+        K = self._sample_kernels
+        if K is not None and K.handles(sb) and not self.tp.active:
+            # two Triton kernels sample, accept and commit (kernels/sample.py); under TP the torch path below
+            # keeps broadcasting rank 0's samples
+            K.sample_accept(logits, sb, vpos + 1, draft, self._t[:n, :block], self._a[:n], state)
+        else:
+            t = self.tp.broadcast(sample(logits, sb, vpos + 1))          # [n, b] target samples
+            a = accept(draft, t) if block > 1 else torch.zeros_like(start)  # [n]
+            commit(t, a, state)
+            self._t[:n, :block], self._a[:n] = t, a
         if B > 1 and block == 1 and self.stash_steps:
             self._stash_context(feats, vpos, n)
         elif B > 1:  # drafter context for the verified tokens; rows past the accepted prefix are overwritten later
             self._append_context(feats, vpos, rows)
-        act = self.active[:n]
-        new_start = torch.where(act, start + a + 1, start)
-        self.last[:n] = torch.where(act, t.gather(1, a[:, None])[:, 0], last)
-        self.start[:n] = new_start
-        # the host finishes a row with "length" once its next block would not fit; stop it here too, since the
-        # next step may be enqueued before the host has read this one
-        self.active[:n] = act & (new_start + B <= self.cfg.max_seq_len)
-        self._t[:n, :block], self._a[:n] = t, a
 
     # ---- drafter context ----------------------------------------------------------------------
     def _append_context(self, feats, pos, rows) -> None:

@@ -74,6 +74,12 @@ def flags(params: list) -> tuple[bool, bool, bool]:
 
 def filtered_logprobs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     """logits [n, T, V] -> log-probabilities after temperature, top-k and top-p ([n, T, V], -inf = banned)."""
+    return filtered_logits(logits, sb).log_softmax(-1)
+
+
+def filtered_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    """logits [n, T, V] -> float32 logits / temperature after top-k and top-p ([n, T, V], -inf = banned): the
+    log-probabilities up to a per-position constant."""
     temp = torch.where(sb.temperature > 0, sb.temperature, torch.ones_like(sb.temperature))
     x = logits.float() / temp[:, None, None]
     V = x.shape[-1]
@@ -86,7 +92,7 @@ def filtered_logprobs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
         # keep the smallest prefix reaching p; rows with top_p = 1 keep everything (cumsum may round past 1)
         drop_sorted = (probs.cumsum(-1) - probs >= sb.top_p[:, None, None]) & (sb.top_p < 1)[:, None, None]
         x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
-    return x.log_softmax(-1)
+    return x
 
 
 def sample(logits: torch.Tensor, sb: SamplingBatch, positions: torch.Tensor) -> torch.Tensor:
@@ -95,7 +101,9 @@ def sample(logits: torch.Tensor, sb: SamplingBatch, positions: torch.Tensor) -> 
     if sb.all_greedy:
         return greedy
     gumbel = -torch.log(-torch.log(uniform_noise(sb.seed, positions, logits.shape[-1])))
-    sampled = (filtered_logprobs(logits, sb) + gumbel).argmax(-1)  # Gumbel-max = a draw from the law
+    # Gumbel-max = a draw from the law. Over the logits, not the log-probabilities: they differ by a constant per
+    # position, and skipping the log_softmax keeps the float ops to the ones kernels/sample.py repeats exactly.
+    sampled = (filtered_logits(logits, sb) + gumbel).argmax(-1)
     return torch.where(sb.temperature[:, None] > 0, sampled, greedy)
 
 
@@ -105,3 +113,25 @@ def accept(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     The committed tokens are target[:, :a+1]: the accepted drafts (equal to the target's samples)
     plus the target's bonus token."""
     return (draft == target[:, :-1]).long().cumprod(dim=1).sum(dim=1)
+
+
+@dataclass
+class Commit:
+    """The runner's per-row decode state of rows [0, n), advanced in place once a step's samples are accepted."""
+
+    start: torch.Tensor    # [n] int64 anchor positions
+    last: torch.Tensor     # [n] int64 anchor token ids
+    active: torch.Tensor   # [n] bool decoding rows
+    limit: int             # a row stays active while its next block fits: start <= max_seq_len - block_size
+
+
+def commit(target: torch.Tensor, a: torch.Tensor, c: Commit) -> None:
+    """target samples [n, B], accepted counts a [n]: active rows move their anchor past the a accepted drafts
+    and the bonus sample target[:, a], which becomes the next anchor token."""
+    act = c.active
+    new_start = torch.where(act, c.start + a + 1, c.start)
+    c.last.copy_(torch.where(act, target.gather(1, a[:, None])[:, 0], c.last))
+    c.start.copy_(new_start)
+    # the host finishes a row with "length" once its next block would not fit; stop it here too, since the
+    # next step may be enqueued before the host has read this one
+    c.active.copy_(act & (new_start <= c.limit))
