@@ -113,11 +113,12 @@ class Attention(nn.Module):
 
 
 def set_attention_kernel(model: nn.Module, setting: str) -> str:
-    """Point every Attention of ``model`` (a target or the drafter) at RuntimeConfig.attention_kernel as it
-    resolves on the model's device (kernels.resolve_attention_kernel); returns "triton" or "torch"."""
+    """Point every attention module of ``model`` (a target or the drafter) at RuntimeConfig.attention_kernel as
+    it resolves on the model's device (kernels.resolve_attention_kernel); returns "triton" or "torch". An
+    attention module is one with a ``kernel`` attribute: this Attention, DraftAttention, gpt_oss.Attention."""
     kernel = resolve_attention_kernel(setting, next(model.parameters()).device)
     for m in model.modules():
-        if isinstance(m, Attention):
+        if hasattr(m, "kernel"):
             m.kernel = kernel
     return kernel
 

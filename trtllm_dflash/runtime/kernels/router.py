@@ -1,0 +1,63 @@
+# SPDX-License-Identifier: Apache-2.0
+"""gpt-oss's router top-k and softmax over the k chosen logits in one Triton kernel (RuntimeConfig.attention_kernel
+"triton"), after the router GEMM (``nn.Linear`` with bias, cuBLAS). It replaces torch.topk + torch.softmax
+(two or more kernels per layer) with one program per token.
+
+Semantics (transformers' GptOssTopKRouter): ids = the k largest logits of a row, largest first; weights =
+softmax over those k logits, computed in float32 and returned in the logits' dtype (as torch.softmax of a
+bf16 tensor: float32 inside, one rounding out). Ties: among equal logits the lower expert id comes first, the
+order of a stable descending sort (``torch.sort(..., descending=True, stable=True)``). torch.topk documents no
+order for ties and follows none a kernel could copy (on CPU, top-4 of 32 equal logits is [22, 21, 20, 23]);
+without ties at the k-th place it chooses the same set, and the experts' sum over k does not depend on the
+order. With a tie at the k-th place (bf16 router logits can tie) either choice is one the reference could
+make; tests/gpu/test_gpt_oss_kernels_cuda.py records how often CUDA's topk and this kernel differ on real-shape
+bf16 logits. NaN logits are not supported (the router never makes them).
+
+CUDA-graph safe: grid (tokens,), no host syncs.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _topk_softmax_kernel(logits_ptr, ids_ptr, w_ptr, E, s_l, s_i, s_w,
+                         K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    tok = tl.program_id(0)
+    e = tl.arange(0, BLOCK_E)
+    kk = tl.arange(0, BLOCK_K)
+    x = tl.load(logits_ptr + tok * s_l + e, mask=e < E, other=float("-inf")).to(tl.float32)   # exact upcast
+    taken = e >= E                      # padding lanes can never be chosen (even if every logit is -inf)
+    vals = tl.zeros([BLOCK_K], tl.float32)
+    ids = tl.zeros([BLOCK_K], tl.int32)
+    for j in tl.static_range(K):        # k passes of argmax, each taking the lowest id among the maxima
+        cand = tl.where(taken, float("-inf"), x)
+        best = tl.max(cand, 0)
+        pick = tl.min(tl.where((cand == best) & ~taken, e, BLOCK_E), 0)
+        taken = taken | (e == pick)
+        vals = tl.where(kk == j, best, vals)
+        ids = tl.where(kk == j, pick, ids)
+    # softmax over the k chosen: vals[0] is their max
+    p = tl.where(kk < K, tl.exp(vals - tl.max(tl.where(kk < K, vals, float("-inf")), 0)), 0.0)
+    w = p / tl.sum(p, 0)
+    tl.store(ids_ptr + tok * s_i + kk, ids.to(ids_ptr.dtype.element_ty), mask=kk < K)
+    tl.store(w_ptr + tok * s_w + kk, w.to(w_ptr.dtype.element_ty), mask=kk < K)
+
+
+def topk_softmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [N, E] (the router's output, last dim contiguous) -> (ids [N, k] int64, weights [N, k] in the
+    logits' dtype): what ``logits.topk(k)`` then ``softmax`` over the k values give, as MoE's experts take them."""
+    N, E = logits.shape
+    if not 0 < k <= E:
+        raise ValueError(f"top-{k} of {E} experts")
+    if logits.stride(1) != 1:
+        raise ValueError("logits: the last dim must be contiguous")
+    ids = torch.empty(N, k, dtype=torch.int64, device=logits.device)
+    weights = torch.empty(N, k, dtype=logits.dtype, device=logits.device)
+    if N:
+        _topk_softmax_kernel[(N,)](logits, ids, weights, E, logits.stride(0), ids.stride(0), weights.stride(0),
+                                   K=k, BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(k),
+                                   num_warps=1 if E <= 64 else 2)
+    return ids, weights
