@@ -40,7 +40,7 @@ def kernels():
 def attend_sinks_f64(q, k, v, visible, sinks, scale):
     """gpt-oss attention in float64, as transformers' eager_attention_forward: q [n, T, Hq, d], k/v [n, Hkv, S, d],
     visible [n, 1, T, S], sinks [Hq] -> [n, T, Hq * d]; softmax over [scores, sink], sink column dropped."""
-    n, T, Hq, d = q.shape
+    n, T, Hq, _ = q.shape
     G = Hq // k.shape[1]
     k, v = k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
     s = (q.double().transpose(1, 2) @ k.transpose(-1, -2)) * scale                  # [n, Hq, T, S]
@@ -195,7 +195,7 @@ def tiny_gpt_oss(tmp_path_factory):
 def test_target_forward_with_the_kernels(tiny_gpt_oss):
     """Prefill then a verify block of 6 over the cache (window 8: the block straddles the window edge; row 1
     two positions back, its stale rows hidden), with the kernels == the torch path, float32."""
-    K, R = kernels()
+    kernels()
     from trtllm_dflash.runtime.distributed import TPGroup
     from trtllm_dflash.runtime.loader import load_target
     from trtllm_dflash.runtime.models.llama import set_attention_kernel

@@ -253,12 +253,14 @@ def num_splits(programs: int, kv_len: int, block_n: int, sms: int) -> int:
 
 def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: torch.Tensor, kv_len: int,
            lo: torch.Tensor, hi: torch.Tensor, scale: float, splits: int | None = None,
-           sinks: torch.Tensor | None = None, span: int | None = None) -> torch.Tensor:
+           sinks: torch.Tensor | None = None, span: int | None = None,
+           tiles: tuple[int, int] | None = None) -> torch.Tensor:
     """q [n, T, Hq, d] (last dim contiguous), cache_k/cache_v [max_batch, Hkv, S, d] (one layer), rows [n],
     lo/hi [n, T] (visible key positions, inclusive) -> [n, T, Hq * d] in q's dtype. ``splits`` None picks
     by the device (num_splits). ``sinks`` [Hq] (gpt-oss): one logit per q head in the softmax denominator.
     ``span``: a bound on max(hi) - min(lo) + 1 over one request's rows (a sliding window: window + T - 1), used
-    only to size the splits (None: kv_len); keys outside it are still attended, by the last split."""
+    only to size the splits (None: kv_len); keys outside it are still attended, by the last split. ``tiles``
+    (BLOCK_N, num_warps) overrides the defaults below (benchmarks/gpt_oss_kernels_bench.py sweeps them)."""
     n, T, Hq, d = q.shape
     Hkv = cache_k.shape[1]
     G = Hq // Hkv
@@ -269,6 +271,9 @@ def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: 
     if sinks is not None and (sinks.shape != (Hq,) or sinks.stride(0) != 1):
         raise ValueError(f"sinks: expected a contiguous [{Hq}] tensor (one logit per q head), got {tuple(sinks.shape)}")
     BLOCK_M, BLOCK_N = max(16, _pow2(G * T)), 64 if d <= 64 else 32
+    num_warps = 4 if BLOCK_M * d <= 64 * 64 else 8
+    if tiles is not None:
+        BLOCK_N, num_warps = tiles
     # keys one program may walk: from its lowest lo rounded down to a tile (hence BLOCK_N - 1) to its highest hi
     cover = kv_len if span is None else max(1, min(kv_len, span + BLOCK_N - 1))
     if splits is None:
@@ -284,7 +289,6 @@ def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: 
     else:
         part = ml = out
     LOG2E = 1.4426950408889634
-    num_warps = 4 if BLOCK_M * d <= 64 * 64 else 8
     _attend_kernel[(n * Hkv, splits)](
         q, cache_k, cache_v, rows, lo, hi, sinks if sinks is not None else lo, out, part, ml,
         T, Hkv, kv_len, keys_per_split, scale * LOG2E, rows.stride(0),
