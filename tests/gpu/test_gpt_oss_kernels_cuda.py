@@ -8,9 +8,11 @@ weights, MXFP4 experts) with attention_kernel triton vs torch, and the tiny gpt-
 Tolerances (relative, norm-wise), as tests/gpu/test_decode_attention_cuda.py: attention 1e-2 against float64 and
 2e-2 against the torch path (bf16 probabilities before P @ V and one rounding of the output; a wrong row, head,
 mask or a lost sink is O(1e-1) or more); router weights 4e-3 (one bf16 rounding, 2^-9, of a float32 softmax);
-add + norm: the sum is the same bf16 add (bit-equal), the norm 4e-3 against the eager one (a rounding flip here
-and there from another float32 reduction order) and against float64; the layer stack 3e-2 against the torch
-path (the sums of the above through 4 layers; a broken sink or window gives > 1e-1, checked below).
+add + norm: without a bias the sum is the same bf16 add (bit-equal); with o_proj's bias inductor adds both in
+float32 and rounds once where eager rounds x + bias first (4e-3); the norm 4e-3 against the eager one (a rounding
+flip here and there from another float32 reduction order) and against float64; the layer stack 3e-2 against the torch
+path (the sums of the above through 4 layers); dropping the sinks or the window must move it by more than
+5e-2 and 3x that error (checked below: the comparison can fail).
 """
 from __future__ import annotations
 
@@ -99,7 +101,7 @@ def test_fused_add_norm_bf16(N):
     want_h, want_total = norm(x, res, bias=bias)
     for _ in range(2):   # compile, then the compiled kernel
         h, total = norm(x, res, bias=bias, fused=True)
-    assert total.equal(want_total)
+    assert rel(total, want_total) < 4e-3   # inductor adds bias and residual in float32, rounds once
     t64 = want_total.double()
     f64 = norm.weight.double() * t64 * torch.rsqrt(t64.pow(2).mean(-1, keepdim=True) + 1e-5)
     assert rel(h, want_h) < 4e-3 and rel(h, f64) < 4e-3
@@ -153,6 +155,7 @@ def random_target(layers: int = 4, experts: int = 32):
     (a 2k vocabulary: the head is not what is tested)."""
     from trtllm_dflash.checkpoints.resolve import PUBLIC_CONFIGS
     from trtllm_dflash.runtime.distributed import TPGroup
+    from trtllm_dflash.runtime.models.layers import Rotary
     cfg = {**PUBLIC_CONFIGS["openai/gpt-oss-20b"], "num_hidden_layers": layers, "num_local_experts": experts,
            "vocab_size": 2048}
     c = gpt_oss.GptOssConfig.from_hf(cfg)
@@ -162,19 +165,22 @@ def random_target(layers: int = 4, experts: int = 32):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dtype == torch.uint8:
-                p.copy_(torch.randint(118, 122, p.shape, dtype=torch.uint8) if name.endswith("scales")
-                        else torch.randint(0, 256, p.shape, dtype=torch.uint8))
+                lo, hi = (118, 122) if name.endswith("scales") else (0, 256)
+                p.copy_(torch.randint(lo, hi, p.shape, dtype=torch.uint8, device=DEV))
             elif "norm" in name:
                 p.uniform_(0.5, 1.5)
             elif "sinks" in name:
                 p.normal_(5.0, 1.0)   # a good share of the softmax mass over 128 keys (e^5 ~ 148), so sinks matter
             elif name.endswith("router.bias"):   # routing set by the bias, with wide gaps: no flips between paths
-                p.copy_(torch.randperm(p.numel()) * 0.5)
+                p.copy_(torch.randperm(p.numel(), device=DEV) * 0.5)
             elif name.endswith("router.weight"):
                 p.normal_(0, 2e-3)
             else:
                 p.normal_(0, 0.02)
-    return model.to(BF16).eval()
+    model = model.to(BF16)
+    # RoPE tables are float32 buffers, which .to(BF16) cast: rebuild them, as the loader keeps them float32
+    model.rotary = Rotary(c.rope, c.head_dim, 8192, c.max_position_embeddings).to(DEV)
+    return model.eval()
 
 
 @torch.inference_mode()
@@ -209,7 +215,7 @@ def test_target_layers_bf16_triton_vs_torch():
             model.config = dataclasses.replace(model.config, sliding_window=100_000)
         cache.k.copy_(saved[0]), cache.v.copy_(saved[1])
         h1, _ = model(ids[:, 3000:3001], torch.tensor([[3000]], device=DEV), cache, slice(0, 1), 3008)
-        assert rel(h1, out["torch"][0]) > 5 * errs[0], change
+        assert rel(h1, out["torch"][0]) > max(3 * errs[0], 5e-2), change
         for layer, s in zip(model.layers, saved_sinks):
             layer.self_attn.sinks.data.copy_(s)
         model.config = dataclasses.replace(model.config, sliding_window=WINDOW)

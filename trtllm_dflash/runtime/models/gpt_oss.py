@@ -143,14 +143,17 @@ def _fused_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 @_fused
 def _fused_add_norm(residual: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float):
-    """(residual + x, its norm) in one compiled kernel on CUDA (eager elsewhere), the same roundings as eager."""
+    """(residual + x, its norm) in one compiled kernel on CUDA (eager elsewhere): eager's math, but inductor keeps
+    intermediates in float32 (the norm may read the sum before its bf16 rounding), so a bf16 result can differ
+    from eager's by a rounding here and there."""
     total = residual + x
     return total, _norm(total, w, eps)
 
 
 @_fused
 def _fused_bias_add_norm(residual: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, w: torch.Tensor, eps: float):
-    """As _fused_add_norm with o_proj's bias added to x first (rounded, as the eager ``out + bias``)."""
+    """As _fused_add_norm with o_proj's bias added to x first (eager rounds x + bias to the model dtype; inductor
+    adds all three in float32 and rounds once)."""
     total = residual + (x + bias)
     return total, _norm(total, w, eps)
 
