@@ -156,12 +156,12 @@ def _attend_kernel(
     hi = tl.load(hi_ptr + i * s_hn + t * s_ht, mask=m_ok, other=-1)
     hi = tl.minimum(hi, kv_len - 1)
     row = tl.load(row_ptr + i * s_row)
-    # this program's keys: the splits partition [base, last visible key] from the tile's lowest lo (0 for causal
+    # this program's keys: the splits partition [first, last visible key] from the tile's lowest lo (0 for causal
     # layers; pos - window + 1 for sliding ones), so keys below every row's lo are never walked. The last split
     # runs to the last visible key whatever keys_per_split says, so coverage never rests on the host's estimate.
-    base = (tl.maximum(tl.min(lo, 0), 0) // BLOCK_N) * BLOCK_N
+    first = (tl.maximum(tl.min(lo, 0), 0) // BLOCK_N) * BLOCK_N
     last = tl.max(hi, 0) + 1
-    begin = base + split * keys_per_split
+    begin = first + split * keys_per_split
     end = tl.where(split == tl.num_programs(1) - 1, last, tl.minimum(begin + keys_per_split, last))
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
