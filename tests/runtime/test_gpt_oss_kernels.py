@@ -161,10 +161,44 @@ def test_router_ties_take_the_lower_expert_first():
     assert sorted(logits[:1].topk(3).indices[0].tolist()) == sorted(ids[0].tolist())
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3)])
+@pytest.mark.parametrize("E,k,H", [(32, 4, 96), (20, 4, 64), (128, 4, 48)])
+def test_route_equals_linear_topk_softmax_and_float64(dtype, tol, E, k, H):
+    """The one-kernel router (GEMM + top-k + softmax) == nn.Linear then torch.topk + softmax: the same ids (these
+    logits have no near-ties), weights within the output's rounding; and == the float64 rule on its own logits."""
+    _, R = kernels()
+    g = torch.Generator().manual_seed(E + H)
+    N = 5
+    x = torch.randn(N, H, generator=g).to(dtype)
+    lin = torch.nn.Linear(H, E).to(dtype)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(E, H, generator=g) / H ** 0.5)
+        lin.bias.copy_(torch.randn(E, generator=g))
+        logits = lin(x)
+        ids, w = R.route(x, lin.weight, lin.bias, k)
+    top, ref_ids = logits.topk(k, dim=-1)
+    assert ids.dtype == torch.int64 and w.dtype == dtype
+    assert ids.equal(ref_ids) and rel(w, torch.softmax(top, -1)) < tol
+    f64 = (x.double() @ lin.weight.double().T + lin.bias.double()).to(dtype)   # rounded as the kernel's logits
+    want_ids, want_w = topk_f64(f64, k)
+    assert ids.equal(want_ids) and rel(w, want_w) < tol
+
+
+def test_route_rule():
+    _, R = kernels()
+    assert R.uses_route(torch.empty(32, 2880, dtype=torch.bfloat16), 10)          # gpt-oss-20b's router, decode
+    assert not R.uses_route(torch.empty(128, 2880, dtype=torch.bfloat16), 1)      # gpt-oss-120b's: GEMM + kernel
+    assert not R.uses_route(torch.empty(32, 2880, dtype=torch.bfloat16), R.ROUTE_MAX_TOKENS + 1)   # prefill
+
+
 def test_router_rejects_bad_k():
     _, R = kernels()
     with pytest.raises(ValueError, match="top-5 of 4"):
         R.topk_softmax(torch.zeros(2, 4), 5)
+    with pytest.raises(ValueError, match="top-5 of 4"):
+        R.route(torch.zeros(2, 8), torch.zeros(4, 8), torch.zeros(4), 5)
+    with pytest.raises(ValueError, match="route"):
+        R.route(torch.zeros(2, 8), torch.zeros(4, 6), torch.zeros(4), 2)
 
 
 # ---- add + norm ---------------------------------------------------------------------------------------
@@ -192,10 +226,19 @@ def tiny_gpt_oss(tmp_path_factory):
     return target, write_gpt_oss_drafter(target, root / "drafter")
 
 
-def test_target_forward_with_the_kernels(tiny_gpt_oss):
+def test_target_forward_with_the_kernels(tiny_gpt_oss, monkeypatch):
     """Prefill then a verify block of 6 over the cache (window 8: the block straddles the window edge; row 1
-    two positions back, its stale rows hidden), with the kernels == the torch path, float32."""
-    kernels()
+    two positions back, its stale rows hidden), with the kernels == the torch path, float32. The router runs
+    both ways: GEMM + top-k kernel for the prefill's 40 and the block's 12 tokens, the one-kernel route for
+    the AR step's 2 (ROUTE_MAX_TOKENS lowered to 8 here)."""
+    _, R = kernels()
+    monkeypatch.setattr(R, "ROUTE_MAX_TOKENS", 8)
+    calls = {"route": 0, "topk_softmax": 0}
+    for name in calls:
+        def counted(*args, _f=getattr(R, name), _name=name, **kw):
+            calls[_name] += 1
+            return _f(*args, **kw)
+        monkeypatch.setattr(R, name, counted)
     from trtllm_dflash.runtime.distributed import TPGroup
     from trtllm_dflash.runtime.loader import load_target
     from trtllm_dflash.runtime.models.llama import set_attention_kernel
@@ -216,6 +259,7 @@ def test_target_forward_with_the_kernels(tiny_gpt_oss):
         out[kernel] = (h, h1, cache.k.clone())
     for a, b in zip(out["triton"], out["torch"]):
         assert rel(a, b) < 1e-5
+    assert calls == {"route": 4, "topk_softmax": 8}, calls   # 4 layers: AR step; prefill and verify
 
 
 @pytest.mark.parametrize("block", [None, 1])
@@ -225,8 +269,8 @@ def test_engine_tokens_are_the_same_with_the_kernels(tiny_gpt_oss, block, monkey
     K, R = kernels()
     from tests.runtime.kernel_engine import engine_with_kernel
     from trtllm_dflash.config import RuntimeConfig, SamplingParams
-    calls = {"attend": 0, "rope_cache_write": 0, "topk_softmax": 0}
-    for mod, name in ((K, "attend"), (K, "rope_cache_write"), (R, "topk_softmax")):
+    calls = {"attend": 0, "rope_cache_write": 0, "route": 0}
+    for mod, name in ((K, "attend"), (K, "rope_cache_write"), (R, "route")):
         def counted(*args, _f=getattr(mod, name), _name=name, **kw):
             calls[_name] += 1
             return _f(*args, **kw)

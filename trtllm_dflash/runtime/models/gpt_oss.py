@@ -353,13 +353,16 @@ class MoE(nn.Module):
         self.top_k, self.tp = c.experts_per_token, tp
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        """x [..., hidden] -> [..., hidden]. ``fused``: top-k + softmax in one Triton kernel (kernels/router.py),
-        the same ids and weights up to the weights' last rounding."""
+        """x [..., hidden] -> [..., hidden]. ``fused``: the router's top-k + softmax in one Triton kernel, with or
+        without its GEMM (kernels/router.py, by router.uses_route): the same ids and weights up to roundings."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])                                          # [N, hidden]
         if fused:
-            from ..kernels import router
-            top_ids, weights = router.topk_softmax(self.router(x), self.top_k)   # [N, k] int64, [N, k]
+            from ..kernels import router as R
+            if R.uses_route(self.router.weight, x.shape[0]):
+                top_ids, weights = R.route(x, self.router.weight, self.router.bias, self.top_k)   # [N, k] x 2
+            else:
+                top_ids, weights = R.topk_softmax(self.router(x), self.top_k)
         else:
             top_logits, top_ids = self.router(x).topk(self.top_k, dim=-1)    # [N, k]
             weights = torch.softmax(top_logits, dim=-1)                      # softmax over the k chosen only
