@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,9 +57,8 @@ def main(argv=None) -> int:
     bench = Bench(dev, dtype, 2 if args.smoke else args.reps, args.smoke)
     parts = args.parts.split(",")
     t0 = time.time()
-    out = {"benchmark": "gpt_oss_kernels_bench", "command": " ".join([sys.argv[0]] + (argv or sys.argv[1:])),
-           "git_sha": _git_sha(), "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
-           "versions": _versions(), "dtype": str(dtype), "smoke": args.smoke}
+    from trtllm_dflash.provenance import record
+    out = {"benchmark": "gpt_oss_kernels_bench", "provenance": record(), "dtype": str(dtype), "smoke": args.smoke}
     for part in parts:
         t = time.time()
         out[part] = getattr(bench, part)(args)
@@ -268,24 +266,6 @@ def summarize(out: dict) -> dict:
         s["target"] = {k: v for k, v in out["target"].items()}
     return s
 
-
-def _git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=False).stdout.strip()
-    except OSError:
-        return "unknown"
-
-
-def _versions() -> dict:
-    import torch
-    v = {"torch": torch.__version__, "python": sys.version.split()[0]}
-    try:
-        import triton
-        v["triton"] = triton.__version__
-    except ImportError:
-        v["triton"] = None
-    return v
 
 
 if __name__ == "__main__":
