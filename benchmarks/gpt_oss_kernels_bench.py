@@ -263,9 +263,8 @@ def summarize(out: dict) -> dict:
     for row in out.get("norm", []):
         s[f"norm_N{row['N']}_{'fused' if row['fused'] else 'eager'}"] = {"us": row["us"], "kernels": row["kernels"]}
     if "target" in out:
-        s["target"] = {k: v for k, v in out["target"].items()}
+        s["target"] = dict(out["target"])
     return s
-
 
 
 if __name__ == "__main__":
