@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 HQ, HKV, D, WINDOW, HIDDEN = 64, 8, 64, 128, 2880
-TILES = [(32, 4), (64, 4), (128, 8)]   # (BLOCK_N, num_warps); the default at d = 64 is (64, 4)
+TILES = [(32, 4), (64, 4), (128, 8)]   # (BLOCK_N, num_warps); default at d = 64: BLOCK_N 64, 4 warps (8 past 64 rows)
 SPLITS = [None, 1, 8]               # None: num_splits (the default)
 
 
