@@ -251,19 +251,21 @@ def tiny_gpt_oss(tmp_path_factory):
 
 
 def test_tiny_gpt_oss_tokens_with_the_kernels(tiny_gpt_oss):
-    """float32, CUDA graphs on, past the sliding window: greedy DFlash == AR with the kernels, and both == the
-    torch path's tokens (experts dequantised: the MXFP4 kernels round to bf16 and are tested on their own)."""
+    """float32, CUDA graphs on, MXFP4 experts on their Triton kernels (the path a GPU serves; the dequantised
+    experts' float32 loop syncs the host, which capture forbids), past the sliding window: greedy AR and DFlash
+    tokens with the kernels == the torch path's at the same block (the expert kernels then see the same shapes,
+    so only the attention, router and norms differ between the runs)."""
     from tests.runtime.kernel_engine import engine_with_kernel
     from trtllm_dflash.config import RuntimeConfig, SamplingParams
 
     def engine(block, kernel):
         return engine_with_kernel(tiny_gpt_oss[0], tiny_gpt_oss[1] if block != 1 else None,
                                   RuntimeConfig(max_seq_len=256, max_batch_size=4, block_size=block, dtype="float32",
-                                                device="cuda", attention_kernel=kernel, mxfp4_moe="dequant"))
+                                                device="cuda", attention_kernel=kernel, mxfp4_moe="triton"))
     g = torch.Generator().manual_seed(0)
     ps = [torch.randint(2, 90, (k,), generator=g).tolist() for k in (3, 17, 1, 40, 9, 25)]
     sp = SamplingParams(max_new_tokens=48, ignore_eos=True)
-    ar, df = engine(1, "triton").generate(ps, sp), engine(None, "triton").generate(ps, sp)
-    ref = engine(None, "torch").generate(ps, sp)
-    for a, d, r in zip(ar, df, ref):
-        assert d.output_ids == a.output_ids == r.output_ids
+    for block in (1, None):
+        fused, ref = engine(block, "triton").generate(ps, sp), engine(block, "torch").generate(ps, sp)
+        for a, r in zip(fused, ref):
+            assert a.output_ids == r.output_ids, block
