@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # gpt-oss with MXFP4 experts on the GPU host, one stage per device call (logs and JSON under $OUT):
 #   tests  (H100, ~2 min)  GPU tests of the MXFP4 kernels -> gpu_tests_mxfp4_<gpu>.json
+#   mxfp4  (H100, ~2 min)  the expert variants (mma / swap / gemv) at real shapes: their GPU tests, then one MoE layer
+#          timed per variant and tile config, 1..64 tokens, random and concentrated routing -> mxfp4_bench.json
 #   20b    (H100, ~4 min)  gpt-oss-20b steps, MXFP4 kernels vs bf16 dequantised in the same run, tile sweep, profile
 #   120b   (H200, ~5 min)  gpt-oss-120b steps with MXFP4 kernels (bf16 does not fit: one MoE layer both ways), profile
 #   tp2    (2x H200, ~3 min) gpt-oss-120b TP 2 with EP 2 and EP 1 under mpirun (NCCL, CUDA graphs): tiny tokens == TP 1,
@@ -17,6 +19,15 @@ for stage in "${stages[@]}"; do
     tests)
       if [ -n "${SMOKE:-}" ]; then $PY -m pytest -q -p no:cacheprovider tests/runtime/test_mxfp4_moe.py 2>&1 | tee "$OUT/tests.log"
       else $PY benchmarks/gpu_test_report.py tests/runtime/test_mxfp4_moe.py --out "$OUT/gpu_tests_mxfp4.json" 2>&1 | tee "$OUT/tests.log"; fi ;;
+    mxfp4)
+      if [ -n "${SMOKE:-}" ]; then $PY benchmarks/mxfp4_bench.py --smoke --out "$OUT/mxfp4_bench_smoke.json"
+      else rc=0  # the timings are wanted even when a test fails; the stage still fails afterwards
+           $PY benchmarks/gpu_test_report.py tests/runtime/test_mxfp4_moe.py::test_variants_at_gpt_oss_shapes \
+             tests/runtime/test_mxfp4_moe.py::test_kernel_under_cuda_graph_replays_new_routing \
+             --out "$OUT/gpu_tests_mxfp4_variants.json" > "$OUT/mxfp4_tests.log" 2>&1 || rc=$?
+           tail -40 "$OUT/mxfp4_tests.log"
+           $PY benchmarks/mxfp4_bench.py --out "$OUT/mxfp4_bench.json" 2>&1 | tee "$OUT/mxfp4_bench.log"
+           [ "$rc" -eq 0 ] || { echo "mxfp4 GPU tests failed (exit $rc): $OUT/mxfp4_tests.log" >&2; exit "$rc"; }; fi ;;
     20b)
       if [ -n "${SMOKE:-}" ]; then $PY benchmarks/gpt_oss_step.py --tiny --device cpu --batch_sizes 1,2 --iters 2 --out "$OUT/gpt_oss_20b_step_smoke.json"
       else $PY benchmarks/gpt_oss_step.py --target gpt-oss-20b --batch_sizes 1,4,16,64 --blocks 8 --iters 15 --compare_dequant \
@@ -30,6 +41,6 @@ for stage in "${stages[@]}"; do
              --out "$OUT/gpt_oss_tp2_smoke.json" 2>&1 | tee "$OUT/tp2.log"
       else ${MPIRUN:-mpirun --allow-run-as-root} -n 2 $PY benchmarks/gpt_oss_tp.py --target gpt-oss-120b --ep_sizes 2,1 --batch_sizes 1,64 \
              --block_size 10 --iters 10 --out "$OUT/gpt_oss_120b_tp2_h200x2.json" 2>&1 | tee "$OUT/tp2.log"; fi ;;
-    *) echo "unknown stage $stage (tests, 20b, 120b, tp2)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests, mxfp4, 20b, 120b, tp2)" >&2; exit 2 ;;
   esac
 done

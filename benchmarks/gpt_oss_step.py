@@ -289,7 +289,7 @@ def tile_sweep(target, device, token_counts, iters: int, sweep_decode: bool = Fa
     rows = []
     for N in token_counts:
         x, ids, w = moe_inputs(target, N, device)
-        base = mxfp4_moe.default_tiles(ids.numel(), mx.num_local)
+        base = mxfp4_moe.default_tiles(N, ids.shape[1], mx.num_local)
         for ds in ((True, False) if sweep_decode else (True,)):
             for bn, bk, warps in ((64, 128, 4), (128, 128, 8), (64, 256, 8), (128, 64, 4)):
                 t = dataclasses.replace(base, block_n=bn, block_k=bk, num_warps=warps, dot_scaled=ds)
@@ -307,8 +307,14 @@ def tile_sweep(target, device, token_counts, iters: int, sweep_decode: bool = Fa
     return rows
 
 
+# runtime/mxfp4_moe.py's kernels: their device time per step is the experts' cost (profile_top)
+EXPERT_KERNELS = ("_route_kernel", "_gate_up_kernel", "_swiglu_kernel", "_down_kernel", "_combine_kernel",
+                  "_gemv_gate_up_kernel", "_gemv_down_kernel")
+
+
 def profile_top(fn, steps: int = 3, top: int = 12) -> dict:
-    """Device time per step by kernel (torch profiler over graph replays)."""
+    """Device time per step by kernel (torch profiler over graph replays); expert_kernels_*: the MXFP4 expert
+    kernels' share (EXPERT_KERNELS; the torch k-sum after an unsplit down kernel is not among them)."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -319,7 +325,10 @@ def profile_top(fn, steps: int = 3, top: int = 12) -> dict:
     evts = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     total = sum(e.self_device_time_total for e in evts)
     best = sorted(evts, key=lambda e: -e.self_device_time_total)[:top]
+    experts = [e for e in evts if e.key.startswith(EXPERT_KERNELS)]
     return {"kernels_per_step": sum(e.count for e in evts) / steps, "device_ms_per_step": round(total / 1e3 / steps, 4),
+            "expert_kernels_per_step": sum(e.count for e in experts) / steps,
+            "expert_kernels_ms": round(sum(e.self_device_time_total for e in experts) / 1e3 / steps, 4),
             "top": [{"name": e.key[:100], "count": e.count // steps, "ms": round(e.self_device_time_total / 1e3 / steps, 4),
                      "share": round(e.self_device_time_total / max(total, 1), 3)} for e in best]}
 
@@ -439,6 +448,8 @@ def main(argv=None) -> int:
         if row["step"] == "dflash" and ar is not None and "median_ms" in row:
             row["break_even_tokens"] = round(row["median_ms"] / ar["median_ms"], 3)
     record["summary"] = summarize(record["results"], backend, blocks[0], record.get("moe_layer_mxfp4_vs_bf16"))
+    if record["summary"]:
+        record["summary"].update(expert_summary(record, backend, expert_bytes(target.layers[0].mlp.experts)))
     if cuda:
         record["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     record["total_s"] = round(time.perf_counter() - t0, 1)
@@ -481,6 +492,30 @@ def summarize(rows: list[dict], backend: str, block: int, layer_rows) -> dict:
             s[f"b{n}"] = {"ar_ms": a["median_ms"], "dflash_ms": d["median_ms"], "break_even_tokens": d["break_even_tokens"],
                           "ar_roofline_fraction": a.get("roofline_fraction"), "dflash_roofline_fraction": d.get("roofline_fraction"),
                           "ar_distinct_experts": a["distinct_experts"], "dflash_distinct_experts": d["distinct_experts"]}
+    return s
+
+
+def expert_summary(record: dict, backend: str, bytes_per_expert: int) -> dict:
+    """Per b=1 step (AR, DFlash): expert bytes touched = distinct experts (summed over layers) x bytes per expert;
+    with --profile, the expert kernels' device time, the bandwidth fraction it achieves on those bytes, and us per
+    distinct expert (AR vs DFlash: equal when the experts' cost follows the distinct experts, not the tokens)."""
+    s, bw = {}, (record.get("ceilings") or {}).get("copy_bw_bytes_per_s")
+    for step in ("ar", "dflash"):
+        row = next((r for r in record["results"] if (r["experts"], r["step"], r["batch"], r["mode"]) ==
+                    (backend, step, 1, "graph") and "median_ms" in r), None)
+        if row is None:
+            continue
+        touched = row["distinct_experts"] * bytes_per_expert
+        s[f"{step}_b1_distinct_experts"] = row["distinct_experts"]
+        s[f"{step}_b1_expert_bytes_touched"] = touched
+        prof = record.get(f"profile_{backend}_{step}_b1")
+        if prof and prof.get("expert_kernels_ms"):
+            ms = prof["expert_kernels_ms"]
+            s[f"{step}_b1_expert_kernels_ms"] = ms
+            s[f"{step}_b1_expert_kernels_per_step"] = prof["expert_kernels_per_step"]
+            s[f"{step}_b1_us_per_distinct_expert"] = round(1e3 * ms / row["distinct_experts"], 3)
+            if bw:
+                s[f"{step}_b1_expert_bandwidth_fraction"] = round(touched / (ms * 1e-3) / bw, 3)
     return s
 
 

@@ -1,15 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The fused MXFP4 routed-expert kernels (runtime/mxfp4_moe.py) on the GPU, on random MXFP4 tensors: against a
-float64 dequantise-then-matmul reference and against the bf16 dequantised Experts path; CUDA-graph replay;
-greedy DFlash == AR with a small random MXFP4 gpt-oss run by the kernels. CPU: the backend setting.
+"""The fused MXFP4 routed-expert kernels (runtime/mxfp4_moe.py), all three variants (mma, swap, gemv), on random
+MXFP4 tensors: against a float64 dequantise-then-matmul reference, against the dequantised torch Experts math and
+against each other. CPU: Triton's interpreter (float32, dot_scaled=False, tiny shapes; skipped without triton).
+GPU (``gpu`` marker): bf16 at gpt-oss-20b / -120b expert shapes, CUDA-graph replay, greedy DFlash == AR.
 
-Tolerances. The kernel rounds the activations x to bf16 (exact here: x is bf16), accumulates in float32, rounds
-the SwiGLU output to bf16 (relative 2^-9 per element) and the [N * k, H] expert outputs to x's dtype before the
-k-sum. Each rounding adds at most 2^-9 ~ 2e-3 relative per element, so 1e-2 (norm-wise) against float64 has
-room for the float32 accumulation order and no room for a wrong nibble, scale or row (those give O(1) errors).
-The bf16 Experts path also rounds gate_up and every SwiGLU intermediate to bf16, hence 2e-2 between the two.
+Tolerances. On the GPU the kernel rounds the activations x to bf16 (exact here: x is bf16), accumulates in
+float32, rounds the SwiGLU output to bf16 (relative 2^-9 per element) and the [N * k, H] expert outputs to x's
+dtype before the k-sum. Each rounding adds at most 2^-9 ~ 2e-3 relative per element, so 1e-2 (norm-wise) against
+float64 has room for the float32 accumulation order and no room for a wrong nibble, scale or row (those give O(1)
+errors). The bf16 Experts math also rounds gate_up and every SwiGLU intermediate to bf16, hence 2e-2 between the
+two. Variants against each other on the GPU: both sit within 1e-2 of float64, so 2e-2. In the interpreter
+everything is float32 (activations included): 1e-5 covers float32 sums in another order (K = 96: ~1e-7 seen).
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -18,6 +23,10 @@ from tests.runtime.compare import rel
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.models import mxfp4
 from trtllm_dflash.runtime.models.gpt_oss import SWIGLU_ALPHA
+
+if not torch.cuda.is_available():
+    # before the kernels are imported: triton.jit picks the interpreter when it decorates them
+    os.environ["TRITON_INTERPRET"] = "1"
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 LIMIT = 7.0
@@ -36,22 +45,31 @@ def random_experts(E, H, I, device, seed=0):
             "dn_bias": torch.randn(E, H, device=device, generator=g)}
 
 
-def reference_f64(x, ids, weights, w, first, add_bias=True):
-    """Dequantise to float64 (models/mxfp4.dequantize, checked against transformers on CPU), then plain matmuls."""
-    gu = mxfp4.dequantize(w["gu_blocks"].cpu(), w["gu_scales"].cpu(), torch.float64)   # [E, H, 2I]
-    dn = mxfp4.dequantize(w["dn_blocks"].cpu(), w["dn_scales"].cpu(), torch.float64)   # [E, I, H]
-    x, ids, weights = x.cpu().double(), ids.cpu(), weights.cpu().double()
-    out = torch.zeros_like(x)
-    for n in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[n, j]) - first
-            if not 0 <= e < gu.shape[0]:
-                continue
-            h = x[n] @ gu[e] + w["gu_bias"][e].cpu().double()
-            gate, up = h[0::2].clamp(max=LIMIT), h[1::2].clamp(-LIMIT, LIMIT)
-            y = ((up + 1) * gate * torch.sigmoid(gate * SWIGLU_ALPHA)) @ dn[e]
-            out[n] += weights[n, j] * (y + (w["dn_bias"][e].cpu().double() if add_bias else 0))
-    return out
+def reference(x, ids, weights, w, first, dtype=torch.float64):
+    """The routed experts by dequantise-then-matmul (models/mxfp4.dequantize, checked against transformers on CPU),
+    only the experts the pairs use, on x's device. float64: the independent reference; bf16 / float32: the math of
+    the dequantised torch Experts path in that dtype (every intermediate rounded to it)."""
+    dev, (N, k), E = x.device, ids.shape, w["gu_blocks"].shape[0]
+    local = (ids - first).flatten()
+    out = torch.zeros(N * k, x.shape[1], dtype=torch.float64, device=dev)
+    for e in local.unique().tolist():
+        if not 0 <= e < E:
+            continue
+        rows = torch.nonzero(local == e).flatten()
+        gu = mxfp4.dequantize(w["gu_blocks"][e:e + 1], w["gu_scales"][e:e + 1], dtype)[0]       # [H, 2I]
+        dn = mxfp4.dequantize(w["dn_blocks"][e:e + 1], w["dn_scales"][e:e + 1], dtype)[0]       # [I, H]
+        h = x[rows // k].to(dtype) @ gu + w["gu_bias"][e].to(dtype)
+        gate, up = h[:, 0::2].clamp(max=LIMIT), h[:, 1::2].clamp(-LIMIT, LIMIT)
+        y = ((up + 1) * gate * torch.sigmoid(gate * SWIGLU_ALPHA)) @ dn + w["dn_bias"][e].to(dtype)
+        out[rows] = y.double() * weights.flatten()[rows, None].double()
+    return out.view(N, k, -1).sum(1)
+
+
+def run_kernel(x, ids, weights, w, first, num_experts, tiles=None):
+    from trtllm_dflash.runtime import mxfp4_moe
+    return mxfp4_moe.fused_experts(x, ids, weights, w["gu_blocks"], w["gu_scales"], w["gu_bias"], w["dn_blocks"],
+                                   w["dn_scales"], w["dn_bias"], first=first, num_experts=num_experts, limit=LIMIT,
+                                   alpha=SWIGLU_ALPHA, tiles=tiles)
 
 
 def routing(N, k, num_experts, device, seed):
@@ -61,55 +79,150 @@ def routing(N, k, num_experts, device, seed):
     return ids, weights
 
 
+def triton_or_skip():
+    pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
+
+
+# ---- CPU: Triton's interpreter, float32, tiny shapes ------------------------------------------------------
+CPU_TILES = {  # every variant, uneven K slices (I = 96 over BK = 64: a partial tile), blocks smaller than an expert
+    "gemv_bm8": dict(variant="gemv", block_m=8, block_n=16, block_k=32, split_k=1),
+    "gemv_bm8_split3": dict(variant="gemv", block_m=8, block_n=32, block_k=64, split_k=3),
+    "mma_split2": dict(variant="mma", block_m=16, block_n=16, block_k=64, dot_scaled=False, split_k=2),
+    "swap": dict(variant="swap", block_m=16, block_n=16, block_k=32, dot_scaled=False, split_k=1),
+}
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("name", sorted(CPU_TILES))
+@pytest.mark.parametrize("N,ep", [(1, "all"), (5, "all"), (5, "half")])
+def test_variants_in_the_interpreter(name, N, ep):
+    """float64 reference, the float32 dequantised Experts math and the mma variant (the kernel that was there
+    before gemv and swap), each at 1e-5 (docstring)."""
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter runs only where no GPU is visible (tests below cover CUDA)")
+    triton_or_skip()
+    from trtllm_dflash.runtime import mxfp4_moe
+    dev, E_all, k, H, I = torch.device("cpu"), 4, 2, 64, 96
+    E, first = (E_all, 0) if ep == "all" else (E_all // 2, E_all // 2)
+    w = random_experts(E, H, I, dev, seed=N)
+    ids, weights = routing(N, k, E_all, dev, seed=N + 1)
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(N))
+    got = run_kernel(x, ids, weights, w, first, E_all, mxfp4_moe.TileConfig(**CPU_TILES[name]))
+    assert got.shape == (N, H) and got.dtype == torch.float32
+    assert rel(got, reference(x, ids, weights, w, first)) < 1e-5
+    assert rel(got, reference(x, ids, weights, w, first, torch.float32)) < 1e-5
+    old = run_kernel(x, ids, weights, w, first, E_all, mxfp4_moe.TileConfig(block_k=32, dot_scaled=False))
+    assert rel(got, old) < 1e-5
+    # gemv's split-K tile counters are back at 0 for the next call (a CUDA-graph replay sees the same buffer)
+    assert all(int(c.abs().sum()) == 0 for c in mxfp4_moe._counters.values())
+
+
+def test_gemv_with_no_local_pair_gives_zeros_and_rejects_too_many_tokens():
+    """Expert parallelism: a call whose pairs all live on other ranks still writes its (zero) partial sum."""
+    triton_or_skip()
+    from trtllm_dflash.runtime import mxfp4_moe
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter runs only where no GPU is visible")
+    dev, E, H, I = torch.device("cpu"), 2, 64, 64
+    w = random_experts(E, H, I, dev)
+    ids, weights = torch.tensor([[0, 1], [1, 0]]), torch.full((2, 2), 0.5)   # global ids 0, 1; this rank: 2, 3
+    x = torch.randn(2, H)
+    for split in (1, 2):
+        tiles = mxfp4_moe.TileConfig(variant="gemv", block_m=2, block_n=32, block_k=32, split_k=split)
+        assert torch.equal(run_kernel(x, ids, weights, w, 2, 4, tiles), torch.zeros(2, H))
+    with pytest.raises(ValueError, match="tokens per call"):
+        run_kernel(torch.randn(3, H), ids.repeat(2, 1)[:3], weights.repeat(2, 1)[:3], w, 0, 2,
+                   mxfp4_moe.TileConfig(variant="gemv", block_m=2))
+
+
+def test_default_tiles_rule_and_checks():
+    triton_or_skip()
+    from trtllm_dflash.runtime import mxfp4_moe
+    for tokens in (1, 2, 3, 10, 16):  # every expert's pairs fit one gemv block: weights read once per expert
+        t = mxfp4_moe.default_tiles(tokens, 4, 128)
+        assert t.variant == "gemv" and t.block_m >= tokens and t.block_m & (t.block_m - 1) == 0
+        t.check()
+    for tokens, bm in ((17, 16), (64, 16), (640, 32), (4096, 64)):
+        t = mxfp4_moe.default_tiles(tokens, 4, 32 if tokens > 1000 else 128)
+        assert (t.variant, t.block_m) == ("mma", bm)
+    for bad in (dict(variant="mma", block_m=8), dict(variant="swap", block_n=8), dict(variant="gemv", block_m=1),
+                dict(variant="gemv", block_k=16), dict(variant="gemv", block_n=48), dict(variant="fast")):
+        with pytest.raises(ValueError, match="variant is one of"):
+            mxfp4_moe.TileConfig(**bad).check()
+
+
+# ---- GPU: bf16 at the real expert shapes ------------------------------------------------------------------
+SHAPES = {"gpt-oss-20b": (32, 2880, 2880), "gpt-oss-120b": (128, 2880, 2880)}  # experts, hidden, intermediate
+GPU_TILES = {
+    "default": None,  # default_tiles' choice for the token count
+    "gemv": dict(variant="gemv", block_m=64, block_n=32, block_k=256),
+    "mma": dict(variant="mma", block_m=16),
+    "swap": dict(variant="swap", block_m=16),
+}
+
+
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("dot_scaled,split_k", [(True, None), (True, 1), (True, 3), (False, None)])
+@pytest.mark.parametrize("name", list(GPU_TILES))
+@pytest.mark.parametrize("N", [1, 4, 10, 40, 64])
+@pytest.mark.parametrize("model", list(SHAPES))
+def test_variants_at_gpt_oss_shapes(model, N, name):
+    """gemv at 40 and 64 tokens: block_m 16 < tokens, so an expert may span two blocks (still correct)."""
+    from trtllm_dflash.runtime import mxfp4_moe
+    (E, H, I), k, dev = SHAPES[model], 4, torch.device("cuda")
+    w = random_experts(E, H, I, dev, seed=N)
+    ids, weights = routing(N, k, E, dev, seed=N + 1)
+    x = torch.randn(N, H, device=dev).bfloat16()
+    tiles = mxfp4_moe.TileConfig(**GPU_TILES[name]) if GPU_TILES[name] else None
+    got = run_kernel(x, ids, weights, w, 0, E, tiles)
+    assert got.shape == (N, H) and got.dtype == torch.bfloat16
+    assert rel(got, reference(x, ids, weights, w, 0)) < 1e-2
+    assert rel(got, reference(x, ids, weights, w, 0, torch.bfloat16)) < 2e-2
+    if name != "mma":
+        assert rel(got, run_kernel(x, ids, weights, w, 0, E, mxfp4_moe.TileConfig(variant="mma"))) < 2e-2
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("tiles", [None, dict(dot_scaled=True, split_k=1), dict(dot_scaled=True, split_k=3),
+                                   dict(dot_scaled=False), dict(variant="swap", split_k=3), dict(variant="swap", dot_scaled=False),
+                                   dict(variant="gemv", block_m=64, block_n=32, block_k=64, split_k=3)])
 @pytest.mark.parametrize("N", [1, 3, 64, 300])
 @pytest.mark.parametrize("ep", ["all", "half"])
-def test_kernel_matches_float64_and_bf16_dequant(N, ep, dot_scaled, split_k):
-    """split_k None = the automatic choice (split at decode sizes, none at 300 tokens); 3 = uneven K slices."""
+def test_kernel_matches_float64_and_bf16_dequant(N, ep, tiles):
+    """Small shapes with a partial BK = 128 tile (K = 320), expert parallelism, split K 1 / 3 / automatic."""
     from trtllm_dflash.runtime import mxfp4_moe
-    dev, E_all, k, H, I = torch.device("cuda"), 8, 4, 320, 224   # K = 320: a partial BK=128 tile
+    dev, E_all, k, H, I = torch.device("cuda"), 8, 4, 320, 224
     E, first = (E_all, 0) if ep == "all" else (E_all // 2, E_all // 2)
     w = random_experts(E, H, I, dev, seed=N)
     ids, weights = routing(N, k, E_all, dev, seed=N + 1)
     x = torch.randn(N, H, device=dev).bfloat16()
-    tiles = mxfp4_moe.TileConfig(block_m=16 if N < 100 else 32, block_n=32 if N == 3 else 64, dot_scaled=dot_scaled,
-                                  split_k=split_k)
-    got = mxfp4_moe.fused_experts(x, ids, weights, w["gu_blocks"], w["gu_scales"], w["gu_bias"], w["dn_blocks"],
-                                  w["dn_scales"], w["dn_bias"], first=first, num_experts=E_all, limit=LIMIT,
-                                  alpha=SWIGLU_ALPHA, tiles=tiles)
-    want = reference_f64(x, ids, weights, w, first)
+    t = None
+    if tiles is not None and tiles.get("variant") == "gemv" and N > tiles["block_m"]:
+        pytest.skip("gemv needs tokens <= block_m (a clear error, tested on CPU)")
+    if tiles is not None:
+        base = dict(block_m=16 if N < 100 else 32, block_n=32 if N == 3 else 64)
+        t = mxfp4_moe.TileConfig(**{**base, **tiles})
+        assert t.block_m == tiles.get("block_m", base["block_m"])
+    got = run_kernel(x, ids, weights, w, first, E_all, t)
     assert got.shape == (N, H) and got.dtype == torch.bfloat16
-    assert rel(got, want) < 1e-2
-    # the bf16 dequantised path (the CPU/reference backend) on the same tensors
-    bf = {key: mxfp4.dequantize(w[f"{p}_blocks"], w[f"{p}_scales"], torch.bfloat16) for key, p in
-          (("gate_up_proj", "gu"), ("down_proj", "dn"))}
-    local = (ids - first).flatten()
-    mine = (local >= 0) & (local < E)
-    ref_bf16 = torch.zeros(N * k, H, device=dev, dtype=torch.float32)
-    for e in range(E):
-        rows = torch.nonzero(mine & (local == e)).flatten()
-        h = (x[rows // k] @ bf["gate_up_proj"][e] + w["gu_bias"][e].bfloat16())
-        gate, up = h[:, 0::2].clamp(max=LIMIT), h[:, 1::2].clamp(-LIMIT, LIMIT)
-        y = ((up + 1) * gate * torch.sigmoid(gate * SWIGLU_ALPHA)) @ bf["down_proj"][e] + w["dn_bias"][e].bfloat16()
-        ref_bf16[rows] = y.float() * weights.flatten()[rows, None]
-    assert rel(got, ref_bf16.view(N, k, H).sum(1)) < 2e-2
+    assert rel(got, reference(x, ids, weights, w, first)) < 1e-2
+    assert rel(got, reference(x, ids, weights, w, first, torch.bfloat16)) < 2e-2
 
 
 @pytest.mark.gpu
 @needs_gpu
-def test_kernel_under_cuda_graph_replays_new_routing():
+@pytest.mark.parametrize("variant", ["default", "mma", "swap", "gemv"])
+def test_kernel_under_cuda_graph_replays_new_routing(variant):
     from trtllm_dflash.runtime import mxfp4_moe
+    tiles = None if variant == "default" else mxfp4_moe.TileConfig(variant=variant, block_m=16 if variant != "gemv" else 8)
     dev, E, k, H, I, N = torch.device("cuda"), 16, 4, 256, 128, 8
     w = random_experts(E, H, I, dev)
     ids, weights = routing(N, k, E, dev, 1)
     x = torch.randn(N, H, device=dev).bfloat16()
 
     def run():
-        return mxfp4_moe.fused_experts(x, ids, weights, w["gu_blocks"], w["gu_scales"], w["gu_bias"], w["dn_blocks"],
-                                       w["dn_scales"], w["dn_bias"], first=0, num_experts=E, limit=LIMIT,
-                                       alpha=SWIGLU_ALPHA)
+        return run_kernel(x, ids, weights, w, 0, E, tiles)
     run()  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -118,7 +231,7 @@ def test_kernel_under_cuda_graph_replays_new_routing():
         new_ids, new_w = routing(N, k, E, dev, seed)
         ids.copy_(new_ids), weights.copy_(new_w), x.normal_()
         graph.replay()
-        assert rel(out, reference_f64(x, ids, weights, w, 0)) < 1e-2
+        assert rel(out, reference(x, ids, weights, w, 0)) < 1e-2
 
 
 @pytest.mark.gpu
@@ -165,3 +278,22 @@ def test_dequant_layout_pinned_by_hand():
     want = torch.zeros(1, 32, 2, dtype=torch.float64)
     want[0, 0, 0], want[0, 1, 0], want[0, 30, 1], want[0, 31, 1] = -3.0, 2.0, 3.0, -3.0
     assert torch.equal(w, want)
+
+
+def test_bench_smoke_in_the_interpreter(tmp_path):
+    """benchmarks/mxfp4_bench.py --smoke: rows for every point, the configs agree, ``best`` per point."""
+    if torch.cuda.is_available():
+        pytest.skip("--smoke is the CPU interpreter run")
+    triton_or_skip()
+    import json
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import mxfp4_bench
+    out = tmp_path / "b.json"
+    assert mxfp4_bench.main(["--smoke", "--configs", "old,default", "--routings", "concentrated",
+                             "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert {(r["tokens"], r["config"]) for r in res["rows"]} == {(n, c) for n in (1, 3) for c in ("old", "default")}
+    assert all(r["us"] > 0 and r["rel_diff_vs_first_config"] < 1e-5 and r["distinct_experts"] >= 1 for r in res["rows"])
+    assert set(res["best"]) == {"tiny/N1/concentrated", "tiny/N3/concentrated"}

@@ -3,8 +3,9 @@
 
 The experts stay in the published layout (models/mxfp4.py): ``*_blocks`` uint8 [E, rows, K / 32, 16] (two E2M1
 values per byte, low nibble first) and ``*_scales`` uint8 [E, rows, K / 32] (E8M0), rows = output features.
-Three kernels per MoE layer, all on the device (no host sync, fixed grids: CUDA-graph safe):
+All on the device (no host sync, fixed grids: CUDA-graph safe). Two kernel paths, chosen by TileConfig.variant:
 
+mma / swap (any token count), 3 kernels per MoE layer (+ 2 reductions at decode sizes):
   route     one program per local expert: counts every expert's (token, slot) pairs, then writes its own
             pairs in order into its BM-padded segment of ``sorted`` (padding -1) and its block ids into
             ``block_expert``; the first program writes the number of used blocks. Deterministic (no atomics).
@@ -13,15 +14,28 @@ Three kernels per MoE layer, all on the device (no host sync, fixed grids: CUDA-
             runs in the epilogue; the activation goes to a padded [blocks * BM, I] bf16 buffer.
   down      grid (max blocks, H / BN): the activation rows times down_proj, + bias, x routing weight, stored
             to the pair's row of y [N * k, H]; the k rows of a token are summed by the caller (no atomics).
+  At decode sizes both GEMM kernels also split K (grid axis 2, ``split_for``) so the GPU holds enough programs
+  to keep HBM busy; the float32 partial sums are then reduced in a fixed order by ``_swiglu_kernel`` (+ bias,
+  SwiGLU) and ``_combine_kernel`` (+ bias, x routing weight, sum over the k rows).
 
-At decode sizes (a few pairs per expert) both GEMM kernels also split K (grid axis 2, ``split_for``) so the GPU
-holds enough programs to keep HBM busy; the float32 partial sums are then reduced in a fixed order by
-``_swiglu_kernel`` (+ bias, SwiGLU) and ``_combine_kernel`` (+ bias, x routing weight, sum over the k rows).
+gemv (up to block_m tokens per call: decode and DFlash blocks), 2 kernels per MoE layer:
+  gate_up   grid (min(E, N * k) expert slots, I / BN, split): each program finds its slot's expert and that
+            expert's pairs itself from the call's expert ids (``_gemv_pairs``: no route kernel, no sorted array),
+            so every distinct expert's weights are read once; SwiGLU epilogue into act [N * k, I].
+  down      the same grid over H: float32 partials per pair; the program that completes a feature tile (a
+            per-tile counter, ``_last_arrival``) sums every token's k pairs in a fixed order and writes out [N, H].
+  Split-K partials are summed in slice order by whichever program finishes a tile last: deterministic, and no
+  separate reduction kernel.
 
-Weights are dequantised in registers, with the activations in bf16: ``tl.dot_scaled`` (Triton's own E2M1
-upcast, the default) or an explicit bit-level E2M1 -> float32 decode (``dot_scaled=False``, the variant the
-Triton interpreter can run). Blocks past the used count return at once, so the grid can be sized for the
-worst case: min(E, N * k) + ceil(N * k / BM) blocks.
+Weights are dequantised in registers, never to memory. Three variants of the GEMM inner step (TileConfig.variant,
+``_mx_tile``; default_tiles picks one per call by an explicit rule on the token count):
+  mma   x @ W with tl.dot on BM >= 16 pair rows: ``tl.dot_scaled`` (Triton's own E2M1 upcast) or an explicit
+        bit-level E2M1 decode + tl.dot (``dot_scaled=False``: the variant Triton's CPU interpreter runs);
+  swap  W @ x^T: the same, with the weight's output rows as the MMA's M operand and the pair rows as its N;
+  gemv  decode (~2-3 integer ops per E2M1 value, ``_e2m1x2_f16``) and FMA in registers, one valid pair row at a
+        time: no 16-row MMA tile to fill, padding rows skipped; for calls of up to GEMV_MAX_TOKENS tokens.
+Blocks past the used count return at once, so the grid can be sized for the worst case:
+min(E, N * k) + ceil(N * k / BM) blocks.
 """
 from __future__ import annotations
 
@@ -32,15 +46,36 @@ import triton
 import triton.language as tl
 
 
+VARIANTS = ("mma", "swap", "gemv")
+_MMA, _SWAP = tl.constexpr(0), tl.constexpr(1)   # MODE of the routed kernels: VARIANTS.index(variant)
+GEMV_MAX_TOKENS = 16   # default_tiles' rule: GEMV up to this many tokens per call (see there)
+
+
 @dataclass(frozen=True)
 class TileConfig:
-    block_m: int = 16      # pair rows per program (tl.dot needs >= 16)
+    """How the two expert GEMMs tile. ``variant``:
+      mma   x @ W: BM pair rows x BN outputs per tl.dot (BM >= 16; at decode most of the 16 rows are padding);
+      swap  W @ x^T: the BN weight rows are the MMA's M side, the BM (>= 16) pair rows its N side;
+      gemv  no MMA: the weight tile is decoded in registers once and FMA'd with each valid pair row in turn, so
+            BM (any power of two >= 2) only bounds the rows per block: padding rows cost nothing.
+    ``dot_scaled`` (mma, swap): Triton's tl.dot_scaled upcast, or the explicit E2M1 decode + tl.dot (the path
+    Triton's CPU interpreter runs); gemv always decodes explicitly."""
+    block_m: int = 16      # pair rows per program
     block_n: int = 64      # output channels per program (H100 sweep: 64 beat 32 at 1, 8 and 512 tokens)
-    block_k: int = 128     # inputs per loop step (a multiple of 32: whole scale groups)
+    block_k: int = 128     # inputs per loop step (a power of two >= 32: whole scale groups)
     num_warps: int = 4
     num_stages: int = 4
     dot_scaled: bool = True
     split_k: int | None = None   # K slices per output tile (None: enough programs to fill the GPU, see split_for)
+    variant: str = "mma"
+
+    def check(self) -> None:
+        pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731
+        mma = self.variant in ("mma", "swap")
+        if (self.variant not in VARIANTS or not (pow2(self.block_m) and pow2(self.block_n) and pow2(self.block_k))
+                or self.block_k < 32 or self.block_m < (16 if mma else 2) or self.block_n < (16 if mma else 1)):
+            raise ValueError(f"{self}: variant is one of {VARIANTS}; block_m/n/k are powers of two, block_k >= 32, "
+                             "and mma/swap need block_m, block_n >= 16 (tl.dot), gemv block_m >= 2")
 
 
 def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
@@ -54,9 +89,21 @@ def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
     return split
 
 
-def default_tiles(pairs: int, num_experts: int) -> TileConfig:
-    """Decode-sized batches (a few pairs per expert) use 16-row GEMV-like tiles; verify/prefill grow BM."""
-    per_expert = pairs / max(1, num_experts)
+def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
+    """The variant and tiles for a call of ``tokens`` tokens x ``top_k`` experts over ``num_experts`` local ones.
+
+    Rule: tokens <= GEMV_MAX_TOKENS -> gemv with block_m = GEMV_MAX_TOKENS. A token's top-k experts are
+    distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one row block, its weights
+    are read once per call whatever the routing, and the FMA work is the valid rows only (padding rows are
+    skipped, so one block_m serves every token count: one compiled kernel). Above that, the MMA variant with BM
+    grown by pairs per expert (verify / prefill sizes, where the 16-row tl.dot tile is full). 16 keeps the AR
+    steps up to batch 16 and a DFlash block of 10 at batch 1 on gemv; where mma overtakes gemv is measured per
+    token count and routing by benchmarks/mxfp4_bench.py (its ``best`` rows), which is where to move it from.
+    block_n 32 x block_k 256: 128 contiguous bytes (one cache line) per weight row per step, 8 KB of gate + up
+    weights per step and program."""
+    if tokens <= GEMV_MAX_TOKENS:
+        return TileConfig(variant="gemv", block_m=GEMV_MAX_TOKENS, block_n=32, block_k=256)
+    per_expert = tokens * top_k / max(1, num_experts)
     return TileConfig(block_m=16 if per_expert <= 16 else 32 if per_expert <= 48 else 64)
 
 
@@ -105,65 +152,200 @@ def _e2m1_scaled(nib, scale):
 
 
 @triton.jit
-def _mx_dot(acc, a_ptr_row, a_mask_row, w_ptr_col, w_mask_col, s_ptr_col, k0, K,
-            BK: tl.constexpr, DOT_SCALED: tl.constexpr):
-    """acc [BM, BN] += A[:, k0:k0+BK] @ dequant(W)[k0:k0+BK, :].
+def _e2m1x2_f16(t):
+    """Two E2M1 codes per int32 (bits 0..3 and 16..19, zeros elsewhere) -> two fp16 bit patterns in one int32
+    (low and high half), each the E2M1 value x 2^-14, exactly, with ~4 integer ops for the two: the code's
+    exponent and mantissa bits go to the bottom of the fp16 exponent and the top of its mantissa, its sign to the
+    fp16 sign (code 1 = 0.5 becomes the fp16 subnormal 2^-15, which the fp16 -> fp32 conversion keeps). The
+    caller's scale carries the 2^14 back (``_scale_x2p14``). Both halves move with the same shifts, so every
+    integer op decodes two values: the gemv variant's integer ops per weight bound its bandwidth."""
+    return ((t & 0x00070007) << 9) | ((t & 0x00080008) << 12)
 
-    a_ptr_row [BM, 1]: row starts of the bf16/f32 activations; w_ptr_col / s_ptr_col [1, BN]: the byte and
-    scale row starts of the BN output rows; masks [BM, 1] / [1, BN]."""
+
+@triton.jit
+def _f16_halves(v):
+    """int32 holding two fp16 bit patterns -> (low half, high half) as float32."""
+    lo = v.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (v >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _scale_x2p14(s):
+    """E8M0 scales (int32) -> float32 2^(s - 127) x 2^14 (the ``_e2m1x2_f16`` offset), built from its exponent bits.
+    Exact for s <= 240; larger scales (2^114 and up; 255 is E8M0's NaN) are outside what this variant decodes."""
+    return ((s + 14) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mx_tile(acc, a_ptr, a_off, w_rows, s_rows, w_ok, k0, K,
+             BK: tl.constexpr, MODE: tl.constexpr, DOT_SCALED: tl.constexpr, CDT: tl.constexpr):
+    """One BK step of acc += A[rows, k0:k0+BK] @ dequant(W)[k0:k0+BK, cols] on the MMA (variants mma, swap).
+
+    a_off [BM] int64: element offsets of the A rows from a_ptr, -1 for padding rows; w_rows / s_rows [BN]: the
+    byte / scale row starts of the BN output rows, w_ok [BN] their mask. acc is [BM, BN] for MODE _MMA, [BN, BM]
+    for _SWAP (the weight is the MMA's M operand: its output rows fill the 64-row instruction that 1..16 pair
+    rows would waste). CDT: the MMA operand type (bf16 on CUDA; float32 in Triton's CPU interpreter, where numpy
+    has no bf16)."""
+    a_ok = a_off >= 0
+    a_row = a_ptr + tl.where(a_ok, a_off, 0)
     if DOT_SCALED:
         kk = k0 + tl.arange(0, BK)
-        a = tl.load(a_ptr_row + kk[None, :], mask=a_mask_row & (kk < K)[None, :], other=0.0).to(tl.bfloat16)
         kb = k0 // 2 + tl.arange(0, BK // 2)
-        w = tl.load(w_ptr_col + kb[:, None], mask=w_mask_col & (kb < K // 2)[:, None], other=0)   # [BK/2, BN]
         ks = k0 // 32 + tl.arange(0, BK // 32)
-        s = tl.load(tl.trans(s_ptr_col) + ks[None, :], mask=tl.trans(w_mask_col) & (ks < K // 32)[None, :],
-                    other=127)                                                                    # [BN, BK/32]
-        acc = tl.dot_scaled(a, None, "bf16", w, s, "e2m1", acc)
+        s = tl.load(s_rows[:, None] + ks[None, :], mask=w_ok[:, None] & (ks < K // 32)[None, :], other=127)  # [BN, BK/32]
+        if MODE == _SWAP:
+            w = tl.load(w_rows[:, None] + kb[None, :], mask=w_ok[:, None] & (kb < K // 2)[None, :], other=0)  # [BN, BK/2]
+            a = tl.load(a_row[None, :] + kk[:, None], mask=a_ok[None, :] & (kk < K)[:, None], other=0.0)     # [BK, BM]
+            acc = tl.dot_scaled(w, s, "e2m1", a.to(tl.bfloat16), None, "bf16", acc)
+        else:
+            w = tl.load(w_rows[None, :] + kb[:, None], mask=w_ok[None, :] & (kb < K // 2)[:, None], other=0)  # [BK/2, BN]
+            a = tl.load(a_row[:, None] + kk[None, :], mask=a_ok[:, None] & (kk < K)[None, :], other=0.0)     # [BM, BK]
+            acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
     else:
         # even inputs meet low nibbles, odd inputs high nibbles: two dots, no interleave of the weights
         j = tl.arange(0, BK // 2)
         ke = k0 + 2 * j
-        a_even = tl.load(a_ptr_row + ke[None, :], mask=a_mask_row & (ke < K)[None, :], other=0.0).to(tl.bfloat16)
-        a_odd = tl.load(a_ptr_row + ke[None, :] + 1, mask=a_mask_row & (ke + 1 < K)[None, :], other=0.0).to(tl.bfloat16)
         kb = k0 // 2 + j
-        wm = w_mask_col & (kb < K // 2)[:, None]
-        w = tl.load(w_ptr_col + kb[:, None], mask=wm, other=0).to(tl.int32)                      # [BK/2, BN]
-        s = tl.load(s_ptr_col + (kb // 16)[:, None], mask=wm, other=127).to(tl.int32)
-        scale = (s << 23).to(tl.float32, bitcast=True)                                           # 2^(s - 127)
-        lo = _e2m1_scaled(w & 15, scale).to(tl.bfloat16)
-        hi = _e2m1_scaled(w >> 4, scale).to(tl.bfloat16)
-        acc = tl.dot(a_even, lo, acc)
-        acc = tl.dot(a_odd, hi, acc)
+        if MODE == _SWAP:
+            wm = w_ok[:, None] & (kb < K // 2)[None, :]
+            w = tl.load(w_rows[:, None] + kb[None, :], mask=wm, other=0).to(tl.int32)                 # [BN, BK/2]
+            s = tl.load(s_rows[:, None] + (kb // 16)[None, :], mask=wm, other=127).to(tl.int32)
+            a_even = tl.load(a_row[None, :] + ke[:, None], mask=a_ok[None, :] & (ke < K)[:, None], other=0.0)   # [BK/2, BM]
+            a_odd = tl.load(a_row[None, :] + ke[:, None] + 1, mask=a_ok[None, :] & (ke + 1 < K)[:, None], other=0.0)
+        else:
+            wm = w_ok[None, :] & (kb < K // 2)[:, None]
+            w = tl.load(w_rows[None, :] + kb[:, None], mask=wm, other=0).to(tl.int32)                 # [BK/2, BN]
+            s = tl.load(s_rows[None, :] + (kb // 16)[:, None], mask=wm, other=127).to(tl.int32)
+            a_even = tl.load(a_row[:, None] + ke[None, :], mask=a_ok[:, None] & (ke < K)[None, :], other=0.0)   # [BM, BK/2]
+            a_odd = tl.load(a_row[:, None] + ke[None, :] + 1, mask=a_ok[:, None] & (ke + 1 < K)[None, :], other=0.0)
+        scale = (s << 23).to(tl.float32, bitcast=True)                                               # 2^(s - 127)
+        lo = _e2m1_scaled(w & 15, scale).to(CDT)
+        hi = _e2m1_scaled(w >> 4, scale).to(CDT)
+        if MODE == _SWAP:
+            acc = tl.dot(lo, a_even.to(CDT), acc)
+            acc = tl.dot(hi, a_odd.to(CDT), acc)
+        else:
+            acc = tl.dot(a_even.to(CDT), lo, acc)
+            acc = tl.dot(a_odd.to(CDT), hi, acc)
+    return acc
+
+
+@triton.jit
+def _gemv_load(w_rows, s_rows, w_ok, k0, k_end, BK: tl.constexpr):
+    """The packed weights of inputs k0 .. k0 + BK as int32 words [BK / 32, BN, 4] (scale group, output row, the
+    group's 4 words = 16 bytes = 32 E2M1 values) and their scales [BK / 32, BN] uint8; masked at k_end (a multiple
+    of 32): nothing is read past it, so the caller may prefetch one step beyond its K slice. Groups lead so that
+    Triton's coalescing spreads a warp's lanes over 8 groups x 4 rows (whole 128-byte lines per row) and its
+    warps over rows: the sum over groups stays inside a warp (shuffles, no shared memory)."""
+    g = k0 // 32 + tl.arange(0, BK // 32)
+    gm = (g < k_end // 32)[:, None] & w_ok[None, :]                               # [G, BN]
+    words = w_rows.to(tl.pointer_type(tl.int32))                                  # row starts are 16-byte aligned
+    w = tl.load(words[None, :, None] + (g * 4)[:, None, None] + tl.arange(0, 4)[None, None, :],
+                mask=gm[:, :, None], other=0)
+    s = tl.load(s_rows[None, :] + g[:, None], mask=gm, other=0)
+    return w, s
+
+
+@triton.jit
+def _gemv_dequant(w, s):
+    """w [G, BN, 4] int32 words + s [G, BN] E8M0 -> the 8 values of every word, v0..v7 [G, BN, 4] float32, scaled.
+    A word's bytes b0..b3 hold its inputs 0..7 as (b0 lo, b0 hi, b1 lo, ...); spreading b0 / b1 (b2 / b3) to the
+    two 16-bit halves decodes inputs (0, 2), (1, 3), (4, 6), (5, 7) two at a time. Once per K step, whatever the
+    number of rows; the scale multiply runs on the FP pipe beside the integer decode that bounds this step."""
+    sc = _scale_x2p14(s.to(tl.int32))[:, :, None]                                  # [G, BN, 1]
+    t01 = (w & 0xFF) | ((w & 0xFF00) << 8)                                        # b0 in bits 0..7, b1 in 16..23
+    t23 = ((w >> 16) & 0xFF) | ((w >> 8) & 0xFF0000)                               # b2, b3
+    v0, v2 = _f16_halves(_e2m1x2_f16(t01))
+    v1, v3 = _f16_halves(_e2m1x2_f16(t01 >> 4))
+    v4, v6 = _f16_halves(_e2m1x2_f16(t23))
+    v5, v7 = _f16_halves(_e2m1x2_f16(t23 >> 4))
+    return v0 * sc, v1 * sc, v2 * sc, v3 * sc, v4 * sc, v5 * sc, v6 * sc, v7 * sc
+
+
+@triton.jit
+def _gemv_row(v, x3):
+    """One row: sum over inputs of dequant(W) * x -> [BN]. v: ``_gemv_dequant``'s 8 tensors [G, BN, 4];
+    x3 [G, 4, 8] float32 (each word's 8 inputs, in order), split in registers into the 8 [G, 4] slices."""
+    G: tl.constexpr = x3.shape[0]
+    x_e, x_o = tl.split(tl.reshape(x3, [G, 4, 4, 2]))                            # inputs 0,2,4,6 / 1,3,5,7
+    x_04, x_26 = tl.split(tl.reshape(x_e, [G, 4, 2, 2]))
+    x_15, x_37 = tl.split(tl.reshape(x_o, [G, 4, 2, 2]))
+    x0, x4 = tl.split(x_04)
+    x2, x6 = tl.split(x_26)
+    x1, x5 = tl.split(x_15)
+    x3_, x7 = tl.split(x_37)
+    acc = v[0] * x0[:, None, :] + v[1] * x1[:, None, :] + v[2] * x2[:, None, :] + v[3] * x3_[:, None, :]
+    acc += v[4] * x4[:, None, :] + v[5] * x5[:, None, :] + v[6] * x6[:, None, :] + v[7] * x7[:, None, :]
+    return tl.sum(tl.sum(acc, axis=2), axis=0)
+
+
+@triton.jit
+def _gemv_fma(acc_a, acc_b, wa, sa, wb, sb, a_ptr, a_off, nvalid, k0, k_end,
+              TWO: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """acc_a [BM, BN] += A[rows, k0:k0+BK] @ dequant(wa, sa), and the same for b when TWO (gate and up share
+    each row of A), without the MMA: the tiles are decoded once, then each of the first ``nvalid`` rows (a_off
+    [BM]: element offsets from a_ptr) is loaded once and FMA'd with them; padding rows cost nothing."""
+    g = k0 // 32 + tl.arange(0, BK // 32)
+    kx = (g * 32)[:, None, None] + (tl.arange(0, 4) * 8)[None, :, None] + tl.arange(0, 8)[None, None, :]
+    km = (g < k_end // 32)[:, None, None]
+    va = _gemv_dequant(wa, sa)
+    if TWO:
+        vb = _gemv_dequant(wb, sb)
+    ar = tl.arange(0, BM)
+    for r in range(nvalid):
+        off = tl.sum(tl.where(ar == r, a_off, 0), axis=0)                         # row r's offset (a scalar)
+        x3 = tl.load(a_ptr + off + kx, mask=km, other=0.0).to(tl.float32)        # [G, 4, 8]
+        acc_a = tl.where((ar == r)[:, None], acc_a + _gemv_row(va, x3)[None, :], acc_a)
+        if TWO:
+            acc_b = tl.where((ar == r)[:, None], acc_b + _gemv_row(vb, x3)[None, :], acc_b)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _acc_zeros(BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr):
+    if MODE == _SWAP:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _rows_first(acc, MODE: tl.constexpr):
+    """[BM, BN] whatever the orientation ``_mx_tile`` accumulated in."""
+    if MODE == _SWAP:
+        acc = tl.trans(acc)
     return acc
 
 
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, act_ptr, part_ptr,
                     K, I, R, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_SCALED: tl.constexpr,
-                    SPLIT: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr,
+                    DOT_SCALED: tl.constexpr, SPLIT: tl.constexpr, CDT: tl.constexpr):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if pid_m >= tl.load(num_blocks_ptr):
         return
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    rows = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))                   # pair ids, -1 = padding
+    rows = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))                   # pair ids, -1 = padding (last)
     valid = rows >= 0
-    tok = tl.where(valid, rows // topk, 0).to(tl.int64)
+    a_off = tl.where(valid, (rows // topk).to(tl.int64) * stride_xm, -1)        # the pairs' token rows of x
     c = pid_n * BN + tl.arange(0, BN)                                            # intermediate channels
     cm = c < I
-    a_row = x_ptr + tok[:, None] * stride_xm
     g_rows, u_rows = (2 * c).to(tl.int64), (2 * c + 1).to(tl.int64)
-    wg = w_ptr + e * stride_we + g_rows[None, :] * stride_wn
-    wu = w_ptr + e * stride_we + u_rows[None, :] * stride_wn
-    sg = s_ptr + e * stride_se + g_rows[None, :] * stride_sn
-    su = s_ptr + e * stride_se + u_rows[None, :] * stride_sn
-    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    wg = w_ptr + e * stride_we + g_rows * stride_wn
+    wu = w_ptr + e * stride_we + u_rows * stride_wn
+    sg = s_ptr + e * stride_se + g_rows * stride_sn
+    su = s_ptr + e * stride_se + u_rows * stride_sn
+    acc_g = _acc_zeros(BM, BN, MODE)
+    acc_u = _acc_zeros(BM, BN, MODE)
     k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
     for k0 in range(pid_k * k_len, tl.minimum(pid_k * k_len + k_len, K), BK):
-        acc_g = _mx_dot(acc_g, a_row, valid[:, None], wg, cm[None, :], sg, k0, K, BK, DOT_SCALED)
-        acc_u = _mx_dot(acc_u, a_row, valid[:, None], wu, cm[None, :], su, k0, K, BK, DOT_SCALED)
+        acc_g = _mx_tile(acc_g, x_ptr, a_off, wg, sg, cm, k0, K, BK, MODE, DOT_SCALED, CDT)
+        acc_u = _mx_tile(acc_u, x_ptr, a_off, wu, su, cm, k0, K, BK, MODE, DOT_SCALED, CDT)
+    acc_g = _rows_first(acc_g, MODE)
+    acc_u = _rows_first(acc_u, MODE)
     out_rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     if SPLIT > 1:  # partial sums [SPLIT, R, 2, I]; _swiglu_kernel adds them up
         m = valid[:, None] & cm[None, :]
@@ -181,7 +363,20 @@ def _swiglu_store(acc_g, acc_u, bias_ptr, g_rows, u_rows, cm, valid, act_ptr, ou
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     act = (up + 1.0) * gate * tl.sigmoid(gate * alpha)
-    tl.store(act_ptr + out_rows[:, None] * I + c[None, :], act.to(tl.bfloat16), mask=valid[:, None] & cm[None, :])
+    tl.store(act_ptr + out_rows[:, None] * I + c[None, :], act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & cm[None, :])
+
+
+@triton.jit
+def _gate_up_partials(part_ptr, rows, m, c, R, I, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """The SPLIT float32 gate / up partial sums of rows [BM] x channels c [BN] (layout [SPLIT, R, 2, I]), added
+    in slice order (deterministic). Read through L2 (.cg): in the gemv kernels other programs wrote them."""
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    for sk in tl.static_range(SPLIT):
+        base = part_ptr + ((sk * R + rows[:, None]) * 2) * I + c[None, :]
+        acc_g += tl.load(base, mask=m, other=0.0, cache_modifier=".cg")
+        acc_u += tl.load(base + I, mask=m, other=0.0, cache_modifier=".cg")
+    return acc_g, acc_u
 
 
 @triton.jit
@@ -196,13 +391,7 @@ def _swiglu_kernel(part_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr
     c = pid_n * BN + tl.arange(0, BN)
     cm = c < I
     out_rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-    m = valid[:, None] & cm[None, :]
-    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-    for sk in range(SPLIT):
-        base = part_ptr + ((sk * R + out_rows[:, None]) * 2) * I + c[None, :]
-        acc_g += tl.load(base, mask=m, other=0.0)
-        acc_u += tl.load(base + I, mask=m, other=0.0)
+    acc_g, acc_u = _gate_up_partials(part_ptr, out_rows, valid[:, None] & cm[None, :], c, R, I, BM, BN, SPLIT)
     _swiglu_store(acc_g, acc_u, b_ptr + e * stride_be, (2 * c).to(tl.int64), (2 * c + 1).to(tl.int64), cm, valid,
                   act_ptr, out_rows, c, I, limit, alpha)
 
@@ -210,8 +399,8 @@ def _swiglu_kernel(part_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr
 @triton.jit
 def _down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, rw_ptr, y_ptr,
                  K, H, P, stride_we, stride_wn, stride_se, stride_sn, stride_be,
-                 HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 DOT_SCALED: tl.constexpr, SPLIT: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr,
+                 DOT_SCALED: tl.constexpr, SPLIT: tl.constexpr, CDT: tl.constexpr):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if pid_m >= tl.load(num_blocks_ptr):
         return
@@ -220,44 +409,175 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, num
     valid = rows >= 0
     n = pid_n * BN + tl.arange(0, BN)                                            # hidden features
     nm = n < H
-    a_row = act_ptr + (pid_m * BM + tl.arange(0, BM)).to(tl.int64)[:, None] * K
-    w = w_ptr + e * stride_we + n.to(tl.int64)[None, :] * stride_wn
-    s = s_ptr + e * stride_se + n.to(tl.int64)[None, :] * stride_sn
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    a_off = tl.where(valid, (pid_m * BM + tl.arange(0, BM)).to(tl.int64) * K, -1)   # this block's act rows
+    w = w_ptr + e * stride_we + n.to(tl.int64) * stride_wn
+    s = s_ptr + e * stride_se + n.to(tl.int64) * stride_sn
+    acc = _acc_zeros(BM, BN, MODE)
     k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
     for k0 in range(pid_k * k_len, tl.minimum(pid_k * k_len + k_len, K), BK):
-        acc = _mx_dot(acc, a_row, valid[:, None], w, nm[None, :], s, k0, K, BK, DOT_SCALED)
+        acc = _mx_tile(acc, act_ptr, a_off, w, s, nm, k0, K, BK, MODE, DOT_SCALED, CDT)
+    acc = _rows_first(acc, MODE)
+    pr = tl.where(valid, rows, 0).to(tl.int64)
     if SPLIT > 1:  # float32 partials [SPLIT, P, H]; _combine_kernel adds bias, weight and the k rows
-        pr = tl.where(valid, rows, 0).to(tl.int64)
         tl.store(y_ptr + (pid_k * P + pr[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
         return
     if HAS_BIAS:
         acc += tl.load(b_ptr + e * stride_be + n, mask=nm, other=0.0).to(tl.float32)[None, :]
-    rw = tl.load(rw_ptr + tl.where(valid, rows, 0), mask=valid, other=0.0).to(tl.float32)
+    rw = tl.load(rw_ptr + pr, mask=valid, other=0.0).to(tl.float32)
     acc = acc * rw[:, None]
-    pr = tl.where(valid, rows, 0).to(tl.int64)
     tl.store(y_ptr + pr[:, None] * H + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=valid[:, None] & nm[None, :])
 
 
 @triton.jit
-def _combine_kernel(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, H, P, first, num_local, stride_be,
-                    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
-    """Split-K down: out[t] = sum_j w[t, j] * (sum_s part[s, t * k + j] + bias[e]), over this rank's experts."""
-    t, pid_n = tl.program_id(0), tl.program_id(1)
+def _combine_tokens(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, t0, N, n, nm, H, P, first, num_local, stride_be,
+                    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, TB: tl.constexpr, BN: tl.constexpr,
+                    SPLIT: tl.constexpr):
+    """out[t] = sum_j w[t, j] * (sum_s part[s, t * k + j] + bias[e]) over this rank's experts, for tokens
+    t0 .. t0 + TB (masked to N) x features n [BN]; fixed order (deterministic); 0 for a token with no local pair."""
+    t = t0 + tl.arange(0, TB)
+    tm = t < N
+    out = tl.zeros([TB, BN], dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        pair = t * TOPK + j
+        e = tl.load(ids_ptr + pair, mask=tm, other=-1).to(tl.int32) - first
+        mine = tm & (e >= 0) & (e < num_local)
+        m = mine[:, None] & nm[None, :]
+        y = tl.zeros([TB, BN], dtype=tl.float32)
+        for sk in tl.static_range(SPLIT):
+            y += tl.load(part_ptr + (sk * P + pair).to(tl.int64)[:, None] * H + n[None, :], mask=m, other=0.0,
+                         cache_modifier=".cg")
+        if HAS_BIAS:
+            y += tl.load(b_ptr + tl.where(mine, e, 0).to(tl.int64)[:, None] * stride_be + n[None, :], mask=m,
+                         other=0.0).to(tl.float32)
+        out += tl.load(rw_ptr + pair, mask=mine, other=0.0).to(tl.float32)[:, None] * y
+    tl.store(out_ptr + t.to(tl.int64)[:, None] * H + n[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=tm[:, None] & nm[None, :])
+
+
+@triton.jit
+def _combine_kernel(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, N, H, P, first, num_local, stride_be,
+                    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, TB: tl.constexpr, BN: tl.constexpr,
+                    SPLIT: tl.constexpr):
+    """Split-K down (mma / swap): TB tokens x BN features per program."""
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    _combine_tokens(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, tl.program_id(0) * TB, N, n, n < H, H, P, first,
+                    num_local, stride_be, TOPK, HAS_BIAS, TB, BN, SPLIT)
+
+
+# ---- gemv: no route kernel, split-K reduced by the last program to finish a tile ---------------------------
+@triton.jit
+def _gemv_pairs(ids_ptr, P, first, num_local, slot, BM: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr):
+    """In-kernel routing (the call has at most a few dozen pairs, so every program reads them all): the call's
+    ``slot``-th distinct local expert in id order, and its pairs. Returns e (int64), used (distinct local experts
+    of the call), pairs [BM] int64 (e's pair ids in pair order, -1 after the last) and their count."""
+    po = tl.arange(0, PB)
+    loc = tl.load(ids_ptr + po, mask=po < P, other=-1).to(tl.int32) - first
+    ok = (po < P) & (loc >= 0) & (loc < num_local)
+    present = tl.histogram(tl.where(ok, loc, 0), EB, mask=ok) > 0                  # [EB]
+    nth = tl.cumsum(present.to(tl.int32), axis=0) - 1
+    is_slot = present & (nth == slot)
+    e = tl.sum(tl.where(is_slot, tl.arange(0, EB), 0), axis=0)
+    used = tl.sum(present.to(tl.int32), axis=0)
+    mine = ok & (loc == e) & (tl.sum(is_slot.to(tl.int32), axis=0) > 0)          # [PB]
+    rank = tl.cumsum(mine.to(tl.int32), axis=0) - 1
+    hit = mine[None, :] & (rank[None, :] == tl.arange(0, BM)[:, None])            # [BM, PB]
+    pairs = tl.sum(tl.where(hit, po[None, :] + 1, 0), axis=1).to(tl.int64) - 1   # [BM]
+    return e.to(tl.int64), used, pairs, tl.sum(mine.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _last_arrival(cnt_ptr, arrivals):
+    """True in the program that completes a tile: the caller's stores are made visible first (CTA barrier, then
+    a gpu-scope acq_rel atomic: the release/acquire pattern of CUTLASS's semaphore); the counter is left for
+    ``_reset`` by that program, so it is 0 again for the next launch (CUDA-graph replays included)."""
+    tl.debug_barrier()
+    return tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == arrivals - 1
+
+
+@triton.jit
+def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, cnt_ptr, P, first, num_local,
+                         K, I, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr,
+                         SPLIT: tl.constexpr):
+    """grid (min(E, P) expert slots, I / BN, SPLIT) -> act [P, I] (row = pair id)."""
+    slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    e, used, pairs, count = _gemv_pairs(ids_ptr, P, first, num_local, slot, BM, EB, PB)
+    if slot >= used:
+        return
+    valid = pairs >= 0
+    a_off = tl.where(valid, (pairs // topk) * stride_xm, -1)                  # the pairs' token rows of x
+    c = pid_n * BN + tl.arange(0, BN)
+    cm = c < I
+    g_rows, u_rows = (2 * c).to(tl.int64), (2 * c + 1).to(tl.int64)
+    wg_rows = w_ptr + e * stride_we + g_rows * stride_wn
+    wu_rows = w_ptr + e * stride_we + u_rows * stride_wn
+    sg_rows = s_ptr + e * stride_se + g_rows * stride_sn
+    su_rows = s_ptr + e * stride_se + u_rows * stride_sn
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
+    k_lo = pid_k * k_len
+    k_hi = tl.minimum(k_lo + k_len, K)
+    # the next step's gate and up tiles are requested before this step's FMAs: two tiles in flight per program
+    wg, sg = _gemv_load(wg_rows, sg_rows, cm, k_lo, k_hi, BK)
+    wu, su = _gemv_load(wu_rows, su_rows, cm, k_lo, k_hi, BK)
+    for k0 in range(k_lo, k_hi, BK):
+        wg_next, sg_next = _gemv_load(wg_rows, sg_rows, cm, k0 + BK, k_hi, BK)
+        wu_next, su_next = _gemv_load(wu_rows, su_rows, cm, k0 + BK, k_hi, BK)
+        acc_g, acc_u = _gemv_fma(acc_g, acc_u, wg, sg, wu, su, x_ptr, a_off, count, k0, k_hi, True, BM, BK)
+        wg, sg, wu, su = wg_next, sg_next, wu_next, su_next
+    rows = tl.where(valid, pairs, 0)
+    m = valid[:, None] & cm[None, :]
+    if SPLIT > 1:  # partials [SPLIT, P, 2, I]; the slice that finishes this tile last adds them up
+        base = part_ptr + ((pid_k * P + rows[:, None]) * 2) * I + c[None, :]
+        tl.store(base, acc_g, mask=m)
+        tl.store(base + I, acc_u, mask=m)
+        tile = cnt_ptr + slot * tl.num_programs(1) + pid_n
+        if _last_arrival(tile, SPLIT):
+            acc_g, acc_u = _gate_up_partials(part_ptr, rows, m, c, P, I, BM, BN, SPLIT)
+            _swiglu_store(acc_g, acc_u, b_ptr + e * stride_be, g_rows, u_rows, cm, valid, act_ptr, rows, c, I,
+                          limit, alpha)
+            tl.store(tile, 0)
+    else:
+        _swiglu_store(acc_g, acc_u, b_ptr + e * stride_be, g_rows, u_rows, cm, valid, act_ptr, rows, c, I,
+                      limit, alpha)
+
+
+@triton.jit
+def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, out_ptr, cnt_ptr, N, P, first,
+                      num_local, K, H, stride_we, stride_wn, stride_se, stride_sn, stride_be,
+                      TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                      BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr, SPLIT: tl.constexpr):
+    """grid (min(E, P) expert slots, H / BN, SPLIT) -> out [N, H]: float32 partials [SPLIT, P, H] per pair; the
+    program that completes a feature tile (all slots x slices) sums the k pairs of every token into out."""
+    slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    e, used, pairs, count = _gemv_pairs(ids_ptr, P, first, num_local, slot, BM, EB, PB)
     n = pid_n * BN + tl.arange(0, BN)
     nm = n < H
-    out = tl.zeros([BN], dtype=tl.float32)
-    for j in range(TOPK):
-        pair = t * TOPK + j
-        e = tl.load(ids_ptr + pair).to(tl.int32) - first
-        mine = (e >= 0) & (e < num_local)
-        y = tl.zeros([BN], dtype=tl.float32)
-        for sk in range(SPLIT):
-            y += tl.load(part_ptr + (sk * P + pair).to(tl.int64) * H + n, mask=nm & mine, other=0.0)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + tl.where(mine, e, 0).to(tl.int64) * stride_be + n, mask=nm & mine, other=0.0).to(tl.float32)
-        out += tl.where(mine, tl.load(rw_ptr + pair).to(tl.float32), 0.0) * y
-    tl.store(out_ptr + t.to(tl.int64) * H + n, out.to(out_ptr.dtype.element_ty), mask=nm)
+    if slot < used:
+        valid = pairs >= 0
+        a_off = tl.where(valid, pairs * K, -1)                                  # act rows = pair ids
+        w_rows = w_ptr + e * stride_we + n.to(tl.int64) * stride_wn
+        s_rows = s_ptr + e * stride_se + n.to(tl.int64) * stride_sn
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        k_len = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
+        k_lo = pid_k * k_len
+        k_hi = tl.minimum(k_lo + k_len, K)
+        w, s = _gemv_load(w_rows, s_rows, nm, k_lo, k_hi, BK)
+        for k0 in range(k_lo, k_hi, BK):  # prefetch one step ahead, as in the gate_up kernel
+            w_next, s_next = _gemv_load(w_rows, s_rows, nm, k0 + BK, k_hi, BK)
+            acc, _ = _gemv_fma(acc, acc, w, s, w, s, act_ptr, a_off, count, k0, k_hi, False, BM, BK)
+            w, s = w_next, s_next
+        rows = tl.where(valid, pairs, 0)
+        tl.store(part_ptr + (pid_k * P + rows[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
+        if _last_arrival(cnt_ptr + pid_n, used * SPLIT):
+            _combine_tokens(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, 0, N, n, nm, H, P, first, num_local,
+                            stride_be, TOPK, HAS_BIAS, TB, BN, SPLIT)
+            tl.store(cnt_ptr + pid_n, 0)
+    elif (slot == 0) & (used == 0):  # no pair of the call lives on this rank: its partial sum is 0
+        t = tl.arange(0, TB)
+        tl.store(out_ptr + t.to(tl.int64)[:, None] * H + n[None, :], tl.zeros([TB, BN], dtype=tl.float32).to(
+            out_ptr.dtype.element_ty), mask=(t < N)[:, None] & nm[None, :])
 
 
 def _sms(device: torch.device) -> int:
@@ -281,6 +601,57 @@ def route(ids: torch.Tensor, first: int, num_local: int, block_m: int):
     return sorted_ids, block_expert, num_blocks, max_blocks
 
 
+COUNTERS = 1 << 16         # int32 tile counters per device for the gemv kernels' split-K reductions (256 KB)
+_counters: dict[tuple, torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device, need: int) -> torch.Tensor:
+    """The device's zeroed counters, made once (on the first, eager call: the runner warms up before it captures
+    a graph); every kernel leaves them at 0 again."""
+    if need > COUNTERS:
+        raise ValueError(f"the gemv kernels need {need} tile counters, more than COUNTERS = {COUNTERS}: use fewer "
+                         "tokens per call, a wider block_n, or the mma variant")
+    key = (device.type, device.index)
+    if key not in _counters:
+        _counters[key] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return _counters[key]
+
+
+def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first, limit, alpha,
+                  t: TileConfig, act_dtype: torch.dtype) -> torch.Tensor:
+    """The gemv variant: two kernels (gate_up + SwiGLU, down + k-sum), no route kernel, no separate reduction."""
+    (N, k), (E, two_i, G, _), H = ids.shape, gu_blocks.shape, x.shape[1]
+    I, P, dev, sms = two_i // 2, N * k, x.device, _sms(x.device)
+    if N > t.block_m:
+        raise ValueError(f"gemv keeps each expert's pairs in one block, so tokens per call ({N}) must be <= block_m "
+                         f"({t.block_m}); use a larger block_m or the mma variant (default_tiles does)")
+    slots = min(E, P)                       # distinct local experts a call can touch
+    EB, PB, TB = _pow2(max(E, 2)), _pow2(max(P, 16)), _pow2(max(N, 2))
+    ids_flat, rw = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
+    n_gu, n_dn = triton.cdiv(I, t.block_n), triton.cdiv(H, t.block_n)
+    split_gu = split_for(t, slots * n_gu, triton.cdiv(H, t.block_k), sms)
+    split_dn = split_for(t, slots * n_dn, triton.cdiv(I, t.block_k), sms)
+    cnt = _tile_counters(dev, slots * n_gu + n_dn)
+    act = torch.empty(P, I, dtype=act_dtype, device=dev)                                    # row = pair id
+    part = torch.empty(split_gu, P, 2, I, dtype=torch.float32, device=dev) if split_gu > 1 else act
+    gu_b = gu_blocks.view(E, two_i, G * 16)
+    _gemv_gate_up_kernel[(slots, n_gu, split_gu)](
+        x, ids_flat, gu_b, gu_scales, gu_bias, act, part, cnt, P, first, E, H, I, k, float(limit), float(alpha),
+        x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_scales.stride(0), gu_scales.stride(1), gu_bias.stride(0),
+        BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, SPLIT=split_gu, num_warps=t.num_warps,
+        num_stages=t.num_stages)
+    dn_b = dn_blocks.view(E, H, -1)
+    bias = dn_bias if dn_bias is not None else gu_bias  # a valid pointer; unread when HAS_BIAS is False
+    part = torch.empty(split_dn, P, H, dtype=torch.float32, device=dev)
+    out = torch.empty(N, H, dtype=x.dtype, device=dev)
+    _gemv_down_kernel[(slots, n_dn, split_dn)](
+        act, ids_flat, rw, dn_b, dn_scales, bias, part, out, cnt[slots * n_gu:], N, P, first, E, I, H,
+        dn_b.stride(0), dn_b.stride(1), dn_scales.stride(0), dn_scales.stride(1), bias.stride(0), TOPK=k,
+        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, TB=TB, SPLIT=split_dn,
+        num_warps=t.num_warps, num_stages=t.num_stages)
+    return out
+
+
 def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                   gu_blocks: torch.Tensor, gu_scales: torch.Tensor, gu_bias: torch.Tensor,
                   dn_blocks: torch.Tensor, dn_scales: torch.Tensor, dn_bias: torch.Tensor | None,
@@ -294,13 +665,20 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     N, k = ids.shape
     E, two_i, G, _ = gu_blocks.shape
     H, I = x.shape[1], two_i // 2
-    t = tiles or default_tiles(N * k, E)
+    t = tiles or default_tiles(N, k, E)
+    t.check()
+    mode = VARIANTS.index(t.variant)
+    # MMA operand / activation type: bf16 on CUDA; float32 in Triton's CPU interpreter (numpy has no bf16)
+    cdt, act_dtype = (tl.bfloat16, torch.bfloat16) if x.device.type == "cuda" else (tl.float32, torch.float32)
     x = x.contiguous()
+    if t.variant == "gemv":
+        return _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first,
+                             limit, alpha, t, act_dtype)
     sorted_ids, block_expert, num_blocks, max_blocks = route(ids, first, E, t.block_m)
     R, sms, dev = max_blocks * t.block_m, _sms(x.device), x.device
     # programs that do work: at most one row block per chosen expert at decode sizes
     busy = min(max_blocks, min(E, N * k) + (N * k) // t.block_m)
-    act = torch.empty(R, I, dtype=torch.bfloat16, device=dev)
+    act = torch.empty(R, I, dtype=act_dtype, device=dev)
     gu_b, gu_s = gu_blocks.view(E, two_i, G * 16), gu_scales
     n_gu = triton.cdiv(I, t.block_n)
     split = split_for(t, busy * n_gu, triton.cdiv(H, t.block_k), sms)
@@ -308,8 +686,8 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     _gate_up_kernel[(max_blocks, n_gu, split)](
         x, gu_b, gu_s, gu_bias, sorted_ids, block_expert, num_blocks, act, part, H, I, R, k, float(limit),
         float(alpha), x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_s.stride(0), gu_s.stride(1), gu_bias.stride(0),
-        BM=t.block_m, BN=t.block_n, BK=t.block_k, DOT_SCALED=t.dot_scaled, SPLIT=split, num_warps=t.num_warps,
-        num_stages=t.num_stages)
+        BM=t.block_m, BN=t.block_n, BK=t.block_k, MODE=mode, DOT_SCALED=t.dot_scaled, SPLIT=split, CDT=cdt,
+        num_warps=t.num_warps, num_stages=t.num_stages)
     if split > 1:
         _swiglu_kernel[(max_blocks, n_gu)](part, gu_bias, sorted_ids, block_expert, num_blocks, act, I, R,
                                            float(limit), float(alpha), gu_bias.stride(0), BM=t.block_m, BN=t.block_n,
@@ -325,12 +703,12 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     _down_kernel[(max_blocks, n_dn, split)](
         act, dn_b, dn_s, bias, sorted_ids, block_expert, num_blocks, weights.reshape(-1).contiguous(), y, I, H, N * k,
         dn_b.stride(0), dn_b.stride(1), dn_s.stride(0), dn_s.stride(1), bias.stride(0),
-        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, DOT_SCALED=t.dot_scaled,
-        SPLIT=split, num_warps=t.num_warps, num_stages=t.num_stages)
+        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, MODE=mode, DOT_SCALED=t.dot_scaled,
+        SPLIT=split, CDT=cdt, num_warps=t.num_warps, num_stages=t.num_stages)
     if split == 1:
         return y.view(N, k, H).sum(1)
     out = torch.empty(N, H, dtype=x.dtype, device=dev)
-    _combine_kernel[(N, triton.cdiv(H, 256))](y, ids.reshape(-1), weights.reshape(-1).contiguous(), bias, out, H,
-                                              N * k, first, E, bias.stride(0), TOPK=k, HAS_BIAS=dn_bias is not None,
-                                              BN=256, SPLIT=split, num_warps=4)
+    _combine_kernel[(triton.cdiv(N, 4), triton.cdiv(H, 256))](
+        y, ids.reshape(-1), weights.reshape(-1).contiguous(), bias, out, N, H, N * k, first, E, bias.stride(0), TOPK=k,
+        HAS_BIAS=dn_bias is not None, TB=4, BN=256, SPLIT=split, num_warps=4)
     return out
