@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Triton kernels for the Llama-family / drafter attention on the decode path (RuntimeConfig.attention_kernel).
+"""Triton kernels for the attention of the Llama family, the drafter and gpt-oss on the decode path
+(RuntimeConfig.attention_kernel).
 
 Two kernels replace what was, per layer, a compiled norm+RoPE chain, two ``index_put`` cache writes, a mask
 and a cuDNN SDPA call (or two batched matmuls and a masked softmax):
@@ -16,6 +17,11 @@ and a cuDNN SDPA call (or two batched matmuls and a masked softmax):
                      only walks the keys its rows can see, so a graph captured for a KV-length bucket costs
                      what the real context costs. With several splits (flash-decoding: long contexts at small
                      batch) each writes float32 partials and ``_combine`` merges them in a fixed order.
+                     The splits partition the keys from the tile's lowest ``lo`` on, so a sliding window
+                     (lo = pos - window + 1) costs the window, not the context. gpt-oss: optional attention
+                     sinks, one learned logit per q head (natural-log units, not scaled by 1/sqrt(d)) that
+                     joins the softmax denominator only: out = sum_j p_j v_j, p = softmax([scores, sink])
+                     without the sink column (transformers' eager_attention_forward for GptOss).
 
 Both are CUDA-graph safe: no host syncs, grids fixed by the shapes and the (per graph) kv_len.
 Under ``TRITON_INTERPRET=1`` (set before this module is imported) they run on CPU tensors, which the CPU
@@ -131,11 +137,11 @@ def rope_cache_write(q, k, v, cos, sin, q_w, k_w, eps: float, cache_k: torch.Ten
 
 @triton.jit
 def _attend_kernel(
-        q_ptr, ck_ptr, cv_ptr, row_ptr, lo_ptr, hi_ptr, out_ptr, part_ptr, ml_ptr,
+        q_ptr, ck_ptr, cv_ptr, row_ptr, lo_ptr, hi_ptr, sink_ptr, out_ptr, part_ptr, ml_ptr,
         T, Hkv, kv_len, keys_per_split, scale_log2, s_row,
         s_qn, s_qt, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ln, s_lt, s_hn, s_ht,
         G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        SPLIT: tl.constexpr, IEEE: tl.constexpr):
+        SPLIT: tl.constexpr, IEEE: tl.constexpr, SINK: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     i = pid // Hkv
@@ -150,10 +156,13 @@ def _attend_kernel(
     hi = tl.load(hi_ptr + i * s_hn + t * s_ht, mask=m_ok, other=-1)
     hi = tl.minimum(hi, kv_len - 1)
     row = tl.load(row_ptr + i * s_row)
-    # this program's keys, clipped to what any of its rows can see
-    begin = tl.maximum(split * keys_per_split, tl.min(lo, 0))
-    end = tl.minimum((split + 1) * keys_per_split, tl.max(hi, 0) + 1)
-    begin = (begin // BLOCK_N) * BLOCK_N
+    # this program's keys: the splits partition [first, last visible key] from the tile's lowest lo (0 for causal
+    # layers; pos - window + 1 for sliding ones), so keys below every row's lo are never walked. The last split
+    # runs to the last visible key whatever keys_per_split says, so coverage never rests on the host's estimate.
+    first = (tl.maximum(tl.min(lo, 0), 0) // BLOCK_N) * BLOCK_N
+    last = tl.max(hi, 0) + 1
+    begin = first + split * keys_per_split
+    end = tl.where(split == tl.num_programs(1) - 1, last, tl.minimum(begin + keys_per_split, last))
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -181,6 +190,8 @@ def _attend_kernel(
         else:
             acc = acc * alpha[:, None] + tl.dot(pr.to(vt.dtype), vt)
         m_i = m_new
+    if SINK and not SPLIT:   # split partials get the sink once, in _combine_kernel
+        m_i, l_i, acc = _add_sink(sink_ptr, h, m_ok, m_i, l_i, acc)
     if SPLIT:
         # float32 partials [n * Hkv, splits, BLOCK_M, D] and (max, sum) [n * Hkv, splits, 2, BLOCK_M]
         base = pid * tl.num_programs(1) + split
@@ -195,8 +206,18 @@ def _attend_kernel(
 
 
 @triton.jit
-def _combine_kernel(part_ptr, ml_ptr, out_ptr, T, Hkv, SPLITS: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                    BLOCK_M: tl.constexpr):
+def _add_sink(sink_ptr, h, m_ok, m_i, l_i, acc):
+    """Online-softmax state (max m_i and sum l_i in log2 units, acc = sum p v) of rows of q heads ``h`` -> the
+    same state with each head's sink logit joined to the denominator (it has no value row)."""
+    sink = tl.load(sink_ptr + h, mask=m_ok, other=0.0).to(tl.float32) * 1.4426950408889634   # ln -> log2 units
+    m_new = tl.maximum(m_i, sink)                 # finite: a row that saw no key gets all its mass on the sink
+    alpha = tl.exp2(m_i - m_new)
+    return m_new, l_i * alpha + tl.exp2(sink - m_new), acc * alpha[:, None]
+
+
+@triton.jit
+def _combine_kernel(part_ptr, ml_ptr, sink_ptr, out_ptr, T, Hkv, SPLITS: tl.constexpr, G: tl.constexpr,
+                    D: tl.constexpr, BLOCK_M: tl.constexpr, SINK: tl.constexpr):
     pid = tl.program_id(0)
     i = pid // Hkv
     kvh = pid % Hkv
@@ -216,6 +237,8 @@ def _combine_kernel(part_ptr, ml_ptr, out_ptr, T, Hkv, SPLITS: tl.constexpr, G: 
         w = tl.exp2(tl.load(ml_ptr + base * 2 * BLOCK_M + m) - mx)
         l += w * tl.load(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m)
         acc += w[:, None] * tl.load(part_ptr + base * BLOCK_M * D + m[:, None] * D + dd[None, :])
+    if SINK:
+        mx, l, acc = _add_sink(sink_ptr, h, m_ok, mx, l, acc)
     o = acc / tl.where(l == 0.0, 1.0, l)[:, None]
     tl.store(out_ptr + ((i * T + t[:, None]) * (Hkv * G) + h[:, None]) * D + dd[None, :],
              o.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
@@ -229,10 +252,15 @@ def num_splits(programs: int, kv_len: int, block_n: int, sms: int) -> int:
 
 
 def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: torch.Tensor, kv_len: int,
-           lo: torch.Tensor, hi: torch.Tensor, scale: float, splits: int | None = None) -> torch.Tensor:
+           lo: torch.Tensor, hi: torch.Tensor, scale: float, splits: int | None = None,
+           sinks: torch.Tensor | None = None, span: int | None = None,
+           tiles: tuple[int, int] | None = None) -> torch.Tensor:
     """q [n, T, Hq, d] (last dim contiguous), cache_k/cache_v [max_batch, Hkv, S, d] (one layer), rows [n],
     lo/hi [n, T] (visible key positions, inclusive) -> [n, T, Hq * d] in q's dtype. ``splits`` None picks
-    by the device (num_splits)."""
+    by the device (num_splits). ``sinks`` [Hq] (gpt-oss): one logit per q head in the softmax denominator.
+    ``span``: a bound on max(hi) - min(lo) + 1 over one request's rows (a sliding window: window + T - 1), used
+    only to size the splits (None: kv_len); keys outside it are still attended, by the last split. ``tiles``
+    (BLOCK_N, num_warps) overrides the defaults below (benchmarks/gpt_oss_kernels_bench.py sweeps them)."""
     n, T, Hq, d = q.shape
     Hkv = cache_k.shape[1]
     G = Hq // Hkv
@@ -240,13 +268,20 @@ def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: 
         raise ValueError(f"{G * T} query rows per KV head: the decode attention kernel takes at most {MAX_QUERY_ROWS}")
     if d & (d - 1) or d < 16:
         raise ValueError(f"head_dim {d}: the decode attention kernel needs a power of two >= 16")
+    if sinks is not None and (sinks.shape != (Hq,) or sinks.stride(0) != 1):
+        raise ValueError(f"sinks: expected a contiguous [{Hq}] tensor (one logit per q head), got {tuple(sinks.shape)}")
     BLOCK_M, BLOCK_N = max(16, _pow2(G * T)), 64 if d <= 64 else 32
+    num_warps = 4 if BLOCK_M * d <= 64 * 64 else 8
+    if tiles is not None:
+        BLOCK_N, num_warps = tiles
+    # keys one program may walk: from its lowest lo rounded down to a tile (hence BLOCK_N - 1) to its highest hi
+    cover = kv_len if span is None else max(1, min(kv_len, span + BLOCK_N - 1))
     if splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        splits = num_splits(n * Hkv, kv_len, BLOCK_N, sms)
-    keys_per_split = -(-kv_len // splits)
+        splits = num_splits(n * Hkv, cover, BLOCK_N, sms)
+    keys_per_split = -(-cover // splits)
     keys_per_split = -(-keys_per_split // BLOCK_N) * BLOCK_N
-    splits = -(-kv_len // keys_per_split)
+    splits = -(-cover // keys_per_split)
     out = torch.empty(n, T, Hq * d, dtype=q.dtype, device=q.device)
     if splits > 1:
         part = torch.empty(n * Hkv, splits, BLOCK_M, d, dtype=torch.float32, device=q.device)
@@ -254,15 +289,14 @@ def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: 
     else:
         part = ml = out
     LOG2E = 1.4426950408889634
-    num_warps = 4 if BLOCK_M * d <= 64 * 64 else 8
     _attend_kernel[(n * Hkv, splits)](
-        q, cache_k, cache_v, rows, lo, hi, out, part, ml,
+        q, cache_k, cache_v, rows, lo, hi, sinks if sinks is not None else lo, out, part, ml,
         T, Hkv, kv_len, keys_per_split, scale * LOG2E, rows.stride(0),
         q.stride(0), q.stride(1), q.stride(2), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2), lo.stride(0), lo.stride(1), hi.stride(0), hi.stride(1),
         G=G, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
-        num_warps=num_warps)
+        SINK=sinks is not None, num_warps=num_warps)
     if splits > 1:
-        _combine_kernel[(n * Hkv,)](part, ml, out, T, Hkv, SPLITS=splits, G=G, D=d, BLOCK_M=BLOCK_M,
-                                    num_warps=num_warps)
+        _combine_kernel[(n * Hkv,)](part, ml, sinks if sinks is not None else ml, out, T, Hkv, SPLITS=splits, G=G,
+                                    D=d, BLOCK_M=BLOCK_M, SINK=sinks is not None, num_warps=num_warps)
     return out

@@ -8,6 +8,13 @@ sliding-window (``sliding_window`` = 128) and full layers (``layer_types``); the
 ``(clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g)`` with ``g = min(gate, 7)``, gate/up interleaved in the
 Hugging Face layout (gate = even columns).
 
+Decode path (RuntimeConfig.attention_kernel "triton", set on every Attention by llama.set_attention_kernel): the
+layer runs as the Llama family's does, RoPE + cache write in one Triton kernel and attention against the cache in
+the decode attention kernel (runtime/kernels/decode_attention.py), here with the sinks and the sliding window
+(as KeyRange lo = pos - window + 1) inside it; each residual add (with o_proj's bias) + RMSNorm is one compiled
+kernel; the router's top-k + softmax one Triton kernel (runtime/kernels/router.py). The torch path below stays
+the reference (eager, HF rounding) and runs where the switch says "torch" (CPU by default).
+
 Weights keep Hugging Face names; q/k/v are fused into ``qkv_proj``. MXFP4 experts (``*_blocks`` +
 ``*_scales``, the published checkpoints) run one of two ways, chosen by ``moe_backend`` (RuntimeConfig.mxfp4_moe):
   "triton":  kept MXFP4 on the GPU (4.25 bits per weight) and run by the fused routed-expert kernels of
@@ -38,7 +45,8 @@ from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from ..shard import expert_layout
 from . import mxfp4
-from .layers import RMSNorm, Rotary, TargetHead, apply_rope, rope_parameters
+from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, _fused, apply_rope, rope_cache_write, rope_parameters,
+                     uses_attention_kernel)
 
 ARCHITECTURES = ("GptOssForCausalLM",)
 SWIGLU_ALPHA = 1.702  # fixed in the reference (not a config field)
@@ -121,16 +129,50 @@ def check_parallel(c: GptOssConfig, tp_size: int, ep_size: int) -> None:
                               f"pick sizes that divide {n}")
 
 
+def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in the reference's rounding: it scales by the weight in float32 before casting back (llama's
+    norm casts first)."""
+    x32 = x.float()
+    return (w.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+
+
+@_fused
+def _fused_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return _norm(x, w, eps)
+
+
+@_fused
+def _fused_add_norm(residual: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float):
+    """(residual + x, its norm) in one compiled kernel on CUDA (eager elsewhere): eager's math, but inductor keeps
+    intermediates in float32 (the norm may read the sum before its bf16 rounding), so a bf16 result can differ
+    from eager's by a rounding here and there."""
+    total = residual + x
+    return total, _norm(total, w, eps)
+
+
+@_fused
+def _fused_bias_add_norm(residual: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, w: torch.Tensor, eps: float):
+    """As _fused_add_norm with o_proj's bias added to x first (eager rounds x + bias to the model dtype; inductor
+    adds all three in float32 and rounds once)."""
+    total = residual + (x + bias)
+    return total, _norm(total, w, eps)
+
+
 class GptOssRMSNorm(RMSNorm):
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """As RMSNorm.forward (with ``residual``: (norm(x + residual), x + residual)), in the reference's
-        rounding: it scales by the weight in float32 before casting back (llama's norm casts first). Eager
-        ops, as before the layers owned their forward: a fused kernel would change bf16 results on CUDA."""
-        if residual is not None:
-            total = residual + x
-            return self.forward(total), total
-        x32 = x.float()
-        return (self.weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps))).to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                fused: bool = False):
+        """As RMSNorm.forward (with ``residual``: (norm(x + residual), x + residual); ``bias``, added to x
+        first, only with a residual), in the reference's rounding (_norm). ``fused`` (the decode kernels' switch):
+        one compiled kernel on CUDA (_fused); else eager ops, the reference: a compiled kernel changes bf16
+        results on CUDA by a rounding here and there."""
+        if residual is None:
+            return _fused_norm(x, self.weight, self.eps) if fused else _norm(x, self.weight, self.eps)
+        if fused:
+            total, normed = (_fused_add_norm(residual, x, self.weight, self.eps) if bias is None
+                             else _fused_bias_add_norm(residual, x, bias, self.weight, self.eps))
+            return normed, total
+        total = residual + (x if bias is None else x + bias)
+        return _norm(total, self.weight, self.eps), total
 
 
 def attend_with_sinks(q, k, v, visible, sinks, scale: float) -> torch.Tensor:
@@ -163,20 +205,43 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(c.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=c.attention_bias)
         self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)
         self.sinks = nn.Parameter(torch.empty(self.h))  # this rank's q heads' sink logits
-        self.sliding, self.tp = sliding, tp
+        self.sliding, self.tp, self.window = sliding, tp, c.sliding_window
+        self.kernel = "torch"   # "triton": the decode kernels (llama.set_attention_kernel)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None):
-        # x [n, T, hidden]; positions [n, T]; visible [n, 1, T, S] (window already applied on sliding layers)
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
+                add_bias: bool = True):
+        """x [n, T, hidden]; positions [n, T]; visible [n, 1, T, S] (window already applied on sliding layers),
+        or a KeyRange where the Triton attention runs (uses_attention_kernel); cos/sin [n, T, 1, d]
+        (Rotary.tables) -> [n, T, hidden], o_proj's bias added iff ``add_bias``
+        (the fused path adds it in the following add + norm)."""
         n, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [n, H, T, d]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        cache.write(layer, rows, positions, k.transpose(1, 2), v.transpose(1, 2))  # the cache takes [n, T, H, d]
+        q, k, v = self.qkv_proj(x).view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)  # [n, T, H, d]
+        if self.kernel == "triton":
+            # no q/k norm (weights None); k for the prefill's attention only
+            q, k = rope_cache_write(q, k, v, cos, sin, None, None, 0.0, cache, layer, rows, positions, "triton",
+                                    want_k=kv_len is None)
+            if isinstance(visible, KeyRange):
+                return self._out(self._attend_cache(q, cache, layer, rows, kv_len, visible), add_bias)
+        else:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)   # elementwise: the [n, T, H, d] layout is fine
+            cache.write(layer, rows, positions, k, v)
         if kv_len is not None:  # decode/verify: attend over the cached prefix (incl. the rows just written)
             k, v = cache.read(layer, rows, kv_len)
-        out = attend_with_sinks(q, k, v, visible, self.sinks, self.d ** -0.5)
+        else:
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        return self._out(attend_with_sinks(q.transpose(1, 2), k, v, visible, self.sinks, self.d ** -0.5), add_bias)
+
+    def _attend_cache(self, q, cache: KVCache, layer: int, rows, kv_len: int, keys: KeyRange) -> torch.Tensor:
+        """q [n, T, Hq, d] roped -> [n, T, Hq * d]: the Triton kernel with the sinks, against cache[:kv_len]; on a
+        sliding layer ``keys`` carries the window and its span sizes the kernel's split of the keys."""
+        from ..kernels import decode_attention
+        span = self.window + q.shape[1] - 1 if self.sliding else None
+        return decode_attention.attend(q, cache.k[layer], cache.v[layer], cache.row_ids(rows), kv_len, keys.lo,
+                                       keys.hi, self.d ** -0.5, sinks=self.sinks, span=span)
+
+    def _out(self, out: torch.Tensor, add_bias: bool) -> torch.Tensor:
         out = self.tp.all_reduce(F.linear(out, self.o_proj.weight))  # row-parallel: bias once, after the sum
-        return out if self.o_proj.bias is None else out + self.o_proj.bias
+        return out if self.o_proj.bias is None or not add_bias else out + self.o_proj.bias
 
 
 def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -287,11 +352,20 @@ class MoE(nn.Module):
         self.experts = MOE_BACKENDS[moe_backend](c, tp, ep_size)
         self.top_k, self.tp = c.experts_per_token, tp
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """x [..., hidden] -> [..., hidden]. ``fused``: the router's top-k + softmax in one Triton kernel, with or
+        without its GEMM (kernels/router.py, by router.uses_route): the same ids and weights up to roundings."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])                                          # [N, hidden]
-        top_logits, top_ids = self.router(x).topk(self.top_k, dim=-1)        # [N, k]
-        weights = torch.softmax(top_logits, dim=-1)                          # softmax over the k chosen only
+        if fused:
+            from ..kernels import router as R
+            if R.uses_route(self.router.weight, x.shape[0]):
+                top_ids, weights = R.route(x, self.router.weight, self.router.bias, self.top_k)   # [N, k] x 2
+            else:
+                top_ids, weights = R.topk_softmax(self.router(x), self.top_k)
+        else:
+            top_logits, top_ids = self.router(x).topk(self.top_k, dim=-1)    # [N, k]
+            weights = torch.softmax(top_logits, dim=-1)                      # softmax over the k chosen only
         return self.tp.all_reduce(self.experts(x, top_ids, weights)).view(shape)
 
 
@@ -306,10 +380,13 @@ class DecoderLayer(nn.Module):
     def forward(self, h, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
                 next_norm: GptOssRMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         """h = input_layernorm(x), x [n, T, hidden] -> (next_norm(y), y) for the layer's output y (the same
-        contract as llama.DecoderLayer: the next layer's input norm runs here, after the last residual add)."""
-        h, x = self.post_attention_layernorm(self.self_attn(h, cos, sin, cache, layer, rows, positions, visible,
-                                                            kv_len), x)
-        return next_norm(self.mlp(h), x)
+        contract as llama.DecoderLayer: the next layer's input norm runs here, after the last residual add).
+        With the decode kernels (self_attn.kernel "triton") o_proj's bias joins the first add + norm, and the
+        router's top-k runs fused."""
+        fused = self.self_attn.kernel == "triton"
+        a = self.self_attn(h, cos, sin, cache, layer, rows, positions, visible, kv_len, add_bias=not fused)
+        h, x = self.post_attention_layernorm(a, x, bias=self.self_attn.o_proj.bias if fused else None, fused=fused)
+        return next_norm(self.mlp(h, fused), x, fused=fused)
 
 
 class GptOssTarget(TargetHead):
@@ -340,13 +417,20 @@ class GptOssTarget(TargetHead):
         Returns h [n, T, hidden] (after the final norm) and features [n, T, len(capture) * hidden] or None.
         """
         x = self.embed(ids)
-        cos, sin = self.rotary(positions, x.dtype)
-        key_pos = positions if kv_len is None else torch.arange(kv_len, device=ids.device)[None]
-        behind = positions[:, :, None] - key_pos[:, None, :]                 # [n, T, S] query pos - key pos
-        full = (behind >= 0)[:, None]                                        # causal
-        window = (full & (behind < self.config.sliding_window)[:, None])     # ... and the last `window` tokens
+        a = self.layers[0].self_attn
+        fused = a.kernel == "triton"
+        cos, sin = self.rotary.tables(positions, x.dtype)                    # [n, T, 1, d]
+        if uses_attention_kernel(a, ids.shape[1], kv_len):
+            # key p visible iff pos - window < p <= pos (transformers' sliding-window mask), as KeyRange bounds
+            full = KeyRange(torch.zeros_like(positions), positions)
+            window = KeyRange((positions - self.config.sliding_window + 1).clamp(min=0), positions)
+        else:
+            key_pos = positions if kv_len is None else torch.arange(kv_len, device=ids.device)[None]
+            behind = positions[:, :, None] - key_pos[:, None, :]             # [n, T, S] query pos - key pos
+            full = (behind >= 0)[:, None]                                    # causal
+            window = (full & (behind < self.config.sliding_window)[:, None])  # ... and the last `window` tokens
         feats: dict[int, torch.Tensor] = {}
-        h = self.layers[0].input_layernorm(x)
+        h = self.layers[0].input_layernorm(x, fused=fused)
         for i, layer in enumerate(self.layers):
             visible = window if layer.self_attn.sliding else full
             nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm

@@ -126,12 +126,13 @@ class Attention(nn.Module):
 
 
 def set_attention_kernel(model: nn.Module, setting: str) -> str:
-    """Point every Attention and MLP of ``model`` (a target or the drafter) at RuntimeConfig.attention_kernel
-    as it resolves on the model's device (kernels.resolve_attention_kernel): "triton" runs the decode path's
-    attention and its qkv / o_proj / gate_up / down GEMMs in the Triton kernels. Returns "triton" or "torch"."""
+    """Point every module of ``model`` (a target or the drafter) that has a ``kernel`` switch (this Attention and
+    MLP, DraftAttention, gpt_oss's Attention and its other kernel users) at RuntimeConfig.attention_kernel as it
+    resolves on the model's device (kernels.resolve_attention_kernel): "triton" runs the decode path's attention
+    and its qkv / o_proj / gate_up / down GEMMs in the Triton kernels. Returns "triton" or "torch"."""
     kernel = resolve_attention_kernel(setting, next(model.parameters()).device)
     for m in model.modules():
-        if isinstance(m, (Attention, MLP)):
+        if hasattr(m, "kernel"):
             m.kernel = kernel
     return kernel
 
