@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from tests.runtime.compare import attend_f64, rel, rope_f64
+from tests.runtime.compare import attend_f64, compile_for_h100, rel, rope_f64
 from tests.runtime.kernel_engine import engine_with_kernel
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.errors import DFlashError
@@ -212,3 +212,29 @@ def test_engine_tokens_are_the_same_with_the_kernels(tiny_qwen3_pair, block, mon
         assert x.output_ids == y.output_ids
         assert x.stats.acceptance_lengths == y.stats.acceptance_lengths
     assert calls["attend"] > 0 and calls["rope_cache_write"] > 0, calls
+
+
+ATTEND_SM90 = '''
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from trtllm_dflash.runtime.kernels import decode_attention as K
+k = K._attend_kernel
+types = {"q_ptr": "*bf16", "ck_ptr": "*bf16", "cv_ptr": "*bf16", "row_ptr": "*i64", "lo_ptr": "*i64", "hi_ptr": "*i64",
+         "sink_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32", "ml_ptr": "*fp32", "cnt_ptr": "*i32",
+         "scale_log2": "fp32"}
+# (G, T, head_dim, BLOCK_N, splits, sinks, warps): SmolLM2 AR, Qwen3-8B verify, gpt-oss AR and verify, no split
+for G, T, D, BN, splits, sink, warps in [(3, 1, 64, 64, 4, False, 4), (4, 16, 128, 32, 4, False, 8),
+                                         (8, 1, 64, 64, 8, True, 4), (8, 10, 64, 64, 2, True, 8),
+                                         (4, 1, 128, 32, 1, False, 4)]:
+    consts = dict(G=G, D=D, BLOCK_M=max(16, triton.next_power_of_2(G * T)), BLOCK_N=BN, SPLITS=splits, IEEE=False,
+                  SINK=sink)
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in k.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names) if sig[n].startswith("*")}
+    triton.compile(ASTSource(k, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+'''
+
+
+def test_attend_compiles_for_the_h100():
+    """The split-merging attention (a value defined in a runtime branch, an atomic) compiled to sm_90 cubins."""
+    compile_for_h100(ATTEND_SM90)

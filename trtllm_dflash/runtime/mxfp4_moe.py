@@ -23,7 +23,7 @@ gemv (up to block_m tokens per call: decode and DFlash blocks), 2 kernels per Mo
             expert's pairs itself from the call's expert ids (``_gemv_pairs``: no route kernel, no sorted array),
             so every distinct expert's weights are read once; SwiGLU epilogue into act [N * k, I].
   down      the same grid over H: float32 partials per pair; the program that completes a feature tile (a
-            per-tile counter, ``_last_arrival``) sums every token's k pairs in a fixed order and writes out [N, H].
+            per-tile counter, ``kernels.arrival.last_arrival``) sums every token's k pairs in a fixed order and writes out [N, H].
   Split-K partials are summed in slice order by whichever program finishes a tile last: deterministic, and no
   separate reduction kernel.
 
@@ -44,6 +44,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from .kernels.arrival import last_arrival, tile_counters
 
 
 VARIANTS = ("mma", "swap", "gemv")
@@ -489,15 +491,6 @@ def _gemv_pairs(ids_ptr, P, first, num_local, slot, BM: tl.constexpr, EB: tl.con
 
 
 @triton.jit
-def _last_arrival(cnt_ptr, arrivals):
-    """True in the program that completes a tile: the caller's stores are made visible first (CTA barrier, then
-    a gpu-scope acq_rel atomic: the release/acquire pattern of CUTLASS's semaphore); the counter is left for
-    ``_reset`` by that program, so it is 0 again for the next launch (CUDA-graph replays included)."""
-    tl.debug_barrier()
-    return tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == arrivals - 1
-
-
-@triton.jit
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, cnt_ptr, P, first, num_local,
                          K, I, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
                          split, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EB: tl.constexpr,
@@ -538,7 +531,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
         tl.store(base, acc_g, mask=m)
         tl.store(base + I, acc_u, mask=m)
         tile = cnt_ptr + slot * tl.num_programs(1) + pid_n
-        finish = _last_arrival(tile, split)
+        finish = last_arrival(tile, split)
         if finish:
             acc_g, acc_u = _gate_up_partials(part_ptr, rows, m, c, P, I, BM, BN, split)
             tl.store(tile, 0)
@@ -574,7 +567,7 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
             w, s = w_next, s_next
         rows = tl.where(valid, pairs, 0)
         tl.store(part_ptr + (pid_k * P + rows[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
-        if _last_arrival(cnt_ptr + pid_n, used * split):
+        if last_arrival(cnt_ptr + pid_n, used * split):
             _combine_tokens(part_ptr, ids_ptr, rw_ptr, b_ptr, out_ptr, 0, N, n, nm, H, P, first, num_local,
                             stride_be, TOPK, HAS_BIAS, TB, BN, split)
             tl.store(cnt_ptr + pid_n, 0)
@@ -605,22 +598,6 @@ def route(ids: torch.Tensor, first: int, num_local: int, block_m: int):
     return sorted_ids, block_expert, num_blocks, max_blocks
 
 
-COUNTERS = 1 << 16         # int32 tile counters per device for the gemv kernels' split-K reductions (256 KB)
-_counters: dict[tuple, torch.Tensor] = {}
-
-
-def _tile_counters(device: torch.device, need: int) -> torch.Tensor:
-    """The device's zeroed counters, made once (on the first, eager call: the runner warms up before it captures
-    a graph); every kernel leaves them at 0 again."""
-    if need > COUNTERS:
-        raise ValueError(f"the gemv kernels need {need} tile counters, more than COUNTERS = {COUNTERS}: use fewer "
-                         "tokens per call, a wider block_n, or the mma variant")
-    key = (device.type, device.index)
-    if key not in _counters:
-        _counters[key] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-    return _counters[key]
-
-
 def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first, limit, alpha,
                   t: TileConfig, act_dtype: torch.dtype) -> torch.Tensor:
     """The gemv variant: two kernels (gate_up + SwiGLU, down + k-sum), no route kernel, no separate reduction."""
@@ -636,7 +613,7 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
     n_gu, n_dn = triton.cdiv(I, t.block_n), triton.cdiv(H, t.block_n)
     split_gu = split_for(t, slots * n_gu, triton.cdiv(H, t.block_k), sms)
     split_dn = split_for(t, slots * n_dn, triton.cdiv(I, t.block_k), sms)
-    cnt = _tile_counters(dev, slots * n_gu + n_dn)
+    cnt = tile_counters(dev, slots * n_gu + n_dn)
     act = torch.empty(P, I, dtype=act_dtype, device=dev)                                    # row = pair id
     part = torch.empty(split_gu, P, 2, I, dtype=torch.float32, device=dev) if split_gu > 1 else act
     gu_b = gu_blocks.view(E, two_i, G * 16)

@@ -16,7 +16,8 @@ and a cuDNN SDPA call (or two batched matmuls and a masked softmax):
                      visible to query row (i, t) iff lo[i, t] <= p <= hi[i, t] and p < kv_len. Each program
                      only walks the keys its rows can see, so a graph captured for a KV-length bucket costs
                      what the real context costs. With several splits (flash-decoding: long contexts at small
-                     batch) each writes float32 partials and ``_combine`` merges them in a fixed order.
+                     batch) each writes float32 partials and the split that finishes last merges them in a
+                     fixed order (kernels/arrival.py): one kernel per layer, no combine pass.
                      The splits partition the keys from the tile's lowest ``lo`` on, so a sliding window
                      (lo = pos - window + 1) costs the window, not the context. gpt-oss: optional attention
                      sinks, one learned logit per q head (natural-log units, not scaled by 1/sqrt(d)) that
@@ -34,6 +35,7 @@ import triton
 import triton.language as tl
 
 from . import MAX_QUERY_ROWS  # G * T rows per KV head in one tile (DFlash verify of 16 with G = 4 is 64)
+from .arrival import last_arrival, tile_counters
 
 
 def _pow2(x: int) -> int:
@@ -137,11 +139,11 @@ def rope_cache_write(q, k, v, cos, sin, q_w, k_w, eps: float, cache_k: torch.Ten
 
 @triton.jit
 def _attend_kernel(
-        q_ptr, ck_ptr, cv_ptr, row_ptr, lo_ptr, hi_ptr, sink_ptr, out_ptr, part_ptr, ml_ptr,
+        q_ptr, ck_ptr, cv_ptr, row_ptr, lo_ptr, hi_ptr, sink_ptr, out_ptr, part_ptr, ml_ptr, cnt_ptr,
         T, Hkv, kv_len, keys_per_split, scale_log2, s_row,
         s_qn, s_qt, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ln, s_lt, s_hn, s_ht,
         G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        SPLIT: tl.constexpr, IEEE: tl.constexpr, SINK: tl.constexpr):
+        SPLITS: tl.constexpr, IEEE: tl.constexpr, SINK: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     i = pid // Hkv
@@ -162,7 +164,7 @@ def _attend_kernel(
     first = (tl.maximum(tl.min(lo, 0), 0) // BLOCK_N) * BLOCK_N
     last = tl.max(hi, 0) + 1
     begin = first + split * keys_per_split
-    end = tl.where(split == tl.num_programs(1) - 1, last, tl.minimum(begin + keys_per_split, last))
+    end = tl.where(split == SPLITS - 1, last, tl.minimum(begin + keys_per_split, last))
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -190,15 +192,21 @@ def _attend_kernel(
         else:
             acc = acc * alpha[:, None] + tl.dot(pr.to(vt.dtype), vt)
         m_i = m_new
-    if SINK and not SPLIT:   # split partials get the sink once, in _combine_kernel
-        m_i, l_i, acc = _add_sink(sink_ptr, h, m_ok, m_i, l_i, acc)
-    if SPLIT:
-        # float32 partials [n * Hkv, splits, BLOCK_M, D] and (max, sum) [n * Hkv, splits, 2, BLOCK_M]
-        base = pid * tl.num_programs(1) + split
+    finish = True
+    if SPLITS > 1:
+        # float32 partials [n * Hkv, splits, BLOCK_M, D] and (max, sum) [n * Hkv, splits, 2, BLOCK_M]; the split
+        # that completes the (request, KV head) tile merges them (kernels/arrival.py): no combine kernel
+        base = pid * SPLITS + split
         tl.store(part_ptr + base * BLOCK_M * D + m[:, None] * D + dd[None, :], acc)
         tl.store(ml_ptr + base * 2 * BLOCK_M + m, m_i)
         tl.store(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, l_i)
-    else:
+        finish = last_arrival(cnt_ptr + pid, SPLITS)
+        if finish:
+            m_i, l_i, acc = _merge_splits(part_ptr, ml_ptr, pid, m, dd, SPLITS, D, BLOCK_M)
+            tl.store(cnt_ptr + pid, 0)
+    if finish:   # one store site (Triton 3.6 miscompiles a store repeated in two branches at some tile shapes)
+        if SINK:   # the sink joins the denominator once, after the splits merged
+            m_i, l_i, acc = _add_sink(sink_ptr, h, m_ok, m_i, l_i, acc)
         o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]   # a row that sees no key gives 0, not NaN
         # out [n, T, Hq * D]
         tl.store(out_ptr + ((i * T + t[:, None]) * (Hkv * G) + h[:, None]) * D + dd[None, :],
@@ -216,37 +224,26 @@ def _add_sink(sink_ptr, h, m_ok, m_i, l_i, acc):
 
 
 @triton.jit
-def _combine_kernel(part_ptr, ml_ptr, sink_ptr, out_ptr, T, Hkv, SPLITS: tl.constexpr, G: tl.constexpr,
-                    D: tl.constexpr, BLOCK_M: tl.constexpr, SINK: tl.constexpr):
-    pid = tl.program_id(0)
-    i = pid // Hkv
-    kvh = pid % Hkv
-    m = tl.arange(0, BLOCK_M)
-    dd = tl.arange(0, D)
-    t = m // G
-    h = kvh * G + m % G
-    m_ok = m < T * G
+def _merge_splits(part_ptr, ml_ptr, pid, m, dd, SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The SPLITS partial states of tile ``pid`` -> one online-softmax state (max, sum, acc), merged in split order
+    (deterministic). ``.cg`` loads: the other splits' partials were written by other SMs (L2, not this L1)."""
     mx = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(SPLITS):
-        mx = tl.maximum(mx, tl.load(ml_ptr + (pid * SPLITS + s) * 2 * BLOCK_M + m))
+        mx = tl.maximum(mx, tl.load(ml_ptr + (pid * SPLITS + s) * 2 * BLOCK_M + m, cache_modifier=".cg"))
     mx = tl.where(mx == float("-inf"), 0.0, mx)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     for s in range(SPLITS):   # fixed order: deterministic
         base = pid * SPLITS + s
-        w = tl.exp2(tl.load(ml_ptr + base * 2 * BLOCK_M + m) - mx)
-        l += w * tl.load(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m)
-        acc += w[:, None] * tl.load(part_ptr + base * BLOCK_M * D + m[:, None] * D + dd[None, :])
-    if SINK:
-        mx, l, acc = _add_sink(sink_ptr, h, m_ok, mx, l, acc)
-    o = acc / tl.where(l == 0.0, 1.0, l)[:, None]
-    tl.store(out_ptr + ((i * T + t[:, None]) * (Hkv * G) + h[:, None]) * D + dd[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+        w = tl.exp2(tl.load(ml_ptr + base * 2 * BLOCK_M + m, cache_modifier=".cg") - mx)
+        l += w * tl.load(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, cache_modifier=".cg")
+        acc += w[:, None] * tl.load(part_ptr + base * BLOCK_M * D + m[:, None] * D + dd[None, :], cache_modifier=".cg")
+    return mx, l, acc
 
 
 def num_splits(programs: int, kv_len: int, block_n: int, sms: int) -> int:
     """Splits of the cache per (request, KV head): enough programs to cover the GPU's SMs twice, none shorter
-    than 4 key tiles (below that the combine pass costs more than the parallelism gains)."""
+    than 4 key tiles (below that the merge costs more than the parallelism gains)."""
     want = max(1, -(-2 * sms // max(programs, 1)))
     return max(1, min(want, kv_len // (4 * block_n), 16))
 
@@ -288,15 +285,13 @@ def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: 
         ml = torch.empty(n * Hkv, splits, 2, BLOCK_M, dtype=torch.float32, device=q.device)
     else:
         part = ml = out
+    cnt = tile_counters(q.device, n * Hkv) if splits > 1 else rows   # rows: a valid pointer, never read
     LOG2E = 1.4426950408889634
     _attend_kernel[(n * Hkv, splits)](
-        q, cache_k, cache_v, rows, lo, hi, sinks if sinks is not None else lo, out, part, ml,
+        q, cache_k, cache_v, rows, lo, hi, sinks if sinks is not None else lo, out, part, ml, cnt,
         T, Hkv, kv_len, keys_per_split, scale * LOG2E, rows.stride(0),
         q.stride(0), q.stride(1), q.stride(2), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2), lo.stride(0), lo.stride(1), hi.stride(0), hi.stride(1),
-        G=G, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
+        G=G, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32,
         SINK=sinks is not None, num_warps=num_warps)
-    if splits > 1:
-        _combine_kernel[(n * Hkv,)](part, ml, sinks if sinks is not None else ml, out, T, Hkv, SPLITS=splits, G=G,
-                                    D=d, BLOCK_M=BLOCK_M, SINK=sinks is not None, num_warps=num_warps)
     return out
