@@ -49,6 +49,7 @@ from trtllm_dflash.runtime.kv_cache import KVCache  # noqa: E402
 from trtllm_dflash.runtime.models.dflash import DFlashDrafter, DrafterConfig  # noqa: E402
 from trtllm_dflash.runtime.models.gpt_oss import GptOssConfig, GptOssTarget, _grouped_mm  # noqa: E402
 from trtllm_dflash.runtime.models.layers import Rotary  # noqa: E402
+from trtllm_dflash.runtime.models.llama import set_attention_kernel  # noqa: E402
 from trtllm_dflash.runtime.sampling import accept  # noqa: E402
 
 GPT_OSS_20B = {  # https://huggingface.co/openai/gpt-oss-20b config.json (shape fields)
@@ -357,6 +358,9 @@ def main(argv=None) -> int:
                    help="time one MoE layer MXFP4 vs bf16 at the rows' token counts (when the full bf16 model does not fit)")
     p.add_argument("--tile_sweep", action="store_true", help="time the kernels under a few tile shapes")
     p.add_argument("--profile", action="store_true", help="top kernels of the b=1 AR and DFlash steps")
+    p.add_argument("--attention_kernel", choices=("auto", "triton", "torch"), default="auto",
+                   help="RuntimeConfig.attention_kernel for target and drafter (auto: the Triton decode kernels on "
+                        "CUDA, as the engine runs them)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gpt_oss_step_<target>_<gpu>.json)")
     args = p.parse_args(argv)
 
@@ -373,12 +377,15 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     ceil = ceilings() if cuda and not args.tiny else None
     target, drafter = build(args.target, args.tiny, device, dtype, args.ctx + 16, backend)
+    kernel = set_attention_kernel(target, args.attention_kernel)
+    set_attention_kernel(drafter, args.attention_kernel)
     steps = Steps(target, drafter, max(batches), args.ctx, device, dtype)
     bytes_model = ByteModel(target, drafter, args.ctx)
     build_s = time.perf_counter() - t0
     gpu = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
     record = {"benchmark": "gpt_oss_step", "provenance": record_provenance(argv),
               "device": gpu, "dtype": str(dtype).removeprefix("torch."), "experts": backend,
+              "attention_kernel": kernel,
               "shapes": {"target": "tiny" if args.tiny else f"openai/{args.target}",
                          "drafter": "tiny" if args.tiny else f"z-lab/{args.target}-DFlash", "ctx": args.ctx},
               "build_s": round(build_s, 2), "iters": args.iters, "ceilings": ceil,
