@@ -9,10 +9,11 @@ sliding-window (``sliding_window`` = 128) and full layers (``layer_types``); the
 Hugging Face layout (gate = even columns).
 
 Decode path (RuntimeConfig.attention_kernel "triton", set on every Attention by llama.set_attention_kernel): the
-layer runs as the Llama family's does, RoPE + cache write in one Triton kernel and attention against the cache in
-the decode attention kernel (runtime/kernels/decode_attention.py), here with the sinks and the sliding window
-(as KeyRange lo = pos - window + 1) inside it; each residual add (with o_proj's bias) + RMSNorm is one compiled
-kernel; the router's top-k + softmax one Triton kernel (runtime/kernels/router.py). The torch path below stays
+layer runs as the Llama family's does: qkv and o_proj on the Triton GEMM at decode sizes (layers.uses_gemm_kernel),
+RoPE + cache write in one Triton kernel and attention against the cache in the decode attention kernel
+(runtime/kernels/decode_attention.py), here with the sinks and the sliding window (as KeyRange lo = pos - window
++ 1) inside it; each residual add (with o_proj's bias) + RMSNorm is one compiled kernel; the router's top-k +
+softmax one Triton kernel after its GEMM (runtime/kernels/router.py). The torch path below stays
 the reference (eager, HF rounding) and runs where the switch says "torch" (CPU by default).
 
 Weights keep Hugging Face names; q/k/v are fused into ``qkv_proj``. MXFP4 experts (``*_blocks`` +
@@ -45,8 +46,8 @@ from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from ..shard import expert_layout
 from . import mxfp4
-from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, _fused, apply_rope, rope_cache_write, rope_parameters,
-                     uses_attention_kernel)
+from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, _fused, apply_rope, gemm, project, rope_cache_write,
+                     rope_parameters, uses_attention_kernel, uses_gemm_kernel)
 
 ARCHITECTURES = ("GptOssForCausalLM",)
 SWIGLU_ALPHA = 1.702  # fixed in the reference (not a config field)
@@ -215,7 +216,8 @@ class Attention(nn.Module):
         (Rotary.tables) -> [n, T, hidden], o_proj's bias added iff ``add_bias``
         (the fused path adds it in the following add + norm)."""
         n, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)  # [n, T, H, d]
+        qkv = project(self.kernel, self.qkv_proj, x)   # [n, T, (h + 2 kvh) d]; the Triton GEMM where uses_gemm_kernel
+        q, k, v = qkv.view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)  # [n, T, H, d]
         if self.kernel == "triton":
             # no q/k norm (weights None); k for the prefill's attention only
             q, k = rope_cache_write(q, k, v, cos, sin, None, None, 0.0, cache, layer, rows, positions, "triton",
@@ -240,7 +242,8 @@ class Attention(nn.Module):
                                        keys.hi, self.d ** -0.5, sinks=self.sinks, span=span)
 
     def _out(self, out: torch.Tensor, add_bias: bool) -> torch.Tensor:
-        out = self.tp.all_reduce(F.linear(out, self.o_proj.weight))  # row-parallel: bias once, after the sum
+        w = self.o_proj.weight   # row-parallel: the bias once, after the all-reduce (here or in the next add + norm)
+        out = self.tp.all_reduce(gemm(out, w) if uses_gemm_kernel(self.kernel, self.o_proj, out) else F.linear(out, w))
         return out if self.o_proj.bias is None or not add_bias else out + self.o_proj.bias
 
 
@@ -353,16 +356,13 @@ class MoE(nn.Module):
         self.top_k, self.tp = c.experts_per_token, tp
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        """x [..., hidden] -> [..., hidden]. ``fused``: the router's top-k + softmax in one Triton kernel, with or
-        without its GEMM (kernels/router.py, by router.uses_route): the same ids and weights up to roundings."""
+        """x [..., hidden] -> [..., hidden]. ``fused``: the router's top-k + softmax in one Triton kernel after its
+        GEMM (kernels/router.py): the same ids and weights up to the weights' last rounding."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])                                          # [N, hidden]
         if fused:
-            from ..kernels import router as R
-            if R.uses_route(self.router.weight, x.shape[0]):
-                top_ids, weights = R.route(x, self.router.weight, self.router.bias, self.top_k)   # [N, k] x 2
-            else:
-                top_ids, weights = R.topk_softmax(self.router(x), self.top_k)
+            from ..kernels import router
+            top_ids, weights = router.topk_softmax(self.router(x), self.top_k)   # [N, k] int64, [N, k]
         else:
             top_logits, top_ids = self.router(x).topk(self.top_k, dim=-1)    # [N, k]
             weights = torch.softmax(top_logits, dim=-1)                      # softmax over the k chosen only
