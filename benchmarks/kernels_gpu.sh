@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The Triton decode kernels (RuntimeConfig.attention_kernel, runtime/kernels/) checked and measured on one GPU in
-# one call (~5-6 min on an H100; logs and JSON under $OUT):
-#   1. pytest -m gpu: the kernels against the torch path and float64 at SmolLM2 / Qwen3-8B shapes in bf16, CUDA-graph
-#      replay, a tiny pair's tokens (tests/gpu/test_decode_attention_cuda.py), and the real SmolLM2 pair's greedy
-#      DFlash == AR with the kernels (tests/gpu/test_smollm2_cuda.py -k triton) when its converted copy is in
-#      $TRTLLM_DFLASH_CACHE (bash benchmarks/gpu_smollm2.sh prep)                -> gpu_tests_kernels.json
-#   2. benchmarks/step_bench.py --profile at batch 1 for smollm2-135m, qwen3-8b and llama-3.1-8b, with
-#      attention_kernel torch, then triton (step times, kernels per step and per layer) -> step_bench_{torch,triton}.json
-# SMOKE=1 runs the same on this machine's CPU: the kernels in Triton's interpreter (tests/runtime/test_decode_attention.py;
-# the gpu tests are collected and skip) and step_bench --smoke (tiny layers). Exit status: non-zero if any part failed.
+# The decode-path Triton kernels (RuntimeConfig.attention_kernel "auto"/"triton": attention, GEMMs, sampling,
+# gpt-oss attention/router, MXFP4 experts) checked and measured on one GPU, one stage per device call (each < 10
+# min on an H100; logs and JSON under $OUT):
+#   tests_a    pytest -m gpu: attention, GEMM and sampling kernels vs torch and float64 in bf16 at real shapes,
+#              graph replay, tiny pairs' tokens                                          -> gpu_tests_kernels_a.json
+#   tests_b    pytest -m gpu: gpt-oss attention (sinks, window), router, norms, MXFP4 expert variants at
+#              gpt-oss-20b/120b shapes                                                    -> gpu_tests_kernels_b.json
+#   smollm2    the real SmolLM2 pair (converted by `bash benchmarks/gpu_smollm2.sh prep` into $TRTLLM_DFLASH_CACHE):
+#              greedy DFlash == AR in float32 with the kernels, bf16 under the divergence policy with and without
+#                                                                                         -> gpu_tests_smollm2.json
+#   step       benchmarks/step_bench.py --profile, batch 1 and 64: smollm2-135m, qwen3-8b, llama-3.1-8b with the
+#              kernels, and llama-3.1-8b with the torch path (the earlier files hold the others' torch rows)
+#                                                                     -> step_bench_triton.json, step_bench_torch.json
+#   gptoss     benchmarks/gpt_oss_step.py at batch 1 (AR and DFlash), kernels on: gpt-oss-20b (block 8), then
+#              gpt-oss-120b (block 10) when the GPU holds its 68 GB of weights  -> gpt_oss_{20b,120b}_step.json
+# SMOKE=1 runs each stage's CPU twin (kernels in Triton's interpreter, tiny shapes). Exit status: non-zero if any
+# part failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kernels_out}
@@ -17,34 +24,56 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
   TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$PWD/.carry/cache}
-MODELS=${MODELS:-smollm2-135m,qwen3-8b,llama-3.1-8b}
-GPU_TESTS=(tests/gpu/test_decode_attention_cuda.py)
-if [ -n "${SMOKE:-}" ]; then
-  export TRITON_INTERPRET=1   # before anything imports the kernels
-  BENCH=(--smoke --ctx 16 --steps 2)
-else
-  BENCH=(--ctx 512 --steps 15)
-fi
-if [ -f "$TRTLLM_DFLASH_CACHE/smollm2-135m-instruct/.complete" ]; then
-  GPU_TESTS+=("tests/gpu/test_smollm2_cuda.py::test_greedy_dflash_equals_ar_in_float32[triton]"
-              "tests/gpu/test_smollm2_cuda.py::test_greedy_dflash_vs_ar_in_bf16_within_the_tolerance_policy[triton]")
-else
-  echo "note: no converted SmolLM2 under $TRTLLM_DFLASH_CACHE: tests/gpu/test_smollm2_cuda.py not run"
-fi
+[ -n "${SMOKE:-}" ] && export TRITON_INTERPRET=1   # before anything imports the kernels
 rc=0
-t0=$(date +%s)
-if [ -n "${SMOKE:-}" ]; then
-  "$PY" -m pytest -q -p no:cacheprovider tests/runtime/test_decode_attention.py 2>&1 | tail -3 | tee "$OUT/cpu_tests_kernels.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-fi
-"$PY" benchmarks/gpu_test_report.py "${GPU_TESTS[@]}" --out "$OUT/gpu_tests_kernels.json" > "$OUT/gpu_tests_kernels.log" 2>&1 || rc=1
-tail -5 "$OUT/gpu_tests_kernels.log"
-echo "tests: $(( $(date +%s) - t0 )) s"
-for kernel in torch triton; do
+run() {   # name, command...: output to $OUT/<name>.log, its tail and time here
+  local name=$1 t0
+  shift
   t0=$(date +%s)
-  "$PY" benchmarks/step_bench.py --models "$MODELS" --batch 1 --profile --attention_kernel "$kernel" "${BENCH[@]}" \
-    --out "$OUT/step_bench_$kernel.json" > "$OUT/step_bench_$kernel.log" 2>&1 || { rc=1; tail -20 "$OUT/step_bench_$kernel.log"; }
-  grep -E "^(smollm2|qwen3|llama)|^kernels per layer|^profile" "$OUT/step_bench_$kernel.log" | cut -c1-200
-  echo "step_bench $kernel: $(( $(date +%s) - t0 )) s"
+  "$@" > "$OUT/$name.log" 2>&1 || { rc=1; echo "FAILED: $name"; }
+  grep -vE "^DEBUG|^\s*$" "$OUT/$name.log" | tail -${TAIL:-6} | cut -c1-220
+  echo "$name: $(( $(date +%s) - t0 )) s"
+}
+report() {   # out.json, tests...: GPU tests on CUDA, their interpreter twins under SMOKE
+  local out=$1
+  shift
+  if [ -n "${SMOKE:-}" ]; then "$PY" -m pytest -q -p no:cacheprovider "$@"
+  else "$PY" benchmarks/gpu_test_report.py "$@" --out "$out"; fi
+}
+for stage in "$@"; do
+  case $stage in
+    tests_a)
+      run tests_a report "$OUT/gpu_tests_kernels_a.json" tests/gpu/test_decode_attention_cuda.py \
+        tests/gpu/test_gemm_cuda.py tests/gpu/test_sample_cuda.py ;;
+    tests_b)
+      run tests_b report "$OUT/gpu_tests_kernels_b.json" tests/gpu/test_gpt_oss_kernels_cuda.py \
+        tests/runtime/test_mxfp4_moe.py::test_variants_at_gpt_oss_shapes \
+        tests/runtime/test_mxfp4_moe.py::test_kernel_under_cuda_graph_replays_new_routing ;;
+    smollm2)
+      if [ -z "${SMOKE:-}" ] && [ ! -f "$TRTLLM_DFLASH_CACHE/smollm2-135m-instruct/.complete" ]; then
+        echo "FAILED: smollm2: no converted SmolLM2 under $TRTLLM_DFLASH_CACHE (bash benchmarks/gpu_smollm2.sh prep)"; rc=1
+      else
+        run smollm2 report "$OUT/gpu_tests_smollm2.json" \
+          "tests/gpu/test_smollm2_cuda.py::test_greedy_dflash_equals_ar_in_float32[triton]" \
+          "tests/gpu/test_smollm2_cuda.py::test_greedy_dflash_vs_ar_in_bf16_within_the_tolerance_policy"
+      fi ;;
+    step)
+      if [ -n "${SMOKE:-}" ]; then BENCH=(--smoke --ctx 16 --steps 2 --batch 1); else BENCH=(--ctx 512 --steps 15 --batch 1,64); fi
+      run step_triton "$PY" benchmarks/step_bench.py --models "${MODELS:-smollm2-135m,qwen3-8b,llama-3.1-8b}" --profile \
+        --attention_kernel triton "${BENCH[@]}" --out "$OUT/step_bench_triton.json"
+      [ -n "${SMOKE:-}" ] || run step_torch "$PY" benchmarks/step_bench.py --models llama-3.1-8b --profile \
+        --attention_kernel torch "${BENCH[@]}" --out "$OUT/step_bench_torch.json" ;;
+    gptoss)
+      if [ -n "${SMOKE:-}" ]; then
+        run gptoss_smoke "$PY" benchmarks/gpt_oss_step.py --tiny --device cpu --batch_sizes 1 --blocks 10 --iters 2 \
+          --out "$OUT/gpt_oss_smoke.json"
+      else
+        run gptoss20b "$PY" benchmarks/gpt_oss_step.py --target gpt-oss-20b --batch_sizes 1 --blocks 8 --iters 15 \
+          --profile --out "$OUT/gpt_oss_20b_step.json"
+        run gptoss120b "$PY" benchmarks/gpt_oss_step.py --target gpt-oss-120b --batch_sizes 1 --blocks 10 --iters 15 \
+          --profile --out "$OUT/gpt_oss_120b_step.json"
+      fi ;;
+    *) echo "unknown stage $stage (tests_a, tests_b, smollm2, step, gptoss)" >&2; exit 2 ;;
+  esac
 done
 exit $rc
