@@ -24,18 +24,34 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("tests", nargs="+", help="test files or node ids")
     p.add_argument("--out", required=True, help="JSON report path")
+    p.add_argument("--max_s", type=float, default=None,
+                   help="stop pytest after this many seconds and report the tests that finished (exit 124)")
     args = p.parse_args(argv)
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-rA", "-q", "-p", "no:cacheprovider", *args.tests]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    out = proc.stdout + proc.stderr
+    # -v: one line per test as it finishes, so a run stopped at --max_s still says which tests passed
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-rA", "-v", "-p", "no:cacheprovider", *args.tests]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.max_s)
+        out, returncode, stopped = proc.stdout + proc.stderr, proc.returncode, ""
+    except subprocess.TimeoutExpired as err:
+        text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
+        out, returncode = text(err.stdout) + text(err.stderr), 124
+        stopped = f"stopped after {args.max_s:.0f} s (--max_s); "
     print(out[-6000:])
-    per_test = [{"test": t, "outcome": o} for o, t in re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED)\s+(\S+)", out, re.M)]
-    summary = next((line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed|error)", line)), "")
+    outcome = {}
+    for t, o in re.findall(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED)", out, re.M):
+        outcome[t] = o
+    for o, t in re.findall(r"^(PASSED|FAILED|ERROR)\s+(\S+::\S+)", out, re.M):   # -rA's summary lines
+        outcome[t] = o
+    per_test = [{"test": t, "outcome": o} for t, o in outcome.items()]
+    summary = next((line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed|error|skipped)", line)), "")
+    if stopped:
+        counts = {o: sum(v == o for v in outcome.values()) for o in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
+        summary = stopped + ", ".join(f"{n} {o.lower()}" for o, n in counts.items() if n) + " so far"
     report = {"provenance": record(["gpu_test_report.py", *(argv if argv is not None else sys.argv[1:])]),
-              "pytest_command": " ".join(["python", "-m", "pytest", *cmd[3:]]), "returncode": proc.returncode,
+              "pytest_command": " ".join(["python", "-m", "pytest", *cmd[3:]]), "returncode": returncode,
               "summary": summary.strip("= "), "tests": per_test, "output_tail": out[-4000:]}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    return proc.returncode
+    return returncode
 
 
 if __name__ == "__main__":

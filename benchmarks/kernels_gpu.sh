@@ -10,11 +10,12 @@
 #   smollm2    the real SmolLM2 pair (converted by `bash benchmarks/gpu_smollm2.sh prep` into $TRTLLM_DFLASH_CACHE):
 #              greedy DFlash == AR in float32 with the kernels, bf16 under the divergence policy with and without
 #                                                                                         -> gpu_tests_smollm2.json
-#   step       benchmarks/step_bench.py --profile, batch 1 and 64: smollm2-135m, qwen3-8b, llama-3.1-8b with the
+#   step       benchmarks/step_bench.py --profile at batch $BATCH (default 1): smollm2-135m, qwen3-8b, llama-3.1-8b with the
 #              kernels, and llama-3.1-8b with the torch path (the earlier files hold the others' torch rows)
 #                                                                     -> step_bench_triton.json, step_bench_torch.json
 #   gptoss     benchmarks/gpt_oss_step.py at batch 1 (AR and DFlash), kernels on: gpt-oss-20b (block 8), then
 #              gpt-oss-120b (block 10) when the GPU holds its 68 GB of weights  -> gpt_oss_{20b,120b}_step.json
+# TEST_MAX_S (default 300) stops a test stage's pytest and reports the tests that finished.
 # SMOKE=1 runs each stage's CPU twin (kernels in Triton's interpreter, tiny shapes). Exit status: non-zero if any
 # part failed.
 set -uo pipefail
@@ -38,7 +39,7 @@ report() {   # out.json, tests...: GPU tests on CUDA, their interpreter twins un
   local out=$1
   shift
   if [ -n "${SMOKE:-}" ]; then "$PY" -m pytest -q -p no:cacheprovider "$@"
-  else "$PY" benchmarks/gpu_test_report.py "$@" --out "$out"; fi
+  else "$PY" benchmarks/gpu_test_report.py "$@" --out "$out" --max_s "${TEST_MAX_S:-300}"; fi
 }
 for stage in "$@"; do
   case $stage in
@@ -58,7 +59,7 @@ for stage in "$@"; do
           "tests/gpu/test_smollm2_cuda.py::test_greedy_dflash_vs_ar_in_bf16_within_the_tolerance_policy"
       fi ;;
     step)
-      if [ -n "${SMOKE:-}" ]; then BENCH=(--smoke --ctx 16 --steps 2 --batch 1); else BENCH=(--ctx 512 --steps 15 --batch 1,64); fi
+      if [ -n "${SMOKE:-}" ]; then BENCH=(--smoke --ctx 16 --steps 2 --batch 1); else BENCH=(--ctx 512 --steps 15 --batch ${BATCH:-1}); fi
       run step_triton "$PY" benchmarks/step_bench.py --models "${MODELS:-smollm2-135m,qwen3-8b,llama-3.1-8b}" --profile \
         --attention_kernel triton "${BENCH[@]}" --out "$OUT/step_bench_triton.json"
       [ -n "${SMOKE:-}" ] || run step_torch "$PY" benchmarks/step_bench.py --models llama-3.1-8b --profile \
