@@ -11,6 +11,7 @@ import argparse
 import json
 import re
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -18,6 +19,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trtllm_dflash.provenance import record  # noqa: E402
+
+
+def junit_details(xml: Path) -> dict[str, dict]:
+    """node id -> {"seconds", "message" (failure/error text, first 3000 chars), "properties"} from pytest's junit XML
+    (absent when pytest was stopped before writing it)."""
+    import xml.etree.ElementTree as ET
+    if not xml.exists():
+        return {}
+    found = {}
+    for case in ET.parse(xml).iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        entry = {"seconds": round(float(case.get("time", 0)), 2)}
+        for tag in ("failure", "error"):
+            bad = case.find(tag)
+            if bad is not None:
+                entry["message"] = ((bad.get("message") or "") + "\n" + (bad.text or ""))[:3000]
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        if props:
+            entry["properties"] = props
+        found[f"{module}.py::{case.get('name')}"] = entry
+    return found
 
 
 def main(argv=None) -> int:
@@ -28,7 +50,11 @@ def main(argv=None) -> int:
                    help="stop pytest after this many seconds and report the tests that finished (exit 124)")
     args = p.parse_args(argv)
     # -v: one line per test as it finishes, so a run stopped at --max_s still says which tests passed
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-rA", "-v", "-p", "no:cacheprovider", *args.tests]
+    # --show-capture=no: captured DEBUG logs (torch's tracer logs at that level) once buried the failure messages;
+    # junit XML: every test's failure message and record_property values go into the report
+    xml = Path(tempfile.mkdtemp()) / "junit.xml"
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-rA", "-v", "-p", "no:cacheprovider", "--show-capture=no",
+           f"--junitxml={xml}", *args.tests]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.max_s)
         out, returncode, stopped = proc.stdout + proc.stderr, proc.returncode, ""
@@ -42,7 +68,8 @@ def main(argv=None) -> int:
         outcome[t] = o
     for o, t in re.findall(r"^(PASSED|FAILED|ERROR)\s+(\S+::\S+)", out, re.M):   # -rA's summary lines
         outcome[t] = o
-    per_test = [{"test": t, "outcome": o} for t, o in outcome.items()]
+    details = junit_details(xml)
+    per_test = [{"test": t, "outcome": o, **details.get(t, {})} for t, o in outcome.items()]
     summary = next((line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed|error|skipped)", line)), "")
     if stopped:
         counts = {o: sum(v == o for v in outcome.values()) for o in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
