@@ -9,15 +9,12 @@ For each model's (--models, public configs) qkv_proj (with input_layernorm folde
 epilogue) and lm_head (plain) at M rows (--M): cuBLAS F.linear alone and with its torch prologue / epilogue
 (the compiled rms_norm before it; the residual add; the compiled silu_mul), against the Triton kernel at its
 default config (pick_config) and at a few other tile configs; for the NORM GEMMs also ``triton_unfused``, the
-compiled rms_norm + the Triton GEMM without NORM at the default config (the path before the fold); above
-GEMM_MAX_ROWS the runtime does not fold (at_rows), so neither does the bench. Every variant is captured in a CUDA
-graph (as the runtime replays decode steps) and the replay timed with CUDA events, median of --reps. Each replay
-runs the GEMM over copies of the weight totalling >= 256 MB, so weights stream from HBM rather than from the 50 MB
-L2; times are per GEMM. Bandwidth = bytes that must move (weight + x + out, + residual, + norm weight) / time, and
-its fraction of the copy bandwidth measured in the same run. In the runtime the unfused residual add rides in the
-next add + RMSNorm kernel, so for o_proj / down (and lm_head) the baseline that counts is cuBLAS alone; for qkv it
-is rms_norm + cuBLAS, for gate_up rms_norm + cuBLAS + silu_mul (cublas_epilogue; above GEMM_MAX_ROWS: cuBLAS alone
-for qkv, cuBLAS + silu_mul for gate_up).
+compiled rms_norm + the Triton GEMM without NORM at the default config (the path before the fold). Every variant is captured in a CUDA graph (as the runtime replays decode steps)
+and the replay timed with CUDA events, median of --reps. Each replay runs the GEMM over copies of the weight
+totalling >= 256 MB, so weights stream from HBM rather than from the 50 MB L2; times are per GEMM.
+Bandwidth = bytes that must move (weight + x + out, + residual) / time, and its fraction of the copy bandwidth
+measured in the same run. In the runtime the unfused residual add rides in the next add + RMSNorm kernel, so for
+qkv / o_proj / down the baseline that counts is cuBLAS alone; for gate_up it is cuBLAS + silu_mul.
 The summary's ``best`` is the fastest config per shape, ``default`` pick_config's: where best beats default
 clearly, pick_config should be changed; where cuBLAS beats the best Triton config at some M, GEMM_MAX_ROWS (or a
 per-shape rule) should route that M to cuBLAS. A config that fails to compile is recorded under "errors".
@@ -57,16 +54,6 @@ def gemms(cfg: dict) -> list[tuple[str, int, int, str]]:
     return [("qkv_proj", hidden, (heads + 2 * kv) * d, "norm"), ("o_proj", heads * d, hidden, "residual"),
             ("gate_up_proj", hidden, inter, "norm_silu_mul"), ("down_proj", inter, hidden, "residual"),
             ("lm_head", hidden, cfg["vocab_size"], "none")]   # not routed here (yet): is it worth it?
-
-
-def at_rows(epilogue: str, M: int) -> str:
-    """The epilogue the runtime runs at M rows: the norms fold into the GEMM only where all four projections run
-    on the Triton GEMM (models/llama.py DecoderLayer.folds_norms: M <= GEMM_MAX_ROWS); above, the norm is a
-    kernel of its own and qkv / gate_up run as before."""
-    from trtllm_dflash.runtime.kernels import GEMM_MAX_ROWS
-    if M <= GEMM_MAX_ROWS or not epilogue.startswith("norm"):
-        return epilogue
-    return epilogue.removeprefix("norm").removeprefix("_") or "none"
 
 
 def candidates(G, M: int, smoke: bool) -> list:
@@ -114,8 +101,7 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
         variants["cublas_epilogue"] = lambda: [F.linear(x, w) + r for w in ws]
     default = G.pick_config(M, N, K, gated, elem, G.num_sms(dev))
     if normed:   # main's path before the fold: the compiled rms_norm, then the GEMM without NORM
-        plain = ((lambda xn, w: G.gate_up_silu(xn, w, default)) if gated
-                 else (lambda xn, w: G.linear(xn, w, cfg=default)))
+        plain = (lambda xn, w: G.gate_up_silu(xn, w, default)) if gated else (lambda xn, w: G.linear(xn, w, cfg=default))
         variants["triton_unfused"] = lambda: [plain(rms_norm(x, g, eps), w) for w in ws]
     configs = {"default": default, **{label(c): c for c in candidates(G, M, args.smoke) if c != default}}
     for key, c in configs.items():
@@ -191,9 +177,8 @@ def compile_stats(G, cfg, epilogue: str, M: int, N: int, K: int, arch: int) -> d
 def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> None:
     done = {}
     for model, cfg in shapes.items():
-        for name, K, N, gemm_epilogue in gemms(cfg):
+        for name, K, N, epilogue in gemms(cfg):
             for M in ms:
-                epilogue = at_rows(gemm_epilogue, M)
                 default = G.pick_config(M, N, K, epilogue.endswith("silu_mul"), 2, 132)
                 for c in [default, *(c for c in candidates(G, M, smoke=False) if c != default)]:
                     key = (c, epilogue, N % c.block_n == 0 and K % c.block_k == 0, M == 1)
@@ -203,8 +188,7 @@ def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> Non
                             done[key] = compile_stats(G, c, epilogue, M, N, K, arch)
                         except Exception as err:   # noqa: BLE001 - recorded, the others still compile
                             done[key] = {"error": repr(err)[:500]}
-                    row = {"model": model, "gemm": name, "epilogue": epilogue, "M": M, "config": label(c),
-                           "default": c == default,
+                    row = {"model": model, "gemm": name, "M": M, "config": label(c), "default": c == default,
                            **done[key]}
                     result["rows"].append(row)
                     if "error" in row:
@@ -226,8 +210,7 @@ def summarize(rows: list[dict]) -> dict:
             "best": r["best"], "best_us": round(r["best_us"], 2),
             "best_bw_fraction": round(r["bw_fraction"][f"triton_{r['best']}" if r["best"] != r["default_config"]
                                                         else "triton_default"], 3),
-            "baseline_us": round(r["us"]["cublas_epilogue" if r["epilogue"] != "residual" and r["epilogue"] != "none"
-                                     else "cublas"], 2),
+            "baseline_us": round(r["us"]["cublas_epilogue" if r["epilogue"].startswith(("norm", "silu")) else "cublas"], 2),
             "default_speedup_vs_baseline": round(r["default_speedup_vs_baseline"], 3)}
     # the issue's goal: the 8B shapes stream weights at >= 85% of the copy bandwidth at M = 1 (else cuBLAS there)
     out["m1_8b_default_bw_fraction"] = {k: v["default_bw_fraction"] for k, v in out.items()
@@ -282,8 +265,8 @@ def main(argv=None) -> int:
             for name, K, N, epilogue in gemms(cfg):
                 for M in args.M:
                     try:
-                        result["rows"].append(bench_shape(G, model, name, K, N, at_rows(epilogue, M), M, args, dev,
-                                                          dtype, cuda_time, graphed, meta["copy_bw_bytes_per_s"],
+                        result["rows"].append(bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype,
+                                                          cuda_time, graphed, meta["copy_bw_bytes_per_s"],
                                                           result["errors"]))
                     except Exception as err:   # noqa: BLE001 - recorded; the other shapes still run
                         result["errors"][f"{model}/{name}/M{M}"] = repr(err)[:500]
