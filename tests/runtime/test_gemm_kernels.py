@@ -257,9 +257,9 @@ def _count(monkeypatch, owner, names, calls, key=lambda name, args, kw: name):
 def test_target_layers_with_the_gemm_kernels(tp, monkeypatch):
     """Prefill then a decode step of 3 tokens through the target (float32): hidden states and the feature taps
     with the kernels == the torch path. What the decode step runs: at tp 1 o_proj and down add the residual in
-    their epilogue and both norms of a layer run inside qkv's and gate_up's GEMM (6 kernels per layer, no
-    cuBLAS, no silu_mul, one RMSNorm kernel: the model's final norm); at tp 2 the residual must join after the
-    all-reduce, in the add + norm, and the norms stay kernels."""
+    their epilogue and both norms of a layer run inside qkv's and gate_up's GEMM (6 kernels per layer + the
+    attention's combine, no cuBLAS, no silu_mul, one RMSNorm kernel: the model's final norm); at tp 2 the
+    residual must join after the all-reduce, in the add + norm, and the norms stay kernels."""
     G = kernels()
     from trtllm_dflash.runtime.kv_cache import KVCache
     from trtllm_dflash.runtime.models.llama import set_attention_kernel

@@ -180,10 +180,10 @@ class DecoderLayer(nn.Module):
     On the decode path with the Triton kernels at tp 1 (fuses_residual), o_proj and down_proj add the residual
     in their GEMM's epilogue; where all four projections run there (folds_norms), the two norms run inside the
     GEMMs they feed too (qkv_proj reads x, gate_up_proj reads x + attn): qkv, rope + cache write, attention,
-    o_proj + residual, gate_up + SiLU, down + residual = 6 kernels per layer (a split attention merges its
-    partials in its own last program), and the model runs its final norm on the last y. y is a new tensor on
-    every path (nothing is written in place) and always the down GEMM's output + residual, so the feature taps
-    read the layer output; what the fold changes is only where the norms' roundings fall (kernels/gemm.py)."""
+    o_proj + residual, gate_up + SiLU, down + residual = 6 kernels per layer (+ attention's combine where it
+    splits the cache), and the model runs its final norm on the last y. y is a new tensor on every path
+    (nothing is written in place) and always the down GEMM's output + residual, so the feature taps read the
+    layer output; what changes with the fold is only where the norms' roundings fall (kernels/gemm.py)."""
 
     def __init__(self, c, tp: TPGroup, attn: nn.Module):
         super().__init__()
