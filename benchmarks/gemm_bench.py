@@ -4,12 +4,11 @@
     python benchmarks/gemm_bench.py --out gemm_h100.json
     python benchmarks/gemm_bench.py --smoke --out /tmp/gemm_smoke.json   # tiny shapes, CPU, Triton's interpreter
 
-For each model's (--models, public configs) qkv_proj (with input_layernorm folded in: NORM), o_proj and down_proj
-(with the residual add in the epilogue), gate_up_proj (post_attention_layernorm folded in, SiLU(gate) * up in the
-epilogue) and lm_head (plain) at M rows (--M): cuBLAS F.linear alone and with its torch prologue / epilogue
-(the compiled rms_norm before it; the residual add; the compiled silu_mul), against the Triton kernel at its
-default config (pick_config) and at a few other tile configs; for the NORM GEMMs also ``triton_unfused``, the
-compiled rms_norm + the Triton GEMM without NORM at the default config (the path before the fold). Every variant is captured in a CUDA graph (as the runtime replays decode steps)
+For each model's (--models, public configs) qkv_proj (plain), o_proj and down_proj (with the residual add in the
+epilogue), gate_up_proj (with SiLU(gate) * up in the epilogue) and lm_head (plain; the runtime keeps it on cuBLAS:
+timed to see whether routing it would pay) at M rows (--M): cuBLAS F.linear alone and with its torch epilogue
+(the residual add; the compiled silu_mul), against the Triton kernel at its default config (pick_config) and at
+a few other tile configs. Every variant is captured in a CUDA graph (as the runtime replays decode steps)
 and the replay timed with CUDA events, median of --reps. Each replay runs the GEMM over copies of the weight
 totalling >= 256 MB, so weights stream from HBM rather than from the 50 MB L2; times are per GEMM.
 Bandwidth = bytes that must move (weight + x + out, + residual) / time, and its fraction of the copy bandwidth
@@ -51,8 +50,8 @@ def gemms(cfg: dict) -> list[tuple[str, int, int, str]]:
     hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
     d = cfg.get("head_dim", hidden // cfg["num_attention_heads"])
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    return [("qkv_proj", hidden, (heads + 2 * kv) * d, "norm"), ("o_proj", heads * d, hidden, "residual"),
-            ("gate_up_proj", hidden, inter, "norm_silu_mul"), ("down_proj", inter, hidden, "residual"),
+    return [("qkv_proj", hidden, (heads + 2 * kv) * d, "none"), ("o_proj", heads * d, hidden, "residual"),
+            ("gate_up_proj", hidden, inter, "silu_mul"), ("down_proj", inter, hidden, "residual"),
             ("lm_head", hidden, cfg["vocab_size"], "none")]   # not routed here (yet): is it worth it?
 
 
@@ -73,7 +72,7 @@ def label(c) -> str:
 
 
 def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, graphed, bw, errors) -> dict:
-    gated, normed = epilogue.endswith("silu_mul"), epilogue.startswith("norm")
+    gated = epilogue == "silu_mul"
     rows = 2 * N if gated else N
     elem = torch.finfo(dtype).bits // 8
     w_bytes = rows * K * elem
@@ -82,36 +81,26 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
     ws = [torch.randn(rows, K, generator=gen, device=dev, dtype=dtype) / K ** 0.5 for _ in range(copies)]
     x = torch.randn(M, K, generator=gen, device=dev, dtype=dtype)
     r = torch.randn(M, N, generator=gen, device=dev, dtype=dtype) if epilogue == "residual" else None
-    g = torch.empty(K, device=dev, dtype=dtype).uniform_(0.5, 1.5, generator=gen) if normed else None
-    eps = 1e-6
-    norm = (g, eps) if normed else None
-    moved = w_bytes + (M * K + M * N * (2 if r is not None else 1) + (K if normed else 0)) * elem  # + residual, g
-    from trtllm_dflash.runtime.models.layers import rms_norm, silu_mul
+    moved = w_bytes + (M * K + M * N * (2 if r is not None else 1)) * elem   # weight + x + out (+ residual)
+    from trtllm_dflash.runtime.models.layers import silu_mul
 
     def triton(cfg):
         if gated:
-            return lambda: [G.gate_up_silu(x, w, cfg, norm) for w in ws]
-        return lambda: [G.linear(x, w, None, r, cfg, norm) for w in ws]
+            return lambda: [G.gate_up_silu(x, w, cfg) for w in ws]
+        return lambda: [G.linear(x, w, None, r, cfg) for w in ws]
 
     variants = {"cublas": lambda: [F.linear(x, w) for w in ws]}
-    if normed:   # the norm runs once per GEMM in the runtime: once per weight copy here too
-        epi = (lambda y: silu_mul(y)) if gated else (lambda y: y)
-        variants["cublas_epilogue"] = lambda: [epi(F.linear(rms_norm(x, g, eps), w)) for w in ws]
+    if gated:
+        variants["cublas_epilogue"] = lambda: [silu_mul(F.linear(x, w)) for w in ws]
     elif r is not None:
         variants["cublas_epilogue"] = lambda: [F.linear(x, w) + r for w in ws]
     default = G.pick_config(M, N, K, gated, elem, G.num_sms(dev))
-    if normed:   # main's path before the fold: the compiled rms_norm, then the GEMM without NORM
-        plain = (lambda xn, w: G.gate_up_silu(xn, w, default)) if gated else (lambda xn, w: G.linear(xn, w, cfg=default))
-        variants["triton_unfused"] = lambda: [plain(rms_norm(x, g, eps), w) for w in ws]
     configs = {"default": default, **{label(c): c for c in candidates(G, M, args.smoke) if c != default}}
     for key, c in configs.items():
         variants[f"triton_{key}"] = triton(c)
 
     # the default config against float64 here (tests/gpu/test_gemm_cuda.py checks every candidate config)
-    xd = x.double()
-    if normed:
-        xd = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * g.double()
-    y64 = xd @ ws[0].double().T
+    y64 = x.double() @ ws[0].double().T
     want = F.silu(y64[:, :N]) * y64[:, N:] if gated else y64 + (r.double() if r is not None else 0)
     got = triton(default)()[0]
     row = {"model": model, "gemm": name, "epilogue": epilogue, "M": M, "N": N, "K": K, "weight_copies": copies,
@@ -125,23 +114,22 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
             errors[f"{model}/{name}/M{M}/{key}"] = repr(err)[:500]
     row["GBps"] = {k: moved / us / 1e3 for k, us in row["us"].items()}
     row["bw_fraction"] = {k: moved / (us * 1e-6) / bw for k, us in row["us"].items()}
-    tri = {k: v for k, v in row["us"].items() if k.startswith("triton_") and k != "triton_unfused"}   # configs
+    tri = {k: v for k, v in row["us"].items() if k.startswith("triton_")}
     if tri:
         best = min(tri, key=tri.get)
         row["best"] = best.removeprefix("triton_").replace("default", label(default))
         row["best_us"] = tri[best]
-        base = row["us"].get("cublas_epilogue" if gated or normed else "cublas")
+        base = row["us"].get("cublas_epilogue" if gated else "cublas")
         row["default_speedup_vs_baseline"] = base / tri["triton_default"] if base and "triton_default" in tri else None
         row["best_speedup_vs_baseline"] = base / tri[best] if base else None
     print(f"{model:14s} {name:13s} M={M:3d} N={N:6d} K={K:6d}  " + "  ".join(
         f"{k}={v:.1f}us({row['bw_fraction'][k]:.0%})" for k, v in row["us"].items()
-        if k in ("cublas", "cublas_epilogue", "triton_unfused", "triton_default") or k == f"triton_{row.get('best')}")
+        if k in ("cublas", "cublas_epilogue", "triton_default") or k == f"triton_{row.get('best')}")
         + f"  best={row.get('best')} err={row['default_rel_err_vs_f64']:.1e}", flush=True)
     return row
 
 
-KERNEL_ARGS = ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "g_ptr", "out_ptr", "M", "N", "K", "up_off", "s_xm", "s_wn", "s_rm",
-               "s_om", "eps")
+KERNEL_ARGS = ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "out_ptr", "M", "N", "K", "up_off", "s_xm", "s_wn", "s_rm", "s_om")
 MAX_SHARED = 227 * 1024   # bytes of shared memory one block may use on an H100 (sm_90)
 
 
@@ -154,13 +142,12 @@ def compile_stats(G, cfg, epilogue: str, M: int, N: int, K: int, arch: int) -> d
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    gated = epilogue.endswith("silu_mul")
-    consts = G.constexprs(cfg, N, K, gated, False, epilogue == "residual", torch.bfloat16, epilogue.startswith("norm"))
+    gated = epilogue == "silu_mul"
+    consts = G.constexprs(cfg, N, K, gated, False, epilogue == "residual", torch.bfloat16)
     values = dict(M=M, N=N, K=K, up_off=N if gated else 0, s_xm=K, s_wn=K, s_rm=N, s_om=N)
-    sig = ({a: "*bf16" if a.endswith("_ptr") else "i32" for a in KERNEL_ARGS} | {"eps": "fp32"}
-           | {c: "constexpr" for c in consts})
+    sig = {a: "*bf16" if a.endswith("_ptr") else "i32" for a in KERNEL_ARGS} | {c: "constexpr" for c in consts}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(KERNEL_ARGS)
-             if a.endswith("_ptr") or a in values and values[a] % 16 == 0 and values[a]}
+             if a.endswith("_ptr") or values[a] % 16 == 0 and values[a]}
     k = triton.compile(ASTSource(fn=G._gemm_kernel, signature=sig, constexprs=consts, attrs=attrs),
                        target=GPUTarget("cuda", arch, 32),
                        options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
@@ -179,7 +166,7 @@ def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> Non
     for model, cfg in shapes.items():
         for name, K, N, epilogue in gemms(cfg):
             for M in ms:
-                default = G.pick_config(M, N, K, epilogue.endswith("silu_mul"), 2, 132)
+                default = G.pick_config(M, N, K, epilogue == "silu_mul", 2, 132)
                 for c in [default, *(c for c in candidates(G, M, smoke=False) if c != default)]:
                     key = (c, epilogue, N % c.block_n == 0 and K % c.block_k == 0, M == 1)
                     tag = f"{model}/{name}/M{M}/{label(c)}"
@@ -210,7 +197,7 @@ def summarize(rows: list[dict]) -> dict:
             "best": r["best"], "best_us": round(r["best_us"], 2),
             "best_bw_fraction": round(r["bw_fraction"][f"triton_{r['best']}" if r["best"] != r["default_config"]
                                                         else "triton_default"], 3),
-            "baseline_us": round(r["us"]["cublas_epilogue" if r["epilogue"].startswith(("norm", "silu")) else "cublas"], 2),
+            "baseline_us": round(r["us"]["cublas_epilogue" if r["epilogue"] == "silu_mul" else "cublas"], 2),
             "default_speedup_vs_baseline": round(r["default_speedup_vs_baseline"], 3)}
     # the goal: the 8B shapes stream weights at >= 85% of the copy bandwidth at M = 1 (else cuBLAS there)
     out["m1_8b_default_bw_fraction"] = {k: v["default_bw_fraction"] for k, v in out.items()

@@ -155,7 +155,7 @@ class DFlashDrafter(nn.Module):
             key_pos = torch.arange(kv_len, device=x.device)                  # [S]
             rel = key_pos[None, None, :] - ctx_len[:, None, None]            # [n, 1, S]: key position - block start
         masks = {}  # layers with the same (causal, window) share one mask
-        h = None   # the first layer norms x itself (or in its qkv GEMM)
+        h = self.layers[0].input_layernorm(x)
         for i, layer in enumerate(self.layers):
             a, kind = layer.self_attn, (self.config.layer_causal[i], self.config.layer_window[i])
             if kind not in masks:
@@ -163,7 +163,7 @@ class DFlashDrafter(nn.Module):
                                else group_mask(self._mask(i, rel, B), a.h // a.kvh))
             nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             h, x = layer(h, x, cos, sin, cache, i, rows, positions, masks[kind], kv_len, nxt)
-        return self.norm(x) if h is None else h   # the last layer folded its norms: the final norm is a kernel
+        return h
 
     def _mask(self, layer: int, rel: torch.Tensor, B: int) -> torch.Tensor:
         """-> [n, 1, B, S]. Keys before the block are context (rel < 0); keys 0..B-1 are the block itself,

@@ -276,15 +276,10 @@ _GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         residual: torch.Tensor | None = None, norm: RMSNorm | None = None) -> torch.Tensor:
-    """The Triton GEMM: norm(x) [..., K] @ weight [N, K]^T (+ bias) (+ residual [..., N]) -> [..., N]; ``norm``
-    (the RMSNorm that feeds the projection) runs inside the GEMM on the un-normalised x (kernels/gemm.py NORM)."""
+         residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The Triton GEMM: x [..., K] @ weight [N, K]^T (+ bias) (+ residual [..., N]) -> [..., N]."""
     from ..kernels import gemm as kernels
-    return kernels.linear(x, weight, bias, residual, norm=_norm_args(norm))
-
-
-def _norm_args(norm: RMSNorm | None) -> tuple[torch.Tensor, float] | None:
-    return None if norm is None else (norm.weight, norm.eps)
+    return kernels.linear(x, weight, bias, residual)
 
 
 def project(kernel: str, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -294,14 +289,12 @@ def project(kernel: str, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return lin(x)
 
 
-def gate_up_silu(kernel: str, lin: nn.Module, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
+def gate_up_silu(kernel: str, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up of the fused gate_up projection ``lin`` (weight [2I, K]): x [..., K] -> [..., I]. One
-    Triton kernel where uses_gemm_kernel, else the projection (cuBLAS or FP8) and the compiled silu_mul.
-    ``norm``: x is un-normalised and the kernel applies this RMSNorm (only where the caller's rule,
-    DecoderLayer.folds_norms, has checked uses_gemm_kernel; the other paths take x normalised)."""
-    if norm is not None or uses_gemm_kernel(kernel, lin, x, gated=True):
+    Triton kernel where uses_gemm_kernel, else the projection (cuBLAS or FP8) and the compiled silu_mul."""
+    if uses_gemm_kernel(kernel, lin, x, gated=True):
         from ..kernels import gemm as kernels
-        return kernels.gate_up_silu(x, lin.weight, norm=_norm_args(norm))
+        return kernels.gate_up_silu(x, lin.weight)
     return silu_mul(lin(x))
 
 

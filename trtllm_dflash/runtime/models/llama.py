@@ -87,18 +87,14 @@ class Attention(nn.Module):
         self.kernel = "torch"   # "triton": the fused kernels (set_attention_kernel, RuntimeConfig.attention_kernel)
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
-                residual: torch.Tensor | None = None, norm: RMSNorm | None = None):
+                residual: torch.Tensor | None = None):
         """x [n, T, hidden]; cos/sin [n, T, 1, d]; positions [n, T]; visible [n, 1, T, S], built once per
         forward by the model (group_mask) and shared by its layers, or a KeyRange where the Triton attention
         runs (uses_attention_kernel) -> [n, T, hidden]; with ``residual`` [n, T, hidden] (only where
-        fuses_residual(x)), residual + that, added in o_proj's epilogue; with ``norm`` (only where
-        DecoderLayer.folds_norms), x is un-normalised and qkv_proj's GEMM applies this RMSNorm.
+        fuses_residual(x)), residual + that, added in o_proj's epilogue.
         kv_len None = prefill (attend within this chunk); else over cache[:kv_len] incl. the rows written here."""
         n, T, _ = x.shape
-        if norm is None:
-            qkv = project(self.kernel, self.qkv_proj, x)   # [n, T, (h + 2 kvh) d]
-        else:
-            qkv = gemm(x, self.qkv_proj.weight, self.qkv_proj.bias, norm=norm)
+        qkv = project(self.kernel, self.qkv_proj, x)   # [n, T, (h + 2 kvh) d]
         q, k, v = qkv.view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)  # [n, T, H, d]
         fused_attention = isinstance(visible, KeyRange)
         q, k = rope_cache_write(q, k, v, cos, sin, _weight(self.q_norm), _weight(self.k_norm), self.eps,
@@ -157,10 +153,9 @@ class MLP(nn.Module):
         """Whether forward(x, residual) adds the residual in down_proj's GEMM (Attention.fuses_residual's rule)."""
         return self.tp.size == 1 and uses_gemm_kernel(self.kernel, self.down_proj, x)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, norm: RMSNorm | None = None):
-        # x [n, T, hidden] -> [n, T, hidden] (+ residual [n, T, hidden] in the GEMM, only where fuses_residual;
-        # norm applied to x in gate_up's GEMM, only where DecoderLayer.folds_norms)
-        a = gate_up_silu(self.kernel, self.gate_up_proj, x, norm)   # [n, T, inter / tp]
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        # x [n, T, hidden] -> [n, T, hidden] (+ residual [n, T, hidden] in the GEMM, only where fuses_residual)
+        a = gate_up_silu(self.kernel, self.gate_up_proj, x)   # [n, T, inter / tp]
         if residual is not None:
             return gemm(a, self.down_proj.weight, None, residual)
         return self.tp.all_reduce(project(self.kernel, self.down_proj, a))
@@ -169,21 +164,18 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm decoder layer (Llama family and the DFlash drafter).
 
-    forward(h, x, ..., next_norm) takes the residual stream x and h = this layer's input_layernorm(x) (None
-    where the previous layer did not compute it), and returns (next_norm(y), y) for the layer's output y, or
-    (None, y) where the layer folds its norms. The next layer's input norm (or the model's final norm) thus
-    runs here, fused with the layer's last residual add, as in nano-vllm's ``RMSNorm(x, residual)`` chain: two
-    add+norm kernels per layer; and y, the layer's output, exists as a tensor, so the target's feature taps
-    cost nothing (in nano-vllm's order it only exists inside the next layer's norm, and a tap would add one
-    add kernel).
+    forward(h, x, ..., next_norm) takes the residual stream x and h = this layer's input_layernorm(x), and
+    returns (next_norm(y), y) for the layer's output y. The next layer's input norm (or the model's final
+    norm) thus runs here, fused with the layer's last residual add, as in nano-vllm's
+    ``RMSNorm(x, residual)`` chain: two add+norm kernels per layer; and y, the layer's output, exists as a
+    tensor, so the target's feature taps cost nothing (in nano-vllm's order it only exists inside the next
+    layer's norm, and a tap would add one add kernel).
 
     On the decode path with the Triton kernels at tp 1 (fuses_residual), o_proj and down_proj add the residual
-    in their GEMM's epilogue; where all four projections run there (folds_norms), the two norms run inside the
-    GEMMs they feed too (qkv_proj reads x, gate_up_proj reads x + attn): qkv, rope + cache write, attention,
-    o_proj + residual, gate_up + SiLU, down + residual = 6 kernels per layer (+ attention's combine where it
-    splits the cache), and the model runs its final norm on the last y. y is a new tensor on every path
-    (nothing is written in place) and always the down GEMM's output + residual, so the feature taps read the
-    layer output; what changes with the fold is only where the norms' roundings fall (kernels/gemm.py)."""
+    in their GEMM's epilogue and the norms after them are plain RMSNorms: norm, qkv, rope + cache write,
+    attention, o_proj + residual, norm, gate_up + SiLU, down + residual = 8 kernels per layer (+ attention's
+    combine where it splits the cache). y is a new tensor either way (nothing is written in place), so the
+    feature taps read the same values."""
 
     def __init__(self, c, tp: TPGroup, attn: nn.Module):
         super().__init__()
@@ -192,24 +184,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c.hidden_size, c.intermediate_size, tp)
 
-    def folds_norms(self, x: torch.Tensor) -> bool:
-        """Whether input_layernorm and post_attention_layernorm run inside the qkv and gate_up GEMMs for the
-        residual stream x [n, T, hidden]: tp 1 and all four projections on the Triton GEMM (uses_gemm_kernel;
-        o_proj and down then add the residual in their epilogue, fuses_residual), so the normalised tensors are
-        never needed elsewhere. Prefill rows, tp > 1, FP8 modules and the torch kernel keep the norm kernels."""
-        attn, mlp = self.self_attn, self.mlp
-        return (attn.fuses_residual(x) and mlp.fuses_residual(x) and uses_gemm_kernel(attn.kernel, attn.qkv_proj, x)
-                and uses_gemm_kernel(mlp.kernel, mlp.gate_up_proj, x, gated=True))
-
     def forward(self, h, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
-                next_norm: RMSNorm) -> tuple[torch.Tensor | None, torch.Tensor]:
-        # h (or None), x [n, T, hidden] -> next_norm(y) (None where the norms fold), y [n, T, hidden]
+                next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        # h, x [n, T, hidden] -> next_norm(y), y [n, T, hidden]
         attn, norm = self.self_attn, self.post_attention_layernorm
-        if self.folds_norms(x):   # h, if the previous layer made one, is not needed
-            x = attn(x, cos, sin, cache, layer, rows, positions, visible, kv_len, residual=x, norm=self.input_layernorm)
-            return None, self.mlp(x, residual=x, norm=norm)
-        if h is None:
-            h = self.input_layernorm(x)
         if attn.fuses_residual(h):
             x = attn(h, cos, sin, cache, layer, rows, positions, visible, kv_len, residual=x)
             h = norm(x)
@@ -253,11 +231,10 @@ class LlamaTarget(TargetHead):
             visible = (key_pos[:, None, :] <= positions[:, :, None])[:, None]  # causal by absolute position
             visible = group_mask(visible, a.h // a.kvh)  # built once, shared by every layer
         feats: dict[int, torch.Tensor] = {}
-        h = None   # the first layer norms x itself (or in its qkv GEMM)
+        h = self.layers[0].input_layernorm(x)
         for i, layer in enumerate(self.layers):
             nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             h, x = layer(h, x, cos, sin, cache, i, rows, positions, visible, kv_len, nxt)  # x: layer i's output
             if i in self.capture_layers:
                 feats[i] = x
-        h = self.norm(x) if h is None else h   # the last layer folded its norms: the final norm is a kernel
         return h, torch.cat([feats[i] for i in self.capture_layers], -1) if feats else None
