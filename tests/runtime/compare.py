@@ -12,15 +12,11 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def rms_norm_f64(x, w, eps):
-    """RMSNorm of the last dim with weight ``w``, in float64."""
-    x = x.double()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
-
-
 def rope_f64(x, cos, sin, w, eps):
     """RoPE (after the q/k RMS norm with weight ``w``, when given) in float64."""
-    x = x.double() if w is None else rms_norm_f64(x, w, eps)
+    x = x.double()
+    if w is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
     half = x.shape[-1] // 2
     return x * cos.double() + torch.cat([-x[..., half:], x[..., :half]], -1) * sin.double()
 

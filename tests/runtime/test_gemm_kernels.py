@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.runtime.compare import rel, rms_norm_f64
+from tests.runtime.compare import rel
 from tests.runtime.kernel_engine import engine_with_kernel
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime.distributed import TPGroup
@@ -86,55 +86,6 @@ def test_gate_up_silu_equals_silu_mul_and_float64(dtype, M, I, K):
         assert rel(got, want) < tol, cfg
 
 
-# (M, N, K, x scale, eps): ragged and odd K; the last case makes eps a sizable part of mean(x^2)
-NORM_CASES = [(1, 48, 64, 1.0, 1e-6), (5, 40, 37, 1.0, 1e-6), (19, 32, 96, 0.03, 1e-3)]
-
-
-def norm_operands(M, N, K, dtype, scale):
-    x, w, b, _ = operands(M, N, K, dtype)
-    g = torch.empty(K).uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(2)).to(dtype)  # away from 1
-    return (x.float() * scale).to(dtype), w, b, g
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("M,N,K,scale,eps", NORM_CASES)
-@pytest.mark.parametrize("bias", [False, True])
-def test_linear_with_norm_equals_rms_norm_f_linear_and_float64(dtype, M, N, K, scale, eps, bias):
-    """linear(x, norm=(g, eps)) == F.linear(rms_norm(x)) (the path it replaces) and the float64 reference.
-    Tolerances (TOL) as above: the fold moves the model-dtype roundings (x * g once here; x * rsqrt, then g *
-    that, in the torch path), each 2^-11 relative in float16, so both paths stay within a few roundings of the
-    float64 result, which is what TOL's float16 pair allows; in float32 nothing is rounded to a narrower type."""
-    G = kernels()
-    x, w, b, g = norm_operands(M, N, K, dtype, scale)
-    b = b if bias else None
-    want64 = rms_norm_f64(x, g, eps) @ w.double().T + (b.double() if bias else 0)
-    want = F.linear(L.rms_norm.eager(x, g, eps), w, b)
-    tol64, tol = TOL[dtype]
-    for cfg in configs(G):
-        got = G.linear(x[None], w, b, None, cfg, norm=(g, eps))[0]
-        assert got.shape == (M, N) and got.dtype == dtype
-        assert rel(got, want64) < tol64, cfg
-        assert rel(got, want) < tol, cfg
-    assert rel(G.linear(x, w, b), want64) > 10 * tol64   # the norm is not a no-op at these operands
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("M,I,K,scale,eps", NORM_CASES)
-def test_gate_up_silu_with_norm_equals_the_torch_path_and_float64(dtype, M, I, K, scale, eps):
-    """gate_up_silu(x, norm=(g, eps)) == silu_mul(F.linear(rms_norm(x))) and float64; tolerances as above."""
-    G = kernels()
-    x, w, _, g = norm_operands(M, 2 * I, K, dtype, scale)
-    y = rms_norm_f64(x, g, eps) @ w.double().T
-    want64 = F.silu(y[:, :I]) * y[:, I:]
-    want = L.silu_mul.eager(F.linear(L.rms_norm.eager(x, g, eps), w))
-    tol64, tol = TOL[dtype]
-    for cfg in configs(G):
-        got = G.gate_up_silu(x, w, cfg, norm=(g, eps))
-        assert got.shape == (M, I) and got.dtype == dtype
-        assert rel(got, want64) < tol64, cfg
-        assert rel(got, want) < tol, cfg
-
-
 def test_rows_do_not_depend_on_the_batch_up_to_16():
     G = kernels()
     x, w, _, r = operands(16, 32, 64, torch.float32)
@@ -153,8 +104,6 @@ def test_strided_rows_and_errors():
         G.linear(x[:, :16], w)
     with pytest.raises(ValueError, match="residual"):
         G.linear(x, w, residual=torch.zeros(3, 8))
-    with pytest.raises(ValueError, match="norm weight"):
-        G.linear(x, w, norm=(torch.ones(16), 1e-6))
     with pytest.raises(ValueError, match="even number of rows"):
         G.gate_up_silu(x, w[:15])
     with pytest.raises(ValueError, match=">= 16"):

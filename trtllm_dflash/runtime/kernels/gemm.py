@@ -8,19 +8,6 @@ the MLP's and the residual stream's elementwise work fused into the epilogue (Ru
   gate_up_silu  out [M, I] = SiLU(x @ Wg^T) * (x @ Wu^T) for gate_up_proj's weight [2I, K] (gate rows, then up
                 rows, as the runtime fuses them at load): each program computes the gate and the up tile of the
                 same output columns, so the [M, 2I] intermediate and the silu_mul kernel disappear.
-  norm=(g, eps) (either GEMM): x is the un-normalised residual stream and the GEMM applies the RMSNorm that
-                feeds it, out = (x * rsqrt(mean(x^2) + eps) * g) @ W^T, so the decoder layer's input_layernorm
-                (into qkv_proj) and post_attention_layernorm (into gate_up_proj) are no kernels of their own.
-                The program walks all of K per row tile anyway: it sums x^2 per row in float32 from the x tiles
-                it loads, multiplies each x tile by g's [BLOCK_K] slice before the inner product, and scales
-                the float32 accumulator by rsqrt(ss / K + eps) in the epilogue (before bias and SiLU). Rounding:
-                the unfused path (layers._rms, as HF's LlamaRMSNorm) rounds x * rsqrt to the model dtype and then
-                w * that, and the GEMM reads the rounded product; here x * g is rounded once to the model dtype
-                (tl.dot takes the model dtype; the FMA path rounds identically so both inner products agree) and
-                the rsqrt scale is applied in float32. Either way each GEMM input element carries about one or
-                two roundings of the model dtype (2^-8 relative in bf16) in different places, so the two paths
-                differ by O(u) * sum_k |x_k g_k w_k| * rsqrt per output, the size of the unfused path's own
-                error; tests/runtime/test_gemm_kernels.py bounds both against float64 with that term.
 
 One program per (BLOCK_M rows, BLOCK_N output columns) walks all of K: weights are read once per row tile,
 accumulation is float32, the epilogue rounds once to the model dtype, and each GEMM is one kernel. No split-K
@@ -45,7 +32,6 @@ import triton
 import triton.language as tl
 
 SMEM_BUDGET = 160 * 1024   # bytes of pipelined tiles per program (H100: 227 KB per block; headroom for Triton)
-# (NORM's g slice, BLOCK_K elements per stage, is < 2.5 KB of that headroom at BLOCK_K 256, 4 stages: not counted)
 
 
 @dataclass(frozen=True)
@@ -130,9 +116,9 @@ def _inner(x, w, acc, DOT: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, out_ptr, M, N, K, up_off, s_xm, s_wn, s_rm, s_om, eps,
+def _gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, K, up_off, s_xm, s_wn, s_rm, s_om,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GATED: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr, NORM: tl.constexpr,
+                 GATED: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
                  EVEN_W: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -145,24 +131,14 @@ def _gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, out_ptr, M, N, K, up_off, s_
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * s_wn + rk[None, :]            # [BN, BK] gate (or only) rows
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)                                 # NORM: sum of x^2 per row
     for k0 in range(0, K, BLOCK_K):
         k_ok = k0 + rk < K
         x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if NORM:   # ragged K: masked x is 0, so it adds nothing to ss nor, times g's 0, to the product
-            xf = x.to(tl.float32)
-            ss += tl.sum(xf * xf, 1)
-            g = tl.load(g_ptr + k0 + rk, mask=k_ok, other=0.0).to(tl.float32)   # [BK]
-            x = (xf * g[None, :]).to(x_ptr.dtype.element_ty)
         acc = _inner(x, _load_w(w_ptrs, n_ok, k_ok, EVEN_W), acc, DOT, IEEE)
         if GATED:   # up rows: the same columns, up_off rows further down the weight
             acc_up = _inner(x, _load_w(w_ptrs + up_off * s_wn, n_ok, k_ok, EVEN_W), acc_up, DOT, IEEE)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if NORM:   # rows past M have ss = 0: rsqrt(eps), finite for eps > 0, and never stored
-        scale = tl.math.rsqrt(ss / K + eps)[:, None]                          # [BM, 1]
-        acc = acc * scale
-        acc_up = acc_up * scale
     if BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
@@ -173,16 +149,15 @@ def _gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, out_ptr, M, N, K, up_off, s_
     tl.store(out_ptr + rm[:, None].to(tl.int64) * s_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mn_ok)
 
 
-def constexprs(cfg: Config, N: int, K: int, gated: bool, bias: bool, residual: bool, dtype: torch.dtype,
-               norm: bool = False) -> dict:
+def constexprs(cfg: Config, N: int, K: int, gated: bool, bias: bool, residual: bool, dtype: torch.dtype) -> dict:
     """_gemm_kernel's compile-time arguments for a launch (benchmarks/gemm_bench.py --compile_only compiles the
     same set for a GPU architecture without a GPU)."""
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GATED=gated, BIAS=bias,
-                RESIDUAL=residual, NORM=norm, EVEN_W=N % cfg.block_n == 0 and K % cfg.block_k == 0, DOT=cfg.block_m > 1,
+                RESIDUAL=residual, EVEN_W=N % cfg.block_n == 0 and K % cfg.block_k == 0, DOT=cfg.block_m > 1,
                 IEEE=dtype == torch.float32)
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, norm, N: int, gated: bool, cfg: Config | None):
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated: bool, cfg: Config | None):
     K = x.shape[-1]
     if weight.shape[-1] != K or weight.stride(-1) != 1 or x.stride(-1) != 1:
         raise ValueError(f"x [..., {K}] and weight {tuple(weight.shape)} must share K with contiguous rows")
@@ -197,34 +172,28 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, norm, N: int,
         if residual.shape[:-1] != x.shape[:-1] or residual.shape[-1] != N or residual.stride(-1) != 1:
             raise ValueError(f"residual {tuple(residual.shape)} must be x's rows x {N} with contiguous rows")
         r2 = residual.reshape(-1, N)
-    g, eps = (weight, 0.0) if norm is None else norm
-    if norm is not None and (g.shape != (K,) or g.stride(0) != 1):
-        raise ValueError(f"norm weight {tuple(g.shape)} must be [{K}], contiguous")
     if M:
         grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m))
         _gemm_kernel[grid](
-            x2, weight, bias if bias is not None else weight, r2, g, out, M, N, K, N if gated else 0,
-            x2.stride(0), weight.stride(0), r2.stride(0), out.stride(0), float(eps),
-            **constexprs(cfg, N, K, gated, bias is not None, residual is not None, x.dtype, norm is not None),
+            x2, weight, bias if bias is not None else weight, r2, out, M, N, K, N if gated else 0,
+            x2.stride(0), weight.stride(0), r2.stride(0), out.stride(0),
+            **constexprs(cfg, N, K, gated, bias is not None, residual is not None, x.dtype),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out.view(*x.shape[:-1], N)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           residual: torch.Tensor | None = None, cfg: Config | None = None,
-           norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+           residual: torch.Tensor | None = None, cfg: Config | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) (+ residual [..., N]) -> [..., N] in x's dtype (F.linear's
-    layout; float32 accumulation, one rounding at the end). ``cfg`` None = pick_config. ``norm`` (g [K], eps):
-    RMSNorm x with weight g first, inside the GEMM (the module docstring's NORM option)."""
+    layout; float32 accumulation, one rounding at the end). ``cfg`` None = pick_config."""
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias {tuple(bias.shape)} must be [{weight.shape[0]}]")
-    return _launch(x, weight, bias, residual, norm, weight.shape[0], False, cfg)
+    return _launch(x, weight, bias, residual, weight.shape[0], False, cfg)
 
 
-def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, cfg: Config | None = None,
-                 norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, cfg: Config | None = None) -> torch.Tensor:
     """x [..., K], weight [2I, K] (gate rows then up rows) -> SiLU(x @ gate^T) * (x @ up^T) [..., I]: the
-    gate_up GEMM and layers.silu_mul in one kernel (``norm``: as in linear)."""
+    gate_up GEMM and layers.silu_mul in one kernel."""
     if weight.shape[0] % 2:
         raise ValueError(f"gate_up weight {tuple(weight.shape)}: needs an even number of rows (gate, then up)")
-    return _launch(x, weight, None, None, norm, weight.shape[0] // 2, True, cfg)
+    return _launch(x, weight, None, None, weight.shape[0] // 2, True, cfg)
