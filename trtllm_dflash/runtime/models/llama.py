@@ -173,8 +173,8 @@ class DecoderLayer(nn.Module):
 
     On the decode path with the Triton kernels at tp 1 (fuses_residual), o_proj and down_proj add the residual
     in their GEMM's epilogue and the norms after them are plain RMSNorms: norm, qkv, rope + cache write,
-    attention, o_proj + residual, norm, gate_up + SiLU, down + residual = 8 kernels per layer (+ attention's
-    combine where it splits the cache). y is a new tensor either way (nothing is written in place), so the
+    attention (a split cache merged by its last split, no combine kernel), o_proj + residual, norm, gate_up +
+    SiLU, down + residual = 8 kernels per layer. y is a new tensor either way (nothing is written in place), so the
     feature taps read the same values."""
 
     def __init__(self, c, tp: TPGroup, attn: nn.Module):
