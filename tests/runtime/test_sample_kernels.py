@@ -80,7 +80,7 @@ def reference_tokens(logits, temps, seeds, positions) -> tuple[torch.Tensor, tor
         s = (seed & M32) ^ mix32(seed >> 32)
         for t in range(T):
             h = mix32(s ^ mix32(int(positions[r, t]) & M32))
-            g = torch.tensor([-math.log(-math.log(((mix32(h ^ mix32(v + 0x9E3779B)) >> 8) + 0.5) / 2**24))
+            g = torch.tensor([-math.log(-math.log(((mix32(h ^ mix32(v + 0x9E3779B)) >> 9) + 0.5) / 2**23))
                               for v in range(V)], dtype=torch.float64)
             scores[r, t] = x[r, t] / temps[r] + g
     return scores.argmax(-1), scores

@@ -12,7 +12,7 @@ from tests.tiny import write_tiny_pair
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime import runner as runner_mod
 from trtllm_dflash.runtime.engine import Engine
-from trtllm_dflash.runtime.sampling import SamplingBatch, filtered_logprobs, sample, uniform_noise
+from trtllm_dflash.runtime.sampling import SamplingBatch, filtered_logprobs, sample, uniform_noise, unit_interval
 
 
 def chi_square_p(counts: dict, probs: dict, n: int) -> float:
@@ -38,6 +38,10 @@ def test_noise_is_uniform_and_keyed_on_seed_and_position():
     assert 0 < u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
     counts = torch.histc(u[2].double(), bins=10, min=0, max=1)
     assert chi_square_p({i: c.item() for i, c in enumerate(counts)}, {i: 0.1 for i in range(10)}, 50000) > 1e-3
+    # the extreme hash values stay inside (0, 1): u = 1 would give a Gumbel score of +inf (that token always wins)
+    ends = unit_interval(torch.tensor([0, 2**32 - 1]))
+    assert ends.dtype == torch.float32 and 0 < ends[0] and ends[1] < 1
+    assert torch.isfinite(-torch.log(-torch.log(ends))).all()
 
 
 @pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.5), dict(temperature=1.0, top_k=3),

@@ -40,8 +40,15 @@ def uniform_noise(seed: torch.Tensor, positions: torch.Tensor, vocab: int) -> to
     # Both 32-bit halves of the seed count (mix32(0) = 0, so seeds < 2**32 keep their old streams).
     s = (seed & _M32) ^ _mix32((seed >> 32) & _M32)                 # [n]
     h = _mix32(s[:, None] ^ _mix32(positions & _M32))               # [n, T]
-    x = _mix32(h[..., None] ^ _mix32(v + 0x9E3779B))               # [n, T, V]
-    return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return unit_interval(_mix32(h[..., None] ^ _mix32(v + 0x9E3779B)))   # [n, T, V]
+
+
+def unit_interval(x: torch.Tensor) -> torch.Tensor:
+    """32-bit hash values (int64 in [0, 2**32)) -> float32 in (0, 1), open at both ends."""
+    # 23 bits, so (k + 0.5) is exact in float32 and u <= 1 - 2**-24 < 1. With 24 bits the top value
+    # 2**24 - 0.5 rounded to 2**24 (u = 1.0, a Gumbel score of +inf: that token won whatever its logit), once
+    # in 2**24 draws, ~1% of the positions at a 150k vocab (seen on the H100 as NaN in the float64 check).
+    return ((x >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 @dataclass

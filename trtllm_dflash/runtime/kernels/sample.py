@@ -90,7 +90,7 @@ def _vocab_argmax(logits_ptr, s_ln, s_lt, temp_ptr, seed_ptr, pos_ptr, s_pn, s_p
         if SAMPLED:
             if temp > 0:
                 bits = _mix32(h ^ _mix32((cols + 0x9E3779B).to(tl.uint32)))
-                u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / (1 << 24))   # (0, 1), exact
+                u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / (1 << 23))   # (0, 1), exact: sampling.uniform_noise
                 x = tl.math.div_rn(x, temp) - tl.log(-tl.log(u))     # masked lanes stay -inf
         m, i = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
         better = m > best_v                                           # strict: an earlier tile keeps a tie
