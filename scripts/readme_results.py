@@ -231,30 +231,35 @@ def render_cpu_parity(results: Path) -> str:
 
 
 def render_step_bench(results: Path) -> str:
-    """Decode step cost on one H100: the torch path against the Triton kernels (SmolLM2-135M, Qwen3-8B)."""
-    runs = {k: _load(results, f"step_bench_h100_v5_{k}.json") for k in ("torch", "triton")}
-    notes = "; ".join(provenance_note(d, f"step_bench_h100_v5_{k}.json") for k, d in runs.items())
-    meta = runs["triton"]["meta"]
-    cmd = meta["command"].split(" --out ")[0].replace(" --attention_kernel triton", " --attention_kernel torch|triton")
+    """Decode step cost on one H100: the torch path against the Triton decode kernels (SmolLM2-135M, Qwen3-8B,
+    Llama-3.1-8B); the torch rows of the first two come from the v5 run, Llama's from v6."""
+    names = {"v5_torch": "step_bench_h100_v5_torch.json", "v6_torch": "step_bench_h100_v6_torch.json",
+             "v6_triton": "step_bench_h100_v6_triton.json"}
+    runs = {k: _load(results, f) for k, f in names.items()}
+    notes = "; ".join(provenance_note(runs[k], f) for k, f in names.items())
+    meta = runs["v6_triton"]["meta"]
+    cmd = meta["command"].split(" --out ")[0]
     lines = [
         f"**Decode step cost on one H100 80 GB** (random bf16 weights at real shapes, prompt 512 tokens, CUDA graphs; "
-        f"`python {cmd}`; torch {meta['torch']}, triton {meta['triton']}; {notes}). Roofline = bytes that must cross "
-        f"HBM per step (every weight once + the KV cache) at the copy bandwidth measured in the same run "
-        f"({meta['copy_bw_bytes_per_s'] / 1e12:.1f} TB/s). Kernels: the attention path of each layer "
-        f"(`RuntimeConfig.attention_kernel`, `auto` = Triton on CUDA, the default).",
+        f"`python {cmd}`, and `--attention_kernel torch` for the torch rows; torch {meta['torch']}, triton "
+        f"{meta['triton']}; {notes}). Roofline = bytes that must cross HBM per step (every weight once + the KV "
+        f"cache) at the copy bandwidth measured in the same run ({meta['copy_bw_bytes_per_s'] / 1e12:.1f} TB/s). "
+        f"`triton`: the decode kernels of `RuntimeConfig.attention_kernel` (`auto` = on CUDA, the default): "
+        f"attention, the GEMMs with their epilogues, sampling + acceptance.",
         "",
-        *_table_head("model", "kernels", "AR b1 (ms) / roofline", "DFlash b1 (ms)", "DFlash / AR", "AR b64 (ms)",
-                     "DFlash b64 (ms)", "kernels per layer (AR / verify / drafter)"),
+        *_table_head("model", "path (file)", "AR b1 (ms) / roofline", "DFlash b1 (ms)", "DFlash / AR",
+                     "kernels per AR step", "kernels per layer (AR / verify / drafter)"),
     ]
-    for model in ("smollm2-135m", "qwen3-8b"):
-        for k, d in runs.items():
+    for model, torch_run in (("smollm2-135m", "v5_torch"), ("qwen3-8b", "v5_torch"), ("llama-3.1-8b", "v6_torch")):
+        for k in (torch_run, "v6_triton"):
+            d = runs[k]
             r, sm = _step_rows(d, model), d["summary"][model]
             kl = sm.get("kernels_per_layer") or {}
-            per = " / ".join(str(kl[x]["per_layer"]) for x in ("target_T1", "target_T16", "drafter_T16") if x in kl)
+            per = " / ".join(str(v["per_layer"]) for v in kl.values())
             lines.append(
-                f"| {model} | {k} | {_ms(r[('ar', 1)]['step_ms'])} / {_pct(r[('ar', 1)]['roofline_fraction'])} | "
-                f"{_ms(r[('dflash', 1)]['step_ms'])} | {sm['dflash_b1_step_over_ar_step']:.2f} | "
-                f"{_ms(r[('ar', 64)]['step_ms'])} | {_ms(r[('dflash', 64)]['step_ms'])} | {per} |")
+                f"| {model} | {k.split('_')[1]} ({k.split('_')[0]}) | {_ms(r[('ar', 1)]['step_ms'])} / "
+                f"{_pct(r[('ar', 1)]['roofline_fraction'])} | {_ms(r[('dflash', 1)]['step_ms'])} | "
+                f"{sm['dflash_b1_step_over_ar_step']:.2f} | {sm['profile_ar_b1']['kernels_per_step']:.0f} | {per} |")
     return "\n".join(lines) + "\n"
 
 
@@ -584,28 +589,36 @@ def render_training(results: Path) -> str:
 
 
 def render_gpt_oss_mxfp4(results: Path) -> str:
-    """gpt-oss step cost with MXFP4 experts."""
-    files = (("gpt-oss-20b", "H100", "gpt_oss_20b_step_h100_mxfp4.json"), ("gpt-oss-120b", "H200", "gpt_oss_120b_step_h200.json"))
-    lines = _table_head("target, GPU (MXFP4 experts, Triton)", "AR step b=1 (roofline)", "DFlash step b=1 (roofline)",
-                        "break-even tokens b=1", "vs bf16-dequantised", "AR / DFlash b=64", "weights")
+    """gpt-oss step cost with MXFP4 experts: before the decode kernels (torch attention, 5-kernel experts) and after."""
+    files = (("gpt-oss-20b", "H100", "before", "gpt_oss_20b_step_h100_mxfp4.json"),
+             ("gpt-oss-20b", "H100", "after", "gpt_oss_20b_step_h100_v2.json"),
+             ("gpt-oss-120b", "H200", "before", "gpt_oss_120b_step_h200.json"),
+             ("gpt-oss-120b", "H100", "after", "gpt_oss_120b_step_h100.json"))
+    lines = _table_head("target, GPU", "decode kernels", "AR step b=1 (roofline)", "DFlash step b=1 (roofline)",
+                        "break-even tokens b=1", "kernels per AR step", "experts: us per distinct expert AR / DFlash")
     notes = []
-    for model, gpu, name in files:
+
+    def profile(d, step):
+        return d.get("profile_triton_" + step + "_b1") or {}
+
+    for model, gpu, when, name in files:
         d = _load(results, name)
         s = d["summary"]
-        vs = (f"{s['speedup_vs_bf16_dequant_ar_b1']:.2f}x AR" if s.get("speedup_vs_bf16_dequant_ar_b1")
-              else f"{s['moe_layer_speedup_vs_bf16_1_token']:.2f}x one MoE layer (bf16 does not fit)")
-        lines.append(f"| {model}, {gpu} | {_ms(s['ar_b1_step_ms'])} ms ({_pct(s['ar_b1_roofline_fraction'])}) | "
+        per_expert = (f"{s['ar_b1_us_per_distinct_expert']:.1f} / {s['dflash_b1_us_per_distinct_expert']:.1f}"
+                      if s.get("ar_b1_us_per_distinct_expert") else "—")
+        kernels = profile(d, "ar").get("kernels_per_step")
+        lines.append(f"| {model}, {gpu} | {when} | {_ms(s['ar_b1_step_ms'])} ms ({_pct(s['ar_b1_roofline_fraction'])}) | "
                      f"{_ms(s['dflash_b1_step_ms'])} ms, block {s['block_size']} ({_pct(s['dflash_b1_roofline_fraction'])}) | "
-                     f"{s['break_even_tokens_b1']:.1f} | {vs} | {_ms(s['b64']['ar_ms'])} / {_ms(s['b64']['dflash_ms'])} ms | "
-                     f"{d['target_weight_gb']:.0f} GB |")
+                     f"{s['break_even_tokens_b1']:.1f} | {'—' if kernels is None else f'{kernels:.0f}'} | {per_expert} |")
         notes.append(provenance_note(d, name))
-    s120 = _load(results, files[1][2])["summary"]
+    s120 = _load(results, files[3][3])["summary"]
     proj = ", ".join(f"{k} {v:.2f}x" for k, v in s120["projection_end_to_end_speedup_b1"].items())
     return ("\n".join(lines) + "\n\nRandom weights at the real shapes, ctx 1024, CUDA graphs; roofline = bytes that must cross "
             "HBM in the step (the distinct experts its tokens chose, at MXFP4 size; random routing is near the worst "
-            "case) over the copy bandwidth measured in the same run. *Projection*, not a measurement: z-lab's published "
-            f"gpt-oss-120b acceptance (block 10) x AR step / DFlash step at batch 1 gives {proj} end to end. "
-            f"Sources: {'; '.join(notes)}.\n")
+            "case) over the copy bandwidth measured in the same run. The 120b rows ran on different GPUs (H200 4.3 "
+            "TB/s before, H100 3.0 TB/s after): compare their roofline fractions, not their times. *Projection*, not "
+            "a measurement: z-lab's published gpt-oss-120b acceptance (block 10) x AR step / DFlash step at batch 1 "
+            f"(H100, after) gives {proj} end to end. Sources: {'; '.join(notes)}.\n")
 
 
 def _soak_line(results: Path, name: str, label: str, command: str) -> str:

@@ -66,12 +66,14 @@ class RuntimeConfig:
     # (runtime/mxfp4_moe.py); "dequant" dequantises them to dtype on load (CPU, the reference; 4x the memory);
     # "auto" = triton for MXFP4 checkpoints on CUDA, else dequant. An explicit choice that cannot run is an error.
     mxfp4_moe: str = "auto"
-    # Llama-family / drafter attention: "triton" = the fused kernels of runtime/kernels/decode_attention.py (q/k
-    # norm + RoPE + cache write in one kernel, short-query GQA attention against the cache); "torch" = the
-    # compiled chains, index_put and SDPA/matmul attention (the reference; the only path on CPU); "auto" = triton
-    # on CUDA, else torch. An explicit "triton" off CUDA, or Triton failing to import, is an error naming this field.
-    # auto by default: on an H100 the kernels took the SmolLM2-135M AR step at batch 1 from 1.61 to 1.31 ms and the
-    # Qwen3-8B one from 7.47 to 6.68 ms, with the same tokens (benchmarks/results/step_bench_h100_v5_*.json).
+    # The decode path's kernels (runtime/kernels/): "triton" = q/k norm + RoPE + cache write in one kernel,
+    # short-query GQA attention against the cache (gpt-oss: sinks and sliding window inside it), the decode GEMMs
+    # with their epilogues (gate_up + SiLU, o_proj / down + residual, lm_head), sampling + acceptance in two
+    # kernels, gpt-oss's top-k router; "torch" = the compiled chains, index_put, SDPA/matmul attention, cuBLAS
+    # (the reference; the only path on CPU); "auto" = triton on CUDA, else torch. An explicit "triton" off CUDA, or
+    # Triton failing to import, is an error naming this field. auto by default: on an H100 the kernels took the
+    # AR step at batch 1 from 1.61 to 0.97 ms (SmolLM2-135M), 7.47 to 6.17 ms (Qwen3-8B), 7.06 to 6.03 ms
+    # (Llama-3.1-8B), with the same tokens (benchmarks/results/step_bench_h100_v5_torch.json, _v6_*.json).
     attention_kernel: str = "auto"
 
     def __post_init__(self):
