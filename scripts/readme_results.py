@@ -502,6 +502,24 @@ def render_gpu_tests(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_gpu_tests_kernels(results: Path) -> str:
+    """The decode kernels' GPU test reports (benchmarks/gpu_test_report.py files), one line each."""
+    files = ("gpu_tests_kernels_a_h100.json", "gpu_tests_kernels_b_h100.json", "gpu_tests_sample_h100.json",
+             "gpu_tests_smollm2_kernels_h100.json")
+    lines = ["**GPU tests of the decode kernels** (`bash benchmarks/kernels_gpu.sh tests_a|tests_b|smollm2`, "
+             "one H100 80 GB; each report names its pytest command):"]
+    for name in files:
+        d = _load(results, name)
+        bad = [t["test"].split("::", 1)[1] for t in d["tests"] if t["outcome"] in ("FAILED", "ERROR")]
+        line = f"- {provenance_note(d, name)}: {d['summary']}"
+        if bad:
+            line += "; failed: " + ", ".join(f"`{b}`" for b in bad)
+        if d.get("note"):
+            line += f". Note: {d['note']}"
+        lines.append(line + ".")
+    return "\n".join(lines) + "\n"
+
+
 def render_quant(results: Path) -> str:
     """Quantized SmolLM2 (FP8 on H100, FP8 and NVFP4 on CPU)."""
     h = _load(results, "quant_smollm2_fp8_h100.json")
@@ -763,6 +781,7 @@ RENDERERS = {
     "sweep_v2": render_sweep_v2,
     "cuda_check": render_cuda_check,
     "gpu_tests": render_gpu_tests,
+    "gpu_tests_kernels": render_gpu_tests_kernels,
     "quant": render_quant,
     "fp8_gemm": render_fp8_gemm,
     "acceptance": render_acceptance,
