@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from tests.runtime.compare import attend_f64, compile_for_h100, rel, rope_f64
-from tests.runtime.kernel_engine import engine_with_kernel
-from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from tests.runtime.kernel_engine import GREEDY_AND_SAMPLED, TWO_PROMPTS, count_calls, same_generation
+from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.kernels import resolve_attention_kernel
 from trtllm_dflash.runtime.kv_cache import KVCache
@@ -195,22 +195,9 @@ def test_attention_kernel_setting():
 def test_engine_tokens_are_the_same_with_the_kernels(tiny_qwen3_pair, block, monkeypatch):
     """Greedy and sampled generation of a tiny Qwen3 pair (q/k norm, GQA, a DFlash drafter of block 8) with
     every attention in the Triton kernels (prefill cache writes included) == the torch path, float32."""
-    K = kernels()
-    calls = {"attend": 0, "rope_cache_write": 0}
-    for name in calls:
-        def counted(*args, _f=getattr(K, name), _name=name, **kw):
-            calls[_name] += 1
-            return _f(*args, **kw)
-        monkeypatch.setattr(K, name, counted)
-    cfg = dict(max_seq_len=64, max_batch_size=2, block_size=block)
-    ref = engine_with_kernel(*tiny_qwen3_pair, RuntimeConfig(**cfg, attention_kernel="torch"))
-    fused = engine_with_kernel(*tiny_qwen3_pair, RuntimeConfig(**cfg, attention_kernel="triton"))
-    ps = [[5, 9, 14, 3, 22], [7, 41]]
-    sp = [SamplingParams(max_new_tokens=6, ignore_eos=True),
-          SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=0.8, seed=3)]
-    for x, y in zip(ref.generate(ps, sp), fused.generate(ps, sp)):
-        assert x.output_ids == y.output_ids
-        assert x.stats.acceptance_lengths == y.stats.acceptance_lengths
+    calls = count_calls(monkeypatch, kernels(), ["attend", "rope_cache_write"], {})
+    same_generation(*tiny_qwen3_pair, dict(max_seq_len=64, max_batch_size=2, block_size=block), TWO_PROMPTS,
+                    GREEDY_AND_SAMPLED)
     assert calls["attend"] > 0 and calls["rope_cache_write"] > 0, calls
 
 

@@ -22,8 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.runtime.compare import rel
-from tests.runtime.kernel_engine import engine_with_kernel
-from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from tests.runtime.kernel_engine import GREEDY_AND_SAMPLED, TWO_PROMPTS, count_calls, same_generation
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.models import layers as L
 
@@ -192,16 +191,6 @@ def _tiny_target(tp):
     return model
 
 
-def _count(monkeypatch, owner, names, calls, key=lambda name, args, kw: name):
-    """Wrap owner.<name> for each name so that calls[key(...)] counts its calls."""
-    for name in names:
-        def counted(*args, _f=getattr(owner, name), _name=name, **kw):
-            k = key(_name, args, kw)
-            calls[k] = calls.get(k, 0) + 1
-            return _f(*args, **kw)
-        monkeypatch.setattr(owner, name, counted)
-
-
 @pytest.mark.parametrize("tp", [TPGroup(), _TwoEqualRanks()], ids=["tp1", "tp2"])
 def test_target_layers_with_the_gemm_kernels(tp, monkeypatch):
     """Prefill then a decode step of 3 tokens through the target (float32): hidden states and the feature taps
@@ -212,11 +201,11 @@ def test_target_layers_with_the_gemm_kernels(tp, monkeypatch):
     from trtllm_dflash.runtime.kv_cache import KVCache
     from trtllm_dflash.runtime.models.llama import set_attention_kernel
     calls = {}
-    _count(monkeypatch, G, ["linear"], calls,
+    count_calls(monkeypatch, G, ["linear"], calls,
            lambda name, args, kw: "gemm+residual" if (args[3:4] or [kw.get("residual")])[0] is not None else "gemm")
-    _count(monkeypatch, G, ["gate_up_silu"], calls)
-    _count(monkeypatch, L, ["silu_mul", "rms_norm", "add_rms_norm"], calls)
-    _count(monkeypatch, F, ["linear"], calls, lambda name, args, kw: "F.linear")
+    count_calls(monkeypatch, G, ["gate_up_silu"], calls)
+    count_calls(monkeypatch, L, ["silu_mul", "rms_norm", "add_rms_norm"], calls)
+    count_calls(monkeypatch, F, ["linear"], calls, lambda name, args, kw: "F.linear")
     model = _tiny_target(tp)
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     out = {}
@@ -238,21 +227,6 @@ def test_target_layers_with_the_gemm_kernels(tp, monkeypatch):
 def test_engine_tokens_are_the_same_with_the_gemm_kernels(tiny_qwen3_pair, monkeypatch):
     """Greedy and sampled DFlash generation of a tiny Qwen3 pair with the decode path in the Triton kernels
     (GEMMs included, target and drafter) == the torch path, float32."""
-    G = kernels()
-    calls = {"linear": 0, "gate_up_silu": 0}
-    for name in calls:
-        def counted(*args, _f=getattr(G, name), _name=name, **kw):
-            calls[_name] += 1
-            return _f(*args, **kw)
-        monkeypatch.setattr(G, name, counted)
-    cfg = dict(max_seq_len=64, max_batch_size=2)
-    ref = engine_with_kernel(*tiny_qwen3_pair, RuntimeConfig(**cfg, attention_kernel="torch"))
-    assert calls == {"linear": 0, "gate_up_silu": 0}
-    fused = engine_with_kernel(*tiny_qwen3_pair, RuntimeConfig(**cfg, attention_kernel="triton"))
-    ps = [[5, 9, 14, 3, 22], [7, 41]]
-    sp = [SamplingParams(max_new_tokens=6, ignore_eos=True),
-          SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=0.8, seed=3)]
-    for x, y in zip(ref.generate(ps, sp), fused.generate(ps, sp)):
-        assert x.output_ids == y.output_ids
-        assert x.stats.acceptance_lengths == y.stats.acceptance_lengths
+    calls = count_calls(monkeypatch, kernels(), ["linear", "gate_up_silu"], {})
+    same_generation(*tiny_qwen3_pair, dict(max_seq_len=64, max_batch_size=2), TWO_PROMPTS, GREEDY_AND_SAMPLED)
     assert calls["linear"] > 0 and calls["gate_up_silu"] > 0, calls

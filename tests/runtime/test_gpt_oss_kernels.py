@@ -253,21 +253,12 @@ def test_engine_tokens_are_the_same_with_the_kernels(tiny_gpt_oss, block, monkey
     """Greedy generation of the tiny gpt-oss target (AR, and DFlash with its drafter) past the sliding window,
     with attention, router and norms on the kernels == the torch path, float32; the kernels did run."""
     K, R = kernels()
-    from tests.runtime.kernel_engine import engine_with_kernel
-    from trtllm_dflash.config import RuntimeConfig, SamplingParams
-    calls = {"attend": 0, "rope_cache_write": 0, "topk_softmax": 0}
-    for mod, name in ((K, "attend"), (K, "rope_cache_write"), (R, "topk_softmax")):
-        def counted(*args, _f=getattr(mod, name), _name=name, **kw):
-            calls[_name] += 1
-            return _f(*args, **kw)
-        monkeypatch.setattr(mod, name, counted)
-    cfg = dict(max_seq_len=64, max_batch_size=2, block_size=block)
+    from tests.runtime.kernel_engine import count_calls, same_generation
+    from trtllm_dflash.config import SamplingParams
+    calls = count_calls(monkeypatch, K, ["attend", "rope_cache_write"], {})
+    count_calls(monkeypatch, R, ["topk_softmax"], calls)
     drafter = tiny_gpt_oss[1] if block is None else None
-    ref = engine_with_kernel(tiny_gpt_oss[0], drafter, RuntimeConfig(**cfg, attention_kernel="torch"))
-    fused = engine_with_kernel(tiny_gpt_oss[0], drafter, RuntimeConfig(**cfg, attention_kernel="triton"))
-    ps = [[5, 9, 14, 3, 22, 7, 7, 30, 2, 11, 19], [7, 41]]
-    sp = SamplingParams(max_new_tokens=12, ignore_eos=True)   # 11 + 12 > 2 windows
-    for x, y in zip(ref.generate(ps, sp), fused.generate(ps, sp)):
-        assert x.output_ids == y.output_ids
-        assert x.stats.acceptance_lengths == y.stats.acceptance_lengths
-    assert min(calls.values()) > 0, calls
+    same_generation(tiny_gpt_oss[0], drafter, dict(max_seq_len=64, max_batch_size=2, block_size=block),
+                    [[5, 9, 14, 3, 22, 7, 7, 30, 2, 11, 19], [7, 41]],
+                    SamplingParams(max_new_tokens=12, ignore_eos=True))   # 11 + 12 > 2 windows
+    assert min(calls.values()) > 0 and len(calls) == 3, calls
