@@ -7,7 +7,9 @@
 #              graph replay, tiny pairs' tokens                                          -> gpu_tests_kernels_a.json
 #   tests_b    pytest -m gpu: gpt-oss attention (sinks, window), router, norms, MXFP4 expert variants at
 #              gpt-oss-20b/120b shapes                                                    -> gpu_tests_kernels_b.json
-#   smollm2    the real SmolLM2 pair (converted by `bash benchmarks/gpu_smollm2.sh prep` into $TRTLLM_DFLASH_CACHE):
+#   smollm2    the real SmolLM2 pair (converted by `bash benchmarks/gpu_smollm2.sh prep` into $TRTLLM_DFLASH_CACHE;
+#              its GGUF arrives in four calls carrying .carry/p0 (+ .carry/w1, then `gpu_smollm2.sh wheels`), p1, p2,
+#              p3, one per call on the same warm machine: run tests_a, tests_b, step, gptoss in those calls):
 #              greedy DFlash == AR in float32 with the kernels, bf16 under the divergence policy with and without
 #                                                                                         -> gpu_tests_smollm2.json
 #   step       benchmarks/step_bench.py --profile at batch $BATCH (default 1): smollm2-135m, qwen3-8b, llama-3.1-8b with the
