@@ -85,15 +85,8 @@ class Bench:
             for _ in range(self.reps):
                 fn()
             return (time.perf_counter() - t) / self.reps * 1e6
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):   # compile / warm up outside the capture, as the runner does
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
+        from trtllm_dflash.runtime.graphs import capture
+        graph, _ = capture(fn)   # compiles / warms up outside the capture, as the runner does
         graph.replay()
         runs = []
         for _ in range(5):

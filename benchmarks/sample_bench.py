@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 from benchmarks.step_bench import device_events  # noqa: E402
 from trtllm_dflash.provenance import record  # noqa: E402
+from trtllm_dflash.runtime.graphs import capture  # noqa: E402
 from trtllm_dflash.runtime.kernels import sample as K  # noqa: E402
 from trtllm_dflash.runtime.sampling import Commit, SamplingBatch, accept, commit, sample  # noqa: E402
 
@@ -73,16 +74,11 @@ def timed(fn, dev, reps: int, inner: int) -> float:
         t0 = time.perf_counter()
         fn()
         return 1e6 * (time.perf_counter() - t0)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def calls():
         for _ in range(inner):
             fn()
+    graph, _ = capture(calls)
     graph.replay()
     times = []
     for _ in range(reps):

@@ -41,6 +41,7 @@ from trtllm_dflash.provenance import record  # noqa: E402
 from trtllm_dflash.runtime.distributed import TPGroup  # noqa: E402
 from trtllm_dflash.runtime.draft_policy import candidate_blocks, measure_costs  # noqa: E402
 from trtllm_dflash.runtime.engine import Engine  # noqa: E402
+from trtllm_dflash.runtime.graphs import capture  # noqa: E402
 from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -80,16 +81,7 @@ def cuda_time(fn, reps: int = 10) -> float:
 
 def graphed(fn):
     """fn captured as one CUDA graph (warmed up on a side stream first, as the engine does); returns the replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    return capture(fn)[0].replay
 
 
 def ceilings(smoke: bool = False) -> dict:

@@ -17,6 +17,7 @@ import torch
 from tests.runtime.compare import attend_f64, rel, rope_f64
 from tests.runtime.kernel_engine import engine_with_kernel
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.runtime.graphs import capture
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import layers as L
 
@@ -92,14 +93,7 @@ def test_kernels_replay_in_a_cuda_graph():
         q, _ = L.rope_cache_write(q, k, v, cos, sin, w, w, 1e-6, cache, 0, slice(0, n), pos, "triton", want_k=False)
         return L.attend_cache(q, cache, 0, slice(0, n), S, L.KeyRange(torch.zeros_like(pos), pos), d ** -0.5)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture(step, warmups=1)
     for shift in (1, 5):
         qkv.normal_()
         pos += shift

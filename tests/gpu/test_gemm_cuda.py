@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.runtime.compare import rel
+from trtllm_dflash.runtime.graphs import capture
 from trtllm_dflash.runtime.models import layers as L
 
 pytestmark = pytest.mark.gpu
@@ -89,15 +90,7 @@ def test_cuda_graph_replay():
     G = kernels()
     x, w, wg, r = randn(4, 576, seed=10), randn(576, 576, seed=11, scale=1 / 24), \
         randn(3072, 576, seed=12, scale=1 / 24), randn(4, 576, seed=13)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            G.linear(x, w, None, r), G.gate_up_silu(x, wg)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, act = G.linear(x, w, None, r), G.gate_up_silu(x, wg)
+    graph, (out, act) = capture(lambda: (G.linear(x, w, None, r), G.gate_up_silu(x, wg)))
     x.copy_(randn(4, 576, seed=14))
     r.copy_(randn(4, 576, seed=15))
     graph.replay()

@@ -23,6 +23,7 @@ import torch
 
 from tests.runtime.compare import rel
 from tests.runtime.test_gpt_oss_kernels import attend_sinks_f64, topk_f64, window_keys
+from trtllm_dflash.runtime.graphs import capture
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import gpt_oss
 
@@ -132,14 +133,7 @@ def test_kernels_replay_in_a_cuda_graph():
                        sinks=sinks, span=WINDOW + T - 1)
         return (out,) + R.topk_softmax(logits, 4)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
+    graph, outs = capture(step, warmups=1)
     for shift in (1, 5):
         qkv.normal_()
         logits.normal_()

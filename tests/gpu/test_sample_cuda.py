@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trtllm_dflash.runtime.graphs import capture
 from trtllm_dflash.runtime.sampling import Commit, SamplingBatch, accept, commit, sample, uniform_noise
 
 pytestmark = pytest.mark.gpu
@@ -99,15 +100,7 @@ def test_kernels_in_a_cuda_graph(vocab):
 
     def fn():
         K.sample_accept(logits, sb, pos, draft, t, a, st)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph, _ = capture(fn)
     for seed in (2, 3):   # new logits, temperatures, seeds, positions and drafts, in place
         l2, sb2, p2, d2, ref = case(n, T, V, False, seed=seed)
         for buf, new in ((logits, l2), (sb.temperature, sb2.temperature), (sb.seed, sb2.seed), (pos, p2), (draft, d2)):

@@ -16,6 +16,7 @@ import torch
 
 from ..config import RuntimeConfig, SamplingParams
 from .distributed import TPGroup
+from .graphs import capture
 from .kernels import resolve_attention_kernel
 from .kv_cache import KVCache
 from .sampling import Commit, SamplingBatch, accept, commit, flags, sample, seed_int64
@@ -341,17 +342,9 @@ class Runner:
                 self.captured_mid_run += 1
             saved = (self.active.clone(), self.start.clone(), self.last.clone())
             self.active.zero_()  # warm-up runs must not advance any request (their cache writes land past `start`)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
             if not hasattr(self, "_pool"):
                 self._pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self._pool):
-                fn()
+            graph, _ = capture(fn, pool=self._pool)
             for buf, old in zip((self.active, self.start, self.last), saved):
                 buf.copy_(old)   # a prefill's warm-up runs write its rows' state: put it back
             self._graphs[key] = graph
