@@ -45,3 +45,14 @@ def compile_for_h100(code: str, timeout: int = 300) -> None:
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def random_cache(slots: int, Hkv: int, S: int, d: int, dtype, kv_len: int, g: torch.Generator):
+    """A one-layer CPU KVCache of ``slots`` rows with random K/V; keys past ``kv_len`` are set to 1e4, so an
+    attention that counts them is far off."""
+    from trtllm_dflash.runtime.kv_cache import KVCache
+    cache = KVCache(1, slots, Hkv, S, d, dtype, "cpu")
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+    cache.k[..., kv_len:, :] = 1e4
+    return cache

@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from tests.runtime.compare import attend_f64, compile_for_h100, rel, rope_f64
+from tests.runtime.compare import attend_f64, compile_for_h100, random_cache, rel, rope_f64
 from tests.runtime.kernel_engine import GREEDY_AND_SAMPLED, TWO_PROMPTS, count_calls, same_generation
 from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.errors import DFlashError
@@ -80,10 +80,7 @@ def test_attend_equals_the_torch_path_and_float64(dtype, tol, G, T, d, splits):
     K = kernels()
     n, Hkv, S, kv_len = 2, 2, 300, 256
     g = torch.Generator().manual_seed(G * 100 + T)
-    cache = KVCache(1, 3, Hkv, S, d, dtype, "cpu")
-    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
-    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
-    cache.k[..., kv_len:, :] = 1e4   # keys past kv_len must never count
+    cache = random_cache(3, Hkv, S, d, dtype, kv_len, g)   # keys past kv_len must never count
     q = torch.randn(n, T, G * Hkv, d, generator=g).to(dtype)
     rows = torch.tensor([2, 0])
     pos = torch.tensor([[140], [250 - T]]) + torch.arange(T)                 # [n, T]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.runtime.compare import rel
+from tests.runtime.compare import random_cache, rel
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import gpt_oss
 from trtllm_dflash.runtime.models import layers as L
@@ -66,10 +66,7 @@ def test_attend_with_sinks_and_window_equals_torch_and_float64(dtype, tol, case)
     G, T, window, splits = case
     n, Hkv, d, S, kv_len = 2, 2, 16, 320, 300
     g = torch.Generator().manual_seed(G * 100 + T)
-    cache = KVCache(1, 3, Hkv, S, d, dtype, "cpu")
-    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
-    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
-    cache.k[..., kv_len:, :] = 1e4            # keys past kv_len must never count
+    cache = random_cache(3, Hkv, S, d, dtype, kv_len, g)   # keys past kv_len must never count
     q = torch.randn(n, T, G * Hkv, d, generator=g).to(dtype)
     sinks = (torch.randn(G * Hkv, generator=g) + 4).to(dtype)    # comparable to the keys' mass at 300 keys
     rows = torch.tensor([2, 0])
