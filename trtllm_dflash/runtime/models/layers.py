@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import DFlashError
+from ..kernels import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS, MAX_QUERY_ROWS
 
 
 class RMSNorm(nn.Module):
@@ -256,8 +257,10 @@ def attend_cache(q: torch.Tensor, cache, layer: int, rows, kv_len: int, keys: Ke
 def uses_attention_kernel(attn, T: int, kv_len: int | None) -> bool:
     """Whether a forward of T query rows per request runs attention in the Triton kernel: attention against the
     cache (kv_len set) of blocks up to MAX_QUERY_ROWS rows per KV head; prefill chunks keep SDPA."""
-    from ..kernels import MAX_QUERY_ROWS
     return attn.kernel == "triton" and kv_len is not None and T * (attn.h // attn.kvh) <= MAX_QUERY_ROWS
+
+
+_GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def uses_gemm_kernel(kernel: str, lin: nn.Module, x: torch.Tensor, gated: bool = False) -> bool:
@@ -266,13 +269,9 @@ def uses_gemm_kernel(kernel: str, lin: nn.Module, x: torch.Tensor, gated: bool =
     (an Fp8Linear, which runtime/fp8.py swaps in, keeps its own FP8 GEMM) in a dtype tl.dot takes (bf16, fp16,
     fp32; float64 keeps cuBLAS) and x has at most GEMM_MAX_ROWS rows (GATED_GEMM_MAX_ROWS for the gate_up +
     SiLU kernel; kernels/__init__.py says where the two limits come from). Larger x stays on cuBLAS."""
-    from ..kernels import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS
     rows = GATED_GEMM_MAX_ROWS if gated else GEMM_MAX_ROWS
     return (kernel == "triton" and type(lin) is nn.Linear and lin.weight.dtype in _GEMM_DTYPES
             and x.numel() <= rows * x.shape[-1])
-
-
-_GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
