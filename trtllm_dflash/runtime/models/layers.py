@@ -281,11 +281,13 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return kernels.linear(x, weight, bias, residual)
 
 
-def project(kernel: str, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """lin(x), weight and bias: on the Triton GEMM where uses_gemm_kernel, else the module's own forward."""
+def project(kernel: str, lin: nn.Module, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
+    """lin(x): on the Triton GEMM where uses_gemm_kernel, else the module's own forward (which keeps an FP8
+    module on its own GEMM). ``bias`` False leaves lin's bias out (a row-parallel projection adds it once, after
+    the all-reduce); a biased module then runs F.linear on its weight."""
     if uses_gemm_kernel(kernel, lin, x):
-        return gemm(x, lin.weight, lin.bias)
-    return lin(x)
+        return gemm(x, lin.weight, lin.bias if bias else None)
+    return lin(x) if bias or lin.bias is None else F.linear(x, lin.weight)
 
 
 def gate_up_silu(kernel: str, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:

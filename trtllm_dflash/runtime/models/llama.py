@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...errors import DFlashError
@@ -114,15 +113,12 @@ class Attention(nn.Module):
         return self.tp.size == 1 and uses_gemm_kernel(self.kernel, self.o_proj, x)
 
     def project_out(self, out: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        # row-parallel o_proj: a bias is added once, after the all-reduce (or in the epilogue at tp 1). Without
-        # one, project keeps an FP8 o_proj (fp8.convert swaps the module) on its own GEMM.
-        w, b = self.o_proj.weight, self.o_proj.bias
+        # row-parallel o_proj: a bias is added once, after the all-reduce (or in the epilogue at tp 1)
+        b = self.o_proj.bias
         if residual is not None:   # tp 1, Triton GEMM (fuses_residual)
-            return gemm(out, w, b, residual)
-        if b is None:
-            return self.tp.all_reduce(project(self.kernel, self.o_proj, out))
-        triton = uses_gemm_kernel(self.kernel, self.o_proj, out)
-        return self.tp.all_reduce(gemm(out, w) if triton else F.linear(out, w)) + b
+            return gemm(out, self.o_proj.weight, b, residual)
+        out = self.tp.all_reduce(project(self.kernel, self.o_proj, out, bias=False))
+        return out if b is None else out + b
 
 
 def set_attention_kernel(model: nn.Module, setting: str) -> str:
