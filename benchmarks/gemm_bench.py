@@ -63,7 +63,7 @@ def candidates(G, M: int, smoke: bool) -> list:
     if M == 1:   # FMA tiles down to 4 columns: more programs where N is small (SmolLM2: 576)
         return [C(1, 32, 256, 4, 3), C(1, 16, 512, 4, 3), C(1, 4, 1024, 4, 3), C(16, 16, 256, 4, 4),
                 C(16, 32, 256, 4, 4), C(16, 64, 128, 4, 4)]
-    bm = min(64, max(16, 1 << (M - 1).bit_length()))
+    bm = G.dot_block_m(M)
     return [C(bm, 16, 256, 4, 3), C(bm, 32, 128, 4, 4), C(bm, 64, 64, 4, 4)]
 
 
@@ -130,7 +130,6 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
 
 
 KERNEL_ARGS = ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "out_ptr", "M", "N", "K", "up_off", "s_xm", "s_wn", "s_rm", "s_om")
-MAX_SHARED = 227 * 1024   # bytes of shared memory one block may use on an H100 (sm_90)
 
 
 def compile_stats(G, cfg, epilogue: str, M: int, N: int, K: int, arch: int) -> dict:
@@ -180,8 +179,8 @@ def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> Non
                     result["rows"].append(row)
                     if "error" in row:
                         result["errors"][tag] = row["error"]
-                    elif row["shared"] > MAX_SHARED:
-                        result["errors"][tag] = f"{row['shared']} bytes of shared memory > {MAX_SHARED}"
+                    elif row["shared"] > G.MAX_SMEM:
+                        result["errors"][tag] = f"{row['shared']} bytes of shared memory > {G.MAX_SMEM}"
                     print(f"{tag}: " + " ".join(f"{k}={v}" for k, v in done[key].items())
                           + (" (default)" if c == default else ""), flush=True)
 

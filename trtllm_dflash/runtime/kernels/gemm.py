@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-SMEM_BUDGET = 160 * 1024   # bytes of pipelined tiles per program (H100: 227 KB per block; headroom for Triton)
+MAX_SMEM = 227 * 1024      # bytes of shared memory one block may use on an H100 (sm_90)
+SMEM_BUDGET = 160 * 1024   # bytes of pipelined tiles per program (below MAX_SMEM: headroom for Triton)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,11 @@ def _pow2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
 
+def dot_block_m(M: int) -> int:
+    """BLOCK_M of the tl.dot tiles for M rows: padded to a power of two in 16..64."""
+    return min(64, max(16, _pow2(M)))
+
+
 @functools.cache
 def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
@@ -66,7 +72,7 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
     (<= 4) as fit the shared-memory budget. Every M <= 16 gets the same tiles, so a row's bits do not depend on
     how many rows share the launch (an AR step and a DFlash verify project a token identically).
     benchmarks/gemm_bench.py times the alternatives."""
-    block_m = min(64, max(16, _pow2(M)))
+    block_m = dot_block_m(M)
     block_k = min(256 if M <= 16 and K >= 2048 else 128, max(16, _pow2(K)))
     m_tiles = -(-M // block_m)
     block_n = 16
@@ -89,7 +95,7 @@ def check_config(cfg: Config, gated: bool, elem: int) -> None:
             raise ValueError(f"{name} {v}: tile sizes must be powers of two")
     if cfg.block_m != 1 and min(cfg.block_m, cfg.block_n, cfg.block_k) < 16:
         raise ValueError(f"{cfg}: tl.dot needs every tile dim >= 16 (block_m = 1 selects the FMA path)")
-    if cfg.smem(gated, elem) > 227 * 1024:
+    if cfg.smem(gated, elem) > MAX_SMEM:
         raise ValueError(f"{cfg}: {cfg.smem(gated, elem)} bytes of pipelined tiles exceed the H100's 227 KB")
 
 
