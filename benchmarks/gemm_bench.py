@@ -5,8 +5,8 @@
     python benchmarks/gemm_bench.py --smoke --out /tmp/gemm_smoke.json   # tiny shapes, CPU, Triton's interpreter
 
 For each model's (--models, public configs) qkv_proj (plain), o_proj and down_proj (with the residual add in the
-epilogue), gate_up_proj (with SiLU(gate) * up in the epilogue) and lm_head (plain; the runtime keeps it on cuBLAS:
-timed to see whether routing it would pay) at M rows (--M): cuBLAS F.linear alone and with its torch epilogue
+epilogue), gate_up_proj (with SiLU(gate) * up in the epilogue) and lm_head (plain; TargetHead.logits routes it as the
+others) at M rows (--M): cuBLAS F.linear alone and with its torch epilogue
 (the residual add; the compiled silu_mul), against the Triton kernel at its default config (pick_config) and at
 a few other tile configs. Every variant is captured in a CUDA graph (as the runtime replays decode steps)
 and the replay timed with CUDA events, median of --reps. Each replay runs the GEMM over copies of the weight
@@ -52,7 +52,7 @@ def gemms(cfg: dict) -> list[tuple[str, int, int, str]]:
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     return [("qkv_proj", hidden, (heads + 2 * kv) * d, "none"), ("o_proj", heads * d, hidden, "residual"),
             ("gate_up_proj", hidden, inter, "silu_mul"), ("down_proj", inter, hidden, "residual"),
-            ("lm_head", hidden, cfg["vocab_size"], "none")]   # not routed here (yet): is it worth it?
+            ("lm_head", hidden, cfg["vocab_size"], "none")]
 
 
 def candidates(G, M: int, smoke: bool) -> list:
