@@ -31,10 +31,11 @@ def attend_f64(q, k, v, visible, scale):
     return (p @ v).transpose(1, 2).flatten(2)
 
 
-def compile_for_h100(code: str, timeout: int = 300) -> None:
-    """Run ``code`` (which calls triton.compile(..., target=GPUTarget("cuda", 90, 32))) in a fresh process without
-    TRITON_INTERPRET: the interpreter accepts code the compiler refuses (a plain global in a kernel, a value
-    defined in one branch), and Triton's front end, passes and bundled ptxas all run on the CPU, no GPU needed."""
+def compile_for_h100(code: str | list[str], timeout: int = 300) -> None:
+    """Run ``code`` (which calls triton.compile(..., target=GPUTarget("cuda", 90, 32))), or a script and its
+    arguments (a list), in a fresh process without TRITON_INTERPRET: the interpreter accepts code the compiler
+    refuses (a plain global in a kernel, a value defined in one branch), and Triton's front end, passes and bundled
+    ptxas all run on the CPU, no GPU needed. The process must exit 0; its output's tails are the failure message."""
     import os
     import subprocess
     import sys
@@ -43,8 +44,9 @@ def compile_for_h100(code: str, timeout: int = 300) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = ["-c", code] if isinstance(code, str) else code
+    proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def random_cache(slots: int, Hkv: int, S: int, d: int, dtype, kv_len: int, g: torch.Generator):

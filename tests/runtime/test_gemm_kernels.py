@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.runtime.compare import rel
+from tests.runtime.compare import compile_for_h100, rel
 from tests.runtime.kernel_engine import GREEDY_AND_SAMPLED, TWO_PROMPTS, count_calls, same_generation
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.models import layers as L
@@ -135,16 +135,11 @@ def test_kernels_compile_for_the_h100(tmp_path):
     Qwen3-8B shapes for sm_90, within the H100's shared memory and without register spills."""
     kernels()
     import json
-    import subprocess
-    import sys
     from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # compile, do not interpret
     out = tmp_path / "cc.json"
-    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "gemm_bench.py"), "--compile_only", "90",
-                           "--models", "qwen3-8b", "--M", "1,64", "--out", str(out)],
-                          env={**env, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm_bench.py"
+    compile_for_h100([str(bench), "--compile_only", "90", "--models", "qwen3-8b", "--M", "1,64", "--out", str(out)],
+                     timeout=600)
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) >= 4 * 2 * 4 and all(r["stack"] == 0 for r in rows)
     assert all(r["pipelined"] for r in rows if r["default"])   # the default tiles stream weights through cp.async
