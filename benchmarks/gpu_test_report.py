@@ -11,8 +11,8 @@ import argparse
 import json
 import re
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,23 +52,24 @@ def main(argv=None) -> int:
     # -v: one line per test as it finishes, so a run stopped at --max_s still says which tests passed
     # --show-capture=no: captured DEBUG logs (torch's tracer logs at that level) once buried the failure messages;
     # junit XML: every test's failure message and record_property values go into the report
-    xml = Path(tempfile.mkdtemp()) / "junit.xml"
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-rA", "-v", "-p", "no:cacheprovider", "--show-capture=no",
-           f"--junitxml={xml}", *args.tests]
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.max_s)
-        out, returncode, stopped = proc.stdout + proc.stderr, proc.returncode, ""
-    except subprocess.TimeoutExpired as err:
-        text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
-        out, returncode = text(err.stdout) + text(err.stderr), 124
-        stopped = f"stopped after {args.max_s:.0f} s (--max_s); "
+    with tempfile.TemporaryDirectory() as tmp:   # the XML is read below, then removed with its folder
+        xml = Path(tmp) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-rA", "-v", "-p", "no:cacheprovider",
+               "--show-capture=no", f"--junitxml={xml}", *args.tests]
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.max_s)
+            out, returncode, stopped = proc.stdout + proc.stderr, proc.returncode, ""
+        except subprocess.TimeoutExpired as err:
+            text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
+            out, returncode = text(err.stdout) + text(err.stderr), 124
+            stopped = f"stopped after {args.max_s:.0f} s (--max_s); "
+        details = junit_details(xml)
     print(out[-6000:])
     outcome = {}
     for t, o in re.findall(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED)", out, re.M):
         outcome[t] = o
     for o, t in re.findall(r"^(PASSED|FAILED|ERROR)\s+(\S+::\S+)", out, re.M):   # -rA's summary lines
         outcome[t] = o
-    details = junit_details(xml)
     per_test = [{"test": t, "outcome": o, **details.get(t, {})} for t, o in outcome.items()]
     summary = next((line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed|error|skipped)", line)), "")
     if stopped:
