@@ -3,6 +3,7 @@
 ``resolve_attention_kernel`` does, once, where RuntimeConfig.attention_kernel asks for the kernels."""
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -22,6 +23,12 @@ MAX_QUERY_ROWS = 128
 GEMM_MAX_ROWS = 16
 GATED_GEMM_MAX_ROWS = 128
 SETTINGS = ("auto", "triton", "torch")
+
+
+@functools.cache   # a device property query per kernel launch would be host work on the decode path
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``, which size the kernels' grids; 4 off CUDA (the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def resolve_attention_kernel(setting: str, device: torch.device) -> str:

@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import num_sms
+
 MAX_SMEM = 227 * 1024      # bytes of shared memory one block may use on an H100 (sm_90)
 SMEM_BUDGET = 160 * 1024   # bytes of pipelined tiles per program (below MAX_SMEM: headroom for Triton)
 
@@ -55,11 +57,6 @@ def _pow2(x: int) -> int:
 def dot_block_m(M: int) -> int:
     """BLOCK_M of the tl.dot tiles for M rows: padded to a power of two in 16..64."""
     return min(64, max(16, _pow2(M)))
-
-
-@functools.cache
-def num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 @functools.cache   # a pure function of its ints, called per GEMM launch (host time when not graph-replayed)
