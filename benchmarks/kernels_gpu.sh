@@ -37,26 +37,29 @@ run() {   # name, command...: output to $OUT/<name>.log, its tail and time here
   grep -vE "^DEBUG|^\s*$" "$OUT/$name.log" | tail -${TAIL:-6} | cut -c1-220
   echo "$name: $(( $(date +%s) - t0 )) s"
 }
-report() {   # out.json, tests...: GPU tests on CUDA, their interpreter twins under SMOKE
-  local out=$1
-  shift
-  if [ -n "${SMOKE:-}" ]; then "$PY" -m pytest -q -p no:cacheprovider "$@"
+report() {   # out.json, "CPU twins", GPU tests...: the GPU tests on CUDA; under SMOKE the CPU twins instead
+  local out=$1 twins=$2
+  shift 2
+  if [ -n "${SMOKE:-}" ]; then [ -z "$twins" ] || "$PY" -m pytest -q -p no:cacheprovider $twins
   else "$PY" benchmarks/gpu_test_report.py "$@" --out "$out" --max_s "${TEST_MAX_S:-300}"; fi
 }
 for stage in "$@"; do
   case $stage in
     tests_a)
-      run tests_a report "$OUT/gpu_tests_kernels_a.json" tests/gpu/test_decode_attention_cuda.py \
+      run tests_a report "$OUT/gpu_tests_kernels_a.json" \
+        "tests/runtime/test_decode_attention.py tests/runtime/test_gemm_kernels.py tests/runtime/test_sample_kernels.py" \
+        tests/gpu/test_decode_attention_cuda.py \
         tests/gpu/test_gemm_cuda.py tests/gpu/test_sample_cuda.py ;;
     tests_b)
-      run tests_b report "$OUT/gpu_tests_kernels_b.json" tests/gpu/test_gpt_oss_kernels_cuda.py \
+      run tests_b report "$OUT/gpu_tests_kernels_b.json" \
+        "tests/runtime/test_gpt_oss_kernels.py tests/runtime/test_mxfp4_moe.py" tests/gpu/test_gpt_oss_kernels_cuda.py \
         tests/runtime/test_mxfp4_moe.py::test_variants_at_gpt_oss_shapes \
         tests/runtime/test_mxfp4_moe.py::test_kernel_under_cuda_graph_replays_new_routing ;;
     smollm2)
       if [ -z "${SMOKE:-}" ] && [ ! -f "$TRTLLM_DFLASH_CACHE/smollm2-135m-instruct/.complete" ]; then
         echo "FAILED: smollm2: no converted SmolLM2 under $TRTLLM_DFLASH_CACHE (bash benchmarks/gpu_smollm2.sh prep)"; rc=1
       else
-        run smollm2 report "$OUT/gpu_tests_smollm2.json" \
+        run smollm2 report "$OUT/gpu_tests_smollm2.json" "" \
           "tests/gpu/test_smollm2_cuda.py::test_greedy_dflash_equals_ar_in_float32[triton]" \
           "tests/gpu/test_smollm2_cuda.py::test_greedy_dflash_vs_ar_in_bf16_within_the_tolerance_policy"
       fi ;;
