@@ -13,9 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+# test_sample_kernels is imported at collection: it sets TRITON_INTERPRET (no CUDA) before triton is imported,
+# which the tiny_pair fixture's checkpoint writer (transformers) does; imported inside a test, the kernels failed
+# in the interpreter
+from tests.runtime.oracle import OracleEngine
+from tests.runtime.test_sample_kernels import sampling_kernels_only
 from tests.tiny import VOCAB
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
-from tests.runtime.oracle import OracleEngine
 from trtllm_dflash.runtime.engine import Engine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -101,7 +105,6 @@ def test_oracle_right_for_k_tokens_then_wrong_commits_k_plus_one(tiny_pair, ar_t
 def test_oracle_with_the_sampling_kernels(tiny_pair, ar_truth, right, monkeypatch):
     """The same with the decode step's sampling + acceptance in the Triton kernels (runtime/kernels/sample.py, in
     the interpreter on the CPU): DFlash sampled == AR sampled (AR on the torch path), token for token."""
-    from tests.runtime.test_sample_kernels import sampling_kernels_only
     calls = sampling_kernels_only(monkeypatch)
     truth = ar_truth["temperature"]
     SampledOracle.truth, SampledOracle.right = truth, right
