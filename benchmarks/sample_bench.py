@@ -62,7 +62,7 @@ def fresh_state(n: int, B: int, dev) -> Commit:
 def torch_path(logits, sb, pos, draft, t_out, a_out, state):
     """runner.step_tensors' torch branch (without the TP broadcast, a no-op on one GPU)."""
     t = sample(logits, sb, pos)
-    a = accept(draft, t) if draft is not None else torch.zeros_like(state.start)
+    a = accept(draft, t)
     commit(t, a, state)
     t_out.copy_(t)
     a_out.copy_(a)

@@ -289,7 +289,7 @@ class Runner:
             K.sample_accept(logits, sb, vpos + 1, draft, self._t[:n, :block], self._a[:n], state)
         else:
             t = self.tp.broadcast(sample(logits, sb, vpos + 1))          # [n, b] target samples
-            a = accept(draft, t) if block > 1 else torch.zeros_like(start)  # [n]
+            a = accept(draft, t)                                         # [n]
             commit(t, a, state)
             self._t[:n, :block], self._a[:n] = t, a
         if B > 1 and block == 1 and self.stash_steps:

@@ -114,11 +114,14 @@ def sample(logits: torch.Tensor, sb: SamplingBatch, positions: torch.Tensor) -> 
     return torch.where(sb.temperature[:, None] > 0, sampled, greedy)
 
 
-def accept(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """draft [n, B-1], target samples [n, B] -> accepted draft count a [n].
+def accept(draft: torch.Tensor | None, target: torch.Tensor) -> torch.Tensor:
+    """draft [n, B-1] (None for a block of one: nothing to accept), target samples [n, B] -> accepted draft
+    count a [n].
 
     The committed tokens are target[:, :a+1]: the accepted drafts (equal to the target's samples)
     plus the target's bonus token."""
+    if draft is None:
+        return torch.zeros(target.shape[0], dtype=torch.long, device=target.device)
     return (draft == target[:, :-1]).long().cumprod(dim=1).sum(dim=1)
 
 
