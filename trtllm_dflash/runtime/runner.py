@@ -67,9 +67,10 @@ class Runner:
         self._arange = torch.arange(block_size, device=self.device)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.use_graphs = cfg.cuda_graphs and self.device.type == "cuda"
-        # The step's sampling + acceptance kernels follow RuntimeConfig.attention_kernel, as the models' do.
+        # The step's sampling + acceptance kernels follow RuntimeConfig.attention_kernel, as the models' do; not
+        # under TP, where the torch path broadcasts rank 0's samples.
         self._sample_kernels = None
-        if resolve_attention_kernel(cfg.attention_kernel, self.device) == "triton":
+        if resolve_attention_kernel(cfg.attention_kernel, self.device) == "triton" and not tp.active:
             from .kernels import sample as sample_kernels
             self._sample_kernels = sample_kernels
         self.captured_mid_run = 0                 # graphs captured after warm_up(): each one a stall
@@ -283,9 +284,7 @@ class Runner:
         logits, sb = self.target.logits(h), self._sampling(n)            # [n, b, V]
         state = Commit(start, last, self.active[:n], self.cfg.max_seq_len - B)
         K = self._sample_kernels
-        if K is not None and K.handles(sb) and not self.tp.active:
-            # two Triton kernels sample, accept and commit (kernels/sample.py); under TP the torch path below
-            # keeps broadcasting rank 0's samples
+        if K is not None and K.handles(sb):   # two Triton kernels sample, accept and commit (kernels/sample.py)
             K.sample_accept(logits, sb, vpos + 1, draft, self._t[:n, :block], self._a[:n], state)
         else:
             t = self.tp.broadcast(sample(logits, sb, vpos + 1))          # [n, b] target samples
