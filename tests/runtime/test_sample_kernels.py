@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from tests.runtime.compare import compile_for_h100
+from tests.runtime.kernel_engine import TWO_PROMPTS, count_calls, same_generation
 from tests.runtime.test_sampling import chi_square_p
 from trtllm_dflash.config import SamplingParams
 from trtllm_dflash.errors import DFlashError
@@ -194,36 +195,22 @@ def test_kernel_draws_follow_the_target_law():
 def sampling_kernels_only(monkeypatch) -> dict:
     """Engines built after this run the sampling kernels (attention_kernel="triton") but keep the models on the
     torch attention (test_decode_attention covers those kernels; here they would only cost interpreter time).
-    Returns the count of sample_accept calls."""
-    K = kernels()
+    Returns {"sample_accept": its call count}."""
     from trtllm_dflash.runtime import engine as engine_mod
     monkeypatch.setattr(engine_mod, "set_attention_kernel", lambda model, setting: "torch")
-    calls = {"n": 0}
-
-    def counted(*args, _f=K.sample_accept, **kw):
-        calls["n"] += 1
-        return _f(*args, **kw)
-    monkeypatch.setattr(K, "sample_accept", counted)
-    return calls
+    return count_calls(monkeypatch, kernels(), ["sample_accept"], {"sample_accept": 0})
 
 
 @pytest.mark.parametrize("block", [1, 4])
 def test_engine_tokens_are_the_same_with_the_sampling_kernels(tiny_pair, block, monkeypatch):
-    from tests.runtime.kernel_engine import engine_with_kernel
-    from trtllm_dflash.config import RuntimeConfig
-    cfg = dict(max_seq_len=64, max_batch_size=3, block_size=block)
-    ref = engine_with_kernel(*tiny_pair, RuntimeConfig(**cfg, attention_kernel="torch"))
-    calls = sampling_kernels_only(monkeypatch)
-    fused = engine_with_kernel(*tiny_pair, RuntimeConfig(**cfg, attention_kernel="triton"))
-    ps = [[5, 9, 14, 3, 22], [7, 41], [60, 2, 2]]
+    calls = sampling_kernels_only(monkeypatch)   # models on the torch attention in both engines (their default)
+    ps = [*TWO_PROMPTS, [60, 2, 2]]
     greedy = [SamplingParams(max_new_tokens=8, ignore_eos=True)] * 3
     mixed = [SamplingParams(max_new_tokens=8, ignore_eos=True, temperature=t, seed=s)
              for t, s in ((0.0, 0), (0.8, 3), (1.5, -2))]
     for sp in (greedy, mixed):
-        for x, y in zip(ref.generate(ps, sp), fused.generate(ps, sp)):
-            assert x.output_ids == y.output_ids
-            assert x.stats.acceptance_lengths == y.stats.acceptance_lengths
-    assert calls["n"] >= 14, calls   # every decode step of both batches sampled in the kernels
+        same_generation(*tiny_pair, dict(max_seq_len=64, max_batch_size=3, block_size=block), ps, sp)
+    assert calls["sample_accept"] >= 14, calls   # every decode step of both batches sampled in the kernels
 
 
 COMPILE_SM90 = '''

@@ -115,4 +115,4 @@ def test_oracle_with_the_sampling_kernels(tiny_pair, ar_truth, right, monkeypatc
     for p, r in zip(ps, out):
         assert r.output_ids == truth[tuple(p)][:16], f"row {ps.index(p)}: DFlash sampled != AR sampled"
         assert set(r.stats.acceptance_lengths) == {B if right is None else right + 1}, r.stats.acceptance_lengths
-    assert calls["n"] > 0
+    assert calls["sample_accept"] > 0
