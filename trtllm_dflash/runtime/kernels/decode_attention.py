@@ -34,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import MAX_QUERY_ROWS  # G * T rows per KV head in one tile (DFlash verify of 16 with G = 4 is 64)
+# MAX_QUERY_ROWS: G * T rows per KV head in one tile (DFlash verify of 16 with G = 4 is 64)
+from . import MAX_QUERY_ROWS, num_sms
 from .arrival import last_arrival, tile_counters
 
 
@@ -274,8 +275,7 @@ def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: 
     # keys one program may walk: from its lowest lo rounded down to a tile (hence BLOCK_N - 1) to its highest hi
     cover = kv_len if span is None else max(1, min(kv_len, span + BLOCK_N - 1))
     if splits is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        splits = num_splits(n * Hkv, cover, BLOCK_N, sms)
+        splits = num_splits(n * Hkv, cover, BLOCK_N, num_sms(q.device))
     keys_per_split = -(-cover // splits)
     keys_per_split = -(-keys_per_split // BLOCK_N) * BLOCK_N
     splits = -(-cover // keys_per_split)
