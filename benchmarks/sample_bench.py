@@ -54,7 +54,7 @@ def inputs(n: int, T: int, V: int, greedy: bool, dev):
     return logits, sb, pos, draft
 
 
-def fresh_state(n: int, B: int, dev) -> Commit:
+def fresh_state(n: int, dev) -> Commit:
     return Commit(torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, dtype=torch.long, device=dev),
                   torch.ones(n, dtype=torch.bool, device=dev), 10**9)
 
@@ -137,17 +137,17 @@ def main(argv=None) -> int:
                     logits, sb, pos, draft = inputs(n, T, V, greedy, dev)
                     t_out = torch.zeros(n, T, dtype=torch.long, device=dev)
                     a_out = torch.zeros(n, dtype=torch.long, device=dev)
-                    ref_state = fresh_state(n, T, dev)
+                    ref_state = fresh_state(n, dev)
                     torch_path(logits, sb, pos, draft, t_out, a_out, ref_state)
                     ref_t, ref_a = t_out.clone(), a_out.clone()
-                    state = fresh_state(n, T, dev)
+                    state = fresh_state(n, dev)
                     ref_fn = partial(torch_path, logits, sb, pos, draft, t_out, a_out, state)
                     row = {"model": name, "vocab": V, "rows": n, "block": T, "mode": "greedy" if greedy else "sampled",
                            "torch_us": timed(ref_fn, dev, args.reps, args.inner),
                            "torch_kernels": kernels_per_call(ref_fn), "torch_aten_ops": aten_ops(ref_fn),
                            "kernel_us": {}, "tokens_equal": True}
                     for bv, pr in plans:
-                        st = fresh_state(n, T, dev)
+                        st = fresh_state(n, dev)
                         K.sample_accept(logits, sb, pos, draft, t_out, a_out, st, block_v=bv, programs=pr)
                         row["tokens_equal"] &= bool(torch.equal(t_out, ref_t) and torch.equal(a_out, ref_a)
                                                     and torch.equal(st.start, ref_state.start)
