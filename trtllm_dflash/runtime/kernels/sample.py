@@ -2,8 +2,9 @@
 """Triton kernels for the sampling + acceptance + commit of a decode step (RuntimeConfig.attention_kernel).
 
 They replace, per step, the torch chain of runtime/sampling.py (argmax; for sampled rows the counter-based
-hash noise, two logs, a division, an add and an argmax; accept's eq/cumprod/sum) and the runner's commit
-(where/gather/compare/copies): ~50 small kernels for a sampled batch, ~20 for a greedy one, in two:
+hash noise, two logs, a division, an add and an argmax; accept's eq/cumprod/sum) and sampling.commit
+(where/gather/compare/copies): 90-96 small kernels for a sampled batch, 14-19 for a greedy one on the H100
+(benchmarks/results/sample_bench_h100.json, torch_kernels), in two:
 
   _vocab_argmax   grid (n * T, splits): one program per (row, block position, slice of the vocab). Reads the
                   logits once and keeps the first maximal (value, index) of its slice: greedy rows take the
