@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .kernels import num_sms
 from .kernels.arrival import last_arrival, tile_counters
 
 
@@ -577,10 +578,6 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
             out_ptr.dtype.element_ty), mask=(t < N)[:, None] & nm[None, :])
 
 
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-
-
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -602,7 +599,7 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
                   t: TileConfig, act_dtype: torch.dtype) -> torch.Tensor:
     """The gemv variant: two kernels (gate_up + SwiGLU, down + k-sum), no route kernel, no separate reduction."""
     (N, k), (E, two_i, G, _), H = ids.shape, gu_blocks.shape, x.shape[1]
-    I, P, dev, sms = two_i // 2, N * k, x.device, _sms(x.device)
+    I, P, dev, sms = two_i // 2, N * k, x.device, num_sms(x.device)
     if N > t.block_m:
         raise ValueError(f"gemv keeps each expert's pairs in one block, so tokens per call ({N}) must be <= block_m "
                          f"({t.block_m}); use a larger block_m or the mma variant (default_tiles does)")
@@ -657,7 +654,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         return _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first,
                              limit, alpha, t, act_dtype)
     sorted_ids, block_expert, num_blocks, max_blocks = route(ids, first, E, t.block_m)
-    R, sms, dev = max_blocks * t.block_m, _sms(x.device), x.device
+    R, sms, dev = max_blocks * t.block_m, num_sms(x.device), x.device
     # programs that do work: at most one row block per chosen expert at decode sizes
     busy = min(max_blocks, min(E, N * k) + (N * k) // t.block_m)
     act = torch.empty(R, I, dtype=act_dtype, device=dev)
