@@ -31,11 +31,12 @@ def attend_f64(q, k, v, visible, scale):
     return (p @ v).transpose(1, 2).flatten(2)
 
 
-def compile_for_h100(code: str | list[str], timeout: int = 300) -> None:
+def compile_for_h100(code: str | list[str], timeout: int = 300) -> str:
     """Run ``code`` (which calls triton.compile(..., target=GPUTarget("cuda", 90, 32))), or a script and its
     arguments (a list), in a fresh process without TRITON_INTERPRET: the interpreter accepts code the compiler
     refuses (a plain global in a kernel, a value defined in one branch), and Triton's front end, passes and bundled
-    ptxas all run on the CPU, no GPU needed. The process must exit 0; its output's tails are the failure message."""
+    ptxas all run on the CPU, no GPU needed. The process must exit 0; its output's tails are the failure message.
+    Returns its stdout."""
     import os
     import subprocess
     import sys
@@ -47,6 +48,7 @@ def compile_for_h100(code: str | list[str], timeout: int = 300) -> None:
     args = ["-c", code] if isinstance(code, str) else code
     proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
 
 
 def random_cache(slots: int, Hkv: int, S: int, d: int, dtype, kv_len: int, g: torch.Generator):

@@ -309,16 +309,13 @@ def test_kernels_compile_for_hopper_without_a_gpu():
         pytest.skip("the GPU tests compile the kernels for real")
     triton_or_skip()
     import json
-    import subprocess
-    import sys
     from pathlib import Path
+    from tests.runtime.compare import compile_for_h100
     from trtllm_dflash.runtime import mxfp4_moe
     t = mxfp4_moe.default_tiles(1, 4, 32)
     gemv = f"gemv:{t.block_m}:{t.block_n}:{t.block_k}:{t.num_warps}"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("mxfp4_sm90_compile.py")), gemv,
-                           "mma:16:64:128:4", "swap:16:64:128:4"], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    script = Path(__file__).with_name("mxfp4_sm90_compile.py")
+    stdout = compile_for_h100([str(script), gemv, "mma:16:64:128:4", "swap:16:64:128:4"], timeout=600)
+    rows = [json.loads(line) for line in stdout.splitlines()]
     assert len(rows) == 4 + 2 * 11
     assert all(r["stack"] == 0 for r in rows if r["config"] == gemv)
