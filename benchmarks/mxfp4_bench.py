@@ -89,23 +89,13 @@ def routing(kind: str, N: int, E: int, k: int, device, seed: int):
 
 
 def time_us(fn, iters: int, cuda: bool) -> float:
+    """Median us of ``iters`` CUDA-graph replays after 3 warm-up replays (CUDA events); one eager call's wall
+    clock on the CPU. gpt_oss_step.time_ms's loop, over step_bench.graphed's replay."""
+    from gpt_oss_step import time_ms
     if not cuda:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
+        return time_ms(fn, 1, 0, False)[0] * 1e3
     from step_bench import graphed
-    replay = graphed(fn)
-    for _ in range(3):
-        replay()
-    out = []
-    for _ in range(iters):
-        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0.record()
-        replay()
-        t1.record()
-        t1.synchronize()
-        out.append(t0.elapsed_time(t1) * 1e3)
-    return statistics.median(out)
+    return statistics.median(time_ms(graphed(fn), iters, 3, True)) * 1e3
 
 
 def main(argv=None) -> int:
