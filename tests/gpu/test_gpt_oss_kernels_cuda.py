@@ -21,8 +21,8 @@ import dataclasses
 import pytest
 import torch
 
-from tests.runtime.compare import rel
-from tests.runtime.test_gpt_oss_kernels import attend_sinks_f64, topk_f64, window_keys
+from tests.runtime.compare import attend_f64, rel
+from tests.runtime.test_gpt_oss_kernels import topk_f64, window_keys
 from trtllm_dflash.runtime.graphs import capture
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import gpt_oss
@@ -56,7 +56,7 @@ def test_attend_with_sinks_bf16(window, n, T, ctx, kv_len):
     visible = keys.mask(kv_len)
     if window is not None:   # the kernel must not read keys below the lowest lo's tile: poison them
         cache.v[:, :, :, :int(keys.lo.min()) // 128 * 128] = float("nan")
-    want = attend_sinks_f64(q, k, v, visible, sinks, D ** -0.5)
+    want = attend_f64(q, k, v, visible, D ** -0.5, sinks)
     ref = gpt_oss.attend_with_sinks(q.transpose(1, 2), k, v, visible, sinks, D ** -0.5)
     span = None if window is None else window + T - 1
     out = K.attend(q, cache.k[0], cache.v[0], cache.row_ids(rows), kv_len, keys.lo, keys.hi, D ** -0.5,

@@ -21,13 +21,20 @@ def rope_f64(x, cos, sin, w, eps):
     return x * cos.double() + torch.cat([-x[..., half:], x[..., :half]], -1) * sin.double()
 
 
-def attend_f64(q, k, v, visible, scale):
+def attend_f64(q, k, v, visible, scale, sinks=None):
     """Attention in float64: q [n, T, Hq, d], k/v [n, Hkv, S, d], visible [n, 1, T, S] -> [n, T, Hq * d], plain GQA
-    expansion."""
-    G = q.shape[2] // k.shape[1]
+    expansion. ``sinks`` [Hq] (gpt-oss, as transformers' eager_attention_forward): one more logit per head in the
+    softmax, its column dropped after."""
+    n, T, Hq, _ = q.shape
+    G = Hq // k.shape[1]
     k, v = k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
-    s = (q.double().transpose(1, 2) @ k.transpose(-1, -2)) * scale
-    p = s.masked_fill(~visible, float("-inf")).softmax(-1)
+    s = (q.double().transpose(1, 2) @ k.transpose(-1, -2)) * scale                  # [n, Hq, T, S]
+    s = s.masked_fill(~visible, float("-inf"))
+    if sinks is None:
+        p = s.softmax(-1)
+    else:
+        sink = sinks.double().view(1, Hq, 1, 1).expand(n, Hq, T, 1)
+        p = torch.cat([s, sink], -1).softmax(-1)[..., :-1]
     return (p @ v).transpose(1, 2).flatten(2)
 
 

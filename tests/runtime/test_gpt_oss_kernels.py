@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.runtime.compare import random_cache, rel
+from tests.runtime.compare import attend_f64, random_cache, rel
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import gpt_oss
 from trtllm_dflash.runtime.models import layers as L
@@ -35,19 +35,6 @@ def kernels():
     pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
     from trtllm_dflash.runtime.kernels import decode_attention, router
     return decode_attention, router
-
-
-def attend_sinks_f64(q, k, v, visible, sinks, scale):
-    """gpt-oss attention in float64, as transformers' eager_attention_forward: q [n, T, Hq, d], k/v [n, Hkv, S, d],
-    visible [n, 1, T, S], sinks [Hq] -> [n, T, Hq * d]; softmax over [scores, sink], sink column dropped."""
-    n, T, Hq, _ = q.shape
-    G = Hq // k.shape[1]
-    k, v = k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
-    s = (q.double().transpose(1, 2) @ k.transpose(-1, -2)) * scale                  # [n, Hq, T, S]
-    s = s.masked_fill(~visible, float("-inf"))
-    sink = sinks.double().view(1, Hq, 1, 1).expand(n, Hq, T, 1)
-    p = torch.cat([s, sink], -1).softmax(-1)[..., :-1]
-    return (p @ v).transpose(1, 2).flatten(2)
 
 
 def window_keys(pos: torch.Tensor, window: int | None) -> L.KeyRange:
@@ -76,7 +63,7 @@ def test_attend_with_sinks_and_window_equals_torch_and_float64(dtype, tol, case)
     k, v = (x.clone() for x in cache.read(0, rows, kv_len))
     if window is not None and window < 200:   # keys below the tile of the lowest lo must not even be read
         cache.v[:, :, :, :int(keys.lo.min()) // 64 * 64] = float("nan")
-    want = attend_sinks_f64(q, k, v, visible, sinks, d ** -0.5)
+    want = attend_f64(q, k, v, visible, d ** -0.5, sinks)
     ref = gpt_oss.attend_with_sinks(q.transpose(1, 2), k, v, visible, sinks, d ** -0.5)
     span = None if window is None else window + T - 1
     out = K.attend(q, cache.k[0], cache.v[0], rows, kv_len, keys.lo, keys.hi, d ** -0.5, splits=splits,
@@ -84,7 +71,7 @@ def test_attend_with_sinks_and_window_equals_torch_and_float64(dtype, tol, case)
     assert out.dtype == dtype and out.shape == ref.shape
     assert rel(out, want) < tol and rel(out, ref) < 2 * tol
     # the sinks matter here (a kernel that dropped them would fail above)
-    assert rel(attend_sinks_f64(q, k, v, visible, sinks - 1e4, d ** -0.5), want) > 10 * tol
+    assert rel(attend_f64(q, k, v, visible, d ** -0.5, sinks - 1e4), want) > 10 * tol
 
 
 @pytest.mark.parametrize("splits", [1, 2])
@@ -105,7 +92,7 @@ def test_rows_that_see_no_key_give_zero_with_sinks(splits):
     out = K.attend(q, cache.k[0], cache.v[0], torch.tensor([0]), kv_len, keys.lo, keys.hi, d ** -0.5,
                    splits=splits, sinks=sinks, span=4)
     assert out[:, 0].abs().max() == 0
-    assert rel(out, attend_sinks_f64(q, k, v, visible, sinks, d ** -0.5)) < 1e-5
+    assert rel(out, attend_f64(q, k, v, visible, d ** -0.5, sinks)) < 1e-5
     assert rel(out, gpt_oss.attend_with_sinks(q.transpose(1, 2), k, v, visible, sinks, d ** -0.5)) < 1e-5
 
 
