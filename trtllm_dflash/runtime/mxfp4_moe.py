@@ -39,6 +39,7 @@ min(E, N * k) + ceil(N * k / BM) blocks. gemv: slots past the call's distinct ex
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -94,6 +95,7 @@ def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
     return split
 
 
+@functools.cache   # a pure function of its ints (TileConfig is frozen), called per MoE layer per step
 def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     """The variant and tiles for a call of ``tokens`` tokens x ``top_k`` experts over ``num_experts`` local ones.
 
