@@ -130,6 +130,7 @@ def check_parallel(c: GptOssConfig, tp_size: int, ep_size: int) -> None:
                               f"pick sizes that divide {n}")
 
 
+@_fused
 def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm in the reference's rounding: it scales by the weight in float32 before casting back (llama's
     norm casts first)."""
@@ -138,25 +139,13 @@ def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @_fused
-def _fused_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return _norm(x, w, eps)
-
-
-@_fused
-def _fused_add_norm(residual: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float):
-    """(residual + x, its norm) in one compiled kernel on CUDA (eager elsewhere): eager's math, but inductor keeps
-    intermediates in float32 (the norm may read the sum before its bf16 rounding), so a bf16 result can differ
-    from eager's by a rounding here and there."""
-    total = residual + x
-    return total, _norm(total, w, eps)
-
-
-@_fused
-def _fused_bias_add_norm(residual: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, w: torch.Tensor, eps: float):
-    """As _fused_add_norm with o_proj's bias added to x first (eager rounds x + bias to the model dtype; inductor
-    adds all three in float32 and rounds once)."""
-    total = residual + (x + bias)
-    return total, _norm(total, w, eps)
+def _add_norm(residual: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float, bias: torch.Tensor | None):
+    """(residual + x, its norm), o_proj's ``bias`` added to x first when given. Eager (``.eager``): the reference's
+    roundings (x + bias rounded to the model dtype, then the sum). Compiled (CUDA): one kernel, eager's math, but
+    inductor keeps intermediates in float32 (it adds all three and the norm reads the sum before their bf16
+    rounding), so a bf16 result can differ from eager's by a rounding here and there."""
+    total = residual + (x if bias is None else x + bias)
+    return total, _norm.eager(total, w, eps)
 
 
 class GptOssRMSNorm(RMSNorm):
@@ -167,13 +156,9 @@ class GptOssRMSNorm(RMSNorm):
         one compiled kernel on CUDA (_fused); else eager ops, the reference: a compiled kernel changes bf16
         results on CUDA by a rounding here and there."""
         if residual is None:
-            return _fused_norm(x, self.weight, self.eps) if fused else _norm(x, self.weight, self.eps)
-        if fused:
-            total, normed = (_fused_add_norm(residual, x, self.weight, self.eps) if bias is None
-                             else _fused_bias_add_norm(residual, x, bias, self.weight, self.eps))
-            return normed, total
-        total = residual + (x if bias is None else x + bias)
-        return _norm(total, self.weight, self.eps), total
+            return (_norm if fused else _norm.eager)(x, self.weight, self.eps)
+        total, normed = (_add_norm if fused else _add_norm.eager)(residual, x, self.weight, self.eps, bias)
+        return normed, total
 
 
 def attend_with_sinks(q, k, v, visible, sinks, scale: float) -> torch.Tensor:
