@@ -46,8 +46,8 @@ from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from ..shard import expert_layout
 from . import mxfp4
-from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, _fused, apply_rope, gemm, project, rope_cache_write,
-                     rope_parameters, uses_attention_kernel, uses_gemm_kernel)
+from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, _fused, apply_rope, attend_cache, gemm, project,
+                     rope_cache_write, rope_parameters, uses_attention_kernel, uses_gemm_kernel)
 
 ARCHITECTURES = ("GptOssForCausalLM",)
 SWIGLU_ALPHA = 1.702  # fixed in the reference (not a config field)
@@ -207,8 +207,10 @@ class Attention(nn.Module):
             # no q/k norm (weights None); k for the prefill's attention only
             q, k = rope_cache_write(q, k, v, cos, sin, None, None, 0.0, cache, layer, rows, positions, "triton",
                                     want_k=kv_len is None)
-            if isinstance(visible, KeyRange):
-                return self._out(self._attend_cache(q, cache, layer, rows, kv_len, visible), add_bias)
+            if isinstance(visible, KeyRange):   # on a sliding layer the keys carry the window: span = its reach
+                span = self.window + T - 1 if self.sliding else None
+                return self._out(attend_cache(q, cache, layer, rows, kv_len, visible, self.d ** -0.5, self.sinks, span),
+                                 add_bias)
         else:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)   # elementwise: the [n, T, H, d] layout is fine
             cache.write(layer, rows, positions, k, v)
@@ -217,14 +219,6 @@ class Attention(nn.Module):
         else:
             k, v = k.transpose(1, 2), v.transpose(1, 2)
         return self._out(attend_with_sinks(q.transpose(1, 2), k, v, visible, self.sinks, self.d ** -0.5), add_bias)
-
-    def _attend_cache(self, q, cache: KVCache, layer: int, rows, kv_len: int, keys: KeyRange) -> torch.Tensor:
-        """q [n, T, Hq, d] roped -> [n, T, Hq * d]: the Triton kernel with the sinks, against cache[:kv_len]; on a
-        sliding layer ``keys`` carries the window and its span sizes the kernel's split of the keys."""
-        from ..kernels import decode_attention
-        span = self.window + q.shape[1] - 1 if self.sliding else None
-        return decode_attention.attend(q, cache.k[layer], cache.v[layer], cache.row_ids(rows), kv_len, keys.lo,
-                                       keys.hi, self.d ** -0.5, sinks=self.sinks, span=span)
 
     def _out(self, out: torch.Tensor, add_bias: bool) -> torch.Tensor:
         w = self.o_proj.weight   # row-parallel: the bias once, after the all-reduce (here or in the next add + norm)

@@ -246,12 +246,14 @@ class KeyRange:
         return ((p >= self.lo[:, :, None]) & (p <= self.hi[:, :, None]))[:, None]
 
 
-def attend_cache(q: torch.Tensor, cache, layer: int, rows, kv_len: int, keys: KeyRange, scale: float) -> torch.Tensor:
+def attend_cache(q: torch.Tensor, cache, layer: int, rows, kv_len: int, keys: KeyRange, scale: float,
+                 sinks: torch.Tensor | None = None, span: int | None = None) -> torch.Tensor:
     """The Triton attention of short query blocks: q [n, T, Hq, d] against cache[:kv_len] of ``rows``, keys
-    visible per ``keys`` -> [n, T, Hq * d] (``attend``'s output layout)."""
+    visible per ``keys`` -> [n, T, Hq * d] (``attend``'s output layout). gpt-oss passes its ``sinks`` [Hq] and,
+    on a sliding layer, ``span`` (the most keys a row sees), which sizes the kernel's split of the keys."""
     from ..kernels import decode_attention
     return decode_attention.attend(q, cache.k[layer], cache.v[layer], cache.row_ids(rows), kv_len, keys.lo, keys.hi,
-                                   scale)
+                                   scale, sinks=sinks, span=span)
 
 
 def uses_attention_kernel(attn, T: int, kv_len: int | None) -> bool:
