@@ -202,13 +202,8 @@ def test_target_forward_with_the_kernels(tiny_gpt_oss, monkeypatch):
     two positions back, its stale rows hidden), with the kernels == the torch path, float32; the router's
     top-k kernel ran in every layer of the three forwards."""
     _, R = kernels()
-    calls = {"topk_softmax": 0}
-    topk_softmax = R.topk_softmax
-
-    def counted(*args, **kw):
-        calls["topk_softmax"] += 1
-        return topk_softmax(*args, **kw)
-    monkeypatch.setattr(R, "topk_softmax", counted)
+    from tests.runtime.kernel_engine import count_calls
+    calls = count_calls(monkeypatch, R, ["topk_softmax"], {})
     from trtllm_dflash.runtime.distributed import TPGroup
     from trtllm_dflash.runtime.loader import load_target
     from trtllm_dflash.runtime.models.llama import set_attention_kernel
