@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tests.runtime.compare import attend_f64, rel
-from tests.runtime.test_gpt_oss_kernels import topk_f64, window_keys
+from tests.runtime.test_gpt_oss_kernels import tiny_gpt_oss, topk_f64, window_keys  # noqa: F401 (a fixture)
 from trtllm_dflash.runtime.graphs import capture
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import gpt_oss
@@ -213,14 +213,6 @@ def test_target_layers_bf16_triton_vs_torch():
         for layer, s in zip(model.layers, saved_sinks):
             layer.self_attn.sinks.data.copy_(s)
         model.config = dataclasses.replace(model.config, sliding_window=WINDOW)
-
-
-@pytest.fixture(scope="module")
-def tiny_gpt_oss(tmp_path_factory):
-    from tests.tiny import write_gpt_oss_drafter, write_tiny_gpt_oss
-    root = tmp_path_factory.mktemp("gpt_oss_kernels_cuda")
-    target = write_tiny_gpt_oss(root / "mxfp4", mxfp4=True, seed=1)
-    return target, write_gpt_oss_drafter(target, root / "drafter")
 
 
 def test_tiny_gpt_oss_tokens_with_the_kernels(tiny_gpt_oss):
