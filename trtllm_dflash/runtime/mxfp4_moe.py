@@ -75,6 +75,9 @@ class TileConfig:
     split_k: int | None = None   # K slices per output tile (None: enough programs to fill the GPU, see split_for)
     variant: str = "mma"
 
+    def __post_init__(self):
+        self.check()   # once per config (default_tiles' are cached), not per call
+
     def check(self) -> None:
         pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731
         mma = self.variant in ("mma", "swap")
@@ -646,8 +649,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     N, k = ids.shape
     E, two_i, G, _ = gu_blocks.shape
     H, I = x.shape[1], two_i // 2
-    t = tiles or default_tiles(N, k, E)
-    t.check()
+    t = tiles or default_tiles(N, k, E)   # checked when it was made (TileConfig.__post_init__)
     mode = VARIANTS.index(t.variant)
     # MMA operand / activation type: bf16 on CUDA; float32 in Triton's CPU interpreter (numpy has no bf16)
     cdt, act_dtype = (tl.bfloat16, torch.bfloat16) if x.device.type == "cuda" else (tl.float32, torch.float32)
