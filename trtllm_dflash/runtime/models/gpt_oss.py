@@ -46,8 +46,8 @@ from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from ..shard import expert_layout
 from . import mxfp4
-from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, _fused, apply_rope, attend_cache, gemm, project,
-                     rope_cache_write, rope_parameters, uses_attention_kernel, uses_gemm_kernel)
+from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, _fused, apply_rope, attend_cache, project, rope_cache_write,
+                     rope_parameters, uses_attention_kernel)
 
 ARCHITECTURES = ("GptOssForCausalLM",)
 SWIGLU_ALPHA = 1.702  # fixed in the reference (not a config field)
@@ -221,8 +221,8 @@ class Attention(nn.Module):
         return self._out(attend_with_sinks(q.transpose(1, 2), k, v, visible, self.sinks, self.d ** -0.5), add_bias)
 
     def _out(self, out: torch.Tensor, add_bias: bool) -> torch.Tensor:
-        w = self.o_proj.weight   # row-parallel: the bias once, after the all-reduce (here or in the next add + norm)
-        out = self.tp.all_reduce(gemm(out, w) if uses_gemm_kernel(self.kernel, self.o_proj, out) else F.linear(out, w))
+        # row-parallel: the bias once, after the all-reduce (here or in the next add + norm)
+        out = self.tp.all_reduce(project(self.kernel, self.o_proj, out, bias=False))
         return out if self.o_proj.bias is None or not add_bias else out + self.o_proj.bias
 
 
