@@ -131,8 +131,7 @@ class Bench:
             q = torch.randn(1, T, Hq, d, device=self.dev, generator=g).to(self.dtype)
             sinks = torch.randn(Hq, device=self.dev, generator=g).to(self.dtype)
             pos = torch.arange(kv_len - T, kv_len, device=self.dev)[None]
-            lo = torch.zeros_like(pos) if window is None else (pos - window + 1).clamp(min=0)
-            keys = L.KeyRange(lo, pos)
+            keys = L.KeyRange.causal(pos, window)
             visible = keys.mask(kv_len)        # built once per forward in the model: not timed
             rid = cache.row_ids(slice(0, 1))
             span = None if window is None else window + T - 1

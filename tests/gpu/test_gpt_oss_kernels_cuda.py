@@ -21,15 +21,18 @@ import dataclasses
 import pytest
 import torch
 
+from tests.runtime import test_gpt_oss_kernels as cpu_tests
 from tests.runtime.compare import attend_f64, rel
-from tests.runtime.test_gpt_oss_kernels import tiny_gpt_oss, topk_f64, window_keys  # noqa: F401 (a fixture)
+from tests.runtime.test_gpt_oss_kernels import topk_f64
 from trtllm_dflash.runtime.graphs import capture
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import gpt_oss
+from trtllm_dflash.runtime.models.layers import KeyRange
 
 pytestmark = pytest.mark.gpu
 DEV, BF16 = torch.device("cuda"), torch.bfloat16
 HQ, HKV, D, WINDOW, HIDDEN = 64, 8, 64, 128, 2880
+tiny_gpt_oss = cpu_tests.tiny_gpt_oss   # the CPU tests' module-scoped fixture: the tiny MXFP4 target + drafter
 
 
 def kernels():
@@ -50,7 +53,7 @@ def test_attend_with_sinks_bf16(window, n, T, ctx, kv_len):
     sinks = (torch.randn(HQ, device=DEV, generator=g) + 3).to(BF16)
     start = torch.randint(ctx // 2, ctx, (n,), device=DEV, generator=g)
     pos = start[:, None] + torch.arange(T, device=DEV)
-    keys = window_keys(pos, window)
+    keys = KeyRange.causal(pos, window)
     rows = slice(0, n)
     k, v = (x.clone() for x in cache.read(0, rows, kv_len))
     visible = keys.mask(kv_len)
@@ -128,7 +131,7 @@ def test_kernels_replay_in_a_cuda_graph():
         cos, sin = rot.tables(pos, BF16)
         q, _ = L.rope_cache_write(q, k, v, cos, sin, None, None, 0.0, cache, 0, slice(0, n), pos, "triton",
                                   want_k=False)
-        keys = window_keys(pos, WINDOW)
+        keys = KeyRange.causal(pos, WINDOW)
         out = K.attend(q, cache.k[0], cache.v[0], cache.row_ids(slice(0, n)), S, keys.lo, keys.hi, D ** -0.5,
                        sinks=sinks, span=WINDOW + T - 1)
         return (out,) + R.topk_softmax(logits, 4)

@@ -37,12 +37,6 @@ def kernels():
     return decode_attention, router
 
 
-def window_keys(pos: torch.Tensor, window: int | None) -> L.KeyRange:
-    """What GptOssTarget.forward builds: key p visible iff pos - window < p <= pos (or causal without a window)."""
-    lo = torch.zeros_like(pos) if window is None else (pos - window + 1).clamp(min=0)
-    return L.KeyRange(lo, pos)
-
-
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
 @pytest.mark.parametrize("case", [
     # (G, T, window, splits): decode and DFlash verify blocks; the window larger than the context, smaller (the
@@ -58,7 +52,7 @@ def test_attend_with_sinks_and_window_equals_torch_and_float64(dtype, tol, case)
     sinks = (torch.randn(G * Hkv, generator=g) + 4).to(dtype)    # comparable to the keys' mass at 300 keys
     rows = torch.tensor([2, 0])
     pos = torch.tensor([[290 - T], [150]]) + torch.arange(T)                     # [n, T], as the runner's
-    keys = window_keys(pos, window)
+    keys = L.KeyRange.causal(pos, window)
     visible = keys.mask(kv_len)
     k, v = (x.clone() for x in cache.read(0, rows, kv_len))
     if window is not None and window < 200:   # keys below the tile of the lowest lo must not even be read

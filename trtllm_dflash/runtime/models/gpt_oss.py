@@ -400,9 +400,7 @@ class GptOssTarget(TargetHead):
         fused = a.kernel == "triton"
         cos, sin = self.rotary.tables(positions, x.dtype)                    # [n, T, 1, d]
         if uses_attention_kernel(a, ids.shape[1], kv_len):
-            # key p visible iff pos - window < p <= pos (transformers' sliding-window mask), as KeyRange bounds
-            full = KeyRange(torch.zeros_like(positions), positions)
-            window = KeyRange((positions - self.config.sliding_window + 1).clamp(min=0), positions)
+            full, window = KeyRange.causal(positions), KeyRange.causal(positions, self.config.sliding_window)
         else:
             key_pos = positions if kv_len is None else torch.arange(kv_len, device=ids.device)[None]
             behind = positions[:, :, None] - key_pos[:, None, :]             # [n, T, S] query pos - key pos

@@ -241,6 +241,13 @@ class KeyRange:
     lo: torch.Tensor
     hi: torch.Tensor
 
+    @classmethod
+    def causal(cls, positions: torch.Tensor, window: int | None = None) -> KeyRange:
+        """Each row sees the keys up to its position (``positions`` [n, T]); with ``window``, only the last
+        ``window`` of them: key p visible iff pos - window < p <= pos (transformers' sliding-window mask)."""
+        lo = torch.zeros_like(positions) if window is None else (positions - window + 1).clamp(min=0)
+        return cls(lo, positions)
+
     def mask(self, kv_len: int) -> torch.Tensor:
         p = torch.arange(kv_len, device=self.lo.device)[None, None, :]
         return ((p >= self.lo[:, :, None]) & (p <= self.hi[:, :, None]))[:, None]

@@ -221,7 +221,7 @@ class LlamaTarget(TargetHead):
         cos, sin = self.rotary.tables(positions, x.dtype)
         a = self.layers[0].self_attn
         if uses_attention_kernel(a, ids.shape[1], kv_len):   # causal by absolute position, as the mask below
-            visible = KeyRange(torch.zeros_like(positions), positions)
+            visible = KeyRange.causal(positions)
         else:
             key_pos = positions if kv_len is None else torch.arange(kv_len, device=ids.device)[None]
             visible = (key_pos[:, None, :] <= positions[:, :, None])[:, None]  # causal by absolute position
