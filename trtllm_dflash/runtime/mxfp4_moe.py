@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernels import num_sms
+from .kernels import num_sms, pow2
 from .kernels.arrival import last_arrival, tile_counters
 
 
@@ -79,9 +79,9 @@ class TileConfig:
         self.check()   # once per config (default_tiles' are cached), not per call
 
     def check(self) -> None:
-        pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731
+        is_pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731
         mma = self.variant in ("mma", "swap")
-        if (self.variant not in VARIANTS or not (pow2(self.block_m) and pow2(self.block_n) and pow2(self.block_k))
+        if (self.variant not in VARIANTS or not (is_pow2(self.block_m) and is_pow2(self.block_n) and is_pow2(self.block_k))
                 or self.block_k < 32 or self.block_m < (16 if mma else 2) or self.block_n < (16 if mma else 1)):
             raise ValueError(f"{self}: variant is one of {VARIANTS}; block_m/n/k are powers of two, block_k >= 32, "
                              "and mma/swap need block_m, block_n >= 16 (tl.dot), gemv block_m >= 2")
@@ -583,10 +583,6 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
             out_ptr.dtype.element_ty), mask=(t < N)[:, None] & nm[None, :])
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def route(ids: torch.Tensor, first: int, num_local: int, block_m: int):
     """ids [N, k] global expert ids -> (sorted [max_blocks * BM] int32 pair ids / -1, block_expert [max_blocks]
     int32, num_blocks [1] int32). max_blocks depends on shapes only (a fixed grid for CUDA graphs)."""
@@ -596,7 +592,7 @@ def route(ids: torch.Tensor, first: int, num_local: int, block_m: int):
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=ids.device)
     num_blocks = torch.empty(1, dtype=torch.int32, device=ids.device)
     _route_kernel[(num_local,)](ids.reshape(-1), P, first, num_local, sorted_ids, block_expert, num_blocks,
-                                BM=block_m, EB=_pow2(max(num_local, 2)), CP=min(1024, _pow2(max(P, 16))))
+                                BM=block_m, EB=pow2(max(num_local, 2)), CP=min(1024, pow2(max(P, 16))))
     return sorted_ids, block_expert, num_blocks, max_blocks
 
 
@@ -610,7 +606,7 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
                          f"({t.block_m}); use a larger block_m or the mma variant (default_tiles does)")
     slots = min(E, P)                       # distinct local experts a call can touch
     # fixed per tile config (tokens <= block_m), so one compiled kernel serves every token count
-    EB, PB, TB = _pow2(max(E, 2)), _pow2(max(t.block_m * k, 16)), t.block_m
+    EB, PB, TB = pow2(max(E, 2)), pow2(max(t.block_m * k, 16)), t.block_m
     ids_flat, rw = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
     n_gu, n_dn = triton.cdiv(I, t.block_n), triton.cdiv(H, t.block_n)
     split_gu = split_for(t, slots * n_gu, triton.cdiv(H, t.block_k), sms)

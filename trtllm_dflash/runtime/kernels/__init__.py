@@ -26,6 +26,11 @@ SETTINGS = ("auto", "triton", "torch")
 
 
 @functools.cache   # a device property query per kernel launch would be host work on the decode path
+def pow2(x: int) -> int:
+    """The smallest power of two >= x (1 for x <= 1): block sizes and padded extents of the kernels' launches."""
+    return 1 << (max(int(x), 1) - 1).bit_length()
+
+
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of ``device``, which size the kernels' grids; 4 off CUDA (the interpreter)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4

@@ -35,12 +35,8 @@ import triton
 import triton.language as tl
 
 # MAX_QUERY_ROWS: G * T rows per KV head in one tile (DFlash verify of 16 with G = 4 is 64)
-from . import MAX_QUERY_ROWS, num_sms
+from . import MAX_QUERY_ROWS, num_sms, pow2
 from .arrival import last_arrival, tile_counters
-
-
-def _pow2(x: int) -> int:
-    return triton.next_power_of_2(max(int(x), 1))
 
 
 # ---- norm + RoPE + cache write ---------------------------------------------------------------------------
@@ -268,7 +264,7 @@ def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: 
         raise ValueError(f"head_dim {d}: the decode attention kernel needs a power of two >= 16")
     if sinks is not None and (sinks.shape != (Hq,) or sinks.stride(0) != 1):
         raise ValueError(f"sinks: expected a contiguous [{Hq}] tensor (one logit per q head), got {tuple(sinks.shape)}")
-    BLOCK_M, BLOCK_N = max(16, _pow2(G * T)), 64 if d <= 64 else 32
+    BLOCK_M, BLOCK_N = max(16, pow2(G * T)), 64 if d <= 64 else 32
     num_warps = 4 if BLOCK_M * d <= 64 * 64 else 8
     if tiles is not None:
         BLOCK_N, num_warps = tiles

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import num_sms
+from . import num_sms, pow2
 
 MAX_SMEM = 227 * 1024      # bytes of shared memory one block may use on an H100 (sm_90)
 SMEM_BUDGET = 160 * 1024   # bytes of pipelined tiles per program (below MAX_SMEM: headroom for Triton)
@@ -50,13 +50,9 @@ class Config:
         return self.num_stages * (self.block_m + (2 if gated else 1) * self.block_n) * self.block_k * elem
 
 
-def _pow2(x: int) -> int:
-    return triton.next_power_of_2(max(int(x), 1))
-
-
 def dot_block_m(M: int) -> int:
     """BLOCK_M of the tl.dot tiles for M rows: padded to a power of two in 16..64."""
-    return min(64, max(16, _pow2(M)))
+    return min(64, max(16, pow2(M)))
 
 
 @functools.cache   # a pure function of its ints, called per GEMM launch (host time when not graph-replayed)
@@ -70,14 +66,14 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
     how many rows share the launch (an AR step and a DFlash verify project a token identically).
     benchmarks/gemm_bench.py times the alternatives."""
     block_m = dot_block_m(M)
-    block_k = min(256 if M <= 16 and K >= 2048 else 128, max(16, _pow2(K)))
+    block_k = min(256 if M <= 16 and K >= 2048 else 128, max(16, pow2(K)))
     m_tiles = -(-M // block_m)
     block_n = 16
     for bn in (64, 32):
         if m_tiles * -(-N // bn) >= 2 * sms:
             block_n = bn
             break
-    block_n = min(block_n, max(16, _pow2(N)))
+    block_n = min(block_n, max(16, pow2(N)))
     stages = 4
     while stages > 2 and Config(block_m, block_n, block_k, 4, stages).smem(gated, elem) > SMEM_BUDGET:
         stages -= 1
