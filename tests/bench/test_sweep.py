@@ -118,8 +118,18 @@ class FakeOpenAI(BaseHTTPRequestHandler):
             cls.bodies.append(body)
             cls.live += 1
             cls.peak = max(cls.peak, cls.live)
+        left = [True]
+
+        # Uncount this request before the client can see its end: the client may send its next request at once,
+        # and that request's handler must not find this one still counted (a 4th "in flight" on a loaded box).
+        def leave():
+            with cls.lock:
+                if left[0]:
+                    cls.live -= 1
+                    left[0] = False
         try:
             if not body["stream"]:
+                leave()
                 self._send(200, {"choices": [{"text": " tok" * body["max_tokens"], "finish_reason": "length"}],
                                  "usage": {"prompt_tokens": 7, "completion_tokens": body["max_tokens"]}})
                 return
@@ -131,6 +141,8 @@ class FakeOpenAI(BaseHTTPRequestHandler):
                 time.sleep(0.01)
                 k = min(2, n - sent)
                 sent += k
+                if sent == n:
+                    leave()
                 chunk = {"choices": [{"text": " tok" * k, "finish_reason": "length" if sent == n else None}],
                          "usage": {"prompt_tokens": 7, "completion_tokens": sent}}
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -138,8 +150,7 @@ class FakeOpenAI(BaseHTTPRequestHandler):
             self.wfile.write(b'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": %d}}\n\n' % n)
             self.wfile.write(b"data: [DONE]\n\n")
         finally:
-            with cls.lock:
-                cls.live -= 1
+            leave()
 
 
 def test_openai_endpoint_closed_loop(tmp_path, smollm2_dir):
