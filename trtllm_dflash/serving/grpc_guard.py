@@ -28,12 +28,18 @@ to Triton's gRPC on a Unix socket only this user can reach, with:
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 
-import grpc
-from grpc import aio
+# gRPC's fork handlers are for processes that fork to use gRPC in the child; dflash-serve forks only to exec
+# tritonserver, and those handlers, run while the guard's threads were inside gRPC, aborted the child
+# (see server.start). Read when gRPC initialises, so before the import.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc  # noqa: E402
+from grpc import aio  # noqa: E402
 
 from ..errors import DFlashError
 from .restricted import FIX, GRPC_METHODS, WHY
