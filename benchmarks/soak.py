@@ -15,11 +15,11 @@ Phases, in order (each bounded in time; nothing leaves this machine's loopback i
                timeout    6 non-streaming requests whose clients give up after 0.5 s
                absolute   absolute-form targets (RFC 9112 3.2.2): JSON 1,000,000 deep behind
                           Inference-Header-Content-Length 2, invalid JSON, an escaped path; then one
-                          answered absolute-form request
+                          absolute-form request that reaches the model (refused there: max_tokens)
                metrics_port  a 5 MiB form POST to the metrics port, then GET /metrics
                desync     a generate sent "Transfer-Encoding: CHUNKED" twice on one connection (both
-                          answered), and bad chunk sizes (0x.., +N, N_M) each answered 400
-               idle_stream  64 idle gRPC streams held while a real gRPC request is answered
+                          reach the model), and bad chunk sizes (0x.., +N, N_M) each answered 400
+               idle_stream  64 idle gRPC streams held while a gRPC request reaches the model
              and once, half way, a burst of --burst requests at once on one gRPC stream
   kills      on the idle server: --kills clients killed mid-stream one by one; how long until the slot is
              free (seconds and engine steps), and the latency of the next request against the idle baseline;
@@ -1095,6 +1095,17 @@ def _request(path: str, body: bytes, *headers: str) -> bytes:
             .encode() + body)
 
 
+# A body that reaches the model and is refused there at once (max_tokens over max_seq_len, in INT32 so the guard
+# passes it): proof that a request got through the guard whole, answered at once even while the load queues
+# every request that decodes (one that decodes can wait longer than the fault's time bound, and its client's
+# time-out then cancels it, a finish the clients' tally would not expect).
+REACHES_MODEL = json.dumps({"text_input": "hi", "sampling_param_max_tokens": 1 << 30}).encode()
+
+
+def _model_refused(code: int, text: bytes) -> bool:
+    return code == 400 and b"max_tokens" in text
+
+
 def fault_absolute(srv: Server, timeout: float) -> dict:
     """#37 finding 1: an absolute-form target was "not our endpoint" to the guard and generate to Triton,
     whose parser this body killed (four of them ended dflash-serve)."""
@@ -1105,13 +1116,13 @@ def fault_absolute(srv: Server, timeout: float) -> dict:
              400),
             ("absolute_not_json", _request(gen, b"not json", "Content-Type: application/json"), 400),
             ("escaped_path", _request(f"/v2/models/{MODEL.replace('_', '%5F')}/generate", b"{}"), 400),
-            ("absolute_ok", _request(gen, json.dumps({"text_input": "hi", "sampling_param_max_tokens": 2}).encode()),
-             200)):
+            ("absolute_reaches_model", _request(gen, REACHES_MODEL, "Content-Type: application/json"), 400)):
         t0 = time.monotonic()
         code, text = _raw(srv, data, timeout + 5)
         cases.append(_case(name, code, want, time.monotonic() - t0, timeout, text))
+    cases[-1]["pass"] = cases[-1]["pass"] and _model_refused(cases[-1]["code"], cases[-1]["error"].encode())
     ok = all(c["pass"] for c in cases) and srv.proc.poll() is None and srv.ready()
-    return {"cases": cases, "pass": ok, "finished": {"length": int(cases[-1]["code"] == 200)}}
+    return {"cases": cases, "pass": ok, "finished": {}}
 
 
 def fault_metrics_port(srv: Server, timeout: float) -> dict:
@@ -1133,23 +1144,23 @@ def fault_desync(srv: Server, timeout: float) -> dict:
     """#37 finding 7: "Transfer-Encoding: CHUNKED" was decoded by the guard but not by Triton, which read the
     chunk bytes as the next request; odd chunk sizes closed the connection with no answer."""
     import socket
-    body = json.dumps({"text_input": "hi", "sampling_param_max_tokens": 2}).encode()
+    body = REACHES_MODEL
     chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
     head = f"POST /v2/models/{MODEL}/generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: CHUNKED\r\n\r\n".encode()
     host, port = srv.http.rsplit(":", 1)
-    cases, answered = [], 0
+    cases = []
     with socket.create_connection((host, int(port)), timeout=timeout + 5) as keep:
-        for n in range(2):
+        for n in range(2):      # the second on the same connection: no chunk bytes left over upstream
             t0 = time.monotonic()
             code, text = _raw(srv, head + chunked, timeout + 5, keep=keep)
-            answered += code == 200
-            cases.append(_case(f"chunked_upper_{n}", code, 200, time.monotonic() - t0, timeout, text))
+            cases.append(_case(f"chunked_upper_{n}", code, 400, time.monotonic() - t0, timeout, text))
+            cases[-1]["pass"] = cases[-1]["pass"] and _model_refused(code, text)
     for size in ("0x10", "+10", "1_0"):
         t0 = time.monotonic()
         data = head.replace(b"CHUNKED", b"chunked") + f"{size}\r\n".encode() + b"x" * 16 + b"\r\n0\r\n\r\n"
         code, text = _raw(srv, data, timeout + 5)
         cases.append(_case(f"chunk_size_{size}", code, 400, time.monotonic() - t0, timeout, text))
-    return {"cases": cases, "pass": all(c["pass"] for c in cases) and srv.ready(), "finished": {"length": answered}}
+    return {"cases": cases, "pass": all(c["pass"] for c in cases) and srv.ready(), "finished": {}}
 
 
 def fault_idle_stream(srv: Server, timeout: float, n: int = 64) -> dict:
@@ -1165,18 +1176,19 @@ def fault_idle_stream(srv: Server, timeout: float, n: int = 64) -> dict:
     channel = grpc.insecure_channel(srv.grpc)
     calls = [channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")(never()) for _ in range(n)]
     t0 = time.monotonic()
-    try:
-        got = client.collect(client.generate_grpc(srv.grpc, client.build_inputs("hi", max_tokens=2), timeout=timeout))
-        code, text = 200, got.get("finish_reason", "")
+    try:                       # refused by the model at once (see REACHES_MODEL): it got a call slot
+        got = client.collect(client.generate_grpc(srv.grpc, client.build_inputs("hi", max_tokens=1 << 30),
+                                                  timeout=timeout))
+        code, text = 200, f"answered: {got.get('finish_reason')}"
     except DFlashError as err:
-        code, text = 0, str(err)
+        code, text = (400 if "max_tokens" in str(err) and "RESOURCE_EXHAUSTED" not in str(err) else 0), str(err)
     finally:
         stop.set()
         for call in calls:
             call.cancel()
         channel.close()
-    case = _case("grpc_request_beside_idle_streams", code, 200, time.monotonic() - t0, timeout, text.encode())
-    return {"cases": [case], "pass": case["pass"] and srv.ready(), "finished": {"length": int(code == 200)}}
+    case = _case("grpc_request_beside_idle_streams", code, 400, time.monotonic() - t0, timeout, text.encode())
+    return {"cases": [case], "pass": case["pass"] and srv.ready(), "finished": {}}
 
 
 def run_fault(name: str, i: int, srv: Server, args, long_tokens: int) -> dict:
