@@ -16,16 +16,21 @@ field and the fix, when:
 * ``/generate`` (not ``/generate_stream``) is asked to stream (400): Triton would run the whole
   generation and then answer 200 with an error body.
 
-Everything else goes to Triton byte for byte (the guard drops only an ``Expect: 100-continue`` line, which
-it answers itself since it reads the body first) over one upstream connection per client connection, and
-the answer comes back as Triton sends it, so SSE keeps streaming and keep-alive clients keep their
-connection. A client that goes away closes its upstream connection, which is how Triton notices a stream
-(SSE) whose client left. A non-streaming ``/generate`` is different: Triton 2.51 pauses the HTTP request
-until its answer (``evhtp_request_pause`` in ``InferRequestClass``), so it does not see the connection close
-and the generation would run to its end. The guard gives each such request an id when it has none and, when
-its client leaves before the answer, sends our model's ``stop`` input for that id (and its cancel_key).
-Memory: at most one head and one body per connection in flight, and ``max_buffered_bytes`` of bodies
-over all connections together (beyond it a request gets 503, retry).
+h11 parses each request once (serving/http_request.py); what goes to Triton is a request the guard wrote:
+origin-form target, the end-to-end headers, the checked body with a Content-Length (never chunked, never
+``Expect``), over one upstream connection per client connection. Triton's answer is parsed by h11 too and
+re-framed for the client as it comes, so SSE keeps streaming and keep-alive clients keep their connection.
+A client that goes away closes its upstream connection, which is how Triton notices a stream (SSE) whose
+client left. A non-streaming ``/generate`` is different: Triton 2.51 pauses the HTTP request until its
+answer (``evhtp_request_pause`` in ``InferRequestClass``), so it does not see the connection close and the
+generation would run to its end. The guard gives each such request an id when it has none and, when its
+client leaves before the answer, sends our model's ``stop`` input for that id (and its cancel_key).
+
+Bounds: body bytes as received, ``max_client_bytes`` per client address and ``max_buffered_bytes`` over all
+(beyond them 429 / 503, retry); a request's first byte within ``idle_timeout_s``, its head and body within
+``read_timeout_s`` of that; ``max_client_connections`` per address, where a new connection closes the
+address's longest-idle one rather than being refused (1,000 idle keep-alive connections must not lock their
+own address out of /v2/health/ready).
 """
 from __future__ import annotations
 
