@@ -24,7 +24,7 @@ def summarize(rows: list[dict]) -> dict:
         s = r["settings"]
         path = "openai" if s.get("backend") == "openai" else "inprocess"
         tok.setdefault((s["dataset"], int(s["concurrency"])), {}).setdefault(path, {})[s["mode"]] = {
-            "tok_s_user": r["metrics"]["tok_s_user"], "tok_s": r["metrics"].get("tok_s"),
+            "tok_s_user": r["metrics"]["tok_s_user"], "tok_s_gpu": r["metrics"].get("tok_s_gpu"),
             "acceptance_length": r["metrics"].get("acceptance_length_mean")}
     levels, worst_adaptive = {}, {}
     for (dataset, c), paths in sorted(tok.items()):
