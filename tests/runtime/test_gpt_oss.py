@@ -229,6 +229,22 @@ def test_tp2_and_ep2_under_mpiexec_equal_tp1(tiny, drafters, tmp_path):
         assert json.loads(out.read_text())["tokens"] == expected, f"tp 2, ep {ep}"
 
 
+@pytest.mark.mpi
+def test_tp4_over_2_kv_heads_replicates_them_and_equals_tp1(tiny, drafters, tmp_path):
+    """4 ranks, 4 query heads (one each, with its sink), 2 KV heads: each rank holds a replica of its group's KV
+    head (gpt-oss-120b has 8 KV heads, so TP 16 lays out the same way); tokens are TP 1's."""
+    from tests.runtime import gpt_oss_tp_run
+    target, drafter = tiny["plain"], drafters["plain"]
+    expected = gpt_oss_tp_run.run(target, drafter, 1)
+    out = tmp_path / "tp4.json"
+    cmd = [mpiexec(), "-n", "4", sys.executable, str(HERE / "gpt_oss_tp_run.py"), str(target), str(drafter),
+           str(out), "4", "1"]
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert json.loads(out.read_text())["tokens"] == expected
+
+
 # ---- GPU benchmark script, CPU path ----------------------------------------------------------------
 def test_gpu_benchmark_runs_on_cpu_with_a_tiny_config(tmp_path):
     out = tmp_path / "bench.json"
