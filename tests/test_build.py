@@ -353,6 +353,27 @@ def test_presharded_ranks_for_the_torch_backend(ckpt, tmp_path, capsys):
     assert any(n.startswith("drafter.layers.0.") for n in names) and q == [32, 64]   # 4 heads x 16 / 2 ranks
 
 
+def test_presharded_ranks_replicate_kv_heads_past_their_count(ckpt, tmp_path, capsys):
+    """--tp 4 over the stand-in's 2 KV heads: ranks 0-1 hold KV head 0, ranks 2-3 KV head 1 (one query head each)."""
+    import torch
+
+    target, _ = ckpt("llama")
+    assert json.loads((Path(target) / "config.json").read_text())["num_key_value_heads"] == 2
+    out = tmp_path / "deploy"
+    assert run(tiny_args(ckpt, out, "llama", "z-lab", "--tp", "4", "--presharded"), capsys)[0] == 0
+    name = "target.model.layers.0.self_attn.k_proj.weight"
+    with safe_open(str(Path(target) / "model.safetensors"), "pt") as f:
+        k = f.get_tensor(name.removeprefix("target."))
+    ranks = []
+    for r in range(4):
+        with safe_open(str(out / "ranks" / f"rank{r}.safetensors"), "pt") as f:
+            ranks.append((f.get_tensor(name), f.get_slice("target.model.layers.0.self_attn.q_proj.weight").get_shape()))
+    half = k.shape[0] // 2
+    assert [torch.equal(t, k[:half]) for t, _ in ranks] == [True, True, False, False]
+    assert [torch.equal(t, k[half:]) for t, _ in ranks] == [False, False, True, True]
+    assert all(q == [16, 64] for _, q in ranks)   # 4 heads x 16 / 4 ranks
+
+
 def test_interrupted_build_leaves_nothing(ckpt, tmp_path, capsys, monkeypatch):
     def boom(_root):
         raise KeyboardInterrupt
