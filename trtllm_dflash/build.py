@@ -103,7 +103,7 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
     fit = None
     if gpu.family != "cpu":
         fit = memory_fit.check(target_cfg, norm.config, gpu_name=gpu.name, memory_gib=gpu.memory_gib,
-                               backend=cfg.backend, tp_size=cfg.tp_size, dtype=cfg.dtype, quant=cfg.quant,
+                               tp_size=cfg.tp_size, dtype=cfg.dtype, quant=cfg.quant,
                                max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len,
                                free_gpu_memory_fraction=cfg.free_gpu_memory_fraction)
         validation["memory"] = "ok" if fit.full_batches >= cfg.max_batch_size else (
