@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "build_configs").glob("*.yaml"))
 # Each preset's stand-in: a tiny target of the same architecture and a drafter in some known format.
 STAND_INS = {
-    "gpt-oss-120b_b300_tp8": ("gpt_oss", "z-lab"), "gpt-oss-120b_h200_tp8": ("gpt_oss", "modelopt"),
+    "gpt-oss-120b_b300_tp8": ("gpt_oss", "z-lab"), "gpt-oss-120b_b200_tp8": ("gpt_oss", "specforge"),
+    "gpt-oss-120b_h200_tp8": ("gpt_oss", "modelopt"),
     "gpt-oss-20b_h100_tp1": ("gpt_oss", "speculators"), "qwen3-8b_h100_tp1": ("qwen3", "specforge"),
     "qwen3-8b_b200_tp1": ("qwen3", "z-lab"), "llama-3.1-8b_h100_tp1": ("llama", "speculators"),
     "smollm2-135m_cpu_tp1": ("llama", "untrained"),
@@ -567,7 +568,8 @@ def test_default_schedule_comes_from_the_measured_costs_and_a_flag_wins(capsys):
     from trtllm_dflash import draft_schedule
     from trtllm_dflash.backends import trtllm
 
-    base = ["--target", "qwen3-8b", "--gpu", "h100", "--backend", "trtllm", "--dry_run", "--max_batch_size", "64"]
+    base = ["--target", "qwen3-8b", "--gpu", "h100", "--backend", "trtllm", "--dry_run", "--max_batch_size", "64",
+            "--no_preset"]
     rc, out, err = run(base, capsys)
     assert rc == 0, err
     opts = yaml.safe_load(out.split("--- llm_api_options.yaml ---")[1].split("dry run:")[0])
@@ -586,7 +588,8 @@ def test_default_schedule_comes_from_the_measured_costs_and_a_flag_wins(capsys):
     assert "off (--draft_len_schedule none)" in out
     rc, out, _ = run([*base, "--max_concurrency", "32"], capsys)
     assert "max_concurrency: 32" in out and "draft_len_schedule:" not in out.split("--- llm_api_options.yaml ---")[1]
-    rc, out, _ = run(["--target", "qwen3-8b", "--gpu", "b200", "--backend", "trtllm", "--dry_run"], capsys)
+    rc, out, _ = run(["--target", "qwen3-8b", "--gpu", "b200", "--backend", "trtllm", "--dry_run", "--no_preset"],
+                     capsys)
     assert "none: no measured step-cost table for Qwen/Qwen3-8B on b200" in out
 
 

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Settings of ``dflash-build``: one frozen dataclass, filled from dataclass defaults, then a preset YAML
-(``build_configs/<model>_<gpu>_tp<N>.yaml``, section ``build:``), then explicit command-line flags."""
+(``build_configs/<model>_<gpu>_tp<N>.yaml``, section ``build:``; given with --config, or the one whose name
+matches --target, --gpu and --tp), then explicit command-line flags."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -176,6 +177,21 @@ def load_preset(path: str | Path) -> dict:
         raise DFlashError(f"config {path.name}: build.{unknown[0]}", "is not a build setting",
                           f"use one of {', '.join(FIELD_NAMES)}")
     return dict(section)
+
+
+# The presets beside the package (a source checkout or an editable install; a wheel has none).
+PRESET_DIR = Path(__file__).resolve().parent.parent / "build_configs"
+
+
+def preset_path(target: str, gpu: str, tp_size: int, directory: Path = PRESET_DIR) -> Path | None:
+    """The preset made for this short-name target on this GPU at this TP size, if there is one."""
+    path = directory / f"{target}_{gpu}_tp{tp_size}.yaml"
+    return path if path.is_file() else None
+
+
+def presets_for(target: str, directory: Path = PRESET_DIR) -> list[Path]:
+    """Every preset of one short-name target (to name the nearest when none matches)."""
+    return sorted(directory.glob(f"{target}_*_tp*.yaml")) if target else []
 
 
 def make(preset: dict | None = None, overrides: dict | None = None) -> BuildConfig:
