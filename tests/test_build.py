@@ -311,6 +311,23 @@ def test_rebuild_reuses_then_refuses_then_forces(ckpt, tmp_path, capsys):
     assert not list(tmp_path.glob(".deploy.*"))
 
 
+def test_bytecode_of_a_recorded_module_is_not_a_change_but_any_other_file_is(tmp_path):
+    """Plain tritonserver on <dir>/triton leaves the model's __pycache__ (its stub ignores PYTHONDONTWRITEBYTECODE):
+    inspect and the rebuild check still verify the deployment; a stray file or a changed model.py still fails."""
+    model = tmp_path / "triton" / "tensorrt_llm" / "1"
+    model.mkdir(parents=True)
+    (model / "model.py").write_text("x = 1\n")
+    record = {"files": manifest.hash_tree(tmp_path)}
+    (model / "__pycache__").mkdir()
+    (model / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    assert manifest.verify(tmp_path, record) == []
+    (model / "__pycache__" / "other.cpython-311.pyc").write_bytes(b"\0")
+    (model / "notes.txt").write_text("x")
+    assert manifest.verify(tmp_path, record) == [
+        "triton/tensorrt_llm/1/__pycache__/other.cpython-311.pyc: not in the manifest",
+        "triton/tensorrt_llm/1/notes.txt: not in the manifest"]
+
+
 def test_manifest_contents(ckpt, tmp_path, capsys):
     out = tmp_path / "deploy"
     assert run(tiny_args(ckpt, out, "qwen3", "specforge", "--backend", "trtllm", "--gpu", "b200"), capsys)[0] == 0

@@ -25,7 +25,7 @@ from ..errors import DFlashError
 from .grpc_guard import GrpcGuard, GrpcLimits
 from .http_guard import GuardLimits, HttpGuard
 from .launch import http_connection
-from .repo import MODEL_NAME, fill_triton
+from .repo import MODEL_NAME, fill_triton, link_mirror
 from .triton_env import TritonBinary, find_tritonserver
 from .triton_model import CONTROL_DIR_ENV, SUPERVISOR_PID_ENV
 
@@ -146,7 +146,8 @@ def build_cmd(binary: TritonBinary, repo: Path, host: str, http_port: int, grpc_
 
 
 def server_env(binary: TritonBinary) -> dict[str, str]:
-    # PYTHONDONTWRITEBYTECODE: the stub would otherwise write __pycache__ into the repository.
+    # PYTHONDONTWRITEBYTECODE: no bytecode from the processes the model starts (TP ranks). It does not reach the
+    # python-backend stub itself (isolated interpreter): main() serves a linked copy of the repository for that.
     return {**binary.env, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -391,7 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         # Behind a guard, Triton listens on a Unix socket in this private (0700) directory: only the guard
         # (and this user) can reach it, so no one goes around the guard's checks.
         http_sock, grpc_sock = f"unix:{work}/triton-http.sock", f"unix:{work}/triton-grpc.sock"
-        cmd = build_cmd(binary, args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
+        # Triton serves links to the repository from this private directory, so that nothing it writes (the python
+        # backend's __pycache__) lands in the deployment (repo.link_mirror). A dry run prints the repository itself.
+        served = args.repo if args.dry_run else link_mirror(args.repo, Path(work) / "served")
+        cmd = build_cmd(binary, served, args.host, args.http_port, args.grpc_port, args.metrics_port,
                         args.exit_timeout_secs, args.extra, http=(http_sock, 1) if guarded else None,
                         grpc=(grpc_sock, 1) if grpc_guarded else None)
         env = server_env(binary)
