@@ -139,13 +139,26 @@ def _policy(args) -> str:
     return "adaptive"
 
 
-def run_mode(args, mode: str, texts: list[str], workdir: Path) -> list[dict]:
+def _fixed_reason(args, engine) -> str:
+    """Why the block stayed fixed: the one cause that applies, not a list of flags the user may not have passed."""
+    if args.block_size is not None:
+        return f"--block_size {args.block_size}"
+    if engine.tp.size > 1 and _policy(args) == "adaptive":
+        return "tensor parallelism: adaptive measures step costs on rank 0 alone"
+    if args.draft_policy == "fixed":
+        return "--draft_policy fixed"
+    return "the deployment's draft_policy fixed"
+
+
+def run_mode(args, mode: str, texts: list[str], workdir: Path, last: bool = True) -> list[dict]:
+    """One mode's engine and generate(). ``last`` False keeps the tensor-parallel group for the next mode: MPI
+    agrees the rendezvous once per process (it is finalised after), so a second group could not be formed."""
     block = 1 if mode == "ar" else args.block_size
     t0 = time.perf_counter()
     engine = _engine(args, block, workdir)
     load_s = time.perf_counter() - t0
     if engine.tp.rank != 0:
-        engine.follow()
+        engine.follow(close=last)
         return []
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
@@ -161,12 +174,12 @@ def run_mode(args, mode: str, texts: list[str], workdir: Path) -> list[dict]:
     t0 = time.perf_counter()
     reqs = engine.generate(prompts, params)
     wall = time.perf_counter() - t0
-    engine.shutdown()
+    engine.shutdown(close=last)
     print(f"[{mode}] block_size={engine.block_size} device={engine.device} dtype={str(engine.dtype)[6:]} "
           f"tp={engine.tp.size} load={load_s:.1f}s", file=sys.stderr)
     if mode == "dflash":
         ran = ", ".join(f"block {b}: {k} steps" for b, k in sorted(engine.block_counts.items()))
-        why = f"adaptive; last choice: {engine.last_reason}" if adaptive else "fixed (--block_size or --draft_policy fixed)"
+        why = f"adaptive; last choice: {engine.last_reason}" if adaptive else f"fixed: {_fixed_reason(args, engine)}"
         print(f"[{mode}] ran {ran} ({why})", file=sys.stderr)
     out = []
     for text, r in zip(texts, reqs):
@@ -183,7 +196,7 @@ def main(argv=None) -> int:
     texts = _prompts(args)
     modes = ["ar", "dflash"] if args.mode == "both" else [args.mode]
     with tempfile.TemporaryDirectory(prefix="dflash-generate-") as work:
-        results = {m: run_mode(args, m, texts, Path(work)) for m in modes}
+        results = {m: run_mode(args, m, texts, Path(work), last=m == modes[-1]) for m in modes}
     if not any(results.values()):
         return 0  # ranks > 0
     for i, text in enumerate(texts):

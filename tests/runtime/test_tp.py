@@ -37,6 +37,24 @@ def test_tp2_under_mpiexec_equals_tp1(request, tmp_path, pair_name):
     assert json.loads(out.read_text())["dflash"] == expected
 
 
+@pytest.mark.mpi
+def test_generate_both_modes_under_mpiexec(tmp_path, smollm2_dir):
+    """`mpirun -n N dflash-generate --mode both`: AR, then DFlash, in one set of ranks. The second mode's engine
+    joins the group the first one kept (MPI's rendezvous is once per process); it exited 1 after the AR half."""
+    from tests.tiny import write_tiny_pair_with_tokenizer
+
+    target, drafter = write_tiny_pair_with_tokenizer(tmp_path / "pair", smollm2_dir)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent.parent)}
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-c", "import sys; from trtllm_dflash.cli import generate_main; "
+           "sys.exit(generate_main())", "--target", str(target), "--drafter", str(drafter), "--tp_size", "2",
+           "--mode", "both", "--max_new_tokens", "8", "--prompt", "Hello", "--max_seq_len", "256"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "DFlash tokens identical to autoregressive: yes" in proc.stdout and "summary:" in proc.stdout
+    # neither --block_size nor --draft_policy was given: the reason is tensor parallelism
+    assert "(fixed: tensor parallelism: adaptive measures step costs on rank 0 alone)" in proc.stderr
+
+
 def test_shard_rules_cover_every_layer_kind():
     import torch
     assert shard_dim("model.layers.3.self_attn.q_proj.weight") == 0
