@@ -632,3 +632,11 @@ def test_the_deployment_names_its_draft_policy(ckpt, tmp_path, capsys):
     gpu = tmp_path / "gpu"
     assert run(tiny_args(ckpt, gpu, "llama", "z-lab", "--gpu", "h100", "--dry_run"), capsys)[1].count(
         "draft_policy fixed (auto)") == 1
+
+
+def test_a_mistyped_target_is_a_target_error_with_the_closest_short_name(capsys):
+    rc, _, err = run(["--target", "smolm2-135m", "--dry_run"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: target: 'smolm2-135m' is not a short name")
+    assert "did you mean smollm2-135m?" in err
+    rc, _, err = run(["--target", "someone/model", "--dry_run"], capsys)    # a hub id: its drafter is the question
+    assert rc == 2 and err.startswith("error: drafter: no known DFlash drafter"), err
