@@ -57,6 +57,20 @@ def test_tp_size_must_divide_heads(pair):
         load(pair, tp_size=3)
 
 
+def test_a_bad_tp_size_lists_every_size_that_suits_target_and_drafter():
+    """SmolLM2: 9 heads / 3 KV heads; `--tp 16` once said "must divide 9", then `--tp 9` "must divide 3"."""
+    from trtllm_dflash.checkpoints import validate
+
+    target = {"num_attention_heads": 9, "num_key_value_heads": 3}
+    drafter = {"num_attention_heads": 9, "num_key_value_heads": 3}
+    for tp in (16, 9):
+        with pytest.raises(DFlashError) as err:
+            validate.check_tp(target, tp, "target", together_with=(drafter,))
+        assert str(err.value).endswith("use a tp_size of 1, 3"), str(err.value)
+    assert validate.tp_sizes({"num_attention_heads": 32, "num_key_value_heads": 8},
+                             {"num_attention_heads": 32, "num_key_value_heads": 4}) == [1, 2, 4]
+
+
 def test_missing_tensor(pair):
     sd = hf.load_state_dict(pair[1])
     del sd["layers.1.mlp.down_proj.weight"]
