@@ -61,6 +61,15 @@ def test_a_preset_for_another_backend_or_gpu_is_named_not_taken():
     assert "gpt-oss-120b_h200_tp8" in notes[0]
 
 
+def test_bad_yaml_syntax_names_the_line(tmp_path):
+    with pytest.raises(DFlashError) as err:
+        bc.load_preset(write(tmp_path, "build:\n  target: qwen3-8b\n  tp_size: [1, 2\n"))
+    msg = str(err.value)
+    assert "\n" not in msg and "line 3, column 12" in msg and "expected ',' or ']'" in msg, msg
+    with pytest.raises(DFlashError, match=r"line 2, column 12: mapping values are not allowed"):
+        bc.load_preset(write(tmp_path, "build:\n  target: a: b\n"))
+
+
 def test_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         bc.BuildConfig(target="x").tp_size = 2

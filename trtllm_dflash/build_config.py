@@ -163,8 +163,7 @@ def load_preset(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise DFlashError("config", f"{path} is not valid YAML ({str(err).splitlines()[0]})",
-                          "fix the YAML syntax") from None
+        raise DFlashError("config", f"{path} is not valid YAML ({_yaml_problem(err)})", "fix the YAML syntax") from None
     if not isinstance(data, dict) or not isinstance(data.get("build"), dict):
         raise DFlashError("config", f"{path} has no `build:` section", "put the build settings under `build:`")
     unknown = sorted(set(data) - set(STAGE_SECTIONS))
@@ -192,6 +191,16 @@ def preset_path(target: str, gpu: str, tp_size: int, directory: Path = PRESET_DI
 def presets_for(target: str, directory: Path = PRESET_DIR) -> list[Path]:
     """Every preset of one short-name target (to name the nearest when none matches)."""
     return sorted(directory.glob(f"{target}_*_tp*.yaml")) if target else []
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's message on one line, with where it started (the context) and where it failed, 1-based."""
+    mark, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    if context is not None and getattr(err, "context", None):
+        where += f"{err.context} at line {context.line + 1}, column {context.column + 1}: "
+    return where + problem
 
 
 def make(preset: dict | None = None, overrides: dict | None = None) -> BuildConfig:
