@@ -21,6 +21,7 @@ from pathlib import Path
 from . import __version__
 from . import build_config as bc
 from .backends import trtllm
+from .bench.helpformat import HelpFormatter
 from .checkpoints import drafter_formats, manifest, memory_fit, resolve, trtllm_checks
 from .errors import DFlashError
 from .versions import installed
@@ -536,21 +537,24 @@ def commands(out: Path, record_like: dict) -> list[str]:
 
 
 # ---- command line ---------------------------------------------------------------------------------------
-EXAMPLES = """examples:
-  dflash-build --target smollm2-135m --gpu cpu --out engines/smollm2/cpu/1-gpu        # demo, the shipped drafter
-  dflash-build --config build_configs/gpt-oss-120b_b300_tp8.yaml --dry_run            # plan + YAML, no download
+EXAMPLES = r"""examples:
+  dflash-build --target smollm2-135m --gpu cpu --out engines/smollm2/cpu/1-gpu   # demo, the shipped drafter
+  dflash-build --config build_configs/gpt-oss-120b_b300_tp8.yaml --dry_run       # plan + YAML, no download
+  dflash-build --tp 8 --target gpt-oss-120b --gpu h200 --out engines/gpt-oss-120b  # its preset's values
   dflash-build --config build_configs/qwen3-8b_h100_tp1.yaml --out /models/qwen3-8b-dflash
-  dflash-build --target Qwen/Qwen3-8B --drafter ./my-specforge-ckpt --tp 2 --backend torch --presharded --out e
-  dflash-build --config build_configs/qwen3-8b_b200_tp1.yaml --quant nvfp4 --out /models/qwen3-8b-nvfp4  # ModelOpt PTQ
-  dflash-build inspect engines/smollm2/cpu/1-gpu                                       # summary + sha256 check
+  dflash-build --target Qwen/Qwen3-8B --drafter ./my-specforge-ckpt --tp 2 --backend torch --presharded \
+      --out engines/qwen3-8b/tp2
+  dflash-build --config build_configs/qwen3-8b_b200_tp1.yaml --quant nvfp4 \
+      --out /models/qwen3-8b-nvfp4                                              # ModelOpt PTQ of the target
+  dflash-build inspect engines/smollm2/cpu/1-gpu                                  # summary + sha256 check
 
 short names: gpt-oss-120b, gpt-oss-20b, qwen3-8b, llama-3.1-8b, smollm2-135m (target + its known drafter)
 drafter formats: z-lab, modelopt, speculators, specforge (normalised to the z-lab layout)
 """
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+# Examples kept one per line; "(default: X)" only where there is a value (not for flags or None).
+_Formatter = HelpFormatter
 
 
 def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
@@ -579,7 +583,8 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
     g = p.add_argument_group("parallelism and hardware")
     g.add_argument("--tp_size", "--tp", type=int, **kw("tp_size"), help="tensor-parallel ranks")
     g.add_argument("--ep_size", "--ep", type=int, **kw("ep_size"), help="expert-parallel size (MoE targets)")
-    g.add_argument("--gpu", choices=bc.GPU_NAMES, **kw("gpu"), help="hardware profile the build is checked for")
+    g.add_argument("--gpu", choices=bc.GPU_NAMES, **kw("gpu"), help="the GPU the deployment is built and checked for (not this machine's: a CPU-only box builds for "
+                   "an H100 by default); cpu = our runtime on CPU")
     g.add_argument("--backend", choices=bc.BACKENDS, **kw("backend"),
                    help=f"torch = our runtime (CPU/GPU), trtllm = TensorRT-LLM >={trtllm.MIN_VERSION},<{trtllm.BELOW_VERSION}")
     g = p.add_argument_group("runtime limits")

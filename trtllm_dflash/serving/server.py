@@ -21,6 +21,7 @@ import time
 import http.client
 from pathlib import Path
 
+from ..bench.helpformat import HelpFormatter
 from ..errors import DFlashError
 from .grpc_guard import GrpcGuard, GrpcLimits
 from .http_guard import GuardLimits, HttpGuard
@@ -40,7 +41,7 @@ EPILOG = """examples:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dflash-serve", description=__doc__, epilog=EPILOG,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("engine_dir", type=Path, help="deployment directory (dflash-build output) or model repository")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for all interfaces")
     p.add_argument("--http_port", type=int, default=8000, help="KServe v2 HTTP/REST (generate, generate_stream)")
