@@ -148,6 +148,11 @@ def _policy(args) -> str:
     return "adaptive"
 
 
+def _break_even(policy) -> str:
+    from .runtime.draft_policy import break_even
+    return break_even(policy)
+
+
 def _fixed_reason(args, engine) -> str:
     """Why the block stayed fixed: the one cause that applies, not a list of flags the user may not have passed."""
     if args.block_size is not None:
@@ -179,7 +184,7 @@ def run_mode(args, mode: str, texts: list[str], workdir: Path, last: bool = True
         print(f"[{mode}] measuring step costs on this device (once; 5-80 s on a CPU)...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         pol = engine.use_adaptive_policy(context=max(map(len, prompts)), max_batch=len(prompts))
-        print(f"[{mode}] measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}",
+        print(f"[{mode}] measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}; {_break_even(pol)}",
               file=sys.stderr)
     t0 = time.perf_counter()
     reqs = engine.generate(prompts, params)
@@ -242,7 +247,7 @@ def compare_modes(args, texts: list[str], workdir: Path) -> dict:
         print("[dflash] measuring step costs on this device (once; 5-80 s on a CPU)...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         pol = df.use_adaptive_policy(context=max(map(len, prompts)), max_batch=len(prompts))
-        print(f"[dflash] measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}",
+        print(f"[dflash] measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}; {_break_even(pol)}",
               file=sys.stderr)
     warm = SamplingParams(max_new_tokens=min(8, args.max_new_tokens), temperature=args.temperature, seed=args.seed)
     for engine in (ar, df):
