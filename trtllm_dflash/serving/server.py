@@ -278,6 +278,8 @@ class Supervisor:
             for path in (*(self.control / name for name in ("stop", "drained", "broken")), *self.sockets):
                 path.unlink(missing_ok=True)
             self.proc = start(self.cmd, self.env)
+            print("dflash-serve: loading the model (up to a minute or more: weights, and on a CPU the adaptive draft "
+                  "policy measures step costs first)...", flush=True)
             try:
                 seconds = wait_ready(self.proc, self.triton_http, self.args.ready_timeout,
                                      stopping=lambda: bool(self.signals))
