@@ -53,8 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --fill: true streams (gRPC stream, generate_stream); false allows unary gRPC infer "
                         "[default: true]")
     p.add_argument("--exit_timeout_secs", type=int, default=10,
-                   help="tritonserver's own wait for in-flight requests once it is told to stop (it is killed "
-                        "after this plus 5 s)")
+                   help="seconds (named after tritonserver's --exit-timeout-secs): its own wait for in-flight "
+                        "requests once it is told to stop (it is killed after this plus 5 s)")
     p.add_argument("--drain_timeout_s", type=float, default=10.0,
                    help="on SIGTERM / Ctrl-C, seconds for the model to end its running requests (each client gets "
                         "a final response saying the server is shutting down); after it, calls still open (an "
@@ -83,7 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds of serving after which earlier restarts no longer count: a crash loop (a bad "
                         "engine, a request that kills every fresh server) shows within minutes; crashes hours "
                         "apart are separate events, not a loop")
-    p.add_argument("--ready_timeout", type=float, default=900.0, help="seconds to wait for the model to load")
+    p.add_argument("--ready_timeout_s", "--ready_timeout", dest="ready_timeout", type=float, default=900.0,
+                   help="seconds to wait for the model to load")
     p.add_argument("--dry_run", action="store_true", help="print the tritonserver command and exit")
     p.add_argument("extra", nargs="*", help="after --: more tritonserver flags, passed as they are")
     args = p.parse_args(argv)
