@@ -332,3 +332,27 @@ def test_sigterm_drain_is_bounded_and_every_client_gets_a_final_answer(smol_depl
         assert b'"service_unavailable"' in body and body.rstrip().endswith(b"data: [DONE]"), body[-400:]
     t_end, status, body = ended["plain"]
     assert status == 503 and t_end - t_term < 5.0 and json.loads(body)["error"]["type"] == "service_unavailable"
+
+
+def test_max_draft_len_0_serves_the_target_alone_with_the_same_tokens(server, smol_deployment, tmp_path):
+    """--max_draft_len 0: the same deployment served without drafting (the AR baseline of an end-to-end sweep):
+    no draft tokens counted, every step a block of 1, and greedy tokens equal to the DFlash server's."""
+    ar = OpenAIServer(smol_deployment, tmp_path / "ar.log", "smol", "--max_draft_len", "0")
+    try:
+        def complete(srv):
+            return srv.client.completions.create(model="smol", prompt="Count: 1, 2,", max_tokens=20, temperature=0,
+                                                 extra_body={"ignore_eos": True}).choices[0].text
+
+        assert complete(ar) == complete(server)
+        samples = _scrape(ar)
+        assert _value(samples, "dflash:spec_decode_num_draft_tokens_total") == 0
+        assert _value(samples, "dflash:spec_decode_block") == 1
+    finally:
+        assert ar.stop() == 0, ar.log.read_text()[-3000:]
+
+
+def test_max_draft_len_below_0_is_one_line(smol_deployment, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(smol_deployment),
+                           "--max_draft_len", "-1"], capture_output=True, text=True, env=TEST_ENV, timeout=120)
+    assert proc.returncode == 2
+    assert "--max_draft_len" in proc.stderr and "pass 0 (no drafting) or more" in proc.stderr

@@ -21,21 +21,21 @@ def _head_counts(cfg: dict) -> tuple[int, int]:
 
 
 def tp_sizes(*cfgs: dict) -> list[int]:
-    """Every tp_size that splits the attention and KV heads of all these models."""
-    import math
+    """Every tp_size that the heads of all these models allow (runtime.shard.check_heads' rule for each)."""
+    from ..runtime.shard import check_heads
 
-    common = math.gcd(*(n for c in cfgs for n in _head_counts(c)))
-    return [k for k in range(1, common + 1) if common % k == 0]
+    top = min(heads for heads, _ in map(_head_counts, cfgs))
+    return [k for k in range(1, top + 1) if all(check_heads(*_head_counts(c), k) is None for c in cfgs)]
 
 
 def check_tp(cfg: dict, tp_size: int, who: str, *, together_with: tuple[dict, ...] = ()) -> None:
     """``together_with``: the other models the same ranks split, so the fix lists the sizes that suit them all
-    at once (one error, not one per model)."""
-    for name, n in zip(("num_attention_heads", "num_key_value_heads"), _head_counts(cfg)):
-        if n % tp_size:
-            valid = tp_sizes(cfg, *together_with)
-            raise DFlashError("tp_size", f"{tp_size} does not divide the {who}'s {name} ({n})",
-                              f"use a tp_size of {', '.join(map(str, valid))}")
+    at once (one error, not a second one for the drafter after the target's is fixed)."""
+    from ..runtime.shard import check_heads
+
+    problem = check_heads(*_head_counts(cfg), tp_size)
+    if problem:
+        raise DFlashError("tp_size", f"{problem} of the {who}", f"use one of {tp_sizes(cfg, *together_with)}")
 
 
 def check_pair(target: dict, drafter: dict, *, tp_size: int = 1, block_size: int | None = None) -> list[str]:

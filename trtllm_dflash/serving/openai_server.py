@@ -469,6 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "a final error (an SSE error event and [DONE], or a 503) and the server exits 0")
     p.add_argument("--tokenize_workers", type=int, default=None,
                    help="prompts templated/tokenized at once (default: the machine's cores); more wait their turn")
+    p.add_argument("--max_draft_len", type=int, default=None,
+                   help="drafted tokens per step, replacing the deployment's (torch backend); 0 = no drafting: "
+                        "the target alone, autoregressive (the baseline a sweep compares DFlash with)")
     p.add_argument("--log_level", default="warning", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -520,13 +523,13 @@ def _server_class(openai_app: OpenAIApp, drain_timeout_s: float):
     return Server
 
 
-def load(engine_dir: Path):
-    """(backend, tokenizer) for a deployment directory."""
+def load(engine_dir: Path, overrides: dict | None = None):
+    """(backend, tokenizer) for a deployment directory; ``overrides``: RuntimeConfig fields for this server."""
     from ..checkpoints import manifest as manifest_mod
     from .runtimes import load_backend
 
     record = manifest_mod.read(engine_dir)
-    backend = load_backend(engine_dir, record)
+    backend = load_backend(engine_dir, record, overrides)
     tokenizer = getattr(getattr(backend, "engine", None), "tokenizer", None)
     if tokenizer is None:
         from transformers import AutoTokenizer
@@ -548,7 +551,12 @@ def main(argv: list[str] | None = None) -> int:
         raise DFlashError("--drain_timeout_s", f"is {args.drain_timeout_s}", "pass seconds >= 0")
     if args.tokenize_workers is not None and args.tokenize_workers < 1:
         raise DFlashError("--tokenize_workers", f"is {args.tokenize_workers}", "pass 1 or more")
-    backend, tokenizer = load(engine_dir)
+    overrides = {}
+    if args.max_draft_len is not None:
+        if args.max_draft_len < 0:
+            raise DFlashError("--max_draft_len", f"is {args.max_draft_len}", "pass 0 (no drafting) or more")
+        overrides["block_size"] = args.max_draft_len + 1
+    backend, tokenizer = load(engine_dir, overrides)
     openai_app = OpenAIApp(backend, tokenizer, name, args.tokenize_workers)
     app = openai_app.make()
     server = _server_class(openai_app, args.drain_timeout_s)(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False))
