@@ -157,3 +157,13 @@ def test_block1_steps_cost_what_ar_costs(tiny_pair):
     # + 1: the step enqueued before the host read the request's last tokens (overlap) runs its row once more
     # and that step's stashed feature is appended when the slot is released
     assert eng.runner.stash_steps == 32 and eng.runner.context_appends == 1 + 64 // 32 + 1
+
+
+def test_break_even_says_why_a_cpu_engine_drafts_nothing():
+    """Served on a CPU, the adaptive policy runs block 1 (0 draft tokens): its start-up line now says why."""
+    from trtllm_dflash.runtime.draft_policy import AdaptivePolicy, CostTable, break_even
+
+    costs = CostTable({1: {1: 0.010, 2: 0.017, 4: 0.020, 8: 0.025, 16: 0.033}})
+    text = break_even(AdaptivePolicy(16, costs))
+    assert "a block-16 step costs 3.3x an AR step (the cheapest drafting block 1.7x)" in text
+    assert "more than 1.7 tokens a step" in text and "0 draft tokens" in text

@@ -281,6 +281,9 @@ PRESETS = {
     # Blackwell: TRTLLM MoE and drafter attention; ep 4 = NVIDIA's B300 spec-dec config (tp8 ep4)
     "gpt-oss-120b_b300_tp8": {**RESEARCH_120B, "moe_expert_parallel_size": 4, "moe_config": {"backend": "TRTLLM"},
                               "speculative_config": {**RESEARCH_120B["speculative_config"], "attention_backend": "TRTLLM"}},
+    # NVIDIA's B200 gpt-oss-120b spec-dec config itself (the B300 preset follows it)
+    "gpt-oss-120b_b200_tp8": {**RESEARCH_120B, "moe_expert_parallel_size": 4, "moe_config": {"backend": "TRTLLM"},
+                              "speculative_config": {**RESEARCH_120B["speculative_config"], "attention_backend": "TRTLLM"}},
     # one H100: block 8 drafter (max_draft_len 7 = the most), target_layer_ids of the 24-layer 20b
     "gpt-oss-20b_h100_tp1": {**RESEARCH_120B, "tensor_parallel_size": 1, "moe_expert_parallel_size": 1,
                              "max_batch_size": 32, "max_num_tokens": 8192, "max_seq_len": 16384,

@@ -38,6 +38,24 @@ def test_tp2_under_mpiexec_equals_tp1(request, tmp_path, pair_name):
 
 
 @pytest.mark.mpi
+def test_generate_both_modes_under_mpiexec(tmp_path, smollm2_dir):
+    """`mpirun -n N dflash-generate --mode both`: AR, then DFlash, in one set of ranks. The second mode's engine
+    joins the group the first one kept (MPI's rendezvous is once per process); it exited 1 after the AR half."""
+    from tests.tiny import write_tiny_pair_with_tokenizer
+
+    target, drafter = write_tiny_pair_with_tokenizer(tmp_path / "pair", smollm2_dir)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent.parent)}
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-c", "import sys; from trtllm_dflash.cli import generate_main; "
+           "sys.exit(generate_main())", "--target", str(target), "--drafter", str(drafter), "--tp_size", "2",
+           "--mode", "both", "--max_new_tokens", "8", "--prompt", "Hello", "--max_seq_len", "256"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "DFlash tokens identical to autoregressive: yes" in proc.stdout and "summary:" in proc.stdout
+    # neither --block_size nor --draft_policy was given: the reason is tensor parallelism
+    assert "(fixed: tensor parallelism: adaptive measures step costs on rank 0 alone)" in proc.stderr
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("pair_name", ["tiny_pair", "tiny_qwen3_pair"])
 def test_tp4_replicates_the_2_kv_heads_and_equals_tp1(request, tmp_path, pair_name):
     """4 ranks over 2 KV heads (4 query heads): each rank holds one query head and a replica of its group's KV

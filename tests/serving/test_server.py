@@ -138,6 +138,20 @@ def test_http_and_grpc_return_the_dflash_generate_text(tiny_server, reference):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_serving_leaves_the_deployment_as_built(tiny_server, tiny_deployment, reference):
+    """The python backend's stub imports model.py with bytecode caching on (PYTHONDONTWRITEBYTECODE does not reach
+    its isolated interpreter): served from the deployment itself it wrote triton/tensorrt_llm/1/__pycache__, and
+    the directory no longer matched its manifest (dflash-build inspect exit 2, a rebuild asked for --force)."""
+    from trtllm_dflash.checkpoints import manifest
+
+    got = client.collect(client.generate_http(tiny_server.http, client.build_inputs(PROMPTS[0], max_tokens=4)))
+    assert got["text_output"]                       # the model is loaded and answering: model.py was imported
+    assert manifest.list_files(tiny_deployment / "triton") == [
+        "tensorrt_llm/1/model.py", "tensorrt_llm/1/model.yaml", "tensorrt_llm/config.pbtxt"]
+    assert f"serving {tiny_deployment}/triton" in tiny_server.log_text()
+
+
 def test_concurrent_requests_are_batched_and_unchanged(tiny_server, reference):
     alone = [client.collect(client.generate_http(tiny_server.http, client.build_inputs(p, max_tokens=MAX_TOKENS)))
              ["text_output"] for p in PROMPTS]

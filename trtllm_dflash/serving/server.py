@@ -19,12 +19,13 @@ import time
 import http.client
 from pathlib import Path
 
+from ..bench.helpformat import HelpFormatter
 from ..errors import DFlashError
 from .grpc_guard import GrpcGuard, GrpcLimits
 from .http_guard import GuardLimits, HttpGuard, metrics_only, triton_routes
 from .launch import http_connection
 from .deployment_check import check_deployment
-from .repo import MODEL_NAME, fill_triton
+from .repo import MODEL_NAME, fill_triton, link_mirror
 from .restricted import ADMIN_HEADER, RESTRICTED_APIS
 from .triton_env import TritonBinary, find_tritonserver
 from .triton_model import CONTROL_DIR_ENV, SUPERVISOR_PID_ENV
@@ -40,7 +41,7 @@ EPILOG = """examples:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dflash-serve", description=__doc__, epilog=EPILOG,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("engine_dir", type=Path, help="deployment directory (dflash-build output) or model repository")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for all interfaces")
     p.add_argument("--http_port", type=int, default=8000, help="KServe v2 HTTP/REST (generate, generate_stream)")
@@ -52,8 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --fill: true streams (gRPC stream, generate_stream); false allows unary gRPC infer "
                         "[default: true]")
     p.add_argument("--exit_timeout_secs", type=int, default=10,
-                   help="tritonserver's own wait for in-flight requests once it is told to stop (it is killed "
-                        "after this plus 5 s)")
+                   help="seconds (named after tritonserver's --exit-timeout-secs): its own wait for in-flight "
+                        "requests once it is told to stop (it is killed after this plus 5 s)")
     p.add_argument("--drain_timeout_s", type=float, default=10.0,
                    help="on SIGTERM / Ctrl-C, seconds for the model to end its running requests (each client gets "
                         "a final response saying the server is shutting down); after it, calls still open (an "
@@ -93,7 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds of serving after which earlier restarts no longer count: a crash loop (a bad "
                         "engine, a request that kills every fresh server) shows within minutes; crashes hours "
                         "apart are separate events, not a loop")
-    p.add_argument("--ready_timeout", type=float, default=900.0, help="seconds to wait for the model to load")
+    p.add_argument("--ready_timeout_s", "--ready_timeout", dest="ready_timeout", type=float, default=900.0,
+                   help="seconds to wait for the model to load")
     p.add_argument("--dry_run", action="store_true", help="print the tritonserver command and exit")
     p.add_argument("extra", nargs="*", help="after --: more tritonserver flags, passed as they are")
     args = p.parse_args(argv)
@@ -157,7 +159,8 @@ def build_cmd(binary: TritonBinary, repo: Path, host: str, http_port: int, grpc_
 
 
 def server_env(binary: TritonBinary) -> dict[str, str]:
-    # PYTHONDONTWRITEBYTECODE: the stub would otherwise write __pycache__ into the repository.
+    # PYTHONDONTWRITEBYTECODE: no bytecode from the processes the model starts (TP ranks). It does not reach the
+    # python-backend stub itself (isolated interpreter): main() serves a linked copy of the repository for that.
     return {**binary.env, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -291,6 +294,8 @@ class Supervisor:
             for path in (*(self.control / name for name in ("stop", "drained", "broken")), *self.sockets):
                 path.unlink(missing_ok=True)
             self.proc = start(self.cmd, self.env)
+            print("dflash-serve: loading the model (up to a minute or more: weights, and on a CPU the adaptive draft "
+                  "policy measures step costs first)...", flush=True)
             try:
                 seconds = wait_ready(self.proc, self.triton_http, self.args.ready_timeout,
                                      stopping=lambda: bool(self.signals))
@@ -415,8 +420,11 @@ def main(argv: list[str] | None = None) -> int:
         # (and this user) can reach it, so no one goes around the guard's checks.
         # Triton's metrics port goes with the HTTP guard: Triton 2.51 crashes on a 5 MiB form POST to /metrics.
         http_sock, grpc_sock = f"unix:{work}/triton-http.sock", f"unix:{work}/triton-grpc.sock"
+        # Triton serves links to the repository from this private directory, so that nothing it writes (the python
+        # backend's __pycache__) lands in the deployment (repo.link_mirror). A dry run prints the repository itself.
+        served = args.repo if args.dry_run else link_mirror(args.repo, Path(work) / "served")
         metrics_sock = f"unix:{work}/triton-metrics.sock"
-        cmd = build_cmd(binary, args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
+        cmd = build_cmd(binary, served, args.host, args.http_port, args.grpc_port, args.metrics_port,
                         args.exit_timeout_secs, args.extra, http=(http_sock, 1) if guarded else None,
                         grpc=(grpc_sock, 1) if grpc_guarded else None, metrics=(metrics_sock, 1) if guarded else None)
         env = server_env(binary)
