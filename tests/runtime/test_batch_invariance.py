@@ -3,11 +3,15 @@
 alone, never on how many rows share the launch, where the row sits among them, how many query rows its request
 verifies or how long the longest context beside it is.
 
-Per kernel, in Triton's interpreter on the CPU (float32 and float16: the interpreter has no bfloat16 tl.dot): the
-GEMM (plain, residual, gate_up + SiLU) over row counts from 1 to prefill's hundreds, attention over query blocks,
-batches, KV lengths and both ways of running its key chunks (one program, or one per chunk), the row-wise norm,
-and the sampling kernels (argmax ties to the lowest id, per-request seeds) over batches and split plans.
-The torch path on the CPU in bfloat16 (the embedded default): the matmul and norm properties it rests on.
+Per kernel: the GEMM (plain, residual, gate_up + SiLU) over row counts from 1 to prefill's hundreds, attention
+over query blocks, batches, KV lengths and both ways of running its key chunks (one program, or one per chunk),
+the row-wise norm, and the sampling kernels (argmax ties to the lowest id, per-request seeds) over batches and
+split plans. On a GPU (``pytest -m gpu`` or plainly on the GPU host) in bfloat16 too, with rows anywhere.
+On the CPU, in Triton's interpreter (float32 and float16: the interpreter has no bfloat16 tl.dot), whose tl.dot
+is numpy's BLAS matmul: there a row's result depends on its place in the tile (the BLAS's register micro-tiles;
+an MMA computes every element of a tile alike), so rows keep their place in their tile (offsets by whole tiles,
+a request's block starting at its first row) while the row counts, batches and key ranges change around them.
+The torch path on the CPU in bfloat16 (the embedded default): the matmul properties it rests on.
 Engines: tests/runtime/test_bit_exact_engine.py.
 """
 from __future__ import annotations
@@ -27,6 +31,9 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}   # vs float64 (test_gemm_kernels' reasons)
 
 
 def kernels(name):
@@ -35,11 +42,12 @@ def kernels(name):
     return importlib.import_module(f"trtllm_dflash.runtime.kernels.{name}")
 
 
-def _rows_alone_and_among(f, x, counts=(1, 3, 17, 64, 65, 130)):
-    """f(x[a:a + m]) for m rows at two offsets == the rows of f(x): bits, not tolerance."""
+def _rows_alone_and_among(f, x, counts=(1, 3, 17, 64, 65, 130), align=1):
+    """f(x[a:a + m]) for m rows at offsets a (0, the last m rows, rounded down to ``align``) == the rows of f(x):
+    bits, not tolerance."""
     full = f(x)
     for m in counts:
-        for a in {0, x.shape[0] - m}:
+        for a in {0, (x.shape[0] - m) // align * align}:
             got = f(x[a:a + m])
             assert torch.equal(got, full[a:a + m]), f"{m} rows at offset {a}: max diff {(got - full[a:a + m]).abs().max()}"
     return full
@@ -47,28 +55,26 @@ def _rows_alone_and_among(f, x, counts=(1, 3, 17, 64, 65, 130)):
 
 # ---- GEMM ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def _align(G) -> int:
+    return 1 if DEVICE == "cuda" else G.INVARIANT_BLOCK_M
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gemm_rows_do_not_depend_on_the_row_count(dtype):
     """One tile for every M (invariant_config has no M): an AR step's row, a verify block's row and a prefill
     chunk's row project to the same bits (the default tiles change at 17 rows and leave for cuBLAS past 16)."""
     G = kernels("gemm")
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(131, 96, generator=g).to(dtype)
-    w = (torch.randn(80, 96, generator=g) / 10).to(dtype)
-    b = torch.randn(80, generator=g).to(dtype)
-    full = _rows_alone_and_among(lambda x: G.linear(x, w, b, invariant=True), x)
-    assert rel(full, F.linear(x.double(), w.double(), b.double())) < (1e-5 if dtype == torch.float32 else 2e-3)
-    _rows_alone_and_among(lambda x: G.linear(x, w, invariant=True), x)
-    _rows_alone_and_among(lambda x: G.gate_up_silu(x, w, invariant=True), x)
-
-
-def test_gemm_residual_rows_do_not_depend_on_the_row_count():
-    G = kernels("gemm")
-    g = torch.Generator().manual_seed(1)
-    xr = torch.randn(131, 96 + 80, generator=g)   # x and its residual row side by side: slices keep them paired
-    w = torch.randn(80, 96, generator=g) / 10
+    x = torch.randn(131, 96, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(80, 96, generator=g) / 10).to(DEVICE, dtype)
+    b = torch.randn(80, generator=g).to(DEVICE, dtype)
+    full = _rows_alone_and_among(lambda x: G.linear(x, w, b, invariant=True), x, align=_align(G))
+    assert rel(full, F.linear(x.double(), w.double(), b.double())) < TOL[dtype]
+    _rows_alone_and_among(lambda x: G.gate_up_silu(x, w, invariant=True), x, align=_align(G))
+    # x and its residual row side by side: slices keep them paired
+    xr = torch.cat([x, torch.randn(131, 80, generator=g).to(DEVICE, dtype)], 1)
     _rows_alone_and_among(lambda xr: G.linear(xr[:, :96].contiguous(), w, None, xr[:, 96:].contiguous(),
-                                              invariant=True), xr)
+                                              invariant=True), xr, align=_align(G))
 
 
 def test_invariant_tile_is_a_function_of_n_and_k():
@@ -110,33 +116,39 @@ def _attention_case(dtype, d=16, S=700, seed=0):
     g = torch.Generator().manual_seed(seed)
     Hq, Hkv = 4, 2
     cache = random_cache(3, Hkv, S, d, dtype, S, g)
-    q = torch.randn(2, 40, Hq, d, generator=g).to(dtype)
-    pos = torch.stack([torch.arange(600, 640), torch.arange(100, 140)])   # [2, 40]: two requests' blocks
-    return cache, q, pos, torch.tensor([0, 2])
+    if DEVICE == "cuda":
+        cache.k, cache.v = cache.k.to(DEVICE), cache.v.to(DEVICE)
+    q = torch.randn(2, 40, Hq, d, generator=g).to(DEVICE, dtype)
+    pos = torch.stack([torch.arange(600, 640), torch.arange(100, 140)]).to(DEVICE)   # [2, 40]: two requests' blocks
+    return cache, q, pos, torch.tensor([0, 2], device=DEVICE)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_rows_do_not_depend_on_the_block_the_batch_or_the_kv_length(dtype):
     """A query row's output is the same bits when its request verifies 1, 3 or 40 rows (an AR step, a block,
     a prefill chunk), alone or beside a request with a longer context, over any KV length the step was bucketed
-    to, with its key chunks in one program or one program each; and it is right (float64 reference)."""
+    to, with its key chunks in one program or one program each; and it is right (float64 reference). On a GPU
+    also as any row of a block (the AR step's row is the block's first; a verify's token can sit anywhere)."""
     K = kernels("decode_attention")
     cache, q, pos, rows = _attention_case(dtype)
     d = q.shape[-1]
 
-    def run(i, T, kv_len, **kw):
-        return K.attend(q[i, :T][None], cache.k[0], cache.v[0], rows[i:i + 1], kv_len, torch.zeros_like(pos[i:i + 1, :T]),
-                        pos[i, :T][None], d ** -0.5, invariant=True, **kw)
+    def run(i, t0, T, kv_len, **kw):
+        return K.attend(q[i, t0:T][None], cache.k[0], cache.v[0], rows[i:i + 1], kv_len,
+                        torch.zeros_like(pos[i:i + 1, t0:T]), pos[i, t0:T][None], d ** -0.5, invariant=True, **kw)
 
     full = K.attend(q, cache.k[0], cache.v[0], rows, 700, torch.zeros_like(pos), pos, d ** -0.5, invariant=True)
+    starts = (0,) if DEVICE == "cpu" else (0, 1, 2)
     for kw in (dict(splits=1), dict(splits=8), dict()):
         for T in (1, 3, 40):
-            for i in (0, 1):
-                for kv_len in (int(pos[i, T - 1]) + 1, 640):
-                    assert torch.equal(run(i, T, kv_len, **kw), full[i:i + 1, :T]), (kw, T, i, kv_len)
+            for t0 in starts:
+                for i in (0, 1):
+                    for kv_len in (int(pos[i, T - 1]) + 1, 640):
+                        if t0 < T:
+                            assert torch.equal(run(i, t0, T, kv_len, **kw), full[i:i + 1, t0:T]), (kw, T, t0, i, kv_len)
     k, v = cache.read(0, rows, 700)
-    ref = attend_f64(q.transpose(1, 2), k, v, L.KeyRange.causal(pos).mask(700), d ** -0.5)
-    assert rel(full, ref) < (1e-5 if dtype == torch.float32 else 2e-3)
+    ref = attend_f64(q.cpu(), k.cpu(), v.cpu(), L.KeyRange.causal(pos.cpu()).mask(700), d ** -0.5)
+    assert rel(full.cpu(), ref) < TOL[dtype]
 
 
 def test_attention_with_sinks_and_a_window_is_invariant_and_right():
@@ -144,7 +156,7 @@ def test_attention_with_sinks_and_a_window_is_invariant_and_right():
     K = kernels("decode_attention")
     cache, q, pos, rows = _attention_case(torch.float32, seed=1)
     d, window = q.shape[-1], 300
-    sinks = torch.randn(4, generator=torch.Generator().manual_seed(2))
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     keys = L.KeyRange.causal(pos, window)
 
     def run(sl, T, kv_len, **kw):
@@ -156,20 +168,20 @@ def test_attention_with_sinks_and_a_window_is_invariant_and_right():
         for T in (1, 16):
             assert torch.equal(run(slice(0, 1), T, 640, **kw), full[:1, :T]), (kw, T)
     k, v = cache.read(0, rows, 700)
-    ref = attend_f64(q.transpose(1, 2), k, v, keys.mask(700), d ** -0.5, sinks)
-    assert rel(full, ref) < 1e-5
+    ref = attend_f64(q.cpu(), k.cpu(), v.cpu(), keys.mask(700).cpu(), d ** -0.5, sinks.cpu())
+    assert rel(full.cpu(), ref) < 1e-5
 
 
 # ---- norm ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm_rows_do_not_depend_on_the_row_count(dtype):
     N = kernels("norm")
     g = torch.Generator().manual_seed(0)
-    x, delta = torch.randn(131, 72, generator=g).to(dtype), torch.randn(131, 72, generator=g).to(dtype)
-    w = (torch.rand(72, generator=g) + 0.5).to(dtype)
+    x, delta = torch.randn(131, 72, generator=g).to(DEVICE, dtype), torch.randn(131, 72, generator=g).to(DEVICE, dtype)
+    w = (torch.rand(72, generator=g) + 0.5).to(DEVICE, dtype)
     out = _rows_alone_and_among(lambda x: N.rms_norm(x, w, 1e-6), x)
-    tol = 1e-6 if dtype == torch.float32 else 1e-3
+    tol = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]   # the mean in another order
     assert rel(out, L.rms_norm.eager(x, w, 1e-6)) < tol
     xd = torch.cat([x, delta], 1)
     both = _rows_alone_and_among(lambda xd: torch.cat(N.rms_norm(xd[:, :72], w, 1e-6, delta=xd[:, 72:]), 1), xd)
@@ -203,14 +215,16 @@ def test_sampled_and_greedy_tokens_do_not_depend_on_the_batch_and_ties_go_to_the
     n, T, V = 6, 3, 200
     logits = torch.randn(n, T, V, generator=g).round(decimals=1)   # coarse: many exact ties
     logits[0, 0, 7] = logits[0, 0, 150] = logits[0, 0].max() + 1      # a tie across vocab splits
+    pos = torch.arange(n * T).view(n, T) + 40
+    logits, pos = logits.to(DEVICE), pos.to(DEVICE)
     params = [SamplingParams(temperature=t, seed=s) for t, s in ((0, 0), (1.0, 5), (0, 0), (0.7, 2**63 + 3),
                                                                 (0, 0), (1.3, 11))]
-    pos = torch.arange(n * T).view(n, T) + 40
 
     def tokens(sl, programs):
-        sb = SamplingBatch.from_params(params[sl], "cpu")
-        t, a = torch.full((len(params[sl]), T), -1), torch.full((len(params[sl]),), -1)
-        K.sample_accept(logits[sl], sb, pos[sl], torch.zeros(len(params[sl]), T - 1, dtype=torch.long), t, a,
+        sb = SamplingBatch.from_params(params[sl], DEVICE)
+        k = len(params[sl])
+        t, a = torch.full((k, T), -1, device=DEVICE), torch.full((k,), -1, device=DEVICE)
+        K.sample_accept(logits[sl], sb, pos[sl], torch.zeros(k, T - 1, dtype=torch.long, device=DEVICE), t, a,
                         block_v=16, programs=programs)
         return t
 
