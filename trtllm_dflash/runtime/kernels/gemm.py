@@ -88,7 +88,7 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
 
 # BLOCK_M of the batch-invariant tile. 64: one tl.dot tile for a batch-64 AR step (the weights are read once, as
 # cuBLAS's) and Hopper's wgmma minimum; the padded rows of a batch-1 AR step cost tensor-core work on a
-# bandwidth-bound GEMM (gemm_bench measures it: --batch_invariant).
+# bandwidth-bound GEMM (benchmarks/gemm_bench.py times it as triton_invariant).
 INVARIANT_BLOCK_M = 64
 
 

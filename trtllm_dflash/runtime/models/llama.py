@@ -129,12 +129,14 @@ def set_attention_kernel(model: nn.Module, setting: str, invariant: bool = False
     RuntimeConfig.attention_kernel as it resolves on the model's device (kernels.resolve_attention_kernel):
     "triton" runs the decode path's attention and its qkv / o_proj / gate_up / down GEMMs in the Triton kernels.
     ``invariant`` (RuntimeConfig.batch_invariant) takes the batch-invariant path where there is one: the Triton
-    kernels' fixed launches (every GEMM, attention and norm of every block size), or on the CPU the torch path's
-    matmul attention for prefill too; the torch path on CUDA (cuBLAS, SDPA) has none. Returns a kernels.Kernel
-    equal to "triton" or "torch"."""
-    device = next(model.parameters()).device
-    name = resolve_attention_kernel(setting, device)
-    kernel = Kernel(name, invariant and (name == "triton" or device.type == "cpu"))
+    kernels' fixed launches (every GEMM, attention and norm of every block size), or on the CPU in bfloat16 /
+    float16 the torch path's matmul attention for prefill too (the CPU's half-precision matmuls give a row the same
+    bits whatever shares it; its float32 BLAS does not, so float32 on the CPU has nothing to gain and keeps SDPA);
+    the torch path on CUDA (cuBLAS, SDPA) has none. Returns a kernels.Kernel equal to "triton" or "torch"."""
+    p = next(model.parameters())
+    name = resolve_attention_kernel(setting, p.device)
+    half_cpu = p.device.type == "cpu" and p.dtype in (torch.bfloat16, torch.float16)
+    kernel = Kernel(name, invariant and (name == "triton" or half_cpu))
     for m in model.modules():
         if hasattr(m, "kernel"):
             m.kernel = kernel
