@@ -350,8 +350,10 @@ def _write_ranks(tmp: Path, tp_size: int, allow_pickle: bool, log, ep_size: int 
 
     target_sd = hf.load_state_dict(tmp / "target", allow_pickle=allow_pickle)
     drafter_sd = hf.load_state_dict(tmp / "drafter")
+    kv_heads = tuple(c.get("num_key_value_heads") or c["num_attention_heads"]
+                     for c in (hf.read_config(tmp / "target"), hf.read_config(tmp / "drafter")))
     for rank in tqdm(range(tp_size), desc="pre-shard ranks", disable=tp_size == 1):
-        hf.save_state_dict(shard_for_rank(target_sd, drafter_sd, tp_size, rank, ep_size), tmp / "ranks",
+        hf.save_state_dict(shard_for_rank(target_sd, drafter_sd, tp_size, rank, ep_size, kv_heads), tmp / "ranks",
                            f"rank{rank}.safetensors")
     log(f"pre-sharded {tp_size} rank file(s)")
 

@@ -53,7 +53,8 @@ def test_mismatched_pair(pair, where, changes, match):
 
 
 def test_tp_size_must_divide_heads(pair):
-    with pytest.raises(DFlashError, match="tp_size: 3 does not divide the target's num_attention_heads"):
+    with pytest.raises(DFlashError, match=r"tp_size: 3 does not divide num_attention_heads \(4\) of the target.*"
+                                          r"use one of \[1, 2, 4\]"):
         load(pair, tp_size=3)
 
 

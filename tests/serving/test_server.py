@@ -48,11 +48,11 @@ def test_dry_run_prints_the_command(tiny_deployment, capsys):
     out = capsys.readouterr().out
     assert "tritonserver --model-repository=" in out and f"{tiny_deployment}/triton" in out
     assert "--http-port=18123" in out and "LD_LIBRARY_PATH=" in out and "PYTHONDONTWRITEBYTECODE=1" in out
-    # behind the guards (the default), Triton's HTTP and gRPC front ends are on private Unix sockets
+    # behind the guards (the default), Triton's HTTP, gRPC and metrics front ends are on private Unix sockets
     assert server.main([str(tiny_deployment), "--http_port", "18123", "--host", "0.0.0.0", "--dry_run"]) == 0
     out = capsys.readouterr().out
     assert "--http-port=18123" not in out and "--http-address=unix:/" in out and "--grpc-address=unix:/" in out
-    assert "--metrics-address=0.0.0.0" in out
+    assert "--metrics-address=unix:/" in out and "0.0.0.0" not in out
 
 
 def test_resolve_repo_errors(tmp_path, tiny_deployment):

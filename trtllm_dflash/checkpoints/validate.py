@@ -16,11 +16,14 @@ def _target_dims(t: dict) -> tuple[int, int, int, int]:
 
 
 def check_tp(cfg: dict, tp_size: int, who: str) -> None:
+    from ..runtime.shard import check_heads
+
     heads = cfg["num_attention_heads"]
-    for name, n in (("num_attention_heads", heads), ("num_key_value_heads", cfg.get("num_key_value_heads") or heads)):
-        if n % tp_size:
-            raise DFlashError("tp_size", f"{tp_size} does not divide the {who}'s {name} ({n})",
-                              f"use a tp_size that divides {n}")
+    kv = cfg.get("num_key_value_heads") or heads
+    problem = check_heads(heads, kv, tp_size)
+    if problem:
+        valid = [k for k in range(1, heads + 1) if check_heads(heads, kv, k) is None]
+        raise DFlashError("tp_size", f"{problem} of the {who}", f"use one of {valid}")
 
 
 def check_pair(target: dict, drafter: dict, *, tp_size: int = 1, block_size: int | None = None) -> list[str]:

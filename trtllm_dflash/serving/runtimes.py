@@ -36,12 +36,16 @@ log = logging.getLogger(__name__)
 MAX_FAILED_STEPS = 3
 
 
-def load_backend(deployment_dir: Path, manifest: dict):
-    """The backend the manifest names, loaded and ready for requests."""
+def load_backend(deployment_dir: Path, manifest: dict, overrides: dict | None = None):
+    """The backend the manifest names, loaded and ready for requests. ``overrides``: RuntimeConfig fields that
+    replace the deployment's for this process (torch backend only)."""
     backend = manifest.get("backend")
     if backend == "torch":
-        return TorchBackend.from_deployment(deployment_dir, manifest)
+        return TorchBackend.from_deployment(deployment_dir, manifest, overrides or {})
     if backend == "trtllm":
+        if overrides:
+            raise DFlashError(f"--{next(iter(overrides))}", "overrides the torch runtime only",
+                              "drop it, or change the deployment's llm_api_options.yaml")
         return TrtllmBackend.from_deployment(deployment_dir)
     raise DFlashError("manifest.backend", f"is {backend!r}", "use torch or trtllm (rebuild with dflash-build)")
 
@@ -95,7 +99,7 @@ class TorchBackend:
         self._scheduler.start()
 
     @classmethod
-    def from_deployment(cls, deployment_dir: Path, manifest: dict) -> "TorchBackend":
+    def from_deployment(cls, deployment_dir: Path, manifest: dict, overrides: dict | None = None) -> "TorchBackend":
         from ..runtime.engine import Engine
 
         tp_size = int(manifest.get("tp_size", 1))
@@ -110,7 +114,7 @@ class TorchBackend:
         if followers is not None:
             threading.Thread(target=_exit_if_ranks_fail, args=(followers, loaded), daemon=True).start()
         try:
-            engine = Engine.from_deployment(deployment_dir)
+            engine = Engine.from_deployment(deployment_dir, **(overrides or {}))
         except BaseException:
             stop_process(followers)
             raise
