@@ -6,9 +6,11 @@
 2. the real SmolLM2-135M-Instruct target (from the packaged GGUF) with the shipped trained drafter, in float32
    (must be exact) and bf16 (equal up to a first divergence that must be a float32 near-tie: the policy in
    tests/gpu/divergence.py: the two tokens are the float32 top 2, their float32 logits less than 0.5 apart), each
-   divergence with its position and float32 numbers; tokens/s at batch 1, 8.
+   divergence with its position and float32 numbers; tokens/s at batch 1, 8. With --batch_invariant on (the
+   default: RuntimeConfig.batch_invariant on the Triton kernels) bf16 must be exact as well, at blocks 16, 8 and
+   4, and each prompt's answer alone must equal its answer among the 8.
 
-    python benchmarks/cuda_check.py --out results.json [--smollm2] [--drafter DIR|random]
+    python benchmarks/cuda_check.py --out results.json [--smollm2] [--drafter DIR|random] [--batch_invariant off]
     python benchmarks/cuda_check.py --cpu_smoke --out /tmp/c.json     # the same code paths on CPU, tiny, float32
     python benchmarks/cuda_check.py --rejudge results.json  # re-judge a file's divergences from its float32 numbers
 """
@@ -26,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.gpu.divergence import POLICY, first_divergence, judge, near_tie, policy_met  # noqa: E402
+from tests.gpu.divergence import POLICY, first_divergence, judge, near_tie, policy_key, policy_met  # noqa: E402
 from trtllm_dflash.config import RuntimeConfig, SamplingParams  # noqa: E402
 from trtllm_dflash.provenance import git_state, record  # noqa: E402
 from trtllm_dflash.runtime.engine import Engine  # noqa: E402
@@ -37,7 +39,7 @@ PROMPTS = ["What is the capital of France?", "Write a Python function that retur
            "Write a haiku about the sea.", "How many legs does a spider have?"]
 
 
-def tiny_checks(work: Path, dtype: str, device: str, new_tokens: int) -> list[dict]:
+def tiny_checks(work: Path, dtype: str, device: str, new_tokens: int, batch_invariant: bool = True) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     from tests.tiny import write_tiny_pair
@@ -45,7 +47,7 @@ def tiny_checks(work: Path, dtype: str, device: str, new_tokens: int) -> list[di
     for arch in ("llama", "qwen3"):
         pair = work / f"tiny_{arch}"
         target, drafter = (pair / "target", pair / "drafter") if pair.is_dir() else write_tiny_pair(pair, arch)
-        cfg = dict(max_seq_len=256, max_batch_size=4, dtype=dtype, device=device)
+        cfg = dict(max_seq_len=256, max_batch_size=4, dtype=dtype, device=device, batch_invariant=batch_invariant)
         ar = Engine.from_dirs(target, None, RuntimeConfig(block_size=1, **cfg))
         df = Engine.from_dirs(target, drafter, RuntimeConfig(**cfg))
         g = torch.Generator().manual_seed(0)
@@ -60,7 +62,7 @@ def tiny_checks(work: Path, dtype: str, device: str, new_tokens: int) -> list[di
         sps = [SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, temperature=1.0, top_k=20, seed=s)
                for s in range(6)]
         sa, sd = ar.generate(prompts, sps), df.generate(prompts, sps)
-        out.append({"arch": arch, "dtype": dtype, "n": len(prompts),
+        out.append({"arch": arch, "dtype": dtype, "n": len(prompts), "batch_invariant": batch_invariant,
                     "dflash_eq_ar_greedy": sum(x.output_ids == y.output_ids for x, y in zip(a, b)),
                     "ar_eq_hf_greedy": hf_same, "hf_dtype": "float32",
                     "dflash_eq_ar_sampled": sum(x.output_ids == y.output_ids for x, y in zip(sa, sd)),
@@ -69,16 +71,17 @@ def tiny_checks(work: Path, dtype: str, device: str, new_tokens: int) -> list[di
     return out
 
 
-def smollm2_check(target: Path, drafter: Path, dtype: str, device: str, max_new: int, timing: bool) -> dict:
+def smollm2_check(target: Path, drafter: Path, dtype: str, device: str, max_new: int, timing: bool,
+                  batch_invariant: bool = True) -> dict:
     from transformers import AutoModelForCausalLM
-    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype=dtype, device=device)
+    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype=dtype, device=device, batch_invariant=batch_invariant)
     ar = Engine.from_dirs(target, None, RuntimeConfig(block_size=1, **cfg))
     df = Engine.from_dirs(target, drafter, RuntimeConfig(**cfg))
     tok = ar.tokenizer
     ids = [tok(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False),
                add_special_tokens=False)["input_ids"] for p in PROMPTS]
     sp = SamplingParams(max_new_tokens=max_new)
-    res = {"dtype": dtype, "n_prompts": len(ids), "max_new_tokens": max_new}
+    res = {"dtype": dtype, "n_prompts": len(ids), "max_new_tokens": max_new, "batch_invariant": batch_invariant}
     if timing:
         for eng in (ar, df):  # warm up: graph capture for the shapes used below
             eng.generate(ids[:1], sp), eng.generate(ids, sp)
@@ -93,12 +96,18 @@ def smollm2_check(target: Path, drafter: Path, dtype: str, device: str, max_new:
                first_answer=tok.decode(a[0].output_ids, skip_special_tokens=True),
                tau=sum(r.stats.tau for r in b) / len(b))
     res["diverged_at"] = [first_divergence(x.output_ids, y.output_ids) for x, y in zip(a, b)]
+    if batch_invariant:   # smaller blocks of the same drafter, and each answer alone vs among the 8
+        for block in (8, 4):
+            small = Engine.from_dirs(target, drafter, RuntimeConfig(**{**cfg, "block_size": block})).generate(ids, sp)
+            res[f"dflash_eq_ar_greedy_block{block}"] = sum(x.output_ids == y.output_ids for x, y in zip(a, small))
+        res["ar_alone_eq_batch"] = sum(ar.generate([p], sp)[0].output_ids == x.output_ids for p, x in zip(ids, a))
+        res["dflash_alone_eq_batch"] = sum(df.generate([p], sp)[0].output_ids == y.output_ids for p, y in zip(ids, b))
     if any(at is not None for at in res["diverged_at"]):
         ref = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).to(device).eval()
         res["divergences"] = [{"prompt": i, **near_tie(ref, p, x.output_ids[:at], x.output_ids[at], y.output_ids[at])}
                               for i, (p, x, y, at) in enumerate(zip(ids, a, b, res["diverged_at"])) if at is not None]
         del ref
-    res["policy"] = POLICY[dtype]
+    res["policy"] = POLICY[policy_key(res)]
     res["policy_met"] = policy_met(res)
     print({k: v for k, v in res.items() if k != "first_answer"}, flush=True)
     return res
@@ -124,7 +133,7 @@ def rejudge(path: Path, argv: list[str]) -> bool:
             d.setdefault("f32_top2_margin", d.get("f32_margin"))   # what the older code called f32_margin
             new = judge(d["tokens"], d["f32_top2"], d["f32_gaps"])
             changed += _changes(f"{row['dtype']} prompt {d['prompt']}", d, new)
-        new_row = {"policy": POLICY[row["dtype"]], "policy_met": policy_met(row)}
+        new_row = {"policy": POLICY[policy_key(row)], "policy_met": policy_met(row)}
         changed += _changes(row["dtype"], row, new_row)
     if changed:
         data.setdefault("rejudged", []).append({
@@ -146,6 +155,8 @@ def main(argv=None) -> int:
     p.add_argument("--drafter", default="smollm2-135m-dflash",
                    help="SmolLM2 drafter: a folder, a shipped drafter name, or 'random' (untrained, 1 layer)")
     p.add_argument("--skip_tiny", action="store_true")
+    p.add_argument("--batch_invariant", choices=("on", "off"), default="on" if RuntimeConfig.batch_invariant else "off",
+                   help="RuntimeConfig.batch_invariant of every engine (on: bf16 must be exact too)")
     p.add_argument("--cpu_smoke", action="store_true",
                    help="run on CPU in float32 with few tokens: checks the script, measures nothing")
     args = p.parse_args(argv)
@@ -157,14 +168,16 @@ def main(argv=None) -> int:
     device = "cpu" if args.cpu_smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         p.error("needs a CUDA GPU (or --cpu_smoke)")
+    invariant = args.batch_invariant == "on"
     res = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)", "torch": torch.__version__,
-           "transformers": transformers.__version__}
+           "transformers": transformers.__version__, "batch_invariant": invariant}
     checkpoints = {}
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         if not args.skip_tiny:
             dtypes = ("float32",) if args.cpu_smoke else ("float32", "bfloat16")
-            res["tiny"] = [row for dt in dtypes for row in tiny_checks(work, dt, device, 8 if args.cpu_smoke else 48)]
+            res["tiny"] = [row for dt in dtypes
+                           for row in tiny_checks(work, dt, device, 8 if args.cpu_smoke else 48, invariant)]
             for arch in ("llama", "qwen3"):
                 checkpoints[f"tiny_{arch}_target"] = work / f"tiny_{arch}" / "target"
                 checkpoints[f"tiny_{arch}_drafter"] = work / f"tiny_{arch}" / "drafter"
@@ -180,13 +193,14 @@ def main(argv=None) -> int:
             checkpoints.update(smollm2_target=target, smollm2_drafter=drafter)
             dtypes = ("float32",) if args.cpu_smoke else ("float32", "bfloat16")
             res["smollm2"] = [smollm2_check(target, drafter, dt, device, 16 if args.cpu_smoke else 128,
-                                            timing=dt == "bfloat16") for dt in dtypes]
+                                            timing=dt == "bfloat16", batch_invariant=invariant) for dt in dtypes]
         res["provenance"] = record(["python", "benchmarks/cuda_check.py", *(sys.argv[1:] if argv is None else argv)],
                                    checkpoints=checkpoints)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {args.out}")
     ok = all(r["dflash_eq_ar_greedy"] == r["n"] and r["dflash_eq_ar_sampled"] == r["n"] for r in res.get("tiny", []))
-    ok &= all(r["policy_met"] for r in res.get("smollm2", []))
+    ok &= all(r["policy_met"] and r.get("ar_alone_eq_batch", r["n_prompts"]) == r["n_prompts"]
+              and r.get("dflash_alone_eq_batch", r["n_prompts"]) == r["n_prompts"] for r in res.get("smollm2", []))
     return 0 if ok else 1
 
 

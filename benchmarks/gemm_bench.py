@@ -14,7 +14,8 @@ totalling >= 256 MB, so weights stream from HBM rather than from the 50 MB L2; t
 Bandwidth = bytes that must move (weight + x + out, + residual) / time, and its fraction of the copy bandwidth
 measured in the same run. In the runtime the unfused residual add rides in the next add + RMSNorm kernel, so for
 qkv / o_proj / down the baseline that counts is cuBLAS alone; for gate_up it is cuBLAS + silu_mul.
-The summary's ``best`` is the fastest config per shape, ``default`` pick_config's: where best beats default
+``triton_invariant`` is the batch-invariant mode's tile (invariant_config, the same at every M; absent where it is
+the default). The summary's ``best`` is the fastest config per shape, ``default`` pick_config's: where best beats default
 clearly, pick_config should be changed; where cuBLAS beats the best Triton config at some M, GEMM_MAX_ROWS (or a
 per-shape rule) should route that M to cuBLAS. A config that fails to compile is recorded under "errors".
 
@@ -96,6 +97,10 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
         variants["cublas_epilogue"] = lambda: [F.linear(x, w) + r for w in ws]
     default = G.pick_config(M, N, K, gated, elem, G.num_sms(dev))
     configs = {"default": default, **{label(c): c for c in candidates(G, M, args.smoke) if c != default}}
+    # the batch-invariant tile (RuntimeConfig.batch_invariant): the same at every M, so its cost shows against default
+    invariant = G.invariant_config(N, K, gated, elem, G.num_sms(dev))
+    if invariant != default:
+        configs = {k: c for k, c in configs.items() if c != invariant or k == "default"} | {"invariant": invariant}
     for key, c in configs.items():
         variants[f"triton_{key}"] = triton(c)
 

@@ -10,8 +10,19 @@
 #   smollm2    the real SmolLM2 pair (converted by `bash benchmarks/gpu_smollm2.sh prep` into $TRTLLM_DFLASH_CACHE;
 #              its GGUF arrives in four calls carrying .carry/p0 (+ .carry/w1, then `gpu_smollm2.sh wheels`), p1, p2,
 #              p3, one per call on the same warm machine: run tests_a, tests_b, step, gptoss in those calls):
-#              greedy DFlash == AR in float32 with the kernels, bf16 under the divergence policy with and without
+#              greedy DFlash == AR in float32 with the kernels, bf16 under the divergence policy on the torch path
 #                                                                                         -> gpu_tests_smollm2.json
+#   bitexact   the batch-invariant mode (RuntimeConfig.batch_invariant, on by default), ~25 min in 4 calls of one
+#              sub-stage each (BITEXACT=tests|check|step_on|step_off, then summary with no GPU work):
+#              tests     kernel invariance in bf16 with rows anywhere (tests/gpu/test_batch_invariance_cuda.py)
+#                        and SmolLM2 bf16 DFlash == AR exactly: blocks 16/8/4, adaptive, seeded T=1, alone ==
+#                        among 8 (tests/gpu/test_smollm2_cuda.py)                       -> gpu_tests_bit_exact.json (~6 min)
+#              check     benchmarks/cuda_check.py --smollm2: tiny Llama/Qwen3 6/6 in bf16, SmolLM2 8/8 at blocks
+#                        16/8/4, alone == batched                                       -> cuda_check_bit_exact.json (~6 min)
+#              step_on / step_off  step_bench.py smollm2-135m + qwen3-8b, batch 1 and 64, AR and DFlash, mode on /
+#                        off (the same warm GPU for both)          -> step_bench_bi_on.json / step_bench_bi_off.json (~5 min each)
+#              summary   benchmarks/bit_exact_summary.py (+ $SOAK_JSON from `gpu_smollm2.sh soak` if set)
+#                                                                                         -> bit_exact_h100.json
 #   step       benchmarks/step_bench.py --profile at batch $BATCH (default 1): smollm2-135m, qwen3-8b, llama-3.1-8b with the
 #              kernels, and llama-3.1-8b with the torch path (the earlier files hold the others' torch rows)
 #                                                                     -> step_bench_triton.json, step_bench_torch.json
@@ -63,6 +74,23 @@ for stage in "$@"; do
           "tests/gpu/test_smollm2_cuda.py::test_greedy_dflash_equals_ar_in_float32[triton]" \
           "tests/gpu/test_smollm2_cuda.py::test_greedy_dflash_vs_ar_in_bf16_within_the_tolerance_policy"
       fi ;;
+    bitexact)
+      if [ -n "${SMOKE:-}" ]; then BENCH=(--smoke --ctx 16 --steps 2 --batch 1,2); else BENCH=(--ctx 512 --steps 15 --batch 1,64); fi
+      case ${BITEXACT:-tests} in
+        tests) run bitexact_tests report "$OUT/gpu_tests_bit_exact.json" \
+                 "tests/runtime/test_batch_invariance.py tests/runtime/test_bit_exact_engine.py" \
+                 tests/gpu/test_batch_invariance_cuda.py tests/gpu/test_smollm2_cuda.py ;;
+        check) if [ -n "${SMOKE:-}" ]; then CC=(--cpu_smoke); else CC=(--smollm2); fi
+               run bitexact_check "$PY" benchmarks/cuda_check.py "${CC[@]}" --out "$OUT/cuda_check_bit_exact.json" ;;
+        step_on|step_off)
+               run "bitexact_$BITEXACT" "$PY" benchmarks/step_bench.py --models "${MODELS:-smollm2-135m,qwen3-8b}" \
+                 --attention_kernel triton --batch_invariant "${BITEXACT#step_}" "${BENCH[@]}" \
+                 --out "$OUT/step_bench_bi_${BITEXACT#step_}.json" ;;
+        summary) run bitexact_summary "$PY" benchmarks/bit_exact_summary.py --cuda_check "$OUT/cuda_check_bit_exact.json" \
+                   --step_on "$OUT/step_bench_bi_on.json" --step_off "$OUT/step_bench_bi_off.json" \
+                   ${SOAK_JSON:+--soak "$SOAK_JSON"} --out "$OUT/bit_exact_h100.json" ;;
+        *) echo "FAILED: bitexact: BITEXACT=$BITEXACT (use tests, check, step_on, step_off or summary)"; rc=1 ;;
+      esac ;;
     step)
       if [ -n "${SMOKE:-}" ]; then BENCH=(--smoke --ctx 16 --steps 2 --batch 1); else BENCH=(--ctx 512 --steps 15 --batch ${BATCH:-1}); fi
       run step_triton "$PY" benchmarks/step_bench.py --models "${MODELS:-smollm2-135m,qwen3-8b,llama-3.1-8b}" --profile \

@@ -324,7 +324,8 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
     kv_per_tok = 2 * L * H * D * 2
     dL, dH, dD = drafter.kv_shape()
     dkv_per_tok = 2 * dL * dH * dD * 2
-    rc = dict(max_batch_size=max(args.batch), max_seq_len=max_seq, attention_kernel=kernel)
+    rc = dict(max_batch_size=max(args.batch), max_seq_len=max_seq, attention_kernel=kernel,
+              batch_invariant=args.batch_invariant == "on")
     engines = {"ar": Engine(target, None, None, RuntimeConfig(block_size=1, **rc), TPGroup(), set()),
                "dflash": Engine(target, drafter, None, RuntimeConfig(**rc), TPGroup(), set())}
     for b in args.batch:
@@ -333,7 +334,7 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
             need = t_bytes + b * args.ctx * kv_per_tok + (d_bytes + lm_head + b * args.ctx * dkv_per_tok if mode == "dflash" else 0)
             tokens = b * eng.block_size  # each weight byte does 2 FLOP per token that passes through it
             flops = 2 * tokens * (t_bytes / 2 + (d_bytes / 2 + lm_head / 2 if mode == "dflash" else 0))
-            row = {"model": name, "attention_kernel": kernel, "mode": mode, "batch": b, "block_size": eng.block_size, "ctx": args.ctx, **r,
+            row = {"model": name, "attention_kernel": kernel, "batch_invariant": args.batch_invariant, "mode": mode, "batch": b, "block_size": eng.block_size, "ctx": args.ctx, **r,
                    "roofline_ms": 1e3 * max(need / bw, flops / ceil["bf16_matmul_flops"]),
                    "memory_floor_ms": 1e3 * need / bw, "compute_floor_ms": 1e3 * flops / ceil["bf16_matmul_flops"],
                    "bytes_per_step": need, "graphs": eng.metrics()["graphs"]}
@@ -346,7 +347,7 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
     s = {"ar_b1_step_ms": ar1["step_ms"], "dflash_b1_step_ms": df1["step_ms"],
          "ar_b1_roofline_fraction": ar1["roofline_fraction"], "dflash_b1_step_over_ar_step": df1["step_ms"] / ar1["step_ms"],
          "block_size": B, "target_weight_gb": t_bytes / 1e9, "drafter_weight_gb": d_bytes / 1e9,
-         "attention_kernel": kernel}
+         "attention_kernel": kernel, "batch_invariant": args.batch_invariant}
     if args.profile:
         s["kernels_per_layer"] = {**layer_kernels(engines["ar"], 1, args.ctx), **layer_kernels(engines["dflash"], B, args.ctx)}
         print(f"kernels per layer {name} ({kernel}): "
@@ -398,6 +399,8 @@ def main(argv=None) -> int:
     p.add_argument("--cost_table", action="store_true", help="measure the adaptive draft policy's cost table")
     p.add_argument("--attention_kernel", default=RuntimeConfig.attention_kernel, choices=["auto", "triton", "torch"],
                    help="RuntimeConfig.attention_kernel for every engine of the run")
+    p.add_argument("--batch_invariant", choices=("on", "off"), default="on" if RuntimeConfig.batch_invariant else "off",
+                   help="RuntimeConfig.batch_invariant for every engine of the run (its cost: run on and off)")
     p.add_argument("--smoke", action="store_true", help="tiny layers, CPU if there is no GPU: checks the command runs")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -405,7 +408,8 @@ def main(argv=None) -> int:
     ceil = ceilings(args.smoke)
     meta = {"gpu": torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu", "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
-            "command": " ".join(sys.argv), "attention_kernel": args.attention_kernel, "smoke": args.smoke, **ceil}
+            "command": " ".join(sys.argv), "attention_kernel": args.attention_kernel,
+            "batch_invariant": args.batch_invariant, "smoke": args.smoke, **ceil}
     try:
         import triton
         meta["triton"] = triton.__version__

@@ -75,6 +75,15 @@ class RuntimeConfig:
     # AR step at batch 1 from 1.61 to 0.97 ms (SmolLM2-135M), 7.47 to 6.17 ms (Qwen3-8B), 7.06 to 6.03 ms
     # (Llama-3.1-8B), with the same tokens (benchmarks/results/step_bench_h100_v5_torch.json, _v6_*.json).
     attention_kernel: str = "auto"
+    # Batch-invariant numerics (DESIGN.md decision 10): every op of the prefill / decode / verify path computes a row
+    # in an order that depends on that row alone, so greedy DFlash == AR token for token in bfloat16 and a request's
+    # tokens do not depend on who shares its batch or how its prompt was chunked. On the Triton kernels: one GEMM
+    # tile for every row count (prefill included, no cuBLAS), attention in fixed key chunks merged in key order for
+    # any block (prefill included), row-wise Triton norms (runtime/kernels/). On the CPU's torch path in bfloat16 /
+    # float16: matmul attention for prefill as for decode (no SDPA; prefill attention 3-20x slower there, decode
+    # unchanged); float32 on the CPU is left as it is (its BLAS is not row-invariant). Not on the torch path on
+    # CUDA (cuBLAS and SDPA pick their tiling by shape), nor gpt-oss's experts. False: the fastest kernels per shape.
+    batch_invariant: bool = True
 
     def __post_init__(self):
         if self.max_batch_size <= 0:

@@ -29,7 +29,7 @@ class OracleEngine(Engine):
             done = anchors[i] - len(req.prompt_ids) + 1  # output[done-1] is the anchor; the drafts continue from it
             for j in range(B - 1):
                 k = done + j
-                tok = seq[k] if k < len(seq) else 0
+                tok = seq[k] if 0 <= k < len(seq) else 0   # k < 0: a row still prefilling
                 out[i, j] = (tok + 1) % VOCAB if self.wrong(k, j) else tok
         return out.to(self.device)
 

@@ -213,7 +213,7 @@ for G, T, D, BN, splits, sink, warps in [(3, 1, 64, 64, 4, False, 4), (4, 16, 12
                                          (8, 1, 64, 64, 8, True, 4), (8, 10, 64, 64, 2, True, 8),
                                          (4, 1, 128, 32, 1, False, 4)]:
     consts = dict(G=G, D=D, BLOCK_M=max(16, triton.next_power_of_2(G * T)), BLOCK_N=BN, SPLITS=splits, IEEE=False,
-                  SINK=sink)
+                  SINK=sink, INVARIANT=False, KEY_CHUNK=K.KEY_CHUNK)
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in k.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names) if sig[n].startswith("*")}
     triton.compile(ASTSource(k, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})

@@ -51,7 +51,7 @@ class Engine:
         self.eos_ids = set(eos_ids)
         for model in (target, drafter):   # before the runner captures graphs: they hold the kernels chosen here
             if model is not None:
-                set_attention_kernel(model, cfg.attention_kernel)
+                set_attention_kernel(model, cfg.attention_kernel, cfg.batch_invariant)
         self.runner = Runner(target, drafter, cfg, tp, self.block_size, propose=self._propose)
         self.scheduler = Scheduler(cfg.max_batch_size, cfg.max_num_tokens, self.runner.prefill_shape,
                                    self.runner.chunk_cap)

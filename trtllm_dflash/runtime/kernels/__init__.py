@@ -25,6 +25,24 @@ GATED_GEMM_MAX_ROWS = 128
 SETTINGS = ("auto", "triton", "torch")
 
 
+class Kernel(str):
+    """A resolved RuntimeConfig.attention_kernel ("triton" or "torch", equal to that string) that also carries
+    RuntimeConfig.batch_invariant: every module with a ``kernel`` switch holds one (models/llama.set_attention_kernel),
+    and the shared helpers of models/layers.py read ``batch_invariant`` from it, so call sites pass one value."""
+
+    batch_invariant: bool
+
+    def __new__(cls, name: str, batch_invariant: bool = False):
+        k = super().__new__(cls, name)
+        k.batch_invariant = bool(batch_invariant)
+        return k
+
+
+def batch_invariant(kernel: str) -> bool:
+    """Whether ``kernel`` (a Kernel or a plain "triton" / "torch") asks for the batch-invariant path."""
+    return getattr(kernel, "batch_invariant", False)
+
+
 @functools.cache   # a device property query per kernel launch would be host work on the decode path
 def pow2(x: int) -> int:
     """The smallest power of two >= x (1 for x <= 1): block sizes and padded extents of the kernels' launches."""

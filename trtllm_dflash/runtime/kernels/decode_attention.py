@@ -135,38 +135,14 @@ def rope_cache_write(q, k, v, cos, sin, q_w, k_w, eps: float, cache_k: torch.Ten
 # ---- attention of short query blocks against the cache -------------------------------------------------
 
 @triton.jit
-def _attend_kernel(
-        q_ptr, ck_ptr, cv_ptr, row_ptr, lo_ptr, hi_ptr, sink_ptr, out_ptr, part_ptr, ml_ptr, cnt_ptr,
-        T, Hkv, kv_len, keys_per_split, scale_log2, s_row,
-        s_qn, s_qt, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ln, s_lt, s_hn, s_ht,
-        G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        SPLITS: tl.constexpr, IEEE: tl.constexpr, SINK: tl.constexpr):
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    i = pid // Hkv
-    kvh = pid % Hkv
-    m = tl.arange(0, BLOCK_M)           # tile row m = t * G + g: query head kvh * G + g at block offset t
-    t = m // G
-    h = kvh * G + m % G
-    m_ok = m < T * G
-    dd = tl.arange(0, D)
-    q = tl.load(q_ptr + i * s_qn + t[:, None] * s_qt + h[:, None] * s_qh + dd[None, :], mask=m_ok[:, None], other=0.0)
-    lo = tl.load(lo_ptr + i * s_ln + t * s_lt, mask=m_ok, other=2147483647)
-    hi = tl.load(hi_ptr + i * s_hn + t * s_ht, mask=m_ok, other=-1)
-    hi = tl.minimum(hi, kv_len - 1)
-    row = tl.load(row_ptr + i * s_row)
-    # this program's keys: the splits partition [first, last visible key] from the tile's lowest lo (0 for causal
-    # layers; pos - window + 1 for sliding ones), so keys below every row's lo are never walked. The last split
-    # runs to the last visible key whatever keys_per_split says, so coverage never rests on the host's estimate.
-    first = (tl.maximum(tl.min(lo, 0), 0) // BLOCK_N) * BLOCK_N
-    last = tl.max(hi, 0) + 1
-    begin = first + split * keys_per_split
-    end = tl.where(split == SPLITS - 1, last, tl.minimum(begin + keys_per_split, last))
+def _attend_keys(q, k_base, v_base, lo, hi, begin, end, scale_log2, s_ks, s_vs, dd,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr):
+    """The online softmax of the tile's rows over keys [begin, end), from an empty state -> (max, sum, acc) in log2
+    units. A key tile past a row's last visible key leaves its state exactly as it was (alpha = 1, p = 0), so the
+    keys other rows of the tile add never change a row's bits."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    k_base = ck_ptr + row * s_kb + kvh * s_kh
-    v_base = cv_ptr + row * s_vb + kvh * s_vh
     for start in range(begin, end, BLOCK_N):
         p = start + tl.arange(0, BLOCK_N)
         p_ok = p < end
@@ -189,18 +165,89 @@ def _attend_kernel(
         else:
             acc = acc * alpha[:, None] + tl.dot(pr.to(vt.dtype), vt)
         m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _merge_state(M, L, A, m, l, acc):
+    """The running state (M, L, A) followed by a chunk's state (m, l, acc): the batch-invariant merge, one chunk at a
+    time in key order. A row's first non-empty chunk comes through exactly (the running weight is 0, the chunk's
+    1) and an empty chunk (m = -inf, l = 0, acc = 0) changes nothing, so the result depends on the row's own keys
+    and the fixed chunk boundaries only."""
+    M_new = tl.maximum(M, m)
+    safe = tl.where(M_new == float("-inf"), 0.0, M_new)
+    a = tl.exp2(M - safe)
+    b = tl.exp2(m - safe)
+    return M_new, L * a + l * b, A * a[:, None] + acc * b[:, None]
+
+
+@triton.jit
+def _attend_kernel(
+        q_ptr, ck_ptr, cv_ptr, row_ptr, lo_ptr, hi_ptr, sink_ptr, out_ptr, part_ptr, ml_ptr, cnt_ptr,
+        T, Hkv, kv_len, keys_per_split, scale_log2, s_row,
+        s_qn, s_qt, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ln, s_lt, s_hn, s_ht,
+        G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        SPLITS: tl.constexpr, IEEE: tl.constexpr, SINK: tl.constexpr, INVARIANT: tl.constexpr = False,
+        KEY_CHUNK: tl.constexpr = 256):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    mt = tl.program_id(2)               # query tile (batch-invariant mode: BLOCK_M rows of the G * T at a time)
+    tiles = tl.num_programs(2)
+    i = pid // Hkv
+    kvh = pid % Hkv
+    mr = tl.arange(0, BLOCK_M)
+    m = mt * BLOCK_M + mr               # tile row m = t * G + g: query head kvh * G + g at block offset t
+    t = m // G
+    h = kvh * G + m % G
+    m_ok = m < T * G
+    dd = tl.arange(0, D)
+    q = tl.load(q_ptr + i * s_qn + t[:, None] * s_qt + h[:, None] * s_qh + dd[None, :], mask=m_ok[:, None], other=0.0)
+    lo = tl.load(lo_ptr + i * s_ln + t * s_lt, mask=m_ok, other=2147483647)
+    hi = tl.load(hi_ptr + i * s_hn + t * s_ht, mask=m_ok, other=-1)
+    hi = tl.minimum(hi, kv_len - 1)
+    row = tl.load(row_ptr + i * s_row)
+    k_base = ck_ptr + row * s_kb + kvh * s_kh
+    v_base = cv_ptr + row * s_vb + kvh * s_vh
+    last = tl.max(hi, 0) + 1
+    tile = pid * tiles + mt             # this (request, KV head, query tile)'s partials and counter
+    if INVARIANT:
+        # keys in chunks of KEY_CHUNK at fixed absolute positions, each from an empty state, merged in key order
+        # (_merge_state): the same chunks and the same merge whether one program walks them all (SPLITS = 1: prefill,
+        # large batches) or each chunk has its own program (SPLITS > 1: few rows, long context)
+        first = (tl.maximum(tl.min(lo, 0), 0) // KEY_CHUNK) * KEY_CHUNK
+        if SPLITS == 1:
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, D], tl.float32)
+            for c0 in range(first, last, KEY_CHUNK):
+                mc, lc, ac = _attend_keys(q, k_base, v_base, lo, hi, c0, tl.minimum(c0 + KEY_CHUNK, last), scale_log2,
+                                          s_ks, s_vs, dd, BLOCK_M, BLOCK_N, D, IEEE)
+                m_i, l_i, acc = _merge_state(m_i, l_i, acc, mc, lc, ac)
+        else:
+            begin = first + split * KEY_CHUNK
+            m_i, l_i, acc = _attend_keys(q, k_base, v_base, lo, hi, begin, tl.minimum(begin + KEY_CHUNK, last),
+                                         scale_log2, s_ks, s_vs, dd, BLOCK_M, BLOCK_N, D, IEEE)
+    else:
+        # this program's keys: the splits partition [first, last visible key] from the tile's lowest lo (0 for causal
+        # layers; pos - window + 1 for sliding ones), so keys below every row's lo are never walked. The last split
+        # runs to the last visible key whatever keys_per_split says, so coverage never rests on the host's estimate.
+        first = (tl.maximum(tl.min(lo, 0), 0) // BLOCK_N) * BLOCK_N
+        begin = first + split * keys_per_split
+        end = tl.where(split == SPLITS - 1, last, tl.minimum(begin + keys_per_split, last))
+        m_i, l_i, acc = _attend_keys(q, k_base, v_base, lo, hi, begin, end, scale_log2, s_ks, s_vs, dd,
+                                     BLOCK_M, BLOCK_N, D, IEEE)
     finish = True
     if SPLITS > 1:
-        # float32 partials [n * Hkv, splits, BLOCK_M, D] and (max, sum) [n * Hkv, splits, 2, BLOCK_M]; the split
-        # that completes the (request, KV head) tile merges them (kernels/arrival.py): no combine kernel
-        base = pid * SPLITS + split
-        tl.store(part_ptr + base * BLOCK_M * D + m[:, None] * D + dd[None, :], acc)
-        tl.store(ml_ptr + base * 2 * BLOCK_M + m, m_i)
-        tl.store(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, l_i)
-        finish = last_arrival(cnt_ptr + pid, SPLITS)
+        # float32 partials [tiles, splits, BLOCK_M, D] and (max, sum) [tiles, splits, 2, BLOCK_M]; the split
+        # that completes the (request, KV head, query tile) merges them (kernels/arrival.py): no combine kernel
+        base = tile * SPLITS + split
+        tl.store(part_ptr + base * BLOCK_M * D + mr[:, None] * D + dd[None, :], acc)
+        tl.store(ml_ptr + base * 2 * BLOCK_M + mr, m_i)
+        tl.store(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + mr, l_i)
+        finish = last_arrival(cnt_ptr + tile, SPLITS)
         if finish:
-            m_i, l_i, acc = _merge_splits(part_ptr, ml_ptr, pid, m, dd, SPLITS, D, BLOCK_M)
-            tl.store(cnt_ptr + pid, 0)
+            m_i, l_i, acc = _merge_splits(part_ptr, ml_ptr, tile, mr, dd, SPLITS, D, BLOCK_M, INVARIANT)
+            tl.store(cnt_ptr + tile, 0)
     if finish:   # one store site (Triton 3.6 miscompiles a store repeated in two branches at some tile shapes)
         if SINK:   # the sink joins the denominator once, after the splits merged
             m_i, l_i, acc = _add_sink(sink_ptr, h, m_ok, m_i, l_i, acc)
@@ -221,20 +268,32 @@ def _add_sink(sink_ptr, h, m_ok, m_i, l_i, acc):
 
 
 @triton.jit
-def _merge_splits(part_ptr, ml_ptr, pid, m, dd, SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The SPLITS partial states of tile ``pid`` -> one online-softmax state (max, sum, acc), merged in split order
-    (deterministic). ``.cg`` loads: the other splits' partials were written by other SMs (L2, not this L1)."""
-    mx = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(SPLITS):
-        mx = tl.maximum(mx, tl.load(ml_ptr + (pid * SPLITS + s) * 2 * BLOCK_M + m, cache_modifier=".cg"))
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
+def _merge_splits(part_ptr, ml_ptr, tile, m, dd, SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                  INVARIANT: tl.constexpr):
+    """The SPLITS partial states of ``tile`` -> one online-softmax state (max, sum, acc), merged in split order
+    (deterministic): the batch-invariant mode one split at a time (_merge_state, as one program walking the same
+    chunks does), else against the maximum over all splits. ``.cg`` loads: the other splits' partials were written
+    by other SMs (L2, not this L1)."""
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
-    for s in range(SPLITS):   # fixed order: deterministic
-        base = pid * SPLITS + s
-        w = tl.exp2(tl.load(ml_ptr + base * 2 * BLOCK_M + m, cache_modifier=".cg") - mx)
-        l += w * tl.load(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, cache_modifier=".cg")
-        acc += w[:, None] * tl.load(part_ptr + base * BLOCK_M * D + m[:, None] * D + dd[None, :], cache_modifier=".cg")
+    mx = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    if INVARIANT:
+        for s in range(SPLITS):
+            base = tile * SPLITS + s
+            mx, l, acc = _merge_state(mx, l, acc, tl.load(ml_ptr + base * 2 * BLOCK_M + m, cache_modifier=".cg"),
+                                      tl.load(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, cache_modifier=".cg"),
+                                      tl.load(part_ptr + base * BLOCK_M * D + m[:, None] * D + dd[None, :],
+                                              cache_modifier=".cg"))
+    else:
+        for s in range(SPLITS):
+            mx = tl.maximum(mx, tl.load(ml_ptr + (tile * SPLITS + s) * 2 * BLOCK_M + m, cache_modifier=".cg"))
+        mx = tl.where(mx == float("-inf"), 0.0, mx)
+        for s in range(SPLITS):   # fixed order: deterministic
+            base = tile * SPLITS + s
+            w = tl.exp2(tl.load(ml_ptr + base * 2 * BLOCK_M + m, cache_modifier=".cg") - mx)
+            l += w * tl.load(ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, cache_modifier=".cg")
+            acc += w[:, None] * tl.load(part_ptr + base * BLOCK_M * D + m[:, None] * D + dd[None, :],
+                                        cache_modifier=".cg")
     return mx, l, acc
 
 
@@ -245,25 +304,40 @@ def num_splits(programs: int, kv_len: int, block_n: int, sms: int) -> int:
     return max(1, min(want, kv_len // (4 * block_n), 16))
 
 
+# The batch-invariant mode's fixed launch (RuntimeConfig.batch_invariant): query rows per program and keys per chunk,
+# the same for every number of query rows, requests and KV length. 64 rows: a DFlash verify of 16 with G = 4 (or
+# an AR step of up to 64 heads per KV head) in one tile, the K/V read once per tile; 256 keys: the flash-decoding
+# split that num_splits gave a batch-1 step at 512 keys of SmolLM2 (4 tiles of 64 keys).
+INVARIANT_BLOCK_M = 64
+KEY_CHUNK = 256
+
+
 def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: torch.Tensor, kv_len: int,
            lo: torch.Tensor, hi: torch.Tensor, scale: float, splits: int | None = None,
            sinks: torch.Tensor | None = None, span: int | None = None,
-           tiles: tuple[int, int] | None = None) -> torch.Tensor:
+           tiles: tuple[int, int] | None = None, invariant: bool = False) -> torch.Tensor:
     """q [n, T, Hq, d] (last dim contiguous), cache_k/cache_v [max_batch, Hkv, S, d] (one layer), rows [n],
     lo/hi [n, T] (visible key positions, inclusive) -> [n, T, Hq * d] in q's dtype. ``splits`` None picks
     by the device (num_splits). ``sinks`` [Hq] (gpt-oss): one logit per q head in the softmax denominator.
     ``span``: a bound on max(hi) - min(lo) + 1 over one request's rows (a sliding window: window + T - 1), used
     only to size the splits (None: kv_len); keys outside it are still attended, by the last split. ``tiles``
-    (BLOCK_N, num_warps) overrides the defaults below (benchmarks/gpt_oss_kernels_bench.py sweeps them)."""
+    (BLOCK_N, num_warps) overrides the defaults below (benchmarks/gpt_oss_kernels_bench.py sweeps them).
+
+    ``invariant`` (RuntimeConfig.batch_invariant): a row's bits depend on its own query, keys and key range only.
+    Any T (prefill chunks too): the G * T rows of a (request, KV head) go in tiles of INVARIANT_BLOCK_M; keys in
+    chunks of KEY_CHUNK at fixed positions, merged in key order; ``splits`` then only says whether the chunks
+    share one program (1) or get one each (> 1; None: one each while the grid is smaller than twice the SMs)."""
     n, T, Hq, d = q.shape
     Hkv = cache_k.shape[1]
     G = Hq // Hkv
-    if G * T > MAX_QUERY_ROWS:
+    if G * T > MAX_QUERY_ROWS and not invariant:
         raise ValueError(f"{G * T} query rows per KV head: the decode attention kernel takes at most {MAX_QUERY_ROWS}")
     if d & (d - 1) or d < 16:
         raise ValueError(f"head_dim {d}: the decode attention kernel needs a power of two >= 16")
     if sinks is not None and (sinks.shape != (Hq,) or sinks.stride(0) != 1):
         raise ValueError(f"sinks: expected a contiguous [{Hq}] tensor (one logit per q head), got {tuple(sinks.shape)}")
+    if invariant:
+        return _attend_invariant(q, cache_k, cache_v, rows, kv_len, lo, hi, scale, splits, sinks, span, tiles)
     BLOCK_M, BLOCK_N = max(16, pow2(G * T)), 64 if d <= 64 else 32
     num_warps = 4 if BLOCK_M * d <= 64 * 64 else 8
     if tiles is not None:
@@ -283,11 +357,47 @@ def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: 
         part = ml = out
     cnt = tile_counters(q.device, n * Hkv) if splits > 1 else rows   # rows: a valid pointer, never read
     LOG2E = 1.4426950408889634
-    _attend_kernel[(n * Hkv, splits)](
+    _attend_kernel[(n * Hkv, splits, 1)](
         q, cache_k, cache_v, rows, lo, hi, sinks if sinks is not None else lo, out, part, ml, cnt,
         T, Hkv, kv_len, keys_per_split, scale * LOG2E, rows.stride(0),
         q.stride(0), q.stride(1), q.stride(2), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2), lo.stride(0), lo.stride(1), hi.stride(0), hi.stride(1),
         G=G, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32,
         SINK=sinks is not None, num_warps=num_warps)
+    return out
+
+
+def _attend_invariant(q, cache_k, cache_v, rows, kv_len, lo, hi, scale, splits, sinks, span, tiles) -> torch.Tensor:
+    n, T, Hq, d = q.shape
+    Hkv = cache_k.shape[1]
+    G = Hq // Hkv
+    BLOCK_M, BLOCK_N = INVARIANT_BLOCK_M, 64 if d <= 64 else 32
+    num_warps = 4 if BLOCK_M * d <= 64 * 64 else 8
+    if tiles is not None:
+        BLOCK_N, num_warps = tiles
+    if KEY_CHUNK % BLOCK_N:
+        raise ValueError(f"BLOCK_N {BLOCK_N} must divide KEY_CHUNK {KEY_CHUNK}")
+    q_tiles = -(-G * T // BLOCK_M)
+    # chunks a tile may walk: from its lowest lo rounded down to a chunk to its highest hi
+    cover = kv_len if span is None else max(1, min(kv_len, span + KEY_CHUNK - 1))
+    chunks = -(-cover // KEY_CHUNK)
+    programs = n * Hkv * q_tiles
+    parallel = programs < 2 * num_sms(q.device) if splits is None else splits > 1
+    splits = chunks if parallel and chunks > 1 else 1
+    out = torch.empty(n, T, Hq * d, dtype=q.dtype, device=q.device)
+    if splits > 1:
+        part = torch.empty(programs, splits, BLOCK_M, d, dtype=torch.float32, device=q.device)
+        ml = torch.empty(programs, splits, 2, BLOCK_M, dtype=torch.float32, device=q.device)
+        cnt = tile_counters(q.device, programs)
+    else:
+        part = ml = out
+        cnt = rows   # a valid pointer, never read
+    LOG2E = 1.4426950408889634
+    _attend_kernel[(n * Hkv, splits, q_tiles)](
+        q, cache_k, cache_v, rows, lo, hi, sinks if sinks is not None else lo, out, part, ml, cnt,
+        T, Hkv, kv_len, KEY_CHUNK, scale * LOG2E, rows.stride(0),
+        q.stride(0), q.stride(1), q.stride(2), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
+        cache_v.stride(0), cache_v.stride(1), cache_v.stride(2), lo.stride(0), lo.stride(1), hi.stride(0), hi.stride(1),
+        G=G, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32,
+        SINK=sinks is not None, INVARIANT=True, KEY_CHUNK=KEY_CHUNK, num_warps=num_warps)
     return out

@@ -17,6 +17,12 @@ narrow tiles spread the columns over more SMs instead. benchmarks/gemm_bench.py 
 Two inner products: ``tl.dot`` tiles (BLOCK_M >= 16, tensor cores; rows past M are masked) or, with
 BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows, any power-of-two BLOCK_N).
 
+Batch-invariant mode (RuntimeConfig.batch_invariant, ``invariant=True``): every M, prefill's thousands of rows
+included, runs in this kernel with one tile (invariant_config: BLOCK_M = INVARIANT_BLOCK_M, BLOCK_N and BLOCK_K
+from N and K alone), so a row's K order, instruction shape and warp layout are the same whoever shares its
+launch: an AR step, a DFlash verify of 16 rows and a prefill chunk project a token to the same bits. Rows past M
+are masked, so a row's result does not depend on its place in the tile either.
+
 CUDA-graph safe: the grid and the config are functions of the shapes only (pick_config), no autotuning and no
 host syncs. Under ``TRITON_INTERPRET=1`` (set before this module is imported) the kernels run on CPU tensors,
 which the CPU tests use; the runtime calls them on CUDA tensors only. F.linear (cuBLAS) stays the reference and
@@ -78,6 +84,23 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
     while stages > 2 and Config(block_m, block_n, block_k, 4, stages).smem(gated, elem) > SMEM_BUDGET:
         stages -= 1
     return Config(block_m, block_n, block_k, 4, stages)
+
+
+# BLOCK_M of the batch-invariant tile. 64: one tl.dot tile for a batch-64 AR step (the weights are read once, as
+# cuBLAS's) and Hopper's wgmma minimum; the padded rows of a batch-1 AR step cost tensor-core work on a
+# bandwidth-bound GEMM (benchmarks/gemm_bench.py times it as triton_invariant).
+INVARIANT_BLOCK_M = 64
+
+
+@functools.cache
+def invariant_config(N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
+    """The batch-invariant tile for [*, K] x [N, K]^T: pick_config's decode tile for one row tile (BLOCK_N from N and
+    the SM count, BLOCK_K from K) with BLOCK_M fixed at INVARIANT_BLOCK_M: a function of N and K only, never of M."""
+    c = pick_config(1, N, K, gated, elem, sms)
+    stages = c.num_stages
+    while stages > 2 and Config(INVARIANT_BLOCK_M, c.block_n, c.block_k, 4, stages).smem(gated, elem) > SMEM_BUDGET:
+        stages -= 1
+    return Config(INVARIANT_BLOCK_M, c.block_n, c.block_k, 4, stages)
 
 
 @functools.cache
@@ -156,14 +179,17 @@ def constexprs(cfg: Config, N: int, K: int, gated: bool, bias: bool, residual: b
                 IEEE=dtype == torch.float32)
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated: bool, cfg: Config | None):
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated: bool, cfg: Config | None,
+            invariant: bool = False):
     K = x.shape[-1]
     if weight.shape[-1] != K or weight.stride(-1) != 1 or x.stride(-1) != 1:
         raise ValueError(f"x [..., {K}] and weight {tuple(weight.shape)} must share K with contiguous rows")
     x2 = x.reshape(-1, K)                       # [M, K]
     M = x2.shape[0]
     elem = x.element_size()
-    cfg = cfg or pick_config(M, N, K, gated, elem, num_sms(x.device))
+    if cfg is None:
+        sms = num_sms(x.device)
+        cfg = invariant_config(N, K, gated, elem, sms) if invariant else pick_config(M, N, K, gated, elem, sms)
     check_config(cfg, gated, elem)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     r2 = out
@@ -182,17 +208,19 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           residual: torch.Tensor | None = None, cfg: Config | None = None) -> torch.Tensor:
+           residual: torch.Tensor | None = None, cfg: Config | None = None, invariant: bool = False) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) (+ residual [..., N]) -> [..., N] in x's dtype (F.linear's
-    layout; float32 accumulation, one rounding at the end). ``cfg`` None = pick_config."""
+    layout; float32 accumulation, one rounding at the end). ``cfg`` None = pick_config, or invariant_config with
+    ``invariant`` (the batch-invariant tile, the same for every M)."""
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias {tuple(bias.shape)} must be [{weight.shape[0]}]")
-    return _launch(x, weight, bias, residual, weight.shape[0], False, cfg)
+    return _launch(x, weight, bias, residual, weight.shape[0], False, cfg, invariant)
 
 
-def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, cfg: Config | None = None) -> torch.Tensor:
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, cfg: Config | None = None,
+                 invariant: bool = False) -> torch.Tensor:
     """x [..., K], weight [2I, K] (gate rows then up rows) -> SiLU(x @ gate^T) * (x @ up^T) [..., I]: the
     gate_up GEMM and layers.silu_mul in one kernel."""
     if weight.shape[0] % 2:
         raise ValueError(f"gate_up weight {tuple(weight.shape)}: needs an even number of rows (gate, then up)")
-    return _launch(x, weight, None, None, weight.shape[0] // 2, True, cfg)
+    return _launch(x, weight, None, None, weight.shape[0] // 2, True, cfg, invariant)

@@ -20,7 +20,8 @@ from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from .gpt_oss import gpt_oss_rope
-from .layers import KeyRange, RMSNorm, Rotary, group_mask, rope_cache_write, rope_parameters, uses_attention_kernel
+from .layers import (KeyRange, RMSNorm, Rotary, gemm, group_mask, project, rope_cache_write, rope_parameters,
+                     uses_attention_kernel, uses_gemm_kernel)
 from .llama import Attention, DecoderLayer, check_tp
 
 # Optional reference-package fields that change the math; we refuse them rather than ignore them.
@@ -113,11 +114,14 @@ class DraftAttention(Attention):
 
     def context(self, x: torch.Tensor, cos, sin, cache: KVCache, layer: int, rows, positions) -> None:
         # x [n, T, hidden], cos/sin [n, T, 1, d], positions [n, T]: the k/v rows of qkv_proj (the same
-        # weights serve context and block rows) -> k_norm + RoPE -> cache
+        # weights serve context and block rows) -> k_norm + RoPE -> cache. On the Triton GEMM where the block's qkv
+        # runs there: the rows appended per step vary (accepted tokens, stashed block-1 steps, prefill chunks)
         n, T, _ = x.shape
         q_rows = self.h * self.d
         bias = self.qkv_proj.bias[q_rows:] if self.qkv_proj.bias is not None else None
-        k, v = F.linear(x, self.qkv_proj.weight[q_rows:], bias).view(n, T, 2 * self.kvh, self.d).chunk(2, dim=2)
+        w = self.qkv_proj.weight[q_rows:]
+        kv = gemm(x, w, bias, kernel=self.kernel) if uses_gemm_kernel(self.kernel, self.qkv_proj, x) else F.linear(x, w, bias)
+        k, v = kv.view(n, T, 2 * self.kvh, self.d).chunk(2, dim=2)
         rope_cache_write(None, k, v, cos, sin, None, self.k_norm.weight, self.eps, cache, layer, rows, positions,
                          self.kernel, want_k=False)
 
@@ -132,6 +136,7 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.rotary = Rotary(c.rope, c.head_dim, max_positions, c.max_position_embeddings)
+        self.kernel = "torch"   # "triton": fc on the Triton GEMM where uses_gemm_kernel (set_attention_kernel)
 
     def kv_shape(self) -> tuple[int, int, int]:
         a = self.layers[0].self_attn
@@ -139,7 +144,7 @@ class DFlashDrafter(nn.Module):
 
     def append_context(self, feats: torch.Tensor, positions: torch.Tensor, cache: KVCache, rows) -> None:
         """Write context K/V for target features feats [n, T, n_feat * hidden] at positions [n, T]."""
-        ctx = self.hidden_norm(self.fc(feats))
+        ctx = self.hidden_norm(project(self.kernel, self.fc, feats))
         cos, sin = self.rotary.tables(positions, ctx.dtype)
         for i, layer in enumerate(self.layers):
             layer.self_attn.context(ctx, cos, sin, cache, i, rows, positions)

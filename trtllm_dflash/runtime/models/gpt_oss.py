@@ -211,7 +211,8 @@ class Attention(nn.Module):
                                     want_k=kv_len is None)
             if isinstance(visible, KeyRange):   # on a sliding layer the keys carry the window: span = its reach
                 span = self.window + T - 1 if self.sliding else None
-                return self._out(attend_cache(q, cache, layer, rows, kv_len, visible, self.d ** -0.5, self.sinks, span),
+                return self._out(attend_cache(q, cache, layer, rows, kv_len, visible, self.d ** -0.5, self.sinks, span,
+                                              kernel=self.kernel),
                                  add_bias)
         else:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)   # elementwise: the [n, T, H, d] layout is fine

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import DFlashError
-from ..kernels import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS, MAX_QUERY_ROWS
+from ..kernels import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS, MAX_QUERY_ROWS, batch_invariant
 
 
 class RMSNorm(nn.Module):
@@ -19,10 +19,19 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.kernel = "torch"   # a batch-invariant "triton": the row-wise Triton norm (set_attention_kernel)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """norm(x); with ``residual``, the fused add + norm (nano-vllm's form): returns (norm(x + residual),
-        x + residual), one kernel on CUDA. Normalises in float32 like the references, returns the model dtype."""
+        x + residual), one kernel on CUDA. Normalises in float32 like the references, returns the model dtype.
+        In the batch-invariant mode on the Triton kernels, kernels/norm.py (one program per row, a launch fixed
+        by the hidden size); the torch path's eager norm on the CPU is row-wise already."""
+        if self.kernel == "triton" and batch_invariant(self.kernel):
+            from ..kernels import norm
+            if residual is None:
+                return norm.rms_norm(x, self.weight, self.eps)
+            total, normed = norm.rms_norm(residual, self.weight, self.eps, delta=x)
+            return normed, total
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
         total, normed = add_rms_norm(residual, x, self.weight, self.eps)
@@ -131,11 +140,16 @@ def group_mask(visible: torch.Tensor, group: int) -> torch.Tensor:
     return visible if group == 1 else visible[:, :, None].expand(n, 1, group, T, S).reshape(n, 1, group * T, S)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float,
+           invariant: bool = False) -> torch.Tensor:
     """q [n, Hq, T, D], k/v [n, Hkv, S, D], visible [n, 1, T, S] or group_mask(...) -> [n, T, Hq * D].
 
     Grouped-query attention runs as Hkv heads of (Hq / Hkv) * T queries each, so every K/V row is read
     once per KV head rather than once per query head (the GQA expansion would read the cache Hq/Hkv times).
+    ``invariant`` (the batch-invariant mode on the CPU): the two matmuls and the masked softmax for every block
+    size, never SDPA, whose flash kernel splits the queries and keys by the shapes it is given (a prompt prefilled
+    alone and beside a longer one got different bits); the CPU's bfloat16 matmuls and the row softmax give a row
+    the same bits whatever the rows and masked keys beside it (tests/runtime/test_batch_invariance.py checks it).
     """
     n, H, T, D = q.shape
     G = H // k.shape[1]
@@ -143,7 +157,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
         q = q.reshape(n, k.shape[1], G * T, D)  # query heads h = kv * G + g are adjacent
     if visible.shape[2] != G * T:
         visible = group_mask(visible, G)
-    if G * T <= _SMALL_QUERY:  # decode-sized: two batched matmuls beat a flash kernel's 64-row tiles
+    if G * T <= _SMALL_QUERY or invariant:  # decode-sized: two batched matmuls beat a flash kernel's 64-row tiles
         probs = masked_softmax(q @ k.transpose(-1, -2), visible, scale)
         out = probs @ v
     else:
@@ -254,19 +268,22 @@ class KeyRange:
 
 
 def attend_cache(q: torch.Tensor, cache, layer: int, rows, kv_len: int, keys: KeyRange, scale: float,
-                 sinks: torch.Tensor | None = None, span: int | None = None) -> torch.Tensor:
+                 sinks: torch.Tensor | None = None, span: int | None = None, kernel: str = "triton") -> torch.Tensor:
     """The Triton attention of short query blocks: q [n, T, Hq, d] against cache[:kv_len] of ``rows``, keys
     visible per ``keys`` -> [n, T, Hq * d] (``attend``'s output layout). gpt-oss passes its ``sinks`` [Hq] and,
-    on a sliding layer, ``span`` (the most keys a row sees), which sizes the kernel's split of the keys."""
+    on a sliding layer, ``span`` (the most keys a row sees), which sizes the kernel's split of the keys.
+    ``kernel`` (the module's switch) says whether the batch-invariant launch runs (then any block size: prefill)."""
     from ..kernels import decode_attention
     return decode_attention.attend(q, cache.k[layer], cache.v[layer], cache.row_ids(rows), kv_len, keys.lo, keys.hi,
-                                   scale, sinks=sinks, span=span)
+                                   scale, sinks=sinks, span=span, invariant=batch_invariant(kernel))
 
 
 def uses_attention_kernel(attn, T: int, kv_len: int | None) -> bool:
     """Whether a forward of T query rows per request runs attention in the Triton kernel: attention against the
-    cache (kv_len set) of blocks up to MAX_QUERY_ROWS rows per KV head; prefill chunks keep SDPA."""
-    return attn.kernel == "triton" and kv_len is not None and T * (attn.h // attn.kvh) <= MAX_QUERY_ROWS
+    cache (kv_len set) of blocks up to MAX_QUERY_ROWS rows per KV head; prefill chunks keep SDPA, except in the
+    batch-invariant mode, where every block runs the kernel (a prompt's cache must not depend on its chunking)."""
+    return (attn.kernel == "triton" and kv_len is not None
+            and (batch_invariant(attn.kernel) or T * (attn.h // attn.kvh) <= MAX_QUERY_ROWS))
 
 
 _GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -277,17 +294,19 @@ def uses_gemm_kernel(kernel: str, lin: nn.Module, x: torch.Tensor, gated: bool =
     decode-path switch is on (kernel == "triton", RuntimeConfig.attention_kernel), ``lin`` is a plain nn.Linear
     (an Fp8Linear, which runtime/fp8.py swaps in, keeps its own FP8 GEMM) in a dtype tl.dot takes (bf16, fp16,
     fp32; float64 keeps cuBLAS) and x has at most GEMM_MAX_ROWS rows (GATED_GEMM_MAX_ROWS for the gate_up +
-    SiLU kernel; kernels/__init__.py says where the two limits come from). Larger x stays on cuBLAS."""
+    SiLU kernel; kernels/__init__.py says where the two limits come from). Larger x stays on cuBLAS, except in the
+    batch-invariant mode: there every x runs the Triton GEMM's one tile (cuBLAS picks its tiles by M)."""
     rows = GATED_GEMM_MAX_ROWS if gated else GEMM_MAX_ROWS
     return (kernel == "triton" and type(lin) is nn.Linear and lin.weight.dtype in _GEMM_DTYPES
-            and x.numel() <= rows * x.shape[-1])
+            and (batch_invariant(kernel) or x.numel() <= rows * x.shape[-1]))
 
 
 def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         residual: torch.Tensor | None = None) -> torch.Tensor:
-    """The Triton GEMM: x [..., K] @ weight [N, K]^T (+ bias) (+ residual [..., N]) -> [..., N]."""
+         residual: torch.Tensor | None = None, kernel: str = "triton") -> torch.Tensor:
+    """The Triton GEMM: x [..., K] @ weight [N, K]^T (+ bias) (+ residual [..., N]) -> [..., N]; the
+    batch-invariant tile where ``kernel`` (the module's switch) asks for it."""
     from ..kernels import gemm as kernels
-    return kernels.linear(x, weight, bias, residual)
+    return kernels.linear(x, weight, bias, residual, invariant=batch_invariant(kernel))
 
 
 def project(kernel: str, lin: nn.Module, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
@@ -295,7 +314,7 @@ def project(kernel: str, lin: nn.Module, x: torch.Tensor, bias: bool = True) -> 
     module on its own GEMM). ``bias`` False leaves lin's bias out (a row-parallel projection adds it once, after
     the all-reduce); a biased module then runs F.linear on its weight."""
     if uses_gemm_kernel(kernel, lin, x):
-        return gemm(x, lin.weight, lin.bias if bias else None)
+        return gemm(x, lin.weight, lin.bias if bias else None, kernel=kernel)
     return lin(x) if bias or lin.bias is None else F.linear(x, lin.weight)
 
 
@@ -304,7 +323,7 @@ def gate_up_silu(kernel: str, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
     Triton kernel where uses_gemm_kernel, else the projection (cuBLAS or FP8) and the compiled silu_mul."""
     if uses_gemm_kernel(kernel, lin, x, gated=True):
         from ..kernels import gemm as kernels
-        return kernels.gate_up_silu(x, lin.weight)
+        return kernels.gate_up_silu(x, lin.weight, invariant=batch_invariant(kernel))
     return silu_mul(lin(x))
 
 

@@ -16,7 +16,7 @@ from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from ..shard import check_heads, kv_heads_per_rank
-from ..kernels import resolve_attention_kernel
+from ..kernels import Kernel, batch_invariant, resolve_attention_kernel
 from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, attend, attend_cache, gate_up_silu, gemm, group_mask,
                      project, rope_cache_write, rope_parameters, uses_attention_kernel, uses_gemm_kernel)
 
@@ -100,12 +100,14 @@ class Attention(nn.Module):
         q, k = rope_cache_write(q, k, v, cos, sin, _weight(self.q_norm), _weight(self.k_norm), self.eps,
                                 cache, layer, rows, positions, self.kernel, want_k=kv_len is None)
         if fused_attention:
-            return self.project_out(attend_cache(q, cache, layer, rows, kv_len, visible, self.d ** -0.5), residual)
+            return self.project_out(attend_cache(q, cache, layer, rows, kv_len, visible, self.d ** -0.5,
+                                                 kernel=self.kernel), residual)
         if kv_len is None:
             k, v = k.transpose(1, 2), v.transpose(1, 2)
         else:
             k, v = cache.read(layer, rows, kv_len)
-        return self.project_out(attend(q.transpose(1, 2), k, v, visible, self.d ** -0.5), residual)
+        return self.project_out(attend(q.transpose(1, 2), k, v, visible, self.d ** -0.5,
+                                       invariant=batch_invariant(self.kernel)), residual)
 
     def fuses_residual(self, x: torch.Tensor) -> bool:
         """Whether forward(x, ..., residual) adds the residual in o_proj's GEMM: the Triton GEMM runs it
@@ -117,17 +119,25 @@ class Attention(nn.Module):
         # row-parallel o_proj: a bias is added once, after the all-reduce (or in the epilogue at tp 1)
         b = self.o_proj.bias
         if residual is not None:   # tp 1, Triton GEMM (fuses_residual)
-            return gemm(out, self.o_proj.weight, b, residual)
+            return gemm(out, self.o_proj.weight, b, residual, kernel=self.kernel)
         out = self.tp.all_reduce(project(self.kernel, self.o_proj, out, bias=False))
         return out if b is None else out + b
 
 
-def set_attention_kernel(model: nn.Module, setting: str) -> str:
+def set_attention_kernel(model: nn.Module, setting: str, invariant: bool = False) -> str:
     """Point every module of ``model`` (a target or the drafter) that has a ``kernel`` switch (this Attention and
-    MLP, DraftAttention, gpt_oss's Attention and its other kernel users) at RuntimeConfig.attention_kernel as it
-    resolves on the model's device (kernels.resolve_attention_kernel): "triton" runs the decode path's attention
-    and its qkv / o_proj / gate_up / down GEMMs in the Triton kernels. Returns "triton" or "torch"."""
-    kernel = resolve_attention_kernel(setting, next(model.parameters()).device)
+    MLP, DraftAttention, the norms, the heads, gpt_oss's Attention and its other kernel users) at
+    RuntimeConfig.attention_kernel as it resolves on the model's device (kernels.resolve_attention_kernel):
+    "triton" runs the decode path's attention and its qkv / o_proj / gate_up / down GEMMs in the Triton kernels.
+    ``invariant`` (RuntimeConfig.batch_invariant) takes the batch-invariant path where there is one: the Triton
+    kernels' fixed launches (every GEMM, attention and norm of every block size), or on the CPU in bfloat16 /
+    float16 the torch path's matmul attention for prefill too (the CPU's half-precision matmuls give a row the same
+    bits whatever shares it; its float32 BLAS does not, so float32 on the CPU has nothing to gain and keeps SDPA);
+    the torch path on CUDA (cuBLAS, SDPA) has none. Returns a kernels.Kernel equal to "triton" or "torch"."""
+    p = next(model.parameters())
+    name = resolve_attention_kernel(setting, p.device)
+    half_cpu = p.device.type == "cpu" and p.dtype in (torch.bfloat16, torch.float16)
+    kernel = Kernel(name, invariant and (name == "triton" or half_cpu))
     for m in model.modules():
         if hasattr(m, "kernel"):
             m.kernel = kernel
@@ -154,7 +164,7 @@ class MLP(nn.Module):
         # x [n, T, hidden] -> [n, T, hidden] (+ residual [n, T, hidden] in the GEMM, only where fuses_residual)
         a = gate_up_silu(self.kernel, self.gate_up_proj, x)   # [n, T, inter / tp]
         if residual is not None:
-            return gemm(a, self.down_proj.weight, None, residual)
+            return gemm(a, self.down_proj.weight, None, residual, kernel=self.kernel)
         return self.tp.all_reduce(project(self.kernel, self.down_proj, a))
 
 
