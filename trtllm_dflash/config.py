@@ -83,7 +83,9 @@ class RuntimeConfig:
     # float16: matmul attention for prefill as for decode (no SDPA; prefill attention 3-20x slower there, decode
     # unchanged); float32 on the CPU is left as it is (its BLAS is not row-invariant). Not on the torch path on
     # CUDA (cuBLAS and SDPA pick their tiling by shape), nor gpt-oss's experts. False: the fastest kernels per shape.
-    batch_invariant: bool = True
+    # Off by default until its cost on the GPU is measured (every prefill GEMM leaves cuBLAS for one fixed tile);
+    # a deployment turns it on with runtime.batch_invariant in its manifest.
+    batch_invariant: bool = False
 
     def __post_init__(self):
         if self.max_batch_size <= 0:

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Greedy DFlash == greedy AR on the real SmolLM2-135M-Instruct with the shipped (trained) drafter, on CUDA:
 exact in float32; in bf16 exact too on the Triton kernels in the batch-invariant mode (RuntimeConfig.
-batch_invariant, the default): every prompt at blocks 16, 8 and 4 and under the adaptive policy, greedy and
+batch_invariant, asked for here): every prompt at blocks 16, 8 and 4 and under the adaptive policy, greedy and
 seeded T = 1, and each prompt's answer alone == among the 8. The torch path on CUDA (cuBLAS, SDPA: no invariant
 mode) stays under the policy in tests/gpu/divergence.py (equal up to the first divergence, which must be a
 float32 near-tie). The divergence positions and margins are attached to the test report.
@@ -39,7 +39,8 @@ def prompt_ids(pair):
 
 
 def generate(pair, prompt_ids, dtype, kernel="torch", sp=SamplingParams(max_new_tokens=MAX_NEW), **df_cfg):
-    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype=dtype, device="cuda", attention_kernel=kernel)
+    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype=dtype, device="cuda", attention_kernel=kernel,
+               batch_invariant=kernel == "triton")
     ar = engine_with_kernel(pair[0], None, RuntimeConfig(block_size=1, **cfg))
     df = engine_with_kernel(pair[0], pair[1], RuntimeConfig(**{**cfg, **df_cfg}))
     return ar.generate(prompt_ids, sp), df.generate(prompt_ids, sp)
@@ -69,7 +70,8 @@ def test_greedy_dflash_equals_ar_in_bf16_batch_invariant(pair, prompt_ids, recor
 
 
 def test_greedy_dflash_equals_ar_in_bf16_batch_invariant_adaptive(pair, prompt_ids, record_property):
-    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype="bfloat16", device="cuda", attention_kernel="triton")
+    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype="bfloat16", device="cuda", attention_kernel="triton",
+               batch_invariant=True)
     ar = engine_with_kernel(pair[0], None, RuntimeConfig(block_size=1, **cfg))
     df = engine_with_kernel(pair[0], pair[1], RuntimeConfig(**cfg))
     df.use_adaptive_policy()
@@ -88,7 +90,7 @@ def test_seeded_dflash_equals_seeded_ar_in_bf16_batch_invariant(pair, prompt_ids
 @pytest.mark.parametrize("block_size", [1, None])
 def test_bf16_answer_alone_equals_the_answer_among_others(pair, prompt_ids, record_property, block_size):
     cfg = dict(max_seq_len=1024, max_batch_size=8, dtype="bfloat16", device="cuda", attention_kernel="triton",
-               block_size=block_size)
+               block_size=block_size, batch_invariant=True)
     eng = engine_with_kernel(pair[0], pair[1], RuntimeConfig(**cfg))
     sp = SamplingParams(max_new_tokens=MAX_NEW)
     together = eng.generate(prompt_ids, sp)

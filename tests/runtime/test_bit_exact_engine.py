@@ -28,7 +28,7 @@ if not torch.cuda.is_available():
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PAIRS = ["tiny_pair", "tiny_qwen3_pair"]
-CFG = dict(max_seq_len=160, max_batch_size=4, dtype="bfloat16", attention_kernel="torch")
+CFG = dict(max_seq_len=160, max_batch_size=4, dtype="bfloat16", attention_kernel="torch", batch_invariant=True)
 
 
 def prompts(n=6, seed=0):
