@@ -1,0 +1,236 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The engine process: the torch runtime's loop alone in its interpreter, frontends over ZeroMQ.
+
+    python -m trtllm_dflash.serving.engine_core <deployment_dir> --address ipc://@dflash-engine-1
+
+dflash-openai and the Triton model start it (``EngineClient.spawn``) and talk to it through
+``engine_client.EngineClient``; under tensor parallelism it is rank 0, the scheduler, and starts ranks
+1..N-1 itself (as the in-process runtime did). Nothing else runs in this process: HTTP/gRPC parsing, SSE
+framing, tokenizing and detokenizing stay in the frontends, so the loop that feeds the device shares no
+interpreter lock with them.
+
+One thread, one loop (as vLLM V1's EngineCore busy loop): take every message that has arrived (a
+``poll`` that does not wait while there is work, and waits up to 50 ms when there is none), run one
+engine step (``TorchBackend.run_once``: the same failure rules as in-process), then send each frontend
+one message with all its requests' updates of that step. Sockets (engine_protocol.py has the messages):
+``<address>-in`` PULL (requests from any number of frontends' PUSH sockets) and ``<address>-out`` ROUTER
+(to each frontend's DEALER, by its id). An ``ipc://@name`` address is in Linux's abstract namespace: no
+file is created, so none can be left behind.
+
+The process ends when its owner says ``shutdown`` (exit 0), on SIGTERM (every request ends cancelled,
+exit 0), when the engine is broken (steps keep failing: each frontend is told why, exit 3), or when the
+process that started it is gone (its parent changes: nobody can read the results any more).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ..errors import DFlashError
+from . import engine_protocol as wire
+from .record import Result, ServedRequest
+
+log = logging.getLogger(__name__)
+IDLE_POLL_MS = 50
+
+
+def socket_addresses(address: str) -> tuple[str, str]:
+    """(requests in, results out) for an engine address."""
+    return address + "-in", address + "-out"
+
+
+def check_address(address: str) -> str:
+    if not address.startswith("ipc://") or len(address) <= len("ipc://"):
+        raise DFlashError("--address", f"is {address!r}", "pass ipc://@<name> (abstract) or ipc:///<path>")
+    return address
+
+
+class _Outbox:
+    """The handoff of every request in this process: a step's updates, grouped by frontend, sent after it."""
+
+    def __init__(self):
+        self.rows: dict[bytes, list] = {}
+        self.live: dict[tuple[bytes, int], ServedRequest] = {}
+
+    def deliver(self, updates: list) -> None:
+        for record, result in updates:
+            fid, rid = record.frontend
+            self.rows.setdefault(fid, []).append(wire.row(rid, result))
+            if result.finished:
+                self.live.pop((fid, rid), None)
+
+
+class EngineCore:
+    """A TorchBackend stepped by this loop (no scheduler thread) behind the two sockets."""
+
+    def __init__(self, backend, address: str):
+        import zmq
+
+        self.zmq, self.backend = zmq, backend
+        backend.detokenize = False          # the frontends decode
+        self.info = backend.info
+        self.ctx = zmq.Context(io_threads=1)
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.router = self.ctx.socket(zmq.ROUTER)
+        for sock in (self.pull, self.router):
+            sock.setsockopt(zmq.LINGER, 1000)
+        self.router.setsockopt(zmq.SNDHWM, 0)      # never drop a frontend's results for want of queue room
+        self.pull.setsockopt(zmq.RCVHWM, 0)
+        addr_in, addr_out = socket_addresses(address)
+        self.pull.bind(addr_in)
+        self.router.bind(addr_out)
+        self.poller = zmq.Poller()
+        self.poller.register(self.pull, zmq.POLLIN)
+        self.poller.register(self.router, zmq.POLLIN)
+        self.outbox = _Outbox()
+        self.frontends: set[bytes] = set()
+        self.stop = ""                   # why the loop ends ("" = running)
+        self.parent = os.getppid()
+
+    # -- the loop --
+
+    def run(self) -> int:
+        backend, rc, n = self.backend, 0, 0
+        while not self.stop:
+            busy = backend.engine.has_work()
+            if dict(self.poller.poll(0 if busy else IDLE_POLL_MS)):
+                self._read()
+            if backend.run_once():
+                n += 1
+            self._flush()
+            if backend.broken:
+                self._tell_all(["broken", backend.broken])
+                self.stop, rc = backend.broken, 3
+            elif (not busy or n % 256 == 0) and os.getppid() != self.parent:
+                log.error("[dflash] engine process: the process that started it is gone; stopping")
+                self.stop = "the frontend is gone"
+        backend.shutdown()               # every request left ends (cancelled), ranks 1.. are released
+        self._flush()
+        self.pull.close()
+        self.router.close()
+        self.ctx.term()
+        return rc
+
+    def _read(self) -> None:
+        zmq = self.zmq
+        while True:                      # everything that has arrived, on both sockets
+            got = False
+            try:
+                fid, raw = self.router.recv_multipart(zmq.NOBLOCK)
+                got = True
+                self._hello(fid, wire.unpack(raw))
+            except zmq.Again:
+                pass
+            try:
+                raw = self.pull.recv(zmq.NOBLOCK)
+                got = True
+                self._handle(wire.unpack(raw))
+            except zmq.Again:
+                pass
+            if not got:
+                return
+
+    def _hello(self, fid: bytes, msg: list) -> None:
+        if msg and msg[0] == "hello":
+            self.frontends.add(fid)
+            self._send(fid, wire.info_message(self.info))
+
+    def _handle(self, msg: list) -> None:
+        kind, fid = msg[0], msg[1]
+        if kind == "add":
+            _, _, rid, prompt_ids, params = msg
+            self._add(fid, rid, prompt_ids, params)
+        elif kind == "cancel":
+            record = self.outbox.live.get((fid, msg[2]))
+            if record is not None:
+                self.backend.cancel(record)
+        elif kind == "stats":
+            ok, reason = self.backend.health()
+            self._send(fid, ["stats", msg[2], self.backend.metrics(), ok, reason])
+        elif kind == "bye":
+            self.frontends.discard(fid)
+            for (owner, _), record in list(self.outbox.live.items()):
+                if owner == fid:
+                    self.backend.cancel(record)
+        elif kind == "shutdown":
+            self.stop = "its owner stopped it"
+
+    def _add(self, fid: bytes, rid: int, prompt_ids: list[int], params: dict) -> None:
+        record = ServedRequest(prompt_ids=prompt_ids, handoff=self.outbox, frontend=(fid, rid))
+        try:
+            if self.backend.broken:
+                raise DFlashError("engine", f"is broken ({self.backend.broken})", "restart the server")
+            self.outbox.live[(fid, rid)] = record
+            self.backend.enqueue(record, prompt_ids, params)
+        except DFlashError as err:       # the frontend checked it: only the engine's own guard gets here
+            self.outbox.deliver([(record, Result(finished=True, error=str(err)))])
+
+    def _flush(self) -> None:
+        rows, self.outbox.rows = self.outbox.rows, {}
+        for fid, items in rows.items():
+            self._send(fid, ["out", items])
+
+    def _send(self, fid: bytes, msg: list) -> None:
+        self.router.send_multipart([fid, wire.pack(msg)])
+
+    def _tell_all(self, msg: list) -> None:
+        for fid in self.frontends:
+            self._send(fid, msg)
+
+
+def load_backend(engine_dir: Path, factory: str | None):
+    """The torch runtime of a deployment directory (no scheduler thread: EngineCore steps it), or for tests
+    and benchmarks ``module:function``'s engine stand-in."""
+    from .runtimes import TorchBackend
+
+    if factory:
+        module, _, name = factory.partition(":")
+        return TorchBackend(getattr(importlib.import_module(module), name)(), threaded=False)
+    manifest = json.loads((engine_dir / "manifest.json").read_text())
+    if manifest.get("backend") != "torch":
+        raise DFlashError("manifest.backend", f"is {manifest.get('backend')!r}; the engine process runs torch builds",
+                          "serve a trtllm build in-process (TensorRT-LLM runs its own executor processes)")
+    return TorchBackend.from_deployment(engine_dir, manifest, threaded=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trtllm_dflash.serving.engine_core",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("engine_dir", type=Path, help="a dflash-build deployment directory (backend torch)")
+    p.add_argument("--address", required=True, help="ipc://@<name>: sockets <address>-in and <address>-out")
+    p.add_argument("--engine_factory", default=None,
+                   help="module:function returning an engine stand-in (tests and benchmarks), instead of engine_dir")
+    p.add_argument("--log_level", default="warning", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
+    try:
+        address = check_address(args.address)
+        backend = load_backend(args.engine_dir.expanduser().resolve(), args.engine_factory)
+        core = EngineCore(backend, address)
+    except DFlashError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+
+    def on_term(_sig, _frame):
+        core.stop = "SIGTERM"
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the frontend, which stops this process
+    t0 = time.monotonic()
+    rc = core.run()
+    log.info("[dflash] engine process stops after %.1f s: %s", time.monotonic() - t0, core.stop)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
