@@ -97,18 +97,17 @@ class EngineCore:
     # -- the loop --
 
     def run(self) -> int:
-        backend, rc, n = self.backend, 0, 0
+        backend, rc = self.backend, 0
         while not self.stop:
             busy = backend.engine.has_work()
             if dict(self.poller.poll(0 if busy else IDLE_POLL_MS)):
                 self._read()
-            if backend.run_once():
-                n += 1
+            backend.run_once()
             self._flush()
             if backend.broken:
                 self._tell_all(["broken", backend.broken])
                 self.stop, rc = backend.broken, 3
-            elif (not busy or n % 256 == 0) and os.getppid() != self.parent:
+            elif os.getppid() != self.parent:     # a syscall of well under a microsecond: every iteration
                 log.error("[dflash] engine process: the process that started it is gone; stopping")
                 self.stop = "the frontend is gone"
         backend.shutdown()               # every request left ends (cancelled), ranks 1.. are released
@@ -232,5 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+def run_and_exit(argv: list[str] | None = None) -> None:
+    """main(), then exit at once: every result is sent (the sockets are closed and flushed) and the ranks are
+    released, so the interpreter's teardown of torch and the model (seconds on a CPU) would only delay the
+    frontend's own stop, and a drain's bound with it."""
+    rc = main(argv)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit()
