@@ -270,3 +270,69 @@ def test_openai_server_sigterm_drains_and_stops_its_engine(tiny_deployment, tmp_
     assert srv.proc.wait(timeout=30) == 0, srv.log.read_text()[-3000:]
     assert time.monotonic() - t0 < 8      # as test_openai_server's drain test: the interpreter's exit after it
     assert _gone(srv.engine_pid, 5), "the engine process outlived dflash-openai"
+
+
+# ---- through a real tritonserver (dflash-serve) --------------------------------------------------------------
+def _engines_under(pid: int) -> list[int]:
+    """Engine processes among the descendants of ``pid`` (the Triton model's stub starts one)."""
+    found, todo = [], [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            todo.append(child)
+            try:
+                cmd = open(f"/proc/{child}/cmdline", "rb").read()
+            except FileNotFoundError:
+                continue
+            if b"trtllm_dflash.serving.engine_core" in cmd and _alive(child):
+                found.append(child)
+    return found
+
+
+@pytest.mark.slow
+def test_triton_engine_killed_mid_stream_ends_the_streams_and_dflash_serve_restarts(tiny_deployment, tmp_path):
+    """The Triton model's engine process dies under running streams: each stream ends with the error, the model
+    reports broken and dflash-serve restarts the server (a new engine), which serves; its stop leaves no engine."""
+    from tests.serving.conftest import start_server
+    from tests.serving.test_server import _ready, _streams_in_flight, _wait_restarted
+
+    srv = start_server(tiny_deployment, tmp_path / "dflash-serve.log", "--max_restarts", "1")
+    new = None
+    try:
+        (engine,) = _engines_under(srv.proc.pid)
+        outcomes, threads, started = _streams_in_flight(srv, 4)
+        assert started.wait(60), "no stream started"
+        os.kill(engine, signal.SIGKILL)
+        for t in threads:
+            t.join(30)
+        assert sorted(outcomes) == list(range(4)), srv.log_text()[-3000:]
+        for kind, detail, _ in outcomes.values():
+            assert kind == "error" and "engine process exited with code -9" in detail, (kind, detail)
+        _wait_restarted(srv, 1)
+        assert "the model reports engine: the engine process exited with code -9" in srv.log_text()
+        (new,) = _engines_under(srv.proc.pid)
+        assert new != engine and _ready(srv) == 200
+        from trtllm_dflash.serving import client
+        assert client.collect(client.generate_http(srv.http, client.build_inputs("hi", max_tokens=4)))[
+            "finish_reason"] == "length"
+    finally:
+        assert srv.stop() == 0, srv.log_text()[-3000:]
+    assert new is not None and _gone(new, 10), "dflash-serve's stop left the engine process running"
+
+
+@pytest.mark.slow
+def test_triton_sigkill_of_dflash_serve_leaves_no_engine_process(tiny_deployment, tmp_path):
+    from tests.serving.conftest import start_server
+    from tests.serving.test_server import _streams_in_flight
+
+    srv = start_server(tiny_deployment, tmp_path / "dflash-serve.log")
+    try:
+        (engine,) = _engines_under(srv.proc.pid)
+        _, threads, started = _streams_in_flight(srv, 2)
+        assert started.wait(60), "no stream started"
+        srv.proc.kill()
+        srv.proc.wait()
+        for t in threads:
+            t.join(30)
+        assert _gone(engine, 30), "the engine process outlived dflash-serve (SIGKILL)"
+    finally:
+        srv.stop(10)
