@@ -17,9 +17,10 @@ process (as real clients do) and read server-sent events as fast as they come.
 
   alone   N requests submitted to the runtime directly, nobody reading: the engine's own rate
   served  N streaming /v1/completions through dflash-openai: every step's tokens decoded and sent as SSE
-The ratio served/alone is what serving costs the engine loop (1.0 = nothing). On a busy machine the rates move
-with the neighbours, so CPU time is recorded too: ``frontend_cpu_us_per_token`` is the serving work per token
-generated (thread: this process's CPU served minus alone; process: this process's CPU served, all of it
+The ratio served/alone is what serving costs the engine loop (1.0 = nothing); ``sent_over_alone`` is what the
+clients got over what the engine makes alone (a frontend that cannot keep up lags behind an engine that runs
+free). On a busy machine the rates move with the neighbours, so CPU time is recorded too:
+``frontend_cpu_us_per_token`` is the serving work per token sent (thread: this process's CPU served minus alone; process: this process's CPU served, all of it
 frontend work, the receiving of the engine's messages included), and ``engine_cpu_ms_per_step_*`` the engine
 process's own (process only). The stand-in commits 2 tokens per request and step.
 """
@@ -123,14 +124,15 @@ class Runtime:
         return 0.0 if self.engine_pid is None else _process_cpu_s(self.engine_pid)
 
 
-def measure(rt: Runtime, seconds: float) -> dict:
-    """Engine steps/s, and CPU ms per step of this process and of the engine process. The CPU time per step
-    depends little on what else runs on the machine, unlike the rate."""
-    s0, t0, c0, e0 = rt.steps(), time.perf_counter(), time.process_time(), rt.engine_cpu_s()
+def measure(rt: Runtime, seconds: float, sent=lambda: 0) -> dict:
+    """Engine steps/s, tokens sent to the clients, and CPU time of this process and of the engine process. The
+    CPU time depends little on what else runs on the machine, unlike the rates."""
+    s0, n0, t0, c0, e0 = rt.steps(), sent(), time.perf_counter(), time.process_time(), rt.engine_cpu_s()
     time.sleep(seconds)
-    c1, e1, steps = time.process_time(), rt.engine_cpu_s(), rt.steps() - s0
-    return {"steps_per_s": steps / (time.perf_counter() - t0), "cpu_ms_per_step": 1e3 * (c1 - c0) / max(steps, 1),
-            "engine_cpu_ms_per_step": 1e3 * (e1 - e0) / max(steps, 1)}
+    c1, e1, steps, n1, t1 = time.process_time(), rt.engine_cpu_s(), rt.steps() - s0, sent(), time.perf_counter()
+    return {"steps_per_s": steps / (t1 - t0), "cpu_ms_per_step": 1e3 * (c1 - c0) / max(steps, 1),
+            "engine_cpu_ms_per_step": 1e3 * (e1 - e0) / max(steps, 1), "cpu_s": c1 - c0, "steps": steps,
+            "tokens_sent": n1 - n0, "tokens_sent_per_s": (n1 - n0) / (t1 - t0)}
 
 
 def wait_active(rt: Runtime, n: int, timeout: float = 60) -> None:
@@ -162,12 +164,14 @@ def main(argv=None) -> int:
     for r in records:
         rt.backend.submit(r)
     wait_active(rt, args.streams)
+    print(f"alone: {args.streams} requests running, measuring {args.seconds:g} s", file=sys.stderr, flush=True)
     alone = measure(rt, args.seconds)
     rt.backend.shutdown()
 
     # served: dflash-openai in this process, N streaming clients in another
     rt = Runtime(args)
-    app = OpenAIApp(rt.backend, rt.tokenizer, "m").make()
+    openai_app = OpenAIApp(rt.backend, rt.tokenizer, "m")
+    app = openai_app.make()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False))
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
@@ -178,7 +182,8 @@ def main(argv=None) -> int:
     try:
         wait_active(rt, args.streams)
         time.sleep(1.0)        # the streams' first tokens are out
-        served = measure(rt, args.seconds)
+        print(f"served: {args.streams} streams running, measuring {args.seconds:g} s", file=sys.stderr, flush=True)
+        served = measure(rt, args.seconds, lambda: openai_app.metrics.counters["generation_tokens"])
         scrape = __import__("urllib.request").request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     finally:
         client.terminate()
@@ -186,17 +191,20 @@ def main(argv=None) -> int:
         server.should_exit = True
         rt.backend.shutdown()
     generated = [line for line in scrape.splitlines() if line.startswith("dflash:generation_tokens_total")]
-    tokens_per_step = 2 * args.streams
-    frontend_ms = served["cpu_ms_per_step"] - (alone["cpu_ms_per_step"] if args.engine == "thread" else 0.0)
+    # The frontend's CPU: thread: this process's minus what the engine alone took for the same steps; process:
+    # all of this process's. Per token the clients got (a frontend that lags sends fewer than the engine made).
+    frontend_s = served["cpu_s"] - (alone["cpu_ms_per_step"] * served["steps"] / 1e3 if args.engine == "thread" else 0.0)
+    engine_tok_s = 2 * args.streams * alone["steps_per_s"]
     result = {"engine": args.engine, "streams": args.streams, "busy_ms": args.busy_ms, "wait_ms": args.wait_ms,
               "tokenizer": args.tokenizer, "seconds": args.seconds, "cpus": os.cpu_count(),
               "steps_per_s_alone": alone["steps_per_s"], "steps_per_s_served": served["steps_per_s"],
               "served_over_alone": served["steps_per_s"] / alone["steps_per_s"],
+              "engine_tok_s_alone": engine_tok_s, "tok_s_sent_served": served["tokens_sent_per_s"],
+              "sent_over_alone": served["tokens_sent_per_s"] / engine_tok_s,
               "cpu_ms_per_step_alone": alone["cpu_ms_per_step"], "cpu_ms_per_step_served": served["cpu_ms_per_step"],
               "engine_cpu_ms_per_step_alone": alone["engine_cpu_ms_per_step"],
               "engine_cpu_ms_per_step_served": served["engine_cpu_ms_per_step"],
-              "frontend_cpu_ms_per_step": frontend_ms,
-              "frontend_cpu_us_per_token": 1e3 * frontend_ms / tokens_per_step,
+              "frontend_cpu_us_per_token": 1e6 * frontend_s / max(served["tokens_sent"], 1),
               "generation_tokens_sent": generated,
               "provenance": provenance()}
     args.out.parent.mkdir(parents=True, exist_ok=True)

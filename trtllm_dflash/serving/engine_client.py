@@ -40,7 +40,9 @@ from .record import Result, ServedRequest, Unavailable
 
 log = logging.getLogger(__name__)
 STATS_SILENCE_S = 30.0     # an attached engine that answers no stats request for this long is taken as gone
-STATS_WAIT_S = 2.0         # metrics(): how long to wait for the engine's answer before using the last one
+# metrics(): how long to wait for the engine's answer before using the last one. Short: /health and /metrics
+# call it on dflash-openai's event loop, and the engine answers between two steps (a few ms at most).
+STATS_WAIT_S = 0.25
 
 
 class EngineClient:
