@@ -69,6 +69,7 @@ class EngineClient:
         self._dealer.connect(addr_out)
         self.broken = ""            # why the engine can no longer serve ("" = serving)
         self._stopping = False
+        self._closed = False
         self._lock = threading.Lock()
         self._live: dict[int, ServedRequest] = {}
         self._ids = itertools.count()
@@ -259,6 +260,35 @@ class EngineClient:
                     record.times_ns["last_token_time_ns"] = now
                 updates.append((record, result))
         hand_over(updates)
+        self._ack_when_taken_in(updates)
+
+    def _ack_when_taken_in(self, updates: list) -> None:
+        """Acknowledge an "out" message once every reader side it went to has taken it in: a handoff with
+        ``after(callback)`` runs the callback behind what it was handed (dflash-openai's event loop, Triton's
+        sender thread); records without one were pushed on this thread already."""
+        waits = [h for h in {record.handoff for record, _ in updates} if hasattr(h, "after")]
+        if not waits:
+            self._ack()
+            return
+        left = [len(waits)]
+        lock = threading.Lock()
+
+        def one_taken_in():
+            with lock:
+                left[0] -= 1
+                done = left[0] == 0
+            if done:
+                self._ack()
+        for handoff in waits:
+            handoff.after(one_taken_in)
+
+    def _ack(self) -> None:
+        with self._lock:
+            if not self.broken and not self._closed:
+                try:
+                    self._send(["ack", self.fid, 1])
+                except Unavailable:
+                    pass
 
     def _watch(self) -> None:
         rc = self.proc.wait()
@@ -282,6 +312,8 @@ class EngineClient:
                                    error="" if finish_reason else f"engine: {error}")) for record in records])
 
     def _close_sockets(self) -> None:
+        with self._lock:
+            self._closed = True
         self._push.close()
         self._dealer.close()
         self.ctx.term()

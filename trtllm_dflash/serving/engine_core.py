@@ -12,7 +12,8 @@ interpreter lock with them.
 One thread, one loop (as vLLM V1's EngineCore busy loop): take every message that has arrived (a
 ``poll`` that does not wait while there is work, and waits up to 50 ms when there is none), run one
 engine step (``TorchBackend.run_once``: the same failure rules as in-process), then send each frontend
-one message with all its requests' updates of that step. Sockets (engine_protocol.py has the messages):
+one message with all its requests' updates of that step. Each frontend acknowledges those messages once its
+readers took them in, and the loop stays at most MAX_UNACKED steps ahead of the slowest one. Sockets (engine_protocol.py has the messages):
 ``<address>-in`` PULL (requests from any number of frontends' PUSH sockets) and ``<address>-out`` ROUTER
 (to each frontend's DEALER, by its id). An ``ipc://@name`` address is in Linux's abstract namespace: no
 file is created, so none can be left behind.
@@ -39,6 +40,14 @@ from .record import Result, ServedRequest
 
 log = logging.getLogger(__name__)
 IDLE_POLL_MS = 50
+# Flow control: a frontend acknowledges each "out" message once its readers have taken it in (engine_protocol.py);
+# the engine does not step while one has MAX_UNACKED steps it has not taken in yet. Without it an engine that runs
+# faster than a frontend can decode and send (64 streams on a busy CPU) filled the frontend's memory and queues
+# without bound, and every client's latency with them; with it the engine runs at the pace of its slowest frontend,
+# a few steps ahead: the frontend's own step (decode, SSE) overlaps the engine's next ones.
+MAX_UNACKED = 4
+# An attached frontend that takes nothing in for this long is gone: its requests are cancelled, the engine goes on.
+FRONTEND_SILENCE_S = 30.0
 
 
 def socket_addresses(address: str) -> tuple[str, str]:
@@ -91,6 +100,8 @@ class EngineCore:
         self.poller.register(self.router, zmq.POLLIN)
         self.outbox = _Outbox()
         self.frontends: set[bytes] = set()
+        self.unacked: dict[bytes, int] = {}    # "out" messages each frontend has not acknowledged yet
+        self.waiting_since: float | None = None  # when the loop began waiting for a frontend's acknowledgement
         self.stop = ""                   # why the loop ends ("" = running)
         self.parent = os.getppid()
 
@@ -99,11 +110,13 @@ class EngineCore:
     def run(self) -> int:
         backend, rc = self.backend, 0
         while not self.stop:
-            busy = backend.engine.has_work()
+            behind = self._behind()
+            busy = backend.engine.has_work() and not behind
             if dict(self.poller.poll(0 if busy else IDLE_POLL_MS)):
                 self._read()
-            backend.run_once()
-            self._flush()
+            if not behind:
+                backend.run_once()
+                self._flush()
             if backend.broken:
                 self._tell_all(["broken", backend.broken])
                 self.stop, rc = backend.broken, 3
@@ -116,6 +129,29 @@ class EngineCore:
         self.router.close()
         self.ctx.term()
         return rc
+
+    def _behind(self) -> bool:
+        """A frontend has MAX_UNACKED steps it has not taken in: wait for it (a silent one is dropped)."""
+        late = [fid for fid, n in self.unacked.items() if n >= MAX_UNACKED]
+        if not late:
+            self.waiting_since = None
+            return False
+        now = time.monotonic()
+        if self.waiting_since is None:
+            self.waiting_since = now
+        elif now - self.waiting_since > FRONTEND_SILENCE_S:
+            for fid in late:
+                log.error("[dflash] a frontend took in no results for %.0f s: cancelling its requests", FRONTEND_SILENCE_S)
+                self._drop(fid)
+            self.waiting_since = None
+        return True
+
+    def _drop(self, fid: bytes) -> None:
+        self.frontends.discard(fid)
+        self.unacked.pop(fid, None)
+        for (owner, _), record in list(self.outbox.live.items()):
+            if owner == fid:
+                self.backend.cancel(record)
 
     def _read(self) -> None:
         zmq = self.zmq
@@ -153,11 +189,10 @@ class EngineCore:
         elif kind == "stats":
             ok, reason = self.backend.health()
             self._send(fid, ["stats", msg[2], self.backend.metrics(), ok, reason])
+        elif kind == "ack":
+            self.unacked[fid] = max(0, self.unacked.get(fid, 0) - msg[2])
         elif kind == "bye":
-            self.frontends.discard(fid)
-            for (owner, _), record in list(self.outbox.live.items()):
-                if owner == fid:
-                    self.backend.cancel(record)
+            self._drop(fid)
         elif kind == "shutdown":
             self.stop = "its owner stopped it"
 
@@ -174,6 +209,8 @@ class EngineCore:
     def _flush(self) -> None:
         rows, self.outbox.rows = self.outbox.rows, {}
         for fid, items in rows.items():
+            if fid in self.frontends:
+                self.unacked[fid] = self.unacked.get(fid, 0) + 1
             self._send(fid, ["out", items])
 
     def _send(self, fid: bytes, msg: list) -> None:

@@ -12,6 +12,8 @@ to the engine's PULL; ``fid`` is the frontend's id, the identity of its DEALER o
 
   ["add", fid, rid, prompt_ids, params]   params: SamplingParams fields (max_new_tokens, temperature, ...)
   ["cancel", fid, rid]                    the engine frees the slot at its next step; a final result follows
+  ["ack", fid, n]                         its readers took in n more "out" messages (flow control: the engine
+                                          stays at most engine_core.MAX_UNACKED steps ahead of each frontend)
   ["stats", fid, seq]                     answered by ["stats", seq, metrics, ok, reason]
   ["bye", fid]                            this frontend leaves: its requests are cancelled
   ["shutdown", fid]                       the engine's owner stops it: every request ends, the process exits 0
