@@ -18,8 +18,8 @@ readers took them in, and the loop stays at most MAX_UNACKED steps ahead of the 
 (to each frontend's DEALER, by its id). An ``ipc://@name`` address is in Linux's abstract namespace: no
 file is created, so none can be left behind.
 
-The process ends when its owner says ``shutdown`` (exit 0), on SIGTERM (every request ends cancelled,
-exit 0), when the engine is broken (steps keep failing: each frontend is told why, exit 3), or when the
+The process ends when its owner says ``shutdown`` (exit 0), on SIGTERM or SIGINT (every request ends
+cancelled, exit 0), when the engine is broken (steps keep failing: each frontend is told why, exit 3), or when the
 process that started it is gone (its parent changes: nobody can read the results any more).
 """
 from __future__ import annotations
@@ -258,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
 
-    def on_term(_sig, _frame):
-        core.stop = "SIGTERM"
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the frontend, which stops this process
+    def on_signal(sig, _frame):   # a frontend starts it in its own session: only a signal meant for it gets here
+        core.stop = signal.Signals(sig).name
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     t0 = time.monotonic()
     rc = core.run()
     log.info("[dflash] engine process stops after %.1f s: %s", time.monotonic() - t0, core.stop)
