@@ -45,6 +45,16 @@ STATS_SILENCE_S = 30.0     # an attached engine that answers no stats request fo
 STATS_WAIT_S = 0.25
 
 
+def _python() -> str:
+    """This interpreter, to run the engine process. Inside Triton's python backend ``sys.executable`` can name the
+    stub binary that embeds Python rather than an interpreter: then the python3 on PATH (the stub's own)."""
+    exe = sys.executable
+    if exe and Path(exe).name.startswith("python"):
+        return exe
+    import shutil
+    return shutil.which("python3") or shutil.which("python") or exe
+
+
 class EngineClient:
     """One frontend's connection to the engine process (any thread may call it)."""
 
@@ -97,7 +107,7 @@ class EngineClient:
         from ..runtime.loader import load_tokenizer
 
         address = f"ipc://@dflash-engine-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        argv = [sys.executable, "-m", "trtllm_dflash.serving.engine_core", str(deployment_dir), "--address", address]
+        argv = [_python(), "-m", "trtllm_dflash.serving.engine_core", str(deployment_dir), "--address", address]
         if engine_factory:
             argv += ["--engine_factory", engine_factory]
         log.info("[dflash] starting the engine process: %s", " ".join(argv))
