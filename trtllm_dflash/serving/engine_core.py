@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", required=True, help="ipc://@<name>: sockets <address>-in and <address>-out")
     p.add_argument("--engine_factory", default=None,
                    help="module:function returning an engine stand-in (tests and benchmarks), instead of engine_dir")
-    p.add_argument("--log_level", default="warning", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 
 
