@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# End to end with a SmolLM2 pair (issue #24 item 4): AR vs DFlash at a fixed block vs DFlash under the adaptive
-# policy, tokens/s per user at concurrency 1, 4 and 16, on HumanEval and MT-Bench prompts. Every mode gets the
-# same prompts (dflash-sweep's seeded workload) and the same budget (256 new tokens, greedy). ~3 min on an H100.
-#   OUT=DIR bash benchmarks/e2e_smollm2.sh     # -> $OUT/e2e_smollm2_h100.json (rows + summary), e2e.jsonl
+# End to end with a SmolLM2 pair: AR vs DFlash at a fixed block vs DFlash under the adaptive policy, tokens/s per
+# user and tokens/s at concurrency 1, 4, 16 and 64, on HumanEval and MT-Bench prompts, in-process (dflash-sweep
+# on the engine) AND through dflash-openai (the sweep's OpenAI client, streaming). Every mode gets the same prompts
+# (dflash-sweep's seeded workload) and the same budget (256 new tokens, greedy). ~8 min on an H100.
+#   OUT=DIR bash benchmarks/e2e_smollm2.sh
+#     -> $OUT/e2e_smollm2_h100.json (rows + summary), e2e_<dataset>.jsonl, e2e_smollm2_h100_<dataset>.png (Pareto)
 #   DRAFTER: the drafter folder or shipped name [smollm2-135m-dflash]; SMOKE=1: the same on this CPU, 8 tokens,
-#   2 levels, few requests (-> e2e_smollm2_smoke.json)
+#   levels 1 and 2, few requests (-> e2e_smollm2_smoke.json); SERVED=0 skips the dflash-openai half
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -13,22 +15,53 @@ OUT=${OUT:?set OUT}
 DRAFTER=${DRAFTER:-smollm2-135m-dflash}
 mkdir -p "$OUT"
 if [[ ${SMOKE:-0} == 1 ]]; then
-  GPU=(--gpu h100 --max_batch_size 2); LOAD=(--max_new_tokens 8 --device cpu --warmup 0); LEVELS=("1 1" "2 2"); NAME=e2e_smollm2_smoke
+  GPU=(--gpu h100 --max_batch_size 2); LOAD=(--max_new_tokens 8 --device cpu --warmup 0 --num_requests 2)
+  LEVELS=1,2; NAME=e2e_smollm2_smoke; DATASETS=${DATASETS:-humaneval}
 else
-  GPU=(--gpu h100 --max_batch_size 16); LOAD=(--max_new_tokens 256); LEVELS=("1 16" "4 32" "16 64"); NAME=e2e_smollm2_h100
+  GPU=(--gpu h100 --max_batch_size 64); LOAD=(--max_new_tokens 256); LEVELS=1,4,16,64; NAME=e2e_smollm2_h100
+  DATASETS=${DATASETS:-humaneval mtbench}
 fi
-DEPLOY=$OUT/.deploy
-$PY -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" "${GPU[@]}" --backend torch --max_seq_len 2048 \
-  --out "$DEPLOY" --force
-rm -f "$OUT/e2e.jsonl"
-for dataset in humaneval mtbench; do
-  for mode in ar dflash adaptive; do
-    for lv in "${LEVELS[@]}"; do
-      set -- $lv
-      $PY -m trtllm_dflash.bench.sweep --engine "$DEPLOY" --mode $mode --concurrency "$1" --num_requests "$2" \
-        --dataset $dataset "${LOAD[@]}" --out "$OUT/e2e.jsonl"
-    done
-  done
+# two deployments of the same pair: the policy is the deployment's when served (AR = either with no drafting)
+for policy in fixed adaptive; do
+  $PY -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" "${GPU[@]}" --backend torch \
+    --max_seq_len 2048 --draft_policy $policy --out "$OUT/.deploy_$policy" --force
 done
+PORT=${PORT:-$((20000 + RANDOM % 20000))}
+# dflash-openai in the background for one sweep: started in its own session, waited for, stopped by its group
+served() {   # mode deployment [server flags...]
+  local mode=$1 deploy=$2 log=$OUT/openai_$1_$dataset.log; shift 2
+  setsid $PY -m trtllm_dflash.serving.openai_server "$deploy" --port $PORT --served_model_name smollm2 "$@" \
+    > "$log" 2>&1 &
+  local pid=$! t=0 rc=0
+  until grep -q "dflash-openai: ready" "$log"; do
+    sleep 1; t=$((t + 1))
+    if ! kill -0 $pid 2>/dev/null || [ $t -gt 300 ]; then
+      echo "dflash-openai ($mode): not ready (see $log)"; tail -20 "$log"; kill -TERM -- -$pid 2>/dev/null; return 1
+    fi
+  done
+  $PY -m trtllm_dflash.bench.sweep --backend openai --url 127.0.0.1:$PORT --engine "$deploy" --mode $mode \
+    --concurrency $LEVELS --dataset $dataset "${LOAD[@]}" --label "$label via dflash-openai" \
+    --out "$OUT/e2e_$dataset.jsonl" || rc=$?
+  kill -TERM -- -$pid; wait $pid || true
+  return $rc
+}
+for dataset in $DATASETS; do
+  rm -f "$OUT/e2e_$dataset.jsonl"
+  for mode in ar dflash adaptive; do
+    label=$(case $mode in ar) echo AR ;; dflash) echo DFlash ;; *) echo "DFlash adaptive" ;; esac)
+    $PY -m trtllm_dflash.bench.sweep --engine "$OUT/.deploy_fixed" --mode $mode --concurrency $LEVELS \
+      --dataset $dataset "${LOAD[@]}" --label "$label" --out "$OUT/e2e_$dataset.jsonl"
+  done
+  if [[ ${SERVED:-1} == 1 ]]; then
+    label=AR; served ar "$OUT/.deploy_fixed" --max_draft_len 0
+    label=DFlash; served dflash "$OUT/.deploy_fixed"
+    label="DFlash adaptive"; served adaptive "$OUT/.deploy_adaptive"
+  fi
+  mkdir -p "$OUT/plot_$dataset"
+  $PY -m trtllm_dflash.bench.plot "$OUT/e2e_$dataset.jsonl" --out_dir "$OUT/plot_$dataset" --baseline AR \
+    --title "SmolLM2-135M, $dataset: AR vs DFlash, in-process and through dflash-openai"
+  cp "$OUT/plot_$dataset/pareto.png" "$OUT/${NAME}_$dataset.png"
+done
+cat "$OUT"/e2e_*.jsonl > "$OUT/e2e.jsonl"
 $PY benchmarks/e2e_summary.py --sweep "$OUT/e2e.jsonl" --out "$OUT/$NAME.json"
-rm -rf "$DEPLOY"
+rm -rf "$OUT"/.deploy_fixed "$OUT"/.deploy_adaptive

@@ -90,6 +90,15 @@ for c in "$HOST"/c[0-9]; do
   for f in "$c"/*; do [[ -e $CORPUS/$(basename "$f") ]] || ln "$f" "$CORPUS/" 2>/dev/null || cp "$f" "$CORPUS/"; done
 done
 
+# 3b. a run trained on an earlier host, picked up for eval / e2e: its returned state (onesitting_state.tgz in
+#     .carry/restore) and its drafter as shipped in the package (RESTORE_DRAFTER); no corpus needed
+RESTORE_DRAFTER=${RESTORE_DRAFTER:-trtllm_dflash/drafters/smollm2-135m-dflash-b16}
+if [[ -f $HOST/restore/onesitting_state.tgz && ! -f $BIG_RUN/report.json ]]; then
+  say "restore: the run's state from .carry/restore, the drafter from $RESTORE_DRAFTER"
+  tar xzf "$HOST/restore/onesitting_state.tgz" -C "$BIG_RUN"
+  mkdir -p "$BIG_RUN/drafter" && cp "$RESTORE_DRAFTER"/config.json "$RESTORE_DRAFTER"/model.safetensors "$BIG_RUN/drafter/"
+fi
+
 state() {   # where the run is: regen done?, trained?, evaluated?
   REGEN_DONE=$([[ -f $BIG_RUN/data/regenerate.json ]] && echo 1 || echo 0)
   EXPORTED=$([[ -f $BIG_RUN/drafter/model.safetensors && -f $BIG_RUN/report.json ]] \
@@ -100,6 +109,8 @@ state() {   # where the run is: regen done?, trained?, evaluated?
 state
 READY=$([[ -f $TARGET_OK && -f $CORPUS/manifest.json && -f $WORK/.imports_ok ]] && echo 1 || echo 0)
 [[ ${SMOKE:-0} == 1 && -f $TARGET_OK && -f $CORPUS/manifest.json ]] && READY=1   # the venv has every package
+# eval and e2e need the target and the packages, not the corpus
+EVAL_READY=$([[ -f $TARGET_OK && ( -f $WORK/.imports_ok || ${SMOKE:-0} == 1 ) ]] && echo 1 || echo 0)
 
 # 4. regenerate: this call's share of REGEN_S (no shard starts that would end past the call's budget)
 if [[ $READY == 1 && $REGEN_DONE == 0 && $(left) -gt $((LOAD_S + 30)) ]]; then
@@ -121,7 +132,7 @@ if [[ $READY == 1 && $REGEN_DONE == 1 && $EXPORTED == 0 && $(left) -gt $((LOAD_S
 fi
 
 # 6. evaluate the exported drafter
-if [[ $EXPORTED == 1 && $EVALUATED == 0 && $(left) -gt $EVAL_S ]]; then
+if [[ $EVAL_READY == 1 && $EXPORTED == 1 && $EVALUATED == 0 && $(left) -gt $EVAL_S ]]; then
   say "eval: acceptance.py (HumanEval + MT-Bench, blocks 16/8/4, greedy and T=1, dflash reference)"
   sub eval bash benchmarks/train_smollm2_gpu.sh "$BIG_RUN" --big eval_big
   state
@@ -136,7 +147,8 @@ fi
 
 # 8. what comes back: the log, the state, and the results once they exist (at most 7 files)
 next_step() {
-  if [[ $READY == 0 ]]; then echo "carry the next folders"
+  if [[ $EXPORTED == 1 && $EVAL_READY == 0 ]]; then echo "carry the next folders (eval)"
+  elif [[ $EXPORTED == 0 && $READY == 0 ]]; then echo "carry the next folders"
   elif [[ $REGEN_DONE == 0 ]]; then echo regen
   elif [[ $EXPORTED == 0 ]]; then echo train
   elif [[ $EVALUATED == 0 ]]; then echo eval
@@ -174,5 +186,9 @@ if [[ $EVALUATED == 1 ]]; then
   gunzip -f "$BACK/onesitting_state.tgz" && tar rf "$BACK/onesitting_state.tar" -C "$WORK/x" . \
     && gzip -f "$BACK/onesitting_state.tar" && mv "$BACK/onesitting_state.tar.gz" "$BACK/onesitting_state.tgz"
 fi
-[[ $E2E_DONE == 1 ]] && cp "$WORK"/e2e/e2e_smollm2_h100.json "$BACK"/
+if [[ $EXPORTED == 1 && $EVALUATED == 0 ]]; then
+  # the drafter comes back as soon as it is exported: a host given back before eval loses nothing
+  "$PYTHON" -m trtllm_dflash.training.carry drafter --run "$BIG_RUN" --out "$BACK"
+fi
+if [[ $E2E_DONE == 1 ]]; then cp "$WORK"/e2e/e2e_smollm2_h100.json "$WORK"/e2e/e2e_smollm2_h100*.png "$BACK"/ 2>/dev/null || true; fi
 say "next: $NEXT (call took $((SECONDS - T0)) s)"

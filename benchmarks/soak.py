@@ -13,6 +13,13 @@ Phases, in order (each bounded in time; nothing leaves this machine's loopback i
                           a seed of 2**64-1, 5,000 stop strings, invalid UTF-8 over gRPC
                oversized  a 5 MB prompt as JSON and a 4 MB form-urlencoded body (what `curl -d` sends)
                timeout    6 non-streaming requests whose clients give up after 0.5 s
+               absolute   absolute-form targets (RFC 9112 3.2.2): JSON 1,000,000 deep behind
+                          Inference-Header-Content-Length 2, invalid JSON, an escaped path; then one
+                          absolute-form request that reaches the model (refused there: max_tokens)
+               metrics_port  a 5 MiB form POST to the metrics port, then GET /metrics
+               desync     a generate sent "Transfer-Encoding: CHUNKED" twice on one connection (both
+                          reach the model), and bad chunk sizes (0x.., +N, N_M) each answered 400
+               idle_stream  64 idle gRPC streams held while a gRPC request reaches the model
              and once, half way, a burst of --burst requests at once on one gRPC stream
   kills      on the idle server: --kills clients killed mid-stream one by one; how long until the slot is
              free (seconds and engine steps), and the latency of the next request against the idle baseline;
@@ -71,7 +78,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", 
            "SELECT name FROM users WHERE"]
 LONG_PROMPT = "Tell me a long story about a lighthouse keeper"
 KINDS = ("http", "sse", "grpc", "openai", "openai_plain")
-FAULTS = ("kill", "cancel", "malformed", "oversized", "timeout")
+FAULTS = ("kill", "cancel", "malformed", "oversized", "timeout", "absolute", "metrics_port", "desync", "idle_stream")
 # --server openai: what dflash-openai has (no gRPC `stop` input to cancel with)
 OPENAI_FAULTS = ("kill", "malformed", "oversized", "timeout")
 # gRPC/HTTP transport failures: the connection went away without a response that says why. (A server that
@@ -666,8 +673,8 @@ def _grpc_oversized(srv: Server, size: int, timeout: float) -> dict:
 
 def _slow_uploads(srv: Server, timeout: float) -> dict:
     """Four connections announce 16 MiB bodies and send one byte (#25: they held the guard's whole 64 MiB
-    for good): all but the first are refused at once (429, per-client bound) and a request's body still
-    reaches the model while they are open."""
+    for good; #37: for their read time, by what they announced): they hold the bytes they sent, nothing is
+    refused, and a request's body still reaches the model while they are open."""
     import socket
     host, port = srv.http.rsplit(":", 1)
     t0 = time.monotonic()
@@ -678,11 +685,6 @@ def _slow_uploads(srv: Server, timeout: float) -> dict:
             s.sendall(f"POST /v2/models/{MODEL}/generate HTTP/1.1\r\nHost: x\r\nContent-Length: {16 << 20}\r\n\r\n{{"
                       .encode())
             socks.append(s)
-        for s in socks[1:]:
-            try:
-                replies.append(s.recv(4096).decode("latin-1").split("\r\n", 1)[0])
-            except OSError as err:
-                replies.append(f"{type(err).__name__}")
         # A body that reaches the model and is refused there at once (max_tokens over max_seq_len): proof that
         # bodies still get through, answered at once even while the load queues every request that decodes
         # (one that decodes waited minutes here, and its client's timeout then cancelled it).
@@ -693,8 +695,7 @@ def _slow_uploads(srv: Server, timeout: float) -> dict:
         for s in socks:
             s.close()
     secs = time.monotonic() - t0
-    ok = (all(r.startswith("HTTP/1.1 429") for r in replies) and code == 400 and "max_tokens" in text
-          and secs <= 2 * timeout)
+    ok = code == 400 and "max_tokens" in text and secs <= 2 * timeout
     return {"name": OVERSIZED[3], "code": code, "error": "; ".join(replies)[:300], "seconds": round(secs, 3),
             "pass": ok, "finish_reason": reason}
 
@@ -1064,7 +1065,136 @@ def fault_timeout(srv: Server, max_tokens: int) -> dict:
             "uncertain_cancelled": 6}
 
 
+def _raw(srv: Server, data: bytes, timeout: float, hostport: str = "", keep=None) -> tuple[int, bytes]:
+    """(status or 0, body) of one raw request; ``keep``: a socket to send it on (kept open)."""
+    import http.client
+    import socket
+    host, port = (hostport or srv.http).rsplit(":", 1)
+    sock = keep or socket.create_connection((host, int(port)), timeout=timeout)
+    try:
+        sock.sendall(data)
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        return resp.status, resp.read()
+    except (OSError, http.client.HTTPException):
+        return 0, b""
+    finally:
+        if keep is None:
+            sock.close()
+
+
+def _case(name: str, code: int, want, secs: float, timeout: float, text: bytes = b"") -> dict:
+    ok = (code in want if isinstance(want, tuple) else code == want) and secs <= timeout
+    return {"name": name, "code": code, "error": text[:200].decode("utf-8", "replace"), "seconds": round(secs, 3),
+            "pass": ok}
+
+
+def _request(path: str, body: bytes, *headers: str) -> bytes:
+    extra = "".join(h + "\r\n" for h in headers)
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
+            .encode() + body)
+
+
+# A body that reaches the model and is refused there at once (max_tokens over max_seq_len, in INT32 so the guard
+# passes it): proof that a request got through the guard whole, answered at once even while the load queues
+# every request that decodes (one that decodes can wait longer than the fault's time bound, and its client's
+# time-out then cancels it, a finish the clients' tally would not expect).
+REACHES_MODEL = json.dumps({"text_input": "hi", "sampling_param_max_tokens": 1 << 30}).encode()
+
+
+def _model_refused(code: int, text: bytes) -> bool:
+    return code == 400 and b"max_tokens" in text
+
+
+def fault_absolute(srv: Server, timeout: float) -> dict:
+    """#37 finding 1: an absolute-form target was "not our endpoint" to the guard and generate to Triton,
+    whose parser this body killed (four of them ended dflash-serve)."""
+    gen = f"http://localhost/v2/models/{MODEL}/generate"
+    cases = []
+    for name, data, want in (
+            ("absolute_deep", _request(gen, b"[" * 1_000_000 + b"]" * 1_000_000, "Inference-Header-Content-Length: 2"),
+             400),
+            ("absolute_not_json", _request(gen, b"not json", "Content-Type: application/json"), 400),
+            ("escaped_path", _request(f"/v2/models/{MODEL.replace('_', '%5F')}/generate", b"{}"), 400),
+            ("absolute_reaches_model", _request(gen, REACHES_MODEL, "Content-Type: application/json"), 400)):
+        t0 = time.monotonic()
+        code, text = _raw(srv, data, timeout + 5)
+        cases.append(_case(name, code, want, time.monotonic() - t0, timeout, text))
+    cases[-1]["pass"] = cases[-1]["pass"] and _model_refused(cases[-1]["code"], cases[-1]["error"].encode())
+    ok = all(c["pass"] for c in cases) and srv.proc.poll() is None and srv.ready()
+    return {"cases": cases, "pass": ok, "finished": {}}
+
+
+def fault_metrics_port(srv: Server, timeout: float) -> dict:
+    """#37 finding 3: a 5 MiB form POST to Triton's metrics port (unguarded) killed tritonserver."""
+    metrics = srv.metrics_url.split("/")[2]
+    big = b"a=" + b"x" * (5 << 20)
+    t0 = time.monotonic()
+    code, text = _raw(srv, _request("/metrics", big, "Content-Type: application/x-www-form-urlencoded"), timeout + 5,
+                      metrics)
+    cases = [_case("metrics_form_post", code, (405, 0), time.monotonic() - t0, timeout, text)]
+    t0 = time.monotonic()
+    code, text = _raw(srv, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout + 5, metrics)
+    cases.append(_case("metrics_get", code, 200, time.monotonic() - t0, timeout))
+    return {"cases": cases, "pass": all(c["pass"] for c in cases) and srv.proc.poll() is None and srv.ready(),
+            "finished": {}}
+
+
+def fault_desync(srv: Server, timeout: float) -> dict:
+    """#37 finding 7: "Transfer-Encoding: CHUNKED" was decoded by the guard but not by Triton, which read the
+    chunk bytes as the next request; odd chunk sizes closed the connection with no answer."""
+    import socket
+    body = REACHES_MODEL
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    head = f"POST /v2/models/{MODEL}/generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: CHUNKED\r\n\r\n".encode()
+    host, port = srv.http.rsplit(":", 1)
+    cases = []
+    with socket.create_connection((host, int(port)), timeout=timeout + 5) as keep:
+        for n in range(2):      # the second on the same connection: no chunk bytes left over upstream
+            t0 = time.monotonic()
+            code, text = _raw(srv, head + chunked, timeout + 5, keep=keep)
+            cases.append(_case(f"chunked_upper_{n}", code, 400, time.monotonic() - t0, timeout, text))
+            cases[-1]["pass"] = cases[-1]["pass"] and _model_refused(code, text)
+    for size in ("0x10", "+10", "1_0"):
+        t0 = time.monotonic()
+        data = head.replace(b"CHUNKED", b"chunked") + f"{size}\r\n".encode() + b"x" * 16 + b"\r\n0\r\n\r\n"
+        code, text = _raw(srv, data, timeout + 5)
+        cases.append(_case(f"chunk_size_{size}", code, 400, time.monotonic() - t0, timeout, text))
+    return {"cases": cases, "pass": all(c["pass"] for c in cases) and srv.ready(), "finished": {}}
+
+
+def fault_idle_stream(srv: Server, timeout: float, n: int = 64) -> dict:
+    """#37 finding 9: idle ModelStreamInfer streams held every call slot for as long as they stayed open."""
+    import grpc
+    stop = threading.Event()
+
+    def never():
+        stop.wait()
+        return
+        yield
+
+    channel = grpc.insecure_channel(srv.grpc)
+    calls = [channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")(never()) for _ in range(n)]
+    t0 = time.monotonic()
+    try:                       # refused by the model at once (see REACHES_MODEL): it got a call slot
+        got = client.collect(client.generate_grpc(srv.grpc, client.build_inputs("hi", max_tokens=1 << 30),
+                                                  timeout=timeout))
+        code, text = 200, f"answered: {got.get('finish_reason')}"
+    except DFlashError as err:
+        code, text = (400 if "max_tokens" in str(err) and "RESOURCE_EXHAUSTED" not in str(err) else 0), str(err)
+    finally:
+        stop.set()
+        for call in calls:
+            call.cancel()
+        channel.close()
+    case = _case("grpc_request_beside_idle_streams", code, 400, time.monotonic() - t0, timeout, text.encode())
+    return {"cases": [case], "pass": case["pass"] and srv.ready(), "finished": {}}
+
+
 def run_fault(name: str, i: int, srv: Server, args, long_tokens: int) -> dict:
+    if name in ("absolute", "metrics_port", "desync", "idle_stream"):
+        return {"absolute": fault_absolute, "metrics_port": fault_metrics_port, "desync": fault_desync,
+                "idle_stream": fault_idle_stream}[name](srv, args.hostile_timeout)
     if name == "timeout":
         return fault_timeout(srv, long_tokens)
     if srv.only_openai:

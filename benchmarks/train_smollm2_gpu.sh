@@ -42,12 +42,12 @@ if [[ $MODE == --big ]]; then
   if [[ ${SMOKE:-0} == 1 ]]; then
     RUN_ARGS=(--max_new_tokens 16 --regen_batch_size 8 --batch_size 2 --num_anchors 8 --max_seq_len 384
               --max_steps "${MAX_STEPS:-4}" --save_every 2 --log_every 2 --verify_prompts 2 --verify_max_new_tokens 8)
-    EVAL=(--n 2 --max_new_tokens 16 --max_batch_size 8 --block_sizes 16)
+    EVAL=(--n 2 --max_new_tokens 16 --max_batch_size 8 --block_sizes 16 --ar_check)
   else
     # 6 epochs of ~60k answers at batch 16 = ~22k steps; MAX_STEPS fixes the schedule for every call of the run.
     RUN_ARGS=(--max_new_tokens 384 --regen_batch_size 256 --batch_size 16 --max_seq_len 1024
               --max_steps "${MAX_STEPS:-22500}" --save_every 500 --log_every 50)
-    EVAL=(--max_new_tokens 512 --max_batch_size 128 --block_sizes 16 8 4 --reference --reference_n 10)
+    EVAL=(--max_new_tokens 512 --max_batch_size 128 --block_sizes 16 8 4 --reference --reference_n 10 --ar_check)
   fi
   case ${PRESET:-paper} in  # the recipe is fixed for a run: its train_config.json refuses another on --resume
     paper) RECIPE=(--block_size 16 --num_layers 3 --num_anchors 128 --lr 1e-3) ;;    # today's shipped drafter's

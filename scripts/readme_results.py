@@ -201,6 +201,47 @@ def _step_rows(data: dict, model: str) -> dict[tuple[str, int], dict]:
 
 # ---------------------------------------------------------------------------------------------- blocks
 
+def render_headline(results: Path) -> str:
+    """The README's opening table: the drafter's acceptance, DFlash against AR served on an H100, the gpt-oss step.
+
+    Each row is read on its own: a row whose file records no commit says so in its cells, the others still show."""
+    rows = []
+
+    def row(what: str, make) -> None:
+        try:
+            figure, source = make()
+        except NoCommit as e:
+            figure, source = "awaits a re-measurement with provenance", f"`{e.name}` {e.why}"
+        rows.append(f"| {what} | {figure} | {source} |")
+
+    def tau():
+        name = "acceptance_smollm2.json"
+        d = _load(results, name)
+        return (f"{d['humaneval']['tau_greedy']:.2f} tokens per step (greedy, block {d['humaneval']['block_size']})",
+                provenance_note(d, name))
+
+    def sweep():
+        name = "sweep_smollm2_h100_v3.summary.json"
+        d = _load(results, name)
+        at = {(r["label"], r["settings"]["concurrency"]): r["metrics"]["total_tok_s"]
+              for r in _read(results, "sweep_smollm2_h100_v3.jsonl")}
+        cells = [f"{at[('DFlash adaptive', c)] / at[('AR', c)]:.2f}x at concurrency {c} "
+                 f"({at[('AR', c)]:,.0f} -> {at[('DFlash adaptive', c)]:,.0f} tok/s)" for c in (1, 64)]
+        return "; ".join(cells), provenance_note(d, name)
+
+    def gpt_oss():
+        name = "gpt_oss_120b_step_h100.json"
+        d = _load(results, name)
+        s = d["summary"]
+        return (f"AR {_ms(s['ar_b1_step_ms'])} ms, DFlash {_ms(s['dflash_b1_step_ms'])} ms (block {s['block_size']}): "
+                f"DFlash pays above {s['break_even_tokens_b1']:.1f} accepted tokens per step", provenance_note(d, name))
+
+    row("SmolLM2-135M + the shipped drafter: HumanEval acceptance (tau)", tau)
+    row("same pair, one H100, in-process: DFlash (adaptive) over AR, new tokens/s", sweep)
+    row("gpt-oss-120b decode step at batch 1, one H100 (MXFP4 experts, Triton kernels)", gpt_oss)
+    return "\n".join([*_table_head("measured", "figure", "source"), *rows]) + "\n"
+
+
 def render_quickstart_tau(results: Path) -> str:
     """The shipped drafter's greedy acceptance on HumanEval and MT-Bench."""
     d = _load(results, "acceptance_smollm2.json")
@@ -766,6 +807,7 @@ def render_http_guard(results: Path) -> str:
 
 
 RENDERERS = {
+    "headline": render_headline,
     "http_guard": render_http_guard,
     "quickstart_tau": render_quickstart_tau,
     "cpu_parity": render_cpu_parity,

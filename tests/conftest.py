@@ -51,6 +51,7 @@ def one_torch_thread():
 def pytest_collection_modifyitems(config, items):
     """Skip `gpu`-marked tests on a machine without CUDA (CI), with the reason in the report; `pytest -m gpu`
     on the GPU host runs them. torch is imported only when a gpu test was collected."""
+    _skip_outside_the_kernel_subset(config, items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
@@ -60,3 +61,25 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="gpu test: needs CUDA (run `pytest -m gpu` on the GPU host)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+# ---- Triton kernels in the interpreter on the CPU: a representative subset by default -------------------
+KERNELS_ALL_ENV = "TRTLLM_DFLASH_KERNELS_ALL"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--kernels_all", action="store_true",
+                     help=f"also run the `kernels_all` tests (every shape of the Triton kernels in the CPU "
+                          f"interpreter: about an hour on 2 cores); or set {KERNELS_ALL_ENV}=1")
+
+
+def _skip_outside_the_kernel_subset(config, items):
+    """`kernels_all` tests (the interpreter runs a kernel ~1000x slower than a GPU) skip unless asked for: the
+    default run keeps one case of each kernel and variant, so CI exercises every kernel in well under its budget."""
+    if config.getoption("--kernels_all") or os.environ.get(KERNELS_ALL_ENV) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"a further interpreter-mode kernel case: pytest --kernels_all "
+                                   f"(or {KERNELS_ALL_ENV}=1) runs it")
+    for item in items:
+        if item.get_closest_marker("kernels_all") is not None:
+            item.add_marker(skip)

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "build_configs").glob("*.yaml"))
 # Each preset's stand-in: a tiny target of the same architecture and a drafter in some known format.
 STAND_INS = {
-    "gpt-oss-120b_b300_tp8": ("gpt_oss", "z-lab"), "gpt-oss-120b_h200_tp8": ("gpt_oss", "modelopt"),
+    "gpt-oss-120b_b300_tp8": ("gpt_oss", "z-lab"), "gpt-oss-120b_b200_tp8": ("gpt_oss", "specforge"),
+    "gpt-oss-120b_h200_tp8": ("gpt_oss", "modelopt"),
     "gpt-oss-20b_h100_tp1": ("gpt_oss", "speculators"), "qwen3-8b_h100_tp1": ("qwen3", "specforge"),
     "qwen3-8b_b200_tp1": ("qwen3", "z-lab"), "llama-3.1-8b_h100_tp1": ("llama", "speculators"),
     "smollm2-135m_cpu_tp1": ("llama", "untrained"),
@@ -310,6 +311,23 @@ def test_rebuild_reuses_then_refuses_then_forces(ckpt, tmp_path, capsys):
     assert not list(tmp_path.glob(".deploy.*"))
 
 
+def test_bytecode_of_a_recorded_module_is_not_a_change_but_any_other_file_is(tmp_path):
+    """Plain tritonserver on <dir>/triton leaves the model's __pycache__ (its stub ignores PYTHONDONTWRITEBYTECODE):
+    inspect and the rebuild check still verify the deployment; a stray file or a changed model.py still fails."""
+    model = tmp_path / "triton" / "tensorrt_llm" / "1"
+    model.mkdir(parents=True)
+    (model / "model.py").write_text("x = 1\n")
+    record = {"files": manifest.hash_tree(tmp_path)}
+    (model / "__pycache__").mkdir()
+    (model / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    assert manifest.verify(tmp_path, record) == []
+    (model / "__pycache__" / "other.cpython-311.pyc").write_bytes(b"\0")
+    (model / "notes.txt").write_text("x")
+    assert manifest.verify(tmp_path, record) == [
+        "triton/tensorrt_llm/1/__pycache__/other.cpython-311.pyc: not in the manifest",
+        "triton/tensorrt_llm/1/notes.txt: not in the manifest"]
+
+
 def test_manifest_contents(ckpt, tmp_path, capsys):
     out = tmp_path / "deploy"
     assert run(tiny_args(ckpt, out, "qwen3", "specforge", "--backend", "trtllm", "--gpu", "b200"), capsys)[0] == 0
@@ -351,6 +369,27 @@ def test_presharded_ranks_for_the_torch_backend(ckpt, tmp_path, capsys):
         names = list(f.keys())
         q = f.get_slice("target.model.layers.0.self_attn.q_proj.weight").get_shape()
     assert any(n.startswith("drafter.layers.0.") for n in names) and q == [32, 64]   # 4 heads x 16 / 2 ranks
+
+
+def test_presharded_ranks_replicate_kv_heads_past_their_count(ckpt, tmp_path, capsys):
+    """--tp 4 over the stand-in's 2 KV heads: ranks 0-1 hold KV head 0, ranks 2-3 KV head 1 (one query head each)."""
+    import torch
+
+    target, _ = ckpt("llama")
+    assert json.loads((Path(target) / "config.json").read_text())["num_key_value_heads"] == 2
+    out = tmp_path / "deploy"
+    assert run(tiny_args(ckpt, out, "llama", "z-lab", "--tp", "4", "--presharded"), capsys)[0] == 0
+    name = "target.model.layers.0.self_attn.k_proj.weight"
+    with safe_open(str(Path(target) / "model.safetensors"), "pt") as f:
+        k = f.get_tensor(name.removeprefix("target."))
+    ranks = []
+    for r in range(4):
+        with safe_open(str(out / "ranks" / f"rank{r}.safetensors"), "pt") as f:
+            ranks.append((f.get_tensor(name), f.get_slice("target.model.layers.0.self_attn.q_proj.weight").get_shape()))
+    half = k.shape[0] // 2
+    assert [torch.equal(t, k[:half]) for t, _ in ranks] == [True, True, False, False]
+    assert [torch.equal(t, k[half:]) for t, _ in ranks] == [False, False, True, True]
+    assert all(q == [16, 64] for _, q in ranks)   # 4 heads x 16 / 4 ranks
 
 
 def test_interrupted_build_leaves_nothing(ckpt, tmp_path, capsys, monkeypatch):
@@ -474,24 +513,36 @@ def test_weight_count_matches_the_published_parameter_counts(source, params):
     assert got == pytest.approx(params, rel=0.02)
 
 
-def test_gpt_oss_120b_on_one_h100_is_refused_unless_its_experts_stay_mxfp4(tmp_path, capsys, monkeypatch):
+def test_gpt_oss_experts_stay_mxfp4_on_every_gpu_backend(tmp_path, capsys, monkeypatch):
+    """The torch runtime keeps MXFP4 experts packed on CUDA (mxfp4_moe auto), as TensorRT-LLM does: the memory
+    check counts 4.25 bits an expert weight for both, so one H100 holds gpt-oss-120b's ~61 GiB either way."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    rc, _, err = run(["--target", "gpt-oss-120b", "--gpu", "h100", "--dry_run"], capsys)   # torch: bf16 experts
-    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: memory: the weights need 219 GiB"), err
-    assert "--tp_size 4" in err and "--backend trtllm" in err
-    rc, out, err = run(["--target", "gpt-oss-120b", "--gpu", "h100", "--backend", "trtllm", "--dry_run"], capsys)
-    assert rc == 0, err
-    assert "memory   per GPU: weights 62.2 GiB" in out     # MXFP4 experts: ~61 GiB target + the drafter
+    for backend in ("torch", "trtllm"):
+        rc, out, err = run(["--target", "gpt-oss-120b", "--gpu", "h100", "--backend", backend, "--dry_run"], capsys)
+        assert rc == 0, err
+        assert "memory   per GPU: weights 62.2 GiB" in out, out    # ~61 GiB target + the drafter
     rc, out, err = run(["--target", "gpt-oss-120b", "--gpu", "h100", "--tp", "4", "--dry_run"], capsys)
-    assert rc == 0, err
+    assert rc == 0 and "memory   per GPU: weights 15.5 GiB" in out, out
+
+
+def test_weights_too_large_for_one_gpu_name_the_tp_size_that_fits():
+    from trtllm_dflash.checkpoints import memory_fit, resolve
+
+    target = resolve.public_config("openai/gpt-oss-120b")
+    drafter = resolve.public_config("z-lab/gpt-oss-120b-DFlash")
+    with pytest.raises(DFlashError) as err:
+        memory_fit.check(target, drafter, gpu_name="small", memory_gib=40, tp_size=1, dtype="auto", quant=None,
+                         max_batch_size=1, max_seq_len=2048, free_gpu_memory_fraction=0.8)
+    msg = str(err.value)
+    assert msg.startswith("memory: the weights need 62 GiB (MXFP4 experts kept 4-bit)") and "--tp_size 2" in msg
 
 
 def test_the_kv_cache_must_hold_one_full_sequence():
     from trtllm_dflash.checkpoints import memory_fit, resolve
 
     target, drafter = resolve.public_config("Qwen/Qwen3-8B"), resolve.public_config("z-lab/Qwen3-8B-DFlash-b16")
-    kw = dict(gpu_name="h100", backend="trtllm", tp_size=1, dtype="auto", quant=None, max_batch_size=32,
+    kw = dict(gpu_name="h100", tp_size=1, dtype="auto", quant=None, max_batch_size=32,
               free_gpu_memory_fraction=0.8)
     fit = memory_fit.check(target, drafter, memory_gib=80, max_seq_len=8192, **kw)
     # 36 + 5 layers x 8 KV heads x 128 x K,V x 2 bytes = 164 KiB a token, 1.28 GiB per 8192-token sequence
@@ -555,7 +606,8 @@ def test_default_schedule_comes_from_the_measured_costs_and_a_flag_wins(capsys):
     from trtllm_dflash import draft_schedule
     from trtllm_dflash.backends import trtllm
 
-    base = ["--target", "qwen3-8b", "--gpu", "h100", "--backend", "trtllm", "--dry_run", "--max_batch_size", "64"]
+    base = ["--target", "qwen3-8b", "--gpu", "h100", "--backend", "trtllm", "--dry_run", "--max_batch_size", "64",
+            "--no_preset"]
     rc, out, err = run(base, capsys)
     assert rc == 0, err
     opts = yaml.safe_load(out.split("--- llm_api_options.yaml ---")[1].split("dry run:")[0])
@@ -574,7 +626,8 @@ def test_default_schedule_comes_from_the_measured_costs_and_a_flag_wins(capsys):
     assert "off (--draft_len_schedule none)" in out
     rc, out, _ = run([*base, "--max_concurrency", "32"], capsys)
     assert "max_concurrency: 32" in out and "draft_len_schedule:" not in out.split("--- llm_api_options.yaml ---")[1]
-    rc, out, _ = run(["--target", "qwen3-8b", "--gpu", "b200", "--backend", "trtllm", "--dry_run"], capsys)
+    rc, out, _ = run(["--target", "qwen3-8b", "--gpu", "b200", "--backend", "trtllm", "--dry_run", "--no_preset"],
+                     capsys)
     assert "none: no measured step-cost table for Qwen/Qwen3-8B on b200" in out
 
 
@@ -600,3 +653,11 @@ def test_the_deployment_names_its_draft_policy(ckpt, tmp_path, capsys):
     gpu = tmp_path / "gpu"
     assert run(tiny_args(ckpt, gpu, "llama", "z-lab", "--gpu", "h100", "--dry_run"), capsys)[1].count(
         "draft_policy fixed (auto)") == 1
+
+
+def test_a_mistyped_target_is_a_target_error_with_the_closest_short_name(capsys):
+    rc, _, err = run(["--target", "smolm2-135m", "--dry_run"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: target: 'smolm2-135m' is not a short name")
+    assert "did you mean smollm2-135m?" in err
+    rc, _, err = run(["--target", "someone/model", "--dry_run"], capsys)    # a hub id: its drafter is the question
+    assert rc == 2 and err.startswith("error: drafter: no known DFlash drafter"), err

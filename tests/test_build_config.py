@@ -16,7 +16,7 @@ PRESETS = sorted((Path(__file__).resolve().parents[1] / "build_configs").glob("*
 
 def test_presets_exist_for_every_required_deployment():
     names = {p.stem for p in PRESETS}
-    assert {"gpt-oss-120b_b300_tp8", "gpt-oss-120b_h200_tp8", "gpt-oss-20b_h100_tp1", "qwen3-8b_h100_tp1",
+    assert {"gpt-oss-120b_b300_tp8", "gpt-oss-120b_b200_tp8", "gpt-oss-120b_h200_tp8", "gpt-oss-20b_h100_tp1", "qwen3-8b_h100_tp1",
             "qwen3-8b_b200_tp1", "llama-3.1-8b_h100_tp1", "smollm2-135m_cpu_tp1"} <= names
 
 
@@ -35,6 +35,39 @@ def test_flags_override_the_preset_and_defaults_fill_the_rest():
     assert dry_run and not force
     cfg, _, _ = config_from_args(["--target", "qwen3-8b"])
     assert (cfg.tp_size, cfg.backend, cfg.max_draft_len) == (1, "torch", None)
+
+
+def test_the_preset_named_after_target_gpu_and_tp_is_taken():
+    """The README's one-line build (no --config) gets the H200 preset's values, not the generic defaults."""
+    notes = []
+    cfg, _, _ = config_from_args(["--tp", "8", "--target", "gpt-oss-120b", "--gpu", "h200"], notes)
+    want = bc.make(bc.load_preset(bc.PRESET_DIR / "gpt-oss-120b_h200_tp8.yaml"))
+    assert cfg == want and (cfg.backend, cfg.ep_size, cfg.max_batch_size, cfg.max_seq_len) == ("trtllm", 8, 64, 32768)
+    assert cfg.draft_len_schedule and "gpt-oss-120b_h200_tp8.yaml" in notes[0]
+    cfg, _, _ = config_from_args(["--target", "openai/gpt-oss-120b", "--gpu", "b200", "--tp", "8", "--ep", "2"])
+    assert (cfg.backend, cfg.ep_size, cfg.max_batch_size) == ("trtllm", 2, 64)      # hub id too; a flag wins
+    cfg, _, _ = config_from_args(["--tp", "8", "--target", "gpt-oss-120b", "--gpu", "h200", "--no_preset"])
+    assert (cfg.backend, cfg.max_batch_size) == ("torch", 8)
+
+
+def test_a_preset_for_another_backend_or_gpu_is_named_not_taken():
+    notes = []
+    cfg, _, _ = config_from_args(["--tp", "8", "--target", "gpt-oss-120b", "--gpu", "h200", "--backend", "torch"],
+                                 notes)
+    assert (cfg.backend, cfg.max_batch_size) == ("torch", 8) and "not used: it is for --backend trtllm" in notes[0]
+    notes = []
+    cfg, _, _ = config_from_args(["--tp", "4", "--target", "gpt-oss-120b", "--gpu", "h200"], notes)
+    assert cfg.max_batch_size == 8 and "none for gpt-oss-120b on h200 at tp 4" in notes[0]
+    assert "gpt-oss-120b_h200_tp8" in notes[0]
+
+
+def test_bad_yaml_syntax_names_the_line(tmp_path):
+    with pytest.raises(DFlashError) as err:
+        bc.load_preset(write(tmp_path, "build:\n  target: qwen3-8b\n  tp_size: [1, 2\n"))
+    msg = str(err.value)
+    assert "\n" not in msg and "line 3, column 12" in msg and "expected ',' or ']'" in msg, msg
+    with pytest.raises(DFlashError, match=r"line 2, column 12: mapping values are not allowed"):
+        bc.load_preset(write(tmp_path, "build:\n  target: a: b\n"))
 
 
 def test_config_is_frozen():

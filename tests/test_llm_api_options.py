@@ -244,7 +244,8 @@ def test_zero_draft_batch_sizes_reads_the_schedule_as_tensorrt_llm_does(schedule
 def test_a_given_schedule_that_drafts_zero_is_refused_with_the_reason(capsys):
     from trtllm_dflash import cli
 
-    base = ["--target", "qwen3-8b", "--gpu", "h100", "--backend", "trtllm", "--dry_run", "--max_batch_size", "64"]
+    base = ["--target", "qwen3-8b", "--gpu", "h100", "--backend", "trtllm", "--dry_run", "--max_batch_size", "64",
+            "--no_preset"]
     assert cli.build_main([*base, "--draft_len_schedule", "1:15,8:7"]) != 0
     err = capsys.readouterr().err
     assert "draft_len_schedule" in err and "9..64" in err and "#16888" in err and "64:1" in err

@@ -133,3 +133,14 @@ def test_provenance_note_names_the_sha_or_refuses_a_file_without_one():
     rec = {"provenance": {"git": {"sha": "0123456789abcdef", "dirty": True, "diff_sha256": "fedcba9876543210"}}}
     assert readme_results.provenance_note(rec, "x.json") == (
         "`benchmarks/results/x.json`, git 0123456789, dirty tree, diff sha256 fedcba9876")
+
+
+def test_the_readme_opens_with_one_measured_table():
+    """A new reader meets what the tool does, then figures (each from a results file), before any command."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    first_block = next(i for i, ln in enumerate(lines) if ln.startswith("<!-- results:"))
+    first_code = next(i for i, ln in enumerate(lines) if ln.startswith("```"))
+    assert lines[first_block] == "<!-- results:headline -->" and first_block < first_code <= 20
+    table = lines[first_block + 1:lines.index("<!-- /results:headline -->")]
+    assert table[0].startswith("| measured |") and len(table) == 5
+    assert sum("x at concurrency" in row or " ms" in row for row in table) >= 2   # figures, not only placeholders

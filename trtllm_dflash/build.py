@@ -21,6 +21,7 @@ from pathlib import Path
 from . import __version__
 from . import build_config as bc
 from .backends import trtllm
+from .bench.helpformat import HelpFormatter
 from .checkpoints import drafter_formats, manifest, memory_fit, resolve, trtllm_checks
 from .errors import DFlashError
 from .versions import installed
@@ -103,7 +104,7 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
     fit = None
     if gpu.family != "cpu":
         fit = memory_fit.check(target_cfg, norm.config, gpu_name=gpu.name, memory_gib=gpu.memory_gib,
-                               backend=cfg.backend, tp_size=cfg.tp_size, dtype=cfg.dtype, quant=cfg.quant,
+                               tp_size=cfg.tp_size, dtype=cfg.dtype, quant=cfg.quant,
                                max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len,
                                free_gpu_memory_fraction=cfg.free_gpu_memory_fraction)
         validation["memory"] = "ok" if fit.full_batches >= cfg.max_batch_size else (
@@ -203,8 +204,12 @@ def _files(res: resolve.Resolved) -> set[str]:
     return {p.name for p in res.path.iterdir()} if res.path is not None else set()
 
 
+# Where the YAML's paths point when a dry run has no --out: a visible placeholder, never a made-up folder under cwd.
+NO_OUT = "<out>"
+
+
 def _abs_out(cfg: bc.BuildConfig) -> Path:
-    return Path(cfg.out or "<out>").expanduser().absolute()
+    return Path(cfg.out).expanduser().absolute() if cfg.out else Path(NO_OUT)
 
 
 def _quant_checks(cfg: bc.BuildConfig, *, dry_run: bool) -> dict[str, str]:
@@ -350,8 +355,10 @@ def _write_ranks(tmp: Path, tp_size: int, allow_pickle: bool, log, ep_size: int 
 
     target_sd = hf.load_state_dict(tmp / "target", allow_pickle=allow_pickle)
     drafter_sd = hf.load_state_dict(tmp / "drafter")
+    kv_heads = tuple(c.get("num_key_value_heads") or c["num_attention_heads"]
+                     for c in (hf.read_config(tmp / "target"), hf.read_config(tmp / "drafter")))
     for rank in tqdm(range(tp_size), desc="pre-shard ranks", disable=tp_size == 1):
-        hf.save_state_dict(shard_for_rank(target_sd, drafter_sd, tp_size, rank, ep_size), tmp / "ranks",
+        hf.save_state_dict(shard_for_rank(target_sd, drafter_sd, tp_size, rank, ep_size, kv_heads), tmp / "ranks",
                            f"rank{rank}.safetensors")
     log(f"pre-sharded {tp_size} rank file(s)")
 
@@ -502,7 +509,7 @@ def describe(plan: Plan) -> str:
         f"target attention {trtllm_checks.TARGET_ATTN_BACKEND if plan.options else '-'}",
         *([f"trtllm   TensorRT-LLM {trtllm.version_range(plan.options)} (schema {trtllm.SCHEMA_VERSION})"
            + (f"  block reuse, recompute tail {cfg.context_recompute_tail}" if cfg.enable_block_reuse else ""),
-           f"         draft_len_schedule {plan.schedule or '-'}: {plan.schedule_from}"]
+           *([f"         draft_len_schedule {plan.schedule or '-'}: {plan.schedule_from}"] if plan.schedule_from else [])]
           if plan.options else []),
         *([f"memory   per GPU: weights {plan.memory.weights_gib:.1f} GiB, KV cache {plan.memory.kv_gib_per_seq:.2f} GiB "
            f"per {cfg.max_seq_len}-token sequence, {plan.memory.kv_budget_gib:.1f} GiB for it "
@@ -511,7 +518,8 @@ def describe(plan: Plan) -> str:
         + "".join(f"\n         {w}" for w in warnings),
         *([f"quant    {cfg.quant}: ModelOpt PTQ of the target, calibrated on {cfg.calib_data} x {cfg.calib_size} "
            "prompts"] if cfg.quant else []),
-        f"out      {_abs_out(cfg)}",
+        f"out      {_abs_out(cfg)}" if cfg.out else f"out      not given: {NO_OUT} in the YAML stands for the --out "
+        "directory a real build writes",
     ]
     if plan.untrained:
         lines.append("NOTE     the drafter is UNTRAINED: output equals the target's, acceptance ~1 token/step "
@@ -531,21 +539,24 @@ def commands(out: Path, record_like: dict) -> list[str]:
 
 
 # ---- command line ---------------------------------------------------------------------------------------
-EXAMPLES = """examples:
-  dflash-build --target smollm2-135m --gpu cpu --out engines/smollm2/cpu/1-gpu        # demo, the shipped drafter
-  dflash-build --config build_configs/gpt-oss-120b_b300_tp8.yaml --dry_run            # plan + YAML, no download
+EXAMPLES = r"""examples:
+  dflash-build --target smollm2-135m --gpu cpu --out engines/smollm2/cpu/1-gpu   # demo, the shipped drafter
+  dflash-build --config build_configs/gpt-oss-120b_b300_tp8.yaml --dry_run       # plan + YAML, no download
+  dflash-build --tp 8 --target gpt-oss-120b --gpu h200 --out engines/gpt-oss-120b  # its preset's values
   dflash-build --config build_configs/qwen3-8b_h100_tp1.yaml --out /models/qwen3-8b-dflash
-  dflash-build --target Qwen/Qwen3-8B --drafter ./my-specforge-ckpt --tp 2 --backend torch --presharded --out e
-  dflash-build --config build_configs/qwen3-8b_b200_tp1.yaml --quant nvfp4 --out /models/qwen3-8b-nvfp4  # ModelOpt PTQ
-  dflash-build inspect engines/smollm2/cpu/1-gpu                                       # summary + sha256 check
+  dflash-build --target Qwen/Qwen3-8B --drafter ./my-specforge-ckpt --tp 2 --backend torch --presharded \
+      --out engines/qwen3-8b/tp2
+  dflash-build --config build_configs/qwen3-8b_b200_tp1.yaml --quant nvfp4 \
+      --out /models/qwen3-8b-nvfp4                                              # ModelOpt PTQ of the target
+  dflash-build inspect engines/smollm2/cpu/1-gpu                                  # summary + sha256 check
 
 short names: gpt-oss-120b, gpt-oss-20b, qwen3-8b, llama-3.1-8b, smollm2-135m (target + its known drafter)
 drafter formats: z-lab, modelopt, speculators, specforge (normalised to the z-lab layout)
 """
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+# Examples kept one per line; "(default: X)" only where there is a value (not for flags or None).
+_Formatter = HelpFormatter
 
 
 def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
@@ -556,7 +567,10 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
                                 formatter_class=_Formatter,
                                 argument_default=None if show_defaults else argparse.SUPPRESS)
     p.add_argument("--config", default=argparse.SUPPRESS if not show_defaults else None,
-                   help="preset YAML (build_configs/<model>_<gpu>_tp<N>.yaml); flags override it")
+                   help="preset YAML (build_configs/<model>_<gpu>_tp<N>.yaml); flags override it. Without it, the "
+                   "preset named after --target, --gpu and --tp is used when one exists")
+    p.add_argument("--no_preset", action="store_true", default=False if show_defaults else argparse.SUPPRESS,
+                   help="without --config: use the built-in defaults even where a preset matches")
     g = p.add_argument_group("checkpoints")
     g.add_argument("--target", default=None if show_defaults else argparse.SUPPRESS,
                    help="short name, local HF folder or hub id (required, here or in --config)")
@@ -571,7 +585,8 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
     g = p.add_argument_group("parallelism and hardware")
     g.add_argument("--tp_size", "--tp", type=int, **kw("tp_size"), help="tensor-parallel ranks")
     g.add_argument("--ep_size", "--ep", type=int, **kw("ep_size"), help="expert-parallel size (MoE targets)")
-    g.add_argument("--gpu", choices=bc.GPU_NAMES, **kw("gpu"), help="hardware profile the build is checked for")
+    g.add_argument("--gpu", choices=bc.GPU_NAMES, **kw("gpu"), help="the GPU the deployment is built and checked for (not this machine's: a CPU-only box builds for "
+                   "an H100 by default); cpu = our runtime on CPU")
     g.add_argument("--backend", choices=bc.BACKENDS, **kw("backend"),
                    help=f"torch = our runtime (CPU/GPU), trtllm = TensorRT-LLM >={trtllm.MIN_VERSION},<{trtllm.BELOW_VERSION}")
     g = p.add_argument_group("runtime limits")
@@ -632,13 +647,58 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(argv: list[str]) -> tuple[bc.BuildConfig, bool, bool]:
-    """(BuildConfig, dry_run, force): defaults < --config preset < flags typed on the command line."""
+def config_from_args(argv: list[str], notes: list[str] | None = None) -> tuple[bc.BuildConfig, bool, bool]:
+    """(BuildConfig, dry_run, force): defaults < preset < flags typed on the command line.
+
+    The preset is --config's, or else the one made for the typed --target, --gpu and --tp (build_configs/
+    <target>_<gpu>_tp<N>.yaml), so the README's one-line build gets NVIDIA's batch, sequence and EP settings rather
+    than the generic defaults. It is skipped with --no_preset, or when --backend names another backend than the
+    preset's (its kernels and schedule are that backend's). What was chosen, and why, is appended to ``notes``."""
     ns = build_parser().parse_args(argv)
     typed = vars(build_parser(show_defaults=False).parse_args(argv))
-    preset = bc.load_preset(ns.config) if ns.config else {}
+    notes = [] if notes is None else notes
+    preset = {}
+    if ns.config:
+        preset = bc.load_preset(ns.config)
+    elif "gpu" in typed and not ns.no_preset:
+        preset = _matching_preset(typed, notes)
     overrides = {k: v for k, v in typed.items() if k in bc.FIELD_NAMES}
     return bc.make(preset, overrides), ns.dry_run, ns.force
+
+
+def _matching_preset(typed: dict, notes: list[str]) -> dict:
+    target = _short_name(typed.get("target") or "")
+    if target not in resolve.KNOWN_MODELS:      # presets exist for known models only (a folder never has one)
+        return {}
+    tp_size = typed.get("tp_size", 1)
+    path = bc.preset_path(target, typed["gpu"], tp_size)
+    if path is None:
+        near = [p.stem for p in bc.presets_for(target)]
+        if near:
+            notes.append(f"preset   none for {target} on {typed['gpu']} at tp {tp_size} (defaults used); presets for "
+                         f"{target}: {', '.join(near)} (--config build_configs/<name>.yaml starts from one)")
+        return {}
+    preset = bc.load_preset(path)
+    shown = _shown(path)
+    if typed.get("backend", preset.get("backend", "torch")) != preset.get("backend", "torch"):
+        notes.append(f"preset   {shown} not used: it is for --backend {preset.get('backend', 'torch')} "
+                     f"(defaults used)")
+        return {}
+    notes.append(f"preset   {shown} (matches --target, --gpu and --tp; flags override it; --no_preset skips it)")
+    return preset
+
+
+def _short_name(target: str) -> str:
+    """A known model's short name for its hub id too (presets are named by short name)."""
+    by_hub_id = {known.target.lower(): name for name, known in resolve.KNOWN_MODELS.items()}
+    return by_hub_id.get(target.lower(), target)
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def checkpoint_sha256(record: dict, role: str) -> str:
@@ -680,7 +740,10 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv[1:])
         inspect(args.directory, verify=not args.no_verify)
         return 0
-    cfg, dry_run, force = config_from_args(argv)
+    notes: list[str] = []
+    cfg, dry_run, force = config_from_args(argv, notes)
+    for line in notes:
+        print(line)
     if dry_run:
         plan = make_plan(cfg, dry_run=True)
         print(describe(plan))

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Settings of ``dflash-build``: one frozen dataclass, filled from dataclass defaults, then a preset YAML
-(``build_configs/<model>_<gpu>_tp<N>.yaml``, section ``build:``), then explicit command-line flags."""
+(``build_configs/<model>_<gpu>_tp<N>.yaml``, section ``build:``; given with --config, or the one whose name
+matches --target, --gpu and --tp), then explicit command-line flags."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -162,8 +163,7 @@ def load_preset(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise DFlashError("config", f"{path} is not valid YAML ({str(err).splitlines()[0]})",
-                          "fix the YAML syntax") from None
+        raise DFlashError("config", f"{path} is not valid YAML ({_yaml_problem(err)})", "fix the YAML syntax") from None
     if not isinstance(data, dict) or not isinstance(data.get("build"), dict):
         raise DFlashError("config", f"{path} has no `build:` section", "put the build settings under `build:`")
     unknown = sorted(set(data) - set(STAGE_SECTIONS))
@@ -176,6 +176,31 @@ def load_preset(path: str | Path) -> dict:
         raise DFlashError(f"config {path.name}: build.{unknown[0]}", "is not a build setting",
                           f"use one of {', '.join(FIELD_NAMES)}")
     return dict(section)
+
+
+# The presets beside the package (a source checkout or an editable install; a wheel has none).
+PRESET_DIR = Path(__file__).resolve().parent.parent / "build_configs"
+
+
+def preset_path(target: str, gpu: str, tp_size: int, directory: Path = PRESET_DIR) -> Path | None:
+    """The preset made for this short-name target on this GPU at this TP size, if there is one."""
+    path = directory / f"{target}_{gpu}_tp{tp_size}.yaml"
+    return path if path.is_file() else None
+
+
+def presets_for(target: str, directory: Path = PRESET_DIR) -> list[Path]:
+    """Every preset of one short-name target (to name the nearest when none matches)."""
+    return sorted(directory.glob(f"{target}_*_tp*.yaml")) if target else []
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's message on one line, with where it started (the context) and where it failed, 1-based."""
+    mark, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    if context is not None and getattr(err, "context", None):
+        where += f"{err.context} at line {context.line + 1}, column {context.column + 1}: "
+    return where + problem
 
 
 def make(preset: dict | None = None, overrides: dict | None = None) -> BuildConfig:

@@ -55,8 +55,15 @@ def parse_args(argv):
     gen.add_argument("--top_p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--ignore_eos", action="store_true")
+    gen.add_argument("--rounds", type=int, default=3,
+                     help="--mode both: after one warm-up generation per mode, run AR and DFlash this many times in "
+                          "turn (AR first in odd rounds, DFlash first in even ones, so a machine's drift hits both "
+                          "alike) and report the median DFlash/AR speed-up with its range")
     p.add_argument("--json", help="also write per-request results to this JSON file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
+    return args
 
 
 def _prompts(args) -> list[str]:
@@ -75,7 +82,9 @@ def _resolve_target(name: str) -> Path:
         return smollm2_target_dir()
     path = Path(name)
     if not path.is_dir():
-        raise DFlashError("--target", f"{name} is not a folder", "pass an HF checkpoint folder or smollm2-135m")
+        from .checkpoints.resolve import did_you_mean
+        raise DFlashError("--target", f"{name} is not a folder", did_you_mean(name)
+                          + "pass an HF checkpoint folder or smollm2-135m")
     return path
 
 
@@ -139,13 +148,31 @@ def _policy(args) -> str:
     return "adaptive"
 
 
-def run_mode(args, mode: str, texts: list[str], workdir: Path) -> list[dict]:
+def _break_even(policy) -> str:
+    from .runtime.draft_policy import break_even
+    return break_even(policy)
+
+
+def _fixed_reason(args, engine) -> str:
+    """Why the block stayed fixed: the one cause that applies, not a list of flags the user may not have passed."""
+    if args.block_size is not None:
+        return f"--block_size {args.block_size}"
+    if engine.tp.size > 1 and _policy(args) == "adaptive":
+        return "tensor parallelism: adaptive measures step costs on rank 0 alone"
+    if args.draft_policy == "fixed":
+        return "--draft_policy fixed"
+    return "the deployment's draft_policy fixed"
+
+
+def run_mode(args, mode: str, texts: list[str], workdir: Path, last: bool = True) -> list[dict]:
+    """One mode's engine and generate(). ``last`` False keeps the tensor-parallel group for the next mode: MPI
+    agrees the rendezvous once per process (it is finalised after), so a second group could not be formed."""
     block = 1 if mode == "ar" else args.block_size
     t0 = time.perf_counter()
     engine = _engine(args, block, workdir)
     load_s = time.perf_counter() - t0
     if engine.tp.rank != 0:
-        engine.follow()
+        engine.follow(close=last)
         return []
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
@@ -154,20 +181,25 @@ def run_mode(args, mode: str, texts: list[str], workdir: Path) -> list[dict]:
     adaptive = (mode == "dflash" and args.block_size is None and _policy(args) == "adaptive"
                 and engine.tp.size == 1)
     if adaptive:
+        print(f"[{mode}] measuring step costs on this device (once; 5-80 s on a CPU)...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         pol = engine.use_adaptive_policy(context=max(map(len, prompts)), max_batch=len(prompts))
-        print(f"[{mode}] measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}",
+        print(f"[{mode}] measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}; {_break_even(pol)}",
               file=sys.stderr)
     t0 = time.perf_counter()
     reqs = engine.generate(prompts, params)
     wall = time.perf_counter() - t0
-    engine.shutdown()
+    engine.shutdown(close=last)
     print(f"[{mode}] block_size={engine.block_size} device={engine.device} dtype={str(engine.dtype)[6:]} "
           f"tp={engine.tp.size} load={load_s:.1f}s", file=sys.stderr)
     if mode == "dflash":
         ran = ", ".join(f"block {b}: {k} steps" for b, k in sorted(engine.block_counts.items()))
-        why = f"adaptive; last choice: {engine.last_reason}" if adaptive else "fixed (--block_size or --draft_policy fixed)"
+        why = f"adaptive; last choice: {engine.last_reason}" if adaptive else f"fixed: {_fixed_reason(args, engine)}"
         print(f"[{mode}] ran {ran} ({why})", file=sys.stderr)
+    return _rows(mode, engine, texts, reqs, wall)
+
+
+def _rows(mode: str, engine, texts: list[str], reqs, wall: float) -> list[dict]:
     out = []
     for text, r in zip(texts, reqs):
         s = r.stats
@@ -178,13 +210,83 @@ def run_mode(args, mode: str, texts: list[str], workdir: Path) -> list[dict]:
     return out
 
 
+def summary_line(results: dict, n_prompts: int) -> str:
+    """One speed figure: DFlash/AR by the wall time of generating every prompt (same tokens, so the ratio of
+    times is the ratio of speeds), the median over the rounds with its range."""
+    df = results["dflash"]
+    tau = sum(r["tau"] for r in df) / len(df)
+    rounds = results.get("rounds")
+    if rounds is None:   # tensor parallelism: one generation per mode
+        ar_wall, df_wall = results["ar"][0]["wall_s"], df[0]["wall_s"]
+        return (f"summary: mean tau {tau:.2f} tokens/step, DFlash/AR speed-up {ar_wall / max(df_wall, 1e-9):.2f}x "
+                f"(wall time, one generation each: AR {ar_wall:.2f} s, DFlash {df_wall:.2f} s; {n_prompts} prompt(s))")
+    r = rounds["speedup"]
+    spread = f" (range {min(r):.2f}-{max(r):.2f}x over {len(r)} rounds)" if len(r) > 1 else ""
+    return (f"summary: mean tau {tau:.2f} tokens/step, DFlash/AR speed-up {rounds['median_speedup']:.2f}x{spread}; "
+            f"median wall time AR {results['ar'][0]['wall_s']:.2f} s, DFlash {df[0]['wall_s']:.2f} s "
+            f"({n_prompts} prompt(s), after one warm-up generation each)")
+
+
+def compare_modes(args, texts: list[str], workdir: Path) -> dict:
+    """--mode both in one process (tp 1): both engines loaded and warmed up (first-step allocations, kernel
+    selection, the adaptive policy's cost measurement), then ``--rounds`` generations of each in turn. A fresh
+    engine's first generate() ran several hundred ms slower, so AR-first-without-warm-up made the ratio noise."""
+    import statistics
+
+    engines, load = {}, {}
+    for mode in ("ar", "dflash"):
+        t0 = time.perf_counter()
+        engines[mode] = _engine(args, 1 if mode == "ar" else args.block_size, workdir)
+        load[mode] = time.perf_counter() - t0
+    ar, df = engines["ar"], engines["dflash"]
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+    prompts = [_encode(ar, t, not args.no_chat_template) for t in texts]
+    adaptive = args.block_size is None and _policy(args) == "adaptive"
+    if adaptive:
+        print("[dflash] measuring step costs on this device (once; 5-80 s on a CPU)...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        pol = df.use_adaptive_policy(context=max(map(len, prompts)), max_batch=len(prompts))
+        print(f"[dflash] measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}; {_break_even(pol)}",
+              file=sys.stderr)
+    warm = SamplingParams(max_new_tokens=min(8, args.max_new_tokens), temperature=args.temperature, seed=args.seed)
+    for engine in (ar, df):
+        engine.generate(prompts, warm)
+    df.block_counts.clear()                        # report what the measured rounds ran
+    walls: dict[str, list[float]] = {"ar": [], "dflash": []}
+    last: dict[str, list] = {}
+    for r in range(args.rounds):
+        print(f"[both] round {r + 1}/{args.rounds}...", file=sys.stderr, flush=True)
+        for mode in (("ar", "dflash") if r % 2 == 0 else ("dflash", "ar")):
+            t0 = time.perf_counter()
+            last[mode] = engines[mode].generate(prompts, params)
+            walls[mode].append(time.perf_counter() - t0)
+    for mode in ("ar", "dflash"):
+        engines[mode].shutdown()
+        e = engines[mode]
+        print(f"[{mode}] block_size={e.block_size} device={e.device} dtype={str(e.dtype)[6:]} tp={e.tp.size} "
+              f"load={load[mode]:.1f}s", file=sys.stderr)
+    ran = ", ".join(f"block {b}: {k} steps" for b, k in sorted(df.block_counts.items()))
+    why = f"adaptive; last choice: {df.last_reason}" if adaptive else f"fixed: {_fixed_reason(args, df)}"
+    print(f"[dflash] ran {ran} over {args.rounds} round(s) ({why})", file=sys.stderr)
+    ratios = [a / max(d, 1e-9) for a, d in zip(walls["ar"], walls["dflash"])]
+    rounds = {"ar_wall_s": walls["ar"], "dflash_wall_s": walls["dflash"], "speedup": ratios,
+              "median_speedup": statistics.median(ratios)}
+    return {"ar": _rows("ar", ar, texts, last["ar"], statistics.median(walls["ar"])),
+            "dflash": _rows("dflash", df, texts, last["dflash"], statistics.median(walls["dflash"])),
+            "rounds": rounds}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     texts = _prompts(args)
     modes = ["ar", "dflash"] if args.mode == "both" else [args.mode]
     with tempfile.TemporaryDirectory(prefix="dflash-generate-") as work:
-        results = {m: run_mode(args, m, texts, Path(work)) for m in modes}
-    if not any(results.values()):
+        if args.mode == "both" and (args.tp_size or 1) == 1:
+            results = compare_modes(args, texts, Path(work))
+        else:   # ranks of a tensor-parallel group follow one engine at a time: one generation per mode
+            results = {m: run_mode(args, m, texts, Path(work), last=m == modes[-1]) for m in modes}
+    if not any(results[m] for m in modes):
         return 0  # ranks > 0
     for i, text in enumerate(texts):
         print(f"\n=== prompt {i}: {text!r}")
@@ -198,13 +300,7 @@ def main(argv=None) -> int:
             same = results["ar"][i]["output_ids"] == results["dflash"][i]["output_ids"]
             print(f"    DFlash tokens identical to autoregressive: {'yes' if same else 'NO'}")
     if len(modes) == 2:
-        ar, df = results["ar"], results["dflash"]
-        speed = sum(r["tok_per_s"] for r in df) / max(sum(r["tok_per_s"] for r in ar), 1e-9)
-        tau = sum(r["tau"] for r in df) / len(df)
-        ar_wall, df_wall = ar[0]["wall_s"], df[0]["wall_s"]   # the whole generate() of all prompts, per mode
-        print(f"\nsummary: mean tau {tau:.2f} tokens/step, DFlash/AR decode speed {speed:.2f}x, "
-              f"DFlash/AR speed by wall time {ar_wall / max(df_wall, 1e-9):.2f}x (AR {ar_wall:.2f} s, DFlash "
-              f"{df_wall:.2f} s; {len(texts)} prompt(s))")
+        print("\n" + summary_line(results, len(texts)))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0

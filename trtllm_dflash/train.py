@@ -18,12 +18,13 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+from .bench.helpformat import HelpFormatter
 from .errors import DFlashError, exit_code
 from .runtime.loader import load_tokenizer
 from .training.settings import CONFIG_FILE, PRESETS, STAGES, TrainConfig
 from .training.target import resolve_target
 
-EPILOG = """examples:
+EPILOG = r"""examples:
   dflash-train --target smollm2-135m --data sharegpt --out runs/smollm2 --num_layers 3 --num_prompts 5000
   dflash-train --target ./my-llama --data prompts.jsonl --out runs/llama --block_size 8 --epochs 3
   dflash-train --target smollm2-135m --data sharegpt --out runs/smollm2 --resume        # continue after a stop
@@ -131,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+# Examples kept one per line; "(default: X)" only where there is a value (not for flags or None).
+_Formatter = HelpFormatter
 
 
 def config_from_args(argv: list[str] | None) -> TrainConfig:

@@ -107,3 +107,17 @@ def test_cli_error_is_one_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "trtllm_dflash.bench.plot", str(bad)], capture_output=True, text=True,
                          timeout=60)
     assert run.returncode == 2 and run.stderr.startswith("error: results:") and run.stderr.count("\n") == 1
+
+
+def test_iso_picture_says_when_the_curves_do_not_overlap():
+    """Empty axes looked like a broken plot; the picture now says which run shares no interactivity range."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trtllm_dflash.bench import plot
+
+    fig = plot.iso_figure(plt, {"dflash": [], "other": [{"tok_s_user": 10.0, "ratio": 1.2}]}, "ar", "tok/s/user")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    plt.close(fig)
+    assert len(texts) == 1 and "dflash: no overlap with ar in tok/s/user" in texts[0] and "other" not in texts[0]

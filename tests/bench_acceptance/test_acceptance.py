@@ -99,3 +99,30 @@ def test_meta_records_provenance_with_the_checkpoint_digests(pair, tmp_path):
     assert prov["command"] == meta["command"] and prov["git"]["sha"] and prov["versions"]["torch"]
     assert prov["checkpoints"]["drafter"]["sha256"] == checkpoint_digest(pair[1])["sha256"]
     assert prov["checkpoints"]["target"]["sha256"] == checkpoint_digest(pair[0])["sha256"]
+
+
+def test_ar_check_counts_identical_outputs_on_every_prompt(pair, tmp_path):
+    out = tmp_path / "acceptance_ar.json"
+    assert acceptance.main(_argv(pair, out, "--datasets", "humaneval", "mtbench", "--ar_check")) == 0
+    for name in ("humaneval", "mtbench"):
+        check = json.loads(out.read_text())[name]["ar_check"]
+        assert check == {"n_prompts": 2, "block_size": 8, "dtype": "float32", "identical_outputs": 2,
+                         "differing_prompts": []}
+
+
+def test_ar_check_fails_the_run_when_dflash_differs_from_ar(pair, tmp_path, monkeypatch, capsys):
+    real = acceptance.run_ours
+
+    def ar_one_token_off(target_dir, drafter_dir, prompts, block_size, temperatures, args, dtype):
+        run = real(target_dir, drafter_dir, prompts, block_size, temperatures, args, dtype)
+        if block_size == 1:   # the AR side: the second prompt's last token changed
+            rows = run["results"][("mtbench", 0.0)]
+            n, s, ids = rows[1]
+            rows[1] = (n, s, ids[:-1] + [ids[-1] + 1])
+        return run
+
+    monkeypatch.setattr(acceptance, "run_ours", ar_one_token_off)
+    out = tmp_path / "acceptance_ar_off.json"
+    assert acceptance.main(_argv(pair, out, "--datasets", "mtbench", "--block_sizes", "4", "--ar_check")) == 1
+    assert json.loads(out.read_text())["mtbench"]["ar_check"]["differing_prompts"] == [1]
+    assert "error: mtbench: DFlash != AR in float32 on 1 of 2 prompts" in capsys.readouterr().err

@@ -53,8 +53,23 @@ def test_mismatched_pair(pair, where, changes, match):
 
 
 def test_tp_size_must_divide_heads(pair):
-    with pytest.raises(DFlashError, match="tp_size: 3 does not divide the target's num_attention_heads"):
+    with pytest.raises(DFlashError, match=r"tp_size: 3 does not divide num_attention_heads \(4\) of the target.*"
+                                          r"use one of \[1, 2, 4\]"):
         load(pair, tp_size=3)
+
+
+def test_a_bad_tp_size_lists_every_size_that_suits_target_and_drafter():
+    """The fix names the sizes both models allow: listing the target's alone sent the user to a size the drafter
+    then refused (`--tp 16` said one thing, the next try another)."""
+    from trtllm_dflash.checkpoints import validate
+
+    target = {"num_attention_heads": 32, "num_key_value_heads": 8}
+    drafter = {"num_attention_heads": 12, "num_key_value_heads": 4}
+    for tp, who, cfg, other in ((3, "target", target, drafter), (8, "drafter", drafter, target)):
+        with pytest.raises(DFlashError) as err:
+            validate.check_tp(cfg, tp, who, together_with=(other,))
+        assert str(err.value).endswith("use one of [1, 2, 4]"), str(err.value)
+    assert validate.tp_sizes({"num_attention_heads": 9, "num_key_value_heads": 3}) == [1, 3, 9]
 
 
 def test_missing_tensor(pair):

@@ -3,7 +3,16 @@
 (the decode kernels' CPU tests and their GPU twins in tests/gpu/ compare against the same references)."""
 from __future__ import annotations
 
+import pytest
 import torch
+
+
+def default_subset(values: list, keep: tuple[int, ...]) -> list:
+    """Parametrize ``values`` with only the cases at ``keep`` in the default run; the others are marked
+    ``kernels_all`` (pytest --kernels_all runs them). For interpreter-mode kernel tests, where one case costs
+    seconds on a CPU: the default keeps one of each kind (decode and multi-tile shapes, each path)."""
+    return [v if i in keep else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.kernels_all)
+            for i, v in enumerate(values)]
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from tests.runtime.compare import attend_f64, compile_for_h100, random_cache, rel, rope_f64
+from tests.runtime.compare import attend_f64, compile_for_h100, default_subset, random_cache, rel, rope_f64
 from tests.runtime.kernel_engine import GREEDY_AND_SAMPLED, TWO_PROMPTS, count_calls, same_generation
 from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.errors import DFlashError
@@ -188,7 +188,8 @@ def test_attention_kernel_setting():
             os.environ["TRITON_INTERPRET"] = saved
 
 
-@pytest.mark.parametrize("block", [None, 1])
+# By default DFlash (the drafter's block) only: AR's one-token steps are the T = 1 cases of the unit tests above
+@pytest.mark.parametrize("block", default_subset([None, 1], keep=(0,)))
 def test_engine_tokens_are_the_same_with_the_kernels(tiny_qwen3_pair, block, monkeypatch):
     """Greedy and sampled generation of a tiny Qwen3 pair (q/k norm, GQA, a DFlash drafter of block 8) with
     every attention in the Triton kernels (prefill cache writes included) == the torch path, float32."""

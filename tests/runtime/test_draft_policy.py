@@ -225,3 +225,13 @@ def test_a_block1_step_is_the_ar_step_plus_keeping_its_features(tiny_pair, graph
     assert extra == {tuple(sorted(kept)): 62}, extra
     for a, b in zip(reqs["dflash"], reqs["ar"]):
         assert a.output_ids == b.output_ids and len(a.output_ids) > 64
+
+
+def test_break_even_says_why_a_cpu_engine_drafts_nothing():
+    """Served on a CPU, the adaptive policy runs block 1 (0 draft tokens): its start-up line now says why."""
+    from trtllm_dflash.runtime.draft_policy import AdaptivePolicy, CostTable, break_even
+
+    costs = CostTable({1: {1: 0.010, 2: 0.017, 4: 0.020, 8: 0.025, 16: 0.033}})
+    text = break_even(AdaptivePolicy(16, costs))
+    assert "a block-16 step costs 3.3x an AR step (the cheapest drafting block 1.7x)" in text
+    assert "more than 1.7 tokens a step" in text and "0 draft tokens" in text

@@ -229,6 +229,22 @@ def test_tp2_and_ep2_under_mpiexec_equal_tp1(tiny, drafters, tmp_path):
         assert json.loads(out.read_text())["tokens"] == expected, f"tp 2, ep {ep}"
 
 
+@pytest.mark.mpi
+def test_tp4_over_2_kv_heads_replicates_them_and_equals_tp1(tiny, drafters, tmp_path):
+    """4 ranks, 4 query heads (one each, with its sink), 2 KV heads: each rank holds a replica of its group's KV
+    head (gpt-oss-120b has 8 KV heads, so TP 16 lays out the same way); tokens are TP 1's."""
+    from tests.runtime import gpt_oss_tp_run
+    target, drafter = tiny["plain"], drafters["plain"]
+    expected = gpt_oss_tp_run.run(target, drafter, 1)
+    out = tmp_path / "tp4.json"
+    cmd = [mpiexec(), "-n", "4", sys.executable, str(HERE / "gpt_oss_tp_run.py"), str(target), str(drafter),
+           str(out), "4", "1"]
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert json.loads(out.read_text())["tokens"] == expected
+
+
 # ---- GPU benchmark script, CPU path ----------------------------------------------------------------
 def test_gpu_benchmark_runs_on_cpu_with_a_tiny_config(tmp_path):
     out = tmp_path / "bench.json"
@@ -264,6 +280,9 @@ PRESETS = {
                                                                        "draft_len_schedule": {1: 7, 15: 7, 31: 5, 64: 3}}},
     # Blackwell: TRTLLM MoE and drafter attention; ep 4 = NVIDIA's B300 spec-dec config (tp8 ep4)
     "gpt-oss-120b_b300_tp8": {**RESEARCH_120B, "moe_expert_parallel_size": 4, "moe_config": {"backend": "TRTLLM"},
+                              "speculative_config": {**RESEARCH_120B["speculative_config"], "attention_backend": "TRTLLM"}},
+    # NVIDIA's B200 gpt-oss-120b spec-dec config itself (the B300 preset follows it)
+    "gpt-oss-120b_b200_tp8": {**RESEARCH_120B, "moe_expert_parallel_size": 4, "moe_config": {"backend": "TRTLLM"},
                               "speculative_config": {**RESEARCH_120B["speculative_config"], "attention_backend": "TRTLLM"}},
     # one H100: block 8 drafter (max_draft_len 7 = the most), target_layer_ids of the 24-layer 20b
     "gpt-oss-20b_h100_tp1": {**RESEARCH_120B, "tensor_parallel_size": 1, "moe_expert_parallel_size": 1,

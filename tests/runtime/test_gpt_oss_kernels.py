@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.runtime.compare import attend_f64, random_cache, rel
+from tests.runtime.compare import attend_f64, default_subset, random_cache, rel
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import gpt_oss
 from trtllm_dflash.runtime.models import layers as L
@@ -221,7 +221,9 @@ def test_target_forward_with_the_kernels(tiny_gpt_oss, monkeypatch):
     assert calls == {"topk_softmax": 12}, calls   # 4 layers x (prefill, verify, AR step)
 
 
-@pytest.mark.parametrize("block", [None, 1])
+# kernels_all (13 minutes of a loaded 2-core box, ~2.5 of CPU): the default run has each gpt-oss kernel in the unit
+# tests above and all of them in one target forward (test_target_forward_with_the_kernels)
+@pytest.mark.parametrize("block", default_subset([None, 1], keep=()))
 def test_engine_tokens_are_the_same_with_the_kernels(tiny_gpt_oss, block, monkeypatch):
     """Greedy generation of the tiny gpt-oss target (AR, and DFlash with its drafter) past the sliding window,
     with attention, router and norms on the kernels == the torch path, float32; the kernels did run."""

@@ -37,6 +37,59 @@ def test_tp2_under_mpiexec_equals_tp1(request, tmp_path, pair_name):
     assert json.loads(out.read_text())["dflash"] == expected
 
 
+@pytest.mark.mpi
+def test_generate_both_modes_under_mpiexec(tmp_path, smollm2_dir):
+    """`mpirun -n N dflash-generate --mode both`: AR, then DFlash, in one set of ranks. The second mode's engine
+    joins the group the first one kept (MPI's rendezvous is once per process); it exited 1 after the AR half."""
+    from tests.tiny import write_tiny_pair_with_tokenizer
+
+    target, drafter = write_tiny_pair_with_tokenizer(tmp_path / "pair", smollm2_dir)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent.parent)}
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-c", "import sys; from trtllm_dflash.cli import generate_main; "
+           "sys.exit(generate_main())", "--target", str(target), "--drafter", str(drafter), "--tp_size", "2",
+           "--mode", "both", "--max_new_tokens", "8", "--prompt", "Hello", "--max_seq_len", "256"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "DFlash tokens identical to autoregressive: yes" in proc.stdout and "summary:" in proc.stdout
+    # neither --block_size nor --draft_policy was given: the reason is tensor parallelism
+    assert "(fixed: tensor parallelism: adaptive measures step costs on rank 0 alone)" in proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "tiny_qwen3_pair"])
+def test_tp4_replicates_the_2_kv_heads_and_equals_tp1(request, tmp_path, pair_name):
+    """4 ranks over 2 KV heads (4 query heads): each rank holds one query head and a replica of its group's KV
+    head, as TensorRT-LLM and vLLM lay it out; the tokens are TP 1's (greedy and seeded sampling)."""
+    target, drafter = request.getfixturevalue(pair_name)
+    assert json.loads((target / "config.json").read_text())["num_key_value_heads"] == 2
+    expected = tp_run.run(target, drafter, 1)
+    out = tmp_path / "tp4.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent.parent)}
+    cmd = [mpiexec(), "-n", "4", sys.executable, str(HERE / "tp_run.py"), str(target), str(drafter), str(out), "4"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text())["dflash"] == expected
+
+
+def test_kv_heads_are_replicated_when_ranks_outnumber_them():
+    import torch
+
+    from trtllm_dflash.runtime.shard import check_heads, kv_heads_per_rank
+
+    k = torch.arange(2 * 3 * 5).view(2 * 3, 5).float()       # 2 KV heads of head_dim 3, hidden 5
+    parts = [slice_for_rank("model.layers.0.self_attn.k_proj.weight", k, 4, r, num_kv_heads=2) for r in range(4)]
+    assert [torch.equal(p, k[:3]) for p in parts] == [True, True, False, False]     # ranks 0, 1 share head 0
+    assert [torch.equal(p, k[3:]) for p in parts] == [False, False, True, True]
+    bias = torch.arange(6).float()
+    assert torch.equal(slice_for_rank("layers.1.self_attn.v_proj.bias", bias, 8, 7, num_kv_heads=2), bias[3:])
+    # as many or fewer ranks than KV heads: split as before
+    assert torch.equal(slice_for_rank("model.layers.0.self_attn.k_proj.weight", k, 2, 1, num_kv_heads=2), k[3:])
+    assert kv_heads_per_rank(2, 4) == 1 and kv_heads_per_rank(8, 4) == 2
+    assert check_heads(64, 8, 16) is None and check_heads(64, 8, 8) is None
+    assert "neither divides num_key_value_heads (8)" in check_heads(48, 8, 12)
+    assert "does not divide num_attention_heads (9)" in check_heads(9, 3, 2)
+
+
 def test_shard_rules_cover_every_layer_kind():
     import torch
     assert shard_dim("model.layers.3.self_attn.q_proj.weight") == 0

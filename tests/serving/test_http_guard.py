@@ -12,8 +12,8 @@ import pytest
 
 from tests.serving.conftest import start_server
 from trtllm_dflash.serving import client
-from trtllm_dflash.serving.http_guard import (GuardLimits, Refused, atoi, bracket_depth, cancellable, check_body,
-                                              json_part, parse_head)
+from trtllm_dflash.serving.http_guard import GuardLimits, Refused, atoi, bracket_depth, cancellable, check_body, json_part
+from trtllm_dflash.serving.http_request import BadTarget, from_h11, origin_form
 
 GEN = "/v2/models/tensorrt_llm/generate"
 
@@ -22,7 +22,7 @@ def nested(depth: int) -> bytes:
     return b'{"text_input": "hi", "x": ' + b"[" * depth + b"]" * depth + b"}"
 
 
-def test_depth_json_part_and_head_parsing():
+def test_depth_and_json_part():
     assert bracket_depth(b"1") == 0 and bracket_depth(b"{}") == 1 and bracket_depth(b'{"a": [[1], {"b": []}]}') == 4
     assert bracket_depth(nested(500)) == 501 and bracket_depth(b"[" * 10**6) == 10**6   # invalid JSON counts too
     assert bracket_depth(b'{"a": "[[[[\\"[[[", "b": "}}}"}') == 1      # brackets inside strings do not
@@ -32,12 +32,25 @@ def test_depth_json_part_and_head_parsing():
     for value in ("0", "x", "-1", "99"):          # Triton then parses the whole body
         assert json_part({"inference-header-content-length": value}, body) == body
     assert json_part({}, body) == body
-    method, target, headers = parse_head(b"POST /x?y=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\n")
-    assert (method, target, headers) == ("POST", "/x?y=1", [("host", "a"), ("content-length", "3")])
-    for bad in (b"POST /x\r\n\r\n", b"GET / HTTP/1.1\r\nno colon\r\n\r\n", b"GET / HTTP/1.1\r\n Host: a\r\n\r\n"):
-        with pytest.raises(Refused) as err:
-            parse_head(bad)
-        assert err.value.status == 400
+
+
+def test_request_targets_become_origin_form():
+    # #37: Triton routes an absolute-form target (RFC 9112 3.2.2) as its path; the guard must see that path
+    assert origin_form("/v2/models/m/generate?x=1") == ("/v2/models/m/generate", "?x=1", "")
+    assert origin_form("http://localhost/v2/models/m/generate") == ("/v2/models/m/generate", "", "localhost")
+    assert origin_form("HTTP://a:1?q") == ("/", "?q", "a:1")
+    assert origin_form("https://a") == ("/", "", "a")
+    for bad in ("*", "localhost:8000", "/v2/models/tensorrt%5Fllm/generate", "//v2/models", "/v2/./models",
+                "/v2/../v2/models", "/v2#x", "http://a/v2/%2e%2e/x", "x/y", "http://a\\v2"):
+        with pytest.raises(BadTarget):
+            origin_form(bad)
+    req = from_h11(b"POST", b"http://h:1/v2/models/m/generate", [
+        (b"host", b"other"), (b"connection", b"keep-alive, x-hop"), (b"x-hop", b"1"), (b"content-length", b"3"),
+        (b"transfer-encoding", b"chunked"), (b"triton-grpc-protocol-admin-key", b"k"), (b"admin-key", b"k"),
+        (b"content-type", b"application/json"), (b"expect", b"100-continue"), (b"te", b"trailers")],
+        drop=("admin-key",))
+    assert (req.method, req.target, req.host) == ("POST", "/v2/models/m/generate", "h:1")
+    assert req.headers == [("content-type", "application/json")]
 
 
 @pytest.mark.parametrize("target, headers, body, status, field", [
@@ -228,7 +241,9 @@ SMALL = b'{"text_input": "%s"}' % (b"x" * 282)     # 300 bytes
 
 def test_memory_bound_over_all_connections_and_no_triton():
     # No tritonserver behind it (restarting): 503 naming the server. Bodies held by all connections together
-    # are bounded: a request whose body would pass the bound is refused while another one holds it.
+    # are bounded: a request whose body would pass the bound is refused while another one holds it. What
+    # counts is the bytes received, not the length announced (#37: four slow clients announcing 16 MiB and
+    # sending a byte each took the whole budget).
     from tests.serving.conftest import free_port
     from trtllm_dflash.serving.http_guard import HttpGuard
 
@@ -240,20 +255,24 @@ def test_memory_bound_over_all_connections_and_no_triton():
         assert status == 503 and json.loads(text)["error"].startswith("server: tritonserver is not running")
         holder = socket.create_connection(("127.0.0.1", guard.port), timeout=30)
         holder.sendall(f"POST {GEN} HTTP/1.1\r\nHost: x\r\nContent-Length: 800\r\n\r\n".encode() + b"{")
-        deadline = time.monotonic() + 30
-        while guard.buffered != 800:           # the holder's head was read: its body is reserved
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        _until(lambda: guard.buffered == 1)    # announced 800, sent 1: holds 1
+        holder.sendall(b" " * 798)
+        _until(lambda: guard.buffered == 799)
         status, text = _post(addr, GEN, SMALL, {"Content-Type": "application/json"})
         assert status == 503 and "bytes of other requests' bodies" in json.loads(text)["error"]
         holder.close()
-        while guard.buffered:                  # released when the holder goes away
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        _until(lambda: guard.buffered == 0)    # released when the holder goes away
         status, _ = _post(addr, GEN, SMALL, {"Content-Type": "application/json"})
         assert status == 503                   # admitted this time, then Triton is not there
     finally:
         guard.stop()
+
+
+def _until(cond, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
 
 
 def test_slow_clients_are_bounded_per_client_and_in_time():
@@ -271,27 +290,24 @@ def test_slow_clients_are_bounded_per_client_and_in_time():
         holders = []
         for _ in range(2):
             s = socket.create_connection(("127.0.0.1", guard.port), timeout=30)
-            s.sendall(f"POST {GEN} HTTP/1.1\r\nHost: x\r\nContent-Length: 800\r\n\r\n".encode() + b"{")
+            s.sendall(f"POST {GEN} HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\n".encode() + b"{" * 799)
             holders.append(s)
             time.sleep(0.3)
-        assert guard.buffered == 800                        # the second one would pass 1500
+        assert guard.buffered == 799                        # the second one would pass 1500
         reply = holders[1].recv(65536).decode()
         assert reply.startswith("HTTP/1.1 429") and "per-client bound of 1500" in reply, reply
-        # the budget left (1700) still takes a full body, so ready is relayed (and Triton is not there)
+        # the budget left (1701) still takes a full body, so ready is relayed (and Triton is not there)
         status, text = _get(addr, "/v2/health/ready")
         assert status == 503 and "tritonserver is not running" in text
-        guard.buffered += 900                  # as if another client held 900 more: 800 left < max_body_bytes
+        guard.buffered += 900                  # as if another client held 900 more: 801 left < max_body_bytes
         status, text = _get(addr, "/v2/health/ready")
-        assert status == 503 and "not ready: request bodies being received hold 1700 of 2500" in text, text
+        assert status == 503 and "not ready: request bodies being received hold 1699 of 2500" in text, text
         guard.buffered -= 900
         t0 = time.monotonic()
         reply = holders[0].recv(65536).decode()            # the first holder: timed out
         assert reply.startswith("HTTP/1.1 408") and "--read_timeout_s" in reply, reply
         assert time.monotonic() - t0 < 3
-        deadline = time.monotonic() + 10
-        while guard.buffered or guard.clients:
-            assert time.monotonic() < deadline, (guard.buffered, guard.clients)
-            time.sleep(0.05)
+        _until(lambda: not guard.buffered and not guard.clients, 10)
         for s in holders:
             s.close()
     finally:
@@ -313,21 +329,17 @@ def test_cancellable_names_each_non_streaming_generate_so_a_stop_can_reach_it():
     """#25: a non-streaming /generate gets an id (when it has none) the guard can send a stop for; its
     Content-Length follows the new body; a client's own id and cancel_key are kept; streams, other endpoints
     and chunked bodies pass unchanged."""
-    def req(target, obj, extra=b""):
-        body = json.dumps(obj).encode()
-        head = (f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n".encode() + extra + b"\r\n")
-        method, path, pairs = parse_head(head)
-        return cancellable(method, path, dict(pairs), head, body)
+    def req(target, obj):
+        return cancellable("POST", target, json.dumps(obj).encode())
 
-    head, body, handle = req("/v2/models/tensorrt_llm/generate", {"text_input": "hi"})
+    body, handle = req("/v2/models/tensorrt_llm/generate", {"text_input": "hi"})
     path, rid, key = handle
     assert path == "/v2/models/tensorrt_llm/generate" and rid.startswith("guard-") and key == ""
     assert json.loads(body) == {"text_input": "hi", "id": rid}
-    assert dict(parse_head(head)[2])["content-length"] == str(len(body)) and head.count(b"Content-Length") == 1
-    _, body, handle = req("/v2/models/tensorrt_llm/generate",
+    body, handle = req("/v2/models/tensorrt_llm/generate",
                           {"text_input": "hi", "id": "mine", "parameters": {"cancel_key": "k"}})
     assert handle[1:] == ("mine", "k") and json.loads(body)["id"] == "mine"
     for target in ("/v2/models/tensorrt_llm/generate_stream", "/v2/models/other/generate",
                    "/v2/models/tensorrt_llm/infer"):
-        assert req(target, {"text_input": "hi"})[2] is None
-    assert req("/v2/models/tensorrt_llm/generate", "not an object")[2] is None
+        assert req(target, {"text_input": "hi"})[1] is None
+    assert req("/v2/models/tensorrt_llm/generate", "not an object")[1] is None

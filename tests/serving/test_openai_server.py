@@ -332,3 +332,94 @@ def test_sigterm_drain_is_bounded_and_every_client_gets_a_final_answer(smol_depl
         assert b'"service_unavailable"' in body and body.rstrip().endswith(b"data: [DONE]"), body[-400:]
     t_end, status, body = ended["plain"]
     assert status == 503 and t_end - t_term < 5.0 and json.loads(body)["error"]["type"] == "service_unavailable"
+
+
+def test_max_draft_len_0_serves_the_target_alone_with_the_same_tokens(server, smol_deployment, tmp_path):
+    """--max_draft_len 0: the same deployment served without drafting (the AR baseline of an end-to-end sweep):
+    no draft tokens counted, every step a block of 1, and greedy tokens equal to the DFlash server's."""
+    ar = OpenAIServer(smol_deployment, tmp_path / "ar.log", "smol", "--max_draft_len", "0")
+    try:
+        def complete(srv):
+            return srv.client.completions.create(model="smol", prompt="Count: 1, 2,", max_tokens=20, temperature=0,
+                                                 extra_body={"ignore_eos": True}).choices[0].text
+
+        assert complete(ar) == complete(server)
+        samples = _scrape(ar)
+        assert _value(samples, "dflash:spec_decode_num_draft_tokens_total") == 0
+        assert _value(samples, "dflash:spec_decode_block") == 1
+    finally:
+        assert ar.stop() == 0, ar.log.read_text()[-3000:]
+
+
+def test_max_draft_len_below_0_is_one_line(smol_deployment, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(smol_deployment),
+                           "--max_draft_len", "-1"], capture_output=True, text=True, env=TEST_ENV, timeout=120)
+    assert proc.returncode == 2
+    assert "--max_draft_len" in proc.stderr and "pass 0 (no drafting) or more" in proc.stderr
+
+
+# ---- #37 finding 10 and #35 item 13 ----------------------------------------------------------------------------
+def test_many_messages_are_refused_before_templating(server):
+    """100,000 empty messages (3 MB) were templated and tokenized to 500,025 tokens (2.1 s, +200 MB each)
+    before the prompt bound refused them; a message count the template alone cannot fit is refused first."""
+    import concurrent.futures
+    import time
+
+    raw = json.dumps({"model": "smol", "messages": [{"role": "user", "content": ""}] * 100_000}).encode()
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: server.post("/chat/completions", raw), range(4)))
+    assert time.monotonic() - t0 < 2.0
+    for code, err in answers:
+        assert code == 400 and err["error"]["param"] == "messages" and "100000 entries" in err["error"]["message"], err
+    # a conversation that fits still goes through
+    ok = server.client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}] * 3,
+                                               max_tokens=2, temperature=0)
+    assert ok.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"n": True}, "n"), ({"n": 1.0}, "n"), ({"n": 2}, "n"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+])
+def test_fields_that_were_silently_wrong_are_400(server, extra, param):
+    body = {"model": "smol", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, **extra}
+    code, err = server.post("/chat/completions", json.dumps(body).encode())
+    assert code == 400 and err["error"]["param"] == param, err
+    code, err = server.post("/completions", json.dumps({"model": "smol", "prompt": "x", "suffix": "y"}).encode())
+    assert code == 400 and err["error"]["param"] == "suffix", err
+
+
+def test_a_max_tokens_error_names_max_tokens(server):
+    # #35 item 13: the 400 named sampling_param_max_tokens (Triton's input), not the field the client sent
+    code, err = server.post("/completions", json.dumps({"model": "smol", "prompt": "x", "max_tokens": 5000}).encode())
+    assert code == 400 and err["error"]["param"] == "max_tokens", err
+    assert err["error"]["message"].startswith("max_tokens: ") and "sampling_param" not in err["error"]["message"], err
+
+
+def test_clients_that_leave_mid_body_leave_no_traceback_and_cancels_are_counted(server):
+    """1,000 clients leaving mid-body wrote 62,003 lines of tracebacks; cancelled requests were not in
+    /metrics."""
+    import socket
+    import time
+
+    before = server.log.read_text(errors="replace").count("Traceback")
+    for _ in range(50):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 1000\r\n\r\n{\"model\": ")
+    quick = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=0.5)
+    with pytest.raises(openai.APITimeoutError):
+        quick.completions.create(model="smol", prompt="Count: 1, 2,", max_tokens=400, temperature=0,
+                                 extra_body={"ignore_eos": True})
+    deadline = time.monotonic() + 10
+    while True:
+        text = urllib.request.urlopen(server.url.removesuffix("/v1") + "/metrics", timeout=10).read().decode()
+        if 'finished_reason="cancelled"' in text:
+            break
+        assert time.monotonic() < deadline, "no cancelled request in /metrics"
+        time.sleep(0.2)
+    assert _timed_completion(server) > 0
+    assert server.log.read_text(errors="replace").count("Traceback") == before, server.log.read_text()[-3000:]

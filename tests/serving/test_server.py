@@ -48,11 +48,11 @@ def test_dry_run_prints_the_command(tiny_deployment, capsys):
     out = capsys.readouterr().out
     assert "tritonserver --model-repository=" in out and f"{tiny_deployment}/triton" in out
     assert "--http-port=18123" in out and "LD_LIBRARY_PATH=" in out and "PYTHONDONTWRITEBYTECODE=1" in out
-    # behind the guards (the default), Triton's HTTP and gRPC front ends are on private Unix sockets
+    # behind the guards (the default), Triton's HTTP, gRPC and metrics front ends are on private Unix sockets
     assert server.main([str(tiny_deployment), "--http_port", "18123", "--host", "0.0.0.0", "--dry_run"]) == 0
     out = capsys.readouterr().out
     assert "--http-port=18123" not in out and "--http-address=unix:/" in out and "--grpc-address=unix:/" in out
-    assert "--metrics-address=0.0.0.0" in out
+    assert "--metrics-address=unix:/" in out and "0.0.0.0" not in out
 
 
 def test_resolve_repo_errors(tmp_path, tiny_deployment):
@@ -138,6 +138,20 @@ def test_http_and_grpc_return_the_dflash_generate_text(tiny_server, reference):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_serving_leaves_the_deployment_as_built(tiny_server, tiny_deployment, reference):
+    """The python backend's stub imports model.py with bytecode caching on (PYTHONDONTWRITEBYTECODE does not reach
+    its isolated interpreter): served from the deployment itself it wrote triton/tensorrt_llm/1/__pycache__, and
+    the directory no longer matched its manifest (dflash-build inspect exit 2, a rebuild asked for --force)."""
+    from trtllm_dflash.checkpoints import manifest
+
+    got = client.collect(client.generate_http(tiny_server.http, client.build_inputs(PROMPTS[0], max_tokens=4)))
+    assert got["text_output"]                       # the model is loaded and answering: model.py was imported
+    assert manifest.list_files(tiny_deployment / "triton") == [
+        "tensorrt_llm/1/model.py", "tensorrt_llm/1/model.yaml", "tensorrt_llm/config.pbtxt"]
+    assert f"serving {tiny_deployment}/triton" in tiny_server.log_text()
+
+
 def test_concurrent_requests_are_batched_and_unchanged(tiny_server, reference):
     alone = [client.collect(client.generate_http(tiny_server.http, client.build_inputs(p, max_tokens=MAX_TOKENS)))
              ["text_output"] for p in PROMPTS]

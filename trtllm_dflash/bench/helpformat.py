@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``--help`` layout of dflash-sweep and dflash-plot: examples kept as written, defaults shown where there is one."""
+"""``--help`` layout of the dflash-* commands: examples kept as written, defaults shown where there is one."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     defaults, whose help text says what happens."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.nargs == 0 or action.default in (None, argparse.SUPPRESS):
+        if action.nargs == 0 or action.default in (None, argparse.SUPPRESS, ""):
             return action.help or ""
         return super()._get_help_string(action)

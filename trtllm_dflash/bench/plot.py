@@ -121,6 +121,25 @@ def _axes(plt, title: str, xlabel: str, ylabel: str, log: bool):
     return fig, ax
 
 
+def iso_figure(plt, ratios: dict[str, list[dict]], base_label: str, xlabel: str):
+    """The ratio curves; a run whose curve shares no interactivity range with the base's gets a line in the picture
+    saying so (without it, empty axes read as a broken plot)."""
+    fig, ax = _axes(plt, f"Throughput ratio at equal interactivity (vs {base_label})", xlabel,
+                    f"tok/s/gpu ratio over {base_label}", False)
+    ax.axhline(1.0, color="gray", linewidth=1)
+    for label, rows in ratios.items():
+        if rows:
+            ax.plot([r["tok_s_user"] for r in rows], [r["ratio"] for r in rows], marker="o", label=label)
+    if any(ratios.values()):
+        ax.legend()
+    apart = [label for label, rows in ratios.items() if not rows]
+    if apart:
+        ax.text(0.5, 0.5, "\n".join(f"{label}: no overlap with {base_label} in tok/s/user" for label in apart)
+                + "\n(no ratio without extrapolating; pareto.png shows both curves)",
+                transform=ax.transAxes, ha="center", va="center", fontsize=10, color="dimgray")
+    return fig
+
+
 def draw(data, ratios, base_label: str, args) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")   # files only; no display needed on a GPU host
@@ -138,14 +157,7 @@ def draw(data, ratios, base_label: str, args) -> list[Path]:
     fig.tight_layout()
     fig.savefig(paths[0])
     plt.close(fig)
-    fig, ax = _axes(plt, f"Throughput ratio at equal interactivity (vs {base_label})", xlabel,
-                    f"tok/s/gpu ratio over {base_label}", False)
-    ax.axhline(1.0, color="gray", linewidth=1)
-    for label, rows in ratios.items():
-        if rows:
-            ax.plot([r["tok_s_user"] for r in rows], [r["ratio"] for r in rows], marker="o", label=label)
-    if any(ratios.values()):
-        ax.legend()
+    fig = iso_figure(plt, ratios, base_label, xlabel)
     paths.append(args.out_dir / "iso_interactivity.png")
     fig.tight_layout()
     fig.savefig(paths[1])

@@ -96,8 +96,21 @@ def verify(directory: Path, manifest: dict, *, full: bool = True) -> list[str]:
                 problems.append(f"{rel}: size changed")
         elif sha256_file(path) != digest:
             problems.append(f"{rel}: sha256 mismatch")
-    problems += [f"{rel}: not in the manifest" for rel in sorted(present - set(recorded))]
+    problems += [f"{rel}: not in the manifest" for rel in sorted(present - set(recorded))
+                 if not _bytecode_of(rel, recorded)]
     return problems
+
+
+def _bytecode_of(rel: str, recorded: dict) -> bool:
+    """``<dir>/__pycache__/<name>.<tag>.pyc`` of a recorded ``<dir>/<name>.py``: what a Python that imports the
+    Triton model from the deployment itself (plain ``tritonserver --model-repository <dir>/triton``; its stub
+    ignores PYTHONDONTWRITEBYTECODE) leaves beside it. Derived from a verified file and checked against it by
+    Python on every import, so it changes nothing the deployment runs."""
+    path = Path(rel)
+    if path.parent.name != "__pycache__" or path.suffix != ".pyc":
+        return False
+    source = path.parent.parent / (path.name.split(".", 1)[0] + ".py")
+    return source.as_posix() in recorded
 
 
 def summary(manifest: dict) -> str:

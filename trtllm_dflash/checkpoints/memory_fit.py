@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Do the weights and the KV cache fit the GPUs of the hardware profile? Estimated from config.json alone
-(a dry run downloads nothing), at the precision each backend keeps the weights in.
+(a dry run downloads nothing), at the precision the GPU runtimes keep the weights in.
 
 Weights: every linear layer, embedding and lm_head of the target and the drafter, counted from the config.
 gpt-oss routed experts ship as MXFP4 (4.25 bits a weight: 4-bit values plus one 8-bit scale per 32, the OCP
-microscaling format); TensorRT-LLM keeps them that way, our torch runtime dequantises them to the model dtype
-on load (runtime/models/mxfp4.py) - the one entry to change in :data:`EXPERT_BITS` when it runs them natively.
+microscaling format). Both GPU runtimes keep them that way: TensorRT-LLM, and our torch runtime on CUDA
+(RuntimeConfig.mxfp4_moe auto = the fused MXFP4 kernels of runtime/mxfp4_moe.py). Only the CPU, which this
+check does not cover, and an explicit mxfp4_moe="dequant" expand them to the model dtype.
 KV cache: K and V of every attention layer of both models, per token, split over the tensor-parallel ranks;
 sliding-window layers hold at most their window.
 """
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 from ..errors import DFlashError
 
 GIB = 2 ** 30
-# Bits per routed-expert weight of an MXFP4 checkpoint, by backend; None = the model dtype.
-EXPERT_BITS = {"trtllm": 4.25, "torch": None}
+# Bits per routed-expert weight of an MXFP4 checkpoint on a GPU, whichever backend runs it.
+MXFP4_BITS = 4.25
 # ModelOpt PTQ formats (quantize.py): bits per linear weight, scales included (NVFP4: one FP8 scale per 16).
 QUANT_BITS = {"fp8": 8.0, "nvfp4": 4.5}
 DTYPE_BITS = {"auto": 16, "bfloat16": 16, "float16": 16, "float32": 32}
@@ -80,25 +81,23 @@ def kv_bytes_per_token(c: dict, *, tp_size: int, max_seq_len: int, dtype_bits: f
     return 2 * kv_per_rank * head_dim * dtype_bits / 8 * tokens / max_seq_len
 
 
-def check(target_cfg: dict, drafter_cfg: dict, *, gpu_name: str, memory_gib: float, backend: str, tp_size: int,
+def check(target_cfg: dict, drafter_cfg: dict, *, gpu_name: str, memory_gib: float, tp_size: int,
           dtype: str, quant: str | None, max_batch_size: int, max_seq_len: int,
           free_gpu_memory_fraction: float) -> Fit:
     """Raise DFlashError when the weights, or one max_seq_len sequence's KV cache, do not fit."""
     bits = DTYPE_BITS[dtype]
     # gpt-oss checkpoints ship their routed experts as MXFP4.
     mxfp4 = target_cfg.get("model_type") == "gpt_oss" and _experts(target_cfg) > 0
-    expert_bits = EXPERT_BITS[backend] if mxfp4 else None
+    expert_bits = MXFP4_BITS if mxfp4 else None
     total = (weight_bits(target_cfg, dtype_bits=bits, expert_bits=expert_bits, quant=quant)
              + weight_bits(drafter_cfg, dtype_bits=bits, expert_bits=None, quant=None)) / 8
     per_gpu = total / tp_size / GIB
     if per_gpu > WEIGHT_SHARE * memory_gib:
         need = next((n for n in (2, 4, 8, 16, 32, 64) if total / n / GIB <= WEIGHT_SHARE * memory_gib), 64)
-        how = ("MXFP4 experts kept 4-bit" if expert_bits else "MXFP4 experts dequantised to 16-bit by the torch "
-               "runtime" if mxfp4 else f"{quant or str(bits) + '-bit'} weights")
+        how = "MXFP4 experts kept 4-bit" if mxfp4 else f"{quant or str(bits) + '-bit'} weights"
         raise DFlashError("memory", f"the weights need {total / GIB:.0f} GiB ({how}), {per_gpu:.0f} GiB per GPU at "
                           f"tp_size {tp_size}; a {gpu_name} has {memory_gib} GiB",
-                          f"use --tp_size {need} or more (more GPUs) or a GPU with more memory"
-                          + (", or --backend trtllm (keeps MXFP4)" if mxfp4 and expert_bits is None else ""))
+                          f"use --tp_size {need} or more (more GPUs) or a GPU with more memory")
     kv_token = sum(kv_bytes_per_token(c, tp_size=tp_size, max_seq_len=max_seq_len, dtype_bits=bits)
                    for c in (target_cfg, drafter_cfg))
     kv_seq = kv_token * max_seq_len / GIB

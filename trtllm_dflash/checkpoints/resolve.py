@@ -106,10 +106,22 @@ def expand_short_name(target: str, drafter: str | None) -> tuple[str, str]:
     known = KNOWN_MODELS.get(target.lower())
     if known is not None:
         return known.target, drafter or known.drafter
+    if "/" not in target and not Path(target).expanduser().exists():
+        # Neither a short name, a folder nor a hub id (owner/name): a mistyped target, not a drafter problem.
+        raise DFlashError("target", f"{target!r} is not a short name, a folder or a hub id (owner/name)",
+                          did_you_mean(target) + f"use a short name ({', '.join(KNOWN_MODELS)}), a folder or a hub id")
     if drafter is None:
         raise DFlashError("drafter", f"no known DFlash drafter for target {target!r}",
                           f"pass --drafter (hub id or folder), or use a short name: {', '.join(KNOWN_MODELS)}")
     return target, drafter
+
+
+def did_you_mean(name: str) -> str:
+    """``"did you mean X? "`` for the closest short name, or nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(name.lower(), list(KNOWN_MODELS), n=1, cutoff=0.6)
+    return f"did you mean {close[0]}? " if close else ""
 
 
 def public_config(source: str) -> dict | None:

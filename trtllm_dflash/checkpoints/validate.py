@@ -15,12 +15,27 @@ def _target_dims(t: dict) -> tuple[int, int, int, int]:
     return t["hidden_size"], t["vocab_size"], t["num_hidden_layers"], heads
 
 
-def check_tp(cfg: dict, tp_size: int, who: str) -> None:
+def _head_counts(cfg: dict) -> tuple[int, int]:
     heads = cfg["num_attention_heads"]
-    for name, n in (("num_attention_heads", heads), ("num_key_value_heads", cfg.get("num_key_value_heads") or heads)):
-        if n % tp_size:
-            raise DFlashError("tp_size", f"{tp_size} does not divide the {who}'s {name} ({n})",
-                              f"use a tp_size that divides {n}")
+    return heads, cfg.get("num_key_value_heads") or heads
+
+
+def tp_sizes(*cfgs: dict) -> list[int]:
+    """Every tp_size that the heads of all these models allow (runtime.shard.check_heads' rule for each)."""
+    from ..runtime.shard import check_heads
+
+    top = min(heads for heads, _ in map(_head_counts, cfgs))
+    return [k for k in range(1, top + 1) if all(check_heads(*_head_counts(c), k) is None for c in cfgs)]
+
+
+def check_tp(cfg: dict, tp_size: int, who: str, *, together_with: tuple[dict, ...] = ()) -> None:
+    """``together_with``: the other models the same ranks split, so the fix lists the sizes that suit them all
+    at once (one error, not a second one for the drafter after the target's is fixed)."""
+    from ..runtime.shard import check_heads
+
+    problem = check_heads(*_head_counts(cfg), tp_size)
+    if problem:
+        raise DFlashError("tp_size", f"{problem} of the {who}", f"use one of {tp_sizes(cfg, *together_with)}")
 
 
 def check_pair(target: dict, drafter: dict, *, tp_size: int = 1, block_size: int | None = None) -> list[str]:
@@ -52,7 +67,7 @@ def check_pair(target: dict, drafter: dict, *, tp_size: int = 1, block_size: int
         raise DFlashError("block_size", f"{block_size} exceeds the drafter's trained block_size {d.block_size}",
                           f"use max_draft_len <= {d.block_size - 1} (block_size = max_draft_len + 1)")
     passed.append("block_size")
-    check_tp(target, tp_size, "target")
-    check_tp(drafter, tp_size, "drafter")
+    check_tp(target, tp_size, "target", together_with=(drafter,))
+    check_tp(drafter, tp_size, "drafter", together_with=(target,))
     passed.append("tp_divisibility")
     return passed

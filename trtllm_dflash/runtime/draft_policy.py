@@ -194,6 +194,17 @@ class AdaptivePolicy:
         self.stats.observe(block, accepted)
 
 
+def break_even(policy: AdaptivePolicy, batch: int = 1) -> str:
+    """Why an adaptive engine may report 0 draft tokens: what a drafting step must accept to beat AR here."""
+    ar = policy.costs.cost(batch, 1)
+    full = policy.block_size
+    ratio = policy.costs.cost(batch, full) / ar
+    best = min(policy.costs.cost(batch, b) / ar for b in policy.blocks if b > 1)
+    return (f"at batch {batch} a block-{full} step costs {ratio:.1f}x an AR step (the cheapest drafting block "
+            f"{best:.1f}x): drafting pays only when it yields more than {best:.1f} tokens a step, so until the "
+            f"acceptance it observes does, it runs block 1 (AR: 0 draft tokens, same output) and probes now and then")
+
+
 def draft_len_schedule(policy: AdaptivePolicy, max_batch_size: int) -> tuple[dict[int, int], bool]:
     """The policy at its current acceptance estimate as TensorRT-LLM's ``draft_len_schedule`` over batch sizes
     1..max_batch_size (backends/trtllm.schedule_from_lengths: TensorRT-LLM's reading of it, with its source),

@@ -23,7 +23,7 @@ from ..config import RuntimeConfig, SamplingParams
 from ..errors import DFlashError
 from . import loader
 from .distributed import TPGroup
-from .draft_policy import AdaptivePolicy, CostTable, FixedPolicy, candidate_blocks, measure_costs
+from .draft_policy import AdaptivePolicy, CostTable, FixedPolicy, break_even, candidate_blocks, measure_costs
 from .models.llama import set_attention_kernel
 from .runner import Launched, Runner
 from .scheduler import Scheduler, SchedulerOutput
@@ -95,7 +95,7 @@ class Engine:
             t0 = time.perf_counter()
             engine.use_adaptive_policy()
             print(f"[trtllm_dflash] draft policy adaptive: measured step costs in {time.perf_counter() - t0:.1f}s "
-                  f"({engine.policy.costs.describe()})", file=sys.stderr)
+                  f"({engine.policy.costs.describe()}); {break_even(engine.policy)}", file=sys.stderr)
         return engine
 
     def use_adaptive_policy(self, costs: CostTable | None = None, context: int = 256,

@@ -30,15 +30,17 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def _read(path: Path, tp: TPGroup, allow_pickle: bool, presharded: dict | None, prefix: str,
-          ep_size: int = 1) -> dict:
+          ep_size: int = 1, num_kv_heads: int | None = None) -> dict:
     if presharded is not None:
         return {k[len(prefix):]: v for k, v in presharded.items() if k.startswith(prefix)}
     shapes = hf.tensor_names(path, allow_pickle=allow_pickle)
     sd = hf.load_state_dict(path, allow_pickle=allow_pickle,
-                            slicer=lambda n, lazy: slice_for_rank(n, lazy, tp.size, tp.rank, shapes[n], ep_size))
+                            slicer=lambda n, lazy: slice_for_rank(n, lazy, tp.size, tp.rank, shapes[n], ep_size,
+                                                                  num_kv_heads))
     if tp.size > 1 and any(f.suffix != ".safetensors" for f in hf.weight_files(path, allow_pickle=True)):
         # pickle: sliced after loading
-        sd = {n: slice_for_rank(n, t, tp.size, tp.rank, ep_size=ep_size) for n, t in sd.items()}
+        sd = {n: slice_for_rank(n, t, tp.size, tp.rank, ep_size=ep_size, num_kv_heads=num_kv_heads)
+              for n, t in sd.items()}
     return sd
 
 
@@ -116,7 +118,8 @@ def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capt
     if fp8_gemm is None:   # auto; an explicit True was checked against the device by the engine
         fp8_gemm = fp8.effective(None, torch.device(device), dtype)
     keep_fp8 = fp8_gemm and family.to_module is None
-    raw = quant.dequantize(_read(path, tp, allow_pickle, presharded, "target.", ep_size), dtype, keep_fp8)
+    kv_heads = hf_cfg.get("num_key_value_heads") or hf_cfg["num_attention_heads"]
+    raw = quant.dequantize(_read(path, tp, allow_pickle, presharded, "target.", ep_size, kv_heads), dtype, keep_fp8)
     sd = (family.to_module(raw, model, device, dtype) if family.to_module is not None
           else _fuse(raw, "model.", cfg.num_layers))
     if fp8_gemm:
@@ -139,7 +142,8 @@ def load_drafter(path: Path, target_hidden: int, tp: TPGroup, device, dtype, max
     cfg = DrafterConfig.from_hf(hf.read_config(path))
     with torch.device("meta"):
         model = DFlashDrafter(cfg, target_hidden, tp, max_positions)
-    sd = _fuse(_read(path, tp, allow_pickle, presharded, "drafter."), "", cfg.num_layers)
+    sd = _fuse(_read(path, tp, allow_pickle, presharded, "drafter.", num_kv_heads=cfg.num_kv_heads), "",
+               cfg.num_layers)
     _assign(model, sd, f"drafter {path}", device, dtype)
     model.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, cfg.max_position_embeddings).to(device)
     return model.eval()

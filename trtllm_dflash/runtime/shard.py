@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Tensor-parallel sharding rules, by Hugging Face tensor name (target and drafter alike).
 
-column (dim 0): q/k/v and gate/up projections, split by heads / channels;
+column (dim 0): q/k/v and gate/up projections, split by heads / channels; where tp_size is a multiple of the KV
+heads (more ranks than KV heads), k/v are replicated instead: each rank holds the one KV head its query heads use,
+as TensorRT-LLM and vLLM do;
 row (dim 1): o and down projections (their outputs are all-reduced);
 vocab (dim 0, padded to equal shards): lm_head; everything else (norms, embeddings, ``fc``) replicated.
 gpt-oss adds: attention ``sinks`` split with the q heads; MoE ``mlp.experts.*`` split two ways over the same
@@ -40,6 +42,30 @@ def shard_dim(name: str) -> int | str | None:
     return None
 
 
+def check_heads(num_heads: int, num_kv_heads: int, tp_size: int) -> str | None:
+    """None when tp_size can split these attention heads, else what is wrong: the query heads must split evenly;
+    the KV heads split evenly too, or are replicated when tp_size is a multiple of them."""
+    if num_heads % tp_size:
+        return f"{tp_size} does not divide num_attention_heads ({num_heads})"
+    if num_kv_heads % tp_size and tp_size % num_kv_heads:
+        return (f"{tp_size} neither divides num_key_value_heads ({num_kv_heads}) nor is a multiple of it (KV heads are "
+                "split over the ranks, or replicated when there are more ranks than KV heads)")
+    return None
+
+
+def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
+    """KV heads one rank holds: its share, or 1 (a replica) when there are more ranks than KV heads."""
+    return max(1, num_kv_heads // tp_size)
+
+
+def _kv_rows(t, shape: tuple[int, ...], tp_size: int, rank: int, num_kv_heads: int):
+    """k/v projection rows of a rank when KV heads are replicated: the head of its query heads' group (rank r holds
+    query heads [r h/tp, (r+1) h/tp), which all belong to group r // (tp / kv))."""
+    per_head = shape[0] // num_kv_heads
+    head = rank // (tp_size // num_kv_heads)
+    return t[head * per_head:(head + 1) * per_head]
+
+
 def expert_layout(tp_size: int, rank: int, ep_size: int) -> tuple[int, int, int]:
     """(ep_rank, moe_tp_size, moe_tp_rank) of a rank: TensorRT-LLM's ``Mapping`` order (ep rank varies fastest)."""
     assert tp_size % ep_size == 0, f"ep_size {ep_size} does not divide tp_size {tp_size}"
@@ -64,10 +90,15 @@ def _slice_experts(name: str, t, shape: tuple[int, ...], tp_size: int, rank: int
 
 
 def slice_for_rank(name: str, t, tp_size: int, rank: int, shape: tuple[int, ...] | None = None,
-                   ep_size: int = 1) -> torch.Tensor:
-    """This rank's part of tensor ``t`` (a tensor or a safetensors lazy slice, which reads only that part)."""
+                   ep_size: int = 1, num_kv_heads: int | None = None) -> torch.Tensor:
+    """This rank's part of tensor ``t`` (a tensor or a safetensors lazy slice, which reads only that part).
+    ``num_kv_heads``: the model's KV heads, needed where tp_size exceeds them (k/v are then replicated)."""
     shape = tuple(t.shape) if shape is None else shape
     dim = shard_dim(name)
+    parts = name.split(".")
+    if (dim == 0 and num_kv_heads and tp_size > num_kv_heads and len(parts) >= 2 and parts[-2] in ("k_proj", "v_proj")
+            and shape):
+        return _kv_rows(t, shape, tp_size, rank, num_kv_heads)
     # 0-d tensors (per-tensor quantisation scales) and row-parallel scales per output channel ([out] or [out, 1])
     # are replicated; `[...]` also reads a 0-d safetensors slice, which `[:]` cannot.
     if tp_size == 1 or dim is None or not shape or (dim == 1 and (len(shape) == 1 or shape[1] == 1)):
@@ -87,14 +118,15 @@ def slice_for_rank(name: str, t, tp_size: int, rank: int, shape: tuple[int, ...]
 
 
 def shard_for_rank(target_sd: dict, drafter_sd: dict | None, tp_size: int, rank: int,
-                   ep_size: int = 1) -> dict[str, torch.Tensor]:
+                   ep_size: int = 1, kv_heads: tuple[int | None, int | None] = (None, None)) -> dict[str, torch.Tensor]:
     """Pre-shard whole checkpoints for one rank: keys ``target.<hf name>`` / ``drafter.<name>``.
-    A tied lm_head is materialised from the embedding so each rank file stands alone."""
-    out = {f"target.{k}": slice_for_rank(k, v, tp_size, rank, ep_size=ep_size).contiguous()
+    A tied lm_head is materialised from the embedding so each rank file stands alone. ``kv_heads``: the target's
+    and the drafter's num_key_value_heads (for replication where tp_size exceeds them)."""
+    out = {f"target.{k}": slice_for_rank(k, v, tp_size, rank, ep_size=ep_size, num_kv_heads=kv_heads[0]).contiguous()
            for k, v in target_sd.items()}
     if "lm_head.weight" not in target_sd and "model.embed_tokens.weight" in target_sd:
         out["target.lm_head.weight"] = slice_for_rank(
             "lm_head.weight", target_sd["model.embed_tokens.weight"], tp_size, rank).contiguous()
     for k, v in (drafter_sd or {}).items():
-        out[f"drafter.{k}"] = slice_for_rank(k, v, tp_size, rank).contiguous()
+        out[f"drafter.{k}"] = slice_for_rank(k, v, tp_size, rank, num_kv_heads=kv_heads[1]).contiguous()
     return out

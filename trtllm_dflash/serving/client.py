@@ -19,6 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..bench.helpformat import HelpFormatter
 from ..errors import DFlashError
 
 MODEL_NAME = "tensorrt_llm"
@@ -173,7 +174,7 @@ def collect(responses: Iterator[dict]) -> dict:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dflash-client", description=__doc__, epilog=EPILOG,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("text_input", help="the prompt (raw text; apply a chat template yourself if you want one)")
     p.add_argument("--url", default=None, help="host:port [default: localhost:8000 (http), localhost:8001 (grpc)]")
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")

@@ -22,6 +22,7 @@ closes the sockets: no process and no file stays behind (the sockets are abstrac
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import subprocess
@@ -100,14 +101,16 @@ class EngineClient:
             threading.Thread(target=self._watch, name="dflash-engine-watch", daemon=True).start()
 
     @classmethod
-    def spawn(cls, deployment_dir: Path, *, engine_factory: str | None = None, tokenizer=None,
-              ready_timeout_s: float | None = None, env: dict | None = None) -> "EngineClient":
+    def spawn(cls, deployment_dir: Path, *, overrides: dict | None = None, engine_factory: str | None = None,
+              tokenizer=None, ready_timeout_s: float | None = None, env: dict | None = None) -> "EngineClient":
         """Start the engine process for a deployment directory and connect to it once it is loaded.
         ``engine_factory`` (tests, benchmarks): an engine stand-in instead, read with ``tokenizer``."""
         from ..runtime.loader import load_tokenizer
 
         address = f"ipc://@dflash-engine-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         argv = [_python(), "-m", "trtllm_dflash.serving.engine_core", str(deployment_dir), "--address", address]
+        if overrides:
+            argv += ["--overrides", json.dumps(overrides)]
         if engine_factory:
             argv += ["--engine_factory", engine_factory]
         log.info("[dflash] starting the engine process: %s", " ".join(argv))

@@ -221,7 +221,7 @@ class EngineCore:
             self._send(fid, msg)
 
 
-def load_backend(engine_dir: Path, factory: str | None):
+def load_backend(engine_dir: Path, factory: str | None, overrides: dict | None = None):
     """The torch runtime of a deployment directory (no scheduler thread: EngineCore steps it), or for tests
     and benchmarks ``module:function``'s engine stand-in."""
     from .runtimes import TorchBackend
@@ -233,7 +233,7 @@ def load_backend(engine_dir: Path, factory: str | None):
     if manifest.get("backend") != "torch":
         raise DFlashError("manifest.backend", f"is {manifest.get('backend')!r}; the engine process runs torch builds",
                           "serve a trtllm build in-process (TensorRT-LLM runs its own executor processes)")
-    return TorchBackend.from_deployment(engine_dir, manifest, threaded=False)
+    return TorchBackend.from_deployment(engine_dir, manifest, overrides or {}, threaded=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("engine_dir", type=Path, help="a dflash-build deployment directory (backend torch)")
     p.add_argument("--address", required=True, help="ipc://@<name>: sockets <address>-in and <address>-out")
+    p.add_argument("--overrides", type=json.loads, default=None,
+                   help="RuntimeConfig fields replacing the deployment's, as JSON (the server's --max_draft_len)")
     p.add_argument("--engine_factory", default=None,
                    help="module:function returning an engine stand-in (tests and benchmarks), instead of engine_dir")
     p.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"))
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     try:
         address = check_address(args.address)
-        backend = load_backend(args.engine_dir.expanduser().resolve(), args.engine_factory)
+        backend = load_backend(args.engine_dir.expanduser().resolve(), args.engine_factory, args.overrides)
         core = EngineCore(backend, address)
     except DFlashError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)

@@ -14,19 +14,35 @@ to Triton's gRPC on a Unix socket only this user can reach, with:
 * ``max_rpcs`` calls at once over all clients and ``max_client_rpcs`` per client address: message bytes
   held are at most ``max_rpcs * max_message_bytes`` in total (each call holds one message at a time);
 * Triton's restricted APIs never reachable through it: the admin header is dropped from every call;
+* ``max_bytes_in_flight`` of request messages over all calls (``max_client_bytes_in_flight`` per client)
+  that Triton holds: a unary call's until it ends, a stream message's until its request's final response
+  (128 concurrent 4 MiB messages took the tree to 3.3 GB RSS when only the call count was bound);
+* a stream with no request outstanding and no message either way for ``idle_stream_s`` ends (DEADLINE
+  EXCEEDED naming the bound); when the server or a client is at its call bound, the longest-idle such
+  stream of the client holding the most calls ends to make room (256 idle streams held every other client
+  out for as long as they stayed open);
+* Triton's restricted APIs are refused by method name (serving/restricted.py), whatever the metadata;
 * ``close(drain_s)``: new calls get UNAVAILABLE at once; calls still running after ``drain_s`` end with
   UNAVAILABLE naming the drain, so Triton has no open stream left when it is told to stop.
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
-import grpc
-from grpc import aio
+# gRPC's fork handlers are for processes that fork to use gRPC in the child; dflash-serve forks only to exec
+# tritonserver, and those handlers, run while the guard's threads were inside gRPC, aborted the child
+# (see server.start). Read when gRPC initialises, so before the import.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc  # noqa: E402
+from grpc import aio  # noqa: E402
 
 from ..errors import DFlashError
+from .restricted import FIX, GRPC_METHODS, WHY
 
 STREAM_METHODS = {"/inference.GRPCInferenceService/ModelStreamInfer"}
 
@@ -37,6 +53,41 @@ class GrpcLimits:
     max_message_bytes: int = 4 << 20
     max_rpcs: int = 256             # the CPU soak runs 64 streams; message bytes held <= 256 x 4 MiB
     max_client_rpcs: int = 128
+    max_bytes_in_flight: int = 64 << 20         # request bytes Triton holds for all calls together
+    max_client_bytes_in_flight: int = 32 << 20  # ... for one client address
+    idle_stream_s: float = 60.0     # a stream with nothing outstanding and no message for this long ends
+    evict_idle_s: float = 1.0       # idle this long, it may end early to make room for a new call
+
+
+def is_final(response: bytes) -> bool:
+    """Whether a ModelStreamInfer response ends its request: an error, or Triton's
+    ``triton_final_response`` parameter true (Triton 2.51 sets it on every stream response)."""
+    from tritonclient.grpc import service_pb2
+
+    msg = service_pb2.ModelStreamInferResponse()
+    try:
+        msg.ParseFromString(response)
+    except Exception:          # protobuf's DecodeError: not ours to judge, count it as the end
+        return True
+    if msg.error_message:
+        return True
+    param = msg.infer_response.parameters.get("triton_final_response")
+    return param is None or param.bool_param
+
+
+@dataclass(eq=False)
+class _Call:
+    """One call in flight: its client, the request bytes Triton holds for it, its stream's state."""
+    peer: str
+    stream: bool
+    held: list = field(default_factory=list)    # sizes of messages whose request has not ended, in order
+    last: float = field(default_factory=time.monotonic)   # the last message either way
+    ended: asyncio.Event = field(default_factory=asyncio.Event)   # set (with why) to end the call now
+    why: tuple = ()
+    counted: bool = True       # holds a call slot (an evicted call gave it back at once)
+
+    def idle_for(self, now: float) -> float:
+        return now - self.last if self.stream and not self.held else 0.0
 
 
 class GrpcGuard:
@@ -49,6 +100,10 @@ class GrpcGuard:
         self.clients: dict[str, int] = {}       # peer address -> calls running
         self.running = 0
         self.refused = 0
+        self.evicted = 0                         # idle streams ended (timed out, or to make room)
+        self.calls: set[_Call] = set()
+        self.in_flight = 0                       # request bytes Triton holds (<= max_bytes_in_flight)
+        self.client_bytes: dict[str, int] = {}
         self._closing: asyncio.Event | None = None    # new calls are refused
         self._expired: asyncio.Event | None = None    # running calls end with UNAVAILABLE
         self._server: aio.Server | None = None
@@ -77,7 +132,40 @@ class GrpcGuard:
             raise DFlashError("--grpc_port", f"port {self.port} on {self.host} is not free",
                               "stop what uses it, or pass another --grpc_port") from None
         await self._server.start()
+        self._sweeper = asyncio.ensure_future(self._sweep())
 
+    async def _sweep(self) -> None:
+        """End streams idle past ``idle_stream_s``, once a second."""
+        while True:
+            await asyncio.sleep(min(1.0, self.limits.idle_stream_s / 4))
+            now = time.monotonic()
+            for call in list(self.calls):
+                if call.idle_for(now) > self.limits.idle_stream_s and not call.ended.is_set():
+                    self._end(call, grpc.StatusCode.DEADLINE_EXCEEDED, f"stream: idle (no request outstanding, no "
+                              f"message) for {self.limits.idle_stream_s:g} s. Fix: open a stream when you have a "
+                              "request, or send one within that time")
+
+    def _end(self, call: _Call, code, message: str) -> None:
+        self.evicted += 1
+        call.why = (code, message)
+        call.ended.set()
+
+    def _evict_for(self, peer: str) -> bool:
+        """Make room for a new call of ``peer``: end the longest-idle stream (idle >= evict_idle_s) of the
+        client holding the most calls, or of ``peer`` itself when it is at its own bound. False if none."""
+        now, lim = time.monotonic(), self.limits
+        own = self.clients.get(peer, 0) >= lim.max_client_rpcs
+        idle = [c for c in self.calls if not c.ended.is_set() and c.idle_for(now) >= lim.evict_idle_s
+                and (c.peer == peer or not own)]
+        if not idle:
+            return False
+        victim = max(idle, key=lambda c: (self.clients.get(c.peer, 0), c.idle_for(now)))
+        self._end(victim, grpc.StatusCode.RESOURCE_EXHAUSTED, "stream: ended while idle to make room for a new "
+                  "call (the server is at its call bound). Fix: open a stream when you have a request")
+        self.running -= 1            # its slot is free now; _done will not count it twice
+        self.clients[victim.peer] -= 1
+        victim.counted = False
+        return True
     def refuse_new(self) -> None:
         """New calls get UNAVAILABLE from now on (a drain began)."""
         self.loop.call_soon_threadsafe(self._closing.set)
@@ -93,6 +181,7 @@ class GrpcGuard:
                 await asyncio.sleep(0.05)
             ended = self.running
             self._expired.set()
+            self._sweeper.cancel()
             await self._server.stop(1.0)
             await self._channel.close()
             return ended
@@ -107,15 +196,22 @@ class GrpcGuard:
     # ---- per call ----
 
     def _metadata(self, context) -> tuple:
+        # Triton reads the admin key as "<header>" and as "triton-grpc-protocol-<header>": any name ending in it goes
         return tuple((k, v) for k, v in context.invocation_metadata()
-                     if k != self.drop_header and not k.startswith((":", "grpc-")) and k != "user-agent")
+                     if not (self.drop_header and k.lower().endswith(self.drop_header))
+                     and not k.startswith((":", "grpc-")) and k != "user-agent")
 
-    async def _admit(self, context) -> str:
+    async def _admit(self, context, method: str) -> str:
+        if method in GRPC_METHODS:
+            self.refused += 1
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{method.rsplit('/', 1)[1]}: {WHY}. Fix: {FIX}")
         if self._closing.is_set():
             self.refused += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server: is shutting down. Fix: retry later")
         peer = context.peer().rsplit(":", 1)[0]
         lim = self.limits
+        if self.running >= lim.max_rpcs or self.clients.get(peer, 0) >= lim.max_client_rpcs:
+            self._evict_for(peer)
         if self.running >= lim.max_rpcs or self.clients.get(peer, 0) >= lim.max_client_rpcs:
             self.refused += 1
             which = (f"{self.running} calls running, the server's bound (max_rpcs {lim.max_rpcs})"
@@ -126,48 +222,89 @@ class GrpcGuard:
         self.clients[peer] = self.clients.get(peer, 0) + 1
         return peer
 
-    def _done(self, peer: str) -> None:
-        self.running -= 1
-        self.clients[peer] -= 1
-        if not self.clients[peer]:
+    def _done(self, call: _Call, peer: str) -> None:
+        self._release(call, len(call.held))
+        self.calls.discard(call)
+        if call.counted:           # an evicted call gave its slot back already
+            self.running -= 1
+            self.clients[peer] -= 1
+        if not self.clients.get(peer, 1):
             del self.clients[peer]
 
+    async def _hold(self, call: _Call, peer: str, size: int, context) -> None:
+        """Count a request message's bytes as held by Triton, or end the call with RESOURCE_EXHAUSTED."""
+        lim = self.limits
+        mine = self.client_bytes.get(peer, 0)
+        if self.in_flight + size > lim.max_bytes_in_flight or mine + size > lim.max_client_bytes_in_flight:
+            self.refused += 1
+            which = (f"this client's requests hold {mine} bytes (bound {lim.max_client_bytes_in_flight})"
+                     if mine + size > lim.max_client_bytes_in_flight else
+                     f"requests hold {self.in_flight} bytes (bound {lim.max_bytes_in_flight})")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"message: {size} more bytes would pass the "
+                                f"bound of bytes in flight: {which}. Fix: retry when some requests ended")
+        call.held.append(size)
+        self.in_flight += size
+        self.client_bytes[peer] = mine + size
+
+    def _release(self, call: _Call, n: int = 1) -> None:
+        for _ in range(min(n, len(call.held))):
+            size = call.held.pop(0)
+            self.in_flight -= size
+            left = self.client_bytes.get(call.peer, 0) - size
+            if left > 0:
+                self.client_bytes[call.peer] = left
+            else:
+                self.client_bytes.pop(call.peer, None)
+
     async def unary(self, method: str, request: bytes, context) -> bytes:
-        peer = await self._admit(context)
+        peer = await self._admit(context, method)
+        me = _Call(peer, stream=False)
+        self.calls.add(me)
         try:
+            await self._hold(me, peer, len(request), context)
             call = self._channel.unary_unary(method)(request, metadata=self._metadata(context),
                                                      timeout=context.time_remaining())
-            return await self._until_closing(call, context)
+            return await self._until_closing(call, context, me)
         finally:
-            self._done(peer)
+            self._done(me, peer)
 
     async def stream(self, method: str, requests, context) -> None:
-        peer = await self._admit(context)
+        peer = await self._admit(context, method)
+        me = _Call(peer, stream=True)
+        self.calls.add(me)
 
         async def forward():
             async for message in requests:
+                await self._hold(me, peer, len(message), context)
+                me.last = time.monotonic()
                 yield message
 
         call = self._channel.stream_stream(method)(forward(), metadata=self._metadata(context))
 
         async def pump() -> None:
             async for response in call:
+                me.last = time.monotonic()
+                if is_final(response):
+                    self._release(me)
                 await context.write(response)
         try:
-            await self._until_closing(pump(), context)
+            await self._until_closing(pump(), context, me)
         finally:
             call.cancel()
-            self._done(peer)
+            self._done(me, peer)
 
-    async def _until_closing(self, work, context):
-        """``work``'s result; UNAVAILABLE naming the drain once the guard's drain time is over; Triton's
-        own errors passed on as they are."""
+    async def _until_closing(self, work, context, me: _Call):
+        """``work``'s result; UNAVAILABLE naming the drain once the guard's drain time is over, or the
+        reason the call was ended (idle); Triton's own errors passed on as they are."""
         task = asyncio.ensure_future(work)
         expired = asyncio.ensure_future(self._expired.wait())
+        ended = asyncio.ensure_future(me.ended.wait())
         try:
-            await asyncio.wait({task, expired}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, expired, ended}, return_when=asyncio.FIRST_COMPLETED)
             if not task.done():
                 task.cancel()
+                if me.ended.is_set():
+                    await context.abort(*me.why)
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "server: is shutting down and its drain time "
                                     "(dflash-serve --drain_timeout_s) is over. Fix: retry on a running server")
             return task.result()
@@ -175,6 +312,7 @@ class GrpcGuard:
             await context.abort(err.code(), err.details() or "")
         finally:
             expired.cancel()
+            ended.cancel()
             if not task.done():
                 task.cancel()
 

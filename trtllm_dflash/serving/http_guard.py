@@ -16,16 +16,21 @@ field and the fix, when:
 * ``/generate`` (not ``/generate_stream``) is asked to stream (400): Triton would run the whole
   generation and then answer 200 with an error body.
 
-Everything else goes to Triton byte for byte (the guard drops only an ``Expect: 100-continue`` line, which
-it answers itself since it reads the body first) over one upstream connection per client connection, and
-the answer comes back as Triton sends it, so SSE keeps streaming and keep-alive clients keep their
-connection. A client that goes away closes its upstream connection, which is how Triton notices a stream
-(SSE) whose client left. A non-streaming ``/generate`` is different: Triton 2.51 pauses the HTTP request
-until its answer (``evhtp_request_pause`` in ``InferRequestClass``), so it does not see the connection close
-and the generation would run to its end. The guard gives each such request an id when it has none and, when
-its client leaves before the answer, sends our model's ``stop`` input for that id (and its cancel_key).
-Memory: at most one head and one body per connection in flight, and ``max_buffered_bytes`` of bodies
-over all connections together (beyond it a request gets 503, retry).
+h11 parses each request once (serving/http_request.py); what goes to Triton is a request the guard wrote:
+origin-form target, the end-to-end headers, the checked body with a Content-Length (never chunked, never
+``Expect``), over one upstream connection per client connection. Triton's answer is parsed by h11 too and
+re-framed for the client as it comes, so SSE keeps streaming and keep-alive clients keep their connection.
+A client that goes away closes its upstream connection, which is how Triton notices a stream (SSE) whose
+client left. A non-streaming ``/generate`` is different: Triton 2.51 pauses the HTTP request until its
+answer (``evhtp_request_pause`` in ``InferRequestClass``), so it does not see the connection close and the
+generation would run to its end. The guard gives each such request an id when it has none and, when its
+client leaves before the answer, sends our model's ``stop`` input for that id (and its cancel_key).
+
+Bounds: body bytes as received, ``max_client_bytes`` per client address and ``max_buffered_bytes`` over all
+(beyond them 429 / 503, retry); a request's first byte within ``idle_timeout_s``, its head and body within
+``read_timeout_s`` of that; ``max_client_connections`` per address, where a new connection closes the
+address's longest-idle one rather than being refused (1,000 idle keep-alive connections must not lock their
+own address out of /v2/health/ready).
 """
 from __future__ import annotations
 
@@ -36,20 +41,24 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import h11
 import numpy as np
 
 from ..errors import DFlashError
+from .http_request import BadTarget, Request, from_h11, upstream_headers
 from .protocol import CANCEL_KEY, INPUT_TYPES, check_json_value, short_repr
 from .repo import MODEL_NAME
+from .restricted import FIX, HTTP_PATHS, WHY
 
 GENERATE = re.compile(r"^/v2/models/[^/?]+(?:/versions/[^/?]+)?/generate(?:\?.*)?$")
 # our model's inference endpoints: their bodies are validated here (Triton 2.51 answers 500 or casts silently)
 MODEL_ENDPOINT = re.compile(rf"^/v2/models/{MODEL_NAME}(?:/versions/[^/?]+)?/(generate|generate_stream|infer)"
                             r"(?:\?.*)?$")
+INFER = re.compile(r"^/v2/models/[^/?]+(?:/versions/[^/?]+)?/infer(?:\?.*)?$")
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
-REASONS = {400: "Bad Request", 413: "Payload Too Large", 415: "Unsupported Media Type",
+REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large", 415: "Unsupported Media Type",
            408: "Request Timeout", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
            501: "Not Implemented", 503: "Service Unavailable"}
 
@@ -70,28 +79,15 @@ class GuardLimits:
     # client_header_timeout / client_body_timeout are 60 s, uvicorn's h11 has none): a client that
     # announces 16 MiB and sends one byte holds its share of the budget this long at most.
     read_timeout_s: float = 30.0
+    # Seconds a connection may wait for a request's first byte (a new one, or a keep-alive one between
+    # requests; nginx's keepalive_timeout is 75 s): then it is closed without an answer.
+    idle_timeout_s: float = 60.0
 
 
 class Refused(Exception):
     def __init__(self, status: int, err: DFlashError):
         super().__init__(str(err))
         self.status, self.err = status, err
-
-
-def parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]]]:
-    """(method, target, [(lower-case name, value)]) of a request head ending in CRLF CRLF."""
-    lines = head[:-4].decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise Refused(400, DFlashError("request line", f"{lines[0][:80]!r} is not an HTTP/1.x request line",
-                                       "send METHOD PATH HTTP/1.1"))
-    headers = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise Refused(400, DFlashError("headers", f"{line[:80]!r} is not a header line", "send Name: value"))
-        headers.append((name.lower(), value.strip()))
-    return parts[0], parts[1], headers
 
 
 def atoi(text: str) -> int:
@@ -130,13 +126,6 @@ def _strict_json(data: bytes):
     return json.loads(data, parse_constant=constant)
 
 
-def drop_header(head: bytes, name: str) -> bytes:
-    """``head`` (ending in CRLF CRLF) without its ``name:`` lines."""
-    prefix = name.lower().encode() + b":"
-    return b"".join(line + b"\r\n" for line in head[:-2].split(b"\r\n")[:-1]
-                    if not line.lower().startswith(prefix)) + b"\r\n"
-
-
 def check_body(target: str, headers: dict[str, str], body: bytes, limits: GuardLimits) -> None:
     """Raise Refused for a body Triton 2.51 would crash on or misread: a big form body, JSON (the part
     Triton parses, whatever the Content-Type) nested too deep, a /generate asked to stream, and for our
@@ -147,7 +136,8 @@ def check_body(target: str, headers: dict[str, str], body: bytes, limits: GuardL
                                        f"Triton 2.51 (this one has {len(body)})",
                                        "send Content-Type: application/json (curl: -H 'Content-Type: "
                                        "application/json')"))
-    part = json_part(headers, body)
+    # Triton reads Inference-Header-Content-Length on infer only; generate and the rest parse the whole body
+    part = json_part(headers, body) if INFER.match(target) else body
     if bracket_depth(part) > limits.max_json_depth:
         raise Refused(400, DFlashError("body", f"JSON nested deeper than {limits.max_json_depth} levels",
                                        "send a flat request such as {\"text_input\": \"...\"}"))
@@ -175,29 +165,26 @@ def check_body(target: str, headers: dict[str, str], body: bytes, limits: GuardL
                                                f"{key} out"))
 
 
-def cancellable(method: str, target: str, headers: dict[str, str], head: bytes, body: bytes
-                ) -> tuple[bytes, bytes, tuple[str, str, str] | None]:
-    """(head, body, (path, request id, cancel_key)) of a non-streaming generate of our model with a
-    Content-Length body (checked JSON): the id is added when the client sent none, so that a ``stop`` can name
-    it. Anything else passes unchanged, with None."""
+def cancellable(method: str, target: str, body: bytes) -> tuple[bytes, tuple[str, str, str] | None]:
+    """(body, (path, request id, cancel_key)) of a non-streaming generate of our model (checked JSON): the
+    id is added when the client sent none, so that a ``stop`` can name it. Anything else passes unchanged,
+    with None. (The body goes upstream with a Content-Length the guard writes, so it may change.)"""
     ours = MODEL_ENDPOINT.match(target)
-    if method != "POST" or not ours or ours.group(1) != "generate" or "content-length" not in headers:
-        return head, body, None
+    if method != "POST" or not ours or ours.group(1) != "generate":
+        return body, None
     try:
         obj = json.loads(body)
     except ValueError:
-        return head, body, None
+        return body, None
     if not isinstance(obj, dict):
-        return head, body, None
+        return body, None
     params = obj.get("parameters") if isinstance(obj.get("parameters"), dict) else {}
     key = params.get(CANCEL_KEY, "")
     rid = obj.get("id")
     if not isinstance(rid, str) or not rid:
         rid = obj["id"] = f"guard-{uuid.uuid4().hex}"
         body = json.dumps(obj).encode()
-        head = drop_header(head, "content-length")
-        head = head[:-2] + f"Content-Length: {len(body)}\r\n\r\n".encode()
-    return head, body, (target.split("?")[0], rid, str(key))
+    return body, (target.split("?")[0], rid, str(key))
 
 
 def _check_values(endpoint: str, obj: dict) -> None:
@@ -224,21 +211,78 @@ def _check_values(endpoint: str, obj: dict) -> None:
         raise Refused(400, err) from None
 
 
+@dataclass
+class _Peer:
+    """What one client address holds: connections, body bytes reserved, and its idle connections (waiting
+    for a request's first byte; the oldest is closed when the address is at its connection bound)."""
+    conns: int = 0
+    held: int = 0
+    idle: dict = field(default_factory=dict)      # task -> monotonic time it became idle
+
+
+class _Gone(Exception):
+    """The client closed its connection (between requests or mid-request)."""
+
+
+class _Upstream:
+    """One connection to Triton, with h11 reading its answers (and writing our requests)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+        self.conn = h11.Connection(h11.CLIENT)
+
+    def reusable(self) -> bool:
+        if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
+            self.conn.start_next_cycle()
+        return self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE
+
+    async def next_event(self):
+        while (event := self.conn.next_event()) is h11.NEED_DATA:
+            self.conn.receive_data(await self.reader.read(65536))
+        return event
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def triton_routes(req: Request) -> Refused | None:
+    """The routes of Triton's HTTP port a client may use: all but the restricted APIs."""
+    if HTTP_PATHS.match(req.path):
+        return Refused(403, DFlashError(req.path[:80], WHY, FIX))
+    return None
+
+
+def metrics_only(req: Request) -> Refused | None:
+    """The routes of Triton's metrics port (its only one is GET /metrics): anything else is refused before
+    its body is read (Triton 2.51 crashes on a 5 MiB form POST to /metrics)."""
+    if req.path != "/metrics":
+        return Refused(404, DFlashError("path", f"{req.path[:80]!r} is not served on the metrics port",
+                                        "GET /metrics"))
+    if req.method not in ("GET", "HEAD"):
+        return Refused(405, DFlashError("method", f"{req.method} is not allowed on /metrics", "GET /metrics"))
+    if req.header("content-length", "0") != "0" or req.header("transfer-encoding"):
+        return Refused(400, DFlashError("body", "GET /metrics takes no body", "send none"))
+    return None
+
+
 class HttpGuard:
     """Listens on ``host:port`` in a thread of its own; relays to ``upstream``: a port on 127.0.0.1, or
-    ``unix:PATH``. ``drop_header``: a header removed from every request (the key of Triton's restricted
-    APIs, which must open nothing to a client)."""
+    ``unix:PATH``. ``drop_header``: a header removed from every request under any spelling that ends in it
+    (the key of Triton's restricted APIs, which must open nothing to a client). ``route``: refuses
+    requests by method and path before their body is read (the metrics port's ``metrics_only``)."""
 
     def __init__(self, host: str, port: int, upstream: int | str, limits: GuardLimits = GuardLimits(),
-                 drop_header: str = ""):
+                 drop_header: str = "", route=None, name: str = "--http_port"):
         self.host, self.port, self.upstream, self.limits = host, port, upstream, limits
         self.drop_header = drop_header.lower()
+        self.route, self.name = route, name
         self.loop = asyncio.new_event_loop()
         self.conns: set[asyncio.Task] = set()
         self.last_output = 0.0          # monotonic time of the last bytes relayed to a client
         self.refused = 0
-        self.buffered = 0               # body bytes reserved by connections now (<= max_buffered_bytes)
-        self.clients: dict[str, list[int]] = {}   # peer address -> [connections, body bytes reserved]
+        self.evicted = 0                # idle connections closed to admit a new one from the same address
+        self.buffered = 0               # body bytes held by connections now (<= max_buffered_bytes)
+        self.clients: dict[str, _Peer] = {}   # peer address -> what it holds
         self.draining = False           # set when the server stops: new requests get 503
         self._server = None
         self._thread = threading.Thread(target=self.loop.run_forever, name="http-guard", daemon=True)
@@ -250,8 +294,8 @@ class HttpGuard:
             sock.bind((self.host, self.port))
         except OSError as err:
             sock.close()
-            raise DFlashError("--http_port", f"port {self.port} on {self.host} is not free ({err.strerror})",
-                              "stop what uses it, or pass another --http_port") from None
+            raise DFlashError(self.name, f"port {self.port} on {self.host} is not free ({err.strerror})",
+                              f"stop what uses it, or pass another {self.name}") from None
         sock.listen(256)
         self._thread.start()
         self._server = asyncio.run_coroutine_threadsafe(
@@ -283,65 +327,67 @@ class HttpGuard:
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         peer = (writer.get_extra_info("peername") or ("?",))[0]
-        client = self.clients.setdefault(peer, [0, 0])
-        client[0] += 1
+        client = self.clients.setdefault(peer, _Peer())
+        client.conns += 1
         self.conns.add(task)
-        upstream = pipe = None
+        up: _Upstream | None = None
         held = [0, client]              # this connection's share of self.buffered, and its client's tally
-        answered = [0.0]                # monotonic time of the last bytes relayed to this client
-        pending = None                  # (sent at, (path, id, cancel_key)) of the last non-streaming generate
         try:
-            if client[0] > self.limits.max_client_connections:
+            if client.conns > self.limits.max_client_connections and not self._evict_idle(client):
                 await self._refuse(reader, writer, Refused(429, DFlashError(
-                    "connections", f"this client ({peer}) has {client[0] - 1} connections open, the bound",
-                    "reuse keep-alive connections or close idle ones")))
+                    "connections", f"this client ({peer}) has {client.conns - 1} connections open, all busy, "
+                    "the bound", "reuse keep-alive connections or close idle ones")))
                 return
+            conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head_bytes)
             while True:
                 self._release(held)
                 try:
-                    head, payload = await self._read_request(reader, writer, held)
-                except asyncio.IncompleteReadError:
-                    # the client went away (between requests or mid-body); one waiting for a non-streaming
-                    # answer gets its request cancelled (Triton would not notice: see the module docstring)
-                    if pending is not None and answered[0] < pending[0]:
-                        asyncio.ensure_future(self._stop(*pending[1]))
-                    return
-                except asyncio.LimitOverrunError:
-                    err = Refused(400, DFlashError("body", "a chunk line over the head bound", "send a valid "
-                                                   "chunked body"))
-                    await self._refuse(reader, writer, err)
-                    return
+                    got = await self._read_request(conn, reader, writer, held, client, task)
                 except Refused as err:
                     await self._refuse(reader, writer, err)
                     return        # the rest of a refused request is unread: this connection cannot go on
-                if upstream is None or pipe.done():
+                if got is None:
+                    return        # closed or idle between requests
+                req, body = got
+                body, handle = cancellable(req.method, req.target, body)
+                if up is None or not up.reusable():
+                    if up is not None:
+                        up.close()
                     try:
-                        upstream = await self._open_upstream()
+                        up = _Upstream(*await self._open_upstream())
                     except OSError:
                         await self._answer(writer, 503, str(DFlashError(
                             "server", "tritonserver is not running (restarting or stopping)",
                             "retry in a few seconds")))
                         return
-                    pipe = asyncio.create_task(self._relay(upstream[0], writer, answered))
-                method, target, pairs = parse_head(head)
-                head, payload, handle = cancellable(method, target, dict(pairs), head, payload)
-                pending = None if handle is None else (time.monotonic(), handle)
-                upstream[1].write(head + payload)
-                del payload
-                await upstream[1].drain()
-        except (ConnectionError, asyncio.CancelledError):
+                if not await self._exchange(conn, reader, writer, up, req, body, held, handle):
+                    return
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    return        # Connection: close, HTTP/1.0 or a body Triton did not frame
+                conn.start_next_cycle()
+        except (_Gone, ConnectionError, asyncio.CancelledError, h11.ProtocolError):
             pass
         finally:
             self._release(held)
-            client[0] -= 1
-            if client[0] == 0 and client[1] == 0:
+            client.conns -= 1
+            client.idle.pop(task, None)
+            if client.conns == 0 and client.held == 0:
                 self.clients.pop(peer, None)
             self.conns.discard(task)
-            if pipe is not None:
-                pipe.cancel()
-            for w in (writer, upstream[1] if upstream else None):
-                if w is not None:
-                    w.close()
+            writer.close()
+            if up is not None:
+                up.close()
+
+    def _evict_idle(self, client: _Peer) -> bool:
+        """Close the client's longest-idle connection (one waiting for its next request) to make room for a
+        new one: 1,000 idle keep-alive connections must not lock their own address out. False if none."""
+        if not client.idle:
+            return False
+        task = next(iter(client.idle))
+        client.idle.pop(task)
+        task.cancel()
+        self.evicted += 1
+        return True
 
     async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A new connection to Triton's HTTP endpoint (OSError if it is not listening)."""
@@ -349,17 +395,85 @@ class HttpGuard:
             return await asyncio.open_unix_connection(self.upstream[5:])
         return await asyncio.open_connection("127.0.0.1", self.upstream)
 
-    async def _relay(self, upstream: asyncio.StreamReader, writer: asyncio.StreamWriter, answered: list) -> None:
-        """Triton's answers to the client as they come; Triton closing ends the client's connection."""
+    async def _exchange(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        up: _Upstream, req: Request, body: bytes, held: list, handle) -> bool:
+        """Send the canonical request upstream and relay the answer; True when the client's connection can
+        carry another request. A client that goes away meanwhile closes the upstream connection (how
+        Triton notices a stream whose client left); one that waited for a non-streaming generate gets it
+        stopped (Triton 2.51 pauses such a request until its answer and would not notice: see the module
+        docstring)."""
+        data = up.conn.send(h11.Request(method=req.method, target=req.target,
+                                        headers=upstream_headers(req, len(body))))
+        data += up.conn.send(h11.Data(data=body)) if body else b""
+        up.writer.write(data + up.conn.send(h11.EndOfMessage()))
+        del data, body
+        self._release(held)
         try:
-            while data := await upstream.read(65536):
-                writer.write(data)
-                self.last_output = answered[0] = time.monotonic()
-                await writer.drain()
+            await up.writer.drain()
         except ConnectionError:
-            pass
+            await self._answer(writer, 503, str(DFlashError("server", "tritonserver closed the connection",
+                                                            "retry in a few seconds")))
+            return False
+        started = [False]
+        relay = asyncio.ensure_future(self._relay(conn, writer, up, started))
+        watch = asyncio.ensure_future(self._watch(reader, conn))
+        try:
+            await asyncio.wait({relay, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            writer.close()
+            for task in (relay, watch):
+                task.cancel()
+            # the watch must be gone before the connection's next read (a StreamReader takes one reader)
+            await asyncio.gather(relay, watch, return_exceptions=True)
+        if not relay.cancelled() and relay.exception() is None:
+            return relay.result()
+        up.close()          # the client left before its answer was out
+        if handle is not None and not started[0]:
+            asyncio.ensure_future(self._stop(*handle))
+        return False
+
+    async def _watch(self, reader: asyncio.StreamReader, conn: h11.Connection) -> None:
+        """Returns when the client closes its side while its answer is pending; bytes it sends meanwhile (a
+        pipelined request) go to h11's buffer, up to one head's bound (then reading pauses)."""
+        got = 0
+        while got <= self.limits.max_head_bytes:
+            data = await reader.read(65536)
+            if not data:
+                return
+            conn.receive_data(data)
+            got += len(data)
+        await asyncio.Event().wait()
+
+    async def _relay(self, conn: h11.Connection, writer: asyncio.StreamWriter, up: _Upstream,
+                     started: list) -> bool:
+        """Triton's answer to the client as it comes (SSE keeps streaming), re-framed by h11; True when it
+        ended cleanly."""
+        while True:
+            try:
+                event = await up.next_event()
+            except (h11.ProtocolError, ConnectionError):
+                event = h11.ConnectionClosed()
+            if isinstance(event, h11.InformationalResponse):
+                continue
+            if isinstance(event, h11.ConnectionClosed):
+                if not started[0]:
+                    await self._answer(writer, 503, str(DFlashError(
+                        "server", "tritonserver closed the connection before answering (it may be restarting)",
+                        "retry in a few seconds")))
+                return False
+            if isinstance(event, h11.Response):
+                started[0] = True
+                headers = [(k, v) for k, v in event.headers
+                           if k.lower() not in (b"connection", b"keep-alive", b"transfer-encoding")]
+                out = conn.send(h11.Response(status_code=event.status_code, headers=headers, reason=event.reason))
+            elif isinstance(event, h11.Data):
+                out = conn.send(h11.Data(data=event.data))
+            else:                                        # EndOfMessage
+                out = conn.send(h11.EndOfMessage())
+            writer.write(out)
+            self.last_output = time.monotonic()
+            await writer.drain()
+            if isinstance(event, h11.EndOfMessage):
+                return True
 
     async def _stop(self, path: str, request_id: str, cancel_key: str, tries: int = 10) -> None:
         """Our model's ``stop`` for ``request_id``: it ends that request now (the answer is not needed). A
@@ -391,11 +505,12 @@ class HttpGuard:
             await asyncio.sleep(0.2)
 
     def _reserve(self, held: list, n: int) -> None:
-        """Count ``n`` more body bytes against the guard's memory bound and the client's share of it, or
-        refuse the request."""
+        """Count ``n`` more body bytes, as they arrive, against the guard's memory bound and the client's
+        share of it, or refuse the request. (Bytes, not announced lengths: a client that announces 16 MiB
+        and sends one byte holds one byte.)"""
         client = held[1]
-        if client[1] + n > self.limits.max_client_bytes:
-            raise Refused(429, DFlashError("body", f"this client holds {client[1]} bytes of request bodies being "
+        if client.held + n > self.limits.max_client_bytes:
+            raise Refused(429, DFlashError("body", f"this client holds {client.held} bytes of request bodies being "
                                            f"sent; {n} more would pass the per-client bound of "
                                            f"{self.limits.max_client_bytes}", "finish or close the other uploads "
                                            "first"))
@@ -405,11 +520,11 @@ class HttpGuard:
                                            f"{self.limits.max_buffered_bytes}", "retry in a moment"))
         self.buffered += n
         held[0] += n
-        client[1] += n
+        client.held += n
 
     def _release(self, held: list) -> None:
         self.buffered -= held[0]
-        held[1][1] -= held[0]
+        held[1].held -= held[0]
         held[0] = 0
 
     def accepting(self) -> str:
@@ -422,92 +537,99 @@ class HttpGuard:
                     "bytes")
         return ""
 
-    async def _read_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            held: list) -> tuple[bytes, bytes]:
-        """(head to send upstream, body bytes as received) of one request, checked. ``held``: the body
-        bytes this request counts against ``max_buffered_bytes`` (released by the caller). Waiting for a
-        request's first byte has no bound (an idle keep-alive connection holds no body bytes, and a
-        response may still be streaming on it); the rest must come within ``read_timeout_s``."""
-        first = await reader.readexactly(1)
+    async def _read_request(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            held: list, client: _Peer, task) -> tuple[Request, bytes] | None:
+        """(request, body) of the next request, checked, or None when the client closed or stayed idle
+        past ``idle_timeout_s``. Its first byte must come within ``idle_timeout_s`` (an idle connection
+        holds no body bytes, and is the first closed when its address is at its connection bound); its head
+        and body within ``read_timeout_s`` of that."""
+        if not conn.trailing_data[0]:
+            client.idle[task] = time.monotonic()
+            try:
+                async with asyncio.timeout(self.limits.idle_timeout_s):
+                    data = await reader.read(65536)
+            except TimeoutError:
+                return None
+            finally:
+                client.idle.pop(task, None)
+            if not data:
+                return None
+            conn.receive_data(data)
         try:
             async with asyncio.timeout(self.limits.read_timeout_s):
-                return await self._read_rest(first, reader, writer, held)
+                return await self._read_rest(conn, reader, writer, held)
         except TimeoutError:
             raise Refused(408, DFlashError("request", f"head and body not received within "
                                            f"{self.limits.read_timeout_s:g} s", "send the whole request at once, "
                                            "or raise dflash-serve --read_timeout_s")) from None
 
-    async def _read_rest(self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         held: list) -> tuple[bytes, bytes]:
+    @staticmethod
+    async def _next(conn: h11.Connection, reader: asyncio.StreamReader):
+        """h11's next event of the client's request; Refused naming what is malformed (h11 keeps RFC 9112's
+        rules: one Content-Length of ASCII digits, Transfer-Encoding chunked in any case and nothing else,
+        chunk sizes of hex digits only); _Gone when the client closed."""
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as err:
+                status = err.error_status_hint if err.error_status_hint in REASONS else 400
+                field = {431: "headers", 501: "Transfer-Encoding"}.get(status, "request")
+                raise Refused(status, DFlashError(field, f"malformed HTTP/1.1: {str(err)[:120]}",
+                                                  "send a well-formed request (Content-Length of digits, or "
+                                                  "Transfer-Encoding: chunked with hex chunk sizes)")) from None
+            if event is not h11.NEED_DATA:
+                if isinstance(event, h11.ConnectionClosed):
+                    raise _Gone
+                return event
+            data = await reader.read(65536)
+            if not data:
+                raise _Gone
+            conn.receive_data(data)
+
+    async def _read_rest(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         held: list) -> tuple[Request, bytes]:
         limits = self.limits
+        event = await self._next(conn, reader)
         try:
-            head = first + await reader.readuntil(b"\r\n\r\n")
-        except asyncio.LimitOverrunError:
-            raise Refused(431, DFlashError("headers", f"request head over {limits.max_head_bytes} bytes",
-                                           "send fewer or shorter headers")) from None
-        method, target, pairs = parse_head(head)
-        headers = dict(pairs)
+            req = from_h11(event.method, event.target, event.headers, drop=(self.drop_header,))
+        except BadTarget as err:
+            raise Refused(400, err.err) from None
+        names = {k for k, _ in event.headers}
+        if b"transfer-encoding" in names and b"content-length" in names:
+            raise Refused(400, DFlashError("Content-Length", "given with Transfer-Encoding: chunked",
+                                           "send one of them"))
         if self.draining:
             raise Refused(503, DFlashError("server", "is shutting down", "retry on another replica or later"))
-        if method == "GET" and target.split("?")[0] == "/v2/health/ready" and (why := self.accepting()):
+        if self.route is not None and (refused := self.route(req)):
+            raise refused
+        if req.method == "GET" and req.path == "/v2/health/ready" and (why := self.accepting()):
             raise Refused(503, DFlashError("server", f"not ready: {why}", "retry in a moment"))
+        headers = dict(req.headers)
         if headers.get("content-encoding", "identity").lower() != "identity":
             raise Refused(415, DFlashError("Content-Encoding", f"{headers['content-encoding'][:40]!r}: Triton "
                                            "would inflate the body past the guard's checks", "send the body "
                                            "uncompressed"))
-        te = headers.get("transfer-encoding", "").lower()
-        if te and te != "chunked":
-            raise Refused(501, DFlashError("Transfer-Encoding", f"{te!r} is not supported", "send chunked or "
-                                           "Content-Length"))
-        if te and "content-length" in headers:
-            raise Refused(400, DFlashError("Content-Length", "given with Transfer-Encoding: chunked",
-                                           "send one of them"))
-        length = headers.get("content-length", "0")
-        if not length.isdigit():
-            raise Refused(400, DFlashError("Content-Length", f"{length[:40]!r} is not a byte count",
-                                           "send a non-negative integer"))
+        expect = next((v for k, v in event.headers if k == b"expect"), None)
+        if expect is not None and expect.lower() != b"100-continue":
+            raise Refused(400, DFlashError("Expect", f"{expect[:40].decode('latin-1')!r} is not supported",
+                                           "send Expect: 100-continue or none"))
+        length = next((v for k, v in event.headers if k == b"content-length"), b"0")
         if int(length) > limits.max_body_bytes:
             raise Refused(413, self._too_large(int(length)))
-        self._reserve(held, int(length))
-        if "expect" in headers:
-            if headers["expect"].lower() != "100-continue":
-                raise Refused(400, DFlashError("Expect", f"{headers['expect'][:40]!r} is not supported",
-                                               "send Expect: 100-continue or none"))
-            head = drop_header(head, "expect")
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if self.drop_header and self.drop_header in headers:
-            head = drop_header(head, self.drop_header)
-        if te:
-            raw, body = await self._read_chunked(reader, held)
-        else:
-            raw = body = await reader.readexactly(int(length))
+        if conn.they_are_waiting_for_100_continue:
+            writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
+        body = bytearray()
+        while not isinstance(event := await self._next(conn, reader), h11.EndOfMessage):
+            if len(body) + len(event.data) > limits.max_body_bytes:
+                raise Refused(413, self._too_large(len(body) + len(event.data)))
+            self._reserve(held, len(event.data))
+            body += event.data
+        body = bytes(body)
         if len(body) > 65536:      # parse big bodies off the loop so other connections keep moving
-            await asyncio.to_thread(check_body, target, headers, body, limits)
+            await asyncio.to_thread(check_body, req.target, headers, body, limits)
         else:                      # an empty body too: Triton 2.51 answers 500 to one on /generate
-            check_body(target, headers, body, limits)
-        return head, raw
-
-    async def _read_chunked(self, reader: asyncio.StreamReader, held: list[int]) -> tuple[bytes, bytes]:
-        raw, body = bytearray(), bytearray()
-        while True:
-            line = await reader.readuntil(b"\r\n")
-            raw += line
-            try:
-                size = int(line.split(b";")[0].strip(), 16)
-            except ValueError:
-                raise Refused(400, DFlashError("body", f"chunk size line {line[:40]!r} is not hex",
-                                               "send a valid chunked body")) from None
-            if len(body) + size > self.limits.max_body_bytes:
-                raise Refused(413, self._too_large(len(body) + size))
-            self._reserve(held, 2 * size + len(line))     # raw and decoded copies
-            if size == 0:
-                while (trailer := await reader.readuntil(b"\r\n")) != b"\r\n":
-                    raw += trailer
-                raw += b"\r\n"
-                return bytes(raw), bytes(body)
-            chunk = await reader.readexactly(size + 2)
-            raw += chunk
-            body += chunk[:-2]
+            check_body(req.target, headers, body, limits)
+        return req, body
 
     def _too_large(self, size: int) -> DFlashError:
         return DFlashError("body", f"{size} bytes is over the bound of {self.limits.max_body_bytes} bytes",

@@ -70,6 +70,7 @@ class _Seen:
     output: int = 0
     draft: int = 0
     accepted: int = 0
+    done: bool = False          # its end (finished or cancelled) was counted
 
 
 class ServingMetrics:
@@ -116,7 +117,8 @@ class ServingMetrics:
                 self.counters["spec_decode_num_draft_tokens"] += draft
                 self.counters["spec_decode_num_accepted_tokens"] += accepted
                 h["spec_decode_acceptance_length"].observe(accepted + 1)
-            if result.finished:
+            if result.finished and not seen.done:
+                seen.done = True
                 reason = "error" if result.error else (result.finish_reason or "stop")
                 self.finished[reason] = self.finished.get(reason, 0) + 1
                 self.counters["prompt_tokens"] += result.num_prompt_tokens or record.num_prompt_tokens
@@ -127,6 +129,16 @@ class ServingMetrics:
         seen.output += new
         seen.draft += draft
         seen.accepted += accepted
+
+    def cancelled(self, record) -> None:
+        """``record``'s client went away and it was cancelled: counted as finished_reason "cancelled" (its
+        final result is never read, so ``observe`` does not see it)."""
+        seen = getattr(record, "frontend", None)
+        with self._lock:
+            if not isinstance(seen, _Seen) or seen.done:
+                return
+            seen.done = True
+            self.finished["cancelled"] = self.finished.get("cancelled", 0) + 1
 
     def render(self, runtime: dict) -> str:
         """The exposition text: this frontend's series and the runtime's ``metrics()`` (flat ints)."""

@@ -40,6 +40,7 @@ from ..errors import DFlashError
 from .handoff import LoopHandoff
 from .metrics import ServingMetrics
 from .protocol import MAX_TEMPERATURE
+from .openai_limits import check_message_count, max_messages, reject_unsupported, tokens_per_message
 from .record import Result, ServedRequest, Unavailable
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ MAX_BODY_BYTES = 4 << 20          # a prompt far above any max_seq_len we build 
 MAX_STOP = 16
 # Accepted and ignored: they change nothing we would compute differently.
 IGNORED = {"user", "logit_bias", "stream_options", "frequency_penalty", "presence_penalty", "metadata", "store",
-           "service_tier", "parallel_tool_calls", "suffix", "best_of"}
+           "service_tier", "parallel_tool_calls", "best_of"}
 
 
 class BadRequest(Exception):
@@ -80,8 +81,7 @@ def sampling_fields(body: dict, *, chat: bool) -> dict:
     for key in body:
         if key not in allowed:
             raise BadRequest(400, key, f"Unrecognized request argument supplied: {key}")
-    if body.get("n", 1) != 1:
-        raise BadRequest(400, "n", f"only n=1 is supported, got {body.get('n')!r}")
+    reject_unsupported(body, chat=chat)
     if body.get("logprobs") not in (None, False, 0):
         raise BadRequest(400, "logprobs", "logprobs are not supported")
     if chat and body.get("tools"):
@@ -219,6 +219,7 @@ class OpenAIApp:
         self.handoff: LoopHandoff | None = None   # the serving loop's, made on the first request
         # The runtime's own bound (as the Triton model reads it): None where it has none.
         self.max_prompt_bytes = getattr(backend, "max_prompt_bytes", None)
+        self.max_messages = max_messages(getattr(backend, "max_seq_len", None), tokens_per_message(tokenizer))
         self._tokenize = ThreadPoolExecutor(max_workers=tokenize_workers or os.cpu_count() or 2,
                                             thread_name_prefix="dflash-tokenize")
         self.draining = ""                        # why new requests are refused ("" = serving)
@@ -236,6 +237,7 @@ class OpenAIApp:
     def make(self):
         """The FastAPI app."""
         from fastapi import FastAPI, Request
+        from starlette.requests import ClientDisconnect
         from fastapi.responses import JSONResponse, StreamingResponse
 
         app = FastAPI(title="dflash-openai", docs_url=None, redoc_url=None, openapi_url=None)
@@ -243,6 +245,11 @@ class OpenAIApp:
         @app.exception_handler(BadRequest)
         async def bad_request(_request, err: BadRequest):
             return JSONResponse(err.body(), status_code=err.status)
+
+        @app.exception_handler(ClientDisconnect)
+        async def client_left(_request, _err):     # mid-body: nobody reads an answer, no traceback either
+            from fastapi.responses import Response
+            return Response(status_code=499)
 
         @app.exception_handler(404)
         async def not_found(request, _err):
@@ -311,6 +318,7 @@ class OpenAIApp:
     def _record(self, body: dict, chat: bool) -> ServedRequest:
         fields = sampling_fields(body, chat=chat)
         if chat:
+            check_message_count(body.get("messages"), self.max_messages)
             fields["prompt_ids"] = apply_chat_template(self.tokenizer, chat_messages(body, self.max_prompt_bytes))
         else:
             fields.update(prompt_fields(body, self.max_prompt_bytes))
@@ -328,8 +336,9 @@ class OpenAIApp:
             self.backend.submit(record)
         except Unavailable as err:
             raise BadRequest(503, None, str(err), kind="service_unavailable") from None
-        except DFlashError as err:
-            raise BadRequest(400, _param(err.field, chat), str(err)) from None
+        except DFlashError as err:       # named as the client named it: max_tokens, not sampling_param_max_tokens
+            param = _param(err.field, chat)
+            raise BadRequest(400, param, str(err).replace(err.field, param)) from None
         self.metrics.start(record)
 
     async def _results(self, record: ServedRequest):
@@ -406,6 +415,7 @@ class OpenAIApp:
         if work.done():
             return work.result()
         self.backend.cancel(record)
+        self.metrics.cancelled(record)
         work.cancel()
         return None, ""
 
@@ -444,6 +454,7 @@ class OpenAIApp:
             yield "data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):   # the client went away mid-stream: free the slot
             self.backend.cancel(record)
+            self.metrics.cancelled(record)
             raise
 
 
@@ -461,7 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash-openai", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("engine_dir", help="a dflash-build deployment directory")
-    p.add_argument("--host", default="127.0.0.1", help="listen address (loopback by default; 0.0.0.0 exposes it)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (loopback by default; 0.0.0.0 exposes it, "
+                   "/health and /metrics included: they are public on this port)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port")
     p.add_argument("--served_model_name", default=None,
                    help="the model id clients send (default: the deployment directory's name)")
@@ -471,6 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "a final error (an SSE error event and [DONE], or a 503) and the server exits 0")
     p.add_argument("--tokenize_workers", type=int, default=None,
                    help="prompts templated/tokenized at once (default: the machine's cores); more wait their turn")
+    p.add_argument("--max_draft_len", type=int, default=None,
+                   help="drafted tokens per step, replacing the deployment's (torch backend); 0 = no drafting: "
+                        "the target alone, autoregressive (the baseline a sweep compares DFlash with)")
+    p.add_argument("--request_timeout_s", type=float, default=30.0,
+                   help="seconds a connection has to send a request's head and body (from its opening, or from "
+                        "the first byte of a later request); then it is closed")
     p.add_argument("--engine_address", default=None,
                    help="serve through the engine process already running at this ipc:// address (started with "
                         "python -m trtllm_dflash.serving.engine_core ENGINE_DIR --address ADDR), so that several "
@@ -526,9 +544,10 @@ def _server_class(openai_app: OpenAIApp, drain_timeout_s: float):
     return Server
 
 
-def load(engine_dir: Path, engine_address: str | None = None):
-    """(backend, tokenizer) for a deployment directory: the torch runtime in an engine process of its own
-    (started here, or the one already running at ``engine_address``: several frontends, one engine)."""
+def load(engine_dir: Path, overrides: dict | None = None, engine_address: str | None = None):
+    """(backend, tokenizer) for a deployment directory; ``overrides``: RuntimeConfig fields for this server. The
+    torch runtime runs in an engine process of its own (started here, or the one already running at
+    ``engine_address``: several frontends, one engine)."""
     from ..checkpoints import manifest as manifest_mod
     from .runtimes import load_backend
 
@@ -538,10 +557,13 @@ def load(engine_dir: Path, engine_address: str | None = None):
         from .engine_client import EngineClient
         from .engine_core import check_address
 
+        if overrides:
+            raise DFlashError(f"--{next(iter(overrides))}", "changes an engine this server starts, not one it attaches "
+                              "to (--engine_address)", "start the engine process with --overrides, or drop it")
         backend = EngineClient(check_address(engine_address), load_tokenizer(engine_dir / "target"),
                                ready_timeout_s=60)
     else:
-        backend = load_backend(engine_dir, record)
+        backend = load_backend(engine_dir, record, overrides)
     tokenizer = getattr(backend, "tokenizer", None) or getattr(getattr(backend, "engine", None), "tokenizer", None)
     if tokenizer is None:
         from transformers import AutoTokenizer
@@ -557,16 +579,30 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         raise DFlashError("dflash-openai", "needs FastAPI and uvicorn",
                           "pip install 'trtllm-dflash[openai]'") from None
+    from .deployment_check import check_deployment
+    from .openai_limits import check_port, timed_protocol
+
     engine_dir = Path(args.engine_dir).expanduser().resolve()
     name = args.served_model_name or engine_dir.name
     if args.drain_timeout_s < 0:
         raise DFlashError("--drain_timeout_s", f"is {args.drain_timeout_s}", "pass seconds >= 0")
+    if args.request_timeout_s <= 0:
+        raise DFlashError("--request_timeout_s", f"is {args.request_timeout_s}", "pass seconds > 0")
     if args.tokenize_workers is not None and args.tokenize_workers < 1:
         raise DFlashError("--tokenize_workers", f"is {args.tokenize_workers}", "pass 1 or more")
-    backend, tokenizer = load(engine_dir, args.engine_address)
+    overrides = {}
+    if args.max_draft_len is not None:
+        if args.max_draft_len < 0:
+            raise DFlashError("--max_draft_len", f"is {args.max_draft_len}", "pass 0 (no drafting) or more")
+        overrides["block_size"] = args.max_draft_len + 1
+    check_port(args.host, args.port)          # before the model loads (tens of seconds), not after
+    check_deployment(engine_dir)
+    backend, tokenizer = load(engine_dir, overrides, args.engine_address)
     openai_app = OpenAIApp(backend, tokenizer, name, args.tokenize_workers)
     app = openai_app.make()
-    server = _server_class(openai_app, args.drain_timeout_s)(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False))
+    server = _server_class(openai_app, args.drain_timeout_s)(uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+        http=timed_protocol(args.request_timeout_s)))
 
     def announce():     # once the socket listens (lifespan startup runs before it is bound)
         while not server.started and not server.should_exit:

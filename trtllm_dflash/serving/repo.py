@@ -98,3 +98,23 @@ def fill_triton(out_dir: Path, manifest: dict, *, decoupled_mode: bool = True,
         if tmp.exists():
             shutil.rmtree(tmp)
     return repo_dir
+
+
+def link_mirror(repo: Path, dest: Path) -> Path:
+    """``dest``: the folders of the model repository ``repo`` with a symbolic link to each of its files.
+
+    Triton serves it exactly as ``repo``, while whatever the python backend writes beside model.py lands in
+    ``dest``: its stub imports model.py with bytecode caching on (its embedded interpreter runs isolated, so
+    PYTHONDONTWRITEBYTECODE never reaches it) and would put ``__pycache__`` into the deployment, which then no
+    longer matches its manifest. model.py finds model.yaml, and through it the deployment, from its resolved path,
+    so the links change nothing it reads."""
+    repo = Path(repo).resolve()
+    for dirpath, dirs, files in os.walk(repo):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        here = Path(dirpath)
+        out = Path(dest) / here.relative_to(repo)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if not name.endswith(".pyc"):
+                os.symlink(here / name, out / name)
+    return Path(dest)

@@ -36,17 +36,21 @@ log = logging.getLogger(__name__)
 MAX_FAILED_STEPS = 3
 
 
-def load_backend(deployment_dir: Path, manifest: dict, engine_process: bool = True):
-    """The backend the manifest names, loaded and ready for requests. The torch runtime runs in an engine
-    process of its own (engine_core.py) behind an ``EngineClient``; ``engine_process=False`` keeps it in this
-    process (a scheduler thread), as before."""
+def load_backend(deployment_dir: Path, manifest: dict, overrides: dict | None = None, engine_process: bool = True):
+    """The backend the manifest names, loaded and ready for requests. ``overrides``: RuntimeConfig fields that
+    replace the deployment's for this server (torch backend only). The torch runtime runs in an engine process of
+    its own (engine_core.py) behind an ``EngineClient``; ``engine_process=False`` keeps it in this process (a
+    scheduler thread), as before."""
     backend = manifest.get("backend")
     if backend == "torch" and engine_process:
         from .engine_client import EngineClient
-        return EngineClient.spawn(deployment_dir)
+        return EngineClient.spawn(deployment_dir, overrides=overrides or None)
     if backend == "torch":
-        return TorchBackend.from_deployment(deployment_dir, manifest)
+        return TorchBackend.from_deployment(deployment_dir, manifest, overrides or {})
     if backend == "trtllm":
+        if overrides:
+            raise DFlashError(f"--{next(iter(overrides))}", "overrides the torch runtime only",
+                              "drop it, or change the deployment's llm_api_options.yaml")
         return TrtllmBackend.from_deployment(deployment_dir)
     raise DFlashError("manifest.backend", f"is {backend!r}", "use torch or trtllm (rebuild with dflash-build)")
 
@@ -106,7 +110,8 @@ class TorchBackend:
             self._scheduler.start()
 
     @classmethod
-    def from_deployment(cls, deployment_dir: Path, manifest: dict, threaded: bool = True) -> "TorchBackend":
+    def from_deployment(cls, deployment_dir: Path, manifest: dict, overrides: dict | None = None,
+                        threaded: bool = True) -> "TorchBackend":
         from ..runtime.engine import Engine
 
         tp_size = int(manifest.get("tp_size", 1))
@@ -121,7 +126,7 @@ class TorchBackend:
         if followers is not None:
             threading.Thread(target=_exit_if_ranks_fail, args=(followers, loaded), daemon=True).start()
         try:
-            engine = Engine.from_deployment(deployment_dir)
+            engine = Engine.from_deployment(deployment_dir, **(overrides or {}))
         except BaseException:
             stop_process(followers)
             raise

@@ -7,8 +7,6 @@ In: a deployment directory (serves ``DIR/triton``; ``--fill`` fills a temporary 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import json
 import os
 import secrets
 import shlex
@@ -21,11 +19,14 @@ import time
 import http.client
 from pathlib import Path
 
+from ..bench.helpformat import HelpFormatter
 from ..errors import DFlashError
 from .grpc_guard import GrpcGuard, GrpcLimits
-from .http_guard import GuardLimits, HttpGuard
+from .http_guard import GuardLimits, HttpGuard, metrics_only, triton_routes
 from .launch import http_connection
-from .repo import MODEL_NAME, fill_triton
+from .deployment_check import check_deployment
+from .repo import MODEL_NAME, fill_triton, link_mirror
+from .restricted import ADMIN_HEADER, RESTRICTED_APIS
 from .triton_env import TritonBinary, find_tritonserver
 from .triton_model import CONTROL_DIR_ENV, SUPERVISOR_PID_ENV
 
@@ -40,7 +41,7 @@ EPILOG = """examples:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dflash-serve", description=__doc__, epilog=EPILOG,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("engine_dir", type=Path, help="deployment directory (dflash-build output) or model repository")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for all interfaces")
     p.add_argument("--http_port", type=int, default=8000, help="KServe v2 HTTP/REST (generate, generate_stream)")
@@ -52,8 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --fill: true streams (gRPC stream, generate_stream); false allows unary gRPC infer "
                         "[default: true]")
     p.add_argument("--exit_timeout_secs", type=int, default=10,
-                   help="tritonserver's own wait for in-flight requests once it is told to stop (it is killed "
-                        "after this plus 5 s)")
+                   help="seconds (named after tritonserver's --exit-timeout-secs): its own wait for in-flight "
+                        "requests once it is told to stop (it is killed after this plus 5 s)")
     p.add_argument("--drain_timeout_s", type=float, default=10.0,
                    help="on SIGTERM / Ctrl-C, seconds for the model to end its running requests (each client gets "
                         "a final response saying the server is shutting down); after it, calls still open (an "
@@ -63,9 +64,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="true: a small guard listens on --http_port and relays to Triton on an internal loopback "
                         "port, answering itself (4xx, one line naming the field) bodies over --max_body_bytes, "
                         "form bodies over 1 MiB, JSON nested over 64 deep and /generate asked to stream, which "
-                        "crash or confuse Triton 2.51; false: Triton listens on --http_port itself")
+                        "crash or confuse Triton 2.51, and a second one on --metrics_port serves only GET /metrics; "
+                        "false: Triton listens on --http_port and --metrics_port itself")
     p.add_argument("--max_body_bytes", type=int, default=GuardLimits.max_body_bytes,
                    help="with --http_guard true: the largest HTTP request body relayed to Triton")
+    p.add_argument("--idle_timeout_s", type=float, default=GuardLimits.idle_timeout_s,
+                   help="with --http_guard true: seconds a connection may wait for a request's first byte (a new "
+                        "one, or a keep-alive one between requests) before it is closed")
     p.add_argument("--read_timeout_s", type=float, default=GuardLimits.read_timeout_s,
                    help="with --http_guard true: seconds a client has to send a request's head and body once "
                         "it began (408 after it)")
@@ -75,6 +80,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "and bounding calls per client and in total; false: Triton listens on --grpc_port itself")
     p.add_argument("--max_grpc_message_bytes", type=int, default=GrpcLimits.max_message_bytes,
                    help="with --grpc_guard true: the largest gRPC message relayed to Triton")
+    p.add_argument("--grpc_idle_stream_s", type=float, default=GrpcLimits.idle_stream_s,
+                   help="with --grpc_guard true: a stream with no request outstanding and no message either way "
+                        "for this long ends (DEADLINE_EXCEEDED); at the call bound, streams idle over 1 s end first "
+                        "to make room")
+    p.add_argument("--max_grpc_bytes_in_flight", type=int, default=GrpcLimits.max_bytes_in_flight,
+                   help="with --grpc_guard true: request bytes Triton may hold for all gRPC calls together (half "
+                        "of it per client address); beyond it a message gets RESOURCE_EXHAUSTED")
     p.add_argument("--max_restarts", type=int, default=3,
                    help="restart tritonserver at most this many times in a row when it crashes or its engine "
                         "breaks (the count starts again after --restart_reset_s of serving)")
@@ -82,7 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds of serving after which earlier restarts no longer count: a crash loop (a bad "
                         "engine, a request that kills every fresh server) shows within minutes; crashes hours "
                         "apart are separate events, not a loop")
-    p.add_argument("--ready_timeout", type=float, default=900.0, help="seconds to wait for the model to load")
+    p.add_argument("--ready_timeout_s", "--ready_timeout", dest="ready_timeout", type=float, default=900.0,
+                   help="seconds to wait for the model to load")
     p.add_argument("--dry_run", action="store_true", help="print the tritonserver command and exit")
     p.add_argument("extra", nargs="*", help="after --: more tritonserver flags, passed as they are")
     args = p.parse_args(argv)
@@ -94,8 +107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def resolve_repo(path: Path, fill: bool, decoupled_mode: bool, workdir: Path) -> Path:
     """The model repository to serve for ``path`` (a deployment directory or a repository)."""
     if (path / "manifest.json").is_file():
+        # a broken file is one line naming it now, not a model-load failure in Triton's log
+        manifest = check_deployment(path)
         if fill:
-            manifest = json.loads((path / "manifest.json").read_text())
             return fill_triton(path, manifest, decoupled_mode=decoupled_mode, repo_dir=workdir / "triton")
         repo = path / "triton"
         if not (repo / MODEL_NAME / "config.pbtxt").is_file():
@@ -110,33 +124,32 @@ def resolve_repo(path: Path, fill: bool, decoupled_mode: bool, workdir: Path) ->
                       "pass the output directory of dflash-build")
 
 
-# Triton's APIs that no client of this model needs and that must not be open to one: system/CUDA shared
-# memory (registering a region by key is a step of CVE-2025-23320/23334's chain), loading and unloading
-# models, tracing and log settings. They answer 403 unless a request carries the header below.
-# The key is in tritonserver's argv, which any local user can read in /proc, so it must open nothing: the
-# guards drop this header from every request they relay, and behind them Triton's HTTP and gRPC listen
-# only on Unix sockets in dflash-serve's private (0700) temporary directory, which other users cannot
-# reach. (Triton 2.51 reads the key from its command line only: no config file or environment variable.)
-RESTRICTED_APIS = "shared-memory,model-repository,trace,logging"
-ADMIN_HEADER = "dflash-admin-key"
+# Triton's restricted APIs (serving/restricted.py) answer 403 unless a request carries the admin header.
+# The key is in tritonserver's argv (Triton 2.51 reads it from its command line only: no config file or
+# environment variable), which any local user can read in /proc, so it must open nothing: behind the guards
+# Triton's HTTP, gRPC and metrics listen only on Unix sockets in dflash-serve's private (0700) temporary
+# directory, and the guards refuse the restricted APIs by name and drop the header under every spelling.
 
 
 def build_cmd(binary: TritonBinary, repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int,
               exit_timeout_secs: int = 10, extra: list[str] = (), admin_key: str = "",
-              http: tuple[str, int] | None = None, grpc: tuple[str, int] | None = None) -> list[str]:
+              http: tuple[str, int] | None = None, grpc: tuple[str, int] | None = None,
+              metrics: tuple[str, int] | None = None) -> list[str]:
     """The tritonserver command line, as a list (printed by --dry_run, tested as data). ``admin_key``:
     the value of the header that opens the restricted APIs (random per server by default); ``http`` /
-    ``grpc``: (address, port) of Triton's HTTP / gRPC front end when it is not ``host`` and the user's
-    port (behind the guards: ``unix:PATH``, which Triton 2.51 binds as a Unix socket)."""
+    ``grpc`` / ``metrics``: (address, port) of Triton's HTTP / gRPC / metrics front end when it is not
+    ``host`` and the user's port (behind the guards: ``unix:PATH``, which Triton 2.51 binds as a Unix
+    socket)."""
     http_host, http_port = http or (host, http_port)
     grpc_host, grpc_port = grpc or (host, grpc_port)
+    metrics_host, metrics_port = metrics or (host, metrics_port)
     key = admin_key or secrets.token_hex(16)
     cmd = [binary.path, f"--model-repository={Path(repo).resolve()}"]
     if binary.backend_dir:
         cmd.append(f"--backend-directory={binary.backend_dir}")
     cmd += [f"--http-address={http_host}", f"--http-port={http_port}",
             f"--grpc-address={grpc_host}", f"--grpc-port={grpc_port}",
-            f"--metrics-address={host}", f"--metrics-port={metrics_port}",
+            f"--metrics-address={metrics_host}", f"--metrics-port={metrics_port}",
             f"--exit-timeout-secs={exit_timeout_secs}",
             f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={key}",
             f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={key}"]
@@ -146,19 +159,24 @@ def build_cmd(binary: TritonBinary, repo: Path, host: str, http_port: int, grpc_
 
 
 def server_env(binary: TritonBinary) -> dict[str, str]:
-    # PYTHONDONTWRITEBYTECODE: the stub would otherwise write __pycache__ into the repository.
+    # PYTHONDONTWRITEBYTECODE: no bytecode from the processes the model starts (TP ranks). It does not reach the
+    # python-backend stub itself (isolated interpreter): main() serves a linked copy of the repository for that.
     return {**binary.env, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def _die_with_parent() -> None:
-    # The server runs in its own session (so Ctrl-C reaches it once, from us); this makes the kernel
-    # stop it should dflash-serve itself be killed.
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+# Run as ``python -c _EXEC_DYING_WITH_PARENT cmd...``: the server runs in its own session (so Ctrl-C reaches it
+# once, from us); PR_SET_PDEATHSIG makes the kernel stop it should dflash-serve itself be killed, and it
+# survives the exec. Set in a launcher rather than a preexec_fn: with a preexec_fn Python forks, and a fork of
+# this process, whose gRPC guard has threads inside gRPC, ran gRPC's fork handlers in the child, which
+# aborted now and then before the exec ("skipping fork() handlers", then epoll "Bad file descriptor": the
+# SIGABRT seen in about 1 of 20 starts). Without one, subprocess uses vfork, which runs no fork handlers.
+_EXEC_DYING_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+                           "os.execvp(sys.argv[1], sys.argv[1:])")
 
 
 def start(cmd: list[str], env: dict[str, str], stdout=None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env={**os.environ, **env}, stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
-                            start_new_session=True, preexec_fn=_die_with_parent)
+    return subprocess.Popen([sys.executable, "-c", _EXEC_DYING_WITH_PARENT, *cmd], env={**os.environ, **env},
+                            stdout=stdout, stderr=subprocess.STDOUT if stdout else None, start_new_session=True)
 
 
 def is_ready(target: str) -> bool:
@@ -276,14 +294,24 @@ class Supervisor:
             for path in (*(self.control / name for name in ("stop", "drained", "broken")), *self.sockets):
                 path.unlink(missing_ok=True)
             self.proc = start(self.cmd, self.env)
+            print("dflash-serve: loading the model (up to a minute or more: weights, and on a CPU the adaptive draft "
+                  "policy measures step costs first)...", flush=True)
             try:
                 seconds = wait_ready(self.proc, self.triton_http, self.args.ready_timeout,
                                      stopping=lambda: bool(self.signals))
             except DFlashError:
+                exited = self.proc.poll() is not None
                 self.stop(graceful=False)
                 if self.signals:
                     return 0
-                raise
+                if not exited or restarts >= self.args.max_restarts:
+                    raise
+                # tritonserver 2.51 aborts now and then before it is ready (gRPC's "skipping fork()
+                # handlers", then epoll "Bad file descriptor"): a start is retried as a crash is
+                restarts += 1
+                print(f"dflash-serve: tritonserver exited with code {self.proc.returncode} before it was ready; "
+                      f"starting it again ({restarts} of at most {self.args.max_restarts})", flush=True)
+                continue
             if self.signals:
                 return self.stop()
             self.shm |= shm_regions(self.proc.pid)
@@ -390,10 +418,15 @@ def main(argv: list[str] | None = None) -> int:
         guarded, grpc_guarded = args.http_guard == "true", args.grpc_guard == "true"
         # Behind a guard, Triton listens on a Unix socket in this private (0700) directory: only the guard
         # (and this user) can reach it, so no one goes around the guard's checks.
+        # Triton's metrics port goes with the HTTP guard: Triton 2.51 crashes on a 5 MiB form POST to /metrics.
         http_sock, grpc_sock = f"unix:{work}/triton-http.sock", f"unix:{work}/triton-grpc.sock"
-        cmd = build_cmd(binary, args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
+        # Triton serves links to the repository from this private directory, so that nothing it writes (the python
+        # backend's __pycache__) lands in the deployment (repo.link_mirror). A dry run prints the repository itself.
+        served = args.repo if args.dry_run else link_mirror(args.repo, Path(work) / "served")
+        metrics_sock = f"unix:{work}/triton-metrics.sock"
+        cmd = build_cmd(binary, served, args.host, args.http_port, args.grpc_port, args.metrics_port,
                         args.exit_timeout_secs, args.extra, http=(http_sock, 1) if guarded else None,
-                        grpc=(grpc_sock, 1) if grpc_guarded else None)
+                        grpc=(grpc_sock, 1) if grpc_guarded else None, metrics=(metrics_sock, 1) if guarded else None)
         env = server_env(binary)
         if args.dry_run:
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(cmd))
@@ -404,27 +437,39 @@ def main(argv: list[str] | None = None) -> int:
         control.mkdir()
         env.update({CONTROL_DIR_ENV: str(control), SUPERVISOR_PID_ENV: str(os.getpid())})
         print(f"dflash-serve: tritonserver from {binary.source}: {binary.path}", flush=True)
-        guard = grpc_guard = None
+        guard = grpc_guard = metrics_guard = None
         try:
             if guarded:
                 limits = GuardLimits(max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout_s,
+                                     idle_timeout_s=args.idle_timeout_s,
                                      max_buffered_bytes=max(GuardLimits.max_buffered_bytes, 4 * args.max_body_bytes),
                                      max_client_bytes=max(GuardLimits.max_client_bytes, args.max_body_bytes + (1 << 20)))
-                guard = HttpGuard(args.host, args.http_port, http_sock, limits, drop_header=ADMIN_HEADER)
+                guard = HttpGuard(args.host, args.http_port, http_sock, limits, drop_header=ADMIN_HEADER,
+                                  route=triton_routes)
                 guard.start()
                 print(f"dflash-serve: HTTP guard on {args.host}:{args.http_port} -> Triton on {http_sock}", flush=True)
+                metrics_guard = HttpGuard(args.host, args.metrics_port, metrics_sock, limits, route=metrics_only,
+                                          name="--metrics_port")
+                metrics_guard.start()
+                print(f"dflash-serve: metrics guard on {args.host}:{args.metrics_port} -> Triton on {metrics_sock}",
+                      flush=True)
             if grpc_guarded:
                 # Triton binds "unix:PATH" + ":" + port: the socket file's name ends in ":1"
                 grpc_guard = GrpcGuard(args.host, args.grpc_port, f"{grpc_sock}:1", ADMIN_HEADER,
-                                       GrpcLimits(max_message_bytes=args.max_grpc_message_bytes))
+                                       GrpcLimits(max_message_bytes=args.max_grpc_message_bytes,
+                                                  idle_stream_s=args.grpc_idle_stream_s,
+                                                  max_bytes_in_flight=args.max_grpc_bytes_in_flight,
+                                                  max_client_bytes_in_flight=max(args.max_grpc_message_bytes,
+                                                                                 args.max_grpc_bytes_in_flight // 2)))
                 grpc_guard.start()
                 print(f"dflash-serve: gRPC guard on {args.host}:{args.grpc_port} -> Triton on {grpc_sock}:1",
                       flush=True)
-            sockets = (Path(work) / "triton-http.sock", Path(work) / "triton-grpc.sock:1")
+            sockets = (Path(work) / "triton-http.sock", Path(work) / "triton-grpc.sock:1",
+                       Path(work) / "triton-metrics.sock")
             return Supervisor(cmd, env, control, args, guard, http_sock if guarded else None, grpc_guard,
                               sockets).run()
         finally:
-            for g in (guard, grpc_guard):
+            for g in (guard, grpc_guard, metrics_guard):
                 if g is not None:
                     g.stop()
 

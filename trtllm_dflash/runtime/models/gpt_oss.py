@@ -44,7 +44,7 @@ from torch import nn
 from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
-from ..shard import expert_layout
+from ..shard import check_heads, expert_layout, kv_heads_per_rank
 from . import mxfp4
 from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, _fused, apply_rope, attend_cache, project, rope_cache_write,
                      rope_parameters, uses_attention_kernel)
@@ -117,9 +117,11 @@ class GptOssConfig:
 
 
 def check_parallel(c: GptOssConfig, tp_size: int, ep_size: int) -> None:
-    checks = [("num_attention_heads", c.num_heads, tp_size, "tp_size"),
-              ("num_key_value_heads", c.num_kv_heads, tp_size, "tp_size"),
-              ("num_local_experts", c.num_experts, ep_size, "ep_size")]
+    problem = check_heads(c.num_heads, c.num_kv_heads, tp_size)
+    if problem:
+        raise DFlashError("tp_size", f"{problem} of the target", "pick a tp_size that divides the attention heads "
+                          "and divides or is a multiple of the KV heads")
+    checks = [("num_local_experts", c.num_experts, ep_size, "ep_size")]
     if tp_size % ep_size:
         raise DFlashError("ep_size", f"{ep_size} does not divide tp_size {tp_size} (experts are split over the tp "
                           "ranks as moe_tp x ep)", "use an ep_size that divides tp_size")
@@ -187,7 +189,7 @@ def attend_with_sinks(q, k, v, visible, sinks, scale: float) -> torch.Tensor:
 class Attention(nn.Module):
     def __init__(self, c: GptOssConfig, tp: TPGroup, sliding: bool):
         super().__init__()
-        self.h, self.kvh, self.d = c.num_heads // tp.size, c.num_kv_heads // tp.size, c.head_dim
+        self.h, self.kvh, self.d = c.num_heads // tp.size, kv_heads_per_rank(c.num_kv_heads, tp.size), c.head_dim
         self.qkv_proj = nn.Linear(c.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=c.attention_bias)
         self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)
         self.sinks = nn.Parameter(torch.empty(self.h))  # this rank's q heads' sink logits

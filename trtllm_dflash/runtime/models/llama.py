@@ -15,6 +15,7 @@ from torch import nn
 from ...errors import DFlashError
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
+from ..shard import check_heads, kv_heads_per_rank
 from ..kernels import resolve_attention_kernel
 from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, attend, attend_cache, gate_up_silu, gemm, group_mask,
                      project, rope_cache_write, rope_parameters, uses_attention_kernel, uses_gemm_kernel)
@@ -65,10 +66,10 @@ class TargetConfig:
 
 
 def check_tp(num_heads: int, num_kv_heads: int, tp_size: int, who: str) -> None:
-    for name, n in (("num_attention_heads", num_heads), ("num_key_value_heads", num_kv_heads)):
-        if n % tp_size:
-            raise DFlashError(f"tp_size", f"{tp_size} does not divide the {who}'s {name} ({n})",
-                              f"use a tp_size that divides {n}")
+    problem = check_heads(num_heads, num_kv_heads, tp_size)
+    if problem:
+        valid = [k for k in range(1, num_heads + 1) if check_heads(num_heads, num_kv_heads, k) is None]
+        raise DFlashError("tp_size", f"{problem} of the {who}", f"use one of {valid}")
 
 
 class Attention(nn.Module):
@@ -77,7 +78,7 @@ class Attention(nn.Module):
 
     def __init__(self, c, tp: TPGroup, qk_norm: bool, o_bias: bool):
         super().__init__()
-        self.h, self.kvh, self.d = c.num_heads // tp.size, c.num_kv_heads // tp.size, c.head_dim
+        self.h, self.kvh, self.d = c.num_heads // tp.size, kv_heads_per_rank(c.num_kv_heads, tp.size), c.head_dim
         self.qkv_proj = nn.Linear(c.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=c.attention_bias)
         self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=o_bias)
         self.q_norm = RMSNorm(self.d, c.rms_norm_eps) if qk_norm else None

@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: Apache-2.0
+"""benchmarks/e2e_summary.py: DFlash / AR per (dataset, concurrency) and path (in-process, dflash-openai)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("e2e_summary", ROOT / "benchmarks" / "e2e_summary.py")
+e2e_summary = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(e2e_summary)
+
+
+def _row(backend, dataset, c, mode, tok_s_user, tok_s_gpu=None, al=None):
+    return {"settings": {"backend": backend, "dataset": dataset, "concurrency": c, "mode": mode},
+            "metrics": {"tok_s_user": tok_s_user, "tok_s_gpu": tok_s_gpu, "acceptance_length_mean": al}}
+
+
+def test_ratios_per_path_and_the_worst_adaptive_level():
+    rows = [_row("engine", "humaneval", 1, "ar", 1000.0), _row("engine", "humaneval", 1, "dflash", 2500.0, al=3.6),
+            _row("engine", "humaneval", 1, "adaptive", 2400.0),
+            _row("engine", "humaneval", 64, "ar", 400.0), _row("engine", "humaneval", 64, "adaptive", 380.0),
+            _row("openai", "humaneval", 1, "ar", 800.0), _row("openai", "humaneval", 1, "dflash", 1600.0),
+            _row("openai", "humaneval", 1, "adaptive", 1700.0)]
+    s = e2e_summary.summarize(rows)
+    assert s["dflash_over_ar_tok_s_b1_humaneval"] == 2.5
+    assert s["adaptive_over_ar_tok_s_b1_humaneval"] == 2.4
+    assert s["dflash_over_ar_tok_s_b1_humaneval_openai"] == 2.0
+    assert s["adaptive_over_ar_tok_s_b1_humaneval_openai"] == 2.125
+    assert s["min_adaptive_over_ar_inprocess"] == 0.95 and s["min_adaptive_over_ar_openai"] == 2.125
+    assert s["levels"]["humaneval_c1"]["inprocess"]["dflash"]["acceptance_length"] == 3.6
+    assert s["dflash_over_ar_tok_s_b1_mtbench"] is None      # not measured: no figure rather than a guess
+
+
+def test_main_refuses_an_empty_sweep(tmp_path, capsys):
+    empty = tmp_path / "rows.jsonl"
+    empty.write_text("")
+    assert e2e_summary.main(["--sweep", str(empty), "--out", str(tmp_path / "out.json")]) == 2
+    assert "holds no rows" in capsys.readouterr().err
+    rows = tmp_path / "r.jsonl"
+    rows.write_text(json.dumps(_row("engine", "mtbench", 1, "ar", 10.0)) + "\n")
+    assert e2e_summary.main(["--sweep", str(rows), "--out", str(tmp_path / "out.json")]) == 0
+    assert json.loads((tmp_path / "out.json").read_text())["provenance"]["git"]["sha"]

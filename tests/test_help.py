@@ -1,0 +1,42 @@
+# SPDX-License-Identifier: Apache-2.0
+"""--help of the console scripts: examples one per line as written, defaults shown once and only where they say
+something, no line a terminal has to wrap twice."""
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from trtllm_dflash import cli
+
+COMMANDS = {"dflash-build": cli.build_main, "dflash-train": cli.train_main, "dflash-serve": cli.serve_main,
+            "dflash-client": cli.client_main, "dflash-generate": cli.generate_main, "dflash-sweep": cli.sweep_main,
+            "dflash-plot": cli.plot_main}
+
+
+def help_text(main) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main(["--help"])
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_keeps_examples_and_prints_each_default_once(name):
+    text = help_text(COMMANDS[name])
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 120, max(lines, key=len)
+    for bad in ("(default: None)", "(default: True)", "(default: False)", "(default: )", "] (default:"):
+        assert bad not in text, bad
+    examples = lines[lines.index("examples:") + 1:]
+    commands = [ln for ln in examples if ln.lstrip().startswith(name + " ")]
+    assert len(commands) >= 2 and all(ln.startswith("  ") for ln in commands)   # one per line, not reflowed
+    # a continued example keeps its backslash at the end of the line (never joined into one long line)
+    assert all(ln.rstrip().endswith("\\") or "\\ " not in ln for ln in examples)
+
+
+def test_build_help_example_is_whole_and_gpu_is_explained():
+    text = help_text(cli.build_main)
+    assert "--out engines/qwen3-8b/tp2" in text and "--out e\n" not in text
+    assert "not this machine's" in " ".join(text.split())
