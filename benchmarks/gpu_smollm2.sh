@@ -17,6 +17,10 @@
 #           .carry/soakw1 + soakw2 overlay, else it is skipped and the summary says so), 5 waves per level,
 #           HumanEval prompts, 128 new tokens -> sweep_smollm2_h100_v3.jsonl, plots, .summary.json (REGEN_TOK_S=
 #           fills regen_tok_s_b256 from a separate regeneration run). SMOKE=1: a tiny pair on the CPU, levels 1,4
+#   sweep4  issue #31: sweep3 at concurrency 1,16,64,256, with AR and DFlash through dflash-openai and Triton at every
+#           level too (AR: the same deployment at block_size 1, deploy3ar) -> sweep_smollm2_h100_v4.jsonl +
+#           .summary.json (openai_ar_tok_s_c256, openai_ttft_p50_over_inprocess_c64 besides sweep3's keys); the
+#           servers run the engine in its own process. Needs pyzmq on the host (msgpack is there). SMOKE=1: CPU toy
 #   quant   ModelOpt FP8 build on the GPU + benchmarks/quant_report.py (weight-only vs fp8_gemm) -> quant_*.json
 #   gputests  pytest -m gpu (every gpu-marked module; the real SmolLM2 from prep's cache) -> gpu_tests_h100.json
 #   cudacheck benchmarks/cuda_check.py --smollm2 (every row, float32 + bf16) -> cuda_check_h100.json
@@ -53,7 +57,7 @@
 #   SMOKE=1      the same commands on CPU with a tiny corpus/run: seconds to minutes, no GPU (the CPU check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: $0 wheels|prep|regen|train|eval|sweep|sweep2|sweep3|quant|gputests|cudacheck|soak|stash|regen_shards|train_big|ckpt_pull|eval_big}
+STAGE=${1:?usage: $0 wheels|prep|regen|train|eval|sweep|sweep2|sweep3|sweep4|quant|gputests|cudacheck|soak|stash|regen_shards|train_big|ckpt_pull|eval_big}
 SITE=${DFLASH_SITE:-/tmp/dflash_site}
 # Each arrived wheel once (a marker per wheel: the folders arrive over several calls). tokenizers waits until a
 # transformers wheel has arrived too: transformers pins its tokenizers range, and SITE comes first on PYTHONPATH,
@@ -174,7 +178,7 @@ case $STAGE in
     $PY benchmarks/sweep2_summary.py --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy2" --batch $BATCH \
       --input_len $INPUT --out "$OUT/$NAME.summary.json"
     ;;
-  sweep3)
+  sweep3|sweep4)
     # Issue #22: AR vs DFlash fixed vs DFlash adaptive in-process at concurrency 1..256, then at concurrency 64 the
     # same prompts through dflash-openai and Triton (dflash-serve); each level 5 waves (num_requests = 5 x
     # concurrency, after concurrency warm-up requests). Budget ~8 min on an H100.
@@ -191,8 +195,24 @@ from trtllm_dflash.checkpoints.packaged import smollm2_target_dir as s; w(Path(s
       LOAD=(--dataset humaneval --max_new_tokens 128)
       LEVELS=1,4,16,64,256; MID=64; TOP=256; NAME=sweep_smollm2_h100_v3; INPUT=128
     fi
+    # sweep4 (issue #31: the engine in its own process): AR and DFlash through both servers at every level
+    SERVED=$MID; SERVED_MODES=(dflash)
+    if [ "$STAGE" = sweep4 ]; then
+      SERVED_MODES=(dflash ar)
+      if [ "${SMOKE:-0}" = 1 ]; then NAME=sweep4_smoke; SERVED=1,4
+      else LEVELS=1,16,64,256; SERVED=$LEVELS; NAME=sweep_smollm2_h100_v4; fi
+    fi
     # fixed: what dflash-serve runs on a GPU by default, and the in-process DFlash run the servers are compared with
     $PY -m trtllm_dflash.build "${PAIR[@]}" --backend torch --draft_policy fixed --out "$RUN/deploy3" --force
+    # the servers' AR runs: the same deployment at block_size 1 (links to its checkpoints; its own Triton repo)
+    if [ "$STAGE" = sweep4 ]; then
+      $PY -c "import json, os, sys, shutil; from pathlib import Path; from trtllm_dflash.serving.repo import fill_triton
+src, dst = Path(sys.argv[1]), Path(sys.argv[2]); shutil.rmtree(dst, ignore_errors=True); dst.mkdir(parents=True)
+for p in src.iterdir():
+    if p.name not in ('manifest.json', 'triton'): os.symlink(p.resolve(), dst / p.name)
+m = json.loads((src / 'manifest.json').read_text()); m['runtime']['block_size'] = 1
+(dst / 'manifest.json').write_text(json.dumps(m, indent=2)); fill_triton(dst, m)" "$RUN/deploy3" "$RUN/deploy3ar"
+    fi
     rm -f "$OUT/$NAME.jsonl"
     SWEEP=($PY -m trtllm_dflash.bench.sweep --engine "$RUN/deploy3" "${LOAD[@]}" --out "$OUT/$NAME.jsonl")
     for mode in ar dflash adaptive; do
@@ -211,18 +231,24 @@ from trtllm_dflash.checkpoints.packaged import smollm2_target_dir as s; w(Path(s
           echo "$label: not ready (see $log)"; tail -20 "$log"; kill -TERM -- -$pid 2>/dev/null; return 1
         fi
       done
-      "${SWEEP[@]}" --mode dflash --concurrency $MID "${flags[@]}" --label "DFlash via $label" || rc=$?
+      "${SWEEP[@]}" --mode $MODE --concurrency $SERVED "${flags[@]}" --label "$MLABEL via $label" || rc=$?
       kill -TERM -- -$pid; wait $pid || true
       return $rc
     }
-    serve_and_sweep dflash-openai "dflash-openai: ready" --backend openai --url 127.0.0.1:$((PORT + 0)) -- \
-      $PY -m trtllm_dflash.serving.openai_server "$RUN/deploy3" --port $((PORT + 0)) --served_model_name deploy3 \
-      || NOTES+=(--note "dflash-openai: the run failed (see $NAME.dflash-openai.log)")
+    for MODE in "${SERVED_MODES[@]}"; do
+      if [ $MODE = ar ]; then D=deploy3ar MLABEL=AR; else D=deploy3 MLABEL=DFlash; fi
+      serve_and_sweep dflash-openai "dflash-openai: ready" --backend openai --url 127.0.0.1:$((PORT + 0)) -- \
+        $PY -m trtllm_dflash.serving.openai_server "$RUN/$D" --port $((PORT + 0)) --served_model_name deploy3 \
+        || NOTES+=(--note "dflash-openai $MODE: the run failed (see $NAME.dflash-openai.log)")
+    done
     if [ "${SMOKE:-0}" = 1 ] || [ -d .carry/soakw1 ]; then
-      (if [ "${SMOKE:-0}" != 1 ]; then triton_overlay || exit 3; fi
-       serve_and_sweep Triton "dflash-serve: ready" --backend triton --url 127.0.0.1:$((PORT + 11)) -- \
-         $PY -m trtllm_dflash.serving.server "$RUN/deploy3" --http_port $((PORT + 10)) --grpc_port $((PORT + 11)) --metrics_port $((PORT + 12))) \
-        || NOTES+=(--note "Triton: not measured (the run failed or the numpy-1 overlay had not arrived; see the log)")
+      for MODE in "${SERVED_MODES[@]}"; do
+        if [ $MODE = ar ]; then D=deploy3ar MLABEL=AR; else D=deploy3 MLABEL=DFlash; fi
+        (if [ "${SMOKE:-0}" != 1 ]; then triton_overlay || exit 3; fi
+         serve_and_sweep Triton "dflash-serve: ready" --backend triton --url 127.0.0.1:$((PORT + 11)) -- \
+           $PY -m trtllm_dflash.serving.server "$RUN/$D" --http_port $((PORT + 10)) --grpc_port $((PORT + 11)) --metrics_port $((PORT + 12))) \
+          || NOTES+=(--note "Triton $MODE: not measured (the run failed or the numpy-1 overlay had not arrived; see the log)")
+      done
     else
       NOTES+=(--note "Triton: not measured (.carry/soakw1, the nvidia-pytriton + numpy-1 overlay, is not on this host)")
     fi

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Summary of the AR / DFlash fixed / DFlash adaptive sweep (gpu_smollm2.sh stages sweep2 and sweep3).
+"""Summary of the AR / DFlash fixed / DFlash adaptive sweep (gpu_smollm2.sh stages sweep2, sweep3 and sweep4).
 
     python benchmarks/sweep2_summary.py --sweep sweep.jsonl --engine DEPLOY --batch 64 --input_len 128 --out summary.json
     python benchmarks/sweep2_summary.py ... --top 256 --regen_tok_s 41000     # sweep3: the issue #22 keys as well
@@ -14,6 +14,9 @@
 - ``openai_over_inprocess_c<batch>``, ``triton_over_inprocess_c<batch>``: tok/s of the runs labelled
   ``DFlash via dflash-openai`` / ``DFlash via Triton`` (the same prompts through the servers) over the
   in-process ``DFlash`` run at that concurrency; null when the sweep has no such run (``notes`` says why).
+- ``openai_ar_tok_s_c<top>``, ``triton_ar_tok_s_c<top>`` (sweep4): AR's tok/s through the servers (runs labelled
+  ``AR via dflash-openai`` / ``AR via Triton``, an AR deployment of the same pair); null without such a run.
+- ``openai_ttft_p50_over_inprocess_c<batch>``, ``triton_...``: the servers' TTFT p50 over in-process DFlash's.
 - ``regen_tok_s_b<top>``: ``--regen_tok_s`` (dflash-train's regeneration, a separate run); null if not given.
 - ``steady_state``: requests per level over the concurrency (waves) and seconds measured, per run.
 """
@@ -47,6 +50,7 @@ def steady_step_ms(engine_dir: Path, batch: int, input_len: int, mode: str, step
 
 
 SERVERS = {"openai": "DFlash via dflash-openai", "triton": "DFlash via Triton"}
+AR_SERVERS = {"openai": "AR via dflash-openai", "triton": "AR via Triton"}
 
 
 def serving_keys(rows: list[dict], batch: int, top: int, regen_tok_s: float | None) -> dict:
@@ -55,11 +59,20 @@ def serving_keys(rows: list[dict], batch: int, top: int, regen_tok_s: float | No
         at = [r for r in rows if r["label"] == label and r["settings"]["concurrency"] == c]
         return at[-1]["metrics"]["total_tok_s"] if at else None
 
+    def ttft_p50(label: str, c: int) -> float | None:
+        at = [r for r in rows if r["label"] == label and r["settings"]["concurrency"] == c]
+        return at[-1]["metrics"]["ttft_ms"]["p50"] if at else None
+
     out = {f"ar_tok_s_c{batch}": tok_s("AR", batch), f"ar_tok_s_c{top}": tok_s("AR", top)}
-    inproc = tok_s("DFlash", batch)
+    inproc, inproc_ttft = tok_s("DFlash", batch), ttft_p50("DFlash", batch)
     for key, label in SERVERS.items():
         served = tok_s(label, batch)
         out[f"{key}_over_inprocess_c{batch}"] = served / inproc if served and inproc else None
+        # sweep4: AR through the servers too (an AR deployment), and the servers' TTFT
+        out[f"{key}_ar_tok_s_c{top}"] = tok_s(AR_SERVERS[key], top)
+        served_ttft = ttft_p50(label, batch)
+        out[f"{key}_ttft_p50_over_inprocess_c{batch}"] = (served_ttft / inproc_ttft if served_ttft and inproc_ttft
+                                                          else None)
     out[f"regen_tok_s_b{top}"] = regen_tok_s
     out["steady_state"] = [{"label": r["label"], "concurrency": r["settings"]["concurrency"],
                             "waves": r["metrics"]["num_requests"] / r["settings"]["concurrency"],

@@ -3,10 +3,12 @@
 TensorRT-LLM's draft_len_schedule, and lossless output whatever block each step runs."""
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
-from tests.runtime.test_engine import prompts
+from tests.runtime.test_engine import eager_graph_paths, prompts
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime.draft_policy import (AcceptanceStats, AdaptivePolicy, CostTable, FixedPolicy,
                                                 candidate_blocks, draft_len_schedule)
@@ -106,8 +108,10 @@ class Pattern:
         pass
 
 
-def _run_pattern(pair, stash_steps: int, blocks):
+def _run_pattern(pair, stash_steps: int, blocks, graph_paths: bool = False):
     eng = Engine.from_dirs(pair[0], pair[1], RuntimeConfig(max_seq_len=256, max_batch_size=4))
+    if graph_paths:
+        eager_graph_paths(eng).runner._warm = True    # graphs made at first use (no start-up capture)
     eng.runner.stash_steps = stash_steps
     eng.policy = Pattern(blocks)
     seen = []   # per drafting step: the drafter's cached context K/V of each decoding row, positions < start
@@ -123,13 +127,16 @@ def _run_pattern(pair, stash_steps: int, blocks):
     return eng, seen, [r.output_ids for r in reqs]
 
 
-def test_batched_block1_context_equals_per_step_appends(tiny_pair):
+@pytest.mark.parametrize("graph_paths", [False, True], ids=["eager", "graph_paths"])
+def test_batched_block1_context_equals_per_step_appends(tiny_pair, graph_paths):
     """Block-1 steps hold the drafter's context back and append it in one call before the drafter or a prefill
     needs it: every drafting step reads the same context K/V as with one append per step, through admissions,
-    finishes and stash overflows (6 requests, 4 slots, runs of 5 AR steps with a stash of 3)."""
+    finishes and stash overflows (6 requests, 4 slots, runs of 5 AR steps with a stash of 3). graph_paths: the
+    CUDA-graph code (padded shapes; a graphed block-1 step holds its features in fixed buffers that the host
+    stashes after the replay), run eagerly on the CPU."""
     blocks = [1, 1, 1, 1, 1, 4, 1, 2, 1, 1, 16]
-    eager, seen_eager, out_eager = _run_pattern(tiny_pair, 0, blocks)   # 0: one append per step
-    batched, seen_batched, out_batched = _run_pattern(tiny_pair, 3, blocks)
+    eager, seen_eager, out_eager = _run_pattern(tiny_pair, 0, blocks, graph_paths)   # 0: one append per step
+    batched, seen_batched, out_batched = _run_pattern(tiny_pair, 3, blocks, graph_paths)
     assert out_batched == out_eager and len(seen_eager) == len(seen_batched) > 10
     for rows_e, rows_b in zip(seen_eager, seen_batched):
         assert len(rows_e) == len(rows_b)
@@ -157,6 +164,67 @@ def test_block1_steps_cost_what_ar_costs(tiny_pair):
     # + 1: the step enqueued before the host read the request's last tokens (overlap) runs its row once more
     # and that step's stashed feature is appended when the slot is released
     assert eng.runner.stash_steps == 32 and eng.runner.context_appends == 1 + 64 // 32 + 1
+
+
+def _op_counts(step) -> collections.Counter:
+    """aten ops (views left out: no kernel) that ``step()`` runs, by name."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view and func.overloadpacket.__name__ not in ("detach", "alias", "lift_fresh"):
+                self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count() as count:
+        step()
+    return count.ops
+
+
+@pytest.mark.parametrize("graph_paths", [False, True], ids=["eager", "graph_paths"])
+def test_a_block1_step_is_the_ar_step_plus_keeping_its_features(tiny_pair, graph_paths):
+    """Adaptive block 1 == AR: the DFlash engine at block 1 and an AR engine (same target, no drafter) run the
+    same steps and emit the same tokens, and each block-1 step's device work is the AR step's op for op plus
+    keeping the step's features for the drafter (graph path: the layers' output concatenation and the copies into
+    the fixed buffers, inside the graph, then into the stash; eager: the concatenation and the stash copies). No
+    drafter pass; the drafter's context goes in as one append per stash_steps (32) steps."""
+    cfg = RuntimeConfig(max_seq_len=256, max_batch_size=4)
+    dflash = Engine.from_dirs(tiny_pair[0], tiny_pair[1], cfg)
+    ar = Engine.from_dirs(tiny_pair[0], None, RuntimeConfig(max_seq_len=256, max_batch_size=4, block_size=1))
+    assert dflash.block_size == 8 and ar.block_size == 1 and ar.drafter is None
+    dflash.policy = FixedPolicy(1)
+    drafts = {"n": 0}
+    forward = dflash.drafter.forward
+    dflash.drafter.forward = lambda *a, **k: drafts.__setitem__("n", drafts["n"] + 1) or forward(*a, **k)
+    reqs = {}
+    for name, eng in (("dflash", dflash), ("ar", ar)):
+        if graph_paths:
+            eager_graph_paths(eng).runner._warm = True
+        reqs[name] = [eng.add_request(p, SamplingParams(max_new_tokens=120, ignore_eos=True)) for p in prompts(3)]
+        for _ in range(3):      # prefills and the first decode steps: every row decodes from here on
+            eng.step()
+    # the steady decode steps of the two engines, one against the other
+    runner, extra, appends = dflash.runner, collections.Counter(), []
+    for _ in range(64):
+        before = runner.context_appends
+        ops_dflash, ops_ar = _op_counts(dflash.step), _op_counts(ar.step)
+        if runner.context_appends == before:    # not a flush step
+            diff = ops_dflash.copy()
+            diff.subtract(ops_ar)
+            extra[tuple(sorted((k, v) for k, v in diff.items() if v))] += 1
+        else:
+            appends.append(runner.context_appends - before)
+    # one stash of 32 block-1 steps -> one drafter append: 64 steps, 2 appends
+    assert appends == [1, 1] and drafts["n"] == 0
+    assert dflash.block_counts == ar.block_counts == {1: dflash.counters["steps"]} and dflash.counters["steps"] > 64
+    kept = {("cat", 1), ("copy_", 4)} if graph_paths else {("cat", 1), ("copy_", 2)}
+    assert extra == {tuple(sorted(kept)): 62}, extra
+    for a, b in zip(reqs["dflash"], reqs["ar"]):
+        assert a.output_ids == b.output_ids and len(a.output_ids) > 64
 
 
 def test_break_even_says_why_a_cpu_engine_drafts_nothing():

@@ -175,3 +175,14 @@ class FakeEngine:
                 self.active.remove(req)
                 finished.append(req)
         return finished
+
+
+# Engine stand-ins for an engine process (python -m trtllm_dflash.serving.engine_core --engine_factory ...)
+def slow_engine() -> FakeEngine:
+    """50 ms steps: requests stay in flight long enough to kill the engine under them."""
+    return FakeEngine(step_s=0.05)
+
+
+def failing_engine() -> FakeEngine:
+    """Every step fails (a lost device): three in a row and the engine is broken."""
+    return FakeEngine(fail_at_step=0)

@@ -91,13 +91,18 @@ class Runner:
         self._res_host = [torch.zeros(n * (block_size + 2), dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self._parity = 0
         self._first = torch.zeros(n, dtype=torch.long, device=self.device)          # [max_batch] first tokens
-        # Block-1 steps keep the drafter's context current. Eagerly (CPU) one append per step was 1.6 ms of a
-        # 60 ms smollm2-135m step, ~25 small ops for one token: so their features wait here and go in as one
-        # append of up to ``stash_steps`` tokens, before anything reads or rewrites the drafter cache (a drafting
-        # step, a prefill, a slot changing hands). Under CUDA graphs the append stays inside the graph (0).
-        self.stash_steps = 0 if self.use_graphs else 32
+        # Block-1 steps keep the drafter's context current. One append per step was 1.6 ms of a 60 ms smollm2-135m
+        # CPU step, ~25 small ops for one token, and on the GPU the drafter work that made a block-1 step cost
+        # more than an AR step: so their features wait here and go in as one append of up to ``stash_steps``
+        # tokens, before anything reads or rewrites the drafter cache (a drafting step, a prefill, a slot changing
+        # hands). A block-1 step is then the AR step plus keeping its features. Under CUDA graphs the graph writes
+        # them to fixed buffers (_held_feats/_held_pos) and launch_decode stashes them after the replay (the
+        # stash column changes every step; a graph cannot follow it).
+        self.stash_steps = 32
         self._stash_feats: torch.Tensor | None = None   # [max_batch, stash_steps, n_feat * hidden]
         self._stash_pos: torch.Tensor | None = None     # [max_batch, stash_steps]
+        self._held_feats: torch.Tensor | None = None    # [max_batch, n_feat * hidden] a graphed block-1 step's
+        self._held_pos: torch.Tensor | None = None      # [max_batch]
         self._stash_len, self._stash_rows = 0, 0
         self.context_appends = 0                  # drafter append_context calls (tests count them)
 
@@ -221,6 +226,8 @@ class Runner:
         if self.use_graphs:  # one graph per (batch bucket, cache-length bucket, block, sampling path)
             rows, kv = self.graph_shape(n, kv_len)
             self._graph((rows, kv, block, self._sampling_flags()), lambda: self.step_tensors(rows, kv, block))()
+            if block == 1 and self.block_size > 1 and self.stash_steps:
+                self._stash_context(self._held_feats[:n, None], self._held_pos[:n, None], n)
         else:
             self.step_tensors(n, kv_len, block)
 
@@ -292,7 +299,10 @@ class Runner:
             commit(t, a, state)
             self._t[:n, :block], self._a[:n] = t, a
         if B > 1 and block == 1 and self.stash_steps:
-            self._stash_context(feats, vpos, n)
+            if self.use_graphs:   # fixed addresses; launch_decode stashes them after the replay
+                self._hold(feats, vpos, n)
+            else:
+                self._stash_context(feats, vpos, n)
         elif B > 1:  # drafter context for the verified tokens; rows past the accepted prefix are overwritten later
             self._append_context(feats, vpos, rows)
 
@@ -300,6 +310,14 @@ class Runner:
     def _append_context(self, feats, pos, rows) -> None:
         self.context_appends += 1
         self.drafter.append_context(feats, pos, self.draft_cache, rows)
+
+    def _hold(self, feats, pos, n: int) -> None:
+        """A graphed block-1 step's features feats [n, 1, F] and positions pos [n, 1] -> the fixed buffers."""
+        if self._held_feats is None:    # first made by a capture's warm-up run, outside the capture
+            self._held_feats = feats.new_zeros(self.cfg.max_batch_size, feats.shape[-1])
+            self._held_pos = torch.zeros(self.cfg.max_batch_size, dtype=torch.long, device=self.device)
+        self._held_feats[:n].copy_(feats[:, 0])
+        self._held_pos[:n].copy_(pos[:, 0])
 
     def _stash_context(self, feats, pos, n: int) -> None:
         """Hold one block-1 step's features feats [n, 1, F] at positions pos [n, 1] for a later batched append."""

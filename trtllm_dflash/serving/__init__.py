@@ -8,12 +8,21 @@ detokenize.py    token chunks -> text pieces, incrementally (incomplete characte
 handoff.py       one step's updates -> the frontends, one wake-up per step (not per request)
 metrics.py       dflash-openai's Prometheus /metrics (vLLM's names under dflash:)
 runtimes.py      torch runtime (scheduler thread, continuous batching) and tensorrt_llm.LLM, one interface
+engine_core.py   the engine process: the torch runtime's loop alone in its interpreter (rank 0 under TP)
+engine_client.py the frontends' side of it: the same interface over ZeroMQ (what load_backend gives for torch)
+engine_protocol.py  its messages (msgpack) and check(): the one validation of a request for the torch runtime
 launch.py        tensor parallelism of the torch runtime: mpiexec command for ranks 1..N-1
 triton_model.py  what 1/model.py does: requests in, streamed responses out, cancellation, dflash_* metrics
 triton_env.py    which tritonserver (NGC on PATH, or the nvidia-pytriton wheel's) and its environment
 server.py        dflash-serve: start tritonserver, wait for readiness, stop on SIGTERM/Ctrl-C
 client.py        dflash-client: HTTP generate / gRPC stream, prints text as it comes and the DFlash stats
 openai_server.py dflash-openai: OpenAI-compatible endpoints (FastAPI + uvicorn) over the same runtimes
+
+The torch runtime runs in an engine process of its own (engine_core.py): dflash-openai and the Triton model
+hold an ``EngineClient``, which checks and tokenizes requests, sends them over ZeroMQ, and turns each step's one
+message of results into the records' updates below (its receiver thread plays the scheduler thread's part);
+the engine process runs the loop below with nothing else in its interpreter. ``load_backend(...,
+engine_process=False)`` keeps the scheduler thread in the frontend's process, as drawn.
 
 One request, one record; one hand-over per engine step for all requests (torch backend)::
 

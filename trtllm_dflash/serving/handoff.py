@@ -40,6 +40,13 @@ class LoopHandoff:
         except RuntimeError:      # the loop is closed: nobody is listening any more
             pass
 
+    def after(self, callback) -> None:
+        """Run ``callback`` on the loop once what was delivered before it is dispatched (the loop's FIFO order)."""
+        try:
+            self.loop.call_soon_threadsafe(callback)
+        except RuntimeError:      # the loop is closed
+            callback()
+
     @staticmethod
     def _dispatch(updates: list) -> None:
         for record, result in updates:

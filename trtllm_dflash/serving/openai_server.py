@@ -2,8 +2,10 @@
 """dflash-openai: OpenAI-compatible endpoints for a deployment directory (``/v1/models``, ``/v1/completions``,
 ``/v1/chat/completions``, server-sent events), the API trtllm-serve speaks, for OpenAI SDKs, curl and aiperf.
 
-Design: an ASGI app (FastAPI on uvicorn) in the same process as the backend, speaking to it through the one
-request record (``ServedRequest``, serving/record.py) that Triton's model uses too. Not a frontend over the
+Design: an ASGI app (FastAPI on uvicorn) speaking to the runtime through the one request record
+(``ServedRequest``, serving/record.py) that Triton's model uses too; the torch runtime runs in an engine process
+of its own (engine_core.py, reached through engine_client.py), so HTTP handling, SSE framing and detokenizing
+here never hold the interpreter lock of the loop that feeds the device. Not a frontend over the
 running Triton server: that would add a second HTTP hop and a second (de)tokenization per request, and Triton's
 generate API returns text without token ids, so usage could not be exact. Not Triton's own OpenAI frontend:
 it is source in the Triton server repository (python/openai), shipped in NGC containers, not in any wheel that
@@ -487,6 +489,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request_timeout_s", type=float, default=30.0,
                    help="seconds a connection has to send a request's head and body (from its opening, or from "
                         "the first byte of a later request); then it is closed")
+    p.add_argument("--engine_address", default=None,
+                   help="serve through the engine process already running at this ipc:// address (started with "
+                        "python -m trtllm_dflash.serving.engine_core ENGINE_DIR --address ADDR), so that several "
+                        "frontends share one engine; default: start one for this server")
     p.add_argument("--log_level", default="warning", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -538,14 +544,27 @@ def _server_class(openai_app: OpenAIApp, drain_timeout_s: float):
     return Server
 
 
-def load(engine_dir: Path, overrides: dict | None = None):
-    """(backend, tokenizer) for a deployment directory; ``overrides``: RuntimeConfig fields for this server."""
+def load(engine_dir: Path, overrides: dict | None = None, engine_address: str | None = None):
+    """(backend, tokenizer) for a deployment directory; ``overrides``: RuntimeConfig fields for this server. The
+    torch runtime runs in an engine process of its own (started here, or the one already running at
+    ``engine_address``: several frontends, one engine)."""
     from ..checkpoints import manifest as manifest_mod
     from .runtimes import load_backend
 
     record = manifest_mod.read(engine_dir)
-    backend = load_backend(engine_dir, record, overrides)
-    tokenizer = getattr(getattr(backend, "engine", None), "tokenizer", None)
+    if engine_address:
+        from ..runtime.loader import load_tokenizer
+        from .engine_client import EngineClient
+        from .engine_core import check_address
+
+        if overrides:
+            raise DFlashError(f"--{next(iter(overrides))}", "changes an engine this server starts, not one it attaches "
+                              "to (--engine_address)", "start the engine process with --overrides, or drop it")
+        backend = EngineClient(check_address(engine_address), load_tokenizer(engine_dir / "target"),
+                               ready_timeout_s=60)
+    else:
+        backend = load_backend(engine_dir, record, overrides)
+    tokenizer = getattr(backend, "tokenizer", None) or getattr(getattr(backend, "engine", None), "tokenizer", None)
     if tokenizer is None:
         from transformers import AutoTokenizer
 
@@ -578,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides["block_size"] = args.max_draft_len + 1
     check_port(args.host, args.port)          # before the model loads (tens of seconds), not after
     check_deployment(engine_dir)
-    backend, tokenizer = load(engine_dir, overrides)
+    backend, tokenizer = load(engine_dir, overrides, args.engine_address)
     openai_app = OpenAIApp(backend, tokenizer, name, args.tokenize_workers)
     app = openai_app.make()
     server = _server_class(openai_app, args.drain_timeout_s)(uvicorn.Config(

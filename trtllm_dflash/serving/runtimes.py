@@ -27,7 +27,7 @@ from pathlib import Path
 from ..errors import DFlashError
 from .handoff import hand_over
 from .launch import die_with_parent, follower_argv, stop_process, tp_env
-from .protocol import prompt_byte_limit
+from .engine_protocol import EngineInfo, _field, check
 from .record import Result, ServedRequest, Unavailable
 
 log = logging.getLogger(__name__)
@@ -36,10 +36,15 @@ log = logging.getLogger(__name__)
 MAX_FAILED_STEPS = 3
 
 
-def load_backend(deployment_dir: Path, manifest: dict, overrides: dict | None = None):
+def load_backend(deployment_dir: Path, manifest: dict, overrides: dict | None = None, engine_process: bool = True):
     """The backend the manifest names, loaded and ready for requests. ``overrides``: RuntimeConfig fields that
-    replace the deployment's for this process (torch backend only)."""
+    replace the deployment's for this server (torch backend only). The torch runtime runs in an engine process of
+    its own (engine_core.py) behind an ``EngineClient``; ``engine_process=False`` keeps it in this process (a
+    scheduler thread), as before."""
     backend = manifest.get("backend")
+    if backend == "torch" and engine_process:
+        from .engine_client import EngineClient
+        return EngineClient.spawn(deployment_dir, overrides=overrides or None)
     if backend == "torch":
         return TorchBackend.from_deployment(deployment_dir, manifest, overrides or {})
     if backend == "trtllm":
@@ -60,10 +65,12 @@ def _max_token_bytes(tokenizer) -> int:
         return 64
 
 
-def _field(err: DFlashError, prefix: str = "sampling_param_") -> DFlashError:
-    """An engine error about a SamplingParams field, renamed to the model input that set it."""
-    name = "text_input" if err.field == "prompt" else f"{prefix}{err.field}"
-    return DFlashError(name, err.problem, err.fix)
+def engine_info(engine) -> EngineInfo:
+    """The limits a frontend checks requests against, read off a loaded engine."""
+    config = getattr(getattr(engine, "target", None), "config", None)
+    return EngineInfo(name="torch", max_seq_len=engine.cfg.max_seq_len, block_size=engine.block_size,
+                      vocab_size=int(getattr(config, "vocab_size", 0) or 0),
+                      max_token_bytes=_max_token_bytes(engine.tokenizer), pid=os.getpid())
 
 
 def _usage(record: ServedRequest, request) -> dict:
@@ -82,11 +89,13 @@ class TorchBackend:
 
     name = "torch"
 
-    def __init__(self, engine, followers: subprocess.Popen | None = None):
+    def __init__(self, engine, followers: subprocess.Popen | None = None, threaded: bool = True):
         self.engine = engine
         self.followers = followers
+        self.info = engine_info(engine)
         self.max_seq_len = engine.cfg.max_seq_len
-        self.max_prompt_bytes = prompt_byte_limit(self.max_seq_len, _max_token_bytes(engine.tokenizer))
+        self.max_prompt_bytes = self.info.max_prompt_bytes
+        self.detokenize = True      # results carry token ids; the reader decodes them (False: another process does)
         self.broken = ""                              # why the engine can no longer serve; "" = healthy
         # The one map of requests in the runtime: engine request id -> record (record.handle = the engine's Request)
         self._live: dict[int, ServedRequest] = {}
@@ -95,11 +104,14 @@ class TorchBackend:
         self._wake = threading.Event()
         self._stopping = False
         self._failed_steps = 0
+        # threaded=False: the caller steps the engine itself with run_once() (the engine process's loop)
         self._scheduler = threading.Thread(target=self._schedule, name="dflash-scheduler", daemon=True)
-        self._scheduler.start()
+        if threaded:
+            self._scheduler.start()
 
     @classmethod
-    def from_deployment(cls, deployment_dir: Path, manifest: dict, overrides: dict | None = None) -> "TorchBackend":
+    def from_deployment(cls, deployment_dir: Path, manifest: dict, overrides: dict | None = None,
+                        threaded: bool = True) -> "TorchBackend":
         from ..runtime.engine import Engine
 
         tp_size = int(manifest.get("tp_size", 1))
@@ -124,51 +136,30 @@ class TorchBackend:
             stop_process(followers)
             raise DFlashError("target", f"{deployment_dir / 'target'} has no tokenizer files",
                               "the Triton model takes text: add the tokenizer to the target checkpoint")
-        return cls(engine, followers)
+        return cls(engine, followers, threaded=threaded)
 
     def submit(self, record: ServedRequest) -> None:
-        from ..config import SamplingParams
-
         if self.broken:
             raise Unavailable("engine", f"is broken ({self.broken})", "restart the server")
         if self._stopping:
             raise Unavailable("server", "is shutting down", "send the request to a running server")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(record, name) not in (None, 0.0):
-                raise DFlashError(f"sampling_param_{name}", "is not supported by the torch backend",
-                                  "leave it unset, or serve a deployment built with --backend trtllm")
-        if record.prompt_ids is not None:
-            prompt_ids = list(record.prompt_ids)
-        else:
-            # Raw text, tokenized as the tokenizer does by default (as TensorRT-LLM does): no chat template.
-            prompt_ids = self.engine.tokenizer.encode(record.prompt)
-        limit = self.max_seq_len - self.engine.block_size - 1   # the engine keeps one block of headroom
-        if len(prompt_ids) > limit:
-            raise DFlashError("text_input", f"prompt is {len(prompt_ids)} tokens; this deployment takes at most "
-                              f"{limit} (max_seq_len {self.max_seq_len})",
-                              "shorten the prompt or rebuild with a larger max_seq_len")
-        room = self.max_seq_len - len(prompt_ids)
-        if record.max_tokens is not None and record.max_tokens > room:
-            raise DFlashError("sampling_param_max_tokens",
-                              f"{record.max_tokens} + {len(prompt_ids)} prompt tokens exceed "
-                              f"max_seq_len {self.max_seq_len}",
-                              f"ask for at most {room}")
-        max_new = record.max_tokens if record.max_tokens is not None else max(1, min(SamplingParams.max_new_tokens,
-                                                                                   room))
-        names = ("temperature", "top_k", "top_p", "seed", "ignore_eos")
-        given = {k: getattr(record, k) for k in names if getattr(record, k) is not None}
-        try:
-            params = SamplingParams(max_new_tokens=max_new, **given)
-        except DFlashError as err:
-            raise _field(err) from None
+        prompt_ids, params = check(record, self.info, self.engine.tokenizer)
+        self.enqueue(record, prompt_ids, params)
+
+    def enqueue(self, record: ServedRequest, prompt_ids: list[int], params: dict) -> None:
+        """Queue a request ``check`` passed (the engine process calls this for what a frontend checked)."""
+        from ..config import SamplingParams
+
         record.num_prompt_tokens = len(prompt_ids)
         record.times_ns["arrival_time_ns"] = time.time_ns()
-        record.attach_detokenizer(self.engine.tokenizer, on_stop=lambda: self.cancel(record))
+        if self.detokenize:
+            record.attach_detokenizer(self.engine.tokenizer, on_stop=lambda: self.cancel(record))
         # Held while registering, so the scheduler cannot finish this request before it is known.
         with self._lock:
             try:
-                request = self.engine.add_request(prompt_ids, params, on_tokens=self._on_tokens_for(record))
-            except DFlashError as err:   # e.g. token ids outside the vocabulary
+                request = self.engine.add_request(prompt_ids, SamplingParams(**params),
+                                                  on_tokens=self._on_tokens_for(record))
+            except DFlashError as err:   # the engine's own guard (a frontend with other limits)
                 raise _field(err) from None
             record.handle = request
             self._live[request.request_id] = record
@@ -189,7 +180,7 @@ class TorchBackend:
     def health(self) -> tuple[bool, str]:
         if self.broken:
             return False, f"engine broken: {self.broken}"
-        if not self._scheduler.is_alive():
+        if self._scheduler.ident is not None and not self._scheduler.is_alive():
             return False, "the scheduler thread is not running"
         return True, "ok"
 
@@ -204,7 +195,8 @@ class TorchBackend:
     def shutdown(self) -> None:
         self._stopping = True
         self._wake.set()
-        self._scheduler.join(timeout=30)
+        if self._scheduler.ident is not None:
+            self._scheduler.join(timeout=30)
         self._fail_all("the server is shutting down", finish_reason="cancelled")
         self.engine.shutdown()     # releases ranks 1..N-1 from their follow() loop
         stop_process(self.followers)
@@ -237,22 +229,27 @@ class TorchBackend:
 
     def _schedule(self) -> None:
         while not self._stopping and not self.broken:
-            # After a failed step, step again only for live requests: requests cancelled by the failure may
-            # still sit in the engine, and re-failing on them alone would count as fresh failures.
-            if not self.engine.has_work() or (self._failed_steps and not self._live):
+            if not self.run_once():
                 self._wake.wait(timeout=0.05)
                 self._wake.clear()
-                continue
-            try:
-                finished = self.engine.step()
-            except Exception as err:  # noqa: BLE001 - a failed step fails its requests, not the server
-                self._hand_over()     # the tokens committed before the failure
-                self._step_failed(err)
-                continue
-            self._failed_steps = 0
-            for request in finished:
-                self._finished(request)
-            self._hand_over()
+
+    def run_once(self) -> bool:
+        """One engine step and its hand-over; False when there was nothing to step."""
+        # After a failed step, step again only for live requests: requests cancelled by the failure may
+        # still sit in the engine, and re-failing on them alone would count as fresh failures.
+        if not self.engine.has_work() or (self._failed_steps and not self._live):
+            return False
+        try:
+            finished = self.engine.step()
+        except Exception as err:  # noqa: BLE001 - a failed step fails its requests, not the server
+            self._hand_over()     # the tokens committed before the failure
+            self._step_failed(err)
+            return True
+        self._failed_steps = 0
+        for request in finished:
+            self._finished(request)
+        self._hand_over()
+        return True
 
     def _finished(self, request) -> None:
         with self._lock:

@@ -186,12 +186,20 @@ class DFlashModel:
         """The record handoff: a runtime hands over one step's updates (any thread): one queue put."""
         self._updates.put(updates)
 
+    def after(self, callback) -> None:
+        """Run ``callback`` on the sender thread once the updates delivered before it are sent (flow control of
+        the engine process: engine_client.py)."""
+        self._updates.put(callback)
+
     def _send_loop(self) -> None:
         next_check = time.monotonic() + self.period_s
         while not (self._stop.is_set() and self._updates.empty()):
             try:
                 updates = self._updates.get(timeout=self.period_s)
             except queue.Empty:
+                updates = []
+            if callable(updates):       # after(): everything before it is sent
+                updates()
                 updates = []
             touched: dict[ServedRequest, None] = {}
             for record, result in updates:
