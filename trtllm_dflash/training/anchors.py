@@ -89,6 +89,8 @@ def _sample(model, seq_len: int, loss_mask: torch.Tensor, device, fallback):
             vals[i, :n] = torch.rand(n, generator=torch.Generator().manual_seed(key))
     vals = torch.where(valid, vals, torch.tensor(2.0))
     order = vals.argsort(dim=1, stable=True)[:, :max_n]
+    # a row with fewer valid positions than max_n drew some invalid ones: past every valid one after the sort
+    order = torch.where(torch.gather(valid, 1, order), order, torch.tensor(seq_len + 1))
     anchors = order.sort(dim=1).values
     keep = torch.arange(max_n).unsqueeze(0) < counts.clamp(max=max_n).unsqueeze(1)
     anchors = torch.where(keep, anchors, torch.zeros((), dtype=torch.long))
