@@ -114,9 +114,11 @@ def test_anchors_do_not_depend_on_the_batch_or_the_padding(chat_target, prompts_
     assert torch.equal(c[1:], a[1:]) and not torch.equal(c[0], a[0])
 
 
-def test_two_ranks_regenerate_every_shard_once_like_one(tmp_path):
+@needs_modelopt
+def test_two_ranks_regenerate_every_shard_once_like_one_then_probe_and_train(tmp_path):
     """mpiexec -n 2: each rank answers its own shards (pending shard k on rank k % 2) with its own engine; rank 0
-    writes the manifest; the shards' bytes are those of one process."""
+    writes the manifest; the shards' bytes are those of one process. Then the batch probe times per-rank sizes
+    on both ranks and the run trains at the global batch it chose (per-rank size x 2)."""
     from transformers import AutoTokenizer
 
     from tests.bench_acceptance.tiny_chat import write_tiny_chat_target
@@ -133,7 +135,10 @@ def test_two_ranks_regenerate_every_shard_once_like_one(tmp_path):
             "--target_layer_ids", "0", "2", "--max_new_tokens", "12", "--regen_batch_size", "4", "--device", "cpu",
             "--quiet", "--stages", "regenerate", "--num_prompts", "9"]
     assert train.main([str(a) for a in base + ["--out", tmp_path / "one"]]) == 0
-    _launch("mpiexec", base + ["--out", tmp_path / "two"])
+    train_args = ["--stages", "regenerate,train", "--probe_batch_sizes", "1", "2", "--probe_s", "0.5",
+                  "--batch_size", "2", "--max_steps", "2", "--num_anchors", "8", "--max_seq_len", "128",
+                  "--log_every", "1"]
+    _launch("mpiexec", base[:-4] + ["--num_prompts", "9"] + train_args + ["--out", tmp_path / "two"])
     one, two = (json.loads((tmp_path / d / "data" / regenerate.MANIFEST).read_text())["shards"] for d in ("one", "two"))
     assert sorted(one) == sorted(two) and len(two) == 3
     assert {k: v["sha256"] for k, v in one.items()} == {k: v["sha256"] for k, v in two.items()}
@@ -142,3 +147,10 @@ def test_two_ranks_regenerate_every_shard_once_like_one(tmp_path):
         v["file"].split("/")[1] for v in two.values())
     counts = json.loads((tmp_path / "two" / "data" / regenerate.DONE_FILE).read_text())["counts"]
     assert counts["ranks"] == 2 and counts["rows"] == 9 and counts["new_tokens_per_s"] > 0
+    probe = json.loads((tmp_path / "two" / "batch_probe.json").read_text())
+    assert probe["ranks"] == 2 and set(probe["measured"]) == {"1", "2"} and probe["chosen"] in (1, 2)
+    steps = -(-2 * 2 // (2 * probe["chosen"]))   # the command line's 2 x 2 sequences at the chosen global batch
+    assert probe["settings"] == {"batch_size": 2 * probe["chosen"], "max_steps": steps}
+    report = json.loads((tmp_path / "two" / "report.json").read_text())
+    assert report["train"]["steps"] == steps and report["train"]["per_rank_batch"] == probe["chosen"]
+    assert [r["step"] for r in loop.read_csv(tmp_path / "two" / "loss.csv")] == list(range(1, steps + 1))

@@ -185,8 +185,9 @@ def run(cfg: TrainConfig, log=print) -> dict:
     if not dp.is_main:
         log, cfg = (lambda *a, **k: None), replace(cfg, progress=False)
     result = _run(cfg, log, dp, device, t0, batch_probe, regenerate, report)
-    # After a failure no barrier: the launcher ends the other ranks (a barrier could wait on a rank stuck in a
-    # collective the failed one never reaches).
+    # Every rank leaves together, once rank 0 has exported and written the report. After a failure no barrier:
+    # the launcher ends the other ranks (a barrier could wait on a rank stuck in a collective the failed one
+    # never reaches).
     dp.close()
     return result
 
@@ -264,14 +265,12 @@ def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log, d
         stream = batches.BatchStream(data, cfg.batch_size, cfg.block_size, cfg.seed, rank=dp.rank, ranks=dp.size)
         max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(data) / cfg.batch_size))
         sections["train"] = loop.run(cfg, model, stream, max_steps, log, dp)
-        dp.close()   # rank 0 exports alone; the other ranks are done
-        if not dp.is_main:
-            return
+        if not dp.is_main:   # rank 0 exports alone; the others wait for it in run()'s closing barrier (an
+            return           # MPI launcher ends every rank as soon as one has left)
         if sections["train"]["paused"]:
             log("export: skipped, training is not finished (continue with --resume)")
             return
     else:
-        dp.close()
         if not dp.is_main:
             return
         checkpoint.load(cfg.out_dir, model.dflash_module, None)

@@ -93,13 +93,15 @@ class DataParallel:
                 dist.broadcast(p.data, src=0)
 
     def close(self) -> None:
-        """Leave the group (after a barrier); the rank goes on as a single process."""
+        """Leave the group after a barrier (every rank waits for the slowest, rank 0 exporting)."""
         if self.active and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+            _STORE.clear()   # rank 0's store server stops here, while Python still runs
 
 
 SINGLE = DataParallel()
+_STORE: list = []
 
 
 def device_for(requested: str, local: int) -> torch.device:
@@ -134,4 +136,5 @@ def init(requested_device: str) -> tuple[DataParallel, torch.device]:
                                 timeout=datetime.timedelta(seconds=TIMEOUT_S))
         return DataParallel(dist.get_rank(), dist.get_world_size(), local), device
     group = init_tp(size, device, TIMEOUT_S)   # mpirun / mpiexec: the rendezvous port agreed over MPI
+    _STORE.append(group)   # its rendezvous store lives until close(), as the tensor-parallel group's does
     return DataParallel(group.rank, group.size, local), device
