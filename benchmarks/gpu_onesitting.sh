@@ -23,6 +23,18 @@
 # one starts over from prep (the regenerated shards and the checkpoint live on the host; BACKUP=1 also returns
 # the shards this call made, for the multi-session path of benchmarks/TRAINING_PLAN.md).
 #
+# Several GPUs on the host (NGPU, default: the GPUs nvidia-smi lists): regen and train run one rank per GPU under
+# torchrun (train_smollm2_gpu.sh --big): each GPU answers its own corpus shards with its own engine, and trains a
+# slice of every global batch; rank 0 writes the manifest, loss.csv, checkpoints and the export; eval and e2e
+# stay on one GPU. What a 4-GPU host changes, from one H100's numbers (regen 45.9k tok/s: 64,682 answers, 18.0 M
+# tokens in 392 s; train 0.28 s/step at batch 32, batch 64 out of memory, 1,017 steps = 0.5 epoch in 285 s):
+#   regen   ~4 x 45.9k = ~180k tok/s: the whole corpus in ~100 s of answering (+ each GPU's engine load), so
+#           REGEN_S (wall seconds of answering; a shard counts its time / the GPUs of its round) no longer cuts it
+#           and the first call has time left to train
+#   train   the probe's sizes are per GPU (32 fits, 64 does not): global batch 4 x 32 = 128 at ~0.28 s/step plus
+#           a gradient all-reduce of a few ms; TRAIN_S=300 then trains ~1,050 steps = ~135k sequences = ~2 epochs
+#           (one GPU: 0.5); 6 epochs take ~900 s of schedule (TRAIN_S=900, about 3 calls with --resume)
+#
 # SMOKE=1 runs it all on this CPU box with the real SmolLM2 and tiny settings: 2 prompt shards, 16 new tokens,
 # a 2 s probe of batches 2 and 4, eval on 2 prompts (see the header of benchmarks/onesitting_carry.sh for the
 # .carry folders; SMOKE uses a throwaway site dir and the venv's python).
@@ -45,6 +57,7 @@ else
   PROBE=${PROBE:-16 32 64} PROBE_S=${PROBE_S:-60}
   EVAL_S=${EVAL_S:-240} E2E_S=${E2E_S:-200} LOAD_S=60 EXPORT_S=120
 fi
+export NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)}   # >1: regen + train under torchrun
 export DFLASH_SITE=${DFLASH_SITE:-/tmp/dflash_site}
 export PYTHONPATH=$DFLASH_SITE:$PWD TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$HOST/cache} PYTHONUNBUFFERED=1
 # the same dflash-train flags on every call (the run's train_config.json refuses a change on --resume)
@@ -114,7 +127,7 @@ EVAL_READY=$([[ -f $TARGET_OK && ( -f $WORK/.imports_ok || ${SMOKE:-0} == 1 ) ]]
 
 # 4. regenerate: this call's share of REGEN_S (no shard starts that would end past the call's budget)
 if [[ $READY == 1 && $REGEN_DONE == 0 && $(left) -gt $((LOAD_S + 30)) ]]; then
-  say "regen: up to $(( $(left) - 20 )) s in this call, $REGEN_S s in all"
+  say "regen: up to $(( $(left) - 20 )) s in this call, $REGEN_S s in all, on ${NGPU:-1} GPU(s)"
   REGEN_S=$(( $(left) - 20 )) sub regen bash benchmarks/train_smollm2_gpu.sh "$BIG_RUN" --big regen_shards
   if [[ ${BACKUP:-0} == 1 ]]; then cp "$WORK"/regen/regen-part*.tar "$WORK"/regen/manifest.json "$BACK"/ 2>/dev/null || true; fi
   rm -f "$WORK"/regen/regen-part*.tar
@@ -167,7 +180,7 @@ shards = manifest["shards"].values()
 report = read(run / "report.json") or {}
 status = {"next": nxt, "call_s": took, "regen": {"shards": len(shards), "rows": sum(e["rows"] for e in shards),
           "response_tokens": sum(e["response_tokens"] for e in shards),
-          "answer_s": round(sum(e["elapsed_s"] for e in shards), 1),
+          "answer_s": round(sum(e["elapsed_s"] / e.get("ranks", 1) for e in shards), 1),
           "done": (run / "data" / "regenerate.json").is_file()},
           "batch_probe": read(run / "batch_probe.json"), "train": report.get("train"),
           "export": {k: v for k, v in (report.get("export") or {}).items() if k != "drafter_dir"}}

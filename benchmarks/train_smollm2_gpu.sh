@@ -11,6 +11,9 @@
 #       stash | regen_shards | train_big | ckpt_pull | eval_big  (benchmarks/TRAINING_PLAN.md; files -> $OUT)
 #       CORPUS (a python -m trtllm_dflash.training.corpus folder), PRESET (paper | modelopt), REGEN_S, TRAIN_S,
 #       MAX_STEPS, PART, TRAIN_EXTRA (more dflash-train flags, the same on every call of a run); SMOKE=1 runs the same commands with tiny settings on the CPU
+#       NGPU (default: the GPUs nvidia-smi lists): with 2 or more, regen_shards and train_big start one rank per
+#       GPU (python -m torch.distributed.run --standalone --nproc_per_node $NGPU, i.e. torchrun): shard k of a
+#       round to GPU k, each GPU a slice of every global batch (--batch_size is the global batch), rank 0 writes
 #
 # STAGES (default regenerate,train,export,eval) runs a part, e.g. STAGES=regenerate then STAGES=train,export then
 # STAGES=eval on a host whose calls are time-limited. Re-running with the same OUT_DIR resumes (finished stages
@@ -54,7 +57,11 @@ if [[ $MODE == --big ]]; then
     modelopt) RECIPE=(--preset modelopt) ;;   # ModelOpt's dflash.yaml: B8, 512 anchors, gamma 4, 5 layers, linear
     *) echo "PRESET must be paper or modelopt" >&2; exit 2 ;;
   esac
-  DFT=("$PY" -m trtllm_dflash.train --target smollm2-135m --data "${CORPUS:?set CORPUS, a corpus folder}" --out "$OUT"
+  NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)}
+  [[ ${NGPU:-0} -ge 1 ]] || NGPU=1
+  LAUNCH=("$PY")
+  if [[ $NGPU -gt 1 ]]; then LAUNCH=("$PY" -m torch.distributed.run --standalone --nproc_per_node "$NGPU"); fi
+  DFT=("${LAUNCH[@]}" -m trtllm_dflash.train --target smollm2-135m --data "${CORPUS:?set CORPUS, a corpus folder}" --out "$OUT"
        --resume --num_prompts 100000000 --loss kd --mask_token_id 16 "${RECIPE[@]}" "${RUN_ARGS[@]}" ${TRAIN_EXTRA:-})
   CARRY=("$PY" -m trtllm_dflash.training.carry)
   case $BIG_STAGE in

@@ -7,6 +7,11 @@ Produces: <out>/{data/, checkpoint/, drafter/, loss.csv, loss.png, report.json};
 layout. Stages: regenerate (the target answers the prompts with our runtime), train (NVIDIA ModelOpt, the paper's
 recipe or ModelOpt's), export (ModelOpt export, normalised, then checked against our runtime). Each stage resumes,
 also across time-limited calls (--regen_time_budget_s, --stop_after_s).
+
+Data parallel: started under ``torchrun --nproc_per_node N`` or ``mpirun -n N``, every rank takes one device
+(its LOCAL_RANK's GPU); regeneration gives each rank its own corpus shards, training gives each rank a slice of
+every global batch (--batch_size is the global batch) and sums the gradients; rank 0 alone writes the run's files
+and exports (``training/parallel.py``).
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ EPILOG = r"""examples:
   dflash-train --target smollm2-135m --data corpus --out runs/big --resume --stages regenerate \
       --regen_time_budget_s 480                             # answers whole shards, then stops; call again
   dflash-train ... --stages train --preset modelopt --max_steps 40000 --stop_after_s 500 --resume
+  torchrun --nproc_per_node 4 -m trtllm_dflash.train ... --resume   # 4 GPUs: shards and batch slices per GPU
   dflash-build --target smollm2-135m --drafter runs/smollm2/drafter --out engines/smollm2
 
 --data JSONL rows: {"prompt": "..."} | {"messages": [{"role": "user", "content": "..."}]} | {"prompt_ids": [..]}
@@ -59,11 +65,12 @@ _HELP = {
     "regen_batch_size": "concurrent requests in the runtime",
     "regen_time_budget_s": "stop admitting prompts after this many seconds (0 = no limit); with a corpus folder, "
                            "start no shard that would end past it (the rest waits for a --resume call)",
-    "regen_total_s": "with a corpus folder: once the answered shards took this long (summed over calls), stop and "
+    "regen_total_s": "with a corpus folder: once the answered shards took this long (summed over calls; under N "
+                     "ranks each shard counts its time / N: wall seconds), stop and "
                      "train on them (0 = answer every shard)",
-    "probe_batch_sizes": "before training starts, time a few steps at each of these batch sizes and train at the "
-                         "one with the most tokens/s; --batch_size x --max_steps (or --train_time_budget_s) is kept "
-                         "as the budget, turned into steps at the chosen size (batch_probe.json says what it measured)",
+    "probe_batch_sizes": "before training starts, time a few steps at each of these batch sizes (per rank) and "
+                         "train at the one with the most tokens/s (x the ranks = the global batch); --batch_size x "
+                         "--max_steps (or --train_time_budget_s) is kept as the budget, turned into steps at the chosen size (batch_probe.json says what it measured)",
     "probe_s": "seconds the batch-size probe spends, over all its sizes",
     "exclude_eval": "drop prompts that also occur in HumanEval / MT-Bench",
     "block_size": "tokens per block: the anchor + block_size - 1 drafts",
@@ -78,7 +85,7 @@ _HELP = {
     "loss_decay_gamma": "weight exp(-(k-1)/gamma) of block position k; unset = 7 for B16, 5 B10, 4 B8",
     "num_anchors": "random anchors (blocks) per sequence",
     "max_seq_len": "training sequences are cut to this many tokens",
-    "batch_size": "sequences per optimizer step",
+    "batch_size": "sequences per optimizer step, over all data-parallel ranks (a multiple of their number)",
     "lr": "AdamW peak learning rate",
     "weight_decay": "AdamW weight decay",
     "warmup_ratio": "share of the schedule spent on linear warmup",
@@ -168,47 +175,66 @@ def _start(cfg: TrainConfig) -> None:
 
 def run(cfg: TrainConfig, log=print) -> dict:
     """All requested stages; returns the report's sections. report.json is written even when a stage fails
-    (with ``status`` saying how), so a failed GPU run still says how far it got."""
-    from .training import batch_probe, regenerate, report
+    (with ``status`` saying how), so a failed GPU run still says how far it got. Under N ranks every rank calls
+    this; rank 0 alone logs and writes."""
+    from dataclasses import replace
+
+    from .training import batch_probe, parallel, regenerate, report
 
     t0 = time.perf_counter()
+    dp, device = parallel.init(cfg.device)
+    if not dp.is_main:
+        log, cfg = (lambda *a, **k: None), replace(cfg, progress=False)
+    result = _run(cfg, log, dp, device, t0, batch_probe, regenerate, report)
+    # Every rank leaves together, once rank 0 has exported and written the report. After a failure no barrier:
+    # the launcher ends the other ranks (a barrier could wait on a rank stuck in a collective the failed one
+    # never reaches).
+    dp.close()
+    return result
+
+
+def _run(cfg: TrainConfig, log, dp, device, t0: float, batch_probe, regenerate, report) -> dict:
     cfg = batch_probe.applied(cfg)   # a resumed run trains at the batch size its probe chose
-    _start(cfg)
+    dp.on_main(_start, cfg)
     target_dir = resolve_target(cfg.target)
     out, sections = cfg.out_dir, {"settings": cfg.to_json(), "target_dir": str(target_dir), "status": "running"}
+    if dp.active:
+        sections["ranks"] = dp.size
+    is_done = lambda: dp.broadcast_object(regenerate.is_done(cfg))   # noqa: E731 - rank 0's view of the files
     try:
         if "regenerate" in cfg.stages:
-            if regenerate.is_done(cfg):
+            if is_done():
                 log(f"regenerate: done earlier ({regenerate.data_dir(cfg) / regenerate.DONE_FILE})")
             else:
-                sections["regenerate"] = regenerate.run(cfg, target_dir, log)
-        if not regenerate.is_done(cfg) and not {"train", "export"} & set(cfg.stages):
+                sections["regenerate"] = regenerate.run(cfg, target_dir, log, dp)
+        if not is_done() and not {"train", "export"} & set(cfg.stages):
             sections["status"] = "ok: regenerate continues in a later call (--resume)"
             return sections
-        if not regenerate.is_done(cfg):
+        if not is_done():
             raise DFlashError("training data", f"stage regenerate has not finished in {out}",
                               "run with --stages regenerate (it resumes where it stopped)")
         sections["data"] = json.loads((regenerate.data_dir(cfg) / regenerate.DONE_FILE).read_text())["counts"]
         if "export" in cfg.stages and "train" not in cfg.stages and not (out / "checkpoint").is_dir():
             raise DFlashError("--stages", "export without a trained checkpoint in --out", "include the train stage")
         if {"train", "export"} & set(cfg.stages):
-            _train_and_export(cfg, target_dir, sections, log)
+            _train_and_export(cfg, target_dir, sections, log, dp, device)
         sections["status"] = "ok"
     except BaseException as err:
         sections["status"] = f"failed: {type(err).__name__}: {err}"
         raise
     finally:
-        sections["total_s"] = round(time.perf_counter() - t0, 1)
-        sections["loss_png"] = report.plot(out, report.title(cfg.to_json()))
-        log(f"report: {report.write(out, sections)}")
+        if dp.is_main:
+            sections["total_s"] = round(time.perf_counter() - t0, 1)
+            sections["loss_png"] = report.plot(out, report.title(cfg.to_json()))
+            log(f"report: {report.write(out, sections)}")
     return sections
 
 
-def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log) -> None:
+def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log, dp, device) -> None:
     import torch
 
     from .checkpoints import hf
-    from .training import batch_probe, batches, checkpoint, loop, mask_token, modelopt_model, regenerate
+    from .training import anchors, batch_probe, batches, checkpoint, loop, mask_token, modelopt_model, regenerate
 
     rows = regenerate.load_rows(cfg)
     tokenizer = load_tokenizer(target_dir)
@@ -219,27 +245,35 @@ def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log) -
                               "token": tokenizer.convert_ids_to_tokens(mask) if tokenizer is not None else None}
     sections["data"].update(counts)
     log(f"mask_token_id {mask}: {why}; {len(data)} examples, {counts['supervised_tokens']} response tokens")
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if cfg.device == "auto" else cfg.device)
     torch.manual_seed(cfg.seed)  # the draft's initial weights
     model, mo_cfg = modelopt_model.build(cfg, target_dir, mask, device)
+    anchors.install(model)   # anchors per sample: the same on any number of ranks
+    dp.broadcast_params(modelopt_model.trainable(model))
     n_params = sum(p.numel() for p in model.dflash_module.parameters())
     sections["modelopt"] = {"config": mo_cfg, "draft_parameters": n_params}
     log(f"train: ModelOpt DFlash draft, {n_params / 1e6:.2f} M parameters, target layers "
-        f"{mo_cfg['dflash_architecture_config']['target_layer_ids']}, on {device}")
-    if ("train" in cfg.stages and cfg.probe_batch_sizes and not checkpoint.exists(cfg.out_dir)
-            and not (cfg.out_dir / batch_probe.PROBE_FILE).is_file()):
-        cfg, sections["batch_probe"] = batch_probe.run(cfg, model, data, log)
-        cfg.save()   # the probe's choice: what a --resume call is checked against
+        f"{mo_cfg['dflash_architecture_config']['target_layer_ids']}, on {device}"
+        + (f" x {dp.size} ranks" if dp.active else ""))
+    probe = dp.broadcast_object("train" in cfg.stages and bool(cfg.probe_batch_sizes)
+                                and not checkpoint.exists(cfg.out_dir)
+                                and not (cfg.out_dir / batch_probe.PROBE_FILE).is_file())
+    if probe:
+        cfg, sections["batch_probe"] = batch_probe.run(cfg, model, data, log, dp)
+        if dp.is_main:
+            cfg.save()   # the probe's choice: what a --resume call is checked against
         sections["settings"] = cfg.to_json()
     if "train" in cfg.stages:
-        stream = batches.BatchStream(data, cfg.batch_size, cfg.block_size, cfg.seed)
+        stream = batches.BatchStream(data, cfg.batch_size, cfg.block_size, cfg.seed, rank=dp.rank, ranks=dp.size)
         max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(data) / cfg.batch_size))
-        sections["train"] = loop.run(cfg, model, stream, max_steps, log)
+        sections["train"] = loop.run(cfg, model, stream, max_steps, log, dp)
+        if not dp.is_main:   # rank 0 exports alone; the others wait for it in run()'s closing barrier (an
+            return           # MPI launcher ends every rank as soon as one has left)
         if sections["train"]["paused"]:
             log("export: skipped, training is not finished (continue with --resume)")
             return
     else:
+        if not dp.is_main:
+            return
         checkpoint.load(cfg.out_dir, model.dflash_module, None)
     if "export" not in cfg.stages:
         return

@@ -3,6 +3,7 @@
 same way TensorRT-LLM's ranks do; the rendezvous port is agreed over MPI, or given in MASTER_ADDR/PORT."""
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -13,6 +14,8 @@ from ..errors import DFlashError
 
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "RANK")
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE")
+# The rank within this host: torchrun, Open MPI, MPICH (hydra)
+_LOCAL_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 
 
 def _env_int(names: tuple[str, ...]) -> int | None:
@@ -31,6 +34,14 @@ def launcher_rank_and_size() -> tuple[int, int]:
     rank = _env_int(_RANK_VARS) or 0
     size = _env_int(_SIZE_VARS) or 1
     return rank + int(os.environ.get("TRTLLM_DFLASH_RANK_OFFSET", "0")), size
+
+
+def local_rank(rank: int) -> int:
+    """This process's rank on its host (its CUDA device): from the launcher, else ``rank`` modulo the devices."""
+    local = _env_int(_LOCAL_VARS)
+    if local is not None:
+        return local
+    return rank % max(torch.cuda.device_count(), 1)
 
 
 @dataclass
@@ -79,8 +90,9 @@ class TPGroup:
         return box[0]
 
 
-def init_tp(tp_size: int, device: torch.device) -> TPGroup:
-    """Join the tensor-parallel group of ``tp_size`` ranks (gloo on CPU, NCCL on CUDA)."""
+def init_tp(tp_size: int, device: torch.device, timeout_s: float | None = None) -> TPGroup:
+    """Join the tensor-parallel group of ``tp_size`` ranks (gloo on CPU, NCCL on CUDA). ``timeout_s``: how long a
+    collective may wait for the slowest rank (torch's default when None)."""
     if tp_size == 1:
         return TPGroup(0, 1)
     rank, size = launcher_rank_and_size()
@@ -93,7 +105,7 @@ def init_tp(tp_size: int, device: torch.device) -> TPGroup:
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.cuda.set_device(local_rank(rank) % torch.cuda.device_count())
     port = os.environ.get("MASTER_PORT")
     if port is not None:
         store = dist.TCPStore(addr, int(port), tp_size, is_master=rank == 0, wait_for_workers=False)
@@ -111,5 +123,6 @@ def init_tp(tp_size: int, device: torch.device) -> TPGroup:
         MPI.Finalize()
         if rank != 0:
             store = dist.TCPStore(addr, port, tp_size, is_master=False)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=tp_size)
+    extra = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+    dist.init_process_group(backend, store=store, rank=rank, world_size=tp_size, **extra)
     return TPGroup(rank, tp_size, store)

@@ -10,6 +10,10 @@ line is kept: ``--batch_size`` x ``--max_steps`` sequences become ``max_steps`` 
 ``--train_time_budget_s`` becomes ``max_steps`` = budget / measured s per step, a fixed step count that resumes
 exactly over several ``--stop_after_s`` calls. ``batch_probe.json`` in the run says what was measured and
 chosen; a resumed run reads it instead of probing again.
+
+Under N data-parallel ranks the probed sizes are per rank (what one GPU holds) and every rank takes part in each
+timed step; tokens/s counts all ranks' tokens, and the chosen global batch is the per-rank size x N (the
+schedule and the step count follow the global batch).
 """
 from __future__ import annotations
 
@@ -20,9 +24,10 @@ from dataclasses import replace
 
 import torch
 
-from .batches import IGNORE, BatchStream
+from .batches import BatchStream
 from .loop import autocast_for, train_step
 from .modelopt_model import trainable
+from .parallel import SINGLE, DataParallel
 from .settings import TrainConfig
 
 PROBE_FILE = "batch_probe.json"
@@ -46,8 +51,8 @@ def settings_for(cfg: TrainConfig, batch: int, s_per_step: float) -> dict:
     return out
 
 
-def run(cfg: TrainConfig, model, data: list, log=print) -> tuple[TrainConfig, dict]:
-    """Time each batch size, pick the most tokens/s; returns the new config and what was measured."""
+def run(cfg: TrainConfig, model, data: list, log=print, dp: DataParallel = SINGLE) -> tuple[TrainConfig, dict]:
+    """Time each per-rank batch size, pick the most tokens/s; returns the new config and what was measured."""
     device = next(model.dflash_module.parameters()).device
     params = trainable(model)
     opt = torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)   # lr 0: the weights stay as they are
@@ -58,9 +63,9 @@ def run(cfg: TrainConfig, model, data: list, log=print) -> tuple[TrainConfig, di
     measured: dict[str, dict] = {}
     model.train()
     for batch in sizes:
-        stream = BatchStream(data, batch, cfg.block_size, cfg.seed)
+        stream = BatchStream(data, batch * dp.size, cfg.block_size, cfg.seed, rank=dp.rank, ranks=dp.size)
         try:
-            measured[str(batch)] = _time(model, opt, params, stream, cfg.grad_clip, autocast, device, each)
+            measured[str(batch)] = _time(model, opt, params, stream, cfg.grad_clip, autocast, device, each, dp)
         except torch.cuda.OutOfMemoryError:
             measured[str(batch)] = {"error": "out of memory"}
             opt.zero_grad(set_to_none=True)
@@ -75,26 +80,28 @@ def run(cfg: TrainConfig, model, data: list, log=print) -> tuple[TrainConfig, di
     if not ok:
         raise RuntimeError(f"batch probe: no batch size of {sizes} trained ({measured})")
     best = max(ok, key=lambda b: ok[b]["tokens_per_s"])
-    settings = settings_for(cfg, best, ok[best]["s_per_step"])
+    settings = settings_for(cfg, best * dp.size, ok[best]["s_per_step"])
     record = {"batch_sizes": sizes, "probe_s": cfg.probe_s, "measured": measured, "chosen": best,
-              "settings": settings, "device": str(device)}
-    (cfg.out_dir / PROBE_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    log(f"train: batch {best} trains the most tokens/s ({ok[best]['tokens_per_s']:.0f}); settings {settings}")
+              "ranks": dp.size, "global_batch": best * dp.size, "settings": settings, "device": str(device)}
+    if dp.is_main:
+        (cfg.out_dir / PROBE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    log(f"train: batch {best} per rank x {dp.size} rank(s) trains the most tokens/s "
+        f"({ok[best]['tokens_per_s']:.0f}); settings {settings}")
     return replace(cfg, **settings), record
 
 
-def _time(model, opt, params, stream: BatchStream, grad_clip: float, autocast, device, seconds: float) -> dict:
-    """One untimed warm-up step, then steps until ``seconds`` have passed (at least 2)."""
+def _time(model, opt, params, stream: BatchStream, grad_clip: float, autocast, device, seconds: float,
+          dp: DataParallel = SINGLE) -> dict:
+    """One untimed warm-up step, then steps until ``seconds`` have passed (at least 2; rank 0's clock)."""
     def step(i: int) -> int:
-        batch = {k: v.to(device, non_blocking=True) for k, v in stream.batch(i).items()}
-        result, _ = train_step(model, opt, params, batch, grad_clip, autocast, i)
-        result.loss.item()   # the loop reads the loss every step too: this is where it waits for the GPU
-        return int((batch["labels"] != IGNORE).sum())
+        batch = {k: v if k == "sample_ids" else v.to(device, non_blocking=True) for k, v in stream.batch(i).items()}
+        # the step reads the loss back: this is where it waits for the GPU, as the loop does every step
+        return train_step(model, opt, params, batch, grad_clip, autocast, i, dp)["tokens"]
 
     step(0)
     t0, steps, tokens = time.perf_counter(), 0, 0
-    while steps < 2 or time.perf_counter() - t0 < seconds:
+    while steps < 2 or dp.agree(time.perf_counter() - t0) < seconds:
         tokens += step(1 + steps)
         steps += 1
-    elapsed = time.perf_counter() - t0
+    elapsed = dp.agree(time.perf_counter() - t0)
     return {"steps": steps, "s_per_step": round(elapsed / steps, 4), "tokens_per_s": round(tokens / elapsed, 1)}

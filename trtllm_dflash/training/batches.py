@@ -6,6 +6,11 @@ epoch), and step ``s`` takes samples ``s*batch .. (s+1)*batch - 1``: a resumed r
 uninterrupted one would have. Each batch is right-padded to a multiple of the block size with ``B - 1`` spare
 positions, because ModelOpt samples anchors only where a whole block fits (``anchor <= len - B``): the padding
 lets every response token be an anchor, the last ones included.
+
+Under N data-parallel ranks ``batch_size`` is the global batch: rank ``r`` takes its ``r``-th contiguous slice of
+``batch_size / N`` samples of every step (padded to its own longest), so the N ranks together train on exactly
+the samples, in the order, of one process at the same batch size. ``sample_ids`` names each row's stream sample
+(``anchors.sample_key``): its anchors do not depend on the rank that holds it.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import DFlashError
+from .anchors import sample_key
 
 IGNORE = -100  # label value ModelOpt (HF LabelSmoother) treats as "no loss here"
 
@@ -44,8 +50,13 @@ def examples(rows: list[dict], max_seq_len: int) -> tuple[list[Example], dict]:
 
 
 class BatchStream:
-    def __init__(self, data: list[Example], batch_size: int, block_size: int, seed: int, pad_id: int = 0):
+    def __init__(self, data: list[Example], batch_size: int, block_size: int, seed: int, pad_id: int = 0,
+                 rank: int = 0, ranks: int = 1):
+        if batch_size % ranks:
+            raise DFlashError("--batch_size", f"{batch_size} does not split over {ranks} ranks",
+                              f"pass a multiple of {ranks} (the global batch: each rank takes an equal slice)")
         self.data, self.batch_size, self.block_size, self.seed, self.pad_id = data, batch_size, block_size, seed, pad_id
+        self.rank, self.ranks = rank, ranks
         self._perms: dict[int, list[int]] = {}
 
     def _index(self, g: int) -> int:
@@ -59,8 +70,11 @@ class BatchStream:
         return step * self.batch_size / len(self.data)
 
     def batch(self, step: int) -> dict[str, torch.Tensor]:
-        """input_ids, attention_mask, labels [batch, L] for optimizer step ``step`` (0-based)."""
-        items = [self.data[self._index(step * self.batch_size + j)] for j in range(self.batch_size)]
+        """input_ids, attention_mask, labels [batch / ranks, L] and sample_ids [batch / ranks] of this rank's
+        slice of optimizer step ``step`` (0-based)."""
+        per = self.batch_size // self.ranks
+        gs = [step * self.batch_size + self.rank * per + j for j in range(per)]
+        items = [self.data[self._index(g)] for g in gs]
         B = self.block_size
         L = -(-(max(len(e.input_ids) for e in items) + B - 1) // B) * B
         ids = torch.full((len(items), L), self.pad_id, dtype=torch.long)
@@ -71,4 +85,5 @@ class BatchStream:
             ids[j, :n] = torch.tensor(e.input_ids)
             attn[j, :n] = 1
             labels[j, :n] = torch.where(torch.tensor(e.loss_mask, dtype=torch.bool), ids[j, :n], IGNORE)
-        return {"input_ids": ids, "attention_mask": attn, "labels": labels}
+        return {"input_ids": ids, "attention_mask": attn, "labels": labels,
+                "sample_ids": torch.tensor([sample_key(self.seed, g) for g in gs], dtype=torch.long)}

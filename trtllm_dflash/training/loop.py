@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 from ..errors import DFlashError
-from . import checkpoint
+from . import anchors, checkpoint
 from .batches import IGNORE, BatchStream
 from .modelopt_model import trainable
+from .parallel import SINGLE, DataParallel
 from .settings import TrainConfig
 
 CSV_FILE = "loss.csv"
@@ -49,9 +50,15 @@ def autocast_for(device: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def train_step(model, opt, params: list, batch: dict, grad_clip: float, autocast, step: int):
-    """One optimizer step on a batch already on the device: forward, backward, clipping, AdamW. Returns the
-    model's output and the gradient norm before clipping (the training loop and the batch probe both use it)."""
+def train_step(model, opt, params: list, batch: dict, grad_clip: float, autocast, step: int,
+               dp: DataParallel = SINGLE) -> dict:
+    """One optimizer step on a batch already on the device (this rank's slice of the global batch): forward,
+    backward, gradients summed over the ranks, clipping, AdamW. Returns the global batch's loss, accuracy,
+    gradient norm before clipping and supervised tokens (the training loop and the batch probe both use it)."""
+    anchors.set_samples(model, batch.pop("sample_ids", None))
+    tokens = int((batch["labels"] != IGNORE).sum())
+    if dp.active:
+        return _step_ranks(model, opt, params, batch, grad_clip, autocast, step, dp, tokens)
     with autocast:
         result = model(**batch)
     if not torch.isfinite(result.loss):
@@ -60,11 +67,59 @@ def train_step(model, opt, params: list, batch: dict, grad_clip: float, autocast
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return result, grad_norm
+    return {"loss": result.loss.item(), "acc": float(result.train_acc[0][0]), "grad_norm": float(grad_norm),
+            "tokens": tokens}
 
 
-def run(cfg: TrainConfig, model, stream: BatchStream, max_steps: int, log=print) -> dict:
-    """Train until progress reaches 1; returns what happened (for report.json)."""
+def _step_ranks(model, opt, params: list, batch: dict, grad_clip: float, autocast, step: int, dp: DataParallel,
+                tokens: int) -> dict:
+    """The step under N ranks. Each rank back-propagates its loss times its weight sum (ModelOpt's denominator),
+    one all-reduce sums the gradients (a second, small one the step's numbers), and the sum is divided by the global
+    weight sum: the gradient of the global batch's weighted mean, as one process computes it. An out-of-memory
+    error or a non-finite loss on any rank travels in the small one, so every rank raises it together."""
+    device = params[0].device
+    oom, weight, scored, loss_w, acc_n, finite = 0.0, 0.0, 0.0, 0.0, 0.0, 1.0
+    try:
+        with autocast:
+            result = model(**batch)
+        weight, scored = anchors.last_weights(model)
+        finite = float(bool(torch.isfinite(result.loss)))
+        if finite:
+            (result.loss * weight).backward()
+            loss_w, acc_n = result.loss.item() * weight, float(result.train_acc[0][0]) * scored
+        del result
+    except torch.cuda.OutOfMemoryError:
+        oom = 1.0
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+    stats = torch.tensor([oom, 1.0 - finite, weight, scored, loss_w, acc_n, float(tokens)], dtype=torch.float64)
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = dp.all_reduce_(torch.cat([g.reshape(-1).float() for g in grads]))
+    total = dp.all_reduce_(stats.to(device))   # float64: token and weight sums stay exact
+    oom, bad, weight, scored, loss_w, acc_n, tokens = total.tolist()
+    if oom or bad:
+        opt.zero_grad(set_to_none=True)
+        if oom:
+            raise torch.cuda.OutOfMemoryError(f"out of memory on {int(oom)} of {dp.size} ranks at step {step}")
+        raise DFlashError("training loss", f"is not finite on {int(bad)} of {dp.size} ranks at step {step}",
+                          "lower --lr or check the data")
+    scale = 1.0 / weight if weight > 0 else 0.0
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        p.grad = (flat[offset:offset + n].view_as(p) * scale).to(p.dtype)
+        offset += n
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return {"loss": loss_w * scale, "acc": acc_n / scored if scored else 0.0, "grad_norm": float(grad_norm),
+            "tokens": int(tokens)}
+
+
+def run(cfg: TrainConfig, model, stream: BatchStream, max_steps: int, log=print, dp: DataParallel = SINGLE) -> dict:
+    """Train until progress reaches 1; returns what happened (for report.json). Under N ranks every rank runs
+    this loop on its slice of each batch; rank 0 alone writes loss.csv and the checkpoints, and its clock decides
+    the time limits for all."""
     from tqdm import tqdm
 
     out = cfg.out_dir
@@ -72,23 +127,30 @@ def run(cfg: TrainConfig, model, stream: BatchStream, max_steps: int, log=print)
     params = trainable(model)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     step, spent, tokens = 0, 0.0, 0
-    if checkpoint.exists(out):
+    if checkpoint.exists(out):   # every rank reads it; none is written before all ranks have stepped together
         step, spent, tokens = checkpoint.load(out, model.dflash_module, opt)
         log(f"train: resumed from {out / checkpoint.DIR} at step {step} ({spent:.0f} s spent, {tokens} tokens)")
-    _trim_csv(out / CSV_FILE, step)
+    if dp.is_main:
+        _trim_csv(out / CSV_FILE, step)
     autocast = autocast_for(device)
+    timed = cfg.train_time_budget_s > 0 or cfg.stop_after_s > 0
+
+    def clock() -> float:   # seconds of this call; under N ranks rank 0's, where a time limit depends on it
+        now = time.perf_counter() - t0
+        return dp.agree(now) if timed else now
+
     model.train()
     t0, window, last_saved, paused, first = time.perf_counter(), [], step, False, step
-    bar = tqdm(total=max_steps, initial=step, desc="train", unit="step", disable=not cfg.progress, file=sys.stderr)
-    with open(out / CSV_FILE, "a", newline="") as f:
-        writer = csv.writer(f)
-        if f.tell() == 0:
+    bar = tqdm(total=max_steps, initial=step, desc="train", unit="step", disable=not (cfg.progress and dp.is_main),
+               file=sys.stderr)
+    with (open(out / CSV_FILE, "a", newline="") if dp.is_main else contextlib.nullcontext()) as f:
+        writer = csv.writer(f) if dp.is_main else None
+        if writer is not None and f.tell() == 0:
             writer.writerow(COLUMNS)
-        while (p := progress_of(cfg, step, max_steps, spent + time.perf_counter() - t0)) < 1.0:
+        while (p := progress_of(cfg, step, max_steps, spent + (now := clock()))) < 1.0:
             # Only on a log_every boundary: no half-filled loss.csv window is lost to the pause.
             # Each call makes progress: never pause before the first step.
-            if (cfg.stop_after_s and step > first and step % cfg.log_every == 0
-                    and time.perf_counter() - t0 > cfg.stop_after_s):
+            if cfg.stop_after_s and step > first and step % cfg.log_every == 0 and now > cfg.stop_after_s:
                 paused = True
                 log(f"train: --stop_after_s {cfg.stop_after_s:g} reached at step {step} of {max_steps}; "
                     "run again with --resume to continue")
@@ -96,32 +158,36 @@ def run(cfg: TrainConfig, model, stream: BatchStream, max_steps: int, log=print)
             lr = lr_at(cfg, p, max_steps)
             for group in opt.param_groups:
                 group["lr"] = lr
-            batch = {k: v.to(device, non_blocking=True) for k, v in stream.batch(step).items()}
-            tokens += int((batch["labels"] != IGNORE).sum())
-            result, grad_norm = train_step(model, opt, params, batch, cfg.grad_clip, autocast, step)
+            batch = {k: v if k == "sample_ids" else v.to(device, non_blocking=True)
+                     for k, v in stream.batch(step).items()}
+            done = train_step(model, opt, params, batch, cfg.grad_clip, autocast, step, dp)
+            tokens += done["tokens"]
             step += 1
-            window.append((result.loss.item(), float(result.train_acc[0][0]), float(grad_norm)))
+            window.append((done["loss"], done["acc"], done["grad_norm"]))
             bar.update()
             if step % cfg.log_every == 0 or step == max_steps:
                 row = _row(step, stream.epoch_of(step), tokens, window, lr, spent + time.perf_counter() - t0)
-                writer.writerow(row)
-                f.flush()
+                if writer is not None:
+                    writer.writerow(row)
+                    f.flush()
                 bar.set_postfix(loss=f"{row[3]:.3f}", acc=f"{row[4]:.3f}", lr=f"{lr:.1e}", refresh=False)
                 window = []
             if step % cfg.save_every == 0:
-                checkpoint.save(out, model.dflash_module, opt, step, spent + time.perf_counter() - t0, tokens)
+                if dp.is_main:
+                    checkpoint.save(out, model.dflash_module, opt, step, spent + time.perf_counter() - t0, tokens)
                 last_saved = step
-        if window and not paused:
+        if window and not paused and writer is not None:
             writer.writerow(_row(step, stream.epoch_of(step), tokens, window, lr_at(cfg, p, max_steps),
                                  spent + time.perf_counter() - t0))
     bar.close()
     elapsed = spent + time.perf_counter() - t0
-    if last_saved != step or not checkpoint.exists(out):
+    if dp.is_main and (last_saved != step or not checkpoint.exists(out)):
         checkpoint.save(out, model.dflash_module, opt, step, elapsed, tokens)
     model.eval()
     return {"steps": step, "max_steps": max_steps, "epochs": round(stream.epoch_of(step), 3), "tokens": tokens,
             "elapsed_s": round(elapsed, 1), "stopped_by_time_budget": step < max_steps and not paused,
-            "paused": paused, "s_per_step": round(elapsed / max(step, 1), 4)}
+            "paused": paused, "s_per_step": round(elapsed / max(step, 1), 4), "ranks": dp.size,
+            "per_rank_batch": stream.batch_size // dp.size}
 
 
 def _row(step: int, epoch: float, tokens: int, window: list, lr: float, elapsed: float) -> list:

@@ -31,7 +31,8 @@ from ..checkpoints.manifest import sha256_file
 from ..config import RuntimeConfig, SamplingParams
 from ..data import apply_chat_template
 from ..errors import DFlashError
-from . import corpus, prompts
+from . import corpus, parallel, prompts
+from .parallel import SINGLE, DataParallel
 from .settings import TrainConfig
 
 DATA_FILE, DONE_FILE = "regenerated.jsonl", "regenerate.json"
@@ -46,10 +47,14 @@ def is_done(cfg: TrainConfig) -> bool:
     return (data_dir(cfg) / DONE_FILE).is_file()
 
 
-def run(cfg: TrainConfig, target_dir: Path, log=print) -> dict:
+def run(cfg: TrainConfig, target_dir: Path, log=print, dp: DataParallel = SINGLE) -> dict:
     """Regenerate (or finish regenerating) the training data; returns the stage's counts."""
     if corpus.is_corpus(cfg.data):
-        return run_shards(cfg, target_dir, log)
+        return run_shards(cfg, target_dir, log, dp)
+    if dp.active:
+        raise DFlashError("--data", f"{cfg.data} is answered by one process ({dp.size} ranks need a corpus folder "
+                          "to share the work)", "run --stages regenerate without torchrun/mpirun first, or pass "
+                          "a corpus folder (python -m trtllm_dflash.training.corpus)")
     from tqdm import tqdm
 
     from ..runtime.engine import Engine
@@ -190,12 +195,22 @@ def read_manifest(cfg: TrainConfig) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {"shards": {}}
 
 
-def run_shards(cfg: TrainConfig, target_dir: Path, log=print) -> dict:
-    """Answer the pending prompt shards of the corpus in ``cfg.data`` until done or out of time budget."""
+def _gpu_s(entry: dict) -> float:
+    """A shard's answering time as wall seconds of the run: its own time over the ranks that answered beside it."""
+    return entry["elapsed_s"] / entry.get("ranks", 1)
+
+
+def run_shards(cfg: TrainConfig, target_dir: Path, log=print, dp: DataParallel = SINGLE) -> dict:
+    """Answer the pending prompt shards of the corpus in ``cfg.data`` until done or out of time budget.
+
+    Under N ranks the pending shards go in rounds of N: shard ``i`` of the round to rank ``i``, each rank with its
+    own engine on its own device (so pending shard ``k`` lands on rank ``k % N``). Rank 0 plans each round (the
+    budgets, the shards present), broadcasts it, and after it gathers the ranks' manifest entries and writes the
+    manifest alone: no two processes ever write one file. A shard's rows depend only on the shard (each runs on
+    an idle engine), so N ranks write the same bytes as one."""
     from ..runtime.engine import Engine
 
     out = data_dir(cfg)
-    (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     source = corpus.load_manifest(cfg.data)
     plan = planned_shards(cfg, source)
     done = read_manifest(cfg)
@@ -207,60 +222,91 @@ def run_shards(cfg: TrainConfig, target_dir: Path, log=print) -> dict:
         if entry["prompt_sha256"] != want:
             raise DFlashError("--data", f"prompt shard {name} differs from the one {out / MANIFEST} was made from",
                               "resume with the same corpus, or start a new --out")
+    if dp.is_main:
+        (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    dp.barrier()
     todo = [s for s in plan if s["name"] not in done["shards"]]
     log(f"regenerate: {len(todo)} of {len(plan)} shards to answer ({len(plan) - len(todo)} done earlier) from "
-        f"{cfg.data}")
-    t0, spent, budget_hit, closed = time.perf_counter(), [], False, False
-    engine = None
-    for shard in todo:
-        elapsed = time.perf_counter() - t0
-        # --regen_total_s: the shards' own times, summed over every call (the manifest keeps them)
-        total = sum(e["elapsed_s"] for e in done["shards"].values())
-        mean = total / len(done["shards"]) if done["shards"] else 0.0
-        if cfg.regen_total_s and done["shards"] and total + mean > cfg.regen_total_s:
+        f"{cfg.data}" + (f" on {dp.size} ranks" if dp.active else ""))
+    t0, rounds, budget_hit, closed, answered = time.perf_counter(), [], False, False, []
+    engine, device = None, parallel.device_for(cfg.device, dp.local_rank)
+    while todo:
+        batch, stop = dp.on_main(_next_round, cfg, done, todo, dp.size, time.perf_counter() - t0, rounds)
+        if stop == "closed":
             closed = True
+            total = sum(_gpu_s(e) for e in done["shards"].values())
             log(f"regenerate: --regen_total_s {cfg.regen_total_s:g} reached ({total:.0f} s in "
                 f"{len(done['shards'])} shards); training uses those")
-            break
-        # A shard is never cut: start one only if the mean shard time of this call still fits in the budget.
-        if cfg.regen_time_budget_s and spent and elapsed + sum(spent) / len(spent) > cfg.regen_time_budget_s:
+        elif stop == "budget":
             budget_hit = True
+        elif stop:
+            log(f"regenerate: {stop} is not in {cfg.data}; stopping here (bring the next shards)")
+        if not batch:
             break
-        if not (Path(cfg.data) / shard["name"]).is_file():
-            # A corpus may travel in windows of shards (the manifest and the next few): stop at the first absent one.
-            log(f"regenerate: {shard['name']} is not in {cfg.data}; stopping here (bring the next shards)")
-            break
-        if engine is None:
-            engine = Engine.from_dirs(target_dir, None, RuntimeConfig(
-                block_size=1, max_batch_size=cfg.regen_batch_size,
-                max_seq_len=cfg.max_prompt_len + cfg.max_new_tokens + 2, device=cfg.device))
-        ts = time.perf_counter()
-        entry = _answer_shard(cfg, engine, shard, out)
-        entry["elapsed_s"] = round(time.perf_counter() - ts, 2)
-        spent.append(entry["elapsed_s"])
-        done["shards"][shard["name"]] = entry
-        corpus.write_json(out / MANIFEST, done)
-        log(f"regenerate: {shard['name']} -> {entry['file']} ({entry['rows']} rows, {entry['response_tokens']} "
-            f"response tokens, {entry['response_tokens'] / max(entry['elapsed_s'], 1e-9):.0f} tok/s)")
+        todo = [] if stop else todo[len(batch):]   # a round cut short by an absent shard is the call's last
+        mine, entry = batch[dp.rank] if dp.rank < len(batch) else None, None
+        tr = time.perf_counter()
+        if mine is not None:
+            if engine is None:
+                engine = Engine.from_dirs(target_dir, None, RuntimeConfig(
+                    block_size=1, max_batch_size=cfg.regen_batch_size,
+                    max_seq_len=cfg.max_prompt_len + cfg.max_new_tokens + 2, device=str(device)))
+            ts = time.perf_counter()
+            entry = _answer_shard(cfg, engine, mine, out)
+            entry["elapsed_s"] = round(time.perf_counter() - ts, 2)
+            entry["tokens_per_s"] = round(entry["response_tokens"] / max(entry["elapsed_s"], 1e-9), 1)
+            entry["rank"], entry["ranks"] = dp.rank, len(batch)
+        entries = [e for e in dp.all_gather_object(entry) if e is not None]
+        rounds.append(time.perf_counter() - tr)
+        for e in entries:
+            done["shards"][e["prompt_shard"]] = e
+            answered.append(e)
+            log(f"regenerate: {e['prompt_shard']} -> {e['file']} ({e['rows']} rows, {e['response_tokens']} "
+                f"response tokens, {e['tokens_per_s']:.0f} tok/s" + (f", rank {e['rank']})" if dp.active else ")"))
+        dp.on_main(corpus.write_json, out / MANIFEST, done)
     left = [s["name"] for s in plan if s["name"] not in done["shards"]]
     if closed:
         plan, left = [s for s in plan if s["name"] in done["shards"]], []
     entries = [done["shards"][s["name"]] for s in plan if s["name"] in done["shards"]]
     counts = {"shards_done": len(entries), "shards_planned": len(plan), "shards_left": len(left),
               "time_budget_hit": budget_hit, "closed_by_regen_total_s": closed, "elapsed_s": round(time.perf_counter() - t0, 1),
-              "device": str(engine.device) if engine is not None else None,
+              "device": str(engine.device) if engine is not None else None, "ranks": dp.size,
               **{k: sum(e[k] for e in entries) for k in ("rows", "too_long", "prompt_tokens", "response_tokens")}}
-    counts["new_tokens_per_s"] = round(sum(done["shards"][s["name"]]["response_tokens"] for s in todo
-                                           if s["name"] in done["shards"]) / max(sum(spent), 1e-9), 1)
+    new = sum(e["response_tokens"] for e in answered)
+    # all ranks together over the rounds' wall time, and one engine alone (its own shards' seconds)
+    counts["new_tokens_per_s"] = round(new / max(sum(rounds), 1e-9), 1)
+    counts["new_tokens_per_s_per_rank"] = round(new / max(sum(e["elapsed_s"] for e in answered), 1e-9), 1)
     log(f"regenerate: {counts['shards_done']}/{counts['shards_planned']} shards, {counts['rows']} rows, "
         f"{counts['response_tokens']} response tokens" + (f"; {len(left)} shards left for a later call" if left
-                                                          else ""))
+                                                          else "") + (f"; this call {counts['new_tokens_per_s']:.0f} "
+                                                                      "tok/s" if answered else ""))
     if not left:
         if counts["rows"] == 0:
             raise DFlashError("--data", "no prompt was regenerated", "check --num_prompts and --max_prompt_len")
-        (out / DONE_FILE).write_text(json.dumps({"settings": _settings(cfg), "counts": counts,
-                                                 "shards": [s["name"] for s in plan]}, indent=2) + "\n")
+        dp.on_main((out / DONE_FILE).write_text, json.dumps({"settings": _settings(cfg), "counts": counts,
+                                                             "shards": [s["name"] for s in plan]}, indent=2) + "\n")
     return counts
+
+
+def _next_round(cfg: TrainConfig, done: dict, todo: list[dict], ranks: int, elapsed: float,
+                rounds: list[float]) -> tuple[list[dict], str | None]:
+    """Rank 0's plan of the next round: (up to ``ranks`` shards, why the stage stops after them or None)."""
+    # --regen_total_s: the shards' own times over their ranks, summed over every call (the manifest keeps them)
+    total = sum(_gpu_s(e) for e in done["shards"].values())
+    mean = total / len(done["shards"]) if done["shards"] else 0.0
+    # a round of k shards adds about k of those (each shard's own time over its k ranks)
+    if cfg.regen_total_s and done["shards"] and total + mean * min(ranks, len(todo)) > cfg.regen_total_s:
+        return [], "closed"
+    # A shard is never cut: start a round only if the mean round time of this call still fits in the budget.
+    if cfg.regen_time_budget_s and rounds and elapsed + sum(rounds) / len(rounds) > cfg.regen_time_budget_s:
+        return [], "budget"
+    batch = []
+    for shard in todo[:ranks]:
+        if not (Path(cfg.data) / shard["name"]).is_file():
+            # A corpus may travel in windows of shards (the manifest and the next few): stop at the first absent one.
+            return batch, shard["name"]
+        batch.append(shard)
+    return batch, None
 
 
 def _answer_shard(cfg: TrainConfig, engine, shard: dict, out: Path) -> dict:
