@@ -25,47 +25,18 @@ def mpiexec() -> str:
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("tp", [2, 4])   # 4 ranks over the tiny pairs' 2 KV heads: each holds a replica of one
 @pytest.mark.parametrize("pair_name", ["tiny_pair", "tiny_qwen3_pair"])
-def test_tp2_under_mpiexec_equals_tp1(request, tmp_path, pair_name):
-    target, drafter = request.getfixturevalue(pair_name)
-    expected = tp_run.run(target, drafter, 1)
-    out = tmp_path / "tp2.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent.parent)}
-    cmd = [mpiexec(), "-n", "2", sys.executable, str(HERE / "tp_run.py"), str(target), str(drafter), str(out), "2"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(out.read_text())["dflash"] == expected
-
-
-@pytest.mark.mpi
-def test_generate_both_modes_under_mpiexec(tmp_path, smollm2_dir):
-    """`mpirun -n N dflash-generate --mode both`: AR, then DFlash, in one set of ranks. The second mode's engine
-    joins the group the first one kept (MPI's rendezvous is once per process); it exited 1 after the AR half."""
-    from tests.tiny import write_tiny_pair_with_tokenizer
-
-    target, drafter = write_tiny_pair_with_tokenizer(tmp_path / "pair", smollm2_dir)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent.parent)}
-    cmd = [mpiexec(), "-n", "2", sys.executable, "-c", "import sys; from trtllm_dflash.cli import generate_main; "
-           "sys.exit(generate_main())", "--target", str(target), "--drafter", str(drafter), "--tp_size", "2",
-           "--mode", "both", "--max_new_tokens", "8", "--prompt", "Hello", "--max_seq_len", "256"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "DFlash tokens identical to autoregressive: yes" in proc.stdout and "summary:" in proc.stdout
-    # neither --block_size nor --draft_policy was given: the reason is tensor parallelism
-    assert "(fixed: tensor parallelism: adaptive measures step costs on rank 0 alone)" in proc.stderr
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("pair_name", ["tiny_pair", "tiny_qwen3_pair"])
-def test_tp4_replicates_the_2_kv_heads_and_equals_tp1(request, tmp_path, pair_name):
-    """4 ranks over 2 KV heads (4 query heads): each rank holds one query head and a replica of its group's KV
-    head, as TensorRT-LLM and vLLM lay it out; the tokens are TP 1's (greedy and seeded sampling)."""
+def test_tp_under_mpiexec_equals_tp1(request, tmp_path, pair_name, tp):
+    """N ranks give TP 1's tokens (greedy and seeded sampling); at 4 ranks over 2 KV heads each rank holds one query
+    head and a replica of its group's KV head, as TensorRT-LLM and vLLM lay it out."""
     target, drafter = request.getfixturevalue(pair_name)
     assert json.loads((target / "config.json").read_text())["num_key_value_heads"] == 2
     expected = tp_run.run(target, drafter, 1)
-    out = tmp_path / "tp4.json"
+    out = tmp_path / f"tp{tp}.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent.parent)}
-    cmd = [mpiexec(), "-n", "4", sys.executable, str(HERE / "tp_run.py"), str(target), str(drafter), str(out), "4"]
+    cmd = [mpiexec(), "-n", str(tp), sys.executable, str(HERE / "tp_run.py"), str(target), str(drafter), str(out),
+           str(tp)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text())["dflash"] == expected
