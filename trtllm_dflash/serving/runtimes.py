@@ -28,6 +28,7 @@ from ..errors import DFlashError
 from .handoff import hand_over
 from .launch import die_with_parent, follower_argv, stop_process, tp_env
 from .engine_protocol import EngineInfo, _field, check
+from .protocol import prompt_byte_limit
 from .record import Result, ServedRequest, Unavailable
 
 log = logging.getLogger(__name__)
