@@ -197,7 +197,7 @@ def sampling_kernels_only(monkeypatch) -> dict:
     torch attention (test_decode_attention covers those kernels; here they would only cost interpreter time).
     Returns {"sample_accept": its call count}."""
     from trtllm_dflash.runtime import engine as engine_mod
-    monkeypatch.setattr(engine_mod, "set_attention_kernel", lambda model, setting: "torch")
+    monkeypatch.setattr(engine_mod, "set_attention_kernel", lambda model, setting, *invariant: "torch")
     return count_calls(monkeypatch, kernels(), ["sample_accept"], {"sample_accept": 0})
 
 
