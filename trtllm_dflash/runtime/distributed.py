@@ -83,11 +83,14 @@ class TPGroup:
             self.store = None  # the store's server thread (rank 0) is joined here, while Python still runs
 
     def broadcast_object(self, obj):
-        if not self.active:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return broadcast_object(obj) if self.active else obj
+
+
+def broadcast_object(obj):
+    """Rank 0's picklable ``obj`` on every rank of the default group."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def init_tp(tp_size: int, device: torch.device, timeout_s: float | None = None) -> TPGroup:

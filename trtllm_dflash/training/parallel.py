@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DFlashError
-from ..runtime.distributed import init_tp, launcher_rank_and_size, local_rank
+from ..runtime.distributed import broadcast_object, init_tp, launcher_rank_and_size, local_rank
 
 # A rank waits this long for the slowest one (rank 0 probing, loading shards, checkpointing) before giving up.
 TIMEOUT_S = 3600.0
@@ -49,11 +49,7 @@ class DataParallel:
 
     def broadcast_object(self, obj):
         """Rank 0's ``obj`` on every rank."""
-        if not self.active:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return broadcast_object(obj) if self.active else obj
 
     def all_gather_object(self, obj) -> list:
         if not self.active:
