@@ -321,22 +321,39 @@ def test_triton_engine_killed_mid_stream_ends_the_streams_and_dflash_serve_resta
 
 @pytest.mark.slow
 def test_triton_sigkill_of_dflash_serve_leaves_no_engine_process(tiny_deployment, tmp_path):
+    """dflash-serve is SIGKILLed while tritonserver hangs (stopped here; in the field, a crash at unload whose
+    zombie a container's init never reaps looks the same to the stub: its parent still exists). Nobody will unload
+    the model, so the stub must leave by itself, and the engine process with it."""
+    import ctypes
     from tests.serving.conftest import start_server
     from tests.serving.test_server import _streams_in_flight
 
+    def _ppid(pid):
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
     srv = start_server(tiny_deployment, tmp_path / "dflash-serve.log")
+    libc = ctypes.CDLL(None, use_errno=True)
+    tritonserver = None
     try:
         (engine,) = _engines_under(srv.proc.pid)
         _, threads, started = _streams_in_flight(srv, 2)
         assert started.wait(60), "no stream started"
-        stub = int(open(f"/proc/{engine}/stat").read().rsplit(")", 1)[1].split()[1])   # its parent: the model
+        stub = _ppid(engine)                 # the engine's parent: the model
+        tritonserver = _ppid(stub)
+        assert libc.prctl(36, 1) == 0        # PR_SET_CHILD_SUBREAPER: the orphaned tritonserver becomes ours
+        os.kill(tritonserver, signal.SIGSTOP)
         srv.proc.kill()
         srv.proc.wait()
         for t in threads:
             t.join(30)
-        # Triton's stub may outlive tritonserver for a while (it drains, or tritonserver crashes at unload); the
-        # engine serves it until it goes, then follows it at once.
-        assert _gone(stub, 90), "the Triton model's stub process outlived dflash-serve"
+        assert _gone(stub, 60), "the Triton model's stub process outlived dflash-serve and tritonserver"
         assert _gone(engine, 5), "the engine process outlived its frontend (the Triton model's stub)"
     finally:
+        libc.prctl(36, 0)
         srv.stop(10)
+        if tritonserver is not None:
+            try:
+                os.kill(tritonserver, signal.SIGKILL)
+                os.waitpid(tritonserver, 0)      # reap the zombie this test adopted
+            except (ProcessLookupError, ChildProcessError):
+                pass

@@ -102,9 +102,11 @@ class EngineClient:
 
     @classmethod
     def spawn(cls, deployment_dir: Path, *, overrides: dict | None = None, engine_factory: str | None = None,
-              tokenizer=None, ready_timeout_s: float | None = None, env: dict | None = None) -> "EngineClient":
+              tokenizer=None, ready_timeout_s: float | None = None, env: dict | None = None,
+              supervisor: int | None = None) -> "EngineClient":
         """Start the engine process for a deployment directory and connect to it once it is loaded.
-        ``engine_factory`` (tests, benchmarks): an engine stand-in instead, read with ``tokenizer``."""
+        ``engine_factory`` (tests, benchmarks): an engine stand-in instead, read with ``tokenizer``.
+        ``supervisor``: the Triton model's dflash-serve (engine_core's --supervisor)."""
         from ..runtime.loader import load_tokenizer
 
         address = f"ipc://@dflash-engine-{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -113,6 +115,8 @@ class EngineClient:
             argv += ["--overrides", json.dumps(overrides)]
         if engine_factory:
             argv += ["--engine_factory", engine_factory]
+        if supervisor is not None:
+            argv += ["--supervisor", str(supervisor)]
         log.info("[dflash] starting the engine process: %s", " ".join(argv))
         # Its output goes where this process's does; its own session: group signals stop at the frontend.
         proc = subprocess.Popen(argv, start_new_session=True, env=env)

@@ -20,7 +20,8 @@ file is created, so none can be left behind.
 
 The process ends when its owner says ``shutdown`` (exit 0), on SIGTERM or SIGINT (every request ends
 cancelled, exit 0), when the engine is broken (steps keep failing: each frontend is told why, exit 3), or when the
-process that started it is gone (its parent changes: nobody can read the results any more).
+process that started it is gone (its parent changes: nobody can read the results any more). Under dflash-serve
+(``--supervisor``) it also ends a frontend that cannot end itself: see ``SupervisorWatch``.
 """
 from __future__ import annotations
 
@@ -61,6 +62,44 @@ def check_address(address: str) -> str:
     return address
 
 
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process, None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+class SupervisorWatch:
+    """The Triton model's engine: our parent is the model's stub, a child of tritonserver, a child of dflash-serve
+    (``supervisor``). When dflash-serve dies, tritonserver is told to stop and unloads the model, which stops us.
+    But a tritonserver that crashed or hangs never unloads it, and the stub cannot tell: its parent still exists (a
+    zombie that a container's init does not reap) and any call it makes into Triton, a log line included, blocks
+    with its interpreter lock held. This process blocks on nothing of Triton's, so it decides for the stub: once
+    dflash-serve is gone and tritonserver has not ended the stub within ``grace_s`` (or is dead), it kills the stub."""
+
+    CHECK_EVERY_S = 0.5
+
+    def __init__(self, supervisor: int, grace_s: float = 10.0):
+        self.supervisor, self.grace_s = supervisor, grace_s
+        self.next_check = 0.0
+        self.orphaned_at: float | None = None
+
+    def frontend_stuck(self) -> bool:
+        now = time.monotonic()
+        if now < self.next_check:
+            return False
+        self.next_check = now + self.CHECK_EVERY_S
+        stub = _stat(os.getppid())
+        server = _stat(stub[1]) if stub is not None else None       # tritonserver: (state, parent)
+        if self.orphaned_at is None:
+            if server is not None and server[1] == self.supervisor:
+                return False
+            self.orphaned_at = now
+        return server is None or server[0] in ("Z", "X") or now - self.orphaned_at > self.grace_s
+
+
 class _Outbox:
     """The handoff of every request in this process: a step's updates, grouped by frontend, sent after it."""
 
@@ -79,7 +118,7 @@ class _Outbox:
 class EngineCore:
     """A TorchBackend stepped by this loop (no scheduler thread) behind the two sockets."""
 
-    def __init__(self, backend, address: str):
+    def __init__(self, backend, address: str, supervisor: int | None = None):
         import zmq
 
         self.zmq, self.backend = zmq, backend
@@ -104,6 +143,7 @@ class EngineCore:
         self.waiting_since: float | None = None  # when the loop began waiting for a frontend's acknowledgement
         self.stop = ""                   # why the loop ends ("" = running)
         self.parent = os.getppid()
+        self.watch = SupervisorWatch(supervisor) if supervisor is not None else None
 
     # -- the loop --
 
@@ -123,6 +163,11 @@ class EngineCore:
             elif os.getppid() != self.parent:     # a syscall of well under a microsecond: every iteration
                 log.error("[dflash] engine process: the process that started it is gone; stopping")
                 self.stop = "the frontend is gone"
+            elif self.watch is not None and self.watch.frontend_stuck():
+                log.error("[dflash] engine process: dflash-serve is gone and tritonserver did not unload the model; "
+                          "ending the model's stub and stopping")
+                os.kill(self.parent, signal.SIGKILL)
+                self.stop = "dflash-serve is gone"
         backend.shutdown()               # every request left ends (cancelled), ranks 1.. are released
         self._flush()
         self.pull.close()
@@ -245,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="RuntimeConfig fields replacing the deployment's, as JSON (the server's --max_draft_len)")
     p.add_argument("--engine_factory", default=None,
                    help="module:function returning an engine stand-in (tests and benchmarks), instead of engine_dir")
+    p.add_argument("--supervisor", type=int, default=None,
+                   help="dflash-serve's pid when the Triton model starts this process (see SupervisorWatch)")
     p.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -255,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         address = check_address(args.address)
         backend = load_backend(args.engine_dir.expanduser().resolve(), args.engine_factory, args.overrides)
-        core = EngineCore(backend, address)
+        core = EngineCore(backend, address, args.supervisor)
     except DFlashError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2

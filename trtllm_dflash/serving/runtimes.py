@@ -37,15 +37,16 @@ log = logging.getLogger(__name__)
 MAX_FAILED_STEPS = 3
 
 
-def load_backend(deployment_dir: Path, manifest: dict, overrides: dict | None = None, engine_process: bool = True):
+def load_backend(deployment_dir: Path, manifest: dict, overrides: dict | None = None, engine_process: bool = True,
+                 supervisor: int | None = None):
     """The backend the manifest names, loaded and ready for requests. ``overrides``: RuntimeConfig fields that
     replace the deployment's for this server (torch backend only). The torch runtime runs in an engine process of
     its own (engine_core.py) behind an ``EngineClient``; ``engine_process=False`` keeps it in this process (a
-    scheduler thread), as before."""
+    scheduler thread), as before. ``supervisor``: dflash-serve's pid, for the Triton model (engine_core --supervisor)."""
     backend = manifest.get("backend")
     if backend == "torch" and engine_process:
         from .engine_client import EngineClient
-        return EngineClient.spawn(deployment_dir, overrides=overrides or None)
+        return EngineClient.spawn(deployment_dir, overrides=overrides or None, supervisor=supervisor)
     if backend == "torch":
         return TorchBackend.from_deployment(deployment_dir, manifest, overrides or {})
     if backend == "trtllm":

@@ -107,9 +107,11 @@ class DFlashModel:
             raise DFlashError("engine_dir", f"{self.deployment_dir} has no manifest.json",
                               "point model.yaml at a dflash-build output (or refill the repository)")
         self.manifest = json.loads(manifest_path.read_text())
+        pid = os.environ.get(SUPERVISOR_PID_ENV, "")
+        self._supervisor = int(pid) if pid.isdigit() else None
         if backend is None:
             from .runtimes import load_backend
-            backend = load_backend(self.deployment_dir, self.manifest)
+            backend = load_backend(self.deployment_dir, self.manifest, supervisor=self._supervisor)
         self.backend = backend
         # The runtime keeps the one map of live records (backend.records()); here only how many still
         # owe their client a final response (dflash-serve's "drained" waits for 0).
@@ -124,8 +126,6 @@ class DFlashModel:
         self.draining = ""     # why new requests are refused and running ones were ended ("" = serving)
         control = os.environ.get(CONTROL_DIR_ENV)
         self._control = Path(control) if control else None
-        pid = os.environ.get(SUPERVISOR_PID_ENV, "")
-        self._supervisor = int(pid) if pid.isdigit() else None
         self._reported_broken = False
         self._monitor = threading.Thread(target=self._monitor_loop, name="dflash-monitor", daemon=True)
         self._monitor.start()
