@@ -68,3 +68,50 @@ def test_budget_bounds_padded_prompt_tokens_per_step():
     # the new prompts go together, padded to the first one's chunk, within what the decoding row leaves: 2 x 10 <= 28
     assert out.chunks == [(1, 0, 10), (2, 0, 7)]
     assert out.decode_rows == 3   # slot 0 decodes; slots 1 and 2 finish their prompts and decode in this step
+
+
+def _admit(s: Scheduler) -> list[str]:
+    """One schedule() whose admissions take their slots; the admitted requests' clients, in slot order."""
+    out, _, arriving = s.schedule(lambda b: (4, "fixed"))
+    for seq in arriving.values():
+        s.slots[seq.slot] = seq
+    return [arriving[rid].client for _, _, _, rid in out.admit]
+
+
+def _finish(s: Scheduler, slots) -> None:
+    for i in slots:
+        s.slots[i] = None
+
+
+def test_admission_is_fair_between_clients_and_fifo_within_one():
+    """A client that queued first with many requests does not hold every slot: a free slot goes to the waiting
+    client holding the fewest, oldest request first; one client alone is served in arrival order."""
+    s = Scheduler(max_batch_size=4, max_num_tokens=4096)
+    flood = [Sequence([1, 2, 3], SamplingParams(), client="10.0.0.1") for _ in range(10)]
+    for seq in flood:
+        s.add(seq)
+    late = [Sequence([4, 5], SamplingParams(), client="10.0.0.2") for _ in range(3)]
+    for seq in late:
+        s.add(seq)
+    assert _admit(s) == ["10.0.0.1", "10.0.0.2", "10.0.0.1", "10.0.0.2"]
+    assert [seq.slot for seq in flood[:2]] == [0, 2] and [seq.slot for seq in late[:2]] == [1, 3]
+    assert s.num_waiting() == 9
+    _finish(s, [1])                  # the late client's first request ends: its third takes the slot
+    assert _admit(s) == ["10.0.0.2"] and late[2].slot == 1
+    _finish(s, [0, 2])               # it now holds 2 and waits for nothing: the flood's next two, in order
+    assert _admit(s) == ["10.0.0.1", "10.0.0.1"] and [flood[2].slot, flood[3].slot] == [0, 2]
+    s.cancel(flood[5].request_id)    # a waiting request cancelled: dropped from its client's queue
+    _, dropped, _ = s.schedule(lambda b: (4, "fixed"))
+    assert dropped == [flood[5]] and s.num_waiting() == 5
+
+
+def test_one_client_is_plain_fifo():
+    s = Scheduler(max_batch_size=2, max_num_tokens=4096)
+    seqs = [Sequence([1, 2], SamplingParams()) for _ in range(5)]
+    for seq in seqs:
+        s.add(seq)
+    _admit(s)
+    assert [seq.slot for seq in seqs] == [0, 1, -1, -1, -1]
+    _finish(s, [1])
+    _admit(s)
+    assert seqs[2].slot == 1 and seqs[3].slot == -1

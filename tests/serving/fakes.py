@@ -126,7 +126,7 @@ class FakeEngine:
         self.counters = {"steps": 0, "max_active_batch": 0}
         self.shut = False
 
-    def add_request(self, prompt_ids, params, on_tokens=None):
+    def add_request(self, prompt_ids, params, on_tokens=None, client=""):
         req = FakeRequestState(list(prompt_ids), params, on_tokens, next(self.ids))
         with self.lock:
             self.waiting.append(req)

@@ -96,3 +96,12 @@ def test_final_responses_are_read_from_the_stream_message():
     msg.infer_response.parameters["triton_final_response"].bool_param = True
     assert is_final(msg.SerializeToString())
     assert is_final(service_pb2.ModelStreamInferResponse(error_message="boom").SerializeToString())
+
+
+def test_peer_addresses_name_clients_as_the_http_guard_does():
+    from trtllm_dflash.serving.grpc_guard import _address
+
+    # the guard's peer key: gRPC's peer without the port
+    assert _address("ipv4:127.0.0.2") == "127.0.0.2"
+    assert _address("ipv6:%5B::1%5D") == "::1"
+    assert _address("unix:/tmp/x.sock") == "unix:/tmp/x.sock"

@@ -12,7 +12,8 @@ import pytest
 
 from tests.serving.conftest import start_server
 from trtllm_dflash.serving import client
-from trtllm_dflash.serving.http_guard import GuardLimits, Refused, atoi, bracket_depth, cancellable, check_body, json_part
+from trtllm_dflash.serving.http_guard import GuardLimits, Refused, atoi, bracket_depth, check_body, json_part, rewrite_body
+from trtllm_dflash.serving.protocol import CLIENT_HEADER
 from trtllm_dflash.serving.http_request import BadTarget, from_h11, origin_form
 
 GEN = "/v2/models/tensorrt_llm/generate"
@@ -325,21 +326,39 @@ def _get(addr: str, path: str) -> tuple[int, str]:
         conn.close()
 
 
-def test_cancellable_names_each_non_streaming_generate_so_a_stop_can_reach_it():
+def test_rewrite_body_names_each_non_streaming_generate_and_says_who_sent_it():
     """#25: a non-streaming /generate gets an id (when it has none) the guard can send a stop for; its
-    Content-Length follows the new body; a client's own id and cancel_key are kept; streams, other endpoints
-    and chunked bodies pass unchanged."""
-    def req(target, obj):
-        return cancellable("POST", target, json.dumps(obj).encode())
+    Content-Length follows the new body; a client's own id and cancel_key are kept. Every generate of our model
+    carries the client's address as the guard saw it (a client's own value replaced): fair admission. Other
+    endpoints and other models pass unchanged."""
+    def req(target, obj, peer="10.1.2.3"):
+        return rewrite_body("POST", target, json.dumps(obj).encode(), peer)
 
     body, handle = req("/v2/models/tensorrt_llm/generate", {"text_input": "hi"})
     path, rid, key = handle
     assert path == "/v2/models/tensorrt_llm/generate" and rid.startswith("guard-") and key == ""
-    assert json.loads(body) == {"text_input": "hi", "id": rid}
+    assert json.loads(body) == {"text_input": "hi", "id": rid, "parameters": {CLIENT_HEADER: "10.1.2.3"}}
     body, handle = req("/v2/models/tensorrt_llm/generate",
-                          {"text_input": "hi", "id": "mine", "parameters": {"cancel_key": "k"}})
+                       {"text_input": "hi", "id": "mine", "parameters": {"cancel_key": "k", CLIENT_HEADER: "spoof"}})
     assert handle[1:] == ("mine", "k") and json.loads(body)["id"] == "mine"
-    for target in ("/v2/models/tensorrt_llm/generate_stream", "/v2/models/other/generate",
-                   "/v2/models/tensorrt_llm/infer"):
-        assert req(target, {"text_input": "hi"})[1] is None
+    assert json.loads(body)["parameters"] == {"cancel_key": "k", CLIENT_HEADER: "10.1.2.3"}
+    body, handle = req("/v2/models/tensorrt_llm/generate_stream", {"text_input": "hi"})
+    assert handle is None and json.loads(body) == {"text_input": "hi", "parameters": {CLIENT_HEADER: "10.1.2.3"}}
+    for target in ("/v2/models/other/generate", "/v2/models/tensorrt_llm/infer"):
+        assert req(target, {"text_input": "hi"}) == (json.dumps({"text_input": "hi"}).encode(), None)
     assert req("/v2/models/tensorrt_llm/generate", "not an object")[1] is None
+    assert req("/v2/models/tensorrt_llm/generate", {"text_input": "hi", "parameters": 5})[1] is None
+
+
+def test_infer_cannot_name_its_own_client():
+    body = json.dumps({"inputs": [], "parameters": {CLIENT_HEADER: "10.0.0.9"}}).encode()
+    with pytest.raises(Refused, match=f"parameters.{CLIENT_HEADER}: is set by the server"):
+        check_body("/v2/models/tensorrt_llm/infer", {"content-type": "application/json"}, body, GuardLimits())
+
+def test_upstream_headers_say_who_the_client_is_whatever_it_claims():
+    from trtllm_dflash.serving.http_request import from_h11, upstream_headers
+
+    req = from_h11(b"POST", b"/v2/models/tensorrt_llm/generate",
+                   [(b"host", b"x"), (b"dflash-client", b"spoof"), (b"x-dflash-client", b"spoof2"), (b"a", b"b")])
+    assert upstream_headers(req, 5, "10.1.2.3") == [("host", "x"), ("a", "b"), (CLIENT_HEADER, "10.1.2.3"),
+                                                    ("content-length", "5")]

@@ -114,7 +114,7 @@ class Engine:
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
-                    on_tokens: Callable | None = None) -> Request:
+                    on_tokens: Callable | None = None, client: str = "") -> Request:
         if not prompt_ids:
             raise DFlashError("prompt", "is empty", "send at least one token")
         limit = self.cfg.max_seq_len - self.block_size - 1
@@ -124,7 +124,7 @@ class Engine:
         vocab = self.target.config.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise DFlashError("prompt", f"has token ids outside [0, {vocab})", "tokenize with the target's tokenizer")
-        seq = Sequence(list(prompt_ids), params, on_tokens)
+        seq = Sequence(list(prompt_ids), params, on_tokens, client=client)
         self.scheduler.add(seq)
         return seq
 
@@ -148,7 +148,7 @@ class Engine:
     def metrics(self) -> dict:
         return {**self.counters, "graphs": self.runner.num_graphs, "graphs_captured_mid_run": self.runner.captured_mid_run,
                 "active": self.scheduler.num_running(),
-                "waiting": len(self.scheduler.waiting), "block_size": self.block_size,
+                "waiting": self.scheduler.num_waiting(), "block_size": self.block_size,
                 "max_batch_size": self.cfg.max_batch_size, "adaptive_policy": int(isinstance(self.policy, AdaptivePolicy)),
                 "last_block": self.last_block,
                 **{f"steps_block_{b}": k for b, k in sorted(self.block_counts.items())}}   # flat ints: /metrics

@@ -1,15 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which requests run in the next step, and how: admission into free KV-cache slots (FIFO), cancellation,
+"""Which requests run in the next step, and how: admission into free KV-cache slots (fair between clients, FIFO
+within one), cancellation,
 and a per-step token budget (TensorRT-LLM's ``max_num_tokens``) shared by the running requests' verify
 blocks and the prompt chunks of arriving ones (chunked prefill mixed with decode: an arrival delays the
 running requests by at most one chunk's forward, whatever the prompt's length).
+
+Admission is fair between clients (a request's ``client``: the peer address a server saw): a free slot goes to
+the oldest waiting request of the client that holds the fewest slots, so one address that queues hundreds of
+requests takes its turn with the others instead of holding every slot. With one client (the default ``""``: in
+process, dflash-generate, benchmarks) it is plain FIFO.
 
 Only tensor-parallel rank 0 schedules; the other ranks receive its ``SchedulerOutput`` and apply it.
 """
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from ..config import SamplingParams
@@ -42,13 +48,13 @@ class Scheduler:
         self.max_num_tokens = max_num_tokens
         self.prefill_shape = prefill_shape
         self.chunk_cap = chunk_cap or (lambda budget: budget)
-        self.waiting: deque[Sequence] = deque()
+        self.waiting: dict[str, deque[Sequence]] = {}   # by client, each oldest first
         self._cancel: set[int] = set()
         self._lock = threading.Lock()  # add/cancel come from any thread; schedule from the step thread
 
     def add(self, seq: Sequence) -> None:
         with self._lock:
-            self.waiting.append(seq)
+            self.waiting.setdefault(seq.client, deque()).append(seq)
 
     def cancel(self, request_id: int) -> None:
         with self._lock:
@@ -56,6 +62,20 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting) or any(s is not None for s in self.slots)
+
+    def num_waiting(self) -> int:
+        return sum(map(len, self.waiting.values()))
+
+    def _next_waiting(self, holding: Counter) -> Sequence:
+        """The oldest request of the waiting client that holds the fewest slots (``holding``: slots per client,
+        updated). O(clients) per admission, nothing per running row."""
+        client = min(self.waiting, key=lambda c: (holding[c], self.waiting[c][0].t_arrival))
+        queue = self.waiting[client]
+        seq = queue.popleft()
+        if not queue:
+            del self.waiting[client]
+        holding[client] += 1
+        return seq
 
     def num_running(self) -> int:
         return sum(s is not None for s in self.slots)
@@ -67,12 +87,22 @@ class Scheduler:
         out, arriving = SchedulerOutput(), {}
         with self._lock:
             ids, self._cancel = self._cancel, set()
-            dropped = [s for s in self.waiting if s.request_id in ids]
-            self.waiting = deque(s for s in self.waiting if s.request_id not in ids)
+            dropped = []
+            if ids:
+                for client, queue in list(self.waiting.items()):
+                    dropped += [s for s in queue if s.request_id in ids]
+                    kept = deque(s for s in queue if s.request_id not in ids)
+                    if kept:
+                        self.waiting[client] = kept
+                    else:
+                        del self.waiting[client]
             out.cancel = [s.request_id for s in self.slots if s is not None and s.request_id in ids]
             free = [i for i, s in enumerate(self.slots) if s is None or s.request_id in ids]
-            for slot in free[: len(self.waiting)]:
-                seq = self.waiting.popleft()
+            holding = Counter(s.client for s in self.slots if s is not None and s.request_id not in ids)
+            for slot in free:
+                if not self.waiting:
+                    break
+                seq = self._next_waiting(holding)
                 seq.slot = slot
                 arriving[seq.request_id] = seq
                 out.admit.append((slot, seq.prompt_ids, seq.params, seq.request_id))

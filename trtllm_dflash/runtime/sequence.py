@@ -26,6 +26,7 @@ class Sequence:
     num_prefilled: int = 0            # prompt tokens already in the KV cache (chunked prefill progress)
     stop_ids: frozenset[int] | None = None  # the request's stop tokens (EOS included), set on first use
     t_arrival: float = field(default_factory=time.perf_counter)
+    client: str = ""                  # who sent it (a server's peer address): admission is fair between clients
     done_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property

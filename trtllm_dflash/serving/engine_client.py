@@ -147,7 +147,7 @@ class EngineClient:
             rid = next(self._ids)
             record.handle = rid
             self._live[rid] = record
-            self._send(wire.add_message(self.fid, rid, prompt_ids, params))
+            self._send(wire.add_message(self.fid, rid, prompt_ids, params, record.client))
 
     def cancel(self, record: ServedRequest) -> None:
         """The engine frees the slot at its next step and then sends the final result."""

@@ -225,8 +225,8 @@ class EngineCore:
     def _handle(self, msg: list) -> None:
         kind, fid = msg[0], msg[1]
         if kind == "add":
-            _, _, rid, prompt_ids, params = msg
-            self._add(fid, rid, prompt_ids, params)
+            _, _, rid, prompt_ids, params, client = msg
+            self._add(fid, rid, prompt_ids, params, client)
         elif kind == "cancel":
             record = self.outbox.live.get((fid, msg[2]))
             if record is not None:
@@ -241,8 +241,8 @@ class EngineCore:
         elif kind == "shutdown":
             self.stop = "its owner stopped it"
 
-    def _add(self, fid: bytes, rid: int, prompt_ids: list[int], params: dict) -> None:
-        record = ServedRequest(prompt_ids=prompt_ids, handoff=self.outbox, frontend=(fid, rid))
+    def _add(self, fid: bytes, rid: int, prompt_ids: list[int], params: dict, client: str) -> None:
+        record = ServedRequest(prompt_ids=prompt_ids, handoff=self.outbox, frontend=(fid, rid), client=client)
         try:
             if self.backend.broken:
                 raise DFlashError("engine", f"is broken ({self.backend.broken})", "restart the server")

@@ -124,8 +124,8 @@ def check(record: ServedRequest, info: EngineInfo, tokenizer=None) -> tuple[list
     return prompt_ids, params
 
 
-def add_message(fid: bytes, rid: int, prompt_ids: list[int], params: dict) -> list:
-    return ["add", fid, rid, prompt_ids, params]
+def add_message(fid: bytes, rid: int, prompt_ids: list[int], params: dict, client: str = "") -> list:
+    return ["add", fid, rid, prompt_ids, params, client]
 
 
 def row(rid: int, result: Result) -> list:

@@ -42,9 +42,19 @@ import grpc  # noqa: E402
 from grpc import aio  # noqa: E402
 
 from ..errors import DFlashError
+from .protocol import CLIENT_HEADER
 from .restricted import FIX, GRPC_METHODS, WHY
 
 STREAM_METHODS = {"/inference.GRPCInferenceService/ModelStreamInfer"}
+
+
+def _address(peer: str) -> str:
+    """The guard's peer key (gRPC's peer without its port) as the HTTP guard names the same client:
+    "ipv4:1.2.3.4" -> "1.2.3.4", "ipv6:%5B::1%5D" -> "::1"."""
+    from urllib.parse import unquote
+
+    kind, _, addr = peer.partition(":")
+    return unquote(addr).strip("[]") if kind in ("ipv4", "ipv6") else peer
 
 
 @dataclass
@@ -195,11 +205,13 @@ class GrpcGuard:
 
     # ---- per call ----
 
-    def _metadata(self, context) -> tuple:
-        # Triton reads the admin key as "<header>" and as "triton-grpc-protocol-<header>": any name ending in it goes
+    def _metadata(self, context, peer: str) -> tuple:
+        # Triton reads the admin key as "<header>" and as "triton-grpc-protocol-<header>": any name ending in it
+        # goes; so does a client's own CLIENT_HEADER: the guard says who the client is (fair admission).
         return tuple((k, v) for k, v in context.invocation_metadata()
                      if not (self.drop_header and k.lower().endswith(self.drop_header))
-                     and not k.startswith((":", "grpc-")) and k != "user-agent")
+                     and not k.lower().endswith(CLIENT_HEADER)
+                     and not k.startswith((":", "grpc-")) and k != "user-agent") + ((CLIENT_HEADER, _address(peer)),)
 
     async def _admit(self, context, method: str) -> str:
         if method in GRPC_METHODS:
@@ -262,7 +274,7 @@ class GrpcGuard:
         self.calls.add(me)
         try:
             await self._hold(me, peer, len(request), context)
-            call = self._channel.unary_unary(method)(request, metadata=self._metadata(context),
+            call = self._channel.unary_unary(method)(request, metadata=self._metadata(context, peer),
                                                      timeout=context.time_remaining())
             return await self._until_closing(call, context, me)
         finally:
@@ -279,7 +291,7 @@ class GrpcGuard:
                 me.last = time.monotonic()
                 yield message
 
-        call = self._channel.stream_stream(method)(forward(), metadata=self._metadata(context))
+        call = self._channel.stream_stream(method)(forward(), metadata=self._metadata(context, peer))
 
         async def pump() -> None:
             async for response in call:

@@ -48,7 +48,7 @@ import numpy as np
 
 from ..errors import DFlashError
 from .http_request import BadTarget, Request, from_h11, upstream_headers
-from .protocol import CANCEL_KEY, INPUT_TYPES, check_json_value, short_repr
+from .protocol import CANCEL_KEY, CLIENT_HEADER, INPUT_TYPES, check_json_value, short_repr
 from .repo import MODEL_NAME
 from .restricted import FIX, HTTP_PATHS, WHY
 
@@ -157,6 +157,10 @@ def check_body(target: str, headers: dict[str, str], body: bytes, limits: GuardL
                                        "send a JSON object such as {\"text_input\": \"Hi\"}"))
     if ours:
         _check_values(ours.group(1), obj)
+        if ours.group(1) == "infer" and CLIENT_HEADER in (obj.get("parameters") or {}):
+            # on generate the guard replaces it; on infer Triton takes it from the header the guard sets
+            raise Refused(400, DFlashError(f"parameters.{CLIENT_HEADER}", "is set by the server",
+                                           f"leave {CLIENT_HEADER} out"))
     if GENERATE.match(target) and isinstance(obj, dict):
         for key in ("stream", "streaming"):
             if obj.get(key) in (True, [True]):
@@ -165,12 +169,14 @@ def check_body(target: str, headers: dict[str, str], body: bytes, limits: GuardL
                                                f"{key} out"))
 
 
-def cancellable(method: str, target: str, body: bytes) -> tuple[bytes, tuple[str, str, str] | None]:
-    """(body, (path, request id, cancel_key)) of a non-streaming generate of our model (checked JSON): the
-    id is added when the client sent none, so that a ``stop`` can name it. Anything else passes unchanged,
+def rewrite_body(method: str, target: str, body: bytes, peer: str = "") -> tuple[bytes, tuple[str, str, str] | None]:
+    """The body a generate of our model (checked JSON) goes upstream with, and for a non-streaming one the
+    (path, request id, cancel_key) a ``stop`` can name it by. The guard says who sent it: ``parameters``
+    gets CLIENT_HEADER = ``peer`` (the engine's admission is fair between clients; a client's own value is
+    replaced), and a non-streaming one gets an id when the client sent none. Anything else passes unchanged,
     with None. (The body goes upstream with a Content-Length the guard writes, so it may change.)"""
     ours = MODEL_ENDPOINT.match(target)
-    if method != "POST" or not ours or ours.group(1) != "generate":
+    if method != "POST" or not ours or ours.group(1) not in ("generate", "generate_stream"):
         return body, None
     try:
         obj = json.loads(body)
@@ -178,13 +184,17 @@ def cancellable(method: str, target: str, body: bytes) -> tuple[bytes, tuple[str
         return body, None
     if not isinstance(obj, dict):
         return body, None
-    params = obj.get("parameters") if isinstance(obj.get("parameters"), dict) else {}
-    key = params.get(CANCEL_KEY, "")
+    params = obj.setdefault("parameters", {})
+    if not isinstance(params, dict):
+        return body, None     # Triton refuses it
+    if peer:
+        params[CLIENT_HEADER] = peer
+    if ours.group(1) == "generate_stream":
+        return json.dumps(obj).encode(), None
     rid = obj.get("id")
     if not isinstance(rid, str) or not rid:
         rid = obj["id"] = f"guard-{uuid.uuid4().hex}"
-        body = json.dumps(obj).encode()
-    return body, (target.split("?")[0], rid, str(key))
+    return json.dumps(obj).encode(), (target.split("?")[0], rid, str(params.get(CANCEL_KEY, "")))
 
 
 def _check_values(endpoint: str, obj: dict) -> None:
@@ -349,7 +359,7 @@ class HttpGuard:
                 if got is None:
                     return        # closed or idle between requests
                 req, body = got
-                body, handle = cancellable(req.method, req.target, body)
+                body, handle = rewrite_body(req.method, req.target, body, peer)
                 if up is None or not up.reusable():
                     if up is not None:
                         up.close()
@@ -360,7 +370,7 @@ class HttpGuard:
                             "server", "tritonserver is not running (restarting or stopping)",
                             "retry in a few seconds")))
                         return
-                if not await self._exchange(conn, reader, writer, up, req, body, held, handle):
+                if not await self._exchange(conn, reader, writer, up, req, body, held, handle, peer):
                     return
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return        # Connection: close, HTTP/1.0 or a body Triton did not frame
@@ -396,14 +406,14 @@ class HttpGuard:
         return await asyncio.open_connection("127.0.0.1", self.upstream)
 
     async def _exchange(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                        up: _Upstream, req: Request, body: bytes, held: list, handle) -> bool:
+                        up: _Upstream, req: Request, body: bytes, held: list, handle, peer: str = "") -> bool:
         """Send the canonical request upstream and relay the answer; True when the client's connection can
         carry another request. A client that goes away meanwhile closes the upstream connection (how
         Triton notices a stream whose client left); one that waited for a non-streaming generate gets it
         stopped (Triton 2.51 pauses such a request until its answer and would not notice: see the module
         docstring)."""
         data = up.conn.send(h11.Request(method=req.method, target=req.target,
-                                        headers=upstream_headers(req, len(body))))
+                                        headers=upstream_headers(req, len(body), peer)))
         data += up.conn.send(h11.Data(data=body)) if body else b""
         up.writer.write(data + up.conn.send(h11.EndOfMessage()))
         del data, body

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import DFlashError
+from .protocol import CLIENT_HEADER
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the framing the guard redoes: never forwarded.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
@@ -81,6 +82,9 @@ def from_h11(method: bytes, target: bytes, headers, drop: tuple[str, ...] = ()) 
     return Request(method.decode("ascii"), path, query, host, kept)
 
 
-def upstream_headers(req: Request, body_len: int) -> list[tuple[str, str]]:
-    """The headers the guard sends upstream: Host, the end-to-end ones, Content-Length of the body."""
-    return [("host", req.host), *req.headers, ("content-length", str(body_len))]
+def upstream_headers(req: Request, body_len: int, client: str = "") -> list[tuple[str, str]]:
+    """The headers the guard sends upstream: Host, the end-to-end ones, Content-Length of the body, and the
+    client's address as the guard saw it (``CLIENT_HEADER``; a client's own spelling of it is dropped)."""
+    own = [(k, v) for k, v in req.headers if not k.endswith(CLIENT_HEADER)]
+    return [("host", req.host), *own, *([(CLIENT_HEADER, client)] if client else []),
+            ("content-length", str(body_len))]

@@ -315,7 +315,7 @@ class OpenAIApp:
                              f"{self.model_name!r}", code="model_not_found")
         return body
 
-    def _record(self, body: dict, chat: bool) -> ServedRequest:
+    def _record(self, body: dict, chat: bool, client: str = "") -> ServedRequest:
         fields = sampling_fields(body, chat=chat)
         if chat:
             check_message_count(body.get("messages"), self.max_messages)
@@ -323,11 +323,11 @@ class OpenAIApp:
         else:
             fields.update(prompt_fields(body, self.max_prompt_bytes))
         return ServedRequest(**fields, request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
-                             handoff=self.handoff)
+                             handoff=self.handoff, client=client)
 
-    def _prepare(self, body: dict, chat: bool) -> ServedRequest:
+    def _prepare(self, body: dict, chat: bool, client: str = "") -> ServedRequest:
         """Check, template, tokenize and submit (the backend tokenizes raw text): on a bounded pool."""
-        record = self._record(body, chat)
+        record = self._record(body, chat, client)
         self._submit(record, chat)
         return record
 
@@ -368,7 +368,8 @@ class OpenAIApp:
             self.handoff = LoopHandoff(loop)
         # Templating and tokenizing run off the event loop (a long prompt must not stall other streams), on
         # a pool of bounded size (16 big prompts at once must not take 16 cores' memory).
-        record = await loop.run_in_executor(self._tokenize, self._prepare, body, chat)
+        client = request.client.host if request.client else ""     # the engine's admission is fair between them
+        record = await loop.run_in_executor(self._tokenize, self._prepare, body, chat, client)
         if self.draining:             # SIGTERM came while it was being tokenized
             self.expire(self.draining)
         if record.streaming:

@@ -31,6 +31,10 @@ _TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority
                       "binary_data_output", "headers", "id"}
 # Ours: a secret the client chooses; a `stop` request must repeat it to cancel this request by its id.
 CANCEL_KEY = "cancel_key"
+# The client's address as dflash-serve's guards saw it, set by them on every request they forward (a client's own
+# is dropped) and forwarded by Triton as a request parameter (--http/grpc-header-forward-pattern): the engine's
+# admission is fair between clients (runtime/scheduler.py).
+CLIENT_HEADER = "dflash-client"
 # Bounds checked before anything is decoded or tokenized (a 40 MB prompt took 33 s and 5 GB to refuse,
 # 100k stop strings 53 s). Stop strings: OpenAI's API takes up to 4; these leave room and stay cheap
 # for the held-back text check of every streamed piece.
@@ -132,7 +136,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, obj
                   max_seq_len: int, request_id: str = "", max_prompt_bytes: int | None = None) -> ServedRequest:
     """Validate one Triton request (input name -> array, request parameters) against the limits.
     ``max_prompt_bytes``: longer prompts are refused before they are decoded or tokenized."""
-    known = _TRITON_PARAMETERS | {CANCEL_KEY}
+    known = _TRITON_PARAMETERS | {CANCEL_KEY, CLIENT_HEADER}
     unknown = sorted(k for k in parameters if k not in known and not k.startswith("triton_"))
     if unknown:
         raise DFlashError("parameters", f"unknown {', '.join(map(repr, unknown))}",

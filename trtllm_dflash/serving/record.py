@@ -75,6 +75,7 @@ class ServedRequest:
     echo: bool = False                   # the frontend puts the prompt before the text (the backend ignores it)
     request_id: str = ""                 # the client's id, for logs and cancellation by id
     cancel_key: str = ""                 # a client that cancels by id must send this too (Triton's cancel_key)
+    client: str = ""                     # the client's address as the server saw it (fair admission), "" = unknown
     # Where the runtime hands this record's updates over, once per step for all records that share it
     # (handoff.py); None: each emit wakes this record's own reader (a thread blocked in results()).
     handoff: object = field(default=None, repr=False)

@@ -160,7 +160,7 @@ class TorchBackend:
         with self._lock:
             try:
                 request = self.engine.add_request(prompt_ids, SamplingParams(**params),
-                                                  on_tokens=self._on_tokens_for(record))
+                                                  on_tokens=self._on_tokens_for(record), client=record.client)
             except DFlashError as err:   # the engine's own guard (a frontend with other limits)
                 raise _field(err) from None
             record.handle = request

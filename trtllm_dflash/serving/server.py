@@ -26,6 +26,7 @@ from .http_guard import GuardLimits, HttpGuard, metrics_only, triton_routes
 from .launch import http_connection
 from .deployment_check import check_deployment
 from .repo import MODEL_NAME, fill_triton, link_mirror
+from .protocol import CLIENT_HEADER
 from .restricted import ADMIN_HEADER, RESTRICTED_APIS
 from .triton_env import TritonBinary, find_tritonserver
 from .triton_model import CONTROL_DIR_ENV, SUPERVISOR_PID_ENV
@@ -152,7 +153,8 @@ def build_cmd(binary: TritonBinary, repo: Path, host: str, http_port: int, grpc_
             f"--metrics-address={metrics_host}", f"--metrics-port={metrics_port}",
             f"--exit-timeout-secs={exit_timeout_secs}",
             f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={key}",
-            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={key}"]
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={key}",
+            f"--http-header-forward-pattern=^{CLIENT_HEADER}$", f"--grpc-header-forward-pattern=^{CLIENT_HEADER}$"]
     if binary.source == "nvidia-pytriton":
         cmd.append("--allow-gpu-metrics=false")   # the wheel's DCGM cannot start outside NGC images
     return cmd + list(extra)

@@ -154,6 +154,7 @@ class DFlashModel:
                     raise Unavailable("server", f"is shutting down ({self.draining})",
                                       "send the request to a running server")
                 record.cancel_key = str(params.get(protocol.CANCEL_KEY, ""))
+                record.client = str(params.get(protocol.CLIENT_HEADER, ""))   # set by dflash-serve's guards
                 record.handoff, record.frontend = self, _Call(request, sender)
                 # Tokenizing and queueing happen here, as TensorRT-LLM's model calls generate_async in execute.
                 self.backend.submit(record)
