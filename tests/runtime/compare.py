@@ -9,9 +9,9 @@ import torch
 
 def default_subset(values: list, keep: tuple[int, ...]) -> list:
     """Parametrize ``values`` with only the cases at ``keep`` in the default run; the others are marked
-    ``kernels_all`` (pytest --kernels_all runs them). For interpreter-mode kernel tests, where one case costs
+    ``exhaustive`` (pytest --exhaustive runs them). For interpreter-mode kernel tests, where one case costs
     seconds on a CPU: the default keeps one of each kind (decode and multi-tile shapes, each path)."""
-    return [v if i in keep else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.kernels_all)
+    return [v if i in keep else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.exhaustive)
             for i, v in enumerate(values)]
 
 

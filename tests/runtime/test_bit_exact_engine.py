@@ -112,6 +112,7 @@ def _triton():
     return dict(CFG, dtype="float16", attention_kernel="triton", max_seq_len=96)
 
 
+@pytest.mark.exhaustive   # minutes in the interpreter: 70-token prompts through 64-row tiles
 def test_triton_prefill_cache_is_the_same_alone_chunked_or_beside_others(tiny_qwen3_pair):
     """Chunks cut at a whole GEMM / attention tile (64 rows): in the interpreter a row's bits depend on its place
     in the tile (test_batch_invariance.py says why); on a GPU any cut gives the same bits."""

@@ -221,7 +221,7 @@ def test_target_forward_with_the_kernels(tiny_gpt_oss, monkeypatch):
     assert calls == {"topk_softmax": 12}, calls   # 4 layers x (prefill, verify, AR step)
 
 
-# kernels_all (13 minutes of a loaded 2-core box, ~2.5 of CPU): the default run has each gpt-oss kernel in the unit
+# exhaustive (13 minutes of a loaded 2-core box, ~2.5 of CPU): the default run has each gpt-oss kernel in the unit
 # tests above and all of them in one target forward (test_target_forward_with_the_kernels)
 @pytest.mark.parametrize("block", default_subset([None, 1], keep=()))
 def test_engine_tokens_are_the_same_with_the_kernels(tiny_gpt_oss, block, monkeypatch):
