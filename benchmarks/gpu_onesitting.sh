@@ -13,7 +13,7 @@
 #   train     first PROBE_S s: s/step at batch sizes PROBE (16 32 64), the most tokens/s wins and TRAIN_S (the
 #             whole schedule's seconds, warmup + cosine) becomes a fixed step count; checkpoints every 500 steps,
 #             continues in the next call; export + checks once the schedule is done
-#   eval      benchmarks/acceptance.py: all 164 HumanEval + 80 MT-Bench first turns, blocks 16/8/4, greedy and
+#   eval      trtllm_dflash/bench/acceptance.py: all 164 HumanEval + 80 MT-Bench first turns, blocks 16/8/4, greedy and
 #             T=1, the dflash reference cross-check on 10 prompts each (~4 min on an H100: EVAL_S)
 #   e2e       E2E=1: benchmarks/e2e_smollm2.sh with the new pair (AR vs DFlash fixed vs adaptive, ~3 min: E2E_S)
 # Each call returns: onesitting.log, onesitting_state.tgz (status.json, loss.csv, tau.csv, report.json,

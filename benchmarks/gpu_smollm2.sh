@@ -6,7 +6,7 @@
 #           sha256-checked, converted into .carry/cache
 #   regen   the target answers ShareGPT prompts (.carry/w3/sharegpt_prompts.jsonl) -> $OUT/regenerated.tgz
 #   train   ModelOpt training + export -> the drafter as two safetensors shards + index, train_reports.tgz
-#   eval    benchmarks/acceptance.py (HumanEval, MT-Bench; dflash reference cross-check) -> acceptance_smollm2.*
+#   eval    trtllm_dflash/bench/acceptance.py (HumanEval, MT-Bench; dflash reference cross-check) -> acceptance_smollm2.*
 #   sweep   AR vs DFlash dflash-sweep, concurrency 1..64 -> sweep_smollm2_h100.jsonl
 #   sweep2  AR vs DFlash (fixed block) vs DFlash adaptive with the shipped drafter, concurrency 1..64, 64 requests
 #           per level (320 at 32 and 64), HumanEval prompts, 128 new tokens -> sweep_smollm2_h100_v2.jsonl, plots,
@@ -21,11 +21,11 @@
 #           level too (AR: the same deployment at block_size 1, deploy3ar) -> sweep_smollm2_h100_v4.jsonl +
 #           .summary.json (openai_ar_tok_s_c256, openai_ttft_p50_over_inprocess_c64 besides sweep3's keys); the
 #           servers run the engine in its own process. Needs pyzmq on the host (msgpack is there). SMOKE=1: CPU toy
-#   quant   ModelOpt FP8 build on the GPU + benchmarks/quant_report.py (weight-only vs fp8_gemm) -> quant_*.json
+#   quant   ModelOpt FP8 build on the GPU + trtllm_dflash/bench/quant_report.py (weight-only vs fp8_gemm) -> quant_*.json
 #   gputests  pytest -m gpu (every gpu-marked module; the real SmolLM2 from prep's cache) -> gpu_tests_h100.json
-#   cudacheck benchmarks/cuda_check.py --smollm2 (every row, float32 + bf16) -> cuda_check_h100.json
+#   cudacheck trtllm_dflash/bench/cuda_check.py --smollm2 (every row, float32 + bf16) -> cuda_check_h100.json
 #           (each ~4-5 min on an H100; SMOKE=1 runs either on CPU: gpu tests skip, cuda_check --cpu_smoke)
-#   soak    benchmarks/soak.py: dflash-serve (real Triton 2.51 from nvidia-pytriton) with the SmolLM2 pair on the GPU,
+#   soak    trtllm_dflash/bench/soak.py: dflash-serve (real Triton 2.51 from nvidia-pytriton) with the SmolLM2 pair on the GPU,
 #           64 streams x 3 min, faults, 20 kills, SIGTERM with 16 streams -> soak_smollm2_h100.json + .png (~6 min);
 #           SMOKE=1 runs it on CPU (8 streams x 30 s). Needs two carry-only calls first (their tree fits beside
 #           ~25 MB of source), run as `bash benchmarks/gpu_smollm2.sh soak` each (it installs what arrived, exits 0):
@@ -155,7 +155,7 @@ case $STAGE in
   sweep2)
     PY=${PYBIN:-python3}
     if [ "${SMOKE:-0}" = 1 ]; then   # the same pipeline at toy size on the CPU
-      $PY -c "import sys; from pathlib import Path; from tests.tiny import write_tiny_pair; write_tiny_pair(Path(sys.argv[1]))" "$RUN/tiny"
+      $PY -c "import sys; from pathlib import Path; from trtllm_dflash.testing import write_tiny_pair; write_tiny_pair(Path(sys.argv[1]))" "$RUN/tiny"
       PAIR=(--target "$RUN/tiny/target" --drafter "$RUN/tiny/drafter" --gpu h100 --max_batch_size 2 --max_seq_len 256)
       LOAD=(--dataset random --input_len 16 --max_new_tokens 16 --ignore_eos --device cpu)
       LEVELS=("1 4" "2 4"); NAME=sweep_smoke; BATCH=2; INPUT=16
@@ -175,7 +175,7 @@ case $STAGE in
       done
     done
     $PY -m trtllm_dflash.bench.plot "$OUT/$NAME.jsonl" --out_dir "$OUT" --title "SmolLM2-135M: AR vs DFlash fixed vs adaptive"
-    $PY benchmarks/sweep2_summary.py --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy2" --batch $BATCH \
+    $PY -m trtllm_dflash.bench.sweep2_summary --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy2" --batch $BATCH \
       --input_len $INPUT --out "$OUT/$NAME.summary.json"
     ;;
   sweep3|sweep4)
@@ -185,7 +185,7 @@ case $STAGE in
     PY=${PYBIN:-python3}
     if [ "${SMOKE:-0}" = 1 ]; then   # the same pipeline at toy size on the CPU
       # the servers take text: a tiny random pair with SmolLM2's tokenizer (tests/serving's tiny deployment)
-      $PY -c "import sys; from pathlib import Path; from tests.tiny import write_tiny_pair_with_tokenizer as w; \
+      $PY -c "import sys; from pathlib import Path; from trtllm_dflash.testing import write_tiny_pair_with_tokenizer as w; \
 from trtllm_dflash.checkpoints.packaged import smollm2_target_dir as s; w(Path(sys.argv[1]), s())" "$RUN/tiny3"
       PAIR=(--target "$RUN/tiny3/target" --drafter "$RUN/tiny3/drafter" --gpu cpu --max_batch_size 4 --max_seq_len 256)
       LOAD=(--dataset random --input_len 16 --max_new_tokens 16 --ignore_eos --device cpu)
@@ -254,7 +254,7 @@ m = json.loads((src / 'manifest.json').read_text()); m['runtime']['block_size'] 
     fi
     $PY -m trtllm_dflash.bench.plot "$OUT/$NAME.jsonl" --out_dir "$OUT" \
       --title "SmolLM2-135M: AR vs DFlash fixed vs adaptive, in-process and served"
-    $PY benchmarks/sweep2_summary.py --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy3" --batch $MID --top $TOP \
+    $PY -m trtllm_dflash.bench.sweep2_summary --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy3" --batch $MID --top $TOP \
       --input_len $INPUT ${REGEN_TOK_S:+--regen_tok_s $REGEN_TOK_S} "${NOTES[@]}" --out "$OUT/$NAME.summary.json"
     ;;
   quant)   # the shipped drafter unless a trained one is in $RUN
@@ -262,14 +262,14 @@ m = json.loads((src / 'manifest.json').read_text()); m['runtime']['block_size'] 
     BUILD=(python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" --gpu h100 --backend torch --force)
     "${BUILD[@]}" --out "$RUN/q_none"
     "${BUILD[@]}" --out "$RUN/q_fp8" --quant fp8 --calib_data .carry/w3/sharegpt_prompts.jsonl
-    python3 benchmarks/quant_report.py --base "$RUN/q_none" --quant "$RUN/q_fp8" --n 80 --max_new_tokens 128 \
+    python3 -m trtllm_dflash.bench.quant_report --base "$RUN/q_none" --quant "$RUN/q_fp8" --n 80 --max_new_tokens 128 \
       --out "$OUT/quant_smollm2_fp8_h100.json"
     ;;
   gputests)
-    python3 benchmarks/gpu_tests.py --skip_cuda_check --out "${OUT:-/tmp}/gpu_tests_h100.json" ${SMOKE:+--cpu_smoke}
+    python3 -m trtllm_dflash.bench.gpu_tests --skip_cuda_check --out "${OUT:-/tmp}/gpu_tests_h100.json" ${SMOKE:+--cpu_smoke}
     ;;
   cudacheck)
-    python3 benchmarks/cuda_check.py --smollm2 --out "${OUT:-/tmp}/cuda_check_h100.json" ${SMOKE:+--cpu_smoke}
+    python3 -m trtllm_dflash.bench.cuda_check --smollm2 --out "${OUT:-/tmp}/cuda_check_h100.json" ${SMOKE:+--cpu_smoke}
     ;;
   soak)
     DRAFTER=$([ -d "$RUN/train/drafter" ] && echo "$RUN/train/drafter" || echo smollm2-135m-dflash)
@@ -282,7 +282,7 @@ m = json.loads((src / 'manifest.json').read_text()); m['runtime']['block_size'] 
     fi
     python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" --gpu $GPU --backend torch --force \
       --max_batch_size $BATCH --max_seq_len 2048 --out "$RUN/soak_deploy"
-    python3 benchmarks/soak.py --engine "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}"
+    python3 -m trtllm_dflash.bench.soak --engine "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}"
     ;;
   stash|regen_shards|train_big|ckpt_pull|eval_big)
     OUT="$OUT" "${BIG[@]}" --big "$STAGE"

@@ -80,7 +80,7 @@ if [[ $MODE == --big ]]; then
     ckpt_pull)     # the rest of the checkpoint while the host is warm: PART=1, 2, ... (4 shard files each)
       "${CARRY[@]}" ckpt --run "$OUT" --part "${PART:?set PART}" --max_files 4 --out "$BACK" ;;
     eval_big)      # acceptance of the exported drafter; its tau joins tau.csv (the scaling curve)
-      "$PY" benchmarks/acceptance.py --target smollm2-135m --drafter "$OUT/drafter" --out "$BACK/acceptance_big.json" \
+      "$PY" -m trtllm_dflash.bench.acceptance --target smollm2-135m --drafter "$OUT/drafter" --out "$BACK/acceptance_big.json" \
         "${EVAL[@]}"
       "$PY" -m trtllm_dflash.training.report "$OUT" --add_tau "$BACK/acceptance_big.json"
       # 7 files: the JSON, its meta, the log, the drafter's 2 shards + index, and the small rest in one tgz
@@ -99,5 +99,5 @@ if [[ -n $TRAIN_STAGES ]]; then
     --stages "$TRAIN_STAGES" --block_size 16 --num_layers 3 --loss kd --mask_token_id 16 "${TRAIN[@]}"  # 16 = <empty_output>
 fi
 [[ ,$STAGES, == *,eval,* ]] || exit 0
-"$PY" benchmarks/acceptance.py --target smollm2-135m --drafter "$OUT/train/drafter" \
+"$PY" -m trtllm_dflash.bench.acceptance --target smollm2-135m --drafter "$OUT/train/drafter" \
   --out "$OUT/acceptance_smollm2.json" --block_sizes 16 8 4 --reference "${EVAL[@]}"

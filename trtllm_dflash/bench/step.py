@@ -2,15 +2,15 @@
 """Decode-step cost of the torch runtime at real 8B shapes (random bf16 weights), against the HBM roofline
 and, in the same run, HF transformers' own `generate` and the `dflash` reference package on the same pair.
 
-    python benchmarks/step_bench.py --models qwen3-8b,llama-3.1-8b --batch 1,4,16,64 --out results.json
+    python -m trtllm_dflash.bench.step --models qwen3-8b,llama-3.1-8b --batch 1,4,16,64 --out results.json
 
 Per model and batch: the AR step (block 1) and the DFlash step (drafter pass + verify of block B), timed as
 the wall time of `Engine.step()` (device work + the one host sync + bookkeeping; CUDA graphs on), median of
 `--steps`. Roofline = bytes that must cross HBM per step (every weight read once, the KV cache read once)
 over the copy bandwidth measured in the same run. Random weights: acceptance is ~1, so only step costs
-are meaningful here; acceptance comes from benchmarks/acceptance.py on a trained pair.
+are meaningful here; acceptance comes from acceptance.py on a trained pair.
 
-``--profile`` adds kernel counts per step and the host gap (step wall time minus the device time of its
+``--profile`` adds kernel counts per step and the host gap (step wall time minus the GPU time of its
 kernels: launch, Python bookkeeping and the one sync), and kernels per decoder layer (one eager forward of the
 target and of the drafter with 1 and with 2 layers: per layer = the difference). ``--cost_table`` measures the
 adaptive draft policy's cost table (runtime/draft_policy.py) for the DFlash engine at every batch and candidate
@@ -32,17 +32,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights  # noqa: E402
-from trtllm_dflash.checkpoints.resolve import KNOWN_MODELS, PUBLIC_CONFIGS, SHIPPED_DRAFTERS, shipped_drafter_dir  # noqa: E402
-from trtllm_dflash.config import RuntimeConfig, SamplingParams  # noqa: E402
-from trtllm_dflash.provenance import record  # noqa: E402
-from trtllm_dflash.runtime.distributed import TPGroup  # noqa: E402
-from trtllm_dflash.runtime.draft_policy import candidate_blocks, measure_costs  # noqa: E402
-from trtllm_dflash.runtime.engine import Engine  # noqa: E402
-from trtllm_dflash.runtime.graphs import capture  # noqa: E402
-from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
+from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights
+from trtllm_dflash.checkpoints.resolve import KNOWN_MODELS, PUBLIC_CONFIGS, SHIPPED_DRAFTERS, shipped_drafter_dir
+from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.provenance import record
+from trtllm_dflash.runtime.distributed import TPGroup
+from trtllm_dflash.runtime.draft_policy import candidate_blocks, measure_costs
+from trtllm_dflash.runtime.engine import Engine
+from trtllm_dflash.runtime.graphs import capture
+from trtllm_dflash.runtime.loader import load_drafter, load_target
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 BF16 = torch.bfloat16 if DEV.type == "cuda" else torch.float32   # the model dtype (float32 for a CPU smoke run)
@@ -208,8 +207,8 @@ def time_engine(eng: Engine, batch: int, ctx: int, steps: int) -> dict:
 
 
 def profile_steps(eng: Engine, batch: int, ctx: int, steps: int = 3, step_ms: float | None = None) -> dict:
-    """Kernel-level view of a few steps: count, the top kernels by device time, and the host gap
-    (``step_ms`` minus the kernels' device time per step)."""
+    """Kernel-level view of a few steps: count, the top kernels by GPU time, and the host gap
+    (``step_ms`` minus the kernels' GPU time per step)."""
     reqs = [eng.add_request(list(range(100, 100 + ctx)), SamplingParams(max_new_tokens=10**6, ignore_eos=True))
             for _ in range(batch)]
     settle(eng, reqs)
@@ -417,7 +416,7 @@ def main(argv=None) -> int:
         meta["triton"] = None
     print(json.dumps(meta), flush=True)
     # random in-memory weights at the public configs' shapes: no checkpoint to hash
-    prov = record(["python", "benchmarks/step_bench.py", *(argv if argv is not None else sys.argv[1:])])
+    prov = record(["python", "-m", "trtllm_dflash.bench.step", *(argv if argv is not None else sys.argv[1:])])
     rows, summary = [], {}
     for name in args.models.split(","):
         bench_model(name, args, ceil, rows, summary)

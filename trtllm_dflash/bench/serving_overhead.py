@@ -2,9 +2,9 @@
 """Does serving starve the engine's loop, and what does the frontend cost per token? Engine steps/s with N
 streaming HTTP clients vs with none (CPU), with the engine in the server's process or in its own.
 
-    python benchmarks/serving_overhead.py --engine thread --streams 64 --seconds 8 \
+    python -m trtllm_dflash.bench.serving_overhead --engine thread --streams 64 --seconds 8 \
         --out benchmarks/results/serving_overhead_cpu_thread.json      # before: scheduler thread in the server
-    python benchmarks/serving_overhead.py --engine process --streams 64 --seconds 8 \
+    python -m trtllm_dflash.bench.serving_overhead --engine process --streams 64 --seconds 8 \
         --out benchmarks/results/serving_overhead_cpu_process.json     # after: engine_core.py's process
 
 The engine is a stand-in with the real engine's threading contract (tests/serving/fakes.py's FakeEngine) whose
@@ -35,13 +35,11 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from tests.serving.fakes import FakeEngine  # noqa: E402
-from trtllm_dflash.provenance import record as provenance  # noqa: E402
-from trtllm_dflash.serving.record import ServedRequest  # noqa: E402
-from trtllm_dflash.serving.runtimes import TorchBackend  # noqa: E402
+from trtllm_dflash.testing import FakeEngine
+from trtllm_dflash.provenance import record as provenance
+from trtllm_dflash.serving.record import ServedRequest
+from trtllm_dflash.serving.runtimes import TorchBackend
 
 PROMPT = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
 CLIENT = r"""
@@ -93,8 +91,8 @@ class Runtime:
     def __init__(self, args):
         from transformers import AutoTokenizer
 
-        from tests.serving.fakes import CharTokenizer
         from trtllm_dflash.checkpoints.packaged import smollm2_target_dir
+        from trtllm_dflash.testing import CharTokenizer
 
         tokenizer = (AutoTokenizer.from_pretrained(str(smollm2_target_dir())) if args.tokenizer == "smollm2"
                      else CharTokenizer())
@@ -110,7 +108,7 @@ class Runtime:
 
             env = {**os.environ, "DFLASH_BENCH_BUSY_MS": str(args.busy_ms), "DFLASH_BENCH_WAIT_MS": str(args.wait_ms),
                    "DFLASH_BENCH_STREAMS": str(args.streams)}
-            self.backend = EngineClient.spawn(ROOT, engine_factory="benchmarks.serving_overhead:engine_from_env",
+            self.backend = EngineClient.spawn(Path.cwd(), engine_factory="trtllm_dflash.bench.serving_overhead:engine_from_env",
                                               tokenizer=tokenizer, env=env)
             self.engine_pid = self.backend.proc.pid
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The bf16 tolerance policy for "greedy DFlash == greedy AR", shared by tests/gpu and benchmarks/cuda_check.py.
+"""The bf16 tolerance policy for "greedy DFlash == greedy AR", shared by tests/gpu and cuda_check.py.
 
 A bf16 verify of 16 tokens and a bf16 step of 1 token run different GEMM shapes, which round differently;
 where the target's two best tokens are nearly tied, the two runs may pick different ones, and from there the
@@ -11,7 +11,7 @@ batch_invariant on the Triton path, a row recorded with ``batch_invariant``): th
 depend on the block or the batch, so the outputs must be exact (POLICY["bfloat16 batch-invariant"]).
 
 :func:`judge` decides from the recorded float32 numbers alone, so a results file can be re-checked without the
-model (``python benchmarks/cuda_check.py --rejudge FILE``; tests/test_divergence_policy.py checks the committed one).
+model (``python -m trtllm_dflash.bench.cuda_check --rejudge FILE``; tests/test_divergence_policy.py checks the committed one).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The decode-path Triton GEMMs (runtime/kernels/gemm.py) against what they replace, one GPU.
 
-    python benchmarks/gemm_bench.py --out gemm_h100.json
-    python benchmarks/gemm_bench.py --smoke --out /tmp/gemm_smoke.json   # tiny shapes, CPU, Triton's interpreter
+    python -m trtllm_dflash.bench.gemm --out gemm_h100.json
+    python -m trtllm_dflash.bench.gemm --smoke --out /tmp/gemm_smoke.json   # tiny shapes, CPU, Triton's interpreter
 
 For each model's (--models, public configs) qkv_proj (plain), o_proj and down_proj (with the residual add in the
 epilogue), gate_up_proj (with SiLU(gate) * up in the epilogue) and lm_head (plain; TargetHead.logits routes it as the
@@ -38,8 +38,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 COLD_BYTES = 256 * 1024**2   # weight bytes cycled per timed replay (> L2)
 SMOKE_SHAPES = {"tiny": {"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 2,
@@ -220,12 +218,12 @@ def main(argv=None) -> int:
     p.add_argument("--compile_only", type=int, metavar="ARCH", help="no GPU: compile for sm_ARCH (90 = H100), report")
     args = p.parse_args(argv)
     if args.compile_only:
-        from step_bench import target_config
+        from trtllm_dflash.bench.step import target_config
 
         from trtllm_dflash.provenance import record
         from trtllm_dflash.runtime.kernels import gemm as G
         result = {"meta": {"compile_only": f"sm_{args.compile_only}", "triton": __import__("triton").__version__},
-                  "provenance": record(["python", "benchmarks/gemm_bench.py", *(argv or sys.argv[1:])]),
+                  "provenance": record(["python", "-m", "trtllm_dflash.bench.gemm", *(argv or sys.argv[1:])]),
                   "rows": [], "errors": {}}
         compile_only(G, {m: target_config(m) for m in args.models.split(",")}, args.M, args.compile_only, result)
         Path(args.out).write_text(json.dumps(result, indent=1))
@@ -236,7 +234,7 @@ def main(argv=None) -> int:
         args.M, args.reps = [m for m in args.M if m <= 16] or [1], 1
     elif not torch.cuda.is_available():
         p.error("needs a CUDA GPU (or --smoke)")
-    from step_bench import ceilings, cuda_time, graphed, target_config
+    from trtllm_dflash.bench.step import ceilings, cuda_time, graphed, target_config
 
     from trtllm_dflash.provenance import record
     from trtllm_dflash.runtime.kernels import GEMM_MAX_ROWS, gemm as G
@@ -248,7 +246,7 @@ def main(argv=None) -> int:
             "python": platform.python_version(), "dtype": str(dtype).removeprefix("torch."),
             "sms": G.num_sms(dev), "gemm_max_rows": GEMM_MAX_ROWS, **ceilings(args.smoke)}
     print(json.dumps(meta), flush=True)
-    result = {"meta": meta, "provenance": record(["python", "benchmarks/gemm_bench.py", *(argv or sys.argv[1:])]),
+    result = {"meta": meta, "provenance": record(["python", "-m", "trtllm_dflash.bench.gemm", *(argv or sys.argv[1:])]),
               "rows": [], "errors": {}}
     shapes = SMOKE_SHAPES if args.smoke else {m: target_config(m) for m in args.models.split(",")}
     with torch.inference_mode():

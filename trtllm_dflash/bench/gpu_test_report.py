@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Run GPU-marked tests and keep the evidence: pytest's summary, every test's outcome, and provenance.
 
-    python benchmarks/gpu_test_report.py tests/runtime/test_mxfp4_moe.py --out gpu_tests.json
+    python -m trtllm_dflash.bench.gpu_test_report tests/runtime/test_mxfp4_moe.py --out gpu_tests.json
 
 Exit status is pytest's, so a failing test fails the GPU stage too.
 """
@@ -15,10 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from trtllm_dflash.provenance import record  # noqa: E402
+from trtllm_dflash.provenance import record
 
 
 def junit_details(xml: Path) -> dict[str, dict]:
@@ -75,7 +74,7 @@ def main(argv=None) -> int:
     if stopped:
         counts = {o: sum(v == o for v in outcome.values()) for o in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
         summary = stopped + ", ".join(f"{n} {o.lower()}" for o, n in counts.items() if n) + " so far"
-    report = {"provenance": record(["gpu_test_report.py", *(argv if argv is not None else sys.argv[1:])]),
+    report = {"provenance": record(["python", "-m", "trtllm_dflash.bench.gpu_test_report", *(argv if argv is not None else sys.argv[1:])]),
               "pytest_command": " ".join(["python", "-m", "pytest", *cmd[3:]]), "returncode": returncode,
               "summary": summary.strip("= "), "tests": per_test, "output_tail": out[-4000:]}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

@@ -3,7 +3,7 @@
 the inputs): bf16 DFlash == AR on the real SmolLM2 pair and the tiny pairs (cuda_check), greedy answers under load
 == alone (soak), and the mode's cost per decode step (step_bench with --batch_invariant on and off, same GPU).
 
-    python benchmarks/bit_exact_summary.py --cuda_check cc.json --step_on on.json --step_off off.json \\
+    python -m trtllm_dflash.bench.bit_exact_summary --cuda_check cc.json --step_on on.json --step_off off.json \\
         [--soak soak.json] --out benchmarks/results/bit_exact_h100.json
 
 summary: bf16_identical_prompts / bf16_prompts (SmolLM2, the worst of blocks 16, 8, 4), tiny_bf16_identical /
@@ -17,10 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trtllm_dflash.errors import DFlashError  # noqa: E402
-from trtllm_dflash.provenance import record  # noqa: E402
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.provenance import record
 
 
 def _load(path: Path, what: str) -> dict:
@@ -45,7 +44,7 @@ def summarize(cc: dict, on: dict, off: dict, soak: dict | None) -> dict:
     bf16 = [r for r in cc.get("smollm2", []) if r["dtype"] == "bfloat16"]
     if not bf16 or not bf16[0].get("batch_invariant"):
         raise DFlashError("--cuda_check", "has no bf16 SmolLM2 row run batch-invariant",
-                          "run benchmarks/cuda_check.py --smollm2 (--batch_invariant on, the default)")
+                          "run dflash-bench cuda_check --smollm2 (--batch_invariant on, the default)")
     row = bf16[0]
     same = min(v for k, v in row.items() if k.startswith("dflash_eq_ar_greedy"))
     tiny = [r for r in cc.get("tiny", []) if r["dtype"] == "bfloat16"]
@@ -82,7 +81,7 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = {"summary": summary, "cost": costs,
-           "provenance": record(["python", "benchmarks/bit_exact_summary.py", *(argv if argv is not None else sys.argv[1:])])}
+           "provenance": record(["python", "-m", "trtllm_dflash.bench.bit_exact_summary", *(argv if argv is not None else sys.argv[1:])])}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     return 0

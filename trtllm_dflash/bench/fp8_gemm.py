@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """FP8 GEMMs (``RuntimeConfig.fp8_gemm``, runtime/fp8.py) against the bf16 GEMMs of dequantised weights, one GPU.
 
-    python benchmarks/fp8_gemm_bench.py --out fp8_gemm_h100.json
-    python benchmarks/fp8_gemm_bench.py --cpu_smoke --out /tmp/fp8_smoke.json   # every code path, tiny, on CPU
+    python -m trtllm_dflash.bench.fp8_gemm --out fp8_gemm_h100.json
+    python -m trtllm_dflash.bench.fp8_gemm --cpu_smoke --out /tmp/fp8_smoke.json   # every code path, tiny, on CPU
 
 (a) Linear level: Qwen3-8B projections and Llama-3.1-70B's per-rank projections at TP 8, M tokens at a time:
     bf16 F.linear vs Fp8Linear (per-token activation quantization + torch._scaled_mm; also with Hopper's fast
@@ -38,22 +38,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from step_bench import cuda_time, graphed, target_config, time_engine  # noqa: E402
+from trtllm_dflash.bench.step import cuda_time, graphed, target_config, time_engine
 
-from trtllm_dflash.checkpoints.drafter_init import drafter_config, random_drafter_weights  # noqa: E402
-from trtllm_dflash.config import RuntimeConfig, SamplingParams  # noqa: E402
-from trtllm_dflash.runtime import fp8  # noqa: E402
-from trtllm_dflash.runtime.distributed import TPGroup  # noqa: E402
-from trtllm_dflash.runtime.engine import Engine  # noqa: E402
-from trtllm_dflash.runtime.kv_cache import KVCache  # noqa: E402
-from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
-from trtllm_dflash.runtime.models import layers  # noqa: E402
-from trtllm_dflash.runtime.quant import fp8_row_scales  # noqa: E402
-from trtllm_dflash.provenance import record  # noqa: E402
-from trtllm_dflash.versions import installed  # noqa: E402
+from trtllm_dflash.checkpoints.drafter_init import drafter_config, random_drafter_weights
+from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.runtime import fp8
+from trtllm_dflash.runtime.distributed import TPGroup
+from trtllm_dflash.runtime.engine import Engine
+from trtllm_dflash.runtime.kv_cache import KVCache
+from trtllm_dflash.runtime.loader import load_drafter, load_target
+from trtllm_dflash.runtime.models import layers
+from trtllm_dflash.runtime.quant import fp8_row_scales
+from trtllm_dflash.provenance import record
+from trtllm_dflash.versions import installed
 
 # (in_features, out_features) per projection, fused as the runtime runs them
 LINEARS = {
@@ -357,7 +355,7 @@ def main(argv=None) -> int:
             "fused_kernels": layers._FUSE, "fp8_fast_accum_in_runtime": fp8.Fp8Linear.fast_accum}
     print(json.dumps(meta), flush=True)
     # random weights made in memory (no checkpoint file to hash): the shapes are in step_model / linear
-    result = {"meta": meta, "errors": {}, "provenance": record(["python", "benchmarks/fp8_gemm_bench.py", *sys.argv[1:]])}
+    result = {"meta": meta, "errors": {}, "provenance": record(["python", "-m", "trtllm_dflash.bench.fp8_gemm", *sys.argv[1:]])}
 
     def save():
         result["summary"] = summarize(result)

@@ -2,15 +2,15 @@
 """Closed-loop load on the in-process engine at the shipped SmolLM2 pair's shapes (random bf16 weights): requests
 keep arriving as others finish, the way a served deployment and `dflash-train`'s regeneration run it.
 
-    python benchmarks/engine_load.py --batch 64,256 --out engine_load.json          # GPU (CUDA graphs on)
-    python benchmarks/engine_load.py --smoke --out /tmp/engine_load.json            # CPU, tiny shapes, seconds
+    python -m trtllm_dflash.bench.load --batch 64,256 --out engine_load.json          # GPU (CUDA graphs on)
+    python -m trtllm_dflash.bench.load --smoke --out /tmp/engine_load.json            # CPU, tiny shapes, seconds
 
 Per mode (AR, DFlash at the drafter's block) and batch: ``waves`` x batch requests with prompt lengths drawn in
 [--prompt_len] and output lengths in [--output_len] (ignore_eos), ``batch`` of them in flight at any time.
 Reported: new tokens/s over the whole run, the mean step (wall time / steps), the steady step at that batch
 (every row decoding, nothing arriving; the time between steps in a run of them), their ratio (1 = admissions
 cost nothing), and the graphs captured at start-up and mid-run. Random weights: acceptance is ~1, so DFlash rows
-show the cost of its steps, not its speed-up (benchmarks/acceptance.py and the sweeps measure that).
+show the cost of its steps, not its speed-up (acceptance.py and the sweeps measure that).
 """
 from __future__ import annotations
 
@@ -24,20 +24,17 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights  # noqa: E402
-from trtllm_dflash.checkpoints.resolve import PUBLIC_CONFIGS  # noqa: E402
-from trtllm_dflash.config import RuntimeConfig, SamplingParams  # noqa: E402
-from trtllm_dflash.provenance import record  # noqa: E402
-from trtllm_dflash.runtime.distributed import TPGroup  # noqa: E402
-from trtllm_dflash.runtime.engine import Engine  # noqa: E402
-from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
-from step_bench import steady_step_ms  # noqa: E402
+from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights
+from trtllm_dflash.checkpoints.resolve import PUBLIC_CONFIGS
+from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.provenance import record
+from trtllm_dflash.runtime.distributed import TPGroup
+from trtllm_dflash.runtime.engine import Engine
+from trtllm_dflash.runtime.loader import load_drafter, load_target
+from trtllm_dflash.bench.step import steady_step_ms
 
-DRAFTER_DIR = ROOT / "trtllm_dflash" / "drafters" / "smollm2-135m-dflash-b16"
+DRAFTER_DIR = Path(__file__).resolve().parents[1] / "drafters" / "smollm2-135m-dflash-b16"
 
 
 def pair_configs(smoke: bool) -> tuple[dict, dict]:

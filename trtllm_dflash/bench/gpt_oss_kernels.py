@@ -9,7 +9,7 @@ GPU at gpt-oss-20b shapes (random weights; bf16):
   router     nn.Linear + top-k + softmax (torch) vs nn.Linear + the top-k/softmax kernel (kernels/router.py),
              32 and 128 experts, 1/10/64 tokens;
   norm       the residual add (+ o_proj bias) + RMSNorm: eager ops vs the compiled kernel;
-  target     the gpt-oss-20b target (24 layers, MXFP4 experts on their Triton kernels, benchmarks/gpt_oss_step.py's
+  target     the gpt-oss-20b target (24 layers, MXFP4 experts on their Triton kernels, gpt_oss_step.py's
              random weights): kernels per layer (profiler, eager forward, 4 layers minus 2 over 2) and the
              CUDA-graph time of one target forward at batch 1 (AR T=1, verify T=10) at context 4096, torch vs triton.
 
@@ -23,13 +23,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 HQ, HKV, D, WINDOW, HIDDEN = 64, 8, 64, 128, 2880
 TILES = [(32, 4), (64, 4), (128, 8)]   # (BLOCK_N, num_warps); default at d = 64: BLOCK_N 64, 4 warps (8 past 64 rows)
@@ -199,7 +195,7 @@ class Bench:
 
     def target(self, args) -> dict:
         torch = self.torch
-        from gpt_oss_step import build   # its random weights: the 20b target as that benchmark measures it
+        from trtllm_dflash.bench.gpt_oss_step import build   # its random weights: the 20b target as that benchmark measures it
         from trtllm_dflash.runtime.kv_cache import KVCache
         from trtllm_dflash.runtime.models.llama import set_attention_kernel
         ctx = 32 if self.smoke else args.ctx

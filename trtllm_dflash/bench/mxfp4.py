@@ -12,8 +12,8 @@ Routing: "random" = each token's top-k of uniform scores (near the worst case, m
 "concentrated" = every token of the call picks from the same 2 x top-k experts (a verify block whose tokens
 share experts), so the distinct experts stay at 8 however many tokens.
 
-  python benchmarks/mxfp4_bench.py --out /tmp/mxfp4_bench.json        # H100: ~1-2 min (mostly Triton compiles)
-  python benchmarks/mxfp4_bench.py --smoke --out /tmp/mxfp4_smoke.json # CPU, Triton's interpreter, tiny shapes
+  python -m trtllm_dflash.bench.mxfp4 --out /tmp/mxfp4_bench.json        # H100: ~1-2 min (mostly Triton compiles)
+  python -m trtllm_dflash.bench.mxfp4 --smoke --out /tmp/mxfp4_smoke.json # CPU, Triton's interpreter, tiny shapes
 """
 from __future__ import annotations
 
@@ -28,9 +28,6 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 SHAPES = {  # public openai/gpt-oss-* config.json: num_local_experts, hidden_size, intermediate_size, top-k
     "gpt-oss-20b": dict(experts=32, hidden=2880, inter=2880, top_k=4),
@@ -91,10 +88,10 @@ def routing(kind: str, N: int, E: int, k: int, device, seed: int):
 def time_us(fn, iters: int, cuda: bool) -> float:
     """Median us of ``iters`` CUDA-graph replays after 3 warm-up replays (CUDA events); one eager call's wall
     clock on the CPU. gpt_oss_step.time_ms's loop, over step_bench.graphed's replay."""
-    from gpt_oss_step import time_ms
+    from trtllm_dflash.bench.gpt_oss_step import time_ms
     if not cuda:
         return time_ms(fn, 1, 0, False)[0] * 1e3
-    from step_bench import graphed
+    from trtllm_dflash.bench.step import graphed
     return statistics.median(time_ms(graphed(fn), iters, 3, True)) * 1e3
 
 
@@ -125,7 +122,7 @@ def main(argv=None) -> int:
     tokens = [1, 3] if args.smoke else [int(t) for t in args.tokens.split(",")]
     t_start = time.perf_counter()
     if cuda:
-        from step_bench import ceilings
+        from trtllm_dflash.bench.step import ceilings
         ceil = ceilings()
     else:
         ceil = {"copy_bw_bytes_per_s": None}

@@ -20,9 +20,9 @@ Shapes: the public openai/gpt-oss-20b / -120b configs (hidden 2880, 64/8 heads o
 2880, vocab 201088, window 128, YaRN; 24 layers x 32 experts / 36 layers x 128 experts) and the z-lab
 DFlash drafters (8 layers, 7680 MLP, q/k/v/o biases; block 8 for 20b, 10 for 120b).
 
-  python benchmarks/gpt_oss_step.py --target gpt-oss-20b --blocks 8 --compare_dequant --profile    # H100
-  python benchmarks/gpt_oss_step.py --target gpt-oss-120b --blocks 10 --compare_layers 1 --profile # H200
-  python benchmarks/gpt_oss_step.py --tiny --device cpu  # the CPU smoke path the tests run
+  python -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-20b --blocks 8 --compare_dequant --profile    # H100
+  python -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-120b --blocks 10 --compare_layers 1 --profile # H200
+  python -m trtllm_dflash.bench.gpt_oss_step --tiny --device cpu  # the CPU smoke path the tests run
 """
 from __future__ import annotations
 
@@ -38,19 +38,16 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from step_bench import ceilings, graphed  # noqa: E402
+from trtllm_dflash.bench.step import ceilings, graphed
 
-from trtllm_dflash.runtime.distributed import TPGroup  # noqa: E402
-from trtllm_dflash.runtime.kv_cache import KVCache  # noqa: E402
-from trtllm_dflash.runtime.models.dflash import DFlashDrafter, DrafterConfig  # noqa: E402
-from trtllm_dflash.runtime.models.gpt_oss import GptOssConfig, GptOssTarget, _grouped_mm  # noqa: E402
-from trtllm_dflash.runtime.models.layers import Rotary  # noqa: E402
-from trtllm_dflash.runtime.models.llama import set_attention_kernel  # noqa: E402
-from trtllm_dflash.runtime.sampling import accept  # noqa: E402
+from trtllm_dflash.runtime.distributed import TPGroup
+from trtllm_dflash.runtime.kv_cache import KVCache
+from trtllm_dflash.runtime.models.dflash import DFlashDrafter, DrafterConfig
+from trtllm_dflash.runtime.models.gpt_oss import GptOssConfig, GptOssTarget, _grouped_mm
+from trtllm_dflash.runtime.models.layers import Rotary
+from trtllm_dflash.runtime.models.llama import set_attention_kernel
+from trtllm_dflash.runtime.sampling import accept
 
 GPT_OSS_20B = {  # https://huggingface.co/openai/gpt-oss-20b config.json (shape fields)
     "architectures": ["GptOssForCausalLM"], "hidden_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
@@ -308,7 +305,7 @@ def tile_sweep(target, device, token_counts, iters: int, sweep_decode: bool = Fa
     return rows
 
 
-# runtime/mxfp4_moe.py's kernels: their device time per step is the experts' cost (profile_top)
+# runtime/mxfp4_moe.py's kernels: their GPU time per step is the experts' cost (profile_top)
 EXPERT_KERNELS = ("_route_kernel", "_gate_up_kernel", "_swiglu_kernel", "_down_kernel", "_combine_kernel",
                   "_gemv_gate_up_kernel", "_gemv_down_kernel")
 
@@ -461,7 +458,7 @@ def main(argv=None) -> int:
         record["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     record["total_s"] = round(time.perf_counter() - t0, 1)
     name = "tiny" if args.tiny else gpu.lower().replace("nvidia ", "").replace(" ", "_")
-    out = Path(args.out or ROOT / "benchmarks" / "results" / f"gpt_oss_step_{args.target}_{name}.json")
+    out = Path(args.out or Path("benchmarks") / "results" / f"gpt_oss_step_{args.target}_{name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record["summary"], indent=1))
@@ -504,7 +501,7 @@ def summarize(rows: list[dict], backend: str, block: int, layer_rows) -> dict:
 
 def expert_summary(record: dict, backend: str, bytes_per_expert: int) -> dict:
     """Per b=1 step (AR, DFlash): expert bytes touched = distinct experts (summed over layers) x bytes per expert;
-    with --profile, the expert kernels' device time, the bandwidth fraction it achieves on those bytes, and us per
+    with --profile, the expert kernels' GPU time, the bandwidth fraction it achieves on those bytes, and us per
     distinct expert (AR vs DFlash: equal when the experts' cost follows the distinct experts, not the tokens)."""
     s, bw = {}, (record.get("ceilings") or {}).get("copy_bw_bytes_per_s")
     for step in ("ar", "dflash"):

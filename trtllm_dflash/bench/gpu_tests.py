@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The GPU test set's report: `pytest -m gpu` (every module with gpu-marked tests) plus benchmarks/cuda_check.py, in one JSON with the
+"""The GPU test set's report: `pytest -m gpu` (every module with gpu-marked tests) plus cuda_check.py, in one JSON with the
 outcome and duration of every test, what the tests attached (divergence positions, margins, tau), every
 cuda_check row, and the provenance of the run.
 
-    python benchmarks/gpu_tests.py --out benchmarks/results/gpu_tests_h100.json     # on the GPU host
-    python benchmarks/gpu_tests.py --cpu_smoke --out /tmp/gpu_tests.json            # CPU: gpu tests skip, cuda_check smoke
+    python -m trtllm_dflash.bench.gpu_tests --out benchmarks/results/gpu_tests_h100.json     # on the GPU host
+    python -m trtllm_dflash.bench.gpu_tests --cpu_smoke --out /tmp/gpu_tests.json            # CPU: gpu tests skip, cuda_check smoke
 
 Exit status 1 when a test failed or cuda_check's policy was not met (the report is written either way).
 """
@@ -20,10 +20,9 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from trtllm_dflash.provenance import record  # noqa: E402
+from trtllm_dflash.provenance import record
 
 
 GPU_MARK = re.compile(r"^\s*(@pytest\.mark\.gpu\b|pytestmark = .*pytest\.mark\.gpu\b)", re.M)
@@ -77,7 +76,7 @@ def main(argv=None) -> int:
         rc |= proc.returncode not in (0, 5)   # 5: nothing collected
         if not args.skip_cuda_check:
             cc_out = Path(args.cuda_check_out) if args.cuda_check_out else Path(d) / "cuda_check.json"
-            cc = [sys.executable, "benchmarks/cuda_check.py", "--smollm2", "--out", str(cc_out)]
+            cc = [sys.executable, "-m", "trtllm_dflash.bench.cuda_check", "--smollm2", "--out", str(cc_out)]
             t0 = time.perf_counter()
             proc = subprocess.run(cc + (["--cpu_smoke"] if args.cpu_smoke else []), cwd=ROOT)
             report["cuda_check_seconds"] = round(time.perf_counter() - t0, 1)
@@ -98,7 +97,7 @@ def main(argv=None) -> int:
         target = cache_root() / SMOLLM2_DIR_NAME
         if (target / "config.json").is_file():
             checkpoints = {"smollm2_target": target, "smollm2_drafter": shipped_drafter_dir("smollm2-135m-dflash")}
-    report["provenance"] = record(["python", "benchmarks/gpu_tests.py", *(sys.argv[1:] if argv is None else argv)],
+    report["provenance"] = record(["python", "-m", "trtllm_dflash.bench.gpu_tests", *(sys.argv[1:] if argv is None else argv)],
                                   checkpoints=checkpoints)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report["summary"]), f"({len(smollm2)} SmolLM2 rows)", f"wrote {args.out}")

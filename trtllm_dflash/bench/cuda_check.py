@@ -5,14 +5,14 @@
    greedy, and DFlash sampled == AR sampled (same seed), six requests of different lengths over four slots;
 2. the real SmolLM2-135M-Instruct target (from the packaged GGUF) with the shipped trained drafter, in float32
    (must be exact) and bf16 (equal up to a first divergence that must be a float32 near-tie: the policy in
-   tests/gpu/divergence.py: the two tokens are the float32 top 2, their float32 logits less than 0.5 apart), each
+   divergence.py: the two tokens are the float32 top 2, their float32 logits less than 0.5 apart), each
    divergence with its position and float32 numbers; tokens/s at batch 1, 8. With --batch_invariant on (the
    default: RuntimeConfig.batch_invariant on the Triton kernels) bf16 must be exact as well, at blocks 16, 8 and
    4, and each prompt's answer alone must equal its answer among the 8.
 
-    python benchmarks/cuda_check.py --out results.json [--smollm2] [--drafter DIR|random] [--batch_invariant off]
-    python benchmarks/cuda_check.py --cpu_smoke --out /tmp/c.json     # the same code paths on CPU, tiny, float32
-    python benchmarks/cuda_check.py --rejudge results.json  # re-judge a file's divergences from its float32 numbers
+    python -m trtllm_dflash.bench.cuda_check --out results.json [--smollm2] [--drafter DIR|random] [--batch_invariant off]
+    python -m trtllm_dflash.bench.cuda_check --cpu_smoke --out /tmp/c.json     # the same code paths on CPU, tiny, float32
+    python -m trtllm_dflash.bench.cuda_check --rejudge results.json  # re-judge a file's divergences from its float32 numbers
 """
 from __future__ import annotations
 
@@ -26,12 +26,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.gpu.divergence import POLICY, first_divergence, judge, near_tie, policy_key, policy_met  # noqa: E402
-from trtllm_dflash.config import RuntimeConfig, SamplingParams  # noqa: E402
-from trtllm_dflash.provenance import git_state, record  # noqa: E402
-from trtllm_dflash.runtime.engine import Engine  # noqa: E402
+from trtllm_dflash.bench.divergence import POLICY, first_divergence, judge, near_tie, policy_key, policy_met
+from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.provenance import git_state, record
+from trtllm_dflash.runtime.engine import Engine
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that returns the sum of a list.",
            "Explain speculative decoding in two sentences.", "List three prime numbers greater than 100.",
@@ -42,7 +41,7 @@ PROMPTS = ["What is the capital of France?", "Write a Python function that retur
 def tiny_checks(work: Path, dtype: str, device: str, new_tokens: int, batch_invariant: bool = True) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
-    from tests.tiny import write_tiny_pair
+    from trtllm_dflash.testing import write_tiny_pair
     out = []
     for arch in ("llama", "qwen3"):
         pair = work / f"tiny_{arch}"
@@ -139,7 +138,7 @@ def rejudge(path: Path, argv: list[str]) -> bool:
         data.setdefault("rejudged", []).append({
             "what": "policy verdicts re-evaluated on the CPU from the float32 logits this file recorded (tokens, "
                     "f32_top2, f32_gaps); outputs, divergence positions and timings are the original GPU run's",
-            "command": " ".join(["python", "benchmarks/cuda_check.py", *argv]), "git": git_state(),
+            "command": " ".join(["python", "-m", "trtllm_dflash.bench.cuda_check", *argv]), "git": git_state(),
             "utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "changed": changed})
         path.write_text(json.dumps(data, indent=1) + "\n")
     print("\n".join(changed) or f"{path}: every verdict already holds")
@@ -194,7 +193,7 @@ def main(argv=None) -> int:
             dtypes = ("float32",) if args.cpu_smoke else ("float32", "bfloat16")
             res["smollm2"] = [smollm2_check(target, drafter, dt, device, 16 if args.cpu_smoke else 128,
                                             timing=dt == "bfloat16", batch_invariant=invariant) for dt in dtypes]
-        res["provenance"] = record(["python", "benchmarks/cuda_check.py", *(sys.argv[1:] if argv is None else argv)],
+        res["provenance"] = record(["python", "-m", "trtllm_dflash.bench.cuda_check", *(sys.argv[1:] if argv is None else argv)],
                                    checkpoints=checkpoints)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {args.out}")

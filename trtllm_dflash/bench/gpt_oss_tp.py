@@ -2,10 +2,10 @@
 """gpt-oss with tensor + expert parallelism (TP 2 with EP 2 and with EP 1) in one MPI job: tokens equal to TP 1,
 then step times at the gpt-oss-120b shapes with MXFP4 experts (NCCL + CUDA graphs on GPUs, gloo on the CPU).
 
-    mpirun --allow-run-as-root -n 2 python3 benchmarks/gpt_oss_tp.py --out $OUT/gpt_oss_120b_tp2_h200x2.json
-    mpiexec -n 2 python benchmarks/gpt_oss_tp.py --tiny --device cpu --out /tmp/gpt_oss_tp.json   # CPU smoke
+    mpirun --allow-run-as-root -n 2 python3 -m trtllm_dflash.bench.gpt_oss_tp --out $OUT/gpt_oss_120b_tp2_h200x2.json
+    mpiexec -n 2 python -m trtllm_dflash.bench.gpt_oss_tp --tiny --device cpu --out /tmp/gpt_oss_tp.json   # CPU smoke
 
-1. tokens: a tiny random MXFP4 gpt-oss pair (tests.tiny's writer: 4 layers, sliding window 8, 4 experts top-2,
+1. tokens: a tiny random MXFP4 gpt-oss pair (trtllm_dflash.testing's writer: 4 layers, sliding window 8, 4 experts top-2,
    prompts longer than the window) in float32, experts dequantised and, on CUDA, kept MXFP4 in the Triton kernels:
    the engine at TP N with each EP size, greedy and sampled requests, against the same engine at TP 1. Every
    rank runs TP 1 first (on its own device), so none waits in the rendezvous meanwhile. CUDA graphs on, except
@@ -39,23 +39,20 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpt_oss_step import TARGETS, TINY, TINY_DRAFTER, ByteModel, Steps, build, distinct_experts, nbytes, time_ms  # noqa: E402
-from step_bench import ceilings, graphed  # noqa: E402
+from trtllm_dflash.bench.gpt_oss_step import TARGETS, TINY, TINY_DRAFTER, ByteModel, Steps, build, distinct_experts, nbytes, time_ms
+from trtllm_dflash.bench.step import ceilings, graphed
 
-from trtllm_dflash.config import RuntimeConfig  # noqa: E402
-from trtllm_dflash.provenance import record  # noqa: E402
-from trtllm_dflash.runtime.distributed import TPGroup, launcher_rank_and_size  # noqa: E402
-from trtllm_dflash.runtime.engine import Engine  # noqa: E402
+from trtllm_dflash.config import RuntimeConfig
+from trtllm_dflash.provenance import record
+from trtllm_dflash.runtime.distributed import TPGroup, launcher_rank_and_size
+from trtllm_dflash.runtime.engine import Engine
 
 
 # ---- 1. tokens: TP N == TP 1 on a tiny pair ---------------------------------------------------------------
 def tiny_pair(root: Path) -> tuple[Path, Path]:
     """The tiny MXFP4 gpt-oss pair; every rank writes its own copy (same seeds, same bytes: no shared disk)."""
-    from tests.tiny import write_gpt_oss_drafter, write_tiny_gpt_oss
+    from trtllm_dflash.testing import write_gpt_oss_drafter, write_tiny_gpt_oss
     target = write_tiny_gpt_oss(root / "target", mxfp4=True, seed=2)  # hidden 64, intermediate 64: 32 per rank at EP 1
     return target, write_gpt_oss_drafter(target, root / "drafter")
 
@@ -68,7 +65,7 @@ def graphs_for(device: str, experts: str) -> bool:
 
 def engine_tokens(target: Path, drafter: Path, device: str, experts: str, tp_size: int, ep_size: int):
     """Output ids of the fixed greedy + sampled requests (rank 0; None on the other ranks of a TP group)."""
-    from tests.runtime.gpt_oss_tp_run import PARAMS, PROMPTS
+    from trtllm_dflash.testing import GPT_OSS_TP_PARAMS as PARAMS, GPT_OSS_TP_PROMPTS as PROMPTS
     cfg = RuntimeConfig(max_seq_len=128, max_batch_size=2, dtype="float32", device=device, mxfp4_moe=experts,
                         cuda_graphs=graphs_for(device, experts))
     eng = Engine.from_dirs(target, drafter, cfg, tp_size=tp_size, ep_size=ep_size)
@@ -258,7 +255,7 @@ def main(argv=None) -> int:
     rank, size = launcher_rank_and_size()
     if size < 2:
         raise SystemExit(f"{size} rank started; this benchmark compares TP >= 2 with TP 1: "
-                         "start it with `mpirun -n 2 python benchmarks/gpt_oss_tp.py ...`")
+                         "start it with `mpirun -n 2 python -m trtllm_dflash.bench.gpt_oss_tp ...`")
     bad = [e for e in args.ep_sizes if e < 1 or size % e]
     if bad:
         raise SystemExit(f"--ep_sizes: {bad} do not divide the tp size {size}; use divisors of {size}")
@@ -276,7 +273,7 @@ def main(argv=None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix=f"gpt_oss_tp_rank{rank}_"))
     target_dir, drafter_dir = tiny_pair(work)
-    command = ["mpirun", "-n", str(size), "python", "benchmarks/gpt_oss_tp.py",
+    command = ["mpirun", "-n", str(size), "python", "-m", "trtllm_dflash.bench.gpt_oss_tp",
                *(argv if argv is not None else sys.argv[1:])]
     prov = record(command, checkpoints={"tiny_target": target_dir, "tiny_drafter": drafter_dir}) if rank == 0 else {}
     name = torch.cuda.get_device_name() if cuda else "cpu"
@@ -292,7 +289,7 @@ def main(argv=None) -> int:
         "batch_sizes": args.batch_sizes, "block_size": args.block_size, "iters": args.iters,
         "routing_note": "random weights route near-uniformly: the distinct experts per step are close to the "
                         "worst case min(E, tokens x top-k) per layer; real routing touches fewer",
-        "tokens_note": "tiny random MXFP4 gpt-oss (tests/tiny.py write_tiny_gpt_oss, seed 2) in float32; prompts and "
+        "tokens_note": "tiny random MXFP4 gpt-oss (trtllm_dflash/testing.py write_tiny_gpt_oss, seed 2) in float32; prompts and "
                        "sampling of tests/runtime/gpt_oss_tp_run.py (greedy, temperature 1.0 seed 3, greedy)"})
 
     # 1. tokens

@@ -2,8 +2,8 @@
 """Sampling + acceptance + commit of one decode step: the torch path (sampling.sample / accept / commit, as
 runner.step_tensors runs it) against the Triton kernels (runtime/kernels/sample.py) at several split plans.
 
-    python benchmarks/sample_bench.py --out sample_bench.json            # CUDA: graph replay, ~1 min on an H100
-    python benchmarks/sample_bench.py --smoke --out /tmp/sample.json     # CPU: interpreter, tiny shapes
+    python -m trtllm_dflash.bench.sample --out sample_bench.json            # CUDA: graph replay, ~1 min on an H100
+    python -m trtllm_dflash.bench.sample --smoke --out /tmp/sample.json     # CPU: interpreter, tiny shapes
 
 Per (vocab, rows, block, greedy|sampled): microseconds per call (CUDA-graph replay, median of --reps batches),
 device kernels per call (torch profiler, eager; CPU ops on a smoke run) and whether every plan's tokens and
@@ -22,18 +22,16 @@ import time
 from functools import partial
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 if "--smoke" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"   # before the kernels are imported
 
-import torch  # noqa: E402
+import torch
 
-from benchmarks.step_bench import device_events  # noqa: E402
-from trtllm_dflash.provenance import record  # noqa: E402
-from trtllm_dflash.runtime.graphs import capture  # noqa: E402
-from trtllm_dflash.runtime.kernels import sample as K  # noqa: E402
-from trtllm_dflash.runtime.sampling import Commit, SamplingBatch, accept, commit, sample  # noqa: E402
+from trtllm_dflash.bench.step import device_events
+from trtllm_dflash.provenance import record
+from trtllm_dflash.runtime.graphs import capture
+from trtllm_dflash.runtime.kernels import sample as K
+from trtllm_dflash.runtime.sampling import Commit, SamplingBatch, accept, commit, sample
 
 VOCABS = {"smollm2-135m": 49152, "qwen3-8b": 151936}
 
@@ -172,7 +170,7 @@ def main(argv=None) -> int:
                **{f"{k}_range": [min(r[k] for r in results), max(r[k] for r in results)]
                   for k in ("torch_kernels", "torch_aten_ops", "kernel_kernels")}}
     argv_ = argv if argv is not None else sys.argv[1:]
-    out = {"provenance": record(["python", "benchmarks/sample_bench.py", *argv_]),
+    out = {"provenance": record(["python", "-m", "trtllm_dflash.bench.sample", *argv_]),
            "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (Triton interpreter)",
            "summary": summary, "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

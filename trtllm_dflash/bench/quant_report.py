@@ -4,7 +4,7 @@ against each, with our torch runtime.
 
     dflash-build --config build_configs/smollm2-135m_cpu_tp1.yaml --out /tmp/base
     dflash-build --config build_configs/smollm2-135m_cpu_tp1.yaml --quant fp8 --out /tmp/fp8
-    python benchmarks/quant_report.py --base /tmp/base --quant /tmp/fp8 --n 32      # -> results/quant_smollm2_fp8.json
+    python -m trtllm_dflash.bench.quant_report --base /tmp/base --quant /tmp/fp8 --n 32      # -> results/quant_smollm2_fp8.json
 
 ``--base`` / ``--quant``: deployment directories (or plain HF target folders); ``--drafter`` defaults to the base
 deployment's drafter/, so re-running with a trained drafter is ``--drafter DIR``. Every prompt (chat-templated,
@@ -33,11 +33,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trtllm_dflash.errors import DFlashError, exit_code  # noqa: E402
-from trtllm_dflash.provenance import record  # noqa: E402
-from trtllm_dflash.versions import installed  # noqa: E402
+from trtllm_dflash.errors import DFlashError, exit_code
+from trtllm_dflash.provenance import record
+from trtllm_dflash.versions import installed
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FP8_MAX = 448.0                                                  # largest float8_e4m3fn
@@ -48,7 +47,7 @@ _FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gat
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="benchmarks/quant_report.py", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="dflash-bench quant_report", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--base", required=True, help="unquantized deployment directory (or HF target folder)")
     p.add_argument("--quant", required=True, help="deployment built with dflash-build --quant (or its target/)")
@@ -229,7 +228,7 @@ def main(argv=None) -> int:
     result = {
         "machine": "CPU" if not torch.cuda.is_available() else torch.cuda.get_device_name(),
         "cpu": _cpu_name(), "torch_threads": torch.get_num_threads(),
-        "command": "python benchmarks/quant_report.py " + " ".join(argv),
+        "command": "python -m trtllm_dflash.bench.quant_report " + " ".join(argv),
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "quant_algo": algo,
         "quant_build": (quant_m or {}).get("quant"),
@@ -245,7 +244,7 @@ def main(argv=None) -> int:
         "timings_s": {"base": base["wall_s"], **{name: r["wall_s"] for name, r in runs.items()},
                       "total": round(time.perf_counter() - t0, 1)},
         "versions": installed("trtllm-dflash", "torch", "transformers", "nvidia-modelopt"),
-        "provenance": record("python benchmarks/quant_report.py " + " ".join(argv),
+        "provenance": record("python -m trtllm_dflash.bench.quant_report " + " ".join(argv),
                              checkpoints={"base_target": base_target, "quant_target": quant_target, "drafter": drafter}),
     }
     if not result["drafter_trained"]:

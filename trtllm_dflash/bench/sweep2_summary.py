@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Summary of the AR / DFlash fixed / DFlash adaptive sweep (gpu_smollm2.sh stages sweep2, sweep3 and sweep4).
 
-    python benchmarks/sweep2_summary.py --sweep sweep.jsonl --engine DEPLOY --batch 64 --input_len 128 --out summary.json
-    python benchmarks/sweep2_summary.py ... --top 256 --regen_tok_s 41000     # sweep3: the issue #22 keys as well
+    python -m trtllm_dflash.bench.sweep2_summary --sweep sweep.jsonl --engine DEPLOY --batch 64 --input_len 128 --out summary.json
+    python -m trtllm_dflash.bench.sweep2_summary ... --top 256 --regen_tok_s 41000     # sweep3: the issue #22 keys as well
 
 - ``min/max_adaptive_over_ar_iso_interactivity``: DFlash adaptive's throughput (tok/s/gpu) over AR's at equal
   interactivity (tok/s/user), over the two Pareto fronts' shared range (bench/plot.py's iso_ratio, the
@@ -27,17 +27,15 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from trtllm_dflash.bench.plot import iso_ratio  # noqa: E402
-from trtllm_dflash.provenance import record  # noqa: E402
+from trtllm_dflash.bench.plot import iso_ratio
+from trtllm_dflash.provenance import record
 
 
 def steady_step_ms(engine_dir: Path, batch: int, input_len: int, mode: str, steps: int = 30) -> dict:
     """Median step time of ``batch`` requests that all decode (prompts prefilled first, nothing arrives)."""
     import torch
-    import step_bench
+    from trtllm_dflash.bench import step as step_bench
     from trtllm_dflash.runtime.engine import Engine
     engine = Engine.from_deployment(engine_dir, max_batch_size=batch, **({"block_size": 1} if mode == "ar" else {}))
     if mode == "adaptive":
@@ -122,7 +120,7 @@ def main(argv=None) -> int:
     summary["notes"] = args.note
     summary["levels"] = {label: sorted(c for *_, c in pts) for label, pts in curves.items()}
     summary["requests_per_level"] = sorted({r["metrics"].get("num_requests") for r in rows} - {None})
-    out = {"summary": summary, "provenance": record(["python", "benchmarks/sweep2_summary.py",
+    out = {"summary": summary, "provenance": record(["python", "-m", "trtllm_dflash.bench.sweep2_summary",
                                                       *(argv if argv is not None else sys.argv[1:])])}
     args.out.write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}, indent=1, default=str))

@@ -60,16 +60,14 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:        # run as `python benchmarks/soak.py` from a checkout
-    sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[2]   # the folder holding trtllm_dflash: the servers it starts import it too
 
-from trtllm_dflash import provenance  # noqa: E402
-from trtllm_dflash.bench.helpformat import HelpFormatter  # noqa: E402
-from trtllm_dflash.bench.metrics import distribution  # noqa: E402
-from trtllm_dflash.errors import DFlashError  # noqa: E402
-from trtllm_dflash.serving import client  # noqa: E402
-from trtllm_dflash.serving.launch import free_loopback_port  # noqa: E402
+from trtllm_dflash import provenance
+from trtllm_dflash.bench.helpformat import HelpFormatter
+from trtllm_dflash.bench.metrics import distribution
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.serving import client
+from trtllm_dflash.serving.launch import free_loopback_port
 
 MODEL = "tensorrt_llm"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
@@ -89,10 +87,10 @@ TRANSPORT = ("Socket closed", "Stream removed", "failed to connect", "Connection
 EPILOG = """examples:
   # the CPU demo, as committed in benchmarks/results/soak_smollm2_cpu.json:
   dflash-build --config build_configs/smollm2-135m_cpu_tp1.yaml --out engines/smollm2
-  python benchmarks/soak.py --engine engines/smollm2 --streams 64 --duration 600 --sigterm \\
+  python -m trtllm_dflash.bench.soak --engine engines/smollm2 --streams 64 --duration 600 --sigterm \\
       --out benchmarks/results/soak_smollm2_cpu.json
   # a quick look (2 minutes, no faults):
-  python benchmarks/soak.py --engine engines/smollm2 --streams 8 --duration 60 --faults none --kills 0 --out /tmp/s.json
+  python -m trtllm_dflash.bench.soak --engine engines/smollm2 --streams 8 --duration 60 --faults none --kills 0 --out /tmp/s.json
 
 what passes: see the checks above; `summary` in the JSON also states the issue's goals (met or not):
 0 failed or wrong requests, 0 leaked slots, RSS growth < 10%, killed clients' slots free within one step with
@@ -101,7 +99,7 @@ the next request's latency unchanged, SIGTERM with 16 streams -> every client an
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python benchmarks/soak.py", description=__doc__, epilog=EPILOG,
+    p = argparse.ArgumentParser(prog="dflash-bench soak", description=__doc__, epilog=EPILOG,
                                 formatter_class=HelpFormatter)
     p.add_argument("--engine", type=Path, required=True, help="deployment directory (dflash-build output)")
     p.add_argument("--out", type=Path, required=True, help="report JSON; the plot goes next to it as .png")
@@ -672,7 +670,7 @@ def _grpc_oversized(srv: Server, size: int, timeout: float) -> dict:
 
 
 def _slow_uploads(srv: Server, timeout: float) -> dict:
-    """Four connections announce 16 MiB bodies and send one byte (#25: they held the guard's whole 64 MiB
+    """Four connections announce 16 MiB bodies and send one byte (#25: they held the guard's whole 64-MiB budget
     for good; #37: for their read time, by what they announced): they hold the bytes they sent, nothing is
     refused, and a request's body still reaches the model while they are open."""
     import socket

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """dflash-generate on CPU: DFlash (adaptive, its own choice) against AR, wall time of the generation, repeated.
 
-    python benchmarks/cpu_generate_parity.py --repeats 5 --out benchmarks/results/cpu_generate_parity.json \\
+    python -m trtllm_dflash.bench.cpu_generate_parity --repeats 5 --out benchmarks/results/cpu_generate_parity.json \\
         [--tree before=/path/to/other/checkout]
 
 First the step itself: the median time of one batch-1 decode step of the AR engine against the DFlash
@@ -25,8 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 PROMPTS = ("What is the capital of France?", "Write a Python function that returns the sum of a list.")
 RUN = "import sys; from trtllm_dflash.cli import generate_main; sys.exit(generate_main())"

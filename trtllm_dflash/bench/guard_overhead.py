@@ -12,7 +12,7 @@ Measures (CPU unless the deployment says otherwise; the machine is named in the 
 Medians over ``--reps`` interleaved repetitions (guard, direct, guard, ...); ratios guard / direct.
 
   dflash-build --config build_configs/smollm2-135m_cpu_tp1.yaml --out engines/smollm2
-  python benchmarks/guard_overhead.py --engine engines/smollm2 --out benchmarks/results/guard_overhead_cpu.json
+  python -m trtllm_dflash.bench.guard_overhead --engine engines/smollm2 --out benchmarks/results/guard_overhead_cpu.json
 """
 from __future__ import annotations
 
@@ -27,10 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trtllm_dflash.provenance import record  # noqa: E402
-from trtllm_dflash.serving.launch import free_loopback_port, http_connection  # noqa: E402
+from trtllm_dflash.provenance import record
+from trtllm_dflash.serving.launch import free_loopback_port, http_connection
 
 GEN = "/v2/models/tensorrt_llm/generate"
 

@@ -2,11 +2,11 @@
 """Cost tables of the adaptive draft policy (runtime/draft_policy.py) and the TensorRT-LLM draft_len_schedule
 they give at a few per-position acceptance rates.
 
-    python benchmarks/draft_policy_tables.py --target smollm2-135m --drafter smollm2-135m-dflash \\
+    python -m trtllm_dflash.bench.draft_policy_tables --target smollm2-135m --drafter smollm2-135m-dflash \\
         --max_batch 8 --gpu_results benchmarks/results/step_bench_h100_v4.json --out tables.json
 
 Measures this device's table for the pair (``Engine.use_adaptive_policy``) and reads the GPU tables that
-``benchmarks/step_bench.py --cost_table`` stored; for each, the block the policy picks per batch size and the
+``step.py --cost_table`` stored; for each, the block the policy picks per batch size and the
 schedule, assuming every draft position is accepted with probability r given the previous one was. Schedules are
 written as TensorRT-LLM reads them (backends/trtllm.py: each key = the draft length up to that batch size).
 """
@@ -17,9 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trtllm_dflash.runtime.draft_policy import (AcceptanceStats, AdaptivePolicy, CostTable,  # noqa: E402
+from trtllm_dflash.runtime.draft_policy import (AcceptanceStats, AdaptivePolicy, CostTable,
                                                 best_block, draft_len_schedule)
 
 RATES = (0.5, 0.7, 0.8, 0.9)
@@ -56,7 +55,7 @@ def main(argv=None) -> int:
     here = {"pair": f"{args.target} + {args.drafter}", "cost_table": pol.costs.to_json(),
             "schedules": schedules(pol.costs, eng.block_size, args.max_batch)}
     out = {"this_device": here, "gpu": {},
-           "provenance": record(["python", "benchmarks/draft_policy_tables.py", *(argv if argv is not None else sys.argv[1:])],
+           "provenance": record(["python", "-m", "trtllm_dflash.bench.draft_policy_tables", *(argv if argv is not None else sys.argv[1:])],
                                 checkpoints={"target": target, "drafter": drafter})}
     if args.gpu_results:
         res = json.loads(args.gpu_results.read_text())

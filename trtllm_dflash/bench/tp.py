@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Tensor parallelism on GPUs (NCCL, CUDA graphs): same tokens as one GPU, and the step time at 8B shapes.
 
-    mpirun --allow-run-as-root -n 2 python3 benchmarks/tp_bench.py --out tp.json
+    mpirun --allow-run-as-root -n 2 python3 -m trtllm_dflash.bench.tp --out tp.json
 
 1. A tiny random Qwen3 pair in float32: TP=2 greedy and sampled tokens == TP=1 tokens.
 2. Qwen3-8B shapes, random bf16 weights (each rank makes only its shard, from per-tensor seeds, so all
@@ -19,19 +19,17 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from step_bench import target_config, time_engine  # noqa: E402
+from trtllm_dflash.bench.step import target_config, time_engine
 
-from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights  # noqa: E402
-from trtllm_dflash.checkpoints.resolve import KNOWN_MODELS, PUBLIC_CONFIGS  # noqa: E402
-from trtllm_dflash.config import RuntimeConfig, SamplingParams  # noqa: E402
-from trtllm_dflash.provenance import record  # noqa: E402
-from trtllm_dflash.runtime.distributed import launcher_rank_and_size  # noqa: E402
-from trtllm_dflash.runtime.engine import Engine  # noqa: E402
-from trtllm_dflash.runtime.loader import load_drafter, load_target  # noqa: E402
-from trtllm_dflash.runtime.shard import slice_for_rank  # noqa: E402
+from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights
+from trtllm_dflash.checkpoints.resolve import KNOWN_MODELS, PUBLIC_CONFIGS
+from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.provenance import record
+from trtllm_dflash.runtime.distributed import launcher_rank_and_size
+from trtllm_dflash.runtime.engine import Engine
+from trtllm_dflash.runtime.loader import load_drafter, load_target
+from trtllm_dflash.runtime.shard import slice_for_rank
 
 PROMPTS = [[5, 9, 13], [7] * 20, [40, 41, 42, 43, 44, 45, 46]]
 PARAMS = [SamplingParams(max_new_tokens=32, ignore_eos=True),
@@ -89,9 +87,9 @@ def main(argv=None) -> int:
     from mpi4py import MPI
     pair = Path(tempfile.gettempdir()) / "tp_bench_pair"
     res = {"tp_size": size, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "weights": f"tiny pair written by tests.tiny (hashed below); {args.model}: random, in memory, seeded per tensor"}
+           "weights": f"tiny pair written by trtllm_dflash.testing (hashed below); {args.model}: random, in memory, seeded per tensor"}
     if rank == 0:
-        from tests.tiny import write_tiny_pair
+        from trtllm_dflash.testing import write_tiny_pair
         target, drafter = write_tiny_pair(pair, "qwen3", heads=4, kv_heads=2)
         res["tp1_tokens"] = tiny_tokens(target, drafter, 1)[1]
     MPI.COMM_WORLD.barrier()  # MPI's last use: init_tp finalises it after the rendezvous
@@ -99,7 +97,7 @@ def main(argv=None) -> int:
     tp = eng.tp
     if rank == 0:
         res["tiny_tp_equals_tp1"] = tokens == res["tp1_tokens"]
-        res["provenance"] = record(["mpirun", "-n", str(size), "python", "benchmarks/tp_bench.py", *sys.argv[1:]],
+        res["provenance"] = record(["mpirun", "-n", str(size), "python", "-m", "trtllm_dflash.bench.tp", *sys.argv[1:]],
                                    checkpoints={"tiny_target": pair / "target", "tiny_drafter": pair / "drafter"})
         print("tiny TP", size, "== TP 1:", res["tiny_tp_equals_tp1"], flush=True)
     max_seq = args.ctx + args.steps * 20 + 64

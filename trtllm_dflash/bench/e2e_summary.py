@@ -3,7 +3,7 @@
 the rows and a ``summary``: tokens/s per user of each mode and DFlash / AR at each (dataset, concurrency), and
 ``dflash_over_ar_tok_s_b1_humaneval`` (goal: >= 2.0 on an H100) and its twin through dflash-openai.
 
-    python benchmarks/e2e_summary.py --sweep rows.jsonl --out benchmarks/results/e2e_smollm2_h100.json
+    python -m trtllm_dflash.bench.e2e_summary --sweep rows.jsonl --out benchmarks/results/e2e_smollm2_h100.json
 """
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from trtllm_dflash.provenance import record  # noqa: E402
+from trtllm_dflash.provenance import record
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Torch ops per decoder layer on the CPU path, for this tree and a baseline commit, side by side.
 
-    python benchmarks/layer_op_counts.py --baseline b33e189 --out benchmarks/results/layer_op_counts.json
+    python -m trtllm_dflash.bench.layer_op_counts --baseline b33e189 --out benchmarks/results/layer_op_counts.json
 
 Counts the aten ops that the CPU runs (TorchDispatchMode) in one forward of small random models (Qwen3-style
 target, Llama target, the DFlash drafter, gpt-oss) built with 2 and 3 layers: ops per layer = count(3) -
@@ -22,7 +22,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NO_KERNEL = {"detach", "alias", "lift_fresh", "_to_copy_noop"}  # besides func.is_view
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
@@ -149,7 +149,9 @@ def main(argv=None) -> int:
         return 0
 
     def run(tree: str) -> dict:
-        proc = subprocess.run([sys.executable, __file__, "--_tree", tree], capture_output=True, text=True)
+        # run_path, not `python FILE`: the script's own folder (this package's bench/) must not come first on sys.path
+        run_file = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+        proc = subprocess.run([sys.executable, "-c", run_file, __file__, "--_tree", tree], capture_output=True, text=True)
         if proc.returncode:
             sys.exit(f"op count under {tree} failed:\n{proc.stderr[-3000:]}")
         return json.loads(proc.stdout)
@@ -172,7 +174,6 @@ def main(argv=None) -> int:
         b = (before or {}).get(key)
         cases[key] = {"after": a, **({"before": b, "per_layer_change": {
             k: a["per_layer"][k] - b["per_layer"][k] for k in a["per_layer"]}} if b else {})}
-    sys.path.insert(0, str(ROOT))
     from trtllm_dflash.provenance import record
     prov = record()
     result = {"git_sha": prov["git_sha"], "provenance": prov, "what": "aten ops per decoder layer on the CPU path (TorchDispatchMode), "

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Mean acceptance length tau of a target + DFlash drafter pair, per dataset, with our runtime.
 
-    python benchmarks/acceptance.py --target smollm2-135m --drafter DIR --out benchmarks/results/acceptance_smollm2.json
-    python benchmarks/acceptance.py ... --reference            # + the same pair through the `dflash` reference package
+    python -m trtllm_dflash.bench.acceptance --target smollm2-135m --drafter DIR --out benchmarks/results/acceptance_smollm2.json
+    python -m trtllm_dflash.bench.acceptance ... --reference            # + the same pair through the `dflash` reference package
 
 Datasets: HumanEval (164 prompts) and MT-Bench (80 first turns), chat template, enable_thinking off (the z-lab
 harness's prompts, ``trtllm_dflash.data``). For every block size (default 16, 8, 4) one engine runs every prompt
@@ -31,21 +31,20 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trtllm_dflash.errors import DFlashError, exit_code  # noqa: E402
-from trtllm_dflash.provenance import record  # noqa: E402
-from trtllm_dflash.versions import installed  # noqa: E402
+from trtllm_dflash.errors import DFlashError, exit_code
+from trtllm_dflash.provenance import record
+from trtllm_dflash.versions import installed
 
 EXAMPLES = """examples:
-  python benchmarks/acceptance.py --target smollm2-135m --drafter runs/smollm2/drafter \\
+  python -m trtllm_dflash.bench.acceptance --target smollm2-135m --drafter runs/smollm2/drafter \\
       --out benchmarks/results/acceptance_smollm2.json --reference
-  python benchmarks/acceptance.py --target DIR --drafter DIR --datasets mtbench --n 20 --block_sizes 16 --out a.json
+  python -m trtllm_dflash.bench.acceptance --target DIR --drafter DIR --datasets mtbench --n 20 --block_sizes 16 --out a.json
 """
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="benchmarks/acceptance.py", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="dflash-bench acceptance", description=__doc__.split("\n\n")[0],
                                 epilog=EXAMPLES, formatter_class=_Formatter)
     p.add_argument("--target", required=True, help="HF target folder, or smollm2-135m")
     p.add_argument("--drafter", required=True, help="DFlash drafter folder (z-lab layout)")
@@ -274,7 +273,7 @@ def _meta(argv: list[str], args, target_dir: Path, drafter_dir: Path, timings: d
     import torch
 
     cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
-    command = "python benchmarks/acceptance.py " + " ".join(argv)
+    command = "python -m trtllm_dflash.bench.acceptance " + " ".join(argv)
     return {"command": command, "args": vars(args),
             "target_dir": str(target_dir), "drafter_dir": str(drafter_dir),
             "device": torch.cuda.get_device_name() if cuda else f"cpu ({platform.machine()})",
