@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpt-oss with MXFP4 experts on the GPU host, one stage per device call (logs and JSON under $OUT):
+# gpt-oss with MXFP4 experts on the GPU host, one or more stages per run (logs and JSON under $OUT):
 #   tests  (H100, ~2 min)  GPU tests of the MXFP4 kernels -> gpu_tests_mxfp4_<gpu>.json
 #   mxfp4  (H100, ~2 min)  the expert variants (mma / swap / gemv) at real shapes: their GPU tests, then one MoE layer
 #          timed per variant and tile config, 1..64 tokens, random and concentrated routing -> mxfp4_bench.json

