@@ -66,7 +66,7 @@ exec > >(tee "$LOG") 2>&1
 triton_overlay() {
   if [ -n "${OFFLINE_DIR:-}" ] && [ -d "$OFFLINE_DIR/site/triton" ]; then
     HIDE="scipy sklearn" bash scripts/offline_host.sh venv "$OFFLINE_DIR" triton "$WORK/triton_venv" >/dev/null
-    export PATH=$WORK/triton_venv/bin:$PATH
+    export PATH=$WORK/triton_venv/bin:$PATH PYTHONPATH=$OFFLINE_DIR/site/triton:$PYTHONPATH
   elif ! python3 -c "import pytriton, numpy; assert numpy.__version__ < '2'" 2>/dev/null; then
     echo "$STAGE: no Triton with numpy 1: set OFFLINE_DIR to a folder with the wheel set triton" \
       "(benchmarks/offline/triton.txt), or install nvidia-pytriton and numpy<2 on this host"
