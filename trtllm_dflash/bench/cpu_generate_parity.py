@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]   # the checkout measured as "this" tree
 
 PROMPTS = ("What is the capital of France?", "Write a Python function that returns the sum of a list.")
 RUN = "import sys; from trtllm_dflash.cli import generate_main; sys.exit(generate_main())"

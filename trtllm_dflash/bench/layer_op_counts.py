@@ -22,7 +22,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]   # the checkout whose git history holds the baseline
 NO_KERNEL = {"detach", "alias", "lift_fresh", "_to_copy_noop"}  # besides func.is_view
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
