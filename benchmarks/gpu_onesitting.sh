@@ -37,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
-BACK=${OUT:?set OUT, the folder for this run's results}
+BACK=${OUT:?set OUT, the results folder of this run}
 WORK=${WORK:-$PWD/work/onesitting}    # sub-stage outputs and logs, kept between runs
 export BIG_RUN=${BIG_RUN:-$PWD/work/bigrun} CORPUS=${CORPUS:-$PWD/work/corpus}
 if [[ ${SMOKE:-0} == 1 ]]; then

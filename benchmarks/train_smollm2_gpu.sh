@@ -40,7 +40,7 @@ fi
 
 if [[ $MODE == --big ]]; then
   BIG_STAGE=${3:?usage: $0 RUN_DIR --big stash|regen_shards|train_big|ckpt_pull|eval_big}
-  : "${BACK:?set OUT, the folder for this stage's results}"
+  : "${BACK:?set OUT, the results folder of this stage}"
   mkdir -p "$BACK"
   if [[ ${SMOKE:-0} == 1 ]]; then
     RUN_ARGS=(--max_new_tokens 16 --regen_batch_size 8 --batch_size 2 --num_anchors 8 --max_seq_len 384

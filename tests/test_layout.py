@@ -6,6 +6,7 @@ about the environment the project was developed in outside committed results."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +39,12 @@ def test_benchmarks_hold_recipes_without_path_edits_or_test_imports():
         text = p.read_text()
         assert "sys.path" not in text, f"{p.relative_to(ROOT)} edits sys.path: import the package instead"
         assert not IMPORTS_TESTS.search(text), f"{p.relative_to(ROOT)} imports tests: use trtllm_dflash.testing"
+
+
+def test_every_recipe_parses():
+    for p in files(ROOT / "benchmarks", (".sh",)) + files(ROOT / "scripts", (".sh",)):
+        proc = subprocess.run(["bash", "-n", str(p)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
 
 
 def test_tests_and_package_never_import_benchmarks():
