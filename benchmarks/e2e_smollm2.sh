@@ -63,5 +63,5 @@ for dataset in $DATASETS; do
   cp "$OUT/plot_$dataset/pareto.png" "$OUT/${NAME}_$dataset.png"
 done
 cat "$OUT"/e2e_*.jsonl > "$OUT/e2e.jsonl"
-$PY benchmarks/e2e_summary.py --sweep "$OUT/e2e.jsonl" --out "$OUT/$NAME.json"
+$PY -m trtllm_dflash.bench.e2e_summary --sweep "$OUT/e2e.jsonl" --out "$OUT/$NAME.json"
 rm -rf "$OUT"/.deploy_fixed "$OUT"/.deploy_adaptive

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpt-oss with MXFP4 experts on the GPU host, one stage per device call (logs and JSON under $OUT):
+# gpt-oss with MXFP4 experts on the GPU host, one or more stages per run (logs and JSON under $OUT):
 #   tests  (H100, ~2 min)  GPU tests of the MXFP4 kernels -> gpu_tests_mxfp4_<gpu>.json
 #   mxfp4  (H100, ~2 min)  the expert variants (mma / swap / gemv) at real shapes: their GPU tests, then one MoE layer
 #          timed per variant and tile config, 1..64 tokens, random and concentrated routing -> mxfp4_bench.json
@@ -18,28 +18,28 @@ for stage in "${stages[@]}"; do
   case $stage in
     tests)
       if [ -n "${SMOKE:-}" ]; then $PY -m pytest -q -p no:cacheprovider tests/runtime/test_mxfp4_moe.py 2>&1 | tee "$OUT/tests.log"
-      else $PY benchmarks/gpu_test_report.py tests/runtime/test_mxfp4_moe.py --out "$OUT/gpu_tests_mxfp4.json" 2>&1 | tee "$OUT/tests.log"; fi ;;
+      else $PY -m trtllm_dflash.bench.gpu_test_report tests/runtime/test_mxfp4_moe.py --out "$OUT/gpu_tests_mxfp4.json" 2>&1 | tee "$OUT/tests.log"; fi ;;
     mxfp4)
-      if [ -n "${SMOKE:-}" ]; then $PY benchmarks/mxfp4_bench.py --smoke --out "$OUT/mxfp4_bench_smoke.json"
+      if [ -n "${SMOKE:-}" ]; then $PY -m trtllm_dflash.bench.mxfp4 --smoke --out "$OUT/mxfp4_bench_smoke.json"
       else rc=0  # the timings are wanted even when a test fails; the stage still fails afterwards
-           $PY benchmarks/gpu_test_report.py tests/runtime/test_mxfp4_moe.py::test_variants_at_gpt_oss_shapes \
+           $PY -m trtllm_dflash.bench.gpu_test_report tests/runtime/test_mxfp4_moe.py::test_variants_at_gpt_oss_shapes \
              tests/runtime/test_mxfp4_moe.py::test_kernel_under_cuda_graph_replays_new_routing \
              --out "$OUT/gpu_tests_mxfp4_variants.json" > "$OUT/mxfp4_tests.log" 2>&1 || rc=$?
            tail -40 "$OUT/mxfp4_tests.log"
-           $PY benchmarks/mxfp4_bench.py --out "$OUT/mxfp4_bench.json" 2>&1 | tee "$OUT/mxfp4_bench.log"
+           $PY -m trtllm_dflash.bench.mxfp4 --out "$OUT/mxfp4_bench.json" 2>&1 | tee "$OUT/mxfp4_bench.log"
            [ "$rc" -eq 0 ] || { echo "mxfp4 GPU tests failed (exit $rc): $OUT/mxfp4_tests.log" >&2; exit "$rc"; }; fi ;;
     20b)
-      if [ -n "${SMOKE:-}" ]; then $PY benchmarks/gpt_oss_step.py --tiny --device cpu --batch_sizes 1,2 --iters 2 --out "$OUT/gpt_oss_20b_step_smoke.json"
-      else $PY benchmarks/gpt_oss_step.py --target gpt-oss-20b --batch_sizes 1,4,16,64 --blocks 8 --iters 15 --compare_dequant \
+      if [ -n "${SMOKE:-}" ]; then $PY -m trtllm_dflash.bench.gpt_oss_step --tiny --device cpu --batch_sizes 1,2 --iters 2 --out "$OUT/gpt_oss_20b_step_smoke.json"
+      else $PY -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-20b --batch_sizes 1,4,16,64 --blocks 8 --iters 15 --compare_dequant \
              --tile_sweep --profile --out "$OUT/gpt_oss_20b_step_h100_mxfp4.json" 2>&1 | tee "$OUT/20b.log"; fi ;;
     120b)
-      if [ -n "${SMOKE:-}" ]; then $PY benchmarks/gpt_oss_step.py --tiny --device cpu --batch_sizes 1 --blocks 10 --iters 2 --out "$OUT/gpt_oss_120b_step_smoke.json"
-      else $PY benchmarks/gpt_oss_step.py --target gpt-oss-120b --batch_sizes 1,4,16,64 --blocks 10 --iters 15 --compare_layers 1 \
+      if [ -n "${SMOKE:-}" ]; then $PY -m trtllm_dflash.bench.gpt_oss_step --tiny --device cpu --batch_sizes 1 --blocks 10 --iters 2 --out "$OUT/gpt_oss_120b_step_smoke.json"
+      else $PY -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-120b --batch_sizes 1,4,16,64 --blocks 10 --iters 15 --compare_layers 1 \
              --tile_sweep --profile --out "$OUT/gpt_oss_120b_step_h200.json" 2>&1 | tee "$OUT/120b.log"; fi ;;
     tp2)
-      if [ -n "${SMOKE:-}" ]; then ${MPIRUN:-mpiexec} -n 2 $PY benchmarks/gpt_oss_tp.py --tiny --device cpu --iters 2 --warmup 1 --ctx 32 \
+      if [ -n "${SMOKE:-}" ]; then ${MPIRUN:-mpiexec} -n 2 $PY -m trtllm_dflash.bench.gpt_oss_tp --tiny --device cpu --iters 2 --warmup 1 --ctx 32 \
              --out "$OUT/gpt_oss_tp2_smoke.json" 2>&1 | tee "$OUT/tp2.log"
-      else ${MPIRUN:-mpirun --allow-run-as-root} -n 2 $PY benchmarks/gpt_oss_tp.py --target gpt-oss-120b --ep_sizes 2,1 --batch_sizes 1,64 \
+      else ${MPIRUN:-mpirun --allow-run-as-root} -n 2 $PY -m trtllm_dflash.bench.gpt_oss_tp --target gpt-oss-120b --ep_sizes 2,1 --batch_sizes 1,64 \
              --block_size 10 --iters 10 --out "$OUT/gpt_oss_120b_tp2_h200x2.json" 2>&1 | tee "$OUT/tp2.log"; fi ;;
     *) echo "unknown stage $stage (tests, mxfp4, 20b, 120b, tp2)" >&2; exit 2 ;;
   esac

@@ -1,133 +1,83 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The SmolLM2 GPU work on a host without network, from files carried into .carry/, one stage per device call
-# (each call is capped at 10 minutes and returns few files, each < 16 MB; logs go to $OUT/<stage>.log):
-#   prep    .carry/p0, p1, p2 GGUF thirds (one per call: each call carries ~25 MB of tree) -> joined,
-#           sha256-checked, converted into .carry/cache
-#   regen   the target answers ShareGPT prompts (.carry/w3/sharegpt_prompts.jsonl) -> $OUT/regenerated.tgz
-#   train   ModelOpt training + export -> the drafter as two safetensors shards + index, train_reports.tgz
-#   eval    benchmarks/acceptance.py (HumanEval, MT-Bench; dflash reference cross-check) -> acceptance_smollm2.*
+# The SmolLM2 work on one GPU host, one stage per run (logs go to $OUT/<stage>.log, results to $OUT):
+#   prep    the packaged SmolLM2 GGUF -> converted into $TRTLLM_DFLASH_CACHE (from OFFLINE_DIR/models when set)
+#   regen   the target answers ShareGPT prompts ($SHAREGPT, a JSONL of prompts) -> $OUT/regenerated.tgz
+#   train   ModelOpt training + export -> the drafter in $OUT/drafter, train_reports.tgz
+#   eval    dflash-bench acceptance (HumanEval, MT-Bench; dflash reference cross-check) -> acceptance_smollm2.*
 #   sweep   AR vs DFlash dflash-sweep, concurrency 1..64 -> sweep_smollm2_h100.jsonl
 #   sweep2  AR vs DFlash (fixed block) vs DFlash adaptive with the shipped drafter, concurrency 1..64, 64 requests
 #           per level (320 at 32 and 64), HumanEval prompts, 128 new tokens -> sweep_smollm2_h100_v2.jsonl, plots,
-#           .summary.json (~5 min on an H100, estimated from the v1 sweep's step times). SMOKE=1: a tiny random pair
-#           on this machine's CPU, 2 levels (PYBIN=python)
+#           .summary.json (~5 min on an H100). SMOKE=1: a tiny random pair on this machine's CPU, 2 levels
 #   sweep3  issue #22: AR vs DFlash fixed vs adaptive in-process at concurrency 1,4,16,64,256 (max_batch_size 256),
-#           then concurrency 64 through dflash-openai and Triton (dflash-serve; Triton needs the soak stage's
-#           .carry/soakw1 + soakw2 overlay, else it is skipped and the summary says so), 5 waves per level,
-#           HumanEval prompts, 128 new tokens -> sweep_smollm2_h100_v3.jsonl, plots, .summary.json (REGEN_TOK_S=
-#           fills regen_tok_s_b256 from a separate regeneration run). SMOKE=1: a tiny pair on the CPU, levels 1,4
+#           then concurrency 64 through dflash-openai and Triton (dflash-serve; Triton needs nvidia-pytriton with
+#           numpy 1, see `soak`, else it is skipped and the summary says so), 5 waves per level, HumanEval
+#           prompts, 128 new tokens -> sweep_smollm2_h100_v3.jsonl, plots, .summary.json (REGEN_TOK_S= fills
+#           regen_tok_s_b256 from a separate regeneration run). SMOKE=1: a tiny pair on the CPU, levels 1,4
 #   sweep4  issue #31: sweep3 at concurrency 1,16,64,256, with AR and DFlash through dflash-openai and Triton at every
 #           level too (AR: the same deployment at block_size 1, deploy3ar) -> sweep_smollm2_h100_v4.jsonl +
 #           .summary.json (openai_ar_tok_s_c256, openai_ttft_p50_over_inprocess_c64 besides sweep3's keys); the
-#           servers run the engine in its own process. Needs pyzmq on the host (msgpack is there). SMOKE=1: CPU toy
-#   quant   ModelOpt FP8 build on the GPU + benchmarks/quant_report.py (weight-only vs fp8_gemm) -> quant_*.json
+#           servers run the engine in its own process. SMOKE=1: CPU toy
+#   quant   ModelOpt FP8 build on the GPU + dflash-bench quant_report (weight-only vs fp8_gemm) -> quant_*.json
 #   gputests  pytest -m gpu (every gpu-marked module; the real SmolLM2 from prep's cache) -> gpu_tests_h100.json
-#   cudacheck benchmarks/cuda_check.py --smollm2 (every row, float32 + bf16) -> cuda_check_h100.json
+#   cudacheck dflash-bench cuda_check --smollm2 (every row, float32 + bf16) -> cuda_check_h100.json
 #           (each ~4-5 min on an H100; SMOKE=1 runs either on CPU: gpu tests skip, cuda_check --cpu_smoke)
-#   soak    benchmarks/soak.py: dflash-serve (real Triton 2.51 from nvidia-pytriton) with the SmolLM2 pair on the GPU,
+#   soak    dflash-bench soak: dflash-serve (real Triton 2.51 from nvidia-pytriton) with the SmolLM2 pair on the GPU,
 #           64 streams x 3 min, faults, 20 kills, SIGTERM with 16 streams -> soak_smollm2_h100.json + .png (~6 min);
-#           SMOKE=1 runs it on CPU (8 streams x 30 s). Needs two carry-only calls first (their tree fits beside
-#           ~25 MB of source), run as `bash benchmarks/gpu_smollm2.sh soak` each (it installs what arrived, exits 0):
-#             .carry/soakw1  nvidia-pytriton 0.7.0 repacked as tar.xz (36 MB; the 55 MB wheel does not fit) + SHA256SUMS
-#             .carry/soakw2  numpy 1.26.4 (Triton 2.51's python backend misreads BYTES with numpy 2), tritonclient
-#                            2.73.0, grpcio 1.85.1, protobuf 6.33.6 (tritonclient's stubs need >= 1.81.1 / 6.33.5),
-#                            python-rapidjson 1.25, ml_dtypes 0.5.4 (32 MB); this stage's own site dir, so numpy 1
-#                            never reaches the other stages
-#           made with (PV: --python-version 3.12 --implementation cp --only-binary=:all: --no-deps):
-#             pip download $PV --platform manylinux_2_35_x86_64 -d W nvidia-pytriton==0.7.0
-#             pip download $PV --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-#               --platform manylinux2014_x86_64 -d .carry/soakw2 tritonclient==2.73.0 numpy==1.26.4 grpcio==1.85.1 \
-#               protobuf==6.33.6 python-rapidjson==1.25 ml-dtypes==0.5.4
-#             pip install --no-deps --target S W/nvidia_pytriton-0.7.0-*.whl   # keeps tritonserver's exec bits
-#             tar cf - -C S . | xz -T2 -6 > .carry/soakw1/nvidia_pytriton-0.7.0-site.tar.xz
-#             (cd .carry/soakw1 && sha256sum *.tar.xz > SHA256SUMS)
-#   wheels  only install the wheel folders that have arrived (benchmarks/gpu_onesitting.sh runs it every call)
-#   .carry/w1 w2 w3  wheels (ModelOpt stack, transformers 5.14.1, tokenizers 0.22.2, gguf, data packages);
-#           .carry/wlead: gguf alone, enough for prep + inference stages on the host's transformers 5.17
-# The 10x drafter (issue #15; benchmarks/TRAINING_PLAN.md): a corpus built on the CPU side
-# (python -m trtllm_dflash.training.corpus) in .carry/corpus, the run kept on the host in .carry/bigrun while warm:
-#   stash        .carry/in (files packed by trtllm_dflash.training.carry) -> .carry/bigrun, sha256-checked
+#           SMOKE=1 runs it on CPU (8 streams x 30 s). Triton's python backend misreads BYTES with numpy 2: with
+#           OFFLINE_DIR, the wheel set `triton` (benchmarks/offline/triton.txt, numpy 1) runs dflash-serve in a
+#           python environment of its own (scripts/offline_host.sh venv), so numpy 1 never reaches the other stages
+# The 10x drafter (issue #15; benchmarks/TRAINING_PLAN.md): a corpus built with python -m trtllm_dflash.training.corpus
+# in $CORPUS, the run kept in $BIG_RUN:
+#   stash        $IN (files packed by python -m trtllm_dflash.training.bundle) -> $BIG_RUN, sha256-checked
 #   regen_shards answer corpus shards for REGEN_S s (default 480) -> $OUT/regen-part*.tar + manifest.json
 #   train_big    train for TRAIN_S s (default 420) from the last checkpoint (export once finished) -> loss.csv,
 #                report.json, checkpoint part 0 (state.json + 4 shard files); loss.png when matplotlib is there
 #   ckpt_pull    PART=k: the checkpoint's part k (state.json + 4 shard files)
-#   eval_big     acceptance.py on the exported drafter -> acceptance_big.json, the drafter in 2 shards + index,
+#   eval_big     acceptance on the exported drafter -> acceptance_big.json, the drafter in 2 shards + index,
 #                eval_extra.tgz (tau.csv, drafter config.json, loss.png)
 #   SMOKE=1      the same commands on CPU with a tiny corpus/run: seconds to minutes, no GPU (the CPU check)
+# A host without network: OFFLINE_DIR, a folder made by scripts/offline_host.sh with the wheel sets `train`
+# (benchmarks/offline/train.txt) and `triton`, and in models/ the SmolLM2 GGUF (SmolLM2-135M-Instruct.Q4_1.gguf)
+# and sharegpt_prompts.jsonl. Work folders: WORK (default ./work): run/, bigrun/, cache/, corpus/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=${1:?usage: $0 wheels|prep|regen|train|eval|sweep|sweep2|sweep3|sweep4|quant|gputests|cudacheck|soak|stash|regen_shards|train_big|ckpt_pull|eval_big}
-SITE=${DFLASH_SITE:-/tmp/dflash_site}
-# Each arrived wheel once (a marker per wheel: the folders arrive over several calls). tokenizers waits until a
-# transformers wheel has arrived too: transformers pins its tokenizers range, and SITE comes first on PYTHONPATH,
-# so .carry/w1's tokenizers 0.22.2 without w2's transformers 5.14.1 broke the host's transformers 5.17 (prep on
-# the H100 failed so).
-mkdir -p "$SITE"
-NEW=()
-for whl in .carry/w*/*.whl; do
-  [ -e "$whl" ] && [ ! -f "$SITE/.installed-$(basename "$whl")" ] || continue
-  case $(basename "$whl") in
-    tokenizers-*) ls .carry/w*/transformers-*.whl >/dev/null 2>&1 \
-                    || { echo "wheels: $(basename "$whl") waits for a transformers wheel"; continue; } ;;
-  esac
-  NEW+=("$whl")
-done
-if [ ${#NEW[@]} -gt 0 ]; then
-  python3 -m pip install -q --no-index --no-deps --target "$SITE" "${NEW[@]}"
-  for whl in "${NEW[@]}"; do touch "$SITE/.installed-$(basename "$whl")"; done
+WORK=${WORK:-$PWD/work}
+export TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$WORK/cache} PYTHONUNBUFFERED=1 PYTHON=${PYTHON:-python3}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+SHAREGPT=${SHAREGPT:-sharegpt}           # dflash-train's --data: the ShareGPT package, or a JSONL of prompts
+if [ -n "${OFFLINE_DIR:-}" ]; then
+  bash scripts/offline_host.sh install "$OFFLINE_DIR"
+  [ ! -d "$OFFLINE_DIR/site/train" ] || eval "$(bash scripts/offline_host.sh env "$OFFLINE_DIR" train)"
+  [ ! -f "$OFFLINE_DIR/models/sharegpt_prompts.jsonl" ] || SHAREGPT=$OFFLINE_DIR/models/sharegpt_prompts.jsonl
 fi
-export PYTHONPATH=$SITE:$PWD TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$PWD/.carry/cache} PYTHONUNBUFFERED=1 \
-  PYTHON=${PYTHON:-python3}
-RUN=$PWD/.carry/run
+RUN=$WORK/run
 OUT=${OUT:-/tmp}
 mkdir -p "$OUT"
 LOG=$OUT/$STAGE.log
-TRAIN=(env DATA="$PWD/.carry/w3/sharegpt_prompts.jsonl" bash benchmarks/train_smollm2_gpu.sh "$RUN")
-BIG=(env CORPUS="${CORPUS:-$PWD/.carry/corpus}" bash benchmarks/train_smollm2_gpu.sh "${BIG_RUN:-$PWD/.carry/bigrun}")
+TRAIN=(env DATA="$SHAREGPT" bash benchmarks/train_smollm2_gpu.sh "$RUN")
+BIG=(env CORPUS="${CORPUS:-$WORK/corpus}" bash benchmarks/train_smollm2_gpu.sh "${BIG_RUN:-$WORK/bigrun}")
 exec > >(tee "$LOG") 2>&1
-# Triton 2.51 from nvidia-pytriton with numpy 1 on the GPU host (the carried soakw1 + soakw2, see above): puts a
-# python environment first on PATH for dflash-serve and its stub. Returns 1 (says which) while a part is missing.
+# Triton 2.51 from nvidia-pytriton with numpy 1: from OFFLINE_DIR's wheel set `triton`, a python environment first
+# on PATH for dflash-serve and its stub (the stub runs its interpreter isolated: PYTHONPATH never reaches it; measured
+# in tests/serving/test_triton_env.py). The host's scipy/sklearn, built for numpy 2, are hidden in it. Without
+# OFFLINE_DIR the host's own python must bring nvidia-pytriton with numpy 1. Returns 1 (says why) when neither holds.
 triton_overlay() {
-    SOAK_SITE=/tmp/dflash_soak_site
-    mkdir -p "$SOAK_SITE"
-    if [ ! -f "$SOAK_SITE/.installed-soakw1" ] && [ -f .carry/soakw1/SHA256SUMS ]; then
-      (cd .carry/soakw1 && sha256sum -c SHA256SUMS) && tar xJf .carry/soakw1/*.tar.xz -C "$SOAK_SITE" \
-        && touch "$SOAK_SITE/.installed-soakw1"
-    fi
-    if [ ! -f "$SOAK_SITE/.installed-soakw2" ] && ls .carry/soakw2/*.whl >/dev/null 2>&1; then
-      python3 -m pip install -q --no-index --no-deps --target "$SOAK_SITE" .carry/soakw2/*.whl \
-        && touch "$SOAK_SITE/.installed-soakw2"
-    fi
-    for w in soakw1 soakw2; do
-      if [ ! -f "$SOAK_SITE/.installed-$w" ]; then
-        echo "$STAGE: .carry/$w has not arrived yet: carry it in a call of its own, then run this stage again"
-        return 1
-      fi
-    done
-    # Triton's python-backend stub runs its interpreter isolated (no PYTHONPATH; measured in
-    # tests/serving/test_triton_env.py), so numpy 1 has to come first in a python environment, not on
-    # PYTHONPATH: a venv of our own whose .pth puts the soak site first, then the host venv's site-packages
-    # (processed as a site dir), the wheels and this checkout. dflash-serve puts its bin first on PATH.
-    SOAK_VENV=/tmp/dflash_soak_venv
-    if [ ! -x "$SOAK_VENV/bin/python3" ]; then
-      read -r BASE PYV HOST_SITE < <(python3 -c 'import sys, site; print(sys._base_executable, "%d.%d" % sys.version_info[:2], site.getsitepackages()[0])')
-      mkdir -p "$SOAK_VENV/bin" "$SOAK_VENV/lib/python$PYV/site-packages"
-      ln -sf "$BASE" "$SOAK_VENV/bin/python3"
-      printf 'home = %s\ninclude-system-site-packages = false\nversion = %s\n' "$(dirname "$BASE")" "$PYV" > "$SOAK_VENV/pyvenv.cfg"
-      # scipy/sklearn of the host venv are built for numpy 2 and break transformers' imports under numpy 1:
-      # None in sys.modules makes find_spec report them absent, so transformers does without them.
-      printf '%s\n' "$SOAK_SITE" "import site; site.addsitedir('$HOST_SITE')" "$SITE" "$PWD" \
-        "import sys; sys.modules.update(scipy=None, sklearn=None)" \
-        > "$SOAK_VENV/lib/python$PYV/site-packages/dflash_soak.pth"
-    fi
-    export PATH=$SOAK_VENV/bin:$PATH PYTHONPATH=$SOAK_SITE:$PYTHONPATH
+  if [ -n "${OFFLINE_DIR:-}" ] && [ -d "$OFFLINE_DIR/site/triton" ]; then
+    HIDE="scipy sklearn" bash scripts/offline_host.sh venv "$OFFLINE_DIR" triton "$WORK/triton_venv" >/dev/null
+    export PATH=$WORK/triton_venv/bin:$PATH PYTHONPATH=$OFFLINE_DIR/site/triton:$PYTHONPATH
+  elif ! python3 -c "import pytriton, numpy; assert numpy.__version__ < '2'" 2>/dev/null; then
+    echo "$STAGE: no Triton with numpy 1: set OFFLINE_DIR to a folder with the wheel set triton" \
+      "(benchmarks/offline/triton.txt), or install nvidia-pytriton and numpy<2 on this host"
+    return 1
+  fi
 }
 case $STAGE in
-  wheels) ;;   # only the wheel folders that have arrived (above)
+  wheels) ;;   # only OFFLINE_DIR's install (above)
   prep)
-    python3 -m trtllm_dflash.checkpoints.packaged --join .carry/smollm2.gguf .carry/p[0-9]/*.part[0-9][0-9]
-    TRTLLM_DFLASH_SMOLLM2_GGUF=$PWD/.carry/smollm2.gguf python3 -m trtllm_dflash.checkpoints.packaged
+    GGUF=${OFFLINE_DIR:+$OFFLINE_DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+    TRTLLM_DFLASH_SMOLLM2_GGUF=${GGUF:-${TRTLLM_DFLASH_SMOLLM2_GGUF:-}} python3 -m trtllm_dflash.checkpoints.packaged
     ;;
   regen)
     STAGES=regenerate "${TRAIN[@]}"
@@ -135,8 +85,7 @@ case $STAGE in
     ;;
   train)
     STAGES=train,export "${TRAIN[@]}"
-    # the drafter travels back as two safetensors shards (< 16 MB each) plus an index
-    "$PYTHON" -m trtllm_dflash.training.carry drafter --run "$RUN/train" --out "$OUT"
+    cp -r "$RUN/train/drafter" "$OUT/"
     tar czf "$OUT/train_reports.tgz" --exclude model.safetensors -C "$RUN" train/report.json train/train_config.json train/loss.csv train/drafter \
       $(cd "$RUN" && ls train/*.png 2>/dev/null)
     ;;
@@ -155,7 +104,7 @@ case $STAGE in
   sweep2)
     PY=${PYBIN:-python3}
     if [ "${SMOKE:-0}" = 1 ]; then   # the same pipeline at toy size on the CPU
-      $PY -c "import sys; from pathlib import Path; from tests.tiny import write_tiny_pair; write_tiny_pair(Path(sys.argv[1]))" "$RUN/tiny"
+      $PY -c "import sys; from pathlib import Path; from trtllm_dflash.testing import write_tiny_pair; write_tiny_pair(Path(sys.argv[1]))" "$RUN/tiny"
       PAIR=(--target "$RUN/tiny/target" --drafter "$RUN/tiny/drafter" --gpu h100 --max_batch_size 2 --max_seq_len 256)
       LOAD=(--dataset random --input_len 16 --max_new_tokens 16 --ignore_eos --device cpu)
       LEVELS=("1 4" "2 4"); NAME=sweep_smoke; BATCH=2; INPUT=16
@@ -175,7 +124,7 @@ case $STAGE in
       done
     done
     $PY -m trtllm_dflash.bench.plot "$OUT/$NAME.jsonl" --out_dir "$OUT" --title "SmolLM2-135M: AR vs DFlash fixed vs adaptive"
-    $PY benchmarks/sweep2_summary.py --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy2" --batch $BATCH \
+    $PY -m trtllm_dflash.bench.sweep2_summary --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy2" --batch $BATCH \
       --input_len $INPUT --out "$OUT/$NAME.summary.json"
     ;;
   sweep3|sweep4)
@@ -185,7 +134,7 @@ case $STAGE in
     PY=${PYBIN:-python3}
     if [ "${SMOKE:-0}" = 1 ]; then   # the same pipeline at toy size on the CPU
       # the servers take text: a tiny random pair with SmolLM2's tokenizer (tests/serving's tiny deployment)
-      $PY -c "import sys; from pathlib import Path; from tests.tiny import write_tiny_pair_with_tokenizer as w; \
+      $PY -c "import sys; from pathlib import Path; from trtllm_dflash.testing import write_tiny_pair_with_tokenizer as w; \
 from trtllm_dflash.checkpoints.packaged import smollm2_target_dir as s; w(Path(sys.argv[1]), s())" "$RUN/tiny3"
       PAIR=(--target "$RUN/tiny3/target" --drafter "$RUN/tiny3/drafter" --gpu cpu --max_batch_size 4 --max_seq_len 256)
       LOAD=(--dataset random --input_len 16 --max_new_tokens 16 --ignore_eos --device cpu)
@@ -241,40 +190,40 @@ m = json.loads((src / 'manifest.json').read_text()); m['runtime']['block_size'] 
         $PY -m trtllm_dflash.serving.openai_server "$RUN/$D" --port $((PORT + 0)) --served_model_name deploy3 \
         || NOTES+=(--note "dflash-openai $MODE: the run failed (see $NAME.dflash-openai.log)")
     done
-    if [ "${SMOKE:-0}" = 1 ] || [ -d .carry/soakw1 ]; then
+    if [ "${SMOKE:-0}" = 1 ] || (triton_overlay >/dev/null); then
       for MODE in "${SERVED_MODES[@]}"; do
         if [ $MODE = ar ]; then D=deploy3ar MLABEL=AR; else D=deploy3 MLABEL=DFlash; fi
         (if [ "${SMOKE:-0}" != 1 ]; then triton_overlay || exit 3; fi
          serve_and_sweep Triton "dflash-serve: ready" --backend triton --url 127.0.0.1:$((PORT + 11)) -- \
            $PY -m trtllm_dflash.serving.server "$RUN/$D" --http_port $((PORT + 10)) --grpc_port $((PORT + 11)) --metrics_port $((PORT + 12))) \
-          || NOTES+=(--note "Triton $MODE: not measured (the run failed or the numpy-1 overlay had not arrived; see the log)")
+          || NOTES+=(--note "Triton $MODE: not measured (the run failed; see the log)")
       done
     else
-      NOTES+=(--note "Triton: not measured (.carry/soakw1, the nvidia-pytriton + numpy-1 overlay, is not on this host)")
+      NOTES+=(--note "Triton: not measured (no nvidia-pytriton with numpy 1 on this host)")
     fi
     $PY -m trtllm_dflash.bench.plot "$OUT/$NAME.jsonl" --out_dir "$OUT" \
       --title "SmolLM2-135M: AR vs DFlash fixed vs adaptive, in-process and served"
-    $PY benchmarks/sweep2_summary.py --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy3" --batch $MID --top $TOP \
+    $PY -m trtllm_dflash.bench.sweep2_summary --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy3" --batch $MID --top $TOP \
       --input_len $INPUT ${REGEN_TOK_S:+--regen_tok_s $REGEN_TOK_S} "${NOTES[@]}" --out "$OUT/$NAME.summary.json"
     ;;
   quant)   # the shipped drafter unless a trained one is in $RUN
     DRAFTER=$([ -d "$RUN/train/drafter" ] && echo "$RUN/train/drafter" || echo smollm2-135m-dflash)
     BUILD=(python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" --gpu h100 --backend torch --force)
     "${BUILD[@]}" --out "$RUN/q_none"
-    "${BUILD[@]}" --out "$RUN/q_fp8" --quant fp8 --calib_data .carry/w3/sharegpt_prompts.jsonl
-    python3 benchmarks/quant_report.py --base "$RUN/q_none" --quant "$RUN/q_fp8" --n 80 --max_new_tokens 128 \
+    "${BUILD[@]}" --out "$RUN/q_fp8" --quant fp8 --calib_data "$SHAREGPT"
+    python3 -m trtllm_dflash.bench.quant_report --base "$RUN/q_none" --quant "$RUN/q_fp8" --n 80 --max_new_tokens 128 \
       --out "$OUT/quant_smollm2_fp8_h100.json"
     ;;
   gputests)
-    python3 benchmarks/gpu_tests.py --skip_cuda_check --out "${OUT:-/tmp}/gpu_tests_h100.json" ${SMOKE:+--cpu_smoke}
+    python3 -m trtllm_dflash.bench.gpu_tests --skip_cuda_check --out "${OUT:-/tmp}/gpu_tests_h100.json" ${SMOKE:+--cpu_smoke}
     ;;
   cudacheck)
-    python3 benchmarks/cuda_check.py --smollm2 --out "${OUT:-/tmp}/cuda_check_h100.json" ${SMOKE:+--cpu_smoke}
+    python3 -m trtllm_dflash.bench.cuda_check --smollm2 --out "${OUT:-/tmp}/cuda_check_h100.json" ${SMOKE:+--cpu_smoke}
     ;;
   soak)
     DRAFTER=$([ -d "$RUN/train/drafter" ] && echo "$RUN/train/drafter" || echo smollm2-135m-dflash)
     if [ -z "${SMOKE:-}" ]; then
-      triton_overlay || exit 0
+      triton_overlay || exit 1
       python3 -I -c "import sys, numpy, torch; print('soak python', sys.executable, sys.version.split()[0], 'numpy', numpy.__version__, numpy.__file__, 'torch', torch.__version__)"
       GPU=h100 BATCH=64 NAME=soak_smollm2_h100 SOAK=(--streams 64 --duration 180 --kills 20)
     else
@@ -282,7 +231,7 @@ m = json.loads((src / 'manifest.json').read_text()); m['runtime']['block_size'] 
     fi
     python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" --gpu $GPU --backend torch --force \
       --max_batch_size $BATCH --max_seq_len 2048 --out "$RUN/soak_deploy"
-    python3 benchmarks/soak.py --engine "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}"
+    python3 -m trtllm_dflash.bench.soak --engine "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}"
     ;;
   stash|regen_shards|train_big|ckpt_pull|eval_big)
     OUT="$OUT" "${BIG[@]}" --big "$STAGE"

@@ -1,32 +1,31 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The decode-path Triton kernels (RuntimeConfig.attention_kernel "auto"/"triton": attention, GEMMs, sampling,
-# gpt-oss attention/router, MXFP4 experts) checked and measured on one GPU, one stage per device call (each < 10
+# gpt-oss attention/router, MXFP4 experts) checked and measured on one GPU, one or more stages per run (each < 10
 # min on an H100; logs and JSON under $OUT):
 #   tests_a    pytest -m gpu: attention, GEMM and sampling kernels vs torch and float64 in bf16 at real shapes,
 #              graph replay, tiny pairs' tokens                                          -> gpu_tests_kernels_a.json
 #   tests_b    pytest -m gpu: gpt-oss attention (sinks, window), router, norms, MXFP4 expert variants at
 #              gpt-oss-20b/120b shapes                                                    -> gpu_tests_kernels_b.json
 #   smollm2    the real SmolLM2 pair (converted by `bash benchmarks/gpu_smollm2.sh prep` into $TRTLLM_DFLASH_CACHE;
-#              its GGUF arrives in four calls carrying .carry/p0 (+ .carry/w1, then `gpu_smollm2.sh wheels`), p1, p2,
-#              p3, one per call on the same warm machine: run tests_a, tests_b, step, gptoss in those calls):
+#              on a host without network from OFFLINE_DIR, see scripts/offline_host.sh):
 #              greedy DFlash == AR in float32 with the kernels, bf16 under the divergence policy on the torch path
 #                                                                                         -> gpu_tests_smollm2.json
-#   bitexact   the batch-invariant mode (RuntimeConfig.batch_invariant, on by default), ~25 min in 4 calls of one
+#   bitexact   the batch-invariant mode (RuntimeConfig.batch_invariant, on by default), ~25 min in 4 runs of one
 #              sub-stage each (BITEXACT=tests|check|step_on|step_off, then summary with no GPU work):
 #              tests     kernel invariance in bf16 with rows anywhere (tests/gpu/test_batch_invariance_cuda.py)
 #                        and SmolLM2 bf16 DFlash == AR exactly: blocks 16/8/4, adaptive, seeded T=1, alone ==
 #                        among 8 (tests/gpu/test_smollm2_cuda.py)                       -> gpu_tests_bit_exact.json (~6 min)
-#              check     benchmarks/cuda_check.py --smollm2: tiny Llama/Qwen3 6/6 in bf16, SmolLM2 8/8 at blocks
+#              check     trtllm_dflash/bench/cuda_check.py --smollm2: tiny Llama/Qwen3 6/6 in bf16, SmolLM2 8/8 at blocks
 #                        16/8/4, alone == batched                                       -> cuda_check_bit_exact.json (~6 min)
 #              step_on / step_off  step_bench.py smollm2-135m + qwen3-8b, batch 1 and 64, AR and DFlash, mode on /
 #                        off (the same warm GPU for both)          -> step_bench_bi_on.json / step_bench_bi_off.json (~5 min each)
-#              summary   benchmarks/bit_exact_summary.py (+ $SOAK_JSON from `gpu_smollm2.sh soak` if set)
+#              summary   trtllm_dflash/bench/bit_exact_summary.py (+ $SOAK_JSON from `gpu_smollm2.sh soak` if set)
 #                                                                                         -> bit_exact_h100.json
-#   step       benchmarks/step_bench.py --profile at batch $BATCH (default 1): smollm2-135m, qwen3-8b, llama-3.1-8b with the
+#   step       trtllm_dflash/bench/step.py --profile at batch $BATCH (default 1): smollm2-135m, qwen3-8b, llama-3.1-8b with the
 #              kernels, and llama-3.1-8b with the torch path (the earlier files hold the others' torch rows)
 #                                                                     -> step_bench_triton.json, step_bench_torch.json
-#   gptoss     benchmarks/gpt_oss_step.py at batch 1 (AR and DFlash), kernels on: gpt-oss-20b (block 8), then
+#   gptoss     trtllm_dflash/bench/gpt_oss_step.py at batch 1 (AR and DFlash), kernels on: gpt-oss-20b (block 8), then
 #              gpt-oss-120b (block 10) when the GPU holds its 68 GB of weights  -> gpt_oss_{20b,120b}_step.json
 # TEST_MAX_S (default 300) stops a test stage's pytest and reports the tests that finished.
 # SMOKE=1 runs each stage's CPU twin (kernels in Triton's interpreter, tiny shapes). Exit status: non-zero if any
@@ -37,7 +36,7 @@ OUT=${OUT:-/tmp/kernels_out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
-  TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$PWD/.carry/cache}
+  TRTLLM_DFLASH_CACHE=${TRTLLM_DFLASH_CACHE:-$PWD/work/cache}
 [ -n "${SMOKE:-}" ] && export TRITON_INTERPRET=1   # before anything imports the kernels
 rc=0
 run() {   # name, command...: output to $OUT/<name>.log, its tail and time here
@@ -52,7 +51,7 @@ report() {   # out.json, "CPU twins", GPU tests...: the GPU tests on CUDA; under
   local out=$1 twins=$2
   shift 2
   if [ -n "${SMOKE:-}" ]; then [ -z "$twins" ] || "$PY" -m pytest -q -p no:cacheprovider $twins
-  else "$PY" benchmarks/gpu_test_report.py "$@" --out "$out" --max_s "${TEST_MAX_S:-300}"; fi
+  else "$PY" -m trtllm_dflash.bench.gpu_test_report "$@" --out "$out" --max_s "${TEST_MAX_S:-300}"; fi
 }
 for stage in "$@"; do
   case $stage in
@@ -81,30 +80,30 @@ for stage in "$@"; do
                  "tests/runtime/test_batch_invariance.py tests/runtime/test_bit_exact_engine.py" \
                  tests/gpu/test_batch_invariance_cuda.py tests/gpu/test_smollm2_cuda.py ;;
         check) if [ -n "${SMOKE:-}" ]; then CC=(--cpu_smoke); else CC=(--smollm2); fi
-               run bitexact_check "$PY" benchmarks/cuda_check.py "${CC[@]}" --out "$OUT/cuda_check_bit_exact.json" ;;
+               run bitexact_check "$PY" -m trtllm_dflash.bench.cuda_check "${CC[@]}" --out "$OUT/cuda_check_bit_exact.json" ;;
         step_on|step_off)
-               run "bitexact_$BITEXACT" "$PY" benchmarks/step_bench.py --models "${MODELS:-smollm2-135m,qwen3-8b}" \
+               run "bitexact_$BITEXACT" "$PY" -m trtllm_dflash.bench.step --models "${MODELS:-smollm2-135m,qwen3-8b}" \
                  --attention_kernel triton --batch_invariant "${BITEXACT#step_}" "${BENCH[@]}" \
                  --out "$OUT/step_bench_bi_${BITEXACT#step_}.json" ;;
-        summary) run bitexact_summary "$PY" benchmarks/bit_exact_summary.py --cuda_check "$OUT/cuda_check_bit_exact.json" \
+        summary) run bitexact_summary "$PY" -m trtllm_dflash.bench.bit_exact_summary --cuda_check "$OUT/cuda_check_bit_exact.json" \
                    --step_on "$OUT/step_bench_bi_on.json" --step_off "$OUT/step_bench_bi_off.json" \
                    ${SOAK_JSON:+--soak "$SOAK_JSON"} --out "$OUT/bit_exact_h100.json" ;;
         *) echo "FAILED: bitexact: BITEXACT=$BITEXACT (use tests, check, step_on, step_off or summary)"; rc=1 ;;
       esac ;;
     step)
       if [ -n "${SMOKE:-}" ]; then BENCH=(--smoke --ctx 16 --steps 2 --batch 1); else BENCH=(--ctx 512 --steps 15 --batch ${BATCH:-1}); fi
-      run step_triton "$PY" benchmarks/step_bench.py --models "${MODELS:-smollm2-135m,qwen3-8b,llama-3.1-8b}" --profile \
+      run step_triton "$PY" -m trtllm_dflash.bench.step --models "${MODELS:-smollm2-135m,qwen3-8b,llama-3.1-8b}" --profile \
         --attention_kernel triton "${BENCH[@]}" --out "$OUT/step_bench_triton.json"
-      [ -n "${SMOKE:-}" ] || run step_torch "$PY" benchmarks/step_bench.py --models llama-3.1-8b --profile \
+      [ -n "${SMOKE:-}" ] || run step_torch "$PY" -m trtllm_dflash.bench.step --models llama-3.1-8b --profile \
         --attention_kernel torch "${BENCH[@]}" --out "$OUT/step_bench_torch.json" ;;
     gptoss)
       if [ -n "${SMOKE:-}" ]; then
-        run gptoss_smoke "$PY" benchmarks/gpt_oss_step.py --tiny --device cpu --batch_sizes 1 --blocks 10 --iters 2 \
+        run gptoss_smoke "$PY" -m trtllm_dflash.bench.gpt_oss_step --tiny --device cpu --batch_sizes 1 --blocks 10 --iters 2 \
           --out "$OUT/gpt_oss_smoke.json"
       else
-        run gptoss20b "$PY" benchmarks/gpt_oss_step.py --target gpt-oss-20b --batch_sizes 1 --blocks 8 --iters 15 \
+        run gptoss20b "$PY" -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-20b --batch_sizes 1 --blocks 8 --iters 15 \
           --profile --out "$OUT/gpt_oss_20b_step.json"
-        run gptoss120b "$PY" benchmarks/gpt_oss_step.py --target gpt-oss-120b --batch_sizes 1 --blocks 10 --iters 15 \
+        run gptoss120b "$PY" -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-120b --batch_sizes 1 --blocks 10 --iters 15 \
           --profile --out "$OUT/gpt_oss_120b_step.json"
       fi ;;
     *) echo "unknown stage $stage (tests_a, tests_b, smollm2, step, gptoss)" >&2; exit 2 ;;

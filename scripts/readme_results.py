@@ -31,6 +31,16 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Results files record the command that made them; the scripts they name have since become modules of the package.
+MOVED = {"step_bench": "step", "engine_load": "load", "gemm_bench": "gemm", "fp8_gemm_bench": "fp8_gemm",
+         "sample_bench": "sample", "mxfp4_bench": "mxfp4", "gpt_oss_kernels_bench": "gpt_oss_kernels", "tp_bench": "tp"}
+
+
+def as_run_now(command: str) -> str:
+    """A recorded command as it is typed today: ``python benchmarks/x.py`` -> ``python -m trtllm_dflash.bench.x``."""
+    return re.sub(r"(?:(python3?) )?benchmarks/(\w+)\.py",
+                  lambda m: f"{m.group(1) or 'python'} -m trtllm_dflash.bench.{MOVED.get(m.group(2), m.group(2))}",
+                  command)
 BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 
 
@@ -272,7 +282,7 @@ def render_cpu_parity(results: Path) -> str:
     ran = now["runs"][0]["blocks_ran"]
     text = (f"Measured on a shared {d['machine'].split()[0]}-core CPU machine (smollm2-135m + the shipped drafter, "
             f"float32), {s['runs']} runs "
-            f"(`{d.get('command') or d['provenance']['command']}`; {provenance_note(d, name)}): one decode step at block 1 costs "
+            f"(`{as_run_now(d.get('command') or d['provenance']['command'])}`; {provenance_note(d, name)}): one decode step at block 1 costs "
             f"{st['median_block1_over_ar_step']:.3f}x an AR step (median; {st['min']:.3f}-{st['max']:.3f})")
     if before is not None:
         text += f", {before['block1_summary']['median_block1_over_ar_step']:.3f}x before the drafter context was batched"
@@ -291,10 +301,10 @@ def render_step_bench(results: Path) -> str:
     runs = {k: _load(results, f) for k, f in names.items()}
     notes = "; ".join(provenance_note(runs[k], f) for k, f in names.items())
     meta = runs["v6_triton"]["meta"]
-    cmd = meta["command"].split(" --out ")[0]
+    cmd = as_run_now("python " + meta["command"].split(" --out ")[0])
     lines = [
         f"**Decode step cost on one H100 80 GB** (random bf16 weights at real shapes, prompt 512 tokens, CUDA graphs; "
-        f"`python {cmd}`, and `--attention_kernel torch` for the torch rows; torch {meta['torch']}, triton "
+        f"`{cmd}`, and `--attention_kernel torch` for the torch rows; torch {meta['torch']}, triton "
         f"{meta['triton']}; {notes}). Roofline = bytes that must cross HBM per step (every weight once + the KV "
         f"cache) at the copy bandwidth measured in the same run ({meta['copy_bw_bytes_per_s'] / 1e12:.1f} TB/s). "
         f"`triton`: the decode kernels of `RuntimeConfig.attention_kernel` (`auto` = on CUDA, the default): "
@@ -324,7 +334,7 @@ def render_engine_load(results: Path) -> str:
     lines = [
         f"**Serving at the speed of the step** (one H100, in-process engine, random bf16 weights at the shipped "
         f"SmolLM2 pair's shapes; {st['waves']} waves of requests per level, prompts {st['prompt_len']} tokens, outputs "
-        f"{st['output_len']} tokens, a new request as soon as one finishes; `python benchmarks/engine_load.py --batch "
+        f"{st['output_len']} tokens, a new request as soon as one finishes; `python -m trtllm_dflash.bench.load --batch "
         f"{st['batch']}`; {provenance_note(d, name)}). Steady step = every row decoding, nothing arriving; "
         f"mean / steady = 1 when arrivals cost the running requests nothing.",
         "",
@@ -419,7 +429,7 @@ def render_tp_bench(results: Path) -> str:
     d = _load(results, name)
     rows = {(r["mode"], r["batch"]): r["step_ms"] for r in d["rows"]}
     big = max(b for (_, b) in rows)
-    return (f"- **Tensor parallelism, 2x H200** (`mpirun -n 2 python3 benchmarks/tp_bench.py`; {provenance_note(d, name)}): "
+    return (f"- **Tensor parallelism, 2x H200** (`mpirun -n 2 python3 -m trtllm_dflash.bench.tp`; {provenance_note(d, name)}): "
             f"TP={d['tp_size']} tokens {'equal' if d['tiny_tp_equals_tp1'] else 'DIFFER FROM'} TP=1 tokens (float32, "
             f"NCCL + CUDA graphs); Qwen3-8B AR step {rows[('ar', 1)]:.2f} ms and DFlash step {rows[('dflash', 1)]:.2f} ms "
             f"at batch 1 ({rows[('ar', big)]:.2f} / {rows[('dflash', big)]:.1f} ms at batch {big}).\n")
@@ -436,7 +446,7 @@ def render_gpt_oss(results: Path) -> str:
     d1 = " / ".join(f"{g[('dflash', bs, 1)]:.1f} ms (block {bs})" for bs in blocks)
     dbig = " / ".join(f"{g[('dflash', bs, big)]:.1f}" for bs in blocks)
     need = min(g[("dflash", bs, 1)] for bs in blocks) / ar1
-    return (f"- **gpt-oss-20b shapes** (random bf16, H100, ctx {d['shapes']['ctx']}, `python benchmarks/gpt_oss_step.py`; "
+    return (f"- **gpt-oss-20b shapes** (random bf16, H100, ctx {d['shapes']['ctx']}, `python -m trtllm_dflash.bench.gpt_oss_step`; "
             f"{provenance_note(d, name)}): AR step {ar1:.1f} ms, DFlash step {d1} at batch 1; "
             f"{g[('ar', 1, big)]:.1f} / {dbig} ms at batch {big}: a drafter must average {need:.1f} tokens per step "
             f"to win at batch 1.\n")
@@ -515,7 +525,7 @@ def _cuda_policy(d: dict) -> list[str]:
              for s in _smollm2_rows(d) if "policy" in s]
     for r in d.get("rejudged", []):
         lines.append(f"- Verdicts re-evaluated on the CPU from the float32 logits the run recorded (`python "
-                     f"benchmarks/cuda_check.py --rejudge`, git {r['git']['sha'][:10]}, {r['utc'][:10]}): "
+                     f"trtllm_dflash/bench/cuda_check.py --rejudge`, git {r['git']['sha'][:10]}, {r['utc'][:10]}): "
                      f"{'; '.join(r['changed'])}.")
     return lines
 
@@ -525,7 +535,7 @@ def render_cuda_check(results: Path) -> str:
     name = "cuda_check_h100.json"
     d = _load(results, name)
     timed = next((s for s in _smollm2_rows(d) if "ar_b1_tok_per_s" in s), None)
-    head = (f"**Correctness on CUDA** (`python benchmarks/cuda_check.py --smollm2`, {d.get('gpu', 'GPU')}, torch "
+    head = (f"**Correctness on CUDA** (`python -m trtllm_dflash.bench.cuda_check --smollm2`, {d.get('gpu', 'GPU')}, torch "
             f"{d.get('torch')}; {provenance_note(d, name)}): every row.")
     tail = _cuda_policy(d)
     if timed:
@@ -556,7 +566,7 @@ def render_gpu_tests(results: Path) -> str:
 
 
 def render_gpu_tests_kernels(results: Path) -> str:
-    """The decode kernels' GPU test reports (benchmarks/gpu_test_report.py files), one line each."""
+    """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
     files = ("gpu_tests_kernels_a_h100.json", "gpu_tests_kernels_b_h100.json", "gpu_tests_sample_h100.json",
              "gpu_tests_smollm2_kernels_h100.json")
     lines = ["**GPU tests of the decode kernels** (`bash benchmarks/kernels_gpu.sh tests_a|tests_b|smollm2`, "
@@ -581,7 +591,7 @@ def render_quant(results: Path) -> str:
     w = h["workload"]
     return (
         f"**Quantized SmolLM2, FP8 on H100 with the trained drafter** (`bash benchmarks/gpu_smollm2.sh quant`: ModelOpt "
-        f"FP8 PTQ on {h['quant_build']['calib_size']} ShareGPT prompts, then `benchmarks/quant_report.py --n {w['n']} "
+        f"FP8 PTQ on {h['quant_build']['calib_size']} ShareGPT prompts, then `trtllm_dflash/bench/quant_report.py --n {w['n']} "
         f"--max_new_tokens {w['max_new_tokens']}` on MT-Bench; {provenance_note(h, 'quant_smollm2_fp8_h100.json')}): "
         f"tau {t['base']:.2f} on the bf16 target, {t['weight_only']:.2f} on the FP8 target with weights dequantised, "
         f"{t['fp8_gemm']:.2f} with the FP8 GEMMs (`fp8_gemm`, FP8 activations per token) and {t['act_emulated']:.2f} "
@@ -608,7 +618,7 @@ def render_fp8_gemm(results: Path) -> str:
     df = [v for k, v in s.items() if k.startswith("step_speedup_dflash_")]
     g = [v for k, v in s.items() if k.startswith("linear_graph_speedup_")]
     layers = d["step_model"]["config"]["num_hidden_layers"]
-    return (f"**FP8 GEMMs on Hopper** (`python benchmarks/fp8_gemm_bench.py`, {d['meta']['device']}; "
+    return (f"**FP8 GEMMs on Hopper** (`python -m trtllm_dflash.bench.fp8_gemm`, {d['meta']['device']}; "
             f"{provenance_note(d, name)}): a Qwen3-8B-shaped FP8 target of {layers} layers steps "
             f"{min(ar + df):.2f}-{max(ar + df):.2f}x faster with `torch._scaled_mm` (per-token activation scales, "
             f"per-row weight scales) than with dequantised bf16 weights (AR {min(ar):.2f}x-{max(ar):.2f}x, DFlash "
@@ -626,7 +636,7 @@ def render_acceptance(results: Path) -> str:
     head = (f"**Acceptance of the shipped SmolLM2 drafter** (mean accepted tokens per step, tau; "
             f"{meta['device']}, torch {meta['versions'].get('torch')}, "
             f"all {d['humaneval']['n_prompts']} HumanEval and {d['mtbench']['n_prompts']} MT-Bench first turns, <= "
-            f"{meta['args']['max_new_tokens']} new tokens; `python benchmarks/acceptance.py --target smollm2-135m "
+            f"{meta['args']['max_new_tokens']} new tokens; `python -m trtllm_dflash.bench.acceptance --target smollm2-135m "
             f"--drafter DIR --block_sizes {' '.join(sizes)} --reference`; {provenance_note(meta, 'acceptance_smollm2.meta.json')}, "
             f"no drafter sha256 recorded):")
     cols = [c for b in sizes for c in (f"B={b} greedy", f"B={b} T=1")]
@@ -753,20 +763,20 @@ def _soak_line(results: Path, name: str, label: str, command: str) -> str:
 def render_soak(results: Path) -> str:
     """Soak, SmolLM2-135M demo on CPU."""
     name = "soak_smollm2_cpu.json"
-    command = "python benchmarks/soak.py --engine out/smollm2 --streams 64 --duration 600 --sigterm"
+    command = "python -m trtllm_dflash.bench.soak --engine out/smollm2 --streams 64 --duration 600 --sigterm"
     if (results / name).is_file():    # the settings the committed run used
         st = _load(results, name)["settings"]
-        command = (f"python benchmarks/soak.py --engine out/smollm2 --streams {st['streams']} "
+        command = (f"python -m trtllm_dflash.bench.soak --engine out/smollm2 --streams {st['streams']} "
                    f"--duration {st['duration']:.0f} --kills {st['kills']}{' --sigterm' if st['sigterm'] else ''}")
     return _soak_line(results, name, "SmolLM2-135M demo on CPU", command)
 
 
 def render_soak_openai(results: Path) -> str:
     name = "soak_smollm2_cpu_openai.json"
-    command = "python benchmarks/soak.py --server openai --engine out/smollm2 --streams 64 --duration 600 --sigterm"
+    command = "python -m trtllm_dflash.bench.soak --server openai --engine out/smollm2 --streams 64 --duration 600 --sigterm"
     if (results / name).is_file():
         st = _load(results, name)["settings"]
-        command = (f"python benchmarks/soak.py --server openai --engine out/smollm2 --streams {st['streams']} "
+        command = (f"python -m trtllm_dflash.bench.soak --server openai --engine out/smollm2 --streams {st['streams']} "
                    f"--duration {st['duration']:.0f} --kills {st['kills']}{' --sigterm' if st['sigterm'] else ''}")
     return _soak_line(results, name, "dflash-openai, SmolLM2-135M demo on CPU", command)
 
@@ -788,7 +798,7 @@ def render_layer_ops(results: Path) -> str:
     def ops(key, when="after"):
         return c[key][when]["per_layer"]["data_ops"]
     return (
-        f"- Ops per decoder layer in a decode step, counted on the CPU path (`python benchmarks/layer_op_counts.py "
+        f"- Ops per decoder layer in a decode step, counted on the CPU path (`python -m trtllm_dflash.bench.layer_op_counts "
         f"--baseline {data['baseline'][:7]}`; {provenance_note(data, 'layer_op_counts.json')}; CPU op counts, "
         f"not CUDA kernels): Qwen3 target {ops('qwen3.target_verify')} data ops (before: "
         f"{ops('qwen3.target_verify', 'before')}), the drafter's block layer the same "
@@ -805,7 +815,7 @@ def render_http_guard(results: Path) -> str:
     d = _load(results, name)
     m, r, add = d["medians"], d["ratios_guard_over_direct"], d["guard_adds_ms"]
     st = d["settings"]
-    text = (f"**HTTP guard cost** (`{d['provenance']['command']}`, {d['machine']}, shared with other work; "
+    text = (f"**HTTP guard cost** (`{as_run_now(d['provenance']['command'])}`, {d['machine']}, shared with other work; "
             f"{provenance_note(d, name)}; plot `guard_overhead_cpu.png`), medians of {st['reps']} interleaved "
             f"repetitions on one server, through the guard vs straight to Triton's internal port: health round "
             f"trip {_ms(m['guard']['health_ms'])} vs {_ms(m['direct']['health_ms'])} ms (+{add['health_ms']:.2f} ms), "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `from tests.tiny import ...`
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `from tests.serving.fakes import ...`
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -16,13 +16,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
     """(target_dir, drafter_dir): tiny random Llama target + untrained drafter, block 8."""
-    from tests.tiny import write_tiny_pair
+    from trtllm_dflash.testing import write_tiny_pair
     return write_tiny_pair(tmp_path_factory.mktemp("tiny_llama"), "llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3_pair(tmp_path_factory):
-    from tests.tiny import write_tiny_pair
+    from trtllm_dflash.testing import write_tiny_pair
     return write_tiny_pair(tmp_path_factory.mktemp("tiny_qwen3"), "qwen3", tie=True)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.tiny import VOCAB, write_tiny_target
+from trtllm_dflash.testing import VOCAB, write_tiny_target
 from trtllm_dflash.checkpoints.drafter_init import write_random_drafter
 
 ARCHS = ("llama", "qwen3", "gpt_oss")

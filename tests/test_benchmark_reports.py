@@ -12,20 +12,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"trtllm_dflash.bench.{name}")
 
 
 def test_fp8_gemm_bench_smoke_records_provenance(tmp_path):
     out = tmp_path / "fp8.json"
-    proc = subprocess.run([sys.executable, "benchmarks/fp8_gemm_bench.py", "--cpu_smoke", "--skip", "steps",
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dflash.bench.fp8_gemm", "--cpu_smoke", "--skip", "steps",
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     prov = json.loads(out.read_text())["provenance"]
-    assert "benchmarks/fp8_gemm_bench.py --cpu_smoke" in prov["command"]
+    assert "-m trtllm_dflash.bench.fp8_gemm --cpu_smoke" in prov["command"]
     assert prov["git"]["sha"] and prov["versions"]["torch"] and prov["device"]["gpu"] is None
 
 
@@ -52,7 +49,7 @@ def test_gpu_report_collects_every_module_with_gpu_tests():
 
 def test_cuda_check_smoke_records_every_row_and_its_checkpoints(tmp_path):
     out = tmp_path / "cuda_check.json"
-    proc = subprocess.run([sys.executable, "benchmarks/cuda_check.py", "--cpu_smoke", "--out", str(out)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dflash.bench.cuda_check", "--cpu_smoke", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
                           env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -60,7 +57,7 @@ def test_cuda_check_smoke_records_every_row_and_its_checkpoints(tmp_path):
     assert [(r["arch"], r["dtype"]) for r in res["tiny"]] == [("llama", "float32"), ("qwen3", "float32")]
     assert all(r["dflash_eq_ar_greedy"] == r["ar_eq_hf_greedy"] == r["dflash_eq_ar_sampled"] == 6 for r in res["tiny"])
     prov = res["provenance"]
-    assert prov["command"].startswith("python benchmarks/cuda_check.py --cpu_smoke") and prov["git"]["sha"]
+    assert prov["command"].startswith("python -m trtllm_dflash.bench.cuda_check --cpu_smoke") and prov["git"]["sha"]
     assert {"tiny_llama_target", "tiny_llama_drafter", "tiny_qwen3_target", "tiny_qwen3_drafter"} == set(prov["checkpoints"])
     assert all(len(c["sha256"]) == 64 for c in prov["checkpoints"].values())
 

@@ -204,16 +204,16 @@ def test_sharded_regeneration_cut_and_resumed_equals_uncut(tmp_path, deco):
     assert regenerate.is_done(ccfg) and len(regenerate.read_manifest(ccfg)["shards"]) == 1
     assert regenerate.load_rows(ccfg) == rows[:3]
     # The run travels as a few bounded files and arrives sha256-checked (a fresh GPU host, or shards coming back).
-    from trtllm_dflash.training import carry
-    files, parts = carry.pack_regen(tmp_path / "cut", None, tmp_path / "in", part=0, max_files=2)
+    from trtllm_dflash.training import bundle
+    files, parts = bundle.pack_regen(tmp_path / "cut", None, tmp_path / "in", part=0, max_files=2)
     assert parts == 1 and sorted(f.name for f in files) == ["manifest.json", "regen-part0.tar", "train_config.json"]
-    got = carry.unpack(tmp_path / "in", tmp_path / "copy")
+    got = bundle.unpack(tmp_path / "in", tmp_path / "copy")
     assert got["shards"] == 3 and got["shards_missing"] == []
     assert regenerate.load_rows(train.config_from_args([str(a) for a in base + cut[:-2] + ["--out", tmp_path /
                                                                                             "copy"]])) == rows
     one = {"shards": {k: v for k, v in done.items() if k == "prompts-00000.jsonl.gz"}}
     (tmp_path / "before.json").write_text(json.dumps(one))
-    files, _ = carry.pack_regen(tmp_path / "cut", tmp_path / "before.json", tmp_path / "back")
+    files, _ = bundle.pack_regen(tmp_path / "cut", tmp_path / "before.json", tmp_path / "back")
     import tarfile
     with tarfile.open(tmp_path / "back" / "regen-part0.tar") as t:
         assert sorted(t.getnames()) == ["shards/regen-00001.jsonl.gz", "shards/regen-00002.jsonl.gz"]

@@ -1,11 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The bf16 divergence policy (tests/gpu/divergence.py) on CPU: a token outside the float32 top 2 is never allowed,
+"""The bf16 divergence policy (trtllm_dflash/bench/divergence.py) on CPU: a token outside the float32 top 2 is never allowed,
 however close its logit; the margin is the gap between the two tokens involved; the committed cuda_check file's
 verdicts are what the policy says of its own float32 numbers; --rejudge rewrites a file whose verdicts are wrong."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.gpu.divergence import MARGIN_BOUND, judge, near_tie, policy_met
+from trtllm_dflash.bench.divergence import MARGIN_BOUND, judge, near_tie, policy_met
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_CHECK = ROOT / "benchmarks" / "results" / "cuda_check_h100.json"
@@ -87,9 +86,7 @@ def test_the_committed_cuda_check_verdicts_are_the_policys():
 
 
 def test_rejudge_rewrites_wrong_verdicts_and_says_so(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("cuda_check", ROOT / "benchmarks" / "cuda_check.py")
-    cuda_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cuda_check)
+    from trtllm_dflash.bench import cuda_check
     data = json.loads(CUDA_CHECK.read_text())
     bf16 = next(r for r in data["smollm2"] if r["dtype"] == "bfloat16")
     old = copy.deepcopy(data)           # the file as the old code wrote it: every divergence allowed, policy met

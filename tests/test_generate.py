@@ -11,7 +11,7 @@ from trtllm_dflash import generate
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory, smollm2_dir):
-    from tests.tiny import write_tiny_pair_with_tokenizer
+    from trtllm_dflash.testing import write_tiny_pair_with_tokenizer
 
     return write_tiny_pair_with_tokenizer(tmp_path_factory.mktemp("gen"), smollm2_dir)
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""benchmarks/gpt_oss_tp.py on the CPU under a real mpiexec (gloo): the same code the 2x H200 run takes, at the
+"""trtllm_dflash/bench/gpt_oss_tp.py on the CPU under a real mpiexec (gloo): the same code the 2x H200 run takes, at the
 tiny shapes: tokens at TP 2 (EP 2 and EP 1) == TP 1, every step row, the collectives one step issues, the
 distinct experts each rank serves, and a results file that names what produced it."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.mpi
 def test_gpt_oss_tp_benchmark_smoke_under_mpiexec(tmp_path):
     out = tmp_path / "tp.json"
-    cmd = [mpiexec(), "-n", "2", sys.executable, str(ROOT / "benchmarks" / "gpt_oss_tp.py"), "--tiny", "--device", "cpu",
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "trtllm_dflash.bench.gpt_oss_tp", "--tiny", "--device", "cpu",
            "--iters", "2", "--warmup", "1", "--ctx", "32", "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -58,7 +58,7 @@ def test_gpt_oss_tp_benchmark_smoke_under_mpiexec(tmp_path):
 
 
 def test_gpt_oss_tp_benchmark_refuses_a_single_rank(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpt_oss_tp.py"), "--tiny", "--device", "cpu",
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dflash.bench.gpt_oss_tp", "--tiny", "--device", "cpu",
                            "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert proc.returncode != 0 and "mpirun -n 2" in proc.stderr and not (tmp_path / "x.json").exists()

@@ -63,8 +63,8 @@ def test_record_names_command_versions_and_checkpoints(tmp_path):
 
 
 def test_copy_inside_another_checkout_uses_its_state_file(tmp_path):
-    outer = _repo(tmp_path)                       # the GPU host: main's copy with its .git
-    inner = outer / ".carry" / "stream"           # an engineer's tree carried inside it, without .git
+    outer = _repo(tmp_path)                       # a checkout with its .git
+    inner = outer / "vendor" / "tree"             # another tree copied inside it, without .git
     inner.mkdir(parents=True)
     (inner / provenance.STATE_FILE).write_text(json.dumps({"sha": "f" * 40, "dirty": False, "diff_sha256": None}))
     got = provenance.git_state(inner)

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from tests.tiny import VOCAB, write_tiny_pair
+from trtllm_dflash.testing import VOCAB, write_tiny_pair
 from trtllm_dflash import build_config as bc
 from trtllm_dflash import cli, quantize
 from trtllm_dflash.checkpoints import hf, manifest
@@ -159,7 +159,7 @@ def test_dequantize_matches_modelopt(mtq, tmp_path, algo):
     from modelopt.torch.export import export_hf_checkpoint
     from modelopt.torch.quantization.qtensor import NVFP4QTensor
 
-    from tests.tiny import write_tiny_target
+    from trtllm_dflash.testing import write_tiny_target
 
     src = write_tiny_target(tmp_path / "src", "llama", num_layers=1)
     model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)

@@ -201,13 +201,13 @@ def test_training_over_several_calls_equals_one_call(chat_target, prompts_file, 
     meta = json.loads((cut / "checkpoint" / "state.json").read_text())
     assert len(meta["files"]) > 3 and meta["split"] and meta["step"] == 4
     assert all((cut / "checkpoint" / f).stat().st_size < 8_000 + 4_000 for f in meta["files"])
-    from trtllm_dflash.training import carry  # the checkpoint travels in parts of a few files, sha256-checked
+    from trtllm_dflash.training import bundle  # the checkpoint travels in parts of a few files, sha256-checked
     moved = tmp_path / "moved"
-    parts = carry.pack_ckpt(cut, 0, tmp_path / "p0", max_files=4)[1]
+    parts = bundle.pack_ckpt(cut, 0, tmp_path / "p0", max_files=4)[1]
     assert parts == -(-len(meta["files"]) // 4)
     for k in range(parts):
-        carry.pack_ckpt(cut, k, tmp_path / f"p{k}", max_files=4)
-        assert carry.unpack(tmp_path / f"p{k}", moved)["checkpoint_missing"] == sorted(meta["files"])[4 * (k + 1):]
+        bundle.pack_ckpt(cut, k, tmp_path / f"p{k}", max_files=4)
+        assert bundle.unpack(tmp_path / f"p{k}", moved)["checkpoint_missing"] == sorted(meta["files"])[4 * (k + 1):]
     a, b = _checkpoint_tensors(whole), _checkpoint_tensors(moved)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if not k.startswith("rng."))
     cols = [c for c in loop.COLUMNS if c != "elapsed_s"]

@@ -86,11 +86,21 @@ def device_info() -> dict:
     return info
 
 
+def _module_argv(argv: list[str]) -> list[str]:
+    """argv as typed: a module of this package run with ``-m`` (or through dflash-bench) has its file in argv[0]."""
+    package = Path(__file__).resolve().parent
+    script = Path(argv[0]).resolve() if argv and argv[0].endswith(".py") else None
+    if script is None or package not in script.parents:
+        return list(argv)
+    module = ".".join(script.relative_to(package.parent).with_suffix("").parts)
+    return ["-m", module, *argv[1:]]
+
+
 def record(command: list[str] | str | None = None, checkpoints: dict[str, str | Path] | None = None,
            packages: tuple[str, ...] = PACKAGES) -> dict:
     """The provenance block of a results file. ``command`` defaults to this process's argv."""
     if command is None:
-        command = [Path(sys.executable).name, *sys.argv]
+        command = [Path(sys.executable).name, *_module_argv(sys.argv)]
     git = git_state()
     return {
         "command": command if isinstance(command, str) else " ".join(str(c) for c in command),

@@ -1,15 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""benchmarks/e2e_summary.py: DFlash / AR per (dataset, concurrency) and path (in-process, dflash-openai)."""
+"""trtllm_dflash/bench/e2e_summary.py: DFlash / AR per (dataset, concurrency) and path (in-process, dflash-openai)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("e2e_summary", ROOT / "benchmarks" / "e2e_summary.py")
-e2e_summary = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(e2e_summary)
+from trtllm_dflash.bench import e2e_summary
 
 
 def _row(backend, dataset, c, mode, tok_s_user, tok_s_gpu=None, al=None):

@@ -1,12 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """The sweep2 stage's pieces on CPU: dflash-sweep --mode adaptive records its policy and the blocks each level
-ran, and benchmarks/sweep2_summary.py turns AR / DFlash / adaptive rows into the summary keys of issue #16."""
+ran, and trtllm_dflash/bench/sweep2_summary.py turns AR / DFlash / adaptive rows into the summary keys of issue #16."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
-from tests.bench.conftest import REPO, read_rows
+from tests.bench.conftest import read_rows
 from trtllm_dflash.bench import sweep
 
 FAST = ["--num_requests", "4", "--max_new_tokens", "8", "--input_len", "8", "--ignore_eos", "--concurrency", "1,2"]
@@ -21,14 +20,12 @@ def test_adaptive_rows_and_summary(tiny_engine_dir, tmp_path):
     ad = rows[-1]["settings"]
     assert ad["draft_policy"] == "AdaptivePolicy" and rows[0]["settings"]["draft_policy"] == "FixedPolicy"
     assert sum(ad["block_counts"].values()) > 0 and all(int(b) <= 8 for b in ad["block_counts"])
-    spec = importlib.util.spec_from_file_location("sweep2_summary", REPO / "benchmarks" / "sweep2_summary.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from trtllm_dflash.bench import sweep2_summary as mod
     summary_path = tmp_path / "summary.json"
     assert mod.main(["--sweep", str(out), "--engine", str(tiny_engine_dir), "--batch", "2", "--input_len", "8",
                      "--out", str(summary_path)]) == 0
     s = json.loads(summary_path.read_text())
-    assert s["provenance"]["command"].startswith("python benchmarks/sweep2_summary.py")
+    assert s["provenance"]["command"].startswith("python -m trtllm_dflash.bench.sweep2_summary")
     s = s["summary"]
     for key in ("min_adaptive_over_ar_iso_interactivity", "max_adaptive_over_ar_iso_interactivity",
                 "min_fixed_over_ar_iso_interactivity"):

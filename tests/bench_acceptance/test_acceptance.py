@@ -1,9 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""benchmarks/acceptance.py on a tiny chat target with real HumanEval / MT-Bench prompts (CPU): the JSON schema,
+"""trtllm_dflash/bench/acceptance.py on a tiny chat target with real HumanEval / MT-Bench prompts (CPU): the JSON schema,
 the README table, and the cross-check against the `dflash` reference package."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,14 +11,11 @@ import torch
 
 from trtllm_dflash.checkpoints.drafter_init import write_random_drafter
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("acceptance", ROOT / "benchmarks" / "acceptance.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from trtllm_dflash.bench import acceptance
+    return acceptance
 
 
 acceptance = _load_script()
@@ -65,7 +61,7 @@ def test_results_schema_table_and_reference_agree(pair, tmp_path, capsys):
     table = out.with_suffix(".md").read_text().splitlines()
     assert table[0].startswith("| dataset | prompts | B=8 greedy | B=8 T=1 | B=4 greedy") and len(table) == 4
     meta = json.loads((out.parent / "acceptance_tiny.meta.json").read_text())
-    assert meta["command"].startswith("python benchmarks/acceptance.py --target") and meta["device"].startswith("cpu")
+    assert meta["command"].startswith("python -m trtllm_dflash.bench.acceptance --target") and meta["device"].startswith("cpu")
     assert "| humaneval | 2 |" in capsys.readouterr().out
 
 

@@ -1,11 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""benchmarks/quant_report.py on a tiny chat target quantized to FP8 by dflash-build on CPU: the report is
+"""trtllm_dflash/bench/quant_report.py on a tiny chat target quantized to FP8 by dflash-build on CPU: the report is
 written with its provenance (command, git state, versions, sha256 of both targets and the drafter)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,15 +12,12 @@ from trtllm_dflash import cli
 from trtllm_dflash.checkpoints.drafter_init import write_random_drafter
 from trtllm_dflash.provenance import checkpoint_digest
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("quant_report", ROOT / "benchmarks" / "quant_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from trtllm_dflash.bench import quant_report
+    return quant_report
 
 
 def test_quant_report_records_provenance(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.tiny import write_tiny_target
+from trtllm_dflash.testing import write_tiny_target
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<empty_output>")  # ids 256..259
 VOCAB = 256 + len(SPECIALS)

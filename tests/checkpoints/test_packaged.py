@@ -158,7 +158,7 @@ def test_split_join_round_trip_keeps_sha256(tmp_path, capsys):
     gguf = packaged.smollm2_gguf(progress=False)
     parts = packaged.split_gguf(gguf, tmp_path / "parts")
     assert [p.name for p in parts] == [f"{gguf.name}.part00", f"{gguf.name}.part01"]
-    assert all(p.stat().st_size < 64 << 20 for p in parts)  # each fits the 64 MiB transfer limit
+    assert all(p.stat().st_size < 64 << 20 for p in parts)  # split_gguf's parts stay under 64 << 20 bytes each
     joined = tmp_path / "joined.gguf"
     assert packaged.main(["--join", str(joined), *map(str, parts)]) == 0  # what the GPU host runs
     assert capsys.readouterr().out.strip() == str(joined)

@@ -70,13 +70,10 @@ def test_rows_do_not_depend_on_the_batch_up_to_16():
 
 
 def test_bias_and_every_benchmarked_config_at_qwen3_shapes():
-    """The configs benchmarks/gemm_bench.py tries compile and are correct on this GPU (o_proj with a bias, as the
+    """The configs trtllm_dflash/bench/gemm.py tries compile and are correct on this GPU (o_proj with a bias, as the
     drafter's may have one)."""
     G = kernels()
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from gemm_bench import candidates
+    from trtllm_dflash.bench.gemm import candidates
     for M in (1, 16, 64):
         x, w, b, r = randn(M, 4096, seed=6), randn(4096, 4096, seed=7, scale=1 / 64), randn(4096, seed=8), \
             randn(M, 4096, seed=9)

@@ -3,7 +3,7 @@
 exact in float32; in bf16 exact too on the Triton kernels in the batch-invariant mode (RuntimeConfig.
 batch_invariant, asked for here): every prompt at blocks 16, 8 and 4 and under the adaptive policy, greedy and
 seeded T = 1, and each prompt's answer alone == among the 8. The torch path on CUDA (cuBLAS, SDPA: no invariant
-mode) stays under the policy in tests/gpu/divergence.py (equal up to the first divergence, which must be a
+mode) stays under the policy in trtllm_dflash/bench/divergence.py (equal up to the first divergence, which must be a
 float32 near-tie). The divergence positions and margins are attached to the test report.
 
 Needs the converted SmolLM2 ($TRTLLM_DFLASH_CACHE; `bash benchmarks/gpu_smollm2.sh prep` on the GPU host)."""
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.divergence import MARGIN_BOUND, first_divergence, near_tie
+from trtllm_dflash.bench.divergence import MARGIN_BOUND, first_divergence, near_tie
 from trtllm_dflash.checkpoints.resolve import shipped_drafter_dir
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from tests.runtime.kernel_engine import engine_with_kernel

@@ -7,13 +7,10 @@ usage: gpt_oss_tp_run.py TARGET DRAFTER OUT.json TP_SIZE EP_SIZE
 import sys
 
 from tests.runtime import tp_run
-from trtllm_dflash.config import SamplingParams
 from trtllm_dflash.errors import exit_code
+from trtllm_dflash.testing import GPT_OSS_TP_PARAMS, GPT_OSS_TP_PROMPTS
 
-PROMPTS = [[5, 9, 13], [7, 3] * 12, list(range(40, 70))]
-PARAMS = [SamplingParams(max_new_tokens=20, ignore_eos=True),
-          SamplingParams(max_new_tokens=20, ignore_eos=True, temperature=1.0, seed=3),
-          SamplingParams(max_new_tokens=20, ignore_eos=True)]
+PROMPTS, PARAMS = GPT_OSS_TP_PROMPTS, GPT_OSS_TP_PARAMS
 
 
 def run(target, drafter, tp_size: int, ep_size: int = 1):

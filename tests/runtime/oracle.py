@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.tiny import VOCAB
+from trtllm_dflash.testing import VOCAB
 from trtllm_dflash.runtime.engine import Engine
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.runtime.oracle import PeriodicOracle
-from tests.tiny import VOCAB
+from trtllm_dflash.testing import VOCAB
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime.engine import Engine
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.tiny import VOCAB
+from trtllm_dflash.testing import VOCAB
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.errors import DFlashError
 from tests.runtime.oracle import PeriodicOracle
@@ -119,7 +119,7 @@ def test_stop_tokens_budget_and_streaming(tiny_pair):
 
 def test_eos_from_the_target_config_stops(tiny_pair):
     ar, df = engines(tiny_pair)
-    eos = VOCAB - 2  # tests.tiny sets eos_token_id to this
+    eos = VOCAB - 2  # trtllm_dflash.testing sets eos_token_id to this
     assert eos in df.eos_ids
     ps = prompts(6)
     outs = df.generate(ps, SamplingParams(max_new_tokens=200))

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from tests.runtime.compare import rel
-from tests.tiny import write_tiny_pair
+from trtllm_dflash.testing import write_tiny_pair
 from trtllm_dflash import cli
 from trtllm_dflash.checkpoints import hf
 from trtllm_dflash.config import RuntimeConfig

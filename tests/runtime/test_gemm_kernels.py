@@ -135,10 +135,9 @@ def test_kernels_compile_for_the_h100(tmp_path):
     Qwen3-8B shapes for sm_90, within the H100's shared memory and without register spills."""
     kernels()
     import json
-    from pathlib import Path
     out = tmp_path / "cc.json"
-    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm_bench.py"
-    compile_for_h100([str(bench), "--compile_only", "90", "--models", "qwen3-8b", "--M", "1,64", "--out", str(out)],
+    compile_for_h100(["-m", "trtllm_dflash.bench.gemm", "--compile_only", "90", "--models", "qwen3-8b", "--M", "1,64",
+                      "--out", str(out)],
                      timeout=600)
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) >= 4 * 2 * 4 and all(r["stack"] == 0 for r in rows)

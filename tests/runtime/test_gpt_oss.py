@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from tests.runtime.compare import rel
 from tests.runtime.oracle import PeriodicOracle
 from tests.runtime.test_tp import mpiexec
-from tests.tiny import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
+from trtllm_dflash.testing import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime import shard
 from trtllm_dflash.runtime.distributed import TPGroup
@@ -248,7 +248,7 @@ def test_tp4_over_2_kv_heads_replicates_them_and_equals_tp1(tiny, drafters, tmp_
 # ---- GPU benchmark script, CPU path ----------------------------------------------------------------
 def test_gpu_benchmark_runs_on_cpu_with_a_tiny_config(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpt_oss_step.py"), "--tiny", "--device", "cpu",
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dflash.bench.gpt_oss_step", "--tiny", "--device", "cpu",
                            "--batch_sizes", "1,2", "--iters", "2", "--warmup", "1", "--ctx", "32", "--out", str(out)],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -185,7 +185,7 @@ def test_fused_add_norm_is_the_eager_one():
 # ---- the tiny target ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_gpt_oss(tmp_path_factory):
-    from tests.tiny import write_gpt_oss_drafter, write_tiny_gpt_oss
+    from trtllm_dflash.testing import write_gpt_oss_drafter, write_tiny_gpt_oss
     root = Path(tmp_path_factory.mktemp("gpt_oss_kernels"))
     target = write_tiny_gpt_oss(root / "mxfp4", mxfp4=True, seed=1)
     return target, write_gpt_oss_drafter(target, root / "drafter")

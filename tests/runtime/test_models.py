@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.runtime.compare import rel
-from tests.tiny import VOCAB, write_tiny_target
+from trtllm_dflash.testing import VOCAB, write_tiny_target
 from trtllm_dflash.checkpoints import hf
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.kv_cache import KVCache

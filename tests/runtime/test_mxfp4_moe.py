@@ -239,7 +239,7 @@ def test_kernel_under_cuda_graph_replays_new_routing(variant):
 @needs_gpu
 def test_greedy_dflash_equals_ar_with_the_mxfp4_kernel(tmp_path):
     """A small random MXFP4 gpt-oss (the CPU tests' checkpoint writer) run by the kernels, float32 elsewhere."""
-    from tests.tiny import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
+    from trtllm_dflash.testing import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
     from trtllm_dflash.config import RuntimeConfig, SamplingParams
     from trtllm_dflash.runtime.engine import Engine
     target = write_tiny_gpt_oss(tmp_path / "t", mxfp4=True, seed=1)
@@ -282,15 +282,12 @@ def test_dequant_layout_pinned_by_hand():
 
 
 def test_bench_smoke_in_the_interpreter(tmp_path):
-    """benchmarks/mxfp4_bench.py --smoke: rows for every point, the configs agree, ``best`` per point."""
+    """trtllm_dflash/bench/mxfp4.py --smoke: rows for every point, the configs agree, ``best`` per point."""
     if torch.cuda.is_available():
         pytest.skip("--smoke is the CPU interpreter run")
     triton_or_skip()
     import json
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import mxfp4_bench
+    from trtllm_dflash.bench import mxfp4 as mxfp4_bench
     out = tmp_path / "b.json"
     assert mxfp4_bench.main(["--smoke", "--configs", "old,default", "--routings", "concentrated",
                              "--out", str(out)]) == 0

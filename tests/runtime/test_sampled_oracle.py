@@ -18,7 +18,7 @@ import torch
 # in the interpreter
 from tests.runtime.oracle import OracleEngine
 from tests.runtime.test_sample_kernels import sampling_kernels_only
-from tests.tiny import VOCAB
+from trtllm_dflash.testing import VOCAB
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime.engine import Engine
 

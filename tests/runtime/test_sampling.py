@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.tiny import write_tiny_pair
+from trtllm_dflash.testing import write_tiny_pair
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime import runner as runner_mod
 from trtllm_dflash.runtime.engine import Engine

@@ -70,7 +70,7 @@ def make_deployment(root: Path, target: Path, drafter: Path, *, backend: str = "
 def tiny_target_with_tokenizer(tmp_path_factory, smollm2_dir) -> tuple[Path, Path]:
     """(target, drafter): a 2-layer random Llama with SmolLM2's vocabulary and tokenizer (so text works and
     a server test takes seconds), plus an untrained 1-layer drafter (greedy output = the target's)."""
-    from tests.tiny import write_tiny_pair_with_tokenizer
+    from trtllm_dflash.testing import write_tiny_pair_with_tokenizer
 
     return write_tiny_pair_with_tokenizer(tmp_path_factory.mktemp("tiny_smol"), smollm2_dir)
 

@@ -142,7 +142,7 @@ def test_temperature_bound_holds_on_grpc_too(srv):
 
 
 def test_slow_uploads_hold_one_share_for_a_bounded_time(srv):
-    # Four connections each announcing 16 MiB and sending one byte held the 64 MiB budget for good (#25);
+    # Four connections each announcing 16 MiB and sending one byte held the 64-MiB budget for good (#25);
     # then (#37) they took it for their read time, every 30 s. Now what counts is the bytes received: they
     # hold 4 bytes, a real request meanwhile is served, and each ends with 408 after --read_timeout_s.
     host, port = srv.http.split(":")

@@ -277,7 +277,7 @@ def _until(cond, timeout: float = 30) -> None:
 
 
 def test_slow_clients_are_bounded_per_client_and_in_time():
-    # #25: four connections each announcing 16 MiB and sending one byte held the whole 64 MiB budget for
+    # #25: four connections each announcing 16 MiB and sending one byte held the whole 64-MiB budget for
     # good while /v2/health/ready said 200. Now one client holds at most max_client_bytes (429 beyond), a
     # request must arrive within read_timeout_s (408), and ready says 503 while a full body cannot be taken.
     from tests.serving.conftest import free_port

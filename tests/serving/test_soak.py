@@ -1,9 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""benchmarks/soak.py: a short soak of a real dflash-serve (tiny deployment) with every fault and SIGTERM, and its
+"""trtllm_dflash/bench/soak.py: a short soak of a real dflash-serve (tiny deployment) with every fault and SIGTERM, and its
 checks fed with results that must fail them."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,10 +13,7 @@ import pytest
 
 from tests.serving.conftest import TEST_ENV
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("soak", REPO / "benchmarks" / "soak.py")
-soak = sys.modules["soak"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(soak)
+from trtllm_dflash.bench import soak  # noqa: E402
 
 
 def _soak(cmd: list[str], out: Path) -> dict:
@@ -33,7 +29,7 @@ def _soak(cmd: list[str], out: Path) -> dict:
 @pytest.mark.slow
 def test_short_soak_with_faults_and_sigterm(tiny_deployment, tmp_path):
     out = tmp_path / "soak.json"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "soak.py"), "--engine", str(tiny_deployment), "--out", str(out),
+    cmd = [sys.executable, "-m", "trtllm_dflash.bench.soak", "--engine", str(tiny_deployment), "--out", str(out),
            "--streams", "16", "--duration", "20", "--fault_every", "2", "--kills", "2", "--burst", "24", "--sigterm",
            "--sample_every", "1", "--quiet", "--faults",
            "kill,cancel,malformed,absolute,metrics_port,desync,idle_stream",
@@ -62,7 +58,7 @@ def test_short_soak_through_dflash_openai(tiny_deployment, tmp_path):
     lone surrogate, 4 MB prompt, non-streaming clients that time out, ...), kills, the idle non-streaming
     timeouts freed within 1 s, and a bounded SIGTERM drain."""
     out = tmp_path / "soak_openai.json"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "soak.py"), "--engine", str(tiny_deployment), "--out", str(out),
+    cmd = [sys.executable, "-m", "trtllm_dflash.bench.soak", "--engine", str(tiny_deployment), "--out", str(out),
            "--server", "openai", "--streams", "8", "--duration", "20", "--fault_every", "2", "--kills", "2",
            "--burst", "8", "--sigterm", "--sigterm_streams", "8", "--sample_every", "1", "--quiet",
            "--max_rss_growth", "0.5"]

@@ -8,4 +8,11 @@ endpoints.py  clients of running servers: Triton's tensorrt_llm model (gRPC stre
 sweep.py      dflash-sweep: levels -> JSONL rows (settings, versions, command, metrics)
 results.py    JSONL rows, trtllm-bench reports and benchmark_serving results -> plot points
 plot.py       dflash-plot: Pareto PNG, iso-interactivity throughput ratio PNG + markdown table
+
+The measurement tools, each ``dflash-bench NAME`` (cli.py) or ``python -m trtllm_dflash.bench.NAME``:
+engine       step (decode-step cost vs the HBM roofline), load (closed loop in-process), tp, gpt_oss_step, gpt_oss_tp
+kernels      gemm, fp8_gemm, sample, mxfp4, gpt_oss_kernels, layer_op_counts
+quality      acceptance (tau), quant_report, cuda_check (+ divergence.py, the bf16 policy), cpu_generate_parity
+serving      soak (a fault-injection soak of a running server), serving_overhead, guard_overhead, aiperf_openai
+reports      gpu_tests, gpu_test_report, e2e_summary, sweep2_summary, bit_exact_summary, draft_policy_tables
 """

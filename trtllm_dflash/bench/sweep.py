@@ -245,8 +245,8 @@ def run_level(target: Target, items: list[WorkItem], concurrency: int, args, lab
 
 
 def versions(git_sha: str | None) -> dict:
-    """``git_sha``: the provenance record's (provenance.git_state: on the GPU host the copy of the tree sits under a
-    stale .git and only the carried .git_state.json is right; asking git there recorded 8246e5c-dirty)."""
+    """``git_sha``: the provenance record's (provenance.git_state: a copy of the tree may sit under a stale .git,
+    where only the .git_state.json copied with it is right; asking git there recorded 8246e5c-dirty)."""
     return {"trtllm_dflash": __version__, "python": platform.python_version(), "git_sha": git_sha,
             **installed("torch", "transformers", "tritonclient", "tensorrt_llm")}
 

@@ -14,7 +14,7 @@
   batch_probe     before stage 2: s/step at a few batch sizes, train at the most tokens/s (--probe_batch_sizes)
   loop            stage 2: AdamW + warmup/cosine + grad clip, bf16 autocast on CUDA, loss CSV
   checkpoint      pickle-free training checkpoints (weights, AdamW moments, RNG) in < 16 MB files, swapped in atomically
-  carry           a run's shards and checkpoint packed into few bounded files and back (GPU host <-> keeper)
+  bundle          a run's shards and checkpoint packed into few bounded files and back (GPU host <-> keeper)
   export          stage 3: ModelOpt export -> canonical z-lab drafter, then checks that our runtime agrees
   report          report.json and the scaling curve PNG (loss, accuracy, tau against training tokens)
 """

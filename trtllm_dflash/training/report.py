@@ -4,7 +4,7 @@
 tau.csv) against the response tokens trained on.
 
 tau.csv gets one row per evaluated checkpoint: ``python -m trtllm_dflash.training.report RUN --add_tau
-ACCEPTANCE.json`` reads ``humaneval`` / ``mtbench`` -> ``tau_greedy`` / ``tau_t1`` from a benchmarks/acceptance.py
+ACCEPTANCE.json`` reads ``humaneval`` / ``mtbench`` -> ``tau_greedy`` / ``tau_t1`` from a trtllm_dflash/bench/acceptance.py
 result and files them under the run's current step and token count (from its checkpoint)."""
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m trtllm_dflash.training.report", description=main.__doc__)
     p.add_argument("run_dir", help="a dflash-train --out folder")
-    p.add_argument("--add_tau", metavar="ACCEPTANCE_JSON", help="a benchmarks/acceptance.py result of this run's "
+    p.add_argument("--add_tau", metavar="ACCEPTANCE_JSON", help="a trtllm_dflash/bench/acceptance.py result of this run's "
                    "drafter at its current checkpoint")
     args = p.parse_args(argv)
     out = Path(args.run_dir)

@@ -1,0 +1,85 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The repository's shape (issue #36): measurement code lives in the package, benchmarks/ keeps recipes, docs and
+committed results. Checked mechanically: no sys.path edits under benchmarks/, no imports between benchmarks/ and
+tests/ in either direction (nor from the package), benchmarks/ at most 15% of the non-test lines, and no text
+about the environment the project was developed in outside committed results."""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+CODE = (".py", ".sh")
+# Built from pieces so that this file does not match itself.
+WORDING = re.compile("|".join([re.escape(".") + "car" + r"ry\b", "device" + r" calls?\b", r"\ble" + r"ase\b",
+                               "device" + " time", "device" + " minutes", "64" + " MiB", "car" + r"ry=\["]))
+IMPORTS_TESTS = re.compile(r"^\s*(from|import)\s+tests\b|\btests\.(tiny|serving|runtime|gpu)\b", re.M)
+IMPORTS_BENCHMARKS = re.compile(r"^\s*(from|import)\s+benchmarks\b|[\"']benchmarks[\"']\s*/\s*f?[\"'][^\"']*\.py"
+                                r"|[\"']benchmarks/\w+\.py[\"']", re.M)
+
+
+def files(folder: Path, suffixes: tuple[str, ...] | None = None) -> list[Path]:
+    """Source files under folder (no caches, no committed results)."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                  and RESULTS not in p.parents and (suffixes is None or p.suffix in suffixes))
+
+
+def lines(paths: list[Path]) -> int:
+    return sum(len(p.read_text().splitlines()) for p in paths)
+
+
+def test_benchmarks_hold_recipes_without_path_edits_or_test_imports():
+    recipes = files(ROOT / "benchmarks")
+    assert recipes, "benchmarks/ has no recipes"
+    for p in recipes:
+        if p.suffix in {".png", ".gz"}:
+            continue
+        text = p.read_text()
+        assert "sys.path" not in text, f"{p.relative_to(ROOT)} edits sys.path: import the package instead"
+        assert not IMPORTS_TESTS.search(text), f"{p.relative_to(ROOT)} imports tests: use trtllm_dflash.testing"
+
+
+def test_every_recipe_parses():
+    for p in files(ROOT / "benchmarks", (".sh",)) + files(ROOT / "scripts", (".sh",)):
+        proc = subprocess.run(["bash", "-n", str(p)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_tests_and_package_never_import_benchmarks():
+    for p in files(ROOT / "tests", (".py",)) + files(ROOT / "trtllm_dflash", (".py",)):
+        found = IMPORTS_BENCHMARKS.search(p.read_text())
+        assert not found, f"{p.relative_to(ROOT)} reaches into benchmarks/ ({found.group(0)!r}): use trtllm_dflash.bench"
+    for p in files(ROOT / "trtllm_dflash", (".py",)):
+        found = IMPORTS_TESTS.search(p.read_text())
+        assert not found, f"{p.relative_to(ROOT)} imports tests ({found.group(0)!r}): the package stands alone"
+
+
+def test_benchmarks_are_at_most_15_percent_of_the_non_test_lines():
+    bench = lines(files(ROOT / "benchmarks", CODE))
+    total = bench + lines(files(ROOT / "trtllm_dflash", CODE)) + lines(files(ROOT / "scripts", CODE))
+    assert bench <= 0.15 * total, f"benchmarks/ holds {bench} of {total} non-test lines ({bench / total:.0%})"
+
+
+def test_no_text_about_the_development_environment():
+    roots = [ROOT / "README.md", ROOT / ".gitignore", *(ROOT / d for d in ("trtllm_dflash", "tests", "benchmarks",
+                                                                           "scripts"))]
+    hits = []
+    for root in roots:
+        for p in [root] if root.is_file() else files(root):
+            try:
+                text = p.read_text()
+            except UnicodeDecodeError:      # images, archives
+                continue
+            hits += [f"{p.relative_to(ROOT)}:{n}: {ln.strip()}" for n, ln in enumerate(text.splitlines(), 1)
+                     if WORDING.search(ln)]
+    assert not hits, "\n".join(hits)
+
+
+def test_the_wording_check_finds_what_it_looks_for():
+    for bad in ["put it in ." + "carry/p0", "one stage per device" + " call", "the le" + "ase ends",
+                "~30 device" + "-minutes".replace("-", " "), "at most 64" + " MiB", "run(carry" + "=[x])"]:
+        assert WORDING.search(bad), bad
+    for fine in ["the 64-MiB budget", "kernels' GPU time", "released", "carry the scales"]:
+        assert not WORDING.search(fine), fine

@@ -1,0 +1,72 @@
+# SPDX-License-Identifier: Apache-2.0
+"""dflash-sweep rows (AR, DFlash fixed, DFlash adaptive; several datasets and concurrencies) -> one JSON with
+the rows and a ``summary``: tokens/s per user of each mode and DFlash / AR at each (dataset, concurrency), and
+``dflash_over_ar_tok_s_b1_humaneval`` (goal: >= 2.0 on an H100) and its twin through dflash-openai.
+
+    python -m trtllm_dflash.bench.e2e_summary --sweep rows.jsonl --out benchmarks/results/e2e_smollm2_h100.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trtllm_dflash.provenance import record
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per (dataset, concurrency): each mode's tokens/s per user and tokens/s, in-process and through dflash-openai,
+    and DFlash / AR in each path; plus the headline ratios at concurrency 1 and the worst adaptive / AR."""
+    tok = {}
+    for r in rows:
+        s = r["settings"]
+        path = "openai" if s.get("backend") == "openai" else "inprocess"
+        tok.setdefault((s["dataset"], int(s["concurrency"])), {}).setdefault(path, {})[s["mode"]] = {
+            "tok_s_user": r["metrics"]["tok_s_user"], "tok_s_gpu": r["metrics"].get("tok_s_gpu"),
+            "acceptance_length": r["metrics"].get("acceptance_length_mean")}
+    levels, worst_adaptive = {}, {}
+    for (dataset, c), paths in sorted(tok.items()):
+        entry = {}
+        for path, modes in paths.items():
+            e = dict(modes)
+            ar = (modes.get("ar") or {}).get("tok_s_user")
+            for m in ("dflash", "adaptive"):
+                if ar and m in modes and modes[m]["tok_s_user"] is not None:
+                    e[f"{m}_over_ar"] = round(modes[m]["tok_s_user"] / ar, 3)
+            if "adaptive_over_ar" in e:
+                worst_adaptive[path] = min(worst_adaptive.get(path, float("inf")), e["adaptive_over_ar"])
+            entry[path] = e
+        levels[f"{dataset}_c{c}"] = entry
+
+    def ratio(key, path, mode="dflash"):
+        return levels.get(key, {}).get(path, {}).get(f"{mode}_over_ar")
+
+    return {"levels": levels,
+            "dflash_over_ar_tok_s_b1_humaneval": ratio("humaneval_c1", "inprocess"),
+            "adaptive_over_ar_tok_s_b1_humaneval": ratio("humaneval_c1", "inprocess", "adaptive"),
+            "dflash_over_ar_tok_s_b1_mtbench": ratio("mtbench_c1", "inprocess"),
+            "dflash_over_ar_tok_s_b1_humaneval_openai": ratio("humaneval_c1", "openai"),
+            "adaptive_over_ar_tok_s_b1_humaneval_openai": ratio("humaneval_c1", "openai", "adaptive"),
+            "dflash_over_ar_tok_s_b1_mtbench_openai": ratio("mtbench_c1", "openai"),
+            "min_adaptive_over_ar_inprocess": worst_adaptive.get("inprocess"),
+            "min_adaptive_over_ar_openai": worst_adaptive.get("openai")}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sweep", type=Path, required=True, help="JSONL written by dflash-sweep")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    rows = [json.loads(line) for line in args.sweep.read_text().splitlines() if line.strip()]
+    if not rows:
+        print(f"error: --sweep: {args.sweep} holds no rows. Fix: run the sweep first", file=sys.stderr)
+        return 2
+    out = {"summary": summarize(rows), "rows": rows, "provenance": record()}
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,532 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Step latency of the torch runtime on gpt-oss shapes with random weights (one GPU, no checkpoint).
+
+Times the two steps the engine runs (engine.runner.step_tensors), over a static KV cache holding ``--ctx`` tokens
+per request, CUDA graphs on (eager rows too with ``--eager``):
+  ar      block 1: target forward of 1 token per request + lm_head + argmax;
+  dflash  block B (8 = the 20b drafter, 10 = the 120b drafter): drafter pass over [last, mask x (B-1)] + lm_head
+          argmax (B-1 drafts), target verify of B tokens + lm_head, acceptance, context K/V of the block.
+Weights are random, so acceptance means nothing here: the JSON gives per-step latency and, per batch,
+``break_even_tokens`` = dflash_ms / ar_ms, the mean tokens a DFlash step must commit to beat AR decoding.
+
+Experts (``--experts``): "triton" keeps them MXFP4 (random blocks/scales made on the GPU) and runs the fused
+kernels of runtime/mxfp4_moe.py; "dequant" is the bf16 path. ``--compare_dequant`` re-times every row with
+the same experts dequantised to bf16 (fits for gpt-oss-20b on 80 GB, not for 120b: ``--compare_layers`` then
+times one MoE layer both ways). Per row: the roofline = bytes that must cross HBM in that step (non-expert
+weights incl. lm_head, the distinct experts the step's tokens routed to, KV read) over the copy bandwidth
+measured in the same run, and the distinct experts touched (random routing: near the worst case).
+
+Shapes: the public openai/gpt-oss-20b / -120b configs (hidden 2880, 64/8 heads of 64, top-4, intermediate
+2880, vocab 201088, window 128, YaRN; 24 layers x 32 experts / 36 layers x 128 experts) and the z-lab
+DFlash drafters (8 layers, 7680 MLP, q/k/v/o biases; block 8 for 20b, 10 for 120b).
+
+  python -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-20b --blocks 8 --compare_dequant --profile    # H100
+  python -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-120b --blocks 10 --compare_layers 1 --profile # H200
+  python -m trtllm_dflash.bench.gpt_oss_step --tiny --device cpu  # the CPU smoke path the tests run
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import torch
+
+
+from trtllm_dflash.bench.step import ceilings, graphed
+
+from trtllm_dflash.runtime.distributed import TPGroup
+from trtllm_dflash.runtime.kv_cache import KVCache
+from trtllm_dflash.runtime.models.dflash import DFlashDrafter, DrafterConfig
+from trtllm_dflash.runtime.models.gpt_oss import GptOssConfig, GptOssTarget, _grouped_mm
+from trtllm_dflash.runtime.models.layers import Rotary
+from trtllm_dflash.runtime.models.llama import set_attention_kernel
+from trtllm_dflash.runtime.sampling import accept
+
+GPT_OSS_20B = {  # https://huggingface.co/openai/gpt-oss-20b config.json (shape fields)
+    "architectures": ["GptOssForCausalLM"], "hidden_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
+    "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 32,
+    "num_experts_per_tok": 4, "vocab_size": 201088, "sliding_window": 128, "max_position_embeddings": 131072,
+    "rope_theta": 150000, "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                           "truncate": False, "original_max_position_embeddings": 4096},
+    "attention_bias": True, "rms_norm_eps": 1e-5, "swiglu_limit": 7.0}
+GPT_OSS_20B_DRAFTER = {  # z-lab/gpt-oss-20b-DFlash config.json (block_size raised to 10 so one drafter runs both)
+    "architectures": ["DFlashDraftModel"], "model_type": "gpt_oss", "attention_bias": True, "block_size": 10,
+    "dflash_config": {"mask_token_id": 200000, "target_layer_ids": [1, 6, 11, 16, 21]}, "head_dim": 64,
+    "hidden_size": 2880, "intermediate_size": 7680, "max_position_embeddings": 131072, "num_attention_heads": 64,
+    "num_hidden_layers": 8, "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 150000, "vocab_size": 201088}
+GPT_OSS_120B = {**GPT_OSS_20B, "num_hidden_layers": 36, "num_local_experts": 128}  # openai/gpt-oss-120b config.json
+GPT_OSS_120B_DRAFTER = {**GPT_OSS_20B_DRAFTER,  # z-lab/gpt-oss-120b-DFlash: 8 layers, block 10
+                        "dflash_config": {"mask_token_id": 200000, "target_layer_ids": [1, 9, 17, 25, 33]}}
+TARGETS = {"gpt-oss-20b": (GPT_OSS_20B, GPT_OSS_20B_DRAFTER), "gpt-oss-120b": (GPT_OSS_120B, GPT_OSS_120B_DRAFTER)}
+MXFP4 = {"quantization_config": {"quant_method": "mxfp4"}}
+TINY = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 96, "sliding_window": 8}
+TINY_DRAFTER = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 96,
+                "dflash_config": {"mask_token_id": 95, "target_layer_ids": [0, 2, 3]}}
+
+
+def random_weights(model: torch.nn.Module, device, dtype, seed: int, full: torch.nn.Module | None = None,
+                   rank: int = 0) -> torch.nn.Module:
+    """Meta-device module -> random weights allocated once, directly in ``dtype`` on ``device``; packed MXFP4
+    experts get random E2M1 bytes and E8M0 scales 2^-8..2^-6 (weights of ~0.01-0.05, like the 0.02 normals).
+
+    Each tensor has its own seed, from its name, so tensor-parallel ranks agree without talking: ``full`` is the
+    same module at TP 1 (meta); a tensor whose shape differs from it is this rank's shard and is seeded with
+    ``rank`` too (the ranks' shards together are one random full model), a replicated one is identical everywhere."""
+    packed = {n for n, p in model.named_parameters() if p.dtype == torch.uint8}
+    full_shapes = {n: p.shape for n, p in (full if full is not None else model).named_parameters()}
+    model = model.to(dtype).to_empty(device=device)  # meta -> meta cast is free (and leaves uint8 alone)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            part = rank if p.shape != full_shapes[name] else 0
+            g = torch.Generator(device).manual_seed(zlib.crc32(f"{seed}:{name}:{part}".encode()))
+            if name in packed:
+                lo, hi = (119, 122) if name.endswith("_scales") else (0, 256)
+                p.copy_(torch.randint(lo, hi, p.shape, dtype=torch.uint8, device=device, generator=g))
+            elif name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    return model
+
+
+def build(target_name: str, tiny: bool, device, dtype, max_positions: int, backend: str, tp: TPGroup = TPGroup(),
+          ep_size: int = 1):
+    """Target and drafter of this rank (``tp``, ``ep_size``: its shards only) with random weights (random_weights)."""
+    tc, dc = TARGETS[target_name]
+    tcfg = GptOssConfig.from_hf({**tc, **TINY} if tiny else tc)
+    dcfg = DrafterConfig.from_hf({**dc, **TINY_DRAFTER} if tiny else dc)
+
+    def meta(group: TPGroup, ep: int):
+        with torch.device("meta"):
+            return (GptOssTarget(tcfg, group, max_positions, dcfg.target_layer_ids, ep_size=ep, moe_backend=backend),
+                    DFlashDrafter(dcfg, tcfg.hidden_size, group, max_positions))
+
+    (target, drafter), (full_t, full_d) = meta(tp, ep_size), meta(TPGroup(), 1)
+    target = random_weights(target, device, dtype, 0, full_t, tp.rank)
+    drafter = random_weights(drafter, device, dtype, 1, full_d, tp.rank)
+    # RoPE tables are buffers, not weights: rebuild them for real (to_empty left them uninitialised)
+    target.rotary = Rotary(tcfg.rope, tcfg.head_dim, max_positions, tcfg.max_position_embeddings).to(device)
+    drafter.rotary = Rotary(dcfg.rope, dcfg.head_dim, max_positions, dcfg.max_position_embeddings).to(device)
+    return target.eval(), drafter.eval()
+
+
+def nbytes(params) -> int:
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def expert_bytes(experts) -> int:
+    """HBM bytes of one expert of this module (packed blocks + scales + biases, or bf16 weights + biases)."""
+    return nbytes(experts.parameters()) // experts.num_local
+
+
+class ByteModel:
+    """Bytes that must cross this rank's HBM in one step: every non-expert weight (its shard) the step uses once
+    (lm_head twice in a DFlash step: drafts and verify), the distinct experts of this rank its tokens routed to
+    (their shards), and the KV (its heads) it reads."""
+
+    def __init__(self, target, drafter, ctx: int):
+        self.target, self.drafter, self.ctx = target, drafter, ctx
+        dense = [p for n, p in target.named_parameters() if ".experts." not in n and not n.startswith("embed_tokens")]
+        self.dense = nbytes(dense)
+        self.lm_head = nbytes([target.lm_head.weight])
+        self.drafter_bytes = nbytes(drafter.parameters())
+        _, H, D = target.kv_shape()  # this rank's KV heads
+        self.kv_token = 2 * H * D * target.lm_head.weight.element_size()
+        L, H, D = drafter.kv_shape()
+        self.drafter_kv_token = 2 * L * H * D * target.lm_head.weight.element_size()
+
+    def step(self, n: int, B: int, distinct_experts: int) -> int:
+        c, kv_len = self.target.config, self.ctx + B
+        kv = sum(min(kv_len, c.sliding_window) if t == "sliding_attention" else kv_len for t in c.layer_types)
+        b = self.dense + distinct_experts * expert_bytes(self.target.layers[0].mlp.experts) + n * kv * self.kv_token
+        if B > 1:
+            b += self.drafter_bytes + self.lm_head + n * kv_len * self.drafter_kv_token
+        return b
+
+
+def distinct_experts(steps, n: int, B: int) -> int:
+    """Sum over layers of the distinct experts of this rank (all of them at TP 1) that the step's target tokens
+    chose (one eager step, router hooks)."""
+    seen = []
+    k = steps.target.config.experts_per_token
+
+    def hook(experts):
+        def count(module, inputs, logits):
+            ids = logits.topk(k, -1).indices.unique()
+            seen.append(((ids >= experts.first) & (ids < experts.first + experts.num_local)).sum().item())
+        return count
+
+    hooks = [layer.mlp.router.register_forward_hook(hook(layer.mlp.experts)) for layer in steps.target.layers]
+    try:
+        steps.run(n, B)
+    finally:
+        for h in hooks:
+            h.remove()
+    return sum(seen)
+
+
+class Steps:
+    """The engine's device work for one step (engine.runner.step_tensors), at a fixed context length ``ctx``."""
+
+    def __init__(self, target, drafter, max_batch: int, ctx: int, device, dtype):
+        self.target, self.drafter, self.ctx, self.device = target, drafter, ctx, device
+        L, H, D = target.kv_shape()
+        self.cache = KVCache(L, max_batch, H, ctx + 16, D, dtype, device)
+        L, H, D = drafter.kv_shape()
+        self.draft_cache = KVCache(L, max_batch, H, ctx + 16, D, dtype, device)
+        g = torch.Generator(device).manual_seed(2)
+        self.last = torch.randint(0, target.config.vocab_size, (max_batch,), device=device, generator=g)
+        self.start = torch.full((max_batch,), ctx, dtype=torch.long, device=device)
+        self.mask_id = drafter.config.mask_token_id
+
+    @torch.inference_mode()
+    def run(self, n: int, B: int) -> torch.Tensor:
+        rows, start, last = slice(0, n), self.start[:n], self.last[:n]
+        pos = start[:, None] + torch.arange(B, device=self.device)                       # [n, B]
+        kv_len = self.ctx + B
+        if B == 1:
+            h, _ = self.target(last[:, None], pos, self.cache, rows, kv_len)
+            return self.target.logits(h).argmax(-1)                                      # [n, 1]
+        ids = torch.cat([last[:, None], torch.full((n, B - 1), self.mask_id, device=self.device)], 1)
+        hd = self.drafter(self.target.embed(ids), pos, start, self.draft_cache, rows, kv_len)
+        draft = self.target.logits(hd[:, 1:]).argmax(-1)                                 # [n, B-1]
+        h, feats = self.target(torch.cat([last[:, None], draft], 1), pos, self.cache, rows, kv_len)
+        t = self.target.logits(h).argmax(-1)                                             # [n, B]
+        a = accept(draft, t)                                                             # [n]
+        self.drafter.append_context(feats, pos, self.draft_cache, rows)
+        return t.gather(1, a[:, None])
+
+
+def time_ms(fn, iters: int, warmup: int, cuda: bool) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(iters):
+        if cuda:
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0.record()
+            fn()
+            t1.record()
+            t1.synchronize()
+            out.append(t0.elapsed_time(t1))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def check_grouped_mm(target, device) -> float:
+    """The bf16 MoE's grouped GEMM against one matmul per expert, at real shapes (relative error)."""
+    w = target.layers[0].mlp.experts.gate_up_proj                                       # [E, H, 2I]
+    g = torch.Generator(device).manual_seed(3)
+    counts = torch.randint(0, 9, (w.shape[0],), generator=g, device=device)
+    offs = counts.cumsum(0).to(torch.int32)
+    a = torch.randn(int(offs[-1]), w.shape[1], generator=g, device=device).to(w.dtype)
+    got = _grouped_mm(a, w, offs).float()
+    ref = torch.cat([a[lo:hi].float() @ w[e].float() for e, (lo, hi) in
+                     enumerate(zip([0] + offs[:-1].tolist(), offs.tolist()))])
+    return ((got - ref).norm() / ref.norm()).item()
+
+
+def moe_inputs(target, N: int, device, seed: int = 4):
+    c, g = target.config, torch.Generator(device).manual_seed(seed)
+    x = (torch.randn(N, c.hidden_size, device=device, generator=g)).bfloat16()
+    ids = torch.rand(N, c.num_experts, device=device, generator=g).topk(c.experts_per_token, -1).indices
+    w = torch.softmax(torch.randn(N, c.experts_per_token, device=device, generator=g), -1)
+    return x, ids, w
+
+
+def check_kernel(target, device, sizes=(1, 40, 640)) -> dict:
+    """Layer 0's MXFP4 kernels against its bf16-dequantised Experts at real shapes (norm-relative error)."""
+    mx = target.layers[0].mlp.experts
+    ref = mx.dequantized(torch.bfloat16)
+    out = {}
+    with torch.inference_mode():
+        for N in sizes:
+            x, ids, w = moe_inputs(target, N, device)
+            a, b = mx(x, ids, w).double(), ref(x, ids, w).double()
+            out[f"N{N}"] = round(((a - b).norm() / b.norm()).item(), 5)
+    del ref
+    return out
+
+
+def moe_layer_times(target, device, token_counts, iters: int) -> list[dict]:
+    """One MoE layer's experts, MXFP4 kernels vs the same experts dequantised to bf16, CUDA-graphed."""
+    mx = target.layers[0].mlp.experts
+    ref = mx.dequantized(torch.bfloat16)
+    rows = []
+    with torch.inference_mode():
+        for N in token_counts:
+            x, ids, w = moe_inputs(target, N, device)
+            r = {"tokens": N, "distinct_experts": ids.unique().numel()}
+            for name, mod in (("mxfp4_ms", mx), ("bf16_dequant_ms", ref)):
+                r[name] = round(statistics.median(time_ms(graphed(lambda m=mod: m(x, ids, w)), iters, 3, True)), 4)
+                torch.cuda.empty_cache()
+            r["speedup"] = round(r["bf16_dequant_ms"] / r["mxfp4_ms"], 3)
+            rows.append(r)
+            print(f"moe layer N={N:4d}: mxfp4 {r['mxfp4_ms']:.4f} ms  bf16 {r['bf16_dequant_ms']:.4f} ms", flush=True)
+    del ref
+    torch.cuda.empty_cache()
+    return rows
+
+
+def tile_sweep(target, device, token_counts, iters: int, sweep_decode: bool = False) -> list[dict]:
+    """Layer 0's fused experts under a few tile shapes (dot_scaled vs the explicit decode, BN, BK, warps)."""
+    from trtllm_dflash.runtime import mxfp4_moe
+    mx = target.layers[0].mlp.experts
+    rows = []
+    for N in token_counts:
+        x, ids, w = moe_inputs(target, N, device)
+        base = mxfp4_moe.default_tiles(N, ids.shape[1], mx.num_local)
+        for ds in ((True, False) if sweep_decode else (True,)):
+            for bn, bk, warps in ((64, 128, 4), (128, 128, 8), (64, 256, 8), (128, 64, 4)):
+                t = dataclasses.replace(base, block_n=bn, block_k=bk, num_warps=warps, dot_scaled=ds)
+                fn = lambda t=t: mxfp4_moe.fused_experts(  # noqa: E731
+                    x, ids, w, mx.gate_up_proj_blocks, mx.gate_up_proj_scales, mx.gate_up_proj_bias,
+                    mx.down_proj_blocks, mx.down_proj_scales, mx.down_proj_bias, first=0, num_experts=mx.num_experts,
+                    limit=mx.limit, alpha=1.702, tiles=t)
+                try:
+                    ms = statistics.median(time_ms(graphed(fn), iters, 3, True))
+                except Exception as err:  # noqa: BLE001  a tile the compiler refuses is a row, not a crash
+                    rows.append({"tokens": N, **dataclasses.asdict(t), "error": str(err).splitlines()[0][:200]})
+                    continue
+                rows.append({"tokens": N, **dataclasses.asdict(t), "ms": round(ms, 4)})
+                print(f"tiles N={N:4d} {t}: {ms:.4f} ms", flush=True)
+    return rows
+
+
+# runtime/mxfp4_moe.py's kernels: their GPU time per step is the experts' cost (profile_top)
+EXPERT_KERNELS = ("_route_kernel", "_gate_up_kernel", "_swiglu_kernel", "_down_kernel", "_combine_kernel",
+                  "_gemv_gate_up_kernel", "_gemv_down_kernel")
+
+
+def profile_top(fn, steps: int = 3, top: int = 12) -> dict:
+    """Device time per step by kernel (torch profiler over graph replays); expert_kernels_*: the MXFP4 expert
+    kernels' share (EXPERT_KERNELS; the torch k-sum after an unsplit down kernel is not among them)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    evts = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    total = sum(e.self_device_time_total for e in evts)
+    best = sorted(evts, key=lambda e: -e.self_device_time_total)[:top]
+    experts = [e for e in evts if e.key.startswith(EXPERT_KERNELS)]
+    return {"kernels_per_step": sum(e.count for e in evts) / steps, "device_ms_per_step": round(total / 1e3 / steps, 4),
+            "expert_kernels_per_step": sum(e.count for e in experts) / steps,
+            "expert_kernels_ms": round(sum(e.self_device_time_total for e in experts) / 1e3 / steps, 4),
+            "top": [{"name": e.key[:100], "count": e.count // steps, "ms": round(e.self_device_time_total / 1e3 / steps, 4),
+                     "share": round(e.self_device_time_total / max(total, 1), 3)} for e in best]}
+
+
+# z-lab/gpt-oss-120b-DFlash model card, block 10: mean acceptance length tau (the projection below uses them)
+ZLAB_120B_TAU = {"humaneval": 4.4, "mt-bench": 3.7, "gsm8k": 5.3}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--target", choices=sorted(TARGETS), default="gpt-oss-20b", help="shapes of the target and drafter")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke test), not the real ones")
+    p.add_argument("--experts", choices=("triton", "dequant"), default=None,
+                   help="MXFP4 kernels or bf16 experts (default: triton on CUDA, dequant on CPU)")
+    p.add_argument("--batch_sizes", default="1,2,4,8,16,32,64")
+    p.add_argument("--blocks", default="8,10", help="DFlash block sizes (the AR step is always timed)")
+    p.add_argument("--ctx", type=int, default=1024, help="tokens already in each request's KV cache")
+    p.add_argument("--iters", type=int, default=30, help="timed steps per point (the median is reported)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--eager", action="store_true", help="CUDA: also time without CUDA graphs")
+    p.add_argument("--compare_dequant", action="store_true",
+                   help="re-time every row with the experts dequantised to bf16 (needs 4x the expert memory)")
+    p.add_argument("--compare_layers", type=int, default=0,
+                   help="time one MoE layer MXFP4 vs bf16 at the rows' token counts (when the full bf16 model does not fit)")
+    p.add_argument("--tile_sweep", action="store_true", help="time the kernels under a few tile shapes")
+    p.add_argument("--profile", action="store_true", help="top kernels of the b=1 AR and DFlash steps")
+    p.add_argument("--attention_kernel", choices=("auto", "triton", "torch"), default="auto",
+                   help="RuntimeConfig.attention_kernel for target and drafter (auto: the Triton decode kernels on "
+                        "CUDA, as the engine runs them)")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gpt_oss_step_<target>_<gpu>.json)")
+    args = p.parse_args(argv)
+
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but no CUDA GPU is visible; use --tiny --device cpu for the smoke test")
+    backend = args.experts or ("triton" if cuda else "dequant")
+    if backend == "triton" and not cuda:
+        raise SystemExit("--experts triton runs on CUDA only; use --experts dequant on the CPU")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    blocks = [int(b) for b in args.blocks.split(",")]
+    t0 = time.perf_counter()
+    ceil = ceilings() if cuda and not args.tiny else None
+    target, drafter = build(args.target, args.tiny, device, dtype, args.ctx + 16, backend)
+    kernel = set_attention_kernel(target, args.attention_kernel)
+    set_attention_kernel(drafter, args.attention_kernel)
+    steps = Steps(target, drafter, max(batches), args.ctx, device, dtype)
+    bytes_model = ByteModel(target, drafter, args.ctx)
+    build_s = time.perf_counter() - t0
+    gpu = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
+    record = {"benchmark": "gpt_oss_step", "provenance": record_provenance(argv),
+              "device": gpu, "dtype": str(dtype).removeprefix("torch."), "experts": backend,
+              "attention_kernel": kernel,
+              "shapes": {"target": "tiny" if args.tiny else f"openai/{args.target}",
+                         "drafter": "tiny" if args.tiny else f"z-lab/{args.target}-DFlash", "ctx": args.ctx},
+              "build_s": round(build_s, 2), "iters": args.iters, "ceilings": ceil,
+              "routing_note": "random weights route near-uniformly: the distinct experts per step are close to the "
+                              "worst case min(E, tokens x top-k); real routing touches fewer", "results": []}
+    if cuda:
+        record["weights_gib"] = round(torch.cuda.memory_allocated(device) / 2**30, 2)
+        record["target_weight_gb"] = round(nbytes(target.parameters()) / 1e9, 2)
+        if backend == "triton":
+            record["kernel_vs_bf16_dequant_rel_err"] = check_kernel(target, device)
+        else:
+            try:
+                record["grouped_mm_rel_err"] = check_grouped_mm(target, device)  # bf16: expect ~1e-3
+            except RuntimeError as err:
+                record["grouped_mm_error"] = str(err).splitlines()[0]
+    if cuda and args.tile_sweep and backend == "triton":
+        record["tile_sweep"] = tile_sweep(target, device, [1, blocks[0], 64 * blocks[0]], args.iters)
+
+    def timed_rows(label: str) -> None:
+        modes = (["eager"] if not cuda or args.eager else []) + (["graph"] if cuda else [])
+        for n in batches:
+            for B in [1, *blocks]:
+                touched = distinct_experts(steps, n, B)
+                for mode in modes:
+                    fn = lambda n=n, B=B: steps.run(n, B)  # noqa: E731
+                    row = {"experts": label, "step": "ar" if B == 1 else "dflash", "block_size": B, "batch": n,
+                           "mode": mode, "distinct_experts": touched}
+                    try:
+                        ms = time_ms(graphed(fn) if mode == "graph" else fn, args.iters, args.warmup, cuda)
+                    except RuntimeError as err:  # reported, never hidden: a failed graph capture keeps its eager row
+                        row["error"] = str(err).splitlines()[0]
+                        record["results"].append(row)
+                        continue
+                    finally:
+                        if cuda:  # each graph's memory pool goes back before the next shape is captured
+                            torch.cuda.empty_cache()
+                    row.update(median_ms=round(statistics.median(ms), 3), min_ms=round(min(ms), 3),
+                               max_ms=round(max(ms), 3))
+                    if ceil is not None:
+                        row["hbm_bytes"] = bytes_model.step(n, B, touched)
+                        row["roofline_ms"] = round(1e3 * row["hbm_bytes"] / ceil["copy_bw_bytes_per_s"], 4)
+                        row["roofline_fraction"] = round(row["roofline_ms"] / row["median_ms"], 3)
+                    record["results"].append(row)
+                    print(f"{label:7s} {row['step']:6s} B={B:2d} n={n:3d} {mode:5s} {row['median_ms']:9.3f} ms "
+                          f"experts {touched:5d}" + (f"  roofline {row['roofline_ms']:.3f} ms ({row['roofline_fraction']:.0%})"
+                                                     if "roofline_ms" in row else ""), flush=True)
+
+    timed_rows(backend)
+    if cuda and args.profile:
+        for B in (1, blocks[0]):
+            fn = graphed(lambda B=B: steps.run(1, B))
+            record[f"profile_{backend}_{'ar' if B == 1 else 'dflash'}_b1"] = prof = profile_top(fn)
+            print(f"profile B={B}: " + "; ".join(f"{t['name'][:50]} x{t['count']} {t['ms']:.3f}ms" for t in prof["top"][:6]),
+                  flush=True)
+            torch.cuda.empty_cache()
+    if cuda and args.compare_layers and backend == "triton":
+        counts = sorted({n * B for n in batches for B in [1, *blocks]})
+        record["moe_layer_mxfp4_vs_bf16"] = moe_layer_times(target, device, counts, args.iters)
+    if args.compare_dequant and backend == "triton":
+        for layer in target.layers:  # the same experts, now bf16: the reference path, timed in the same run
+            layer.mlp.experts = layer.mlp.experts.dequantized(dtype)
+            torch.cuda.empty_cache()
+        timed_rows("dequant")
+    for row in record["results"]:
+        same = lambda r: (r["experts"], r["batch"], r["mode"]) == (row["experts"], row["batch"], row["mode"])  # noqa: E731
+        ar = next((r for r in record["results"] if r["step"] == "ar" and same(r) and "median_ms" in r), None)
+        if row["step"] == "dflash" and ar is not None and "median_ms" in row:
+            row["break_even_tokens"] = round(row["median_ms"] / ar["median_ms"], 3)
+    record["summary"] = summarize(record["results"], backend, blocks[0], record.get("moe_layer_mxfp4_vs_bf16"))
+    if record["summary"]:
+        record["summary"].update(expert_summary(record, backend, expert_bytes(target.layers[0].mlp.experts)))
+    if cuda:
+        record["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    record["total_s"] = round(time.perf_counter() - t0, 1)
+    name = "tiny" if args.tiny else gpu.lower().replace("nvidia ", "").replace(" ", "_")
+    out = Path(args.out or Path("benchmarks") / "results" / f"gpt_oss_step_{args.target}_{name}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record["summary"], indent=1))
+    print(f"wrote {out} ({record['total_s']} s)")
+    return 0
+
+
+def summarize(rows: list[dict], backend: str, block: int, layer_rows) -> dict:
+    def pick(experts, step, n, B):
+        return next((r for r in rows if (r["experts"], r["step"], r["batch"], r["block_size"]) == (experts, step, n, B)
+                     and r["mode"] == "graph" and "median_ms" in r), None)
+    ar, df = pick(backend, "ar", 1, 1), pick(backend, "dflash", 1, block)
+    if ar is None or df is None:
+        return {}
+    s = {"experts": backend, "block_size": block, "ar_b1_step_ms": ar["median_ms"], "dflash_b1_step_ms": df["median_ms"],
+         "ar_b1_roofline_fraction": ar.get("roofline_fraction"), "dflash_b1_roofline_fraction": df.get("roofline_fraction"),
+         "ar_b1_roofline_ms": ar.get("roofline_ms"), "dflash_b1_roofline_ms": df.get("roofline_ms"),
+         "break_even_tokens_b1": df["break_even_tokens"]}
+    ref = pick("dequant", "ar", 1, 1)
+    s["speedup_vs_bf16_dequant_ar_b1"] = round(ref["median_ms"] / ar["median_ms"], 3) if ref and backend == "triton" else None
+    refd = pick("dequant", "dflash", 1, block)
+    s["speedup_vs_bf16_dequant_dflash_b1"] = round(refd["median_ms"] / df["median_ms"], 3) if refd and backend == "triton" else None
+    if s["speedup_vs_bf16_dequant_ar_b1"] is None and layer_rows:
+        s["bf16_dequant_note"] = ("the bf16-dequantised model does not fit this GPU; moe_layer_mxfp4_vs_bf16 compares "
+                                  "one MoE layer both ways")
+        s["moe_layer_speedup_vs_bf16_1_token"] = layer_rows[0]["speedup"]
+    # a projection, not a measurement: z-lab's published tau (block 10, gpt-oss-120b) x AR step / DFlash step
+    s["projection_end_to_end_speedup_b1"] = {
+        k: round(tau * ar["median_ms"] / df["median_ms"], 2) for k, tau in ZLAB_120B_TAU.items()}
+    s["projection_note"] = ("PROJECTION: published z-lab gpt-oss-120b-DFlash acceptance (block 10) x measured AR step / "
+                            "DFlash step at batch 1; random weights here, so no acceptance was measured")
+    for n in sorted({r["batch"] for r in rows}):
+        a, d = pick(backend, "ar", n, 1), pick(backend, "dflash", n, block)
+        if a and d:
+            s[f"b{n}"] = {"ar_ms": a["median_ms"], "dflash_ms": d["median_ms"], "break_even_tokens": d["break_even_tokens"],
+                          "ar_roofline_fraction": a.get("roofline_fraction"), "dflash_roofline_fraction": d.get("roofline_fraction"),
+                          "ar_distinct_experts": a["distinct_experts"], "dflash_distinct_experts": d["distinct_experts"]}
+    return s
+
+
+def expert_summary(record: dict, backend: str, bytes_per_expert: int) -> dict:
+    """Per b=1 step (AR, DFlash): expert bytes touched = distinct experts (summed over layers) x bytes per expert;
+    with --profile, the expert kernels' GPU time, the bandwidth fraction it achieves on those bytes, and us per
+    distinct expert (AR vs DFlash: equal when the experts' cost follows the distinct experts, not the tokens)."""
+    s, bw = {}, (record.get("ceilings") or {}).get("copy_bw_bytes_per_s")
+    for step in ("ar", "dflash"):
+        row = next((r for r in record["results"] if (r["experts"], r["step"], r["batch"], r["mode"]) ==
+                    (backend, step, 1, "graph") and "median_ms" in r), None)
+        if row is None:
+            continue
+        touched = row["distinct_experts"] * bytes_per_expert
+        s[f"{step}_b1_distinct_experts"] = row["distinct_experts"]
+        s[f"{step}_b1_expert_bytes_touched"] = touched
+        prof = record.get(f"profile_{backend}_{step}_b1")
+        if prof and prof.get("expert_kernels_ms"):
+            ms = prof["expert_kernels_ms"]
+            s[f"{step}_b1_expert_kernels_ms"] = ms
+            s[f"{step}_b1_expert_kernels_per_step"] = prof["expert_kernels_per_step"]
+            s[f"{step}_b1_us_per_distinct_expert"] = round(1e3 * ms / row["distinct_experts"], 3)
+            if bw:
+                s[f"{step}_b1_expert_bandwidth_fraction"] = round(touched / (ms * 1e-3) / bw, 3)
+    return s
+
+
+def record_provenance(argv) -> dict:
+    from trtllm_dflash.provenance import record
+    return record([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])], checkpoints={})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

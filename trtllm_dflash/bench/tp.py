@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tensor parallelism on GPUs (NCCL, CUDA graphs): same tokens as one GPU, and the step time at 8B shapes.
+
+    mpirun --allow-run-as-root -n 2 python3 -m trtllm_dflash.bench.tp --out tp.json
+
+1. A tiny random Qwen3 pair in float32: TP=2 greedy and sampled tokens == TP=1 tokens.
+2. Qwen3-8B shapes, random bf16 weights (each rank makes only its shard, from per-tensor seeds, so all
+   ranks agree on the full weights): AR and DFlash step times at the given batch sizes (rank 0's clock).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+import torch
+
+
+from trtllm_dflash.bench.step import target_config, time_engine
+
+from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights
+from trtllm_dflash.checkpoints.resolve import KNOWN_MODELS, PUBLIC_CONFIGS
+from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.provenance import record
+from trtllm_dflash.runtime.distributed import launcher_rank_and_size
+from trtllm_dflash.runtime.engine import Engine
+from trtllm_dflash.runtime.loader import load_drafter, load_target
+from trtllm_dflash.runtime.shard import slice_for_rank
+
+PROMPTS = [[5, 9, 13], [7] * 20, [40, 41, 42, 43, 44, 45, 46]]
+PARAMS = [SamplingParams(max_new_tokens=32, ignore_eos=True),
+          SamplingParams(max_new_tokens=32, ignore_eos=True, temperature=1.0, seed=3),
+          SamplingParams(max_new_tokens=32, ignore_eos=True, temperature=0.8, top_k=10, seed=5)]
+
+
+def tiny_tokens(target, drafter, tp_size: int):
+    eng = Engine.from_dirs(target, drafter, RuntimeConfig(max_seq_len=128, max_batch_size=4, dtype="float32"),
+                           tp_size=tp_size)
+    if eng.tp.rank != 0:
+        eng.follow(close=False)
+        return eng, None
+    out = [r.output_ids for r in eng.generate(PROMPTS, PARAMS)]
+    eng.shutdown(close=False)
+    return eng, out
+
+
+def shards_8b(name: str, tp, work: Path, max_seq: int):
+    """This rank's shard of random target + drafter weights (identical full weights on every rank)."""
+    import transformers
+    tcfg, dcfg = target_config(name), dict(PUBLIC_CONFIGS[KNOWN_MODELS[name].drafter])
+    hf_cfg = transformers.AutoConfig.for_model(tcfg["model_type"], **{k: v for k, v in tcfg.items() if k != "model_type"})
+    with torch.device("meta"):
+        meta = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    pre = {}
+    for pname, p in meta.named_parameters():
+        g = torch.Generator("cuda").manual_seed(zlib.crc32(pname.encode()))
+        full = (torch.ones(p.shape, dtype=torch.bfloat16, device="cuda") if pname.endswith("norm.weight") else
+                torch.empty(p.shape, dtype=torch.bfloat16, device="cuda").normal_(0, 0.02, generator=g))
+        pre[f"target.{pname}"] = slice_for_rank(pname, full, tp.size, tp.rank).clone()
+        del full
+    for k, v in random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=torch.bfloat16, device="cuda").items():
+        pre[f"drafter.{k}"] = slice_for_rank(k, v, tp.size, tp.rank).clone()
+    for role, cfg in (("target", tcfg), ("drafter", dcfg)):
+        (work / role).mkdir(parents=True, exist_ok=True)
+        (work / role / "config.json").write_text(json.dumps(cfg))
+    dev = torch.device("cuda", torch.cuda.current_device())
+    drafter = load_drafter(work / "drafter", tcfg["hidden_size"], tp, dev, torch.bfloat16, max_seq, presharded=pre)
+    target = load_target(work / "target", tp, dev, torch.bfloat16, max_seq, drafter.config.target_layer_ids,
+                         presharded=pre)
+    return target, drafter
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen3-8b")
+    p.add_argument("--batch", default="1,4,16,64", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    rank, size = launcher_rank_and_size()
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    from mpi4py import MPI
+    pair = Path(tempfile.gettempdir()) / "tp_bench_pair"
+    res = {"tp_size": size, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "weights": f"tiny pair written by trtllm_dflash.testing (hashed below); {args.model}: random, in memory, seeded per tensor"}
+    if rank == 0:
+        from trtllm_dflash.testing import write_tiny_pair
+        target, drafter = write_tiny_pair(pair, "qwen3", heads=4, kv_heads=2)
+        res["tp1_tokens"] = tiny_tokens(target, drafter, 1)[1]
+    MPI.COMM_WORLD.barrier()  # MPI's last use: init_tp finalises it after the rendezvous
+    eng, tokens = tiny_tokens(pair / "target", pair / "drafter", size)
+    tp = eng.tp
+    if rank == 0:
+        res["tiny_tp_equals_tp1"] = tokens == res["tp1_tokens"]
+        res["provenance"] = record(["mpirun", "-n", str(size), "python", "-m", "trtllm_dflash.bench.tp", *sys.argv[1:]],
+                                   checkpoints={"tiny_target": pair / "target", "tiny_drafter": pair / "drafter"})
+        print("tiny TP", size, "== TP 1:", res["tiny_tp_equals_tp1"], flush=True)
+    max_seq = args.ctx + args.steps * 20 + 64
+    with tempfile.TemporaryDirectory() as work:
+        target, drafter = shards_8b(args.model, tp, Path(work) / f"rank{rank}", max_seq)
+    rows = []
+    for mode, d in (("ar", None), ("dflash", drafter)):
+        cfg = RuntimeConfig(block_size=1 if d is None else None, max_batch_size=max(args.batch), max_seq_len=max_seq)
+        eng = Engine(target, d, None, cfg, tp, set())
+        if rank != 0:
+            eng.follow(close=False)
+            continue
+        for b in args.batch:
+            r = time_engine(eng, b, args.ctx, args.steps)
+            rows.append({"model": args.model, "tp_size": size, "mode": mode, "batch": b, **r})
+            print(rows[-1], flush=True)
+        eng.shutdown(close=False)
+        del eng
+        torch.cuda.empty_cache()
+    if rank == 0:
+        res["rows"] = rows
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    # The first H200x2 run wrote its results and then hung in the final NCCL barrier; a benchmark has
+    # nothing left to release, so leave without the group teardown.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
