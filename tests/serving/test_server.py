@@ -37,6 +37,7 @@ def test_build_cmd_for_both_binaries(tmp_path):
                    "--metrics-address=127.0.0.1", "--metrics-port=18002", "--exit-timeout-secs=7",
                    "--http-restricted-api=shared-memory,model-repository,trace,logging:dflash-admin-key=k3y",
                    "--grpc-restricted-protocol=shared-memory,model-repository,trace,logging:dflash-admin-key=k3y",
+                   "--http-header-forward-pattern=^dflash-client$", "--grpc-header-forward-pattern=^dflash-client$",
                    "--allow-gpu-metrics=false", "--log-verbose=1"]
     ngc = server.build_cmd(TritonBinary("/opt/tritonserver/bin/tritonserver", "PATH"), tmp_path, "0.0.0.0", 1, 2, 3)
     assert not any(a.startswith(("--backend-directory", "--allow-gpu-metrics")) for a in ngc)
