@@ -32,7 +32,7 @@ from trtllm_dflash.runtime.models.layers import KeyRange
 pytestmark = pytest.mark.gpu
 DEV, BF16 = torch.device("cuda"), torch.bfloat16
 HQ, HKV, D, WINDOW, HIDDEN = 64, 8, 64, 128, 2880
-tiny_gpt_oss = cpu_trtllm_dflash.testing_gpt_oss   # the CPU tests' module-scoped fixture: the tiny MXFP4 target + drafter
+tiny_gpt_oss = cpu_tests.tiny_gpt_oss   # the CPU tests' module-scoped fixture: the tiny MXFP4 target + drafter
 
 
 def kernels():
