@@ -18,6 +18,7 @@ from tests import fixtures_build as fb
 from tests.test_llm_api_options import check_schema
 from trtllm_dflash import cli
 from trtllm_dflash.checkpoints import manifest
+from trtllm_dflash.deployment import Deployment
 from trtllm_dflash.errors import DFlashError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +57,7 @@ def triton_hook(monkeypatch):
     def fill_triton(out_tmp_dir, record):
         calls.append((Path(out_tmp_dir), record))
         (Path(out_tmp_dir) / "triton").mkdir()
-        (Path(out_tmp_dir) / "triton" / "model.yaml").write_text(f"engine_dir: {record['out']}\n")
+        (Path(out_tmp_dir) / "triton" / "model.yaml").write_text(f"deployment_dir: {record['out']}\n")
 
     fake = types.ModuleType("trtllm_dflash.serving.repo")
     fake.fill_triton = fill_triton
@@ -89,7 +90,7 @@ def test_every_preset_builds_with_stand_in_checkpoints(ckpt, tmp_path, capsys, p
     out = tmp_path / "deploy"
     rc, stdout, err = run(["--config", preset, *tiny_args(ckpt, out, arch, fmt)], capsys)
     assert rc == 0, err
-    m = manifest.read(out)
+    m = Deployment.open(out).manifest
     preset_cfg = yaml.safe_load(preset.read_text())["build"]
     assert (m["backend"], m["gpu"], m["tp_size"]) == (preset_cfg["backend"], preset_cfg["gpu"], preset_cfg["tp_size"])
     assert m["drafter"]["format"] == ("z-lab" if fmt == "untrained" else fmt)
@@ -100,7 +101,7 @@ def test_every_preset_builds_with_stand_in_checkpoints(ckpt, tmp_path, capsys, p
     assert triton_hook and triton_hook[-1][1]["out"] == str(out) and "triton/model.yaml" in m["files"]
     if preset_cfg["gpu"] == "cpu":
         assert not (out / "llm_api_options.yaml").exists()
-        assert "dflash-generate --engine" in stdout and "UNTRAINED" in stdout
+        assert "dflash-generate --deployment_dir" in stdout and "UNTRAINED" in stdout
         assert m["drafter"]["untrained"] and m["validation"]["drafter trained"].startswith("warning")
     else:
         opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
@@ -179,7 +180,7 @@ def test_tensorrt_llm_1_4_fields_reach_the_yaml_and_the_manifest(ckpt, tmp_path,
     assert spec["draft_len_schedule"] == {1: 7, 4: 5, 16: 2} and "max_concurrency" not in spec
     assert spec["use_rejection_sampling"] is True and spec["context_recompute_tail"] == 32
     assert opts["kv_cache_config"]["enable_block_reuse"] is True and spec["attention_backend"] == "FA4"
-    m = manifest.read(out)["trtllm"]
+    m = Deployment.open(out).manifest["trtllm"]
     assert (m["versions"], m["min_version"], m["schema"]) == (">=1.4.0rc1,<1.5", "1.4.0rc1", "1.4.0rc1")
     assert m["draft_len_schedule"] == {"1": 7, "4": 5, "16": 2}     # JSON keys are strings
     assert "TensorRT-LLM >=1.4.0rc1,<1.5" in stdout
@@ -305,9 +306,9 @@ def test_rebuild_reuses_then_refuses_then_forces(ckpt, tmp_path, capsys):
     rc, stdout, _ = run(tiny_args(ckpt, out), capsys)
     assert rc == 0 and "up to date" in stdout and (out / "manifest.json").stat().st_mtime_ns == stamp
     rc, _, err = run(tiny_args(ckpt, out, "llama", "z-lab", "--max_batch_size", "2"), capsys)
-    assert rc == 2 and "--force" in err and manifest.read(out)["runtime"]["max_batch_size"] == 8
+    assert rc == 2 and "--force" in err and Deployment.open(out).manifest["runtime"]["max_batch_size"] == 8
     rc, _, _ = run(tiny_args(ckpt, out, "llama", "z-lab", "--max_batch_size", "2", "--force"), capsys)
-    assert rc == 0 and manifest.read(out)["runtime"]["max_batch_size"] == 2
+    assert rc == 0 and Deployment.open(out).manifest["runtime"]["max_batch_size"] == 2
     assert not list(tmp_path.glob(".deploy.*"))
 
 
@@ -363,7 +364,7 @@ def test_inspect_summarises_and_catches_tampering(ckpt, tmp_path, capsys):
 def test_presharded_ranks_for_the_torch_backend(ckpt, tmp_path, capsys):
     out = tmp_path / "deploy"
     assert run(tiny_args(ckpt, out, "llama", "z-lab", "--tp", "2", "--presharded"), capsys)[0] == 0
-    m = manifest.read(out)
+    m = Deployment.open(out).manifest
     assert m["presharded"] and {"ranks/rank0.safetensors", "ranks/rank1.safetensors"} <= set(m["files"])
     with safe_open(str(out / "ranks" / "rank1.safetensors"), "pt") as f:
         names = list(f.keys())
@@ -405,8 +406,8 @@ def test_interrupted_build_leaves_nothing(ckpt, tmp_path, capsys, monkeypatch):
 KILL = """
 import os, signal, sys
 from trtllm_dflash import build
-from trtllm_dflash.checkpoints import manifest
-manifest.write_json_atomic = lambda path, data: os.kill(os.getpid(), signal.SIGKILL)
+from trtllm_dflash.deployment import Deployment
+Deployment.write = staticmethod(lambda directory, record: os.kill(os.getpid(), signal.SIGKILL))
 build.main(sys.argv[1:])
 """
 
@@ -419,7 +420,7 @@ def test_killed_build_never_looks_complete_and_is_cleaned_up(ckpt, tmp_path, cap
     assert not out.exists()
     leftovers = list(tmp_path.glob(".deploy.tmp-*"))
     assert leftovers and not (leftovers[0] / "manifest.json").exists()
-    assert run(args, capsys)[0] == 0 and manifest.read(out)
+    assert run(args, capsys)[0] == 0 and Deployment.open(out).manifest
     assert not list(tmp_path.glob(".deploy.tmp-*"))
 
 
@@ -489,7 +490,7 @@ def test_smollm2_directory_runs_with_the_same_tokens_as_the_runtime(tmp_path, ca
     out = tmp_path / "smollm2"
     rc, stdout, err = run(["--config", ROOT / "build_configs" / "smollm2-135m_cpu_tp1.yaml", "--out", out], capsys)
     assert rc == 0, err
-    assert "UNTRAINED" not in stdout and not manifest.read(out)["drafter"]["untrained"]
+    assert "UNTRAINED" not in stdout and not Deployment.open(out).manifest["drafter"]["untrained"]
     params = SamplingParams(max_new_tokens=16)
     deployed = Engine.from_deployment(out)
     prompt = deployed.tokenizer.encode("The capital of France is")
@@ -583,7 +584,7 @@ def test_across_filesystems_the_links_are_symbolic_and_inspect_says_so(ckpt, tmp
     monkeypatch.setattr(os, "link", no_hardlinks)
     rc, stdout, _ = run(["--target", src, "--drafter", drafter, "--max_seq_len", 512, "--out", out], capsys)
     assert rc == 0 and "self-contained: warning: target/ links into" in stdout
-    m = manifest.read(out)
+    m = Deployment.open(out).manifest
     assert m["target"]["files"] == "symlink" and not m["self_contained"]
     shutil.rmtree(tmp_path / "cache")
     rc, _, err = run(["inspect", out], capsys)
@@ -640,7 +641,7 @@ def test_the_deployment_names_its_draft_policy(ckpt, tmp_path, capsys):
     out = tmp_path / "cpu"
     rc, stdout, err = run(tiny_args(ckpt, out, "llama", "z-lab", "--gpu", "cpu"), capsys)
     assert rc == 0, err
-    assert manifest.read(out)["runtime"]["draft_policy"] == "adaptive" and "draft_policy adaptive (auto)" in stdout
+    assert Deployment.open(out).manifest["runtime"]["draft_policy"] == "adaptive" and "draft_policy adaptive (auto)" in stdout
     rc, stdout, _ = run(["inspect", out, "--no_verify"], capsys)
     assert "draft_policy adaptive" in stdout
     engine = Engine.from_deployment(out)

@@ -52,3 +52,22 @@ def test_a_mistyped_target_suggests_the_short_name(capsys):
 
     assert cli.generate_main(["--target", "smolm2-135m", "--mode", "ar"]) == 2
     assert "did you mean smollm2-135m?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--deployment_dir", "--engine_dir", "--engine"])
+def test_the_deployment_flag_and_its_old_names_open_it_once(tmp_path, flag, monkeypatch):
+    from trtllm_dflash.deployment import Deployment
+
+    Deployment.write(tmp_path, {"backend": "torch", "runtime": {"draft_policy": "adaptive"}})
+    opened = []
+    real = Deployment.open.__func__
+    monkeypatch.setattr(Deployment, "open", classmethod(lambda cls, path: opened.append(path) or real(cls, path)))
+    args = generate.parse_args([flag, str(tmp_path)])
+    assert args.deployment.path == tmp_path and generate._policy(args) == "adaptive" and opened == [str(tmp_path)]
+
+
+def test_a_directory_that_is_no_deployment_is_one_line(tmp_path):
+    from trtllm_dflash.errors import DFlashError
+
+    with pytest.raises(DFlashError, match=r"has no manifest\.json"):
+        generate.parse_args(["--deployment_dir", str(tmp_path)])

@@ -19,6 +19,7 @@ from trtllm_dflash.testing import VOCAB, write_tiny_pair
 from trtllm_dflash import build_config as bc
 from trtllm_dflash import cli, quantize
 from trtllm_dflash.checkpoints import hf, manifest
+from trtllm_dflash.deployment import Deployment
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime import quant, shard
 
@@ -194,7 +195,7 @@ def test_dequantize_matches_modelopt(mtq, tmp_path, algo):
 
 def test_fp8_and_nvfp4_builds_record_the_quantization(builds):
     for algo, out in builds.items():
-        m = manifest.read(out)
+        m = Deployment.open(out).manifest
         q = m["quant"]
         assert q["quant"] == algo and q["quant_algo"] == algo.upper() and q["modelopt"]
         assert q["calib_data"] == "random" and q["calib_size"] == 4 and q["calib_s"] > 0
@@ -210,8 +211,8 @@ def test_fp8_and_nvfp4_builds_record_the_quantization(builds):
         text = (out / "llm_api_options.yaml").read_text()
         assert f"# Quantization: {algo.upper()} (ModelOpt)" in text
         assert "quant_config" not in yaml.safe_load(text)   # TensorRT-LLM reads target/hf_quant_config.json
-    assert manifest.read(builds["fp8"])["validation"]["quant on the torch backend"].startswith("warning")
-    assert "quant   FP8 (ModelOpt" in manifest.summary(manifest.read(builds["fp8"]))
+    assert Deployment.open(builds["fp8"]).manifest["validation"]["quant on the torch backend"].startswith("warning")
+    assert "quant   FP8 (ModelOpt" in manifest.summary(Deployment.open(builds["fp8"]).manifest)
 
 
 def _plain_copy(quantized: Path, out: Path) -> Path:

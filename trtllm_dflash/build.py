@@ -23,6 +23,7 @@ from . import build_config as bc
 from .backends import trtllm
 from .bench.helpformat import HelpFormatter
 from .checkpoints import drafter_formats, manifest, memory_fit, resolve, trtllm_checks
+from .deployment import FORMAT_VERSION, Deployment
 from .errors import DFlashError
 from .versions import installed
 
@@ -301,7 +302,7 @@ def write_directory(plan: Plan, tmp: Path, stamp: str, *, log=print) -> dict:
     record["triton"] = _fill_triton(tmp, record)
     files = manifest.hash_tree(tmp)
     record["files"], record["sizes"] = files, {rel: (tmp / rel).stat().st_size for rel in files}
-    manifest.write_json_atomic(tmp / manifest.MANIFEST, record)
+    Deployment.write(tmp, record)
     return record
 
 
@@ -381,7 +382,7 @@ def _manifest(plan: Plan, target: resolve.Resolved, drafter: resolve.Resolved, d
               notes: list[str], stamp: str) -> dict:
     cfg, dflash = plan.cfg, drafter_cfg["dflash_config"]
     return {
-        "format_version": manifest.FORMAT_VERSION, "backend": cfg.backend, "tp_size": cfg.tp_size,
+        "format_version": FORMAT_VERSION, "backend": cfg.backend, "tp_size": cfg.tp_size,
         "ep_size": cfg.ep_size, "gpu": cfg.gpu, "quant": None,
         "runtime": {"max_batch_size": cfg.max_batch_size, "max_seq_len": cfg.max_seq_len,
                     "block_size": plan.max_draft_len + 1, "dtype": cfg.dtype,
@@ -433,14 +434,14 @@ def _reusable(out: Path, stamp: str, force: bool) -> bool:
         return False
     if not out.is_dir():
         raise DFlashError("out", f"{out} is a file", "choose another --out")
-    has_manifest = (out / manifest.MANIFEST).is_file()
+    has_manifest = Deployment.is_deployment(out)
     if not has_manifest and any(out.iterdir()):
         raise DFlashError("out", f"{out} exists and is not a deployment directory",
                           "choose another --out (dflash-build never replaces other folders, even with --force)")
     if not has_manifest or force:
         return False
     try:
-        old = manifest.read(out)
+        old = Deployment.open(out).manifest
     except DFlashError:
         old = {}
     if old.get("inputs_fingerprint") == stamp and not manifest.verify(out, old, full=False):
@@ -531,7 +532,7 @@ def commands(out: Path, record_like: dict) -> list[str]:
     """The exact lines to run this directory."""
     lines = []
     if record_like["backend"] == "torch":
-        lines.append(f"dflash-generate --engine {out} --prompt 'Hello'")
+        lines.append(f"dflash-generate --deployment_dir {out} --prompt 'Hello'")
     if (out / trtllm.OPTIONS_FILE).is_file() or record_like.get("trtllm"):
         lines.append(trtllm.shell_line(trtllm.serve_command(out)))
         lines += [trtllm.shell_line(c) for c in trtllm.bench_commands(out, record_like)]
@@ -711,7 +712,7 @@ def checkpoint_sha256(record: dict, role: str) -> str:
 
 def inspect(directory: str | Path, *, verify: bool = True, log=print) -> dict:
     directory = Path(directory).absolute()
-    record = manifest.read(directory)
+    record = Deployment.open(directory).manifest
     log(manifest.summary(record))
     if verify:
         problems = manifest.verify(directory, record)
@@ -755,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = make_plan(cfg, dry_run=False)
     print(describe(plan))
     out = build(cfg, force=force, plan=plan)
-    record = manifest.read(out)
+    record = Deployment.open(out).manifest
     print("run it:")
     for line in commands(out, record):
         print(f"  {line}")

@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 from .config import RuntimeConfig, SamplingParams
+from .deployment import Deployment
 from .errors import DFlashError
 
 EPILOG = """examples:
   dflash-generate --target smollm2-135m --mode both --prompt "What is DFlash?"   # the shipped drafter
-  dflash-generate --engine out/smollm2 --prompt_file prompts.txt --temperature 0.7 --seed 1
+  dflash-generate --deployment_dir out/smollm2 --prompt_file prompts.txt --temperature 0.7 --seed 1
   mpirun -n 2 dflash-generate --target DIR --drafter DIR --tp_size 2 --prompt "Hello"
 """
 
@@ -29,7 +30,8 @@ def parse_args(argv):
     src.add_argument("--drafter", help="DFlash drafter folder (z-lab layout), smollm2-135m-dflash (ships with this "
                                        "package; the default for --target smollm2-135m), or 'untrained' for a random "
                                        "one (acceptance ~1; shows the mechanics, not the speed-up)")
-    src.add_argument("--engine", help="a dflash-build deployment directory (instead of --target/--drafter)")
+    src.add_argument("--deployment_dir", "--engine_dir", "--engine", dest="deployment_dir",
+                     help="a dflash-build deployment directory (instead of --target/--drafter)")
     src.add_argument("--allow_pickle", action="store_true", help="allow *.bin/*.pt weights (weights_only load)")
     run = p.add_argument_group("runtime")
     run.add_argument("--mode", choices=("dflash", "ar", "both"), default="dflash",
@@ -40,7 +42,7 @@ def parse_args(argv):
     run.add_argument("--draft_policy", choices=("adaptive", "fixed"), default=None,
                      help="adaptive = measure step costs on this device first, then pick the block per step from the "
                           "batch size and the running acceptance, down to 1 (AR) where drafting does not pay; "
-                          "fixed = always the drafter's block. Default: the deployment's (--engine), else adaptive")
+                          "fixed = always the drafter's block. Default: the deployment's (--deployment_dir), else adaptive")
     run.add_argument("--max_batch_size", type=int, default=8)
     run.add_argument("--max_seq_len", type=int, default=2048)
     run.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
@@ -63,6 +65,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    # opened once, for every engine this run loads
+    args.deployment = Deployment.open(args.deployment_dir) if args.deployment_dir else None
     return args
 
 
@@ -109,12 +113,13 @@ def _engine(args, block_size: int | None, workdir: Path):
     from .runtime.engine import Engine
     cfg = dict(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, dtype=args.dtype,
                device=args.device, block_size=block_size)
-    if args.engine:   # the policy is applied by run_mode, which knows the prompts (context, batch)
+    deployment = args.deployment
+    if deployment is not None:   # the policy is applied by run_mode, which knows the prompts (context, batch)
         if not block_size:   # the deployment's own block
             del cfg["block_size"]
-        return Engine.from_deployment(args.engine, draft_policy="fixed", **cfg)
+        return Engine.from_deployment(deployment, draft_policy="fixed", **cfg)
     if not args.target:
-        raise DFlashError("--target", "missing", "pass --target DIR (and --drafter DIR), or --engine DIR")
+        raise DFlashError("--target", "missing", "pass --target DIR (and --drafter DIR), or --deployment_dir DIR")
     target = _resolve_target(args.target)
     drafter_spec = args.drafter
     if drafter_spec is None:  # a short-name target brings its known drafter
@@ -142,10 +147,8 @@ def _encode(engine, text: str, chat: bool) -> list[int]:
 def _policy(args) -> str:
     if args.draft_policy is not None:
         return args.draft_policy
-    if args.engine:
-        from .runtime.loader import deployment_draft_policy
-        return deployment_draft_policy(args.engine)
-    return "adaptive"
+    deployment = args.deployment
+    return deployment.draft_policy if deployment is not None else "adaptive"
 
 
 def _break_even(policy) -> str:

@@ -34,7 +34,7 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 @dataclass(frozen=True)
 class QuantRecord:
-    """What the manifest says about a quantized target (``manifest.json["quant"]``)."""
+    """What the manifest says about a quantized target (``Deployment.quant``)."""
 
     quant: str                          # fp8 | nvfp4 (the --quant value)
     quant_algo: str                     # hf_quant_config.json quantization.quant_algo: FP8 | NVFP4

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """backends/trtllm.py runs a deployment directory through tensorrt_llm.LLM, and so does the Triton model's
-TrtllmBackend (one path). TensorRT-LLM cannot be installed here, so a fake ``tensorrt_llm``
+TrtllmRuntime (one path). TensorRT-LLM cannot be installed here, so a fake ``tensorrt_llm``
 (tests/backends/fake_tensorrt_llm.py) refuses every unknown or mistyped keyword, as TorchLlmArgs does."""
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_overrides_and_a_moved_directory(fake_trtllm, deployments, tmp_path):
 
 def test_a_torch_build_is_refused(fake_trtllm, deployments):
     _, torch_dir = deployments
-    with pytest.raises(DFlashError, match="built for the torch backend"):
+    with pytest.raises(DFlashError, match="is 'torch'; TensorRT-LLM runs 'trtllm' builds"):
         trtllm.load_llm(torch_dir)
 
 
@@ -95,7 +95,7 @@ def test_the_fake_refuses_unknown_and_mistyped_fields(fake_trtllm, bad):
         tensorrt_llm.LLM(model="m", backend="pytorch", **bad)
 
 
-# ---- serving: the Triton model's TrtllmBackend builds its LLM through the same merge ----------------------
+# ---- serving: the Triton model's TrtllmRuntime builds its LLM through the same merge ----------------------
 def _served(directory: Path, tmp_path: Path) -> Path:
     """A copy of a real dflash-build output with its Triton repository, as dflash-serve would use it."""
     from trtllm_dflash.serving.repo import fill_triton

@@ -56,7 +56,7 @@ def make_deployment(root: Path, target: Path, drafter: Path, *, backend: str = "
     for name, src in (("target", target), ("drafter", drafter)):
         if not (root / name).exists():
             os.symlink(src.resolve(), root / name)
-    from trtllm_dflash.checkpoints.manifest import FORMAT_VERSION
+    from trtllm_dflash.deployment import FORMAT_VERSION
 
     manifest = {"format_version": FORMAT_VERSION, "backend": backend, "tp_size": tp_size, "runtime": dict(runtime),
                 "target": {"path": "target"}, "drafter": {"path": "drafter"}}
@@ -116,10 +116,10 @@ class Server:
         return terminate(self.proc, timeout)
 
 
-def start_server(engine_dir: Path, log: Path, *extra: str, timeout: float = 120.0) -> Server:
-    """``dflash-serve engine_dir`` as a subprocess on free ports; returns once it printed "ready"."""
+def start_server(deployment_dir: Path, log: Path, *extra: str, timeout: float = 120.0) -> Server:
+    """``dflash-serve deployment_dir`` as a subprocess on free ports; returns once it printed "ready"."""
     http, grpc, metrics = free_port(), free_port(), free_port()
-    cmd = [sys.executable, "-m", "trtllm_dflash.serving.server", str(engine_dir), "--http_port", str(http),
+    cmd = [sys.executable, "-m", "trtllm_dflash.serving.server", str(deployment_dir), "--http_port", str(http),
            "--grpc_port", str(grpc), "--metrics_port", str(metrics), "--exit_timeout_secs", "5", *extra]
     t0 = time.monotonic()
     with open(log, "wb") as fh:

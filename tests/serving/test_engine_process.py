@@ -185,7 +185,8 @@ def test_several_frontends_share_one_engine_and_get_only_their_own_results():
 
 @pytest.mark.slow
 def test_greedy_tokens_equal_the_in_process_runtime(tiny_deployment):
-    from trtllm_dflash.serving.runtimes import TorchBackend
+    from trtllm_dflash.deployment import Deployment
+    from trtllm_dflash.serving.runtimes import TorchRuntime
 
     prompts = ["The sea is", "def add(a, b):", "1, 2, 3,"]
 
@@ -195,8 +196,7 @@ def test_greedy_tokens_equal_the_in_process_runtime(tiny_deployment):
             backend.submit(record)
         return [[t for r in record.results(timeout=120) for t in r.token_ids] for record in records]
 
-    manifest = json.loads((tiny_deployment / "manifest.json").read_text())
-    inproc = TorchBackend.from_deployment(tiny_deployment, manifest)
+    inproc = TorchRuntime.from_deployment(Deployment.open(tiny_deployment))
     try:
         want = run(inproc)
     finally:
@@ -212,9 +212,9 @@ def test_greedy_tokens_equal_the_in_process_runtime(tiny_deployment):
 
 # ---- through a real dflash-openai (uvicorn) -----------------------------------------------------------------
 class _OpenAI:
-    def __init__(self, engine_dir, log, *extra):
+    def __init__(self, deployment_dir, log, *extra):
         self.port, self.log = free_port(), log
-        cmd = [sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(engine_dir), "--port", str(self.port),
+        cmd = [sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(deployment_dir), "--port", str(self.port),
                "--served_model_name", "m", *extra]
         with open(log, "wb") as fh:
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=TEST_ENV)

@@ -21,9 +21,9 @@ PROMPT = "Write one sentence about the sea."
 
 
 class OpenAIServer:
-    def __init__(self, engine_dir: Path, log: Path, name: str = "smol", *extra: str):
+    def __init__(self, deployment_dir: Path, log: Path, name: str = "smol", *extra: str):
         self.port, self.log = free_port(), log
-        cmd = [sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(engine_dir), "--port", str(self.port),
+        cmd = [sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(deployment_dir), "--port", str(self.port),
                "--served_model_name", name, *extra]
         with open(log, "wb") as fh:
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=TEST_ENV)
@@ -84,7 +84,7 @@ def test_sdk_chat_streamed_equals_non_streamed_equals_dflash_generate(server, sm
     # dflash-generate applies the same chat template by default (greedy, the same deployment)
     out = tmp_path / "gen.json"
     proc = subprocess.run([sys.executable, "-c", "import sys; from trtllm_dflash.cli import generate_main; "
-                           "sys.exit(generate_main(sys.argv[1:]))", "--engine", str(smol_deployment),
+                           "sys.exit(generate_main(sys.argv[1:]))", "--engine_dir", str(smol_deployment),
                            "--prompt", PROMPT, "--max_new_tokens", "16", "--max_seq_len", "512", "--json", str(out)],
                           capture_output=True, text=True, env=TEST_ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

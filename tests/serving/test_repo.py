@@ -34,8 +34,8 @@ def test_fill_inside_deployment_is_relative(tmp_path):
             assert "${" not in path.read_text()
     cfg = yaml.safe_load((model / "1" / "model.yaml").read_text())
     # relative to 1/, so dflash-build's temp dir can be renamed and the directory moved or mounted
-    assert cfg["engine_dir"] == "../../.."
-    assert (model / "1" / cfg["engine_dir"]).resolve() == tmp_path.resolve()
+    assert cfg["deployment_dir"] == "../../.."
+    assert (model / "1" / cfg["deployment_dir"]).resolve() == tmp_path.resolve()
     assert cfg["triton_config"] == {"max_batch_size": 0, "decoupled": True, "cancellation_check_period_ms": 100}
 
 
@@ -44,7 +44,7 @@ def test_fill_elsewhere_is_absolute_and_refills(tmp_path):
     deployment.mkdir()
     repo = fill_triton(deployment, MANIFEST, decoupled_mode=False, repo_dir=tmp_path / "throwaway")
     cfg = yaml.safe_load((repo / MODEL_NAME / "1" / "model.yaml").read_text())
-    assert cfg["engine_dir"] == str(deployment.resolve())
+    assert cfg["deployment_dir"] == str(deployment.resolve())
     assert cfg["triton_config"]["decoupled"] is False
     fill_triton(deployment, MANIFEST, decoupled_mode=True, repo_dir=tmp_path / "throwaway")   # replaces it
     assert yaml.safe_load((repo / MODEL_NAME / "1" / "model.yaml").read_text())["triton_config"]["decoupled"]

@@ -29,17 +29,17 @@ def test_mpi_flavor_of_the_installed_mpiexec():
     assert launch.mpi_flavor(exe) in ("mpich", "openmpi")
 
 
-# The trtllm backend's tests (a real dflash-build output, a strict fake tensorrt_llm): tests/backends/test_trtllm.py
+# The trtllm runtime's tests (a real dflash-build output, a strict fake tensorrt_llm): tests/backends/test_trtllm.py
 
 
-# ---- backend: torch, the record interface the frontends code against ----------------------------
+# ---- the torch runtime: the record interface the frontends code against ----------------------------
 
-def test_torch_backend_submit_record_usage_and_asyncio_reader():
+def test_torch_runtime_submit_record_usage_and_asyncio_reader():
     from tests.serving.fakes import FakeEngine
-    from trtllm_dflash.serving.runtimes import TorchBackend
+    from trtllm_dflash.serving.runtimes import TorchRuntime
     from trtllm_dflash.serving.record import ServedRequest
 
-    backend = TorchBackend(FakeEngine(max_batch_size=2))
+    runtime = TorchRuntime(FakeEngine(max_batch_size=2))
     try:
         records = [ServedRequest(prompt_ids=[ord(c) for c in f"r{i}"], max_tokens=5, streaming=True)
                    for i in range(4)] + [ServedRequest(prompt="abc", max_tokens=6)]
@@ -49,7 +49,7 @@ def test_torch_backend_submit_record_usage_and_asyncio_reader():
 
         async def main():
             for record in records:
-                backend.submit(record)
+                runtime.submit(record)
             return await asyncio.gather(*(read(r) for r in records))
 
         for i, got in enumerate(asyncio.run(main())):
@@ -61,32 +61,33 @@ def test_torch_backend_submit_record_usage_and_asyncio_reader():
             assert final.num_prompt_tokens == (2 if i < 4 else 3)
             assert final.num_output_tokens == len(ids) and final.num_draft_tokens > 0
             assert final.times_ns["arrival_time_ns"] <= final.times_ns["last_token_time_ns"]
-        assert backend.health() == (True, "ok") and backend.metrics()["live_requests"] == 0
+        assert runtime.health() == (True, "ok") and runtime.metrics()["live_requests"] == 0
         with pytest.raises(DFlashError, match="sampling_param_top_p"):
-            backend.submit(ServedRequest(prompt="x", top_p=2.0))
+            runtime.submit(ServedRequest(prompt="x", top_p=2.0))
     finally:
-        backend.shutdown()
+        runtime.shutdown()
 
 
-def test_torch_backend_runs_the_deployments_draft_policy(tmp_path, tiny_target_with_tokenizer):
+def test_torch_runtime_runs_the_deployments_draft_policy(tmp_path, tiny_target_with_tokenizer):
     """A deployment naming runtime.draft_policy adaptive is served adaptively (the Triton model and dflash-openai
-    both load through TorchBackend.from_deployment), and /metrics says which blocks ran."""
+    both load through TorchRuntime.from_deployment), and /metrics says which blocks ran."""
     from tests.serving.conftest import RUNTIME, make_deployment
     from trtllm_dflash.runtime.draft_policy import AdaptivePolicy
-    from trtllm_dflash.serving.runtimes import TorchBackend
+    from trtllm_dflash.deployment import Deployment
+    from trtllm_dflash.serving.runtimes import TorchRuntime
     from trtllm_dflash.serving.record import ServedRequest
 
     d = make_deployment(tmp_path / "d", *tiny_target_with_tokenizer, runtime={**RUNTIME, "draft_policy": "adaptive"},
                         fill=False)
-    backend = TorchBackend.from_deployment(d, {"backend": "torch", "tp_size": 1})
+    runtime = TorchRuntime.from_deployment(Deployment.open(d))
     try:
-        assert isinstance(backend.engine.policy, AdaptivePolicy)
+        assert isinstance(runtime.engine.policy, AdaptivePolicy)
         record = ServedRequest(prompt_ids=[5, 6, 7], max_tokens=24, ignore_eos=True)
-        backend.submit(record)
+        runtime.submit(record)
         final = list(record.results())[-1]
         assert final.finished and not final.error and final.num_output_tokens == 24
-        m = backend.metrics()
+        m = runtime.metrics()
         ran = {k: v for k, v in m.items() if k.startswith("steps_block_")}
         assert m["adaptive_policy"] == 1 and sum(ran.values()) == m["steps"] and f"steps_block_{m['last_block']}" in ran
     finally:
-        backend.shutdown()
+        runtime.shutdown()

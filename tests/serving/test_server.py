@@ -18,6 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.serving.conftest import TEST_ENV, make_deployment, start_server
+from trtllm_dflash.deployment import Deployment
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving import client, server
 from trtllm_dflash.serving.triton_env import TritonBinary
@@ -70,13 +71,13 @@ def test_resolve_repo_errors(tmp_path, tiny_deployment):
 
 # ---- a real server on the tiny deployment --------------------------------------------------------
 
-def start_dflash_generate(engine_dir: Path, prompts: list[str], max_new_tokens: int, out: Path):
+def start_dflash_generate(deployment_dir: Path, prompts: list[str], max_new_tokens: int, out: Path):
     """The reference: dflash-generate on the same deployment, raw text (no chat template), greedy.
     Started in the background, so it loads while the server does."""
-    runtime = json.loads((engine_dir / "manifest.json").read_text())["runtime"]
+    runtime = Deployment.open(deployment_dir).runtime
     # dflash-generate's own --max_seq_len/--max_batch_size defaults would override the manifest's.
     cmd = [sys.executable, "-c", "import sys; from trtllm_dflash.cli import generate_main; sys.exit(generate_main())",
-           "--engine", str(engine_dir), "--no_chat_template", "--max_new_tokens", str(max_new_tokens),
+           "--deployment_dir", str(deployment_dir), "--no_chat_template", "--max_new_tokens", str(max_new_tokens),
            "--max_seq_len", str(runtime["max_seq_len"]), "--max_batch_size", str(runtime["max_batch_size"]),
            "--json", str(out)]
     for p in prompts:
@@ -219,7 +220,7 @@ def test_bad_inputs_get_clear_errors_and_the_server_stays_healthy(tiny_server):
         ({"text_input": "hi", "sampling_param_max_tokens": "ten"}, "sampling_param_max_tokens: must be an integer"),
         ({"text_input": "hi", "sampling_param_temperature": -1.0}, "sampling_param_temperature: must be in [0, 2.0]"),
         ({"text_input": "hi", "max_token": 5}, "parameters: unknown 'max_token'"),
-        ({"text_input": "hi", "sampling_param_frequency_penalty": 0.5}, "not supported by the torch backend"),
+        ({"text_input": "hi", "sampling_param_frequency_penalty": 0.5}, "not supported by the torch runtime"),
         # #19 finding 4: refused before tokenizing (a 40 MB prompt took 33 s and 5 GB), stop lists bounded
         ({"text_input": "x" * (3 << 20)}, f"text_input: is {3 << 20} bytes, longer than any prompt"),
         ({"text_input": "hi", "sampling_param_stop": ["x"] * 100_000}, "sampling_param_stop: has 100000 strings"),
@@ -596,16 +597,15 @@ def _broken_engine_model(real: str) -> str:
     imports = "from trtllm_dflash.serving import triton_model\n"
     assert real.count(call) == 1 and real.count(imports) == 1, "the real model.py changed: update this test"
     return (real.replace(imports, imports + "from tests.serving.fakes import FakeEngine\n"
-                         "from trtllm_dflash.serving.runtimes import TorchBackend\n")
-            .replace(call, call[:-1] + ", backend=TorchBackend(FakeEngine(fail_at_step=0)))"))
+                         "from trtllm_dflash.serving.runtimes import TorchRuntime\n")
+            .replace(call, call[:-1] + ", runtime=TorchRuntime(FakeEngine(fail_at_step=0)))"))
 
 
 @pytest.mark.slow
 def test_a_broken_engine_is_not_ready_and_the_server_restarts(tiny_deployment, tmp_path):
     # #19 finding 1: once the engine had failed, every request failed while /v2/health/ready said 200.
     from trtllm_dflash.serving.repo import fill_triton
-    manifest = json.loads((tiny_deployment / "manifest.json").read_text())
-    repo = fill_triton(tiny_deployment, manifest, repo_dir=tmp_path / "repo")
+    repo = fill_triton(tiny_deployment, Deployment.open(tiny_deployment).manifest, repo_dir=tmp_path / "repo")
     model_py = repo / "tensorrt_llm" / "1" / "model.py"
     model_py.write_text(_broken_engine_model(model_py.read_text()))
     srv = start_server(repo, tmp_path / "dflash-serve.log", "--max_restarts", "1")

@@ -6,8 +6,9 @@ import time
 import pytest
 
 from tests.serving.fakes import FakeEngine, FakePbUtils, FakeRequest, triton_inputs
+from trtllm_dflash.deployment import FORMAT_VERSION
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.serving.runtimes import TorchBackend
+from trtllm_dflash.serving.runtimes import TorchRuntime
 from trtllm_dflash.serving.repo import fill_triton
 from trtllm_dflash.serving.triton_model import DFlashModel
 
@@ -17,11 +18,11 @@ def make_model(tmp_path):
     models = []
 
     def make(decoupled=True, **engine_kw):
-        manifest = {"backend": "torch", "tp_size": 1}
+        manifest = {"format_version": FORMAT_VERSION, "backend": "torch", "tp_size": 1}
         (tmp_path / "manifest.json").write_text(json.dumps(manifest))
         repo = fill_triton(tmp_path, manifest, decoupled_mode=decoupled)
         engine = FakeEngine(**engine_kw)
-        model = DFlashModel(FakePbUtils, repo / "tensorrt_llm" / "1", backend=TorchBackend(engine))
+        model = DFlashModel(FakePbUtils, repo / "tensorrt_llm" / "1", runtime=TorchRuntime(engine))
         models.append(model)
         return model, engine
 
@@ -174,11 +175,31 @@ def test_a_broken_engine_says_so_and_refuses_requests(make_model):
 
 
 def test_decoupled_policy_must_match_model_yaml(tmp_path):
-    (tmp_path / "manifest.json").write_text(json.dumps({"backend": "torch", "tp_size": 1}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "backend": "torch"}))
     version_dir = fill_triton(tmp_path, {"backend": "torch"}, decoupled_mode=False) / "tensorrt_llm" / "1"
     loaded = {"name": "tensorrt_llm", "model_transaction_policy": {"decoupled": True}}
     with pytest.raises(DFlashError, match="triton_config.decoupled: is False in model.yaml"):
-        DFlashModel(FakePbUtils, version_dir, loaded, backend=object())
+        DFlashModel(FakePbUtils, version_dir, loaded, runtime=object())
+
+
+def test_model_yaml_names_the_deployment_and_older_repositories_still_load(tmp_path):
+    """model.yaml's key was engine_dir before it became deployment_dir: repositories filled then still load."""
+    from trtllm_dflash.serving.triton_model import read_model_yaml
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "backend": "torch"}))
+    version_dir = fill_triton(tmp_path, {"backend": "torch"}) / "tensorrt_llm" / "1"
+    yaml_path = version_dir / "model.yaml"
+    assert read_model_yaml(yaml_path)["deployment_dir"] == "../../.."
+    yaml_path.write_text(yaml_path.read_text().replace("deployment_dir:", "engine_dir:"))
+    assert read_model_yaml(yaml_path)["deployment_dir"] == "../../.."
+    model = DFlashModel(FakePbUtils, version_dir, runtime=TorchRuntime(FakeEngine()))
+    try:
+        assert model.deployment.path == tmp_path.resolve() and model.deployment.backend == "torch"
+    finally:
+        model.finalize()
+    yaml_path.write_text(yaml_path.read_text().replace("engine_dir:", "other:"))
+    with pytest.raises(DFlashError, match=r"model\.yaml: deployment_dir: is missing\. Fix: refill with dflash-build"):
+        read_model_yaml(yaml_path)
 
 
 def test_no_thread_per_request_and_one_hand_over_per_step(make_model):

@@ -298,8 +298,8 @@ def read_options(directory: Path) -> dict:
     return options
 
 
-def llm_kwargs(directory: str | Path, **overrides) -> tuple[object, dict]:
-    """(tensorrt_llm module, LLM keyword arguments) for a deployment directory, merged the way trtllm-serve
+def llm_kwargs(deployment, **overrides) -> tuple[object, dict]:
+    """(tensorrt_llm module, LLM keyword arguments) for a deployment (a ``Deployment`` or its directory), merged the way trtllm-serve
     merges ``--extra_llm_api_options`` (``update_llm_args_with_extra_dict``), checked against the schema."""
     try:
         import tensorrt_llm
@@ -308,20 +308,19 @@ def llm_kwargs(directory: str | Path, **overrides) -> tuple[object, dict]:
         raise DFlashError("backend", f"trtllm needs TensorRT-LLM >={MIN_VERSION},<{BELOW_VERSION}, which is not "
                           f"importable ({err})", "run inside an NGC TensorRT-LLM container (or NGC's "
                           "tritonserver:<yy.mm>-trtllm-python-py3 image), or rebuild with --backend torch") from None
-    from ..checkpoints import manifest as manifest_mod
+    from ..deployment import Deployment
 
-    directory = Path(directory).resolve()
-    manifest = manifest_mod.read(directory)
-    if manifest["backend"] != "trtllm":
-        raise DFlashError("backend", f"{directory} was built for the {manifest['backend']} backend",
-                          "rebuild it with dflash-build --backend trtllm")
+    deployment = Deployment.of(deployment)
+    deployment.require_backend("trtllm", "TensorRT-LLM", "rebuild it with dflash-build --backend trtllm")
+    directory = deployment.path.resolve()
     options = {**read_options(directory), **overrides}
     check_options(options)
     return tensorrt_llm, update_llm_args_with_extra_dict({"model": str(directory / "target"), "backend": "pytorch"},
                                                          options)
 
 
-def load_llm(directory: str | Path, **overrides):
-    """``tensorrt_llm.LLM`` for a deployment directory, configured exactly as trtllm-serve would be."""
-    tensorrt_llm, kwargs = llm_kwargs(directory, **overrides)
+def load_llm(deployment, **overrides):
+    """``tensorrt_llm.LLM`` for a deployment (a ``Deployment`` or its directory), configured exactly as
+    trtllm-serve would be."""
+    tensorrt_llm, kwargs = llm_kwargs(deployment, **overrides)
     return tensorrt_llm.LLM(**kwargs)

@@ -66,9 +66,9 @@ def parse_args(argv):
 def target_of(path: Path) -> tuple[Path, dict | None]:
     """(HF target folder, manifest or None) of a deployment directory or a plain folder."""
     if (path / "manifest.json").is_file():
-        from trtllm_dflash.checkpoints import manifest
+        from trtllm_dflash.deployment import Deployment
 
-        m = manifest.read(path)
+        m = Deployment.open(path).manifest
         return path / m["target"]["path"], m
     return path, None
 

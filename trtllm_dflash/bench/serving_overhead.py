@@ -10,7 +10,7 @@ streaming HTTP clients vs with none (CPU), with the engine in the server's proce
 The engine is a stand-in with the real engine's threading contract (tests/serving/fakes.py's FakeEngine) whose
 step holds the GIL for ``--busy_ms`` (the host work of a GPU step: Python, kernel launches) and then waits
 ``--wait_ms`` with the GIL released (the device), so the loop competes for the interpreter exactly as the real
-engine thread does. The runtime and the serving layer are the real ones: TorchBackend (``--engine thread``) or
+engine thread does. The runtime and the serving layer are the real ones: TorchRuntime (``--engine thread``) or
 the engine process behind EngineClient (``--engine process``), dflash-openai's app under uvicorn in this
 process, the records, incremental detokenization with SmolLM2's real tokenizer. The clients run in another
 process (as real clients do) and read server-sent events as fast as they come.
@@ -39,7 +39,7 @@ from pathlib import Path
 from trtllm_dflash.testing import FakeEngine
 from trtllm_dflash.provenance import record as provenance
 from trtllm_dflash.serving.record import ServedRequest
-from trtllm_dflash.serving.runtimes import TorchBackend
+from trtllm_dflash.serving.runtimes import TorchRuntime
 
 PROMPT = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
 CLIENT = r"""
@@ -101,7 +101,7 @@ class Runtime:
             self.engine = GilEngine(args.busy_ms / 1e3, args.wait_ms / 1e3, max_batch_size=args.streams,
                                     max_seq_len=1 << 40)
             self.engine.tokenizer = tokenizer
-            self.backend = TorchBackend(self.engine)
+            self.backend = TorchRuntime(self.engine)
             self.engine_pid = None
         else:
             from trtllm_dflash.serving.engine_client import EngineClient

@@ -112,12 +112,8 @@ class Target:
 
 
 def _manifest(engine_dir: Path | None) -> dict:
-    if engine_dir is None:
-        return {}
-    path = engine_dir / "manifest.json"
-    if not path.is_file():
-        raise DFlashError("--engine", f"{engine_dir} has no manifest.json", "pass a directory written by dflash-build")
-    return json.loads(path.read_text())
+    from ..deployment import Deployment
+    return Deployment.open(engine_dir).manifest if engine_dir is not None else {}
 
 
 def _pair(m: dict) -> dict:

@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""manifest.json of a deployment directory: what went in, with which settings, and the sha256 of every file.
+"""The file record of a deployment directory's manifest.json: the sha256 of every file, checking it, and
+the summary ``dflash-build inspect`` prints. Reading and writing the manifest itself is ``Deployment``'s
+(trtllm_dflash/deployment.py).
 
 A directory is complete exactly when its manifest.json exists: the build writes the manifest last, inside a
 temporary directory that is then renamed into place, so a killed build never leaves a complete-looking one.
@@ -7,14 +9,11 @@ temporary directory that is then renamed into place, so a killed build never lea
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
-from ..errors import DFlashError
+from ..deployment import MANIFEST
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 _CHUNK = 8 << 20                 # bytes per read
 _PROGRESS_FROM = 256 << 20       # files at least this large get a progress bar
 
@@ -50,32 +49,6 @@ def list_files(root: Path) -> list[str]:
 
 def hash_tree(root: Path) -> dict[str, str]:
     return {rel: sha256_file(root / rel) for rel in list_files(root)}
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write, flush and fsync a temp file beside ``path``, then rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def read(directory: Path) -> dict:
-    path = Path(directory) / MANIFEST
-    if not path.is_file():
-        raise DFlashError(str(directory), "is not a complete deployment directory (no manifest.json)",
-                          "build it with dflash-build (a killed build leaves none)")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise DFlashError(str(path), f"is not valid JSON ({err})", "rebuild with dflash-build --force") from None
-    if data.get("format_version") != FORMAT_VERSION:
-        raise DFlashError(f"{path}: format_version", f"{data.get('format_version')!r} is not {FORMAT_VERSION}",
-                          "rebuild with this version of dflash-build (--force)")
-    return data
 
 
 def verify(directory: Path, manifest: dict, *, full: bool = True) -> list[str]:

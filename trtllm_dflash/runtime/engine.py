@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import RuntimeConfig, SamplingParams
+from ..deployment import Deployment
 from ..errors import DFlashError
 from . import loader
 from .distributed import TPGroup
@@ -80,14 +81,16 @@ class Engine:
         return cls(m.target, m.drafter, m.tokenizer, cfg, m.tp, m.eos_ids)
 
     @classmethod
-    def from_deployment(cls, engine_dir, draft_policy: str | None = None, **overrides) -> "Engine":
-        """Load a dflash-build deployment directory (backend: torch) and run the draft policy it names
-        (manifest runtime.draft_policy; older directories: fixed) unless ``draft_policy`` says otherwise.
-        adaptive measures this device's step costs here, before the first request (the slots are empty)."""
-        policy = draft_policy or loader.deployment_draft_policy(engine_dir)
+    def from_deployment(cls, deployment, draft_policy: str | None = None, **overrides) -> "Engine":
+        """Load a torch deployment (a ``Deployment``, or its directory: opened here) and run the draft policy it
+        names (older directories: fixed) unless ``draft_policy`` says otherwise. ``overrides``: RuntimeConfig
+        fields replacing the deployment's. adaptive measures this device's step costs here, before the first
+        request (the slots are empty)."""
+        deployment = Deployment.of(deployment)
+        policy = draft_policy or deployment.draft_policy
         if policy not in ("adaptive", "fixed"):   # before any weight is loaded
             raise DFlashError("draft_policy", f"{policy!r} is not adaptive or fixed", "rebuild with dflash-build")
-        engine = cls.from_dirs(**loader.read_deployment(engine_dir, overrides))
+        engine = cls.from_dirs(**loader.read_deployment(deployment, overrides))
         if policy == "adaptive" and engine.block_size > 1:
             if engine.tp.size > 1:
                 raise DFlashError("draft_policy", "adaptive measures step costs on rank 0 alone (needs tp_size 1)",

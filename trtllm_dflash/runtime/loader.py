@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Build the target and drafter modules for one tensor-parallel rank and fill them from checkpoints;
-read deployment directories, the tokenizer and the EOS ids (everything Engine.from_dirs needs).
+"""Build the target and drafter modules for one tensor-parallel rank and fill them from checkpoints (a
+Deployment's, or a plain target/drafter pair); load the tokenizer and the EOS ids (everything Engine.from_dirs
+needs). Each config.json is read once per load and handed down.
 
 Each rank reads only its slices (safetensors lazy slices), fuses q/k/v and gate/up, checks every tensor
 is present with the expected shape, and never initialises weights it is about to overwrite (modules are
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from ..checkpoints import hf, validate
-from ..config import RuntimeConfig
+from ..deployment import Deployment
 from ..errors import DFlashError
 from . import fp8, quant
 from .distributed import TPGroup, init_tp, launcher_rank_and_size
@@ -101,12 +102,13 @@ def _assign(module: nn.Module, sd: dict[str, torch.Tensor], where: str, device, 
 
 def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capture: tuple[int, ...] = (),
                 allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1,
-                fp8_gemm: bool | None = False, mxfp4_moe: str = "dequant"):
+                fp8_gemm: bool | None = False, mxfp4_moe: str = "dequant", hf_cfg: dict | None = None):
     """The target model for this rank; its class comes from config.json ``architectures`` (models.TARGETS).
+    ``hf_cfg``: its config.json when the caller has read it already (read here otherwise).
 
     ``fp8_gemm``: FP8 linears of Llama-family targets become fp8.Fp8Linear (None = where the device runs them).
     ``mxfp4_moe``: how MoE targets run MXFP4 experts (models/mxfp4.resolve_backend: auto, triton, dequant)."""
-    hf_cfg = hf.read_config(path)
+    hf_cfg = hf_cfg if hf_cfg is not None else hf.read_config(path)
     family = target_family(hf_cfg)
     cfg = family.config.from_hf(hf_cfg)
     moe_backend = mxfp4.resolve_backend(mxfp4_moe, hf_cfg, torch.device(device)) if family.moe else "dequant"
@@ -138,8 +140,9 @@ def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capt
 
 
 def load_drafter(path: Path, target_hidden: int, tp: TPGroup, device, dtype, max_positions: int,
-                 allow_pickle: bool = False, presharded: dict | None = None) -> DFlashDrafter:
-    cfg = DrafterConfig.from_hf(hf.read_config(path))
+                 allow_pickle: bool = False, presharded: dict | None = None,
+                 hf_cfg: dict | None = None) -> DFlashDrafter:
+    cfg = DrafterConfig.from_hf(hf_cfg if hf_cfg is not None else hf.read_config(path))
     with torch.device("meta"):
         model = DFlashDrafter(cfg, target_hidden, tp, max_positions)
     sd = _fuse(_read(path, tp, allow_pickle, presharded, "drafter.", num_kv_heads=cfg.num_kv_heads), "",
@@ -188,45 +191,27 @@ def load_pair(target_dir, drafter_dir, cfg, *, tp_size: int = 1, allow_pickle: b
         device = torch.device("cuda", torch.cuda.current_device())
     positions = cfg.max_seq_len
     drafter = (load_drafter(Path(drafter_dir), tcfg["hidden_size"], tp, device, dtype, positions, allow_pickle,
-                            presharded) if dcfg is not None else None)
+                            presharded, hf_cfg=dcfg) if dcfg is not None else None)
     capture = drafter.config.target_layer_ids if drafter is not None else ()
     target = load_target(target_dir, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size,
-                         fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe)
+                         fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe, hf_cfg=tcfg)
     tokenizer = load_tokenizer(target_dir)
     return Loaded(target, drafter, tokenizer, tp, eos_ids(target_dir, tcfg, tokenizer))
 
 
-def read_manifest(engine_dir) -> dict:
-    manifest_path = Path(engine_dir) / "manifest.json"
-    if not manifest_path.is_file():
-        raise DFlashError(str(manifest_path), "missing", "pass a directory written by dflash-build")
-    return json.loads(manifest_path.read_text())
-
-
-def deployment_draft_policy(engine_dir) -> str:
-    """The draft policy a deployment directory names (manifest runtime.draft_policy; older directories: fixed)."""
-    return read_manifest(engine_dir).get("runtime", {}).get("draft_policy", "fixed")
-
-
-def read_deployment(engine_dir, overrides: dict) -> dict:
-    """A dflash-build deployment directory (backend: torch) -> load_pair's arguments."""
-    engine_dir = Path(engine_dir)
-    m = read_manifest(engine_dir)
-    if m.get("backend") != "torch":
-        raise DFlashError("manifest backend", f"is {m.get('backend')!r}, the torch runtime runs 'torch' builds",
-                          "serve it with TensorRT-LLM (trtllm-serve) or rebuild with --backend torch")
-    runtime = {**m.get("runtime", {}), **overrides}
-    cfg = RuntimeConfig(**{k: v for k, v in runtime.items() if k in RuntimeConfig.__dataclass_fields__})
-    tp_size = int(m.get("tp_size", 1))
+def read_deployment(deployment: Deployment, overrides: dict) -> dict:
+    """A torch deployment -> load_pair's arguments, with this rank's presharded slices when the build wrote them."""
+    deployment.require_backend("torch", "the torch runtime",
+                               "serve it with TensorRT-LLM (trtllm-serve) or rebuild with --backend torch")
+    cfg = deployment.runtime_config(overrides)
+    tp_size = deployment.tp_size
     presharded = None
-    rank_file = engine_dir / "ranks" / f"rank{launcher_rank_and_size()[0] if tp_size > 1 else 0}.safetensors"
-    if rank_file.is_file():
+    rank_file = deployment.rank_file(launcher_rank_and_size()[0] if tp_size > 1 else 0)
+    if rank_file is not None:
         from safetensors.torch import load_file
         presharded = load_file(str(rank_file))
-    drafter = engine_dir / m.get("drafter", {}).get("path", "drafter")
-    return dict(target_dir=engine_dir / m.get("target", {}).get("path", "target"),
-                drafter_dir=drafter if drafter.is_dir() else None, cfg=cfg, tp_size=tp_size,
-                presharded=presharded, ep_size=int(m.get("ep_size", 1)))
+    return dict(target_dir=deployment.target_dir, drafter_dir=deployment.drafter_dir, cfg=cfg, tp_size=tp_size,
+                presharded=presharded, ep_size=deployment.ep_size)
 
 
 def load_tokenizer(target_dir: Path):

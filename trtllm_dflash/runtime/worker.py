@@ -18,9 +18,9 @@ from .engine import Engine
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m trtllm_dflash.runtime.worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("engine_dir", help="the dflash-build deployment directory rank 0 serves")
+    p.add_argument("deployment_dir", help="the dflash-build deployment directory rank 0 serves")
     args = p.parse_args(argv)
-    engine = Engine.from_deployment(args.engine_dir)
+    engine = Engine.from_deployment(args.deployment_dir)
     if engine.tp.rank == 0:
         print("error: worker started as rank 0; set TRTLLM_DFLASH_RANK_OFFSET=1", file=sys.stderr)
         return 2

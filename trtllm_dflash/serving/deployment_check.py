@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A deployment directory is checked before a server starts on it: its manifest and the headers of its
-safetensors files. A broken one is one line naming the file and the fix, before Triton or the engine
-starts.
+"""A deployment is checked before a server starts on it: the config.json and safetensors headers of its
+checkpoints (``Deployment.open`` checked the manifest). A broken one is one line naming the file and the fix,
+before Triton or the engine starts.
 
 Why: a truncated safetensors file gave dflash-openai a 44-line traceback that named no file, and dflash-serve
 "tritonserver exited with code 1 ... see its log above", with the cause in Triton's model table; an invalid
@@ -14,6 +14,7 @@ import json
 import struct
 from pathlib import Path
 
+from ..deployment import Deployment
 from ..errors import DFlashError
 
 FIX = "rebuild the deployment with dflash-build --force (or fetch the checkpoint again)"
@@ -55,29 +56,14 @@ def check_safetensors(path: Path) -> None:
                           f"holds {size - 8 - n}", FIX)
 
 
-def check_deployment(directory: Path) -> dict:
-    """The manifest of a deployment directory, after checking it and every safetensors file the servers
-    load (target/, drafter/, ranks/); DFlashError naming the first broken file."""
-    from ..checkpoints import manifest as manifest_mod
-
-    directory = Path(directory)
-    path = directory / manifest_mod.MANIFEST
-    if path.is_file():
-        try:
-            data = json.loads(path.read_bytes())
-        except (ValueError, UnicodeDecodeError) as err:
-            raise DFlashError(str(path), f"is not valid JSON ({str(err)[:80]})", FIX) from None
-        if not isinstance(data, dict):
-            raise DFlashError(str(path), f"is a JSON {type(data).__name__}, not an object", FIX)
-    manifest = manifest_mod.read(directory)
-    parts = []
-    for key in ("target", "drafter"):
-        entry = manifest.get(key)
-        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
-            parts.append((directory / entry["path"], True))
-        elif key == "target":
-            raise DFlashError(f"{path}: target.path", "is missing", FIX)
-    parts.append((directory / "ranks", False))
+def check_deployment(deployment: Deployment) -> Deployment:
+    """``deployment``, after checking every checkpoint the servers load (target/, drafter/, ranks/): their
+    config.json and the header of each safetensors file; DFlashError naming the first broken file. (Its
+    manifest was checked when it was opened.)"""
+    parts = [(deployment.target_dir, True)]
+    if isinstance(deployment.drafter.get("path"), str):
+        parts.append((deployment.path / deployment.drafter["path"], True))
+    parts.append((deployment.path / "ranks", False))
     for root, needed in parts:
         if not root.exists():
             if needed:
@@ -93,4 +79,4 @@ def check_deployment(directory: Path) -> dict:
                 raise DFlashError(str(config), f"is not valid JSON ({str(err)[:80]})", FIX) from None
         for file in sorted(root.rglob("*.safetensors")):
             check_safetensors(file)
-    return manifest
+    return deployment

@@ -42,9 +42,9 @@ class TextStream:
         self._fed = 0                   # ids given to the stream so far
 
     def _step_stream(self) -> None:
-        backend = self.tokenizer._tokenizer
+        fast = self.tokenizer._tokenizer
         for i in range(self._fed, len(self.ids)):
-            piece = self._stream.step(backend, self.ids[i])
+            piece = self._stream.step(fast, self.ids[i])
             if piece is not None:       # None: an incomplete character, held by the stream
                 self.text += piece
                 self.read_offset = i + 1

@@ -2,7 +2,7 @@
 """The frontends' side of the engine process: the runtime interface of ``runtimes.py`` (submit, cancel,
 records, health, metrics, shutdown) over ZeroMQ, so dflash-openai and the Triton model take it unchanged.
 
-``EngineClient.spawn(deployment_dir)`` starts ``engine_core`` as a child (its own session: a Ctrl-C or a
+``EngineClient.spawn(deployment)`` starts ``engine_core`` as a child (its own session: a Ctrl-C or a
 SIGTERM to the frontend's process group reaches the frontend, which drains and then stops the engine) and
 waits for its ``ready``; ``EngineClient(address, tokenizer)`` attaches to one already running (several
 frontends, one engine: each has its own id and gets only its own results).
@@ -32,6 +32,7 @@ import time
 import uuid
 from pathlib import Path
 
+from ..deployment import Deployment
 from ..errors import DFlashError
 from . import engine_protocol as wire
 from .engine_core import socket_addresses
@@ -101,16 +102,20 @@ class EngineClient:
             threading.Thread(target=self._watch, name="dflash-engine-watch", daemon=True).start()
 
     @classmethod
-    def spawn(cls, deployment_dir: Path, *, overrides: dict | None = None, engine_factory: str | None = None,
+    def spawn(cls, deployment, *, overrides: dict | None = None, engine_factory: str | None = None,
               tokenizer=None, ready_timeout_s: float | None = None, env: dict | None = None,
               supervisor: int | None = None) -> "EngineClient":
-        """Start the engine process for a deployment directory and connect to it once it is loaded.
-        ``engine_factory`` (tests, benchmarks): an engine stand-in instead, read with ``tokenizer``.
-        ``supervisor``: the Triton model's dflash-serve (engine_core's --supervisor)."""
+        """Start the engine process for a deployment (a ``Deployment``, or its directory: opened here) and
+        connect to it once it is loaded. ``engine_factory`` (tests, benchmarks): an engine stand-in instead,
+        read with ``tokenizer`` (``deployment`` is then only passed on). ``supervisor``: the Triton model's
+        dflash-serve (engine_core's --supervisor)."""
         from ..runtime.loader import load_tokenizer
 
+        if not engine_factory:
+            deployment = Deployment.of(deployment)
+        where = deployment.path if isinstance(deployment, Deployment) else Path(deployment)
         address = f"ipc://@dflash-engine-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        argv = [_python(), "-m", "trtllm_dflash.serving.engine_core", str(deployment_dir), "--address", address]
+        argv = [_python(), "-m", "trtllm_dflash.serving.engine_core", str(where), "--address", address]
         if overrides:
             argv += ["--overrides", json.dumps(overrides)]
         if engine_factory:
@@ -122,9 +127,9 @@ class EngineClient:
         proc = subprocess.Popen(argv, start_new_session=True, env=env)
         try:
             if not engine_factory:
-                tokenizer = load_tokenizer(Path(deployment_dir) / "target")
+                tokenizer = load_tokenizer(deployment.target_dir)
             if tokenizer is None and not engine_factory:
-                raise DFlashError("target", f"{deployment_dir}/target has no tokenizer files",
+                raise DFlashError("target", f"{deployment.target_dir} has no tokenizer files",
                                   "the servers take text: add the tokenizer to the target checkpoint")
             return cls(address, tokenizer, proc, ready_timeout_s)
         except BaseException:

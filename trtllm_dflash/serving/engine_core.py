@@ -11,7 +11,7 @@ interpreter lock with them.
 
 One thread, one loop (as vLLM V1's EngineCore busy loop): take every message that has arrived (a
 ``poll`` that does not wait while there is work, and waits up to 50 ms when there is none), run one
-engine step (``TorchBackend.run_once``: the same failure rules as in-process), then send each frontend
+engine step (``TorchRuntime.run_once``: the same failure rules as in-process), then send each frontend
 one message with all its requests' updates of that step. Each frontend acknowledges those messages once its
 readers took them in, and the loop stays at most MAX_UNACKED steps ahead of the slowest one. Sockets (engine_protocol.py has the messages):
 ``<address>-in`` PULL (requests from any number of frontends' PUSH sockets) and ``<address>-out`` ROUTER
@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..deployment import Deployment
 from ..errors import DFlashError
 from . import engine_protocol as wire
 from .record import Result, ServedRequest
@@ -116,14 +117,14 @@ class _Outbox:
 
 
 class EngineCore:
-    """A TorchBackend stepped by this loop (no scheduler thread) behind the two sockets."""
+    """A TorchRuntime stepped by this loop (no scheduler thread) behind the two sockets."""
 
-    def __init__(self, backend, address: str, supervisor: int | None = None):
+    def __init__(self, runtime, address: str, supervisor: int | None = None):
         import zmq
 
-        self.zmq, self.backend = zmq, backend
-        backend.detokenize = False          # the frontends decode
-        self.info = backend.info
+        self.zmq, self.runtime = zmq, runtime
+        runtime.detokenize = False          # the frontends decode
+        self.info = runtime.info
         self.ctx = zmq.Context(io_threads=1)
         self.pull = self.ctx.socket(zmq.PULL)
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -148,18 +149,18 @@ class EngineCore:
     # -- the loop --
 
     def run(self) -> int:
-        backend, rc = self.backend, 0
+        runtime, rc = self.runtime, 0
         while not self.stop:
             behind = self._behind()
-            busy = backend.engine.has_work() and not behind
+            busy = runtime.engine.has_work() and not behind
             if dict(self.poller.poll(0 if busy else IDLE_POLL_MS)):
                 self._read()
             if not behind:
-                backend.run_once()
+                runtime.run_once()
                 self._flush()
-            if backend.broken:
-                self._tell_all(["broken", backend.broken])
-                self.stop, rc = backend.broken, 3
+            if runtime.broken:
+                self._tell_all(["broken", runtime.broken])
+                self.stop, rc = runtime.broken, 3
             elif os.getppid() != self.parent:     # a syscall of well under a microsecond: every iteration
                 log.error("[dflash] engine process: the process that started it is gone; stopping")
                 self.stop = "the frontend is gone"
@@ -168,7 +169,7 @@ class EngineCore:
                           "ending the model's stub and stopping")
                 os.kill(self.parent, signal.SIGKILL)
                 self.stop = "dflash-serve is gone"
-        backend.shutdown()               # every request left ends (cancelled), ranks 1.. are released
+        runtime.shutdown()               # every request left ends (cancelled), ranks 1.. are released
         self._flush()
         self.pull.close()
         self.router.close()
@@ -196,7 +197,7 @@ class EngineCore:
         self.unacked.pop(fid, None)
         for (owner, _), record in list(self.outbox.live.items()):
             if owner == fid:
-                self.backend.cancel(record)
+                self.runtime.cancel(record)
 
     def _read(self) -> None:
         zmq = self.zmq
@@ -230,10 +231,10 @@ class EngineCore:
         elif kind == "cancel":
             record = self.outbox.live.get((fid, msg[2]))
             if record is not None:
-                self.backend.cancel(record)
+                self.runtime.cancel(record)
         elif kind == "stats":
-            ok, reason = self.backend.health()
-            self._send(fid, ["stats", msg[2], self.backend.metrics(), ok, reason])
+            ok, reason = self.runtime.health()
+            self._send(fid, ["stats", msg[2], self.runtime.metrics(), ok, reason])
         elif kind == "ack":
             self.unacked[fid] = max(0, self.unacked.get(fid, 0) - msg[2])
         elif kind == "bye":
@@ -244,10 +245,10 @@ class EngineCore:
     def _add(self, fid: bytes, rid: int, prompt_ids: list[int], params: dict, client: str) -> None:
         record = ServedRequest(prompt_ids=prompt_ids, handoff=self.outbox, frontend=(fid, rid), client=client)
         try:
-            if self.backend.broken:
-                raise DFlashError("engine", f"is broken ({self.backend.broken})", "restart the server")
+            if self.runtime.broken:
+                raise DFlashError("engine", f"is broken ({self.runtime.broken})", "restart the server")
             self.outbox.live[(fid, rid)] = record
-            self.backend.enqueue(record, prompt_ids, params)
+            self.runtime.enqueue(record, prompt_ids, params)
         except DFlashError as err:       # the frontend checked it: only the engine's own guard gets here
             self.outbox.deliver([(record, Result(finished=True, error=str(err)))])
 
@@ -266,30 +267,29 @@ class EngineCore:
             self._send(fid, msg)
 
 
-def load_backend(engine_dir: Path, factory: str | None, overrides: dict | None = None):
+def load_runtime(deployment_dir: Path, factory: str | None, overrides: dict | None = None):
     """The torch runtime of a deployment directory (no scheduler thread: EngineCore steps it), or for tests
     and benchmarks ``module:function``'s engine stand-in."""
-    from .runtimes import TorchBackend
+    from .runtimes import TorchRuntime
 
     if factory:
         module, _, name = factory.partition(":")
-        return TorchBackend(getattr(importlib.import_module(module), name)(), threaded=False)
-    manifest = json.loads((engine_dir / "manifest.json").read_text())
-    if manifest.get("backend") != "torch":
-        raise DFlashError("manifest.backend", f"is {manifest.get('backend')!r}; the engine process runs torch builds",
-                          "serve a trtllm build in-process (TensorRT-LLM runs its own executor processes)")
-    return TorchBackend.from_deployment(engine_dir, manifest, overrides or {}, threaded=False)
+        return TorchRuntime(getattr(importlib.import_module(module), name)(), threaded=False)
+    deployment = Deployment.open(deployment_dir)
+    deployment.require_backend("torch", "the engine process",
+                               "serve a trtllm build in-process (TensorRT-LLM runs its own executor processes)")
+    return TorchRuntime.from_deployment(deployment, overrides or {}, threaded=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trtllm_dflash.serving.engine_core",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("engine_dir", type=Path, help="a dflash-build deployment directory (backend torch)")
+    p.add_argument("deployment_dir", type=Path, help="a dflash-build deployment directory (backend torch)")
     p.add_argument("--address", required=True, help="ipc://@<name>: sockets <address>-in and <address>-out")
     p.add_argument("--overrides", type=json.loads, default=None,
                    help="RuntimeConfig fields replacing the deployment's, as JSON (the server's --max_draft_len)")
     p.add_argument("--engine_factory", default=None,
-                   help="module:function returning an engine stand-in (tests and benchmarks), instead of engine_dir")
+                   help="module:function returning an engine stand-in (tests and benchmarks), instead of deployment_dir")
     p.add_argument("--supervisor", type=int, default=None,
                    help="dflash-serve's pid when the Triton model starts this process (see SupervisorWatch)")
     p.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"))
@@ -301,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     try:
         address = check_address(args.address)
-        backend = load_backend(args.engine_dir.expanduser().resolve(), args.engine_factory, args.overrides)
-        core = EngineCore(backend, address, args.supervisor)
+        runtime = load_runtime(args.deployment_dir.expanduser().resolve(), args.engine_factory, args.overrides)
+        core = EngineCore(runtime, address, args.supervisor)
     except DFlashError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2

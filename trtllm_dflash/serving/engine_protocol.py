@@ -4,7 +4,7 @@
 ``check(record, limits, tokenizer)`` is where a request is validated for the torch runtime: prompt length,
 ``max_tokens`` room, sampling fields, token ids in the vocabulary. Both sides call it: the frontend before a
 request leaves it (so a bad one is refused at ``submit``, naming the field, and never crosses the socket) and
-the in-process runtime (``TorchBackend.submit``); the engine process trusts what arrives and still hands the
+the in-process runtime (``TorchRuntime.submit``); the engine process trusts what arrives and still hands the
 engine's own guard error back as the request's final error rather than failing.
 
 Messages are msgpack arrays whose first element names them. Frontend -> engine (one PUSH socket per frontend,
@@ -91,7 +91,7 @@ def check(record: ServedRequest, info: EngineInfo, tokenizer=None) -> tuple[list
 
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(record, name) not in (None, 0.0):
-            raise DFlashError(f"sampling_param_{name}", "is not supported by the torch backend",
+            raise DFlashError(f"sampling_param_{name}", "is not supported by the torch runtime",
                               "leave it unset, or serve a deployment built with --backend trtllm")
     if record.prompt_ids is not None:
         prompt_ids = list(record.prompt_ids)

@@ -36,6 +36,7 @@ import time
 import uuid
 from pathlib import Path
 
+from ..deployment import Deployment
 from ..errors import DFlashError
 from .handoff import LoopHandoff
 from .metrics import ServingMetrics
@@ -182,7 +183,7 @@ def apply_chat_template(tokenizer, messages: list[dict]) -> list[int]:
 
 
 def _param(field: str, chat: bool) -> str:
-    """A backend field name (Triton's input names) -> the OpenAI request field."""
+    """A request field name as the runtimes check it (Triton's input names) -> the OpenAI request field."""
     if field in ("text_input", "prompt"):
         return "messages" if chat else "prompt"
     return field.removeprefix("sampling_param_")
@@ -205,21 +206,21 @@ def finish_reason(final: Result) -> str:
 
 
 class OpenAIApp:
-    """The endpoints over one backend (anything with submit/cancel/health and the record interface).
+    """The endpoints over one runtime (anything with submit/cancel/health and the record interface).
 
     ``tokenize_workers``: prompts templated and tokenized at once (more wait their turn, holding only their
     body); the default is the machine's cores."""
 
-    def __init__(self, backend, tokenizer, model_name: str, tokenize_workers: int | None = None):
+    def __init__(self, runtime, tokenizer, model_name: str, tokenize_workers: int | None = None):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.backend, self.tokenizer, self.model_name = backend, tokenizer, model_name
+        self.runtime, self.tokenizer, self.model_name = runtime, tokenizer, model_name
         self.created = int(time.time())
         self.metrics = ServingMetrics(model_name)
         self.handoff: LoopHandoff | None = None   # the serving loop's, made on the first request
         # The runtime's own bound (as the Triton model reads it): None where it has none.
-        self.max_prompt_bytes = getattr(backend, "max_prompt_bytes", None)
-        self.max_messages = max_messages(getattr(backend, "max_seq_len", None), tokens_per_message(tokenizer))
+        self.max_prompt_bytes = getattr(runtime, "max_prompt_bytes", None)
+        self.max_messages = max_messages(getattr(runtime, "max_seq_len", None), tokens_per_message(tokenizer))
         self._tokenize = ThreadPoolExecutor(max_workers=tokenize_workers or os.cpu_count() or 2,
                                             thread_name_prefix="dflash-tokenize")
         self.draining = ""                        # why new requests are refused ("" = serving)
@@ -227,11 +228,11 @@ class OpenAIApp:
     def expire(self, why: str) -> int:
         """End every running request now with an error saying ``why`` (its client gets a final response:
         an SSE error event and [DONE], or a 503 body); the engine frees the slots. Returns how many. The
-        runtime keeps the one map of running requests (``backend.records()``), as for the Triton model."""
-        records = self.backend.records()
+        runtime keeps the one map of running requests (``runtime.records()``), as for the Triton model."""
+        records = self.runtime.records()
         for record in records:
             record.end_for_shutdown(why)
-            self.backend.cancel(record)
+            self.runtime.cancel(record)
         return len(records)
 
     def make(self):
@@ -263,18 +264,18 @@ class OpenAIApp:
 
         @app.get("/health")
         async def health():
-            ok, reason = self.backend.health()
+            ok, reason = self.runtime.health()
             if self.draining:
                 ok, reason = False, f"shutting down ({self.draining})"
             # running/waiting: requests holding or queued for a slot (a client that left must free its own)
-            counts = {k: v for k, v in self.backend.metrics().items() if k in ("running", "waiting", "steps")}
+            counts = {k: v for k, v in self.runtime.metrics().items() if k in ("running", "waiting", "steps")}
             return JSONResponse({"status": "ok" if ok else "unavailable", "reason": reason, **counts},
                                 status_code=200 if ok else 503)
 
         @app.get("/metrics")
         async def metrics():
             from fastapi.responses import PlainTextResponse
-            text = self.metrics.render(self.backend.metrics())
+            text = self.metrics.render(self.runtime.metrics())
             return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
         @app.get("/v1/models")
@@ -326,14 +327,14 @@ class OpenAIApp:
                              handoff=self.handoff, client=client)
 
     def _prepare(self, body: dict, chat: bool, client: str = "") -> ServedRequest:
-        """Check, template, tokenize and submit (the backend tokenizes raw text): on a bounded pool."""
+        """Check, template, tokenize and submit (the runtime tokenizes raw text): on a bounded pool."""
         record = self._record(body, chat, client)
         self._submit(record, chat)
         return record
 
     def _submit(self, record: ServedRequest, chat: bool) -> None:
         try:
-            self.backend.submit(record)
+            self.runtime.submit(record)
         except Unavailable as err:
             raise BadRequest(503, None, str(err), kind="service_unavailable") from None
         except DFlashError as err:       # named as the client named it: max_tokens, not sampling_param_max_tokens
@@ -408,14 +409,14 @@ class OpenAIApp:
         try:
             await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            self.backend.cancel(record)
+            self.runtime.cancel(record)
             work.cancel()
             raise
         finally:
             watch.cancel()
         if work.done():
             return work.result()
-        self.backend.cancel(record)
+        self.runtime.cancel(record)
         self.metrics.cancelled(record)
         work.cancel()
         return None, ""
@@ -454,7 +455,7 @@ class OpenAIApp:
                     yield event([choice(result.text, None)], **extra)
             yield "data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):   # the client went away mid-stream: free the slot
-            self.backend.cancel(record)
+            self.runtime.cancel(record)
             self.metrics.cancelled(record)
             raise
 
@@ -472,7 +473,7 @@ print(c.chat.completions.create(model='1-gpu', messages=[{'role': 'user', 'conte
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash-openai", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("engine_dir", help="a dflash-build deployment directory")
+    p.add_argument("deployment_dir", help="a dflash-build deployment directory")
     p.add_argument("--host", default="127.0.0.1", help="listen address (loopback by default; 0.0.0.0 exposes it, "
                    "/health and /metrics included: they are public on this port)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port")
@@ -515,7 +516,7 @@ def _server_class(openai_app: OpenAIApp, drain_timeout_s: float):
 
     class Server(uvicorn.Server):
         """uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, so the process would die by the signal
-        before the backend is shut down; here the signal only asks for the shutdown, and main() returns 0.
+        before the runtime is shut down; here the signal only asks for the shutdown, and main() returns 0.
         The shutdown is bounded: uvicorn alone waits for every response to finish, however long."""
 
         async def shutdown(self, sockets=None):
@@ -545,14 +546,12 @@ def _server_class(openai_app: OpenAIApp, drain_timeout_s: float):
     return Server
 
 
-def load(engine_dir: Path, overrides: dict | None = None, engine_address: str | None = None):
-    """(backend, tokenizer) for a deployment directory; ``overrides``: RuntimeConfig fields for this server. The
-    torch runtime runs in an engine process of its own (started here, or the one already running at
+def load(deployment: Deployment, overrides: dict | None = None, engine_address: str | None = None):
+    """(runtime, tokenizer) for a deployment; ``overrides``: RuntimeConfig fields for this server. The torch
+    runtime runs in an engine process of its own (started here, or the one already running at
     ``engine_address``: several frontends, one engine)."""
-    from ..checkpoints import manifest as manifest_mod
-    from .runtimes import load_backend
+    from .runtimes import load_runtime
 
-    record = manifest_mod.read(engine_dir)
     if engine_address:
         from ..runtime.loader import load_tokenizer
         from .engine_client import EngineClient
@@ -561,16 +560,16 @@ def load(engine_dir: Path, overrides: dict | None = None, engine_address: str | 
         if overrides:
             raise DFlashError(f"--{next(iter(overrides))}", "changes an engine this server starts, not one it attaches "
                               "to (--engine_address)", "start the engine process with --overrides, or drop it")
-        backend = EngineClient(check_address(engine_address), load_tokenizer(engine_dir / "target"),
+        runtime = EngineClient(check_address(engine_address), load_tokenizer(deployment.target_dir),
                                ready_timeout_s=60)
     else:
-        backend = load_backend(engine_dir, record, overrides)
-    tokenizer = getattr(backend, "tokenizer", None) or getattr(getattr(backend, "engine", None), "tokenizer", None)
+        runtime = load_runtime(deployment, overrides)
+    tokenizer = getattr(runtime, "tokenizer", None) or getattr(getattr(runtime, "engine", None), "tokenizer", None)
     if tokenizer is None:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(engine_dir / "target"))
-    return backend, tokenizer
+        tokenizer = AutoTokenizer.from_pretrained(str(deployment.target_dir))
+    return runtime, tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -583,8 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     from .deployment_check import check_deployment
     from .openai_limits import check_port, timed_protocol
 
-    engine_dir = Path(args.engine_dir).expanduser().resolve()
-    name = args.served_model_name or engine_dir.name
+    deployment_dir = Path(args.deployment_dir).expanduser().resolve()
+    name = args.served_model_name or deployment_dir.name
     if args.drain_timeout_s < 0:
         raise DFlashError("--drain_timeout_s", f"is {args.drain_timeout_s}", "pass seconds >= 0")
     if args.request_timeout_s <= 0:
@@ -597,9 +596,9 @@ def main(argv: list[str] | None = None) -> int:
             raise DFlashError("--max_draft_len", f"is {args.max_draft_len}", "pass 0 (no drafting) or more")
         overrides["block_size"] = args.max_draft_len + 1
     check_port(args.host, args.port)          # before the model loads (tens of seconds), not after
-    check_deployment(engine_dir)
-    backend, tokenizer = load(engine_dir, overrides, args.engine_address)
-    openai_app = OpenAIApp(backend, tokenizer, name, args.tokenize_workers)
+    deployment = check_deployment(Deployment.open(deployment_dir))
+    runtime, tokenizer = load(deployment, overrides, args.engine_address)
+    openai_app = OpenAIApp(runtime, tokenizer, name, args.tokenize_workers)
     app = openai_app.make()
     server = _server_class(openai_app, args.drain_timeout_s)(uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
@@ -615,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.run()
     finally:
-        backend.shutdown()
+        runtime.shutdown()
     return 0
 
 

@@ -1,15 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One record per request, from a frontend (Triton's model, the OpenAI server) to a backend and back.
+"""One record per request, from a frontend (Triton's model, the OpenAI server) to a runtime and back.
 
-The frontend fills the request fields and calls ``backend.submit(record)``; the backend hands updates to
+The frontend fills the request fields and calls ``runtime.submit(record)``; the runtime hands updates to
 the record's ``handoff`` (handoff.py: one step's updates of all records at once, pushed into each record on
 the frontend's thread) or, without one, pushes them itself (``emit``); the frontend reads them with
 ``get``/``results()`` (a thread) or ``aresults()`` (an asyncio task, as an ASGI app does). The record
-buffers what the backend wrote, so a slow reader never holds up the engine's next step.
+buffers what the runtime wrote, so a slow reader never holds up the engine's next step.
 
-The torch backend emits token ids only: the text is decoded here, on the reader's side, so detokenizing
+The torch runtime emits token ids only: the text is decoded here, on the reader's side, so detokenizing
 and stop strings never cost the engine's thread anything. A stop string found here ends the record and
-asks the backend (through the hook it set) to free the slot.
+asks the runtime (through the hook it set) to free the slot.
 """
 from __future__ import annotations
 
@@ -58,9 +58,9 @@ class Result:
 
 @dataclass(eq=False)
 class ServedRequest:
-    """A request and its stream of results. ``None`` = not sent: the backend's default applies."""
+    """A request and its stream of results. ``None`` = not sent: the runtime's default applies."""
 
-    prompt: str | None = None            # text, tokenized by the backend as is (no chat template) ...
+    prompt: str | None = None            # text, tokenized by the runtime as is (no chat template) ...
     prompt_ids: list[int] | None = None  # ... or token ids (a frontend that applied a chat template)
     max_tokens: int | None = None
     temperature: float | None = None
@@ -72,7 +72,7 @@ class ServedRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool | None = None
     streaming: bool = False
-    echo: bool = False                   # the frontend puts the prompt before the text (the backend ignores it)
+    echo: bool = False                   # the frontend puts the prompt before the text (the runtime ignores it)
     request_id: str = ""                 # the client's id, for logs and cancellation by id
     cancel_key: str = ""                 # a client that cancels by id must send this too (Triton's cancel_key)
     client: str = ""                     # the client's address as the server saw it (fair admission), "" = unknown
@@ -81,7 +81,7 @@ class ServedRequest:
     handoff: object = field(default=None, repr=False)
     frontend: object = field(default=None, repr=False)   # the frontend's own state (Triton: request, sender)
 
-    # -- written by the backend --
+    # -- written by the runtime --
     num_prompt_tokens: int = 0
     times_ns: dict = field(default_factory=dict)   # arrival/first_token/last_token, Unix time in ns
 
@@ -92,9 +92,9 @@ class ServedRequest:
         self._waker: tuple | None = None  # (event loop, asyncio.Event) of an aresults() reader
         self._text: TextStream | None = None
         self._on_stop: Callable[[], None] | None = None
-        self.handle: object = None        # the backend's id of this request, set by submit()
+        self.handle: object = None        # the runtime's id of this request, set by submit()
 
-    # -- backend side --
+    # -- runtime side --
 
     def attach_detokenizer(self, tokenizer, on_stop: Callable[[], None]) -> None:
         """Results carry token ids only; decode them (and look for stop strings) on the reader's side.
@@ -181,7 +181,7 @@ class ServedRequest:
                 return
 
     def _decode(self, raw: Result) -> Result:
-        """Token ids -> text, on the reader's thread (torch backend); other results pass as they are."""
+        """Token ids -> text, on the reader's thread (torch runtime); other results pass as they are."""
         if self._text is None or raw.error:
             return raw
         if raw.finished:

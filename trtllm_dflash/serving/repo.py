@@ -15,10 +15,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..deployment import BACKENDS
 from ..errors import DFlashError
 
 MODEL_NAME = "tensorrt_llm"
-BACKENDS = ("torch", "trtllm")
 _TEMPLATED = ("config.pbtxt", "1/model.yaml")
 _PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 
@@ -44,7 +44,7 @@ def fill_template(text: str, values: dict[str, str], where: str = "template") ->
 
 def placeholder_values(deployment_dir: Path, model_dir: Path, manifest: dict,
                        decoupled_mode: bool) -> dict[str, str]:
-    """The values for each templated file. ``engine_dir`` is relative when the repository sits inside
+    """The values for each templated file. ``deployment_dir`` is relative when the repository sits inside
     the deployment (``<dir>/triton``), so the directory can be moved or mounted elsewhere."""
     backend = manifest.get("backend")
     if backend not in BACKENDS:
@@ -54,12 +54,10 @@ def placeholder_values(deployment_dir: Path, model_dir: Path, manifest: dict,
         raise DFlashError("manifest.tp_size", f"is {tp_size!r}", "use a positive integer")
     version_dir = model_dir / "1"
     deployment_dir = deployment_dir.resolve()
-    if deployment_dir in version_dir.resolve().parents:
-        engine_dir = os.path.relpath(deployment_dir, version_dir.resolve())
-    else:
-        engine_dir = str(deployment_dir)
+    where = (os.path.relpath(deployment_dir, version_dir.resolve())
+             if deployment_dir in version_dir.resolve().parents else str(deployment_dir))
     # json.dumps gives a double-quoted string that is also valid YAML, whatever the path holds.
-    return {"engine_dir": json.dumps(engine_dir), "decoupled_mode": "true" if decoupled_mode else "false"}
+    return {"deployment_dir": json.dumps(where), "decoupled_mode": "true" if decoupled_mode else "false"}
 
 
 def fill_triton(out_dir: Path, manifest: dict, *, decoupled_mode: bool = True,

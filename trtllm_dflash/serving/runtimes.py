@@ -10,8 +10,8 @@
 ``shutdown()``       cancel what is left, stop the threads and the runtime
 
 Concurrent requests are batched by the runtime itself: the torch runtime by one scheduler thread that
-owns ``Engine.step()``, TensorRT-LLM by its own executor. (``trtllm_dflash/backends/`` is another thing: the
-TensorRT-LLM options a deployment directory is built with.)
+owns ``Engine.step()``, TensorRT-LLM by its own executor. ``load_runtime`` picks one by the deployment's
+backend (torch or trtllm, dflash-build --backend).
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import os
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 
+from ..deployment import Deployment
 from ..errors import DFlashError
 from .handoff import hand_over
 from .launch import die_with_parent, follower_argv, stop_process, tp_env
@@ -37,24 +37,21 @@ log = logging.getLogger(__name__)
 MAX_FAILED_STEPS = 3
 
 
-def load_backend(deployment_dir: Path, manifest: dict, overrides: dict | None = None, engine_process: bool = True,
+def load_runtime(deployment: Deployment, overrides: dict | None = None, engine_process: bool = True,
                  supervisor: int | None = None):
-    """The backend the manifest names, loaded and ready for requests. ``overrides``: RuntimeConfig fields that
-    replace the deployment's for this server (torch backend only). The torch runtime runs in an engine process of
-    its own (engine_core.py) behind an ``EngineClient``; ``engine_process=False`` keeps it in this process (a
+    """The runtime for the deployment's backend, loaded and ready for requests. ``overrides``: RuntimeConfig
+    fields that replace the deployment's for this server (torch only). The torch runtime runs in an engine process
+    of its own (engine_core.py) behind an ``EngineClient``; ``engine_process=False`` keeps it in this process (a
     scheduler thread), as before. ``supervisor``: dflash-serve's pid, for the Triton model (engine_core --supervisor)."""
-    backend = manifest.get("backend")
-    if backend == "torch" and engine_process:
+    if deployment.backend == "torch" and engine_process:
         from .engine_client import EngineClient
-        return EngineClient.spawn(deployment_dir, overrides=overrides or None, supervisor=supervisor)
-    if backend == "torch":
-        return TorchBackend.from_deployment(deployment_dir, manifest, overrides or {})
-    if backend == "trtllm":
-        if overrides:
-            raise DFlashError(f"--{next(iter(overrides))}", "overrides the torch runtime only",
-                              "drop it, or change the deployment's llm_api_options.yaml")
-        return TrtllmBackend.from_deployment(deployment_dir)
-    raise DFlashError("manifest.backend", f"is {backend!r}", "use torch or trtllm (rebuild with dflash-build)")
+        return EngineClient.spawn(deployment, overrides=overrides or None, supervisor=supervisor)
+    if deployment.backend == "torch":
+        return TorchRuntime.from_deployment(deployment, overrides or {})
+    if overrides:   # Deployment.open admits torch and trtllm only
+        raise DFlashError(f"--{next(iter(overrides))}", "overrides the torch runtime only",
+                          "drop it, or change the deployment's llm_api_options.yaml")
+    return TrtllmRuntime.from_deployment(deployment)
 
 
 def _max_token_bytes(tokenizer) -> int:
@@ -86,8 +83,8 @@ def _usage(record: ServedRequest, request) -> dict:
 # torch: trtllm_dflash.runtime.engine.Engine, stepped by one scheduler thread
 
 
-class TorchBackend:
-    """Rank 0 of trtllm_dflash's runtime in this process; ranks 1..N-1 run under mpiexec."""
+class TorchRuntime:
+    """Rank 0 of trtllm_dflash's engine in this process; ranks 1..N-1 run under mpiexec."""
 
     name = "torch"
 
@@ -112,23 +109,23 @@ class TorchBackend:
             self._scheduler.start()
 
     @classmethod
-    def from_deployment(cls, deployment_dir: Path, manifest: dict, overrides: dict | None = None,
-                        threaded: bool = True) -> "TorchBackend":
+    def from_deployment(cls, deployment: Deployment, overrides: dict | None = None,
+                        threaded: bool = True) -> "TorchRuntime":
         from ..runtime.engine import Engine
 
-        tp_size = int(manifest.get("tp_size", 1))
+        tp_size = deployment.tp_size
         followers = None
         if tp_size > 1:
             env = tp_env(tp_size)
             os.environ.update(env)      # rank 0 joins the group from this process
-            argv = follower_argv(deployment_dir, tp_size, env)
+            argv = follower_argv(deployment.path, tp_size, env)
             log.info("[dflash] starting ranks 1..%d: %s", tp_size - 1, " ".join(argv))
             followers = subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent)
         loaded = threading.Event()
         if followers is not None:
             threading.Thread(target=_exit_if_ranks_fail, args=(followers, loaded), daemon=True).start()
         try:
-            engine = Engine.from_deployment(deployment_dir, **(overrides or {}))
+            engine = Engine.from_deployment(deployment, **(overrides or {}))
         except BaseException:
             stop_process(followers)
             raise
@@ -136,7 +133,7 @@ class TorchBackend:
             loaded.set()
         if engine.tokenizer is None:
             stop_process(followers)
-            raise DFlashError("target", f"{deployment_dir / 'target'} has no tokenizer files",
+            raise DFlashError("target", f"{deployment.target_dir} has no tokenizer files",
                               "the Triton model takes text: add the tokenizer to the target checkpoint")
         return cls(engine, followers, threaded=threaded)
 
@@ -307,7 +304,7 @@ def _exit_if_ranks_fail(followers: subprocess.Popen, loaded: threading.Event) ->
 # trtllm: tensorrt_llm.LLM built by backends.trtllm.llm_kwargs, streamed through its own asyncio API
 
 
-class TrtllmBackend:
+class TrtllmRuntime:
     """TensorRT-LLM's ``LLM`` (PyTorch backend, DFlash one-model mode). It spawns its own TP ranks."""
 
     name = "trtllm"
@@ -327,11 +324,11 @@ class TrtllmBackend:
         self._thread.start()
 
     @classmethod
-    def from_deployment(cls, deployment_dir: Path) -> "TrtllmBackend":
+    def from_deployment(cls, deployment: Deployment) -> "TrtllmRuntime":
         # The same merge and schema check as trtllm-serve --extra_llm_api_options (backends/trtllm.py).
         from ..backends.trtllm import llm_kwargs
 
-        tensorrt_llm, kwargs = llm_kwargs(deployment_dir)
+        tensorrt_llm, kwargs = llm_kwargs(deployment)
         log.info("[dflash] tensorrt_llm.LLM(**%s)", kwargs)
         llm = tensorrt_llm.LLM(**kwargs)
         return cls(llm, tensorrt_llm, int(kwargs.get("max_seq_len") or 0))

@@ -20,6 +20,7 @@ import http.client
 from pathlib import Path
 
 from ..bench.helpformat import HelpFormatter
+from ..deployment import Deployment
 from ..errors import DFlashError
 from .grpc_guard import GrpcGuard, GrpcLimits
 from .http_guard import GuardLimits, HttpGuard, metrics_only, triton_routes
@@ -43,7 +44,7 @@ EPILOG = """examples:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dflash-serve", description=__doc__, epilog=EPILOG,
                                 formatter_class=HelpFormatter)
-    p.add_argument("engine_dir", type=Path, help="deployment directory (dflash-build output) or model repository")
+    p.add_argument("deployment_dir", type=Path, help="deployment directory (dflash-build output) or model repository")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for all interfaces")
     p.add_argument("--http_port", type=int, default=8000, help="KServe v2 HTTP/REST (generate, generate_stream)")
     p.add_argument("--grpc_port", type=int, default=8001, help="KServe v2 gRPC (bidirectional stream)")
@@ -107,21 +108,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def resolve_repo(path: Path, fill: bool, decoupled_mode: bool, workdir: Path) -> Path:
     """The model repository to serve for ``path`` (a deployment directory or a repository)."""
-    if (path / "manifest.json").is_file():
+    if Deployment.is_deployment(path):
         # a broken file is one line naming it now, not a model-load failure in Triton's log
-        manifest = check_deployment(path)
+        deployment = check_deployment(Deployment.open(path))
         if fill:
-            return fill_triton(path, manifest, decoupled_mode=decoupled_mode, repo_dir=workdir / "triton")
-        repo = path / "triton"
+            return fill_triton(path, deployment.manifest, decoupled_mode=decoupled_mode, repo_dir=workdir / "triton")
+        repo = deployment.triton_repo
         if not (repo / MODEL_NAME / "config.pbtxt").is_file():
-            raise DFlashError("engine_dir", f"{path} has no filled triton/ repository",
+            raise DFlashError("deployment_dir", f"{path} has no filled triton/ repository",
                               "rebuild with dflash-build, or pass --fill")
         return repo
     if (path / MODEL_NAME / "config.pbtxt").is_file():
         if fill:
             raise DFlashError("--fill", f"{path} is a model repository, not a deployment", "pass the deployment dir")
         return path
-    raise DFlashError("engine_dir", f"{path} is neither a deployment (manifest.json) nor a model repository",
+    raise DFlashError("deployment_dir", f"{path} is neither a deployment (manifest.json) nor a model repository",
                       "pass the output directory of dflash-build")
 
 
@@ -415,7 +416,7 @@ class Supervisor:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dflash-serve-") as work:
-        args.repo = resolve_repo(args.engine_dir, args.fill, args.decoupled_mode != "false", Path(work))
+        args.repo = resolve_repo(args.deployment_dir, args.fill, args.decoupled_mode != "false", Path(work))
         binary = find_tritonserver()
         guarded, grpc_guarded = args.http_guard == "true", args.grpc_guard == "true"
         # Behind a guard, Triton listens on a Unix socket in this private (0700) directory: only the guard

@@ -2,7 +2,7 @@
 """What ``triton_model_repo/tensorrt_llm/1/model.py`` does, importable and testable without Triton:
 ``triton_python_backend_utils`` is passed in (tests pass a fake).
 
-``execute`` validates each request into a ``ServedRequest``, submits it to the backend and returns at
+``execute`` validates each request into a ``ServedRequest``, submits it to the runtime and returns at
 once. One sender thread serves every request (no thread per request): the runtime hands it each step's
 updates at once (a queue: the record's ``handoff``), it decodes them and sends the responses (decoupled: one
 response per piece, then a final one with the DFlash stats), and every ``cancellation_check_period_ms`` it
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from ..deployment import Deployment
 from ..errors import DFlashError
 from . import protocol
 from .record import Result, ServedRequest, Unavailable
@@ -40,8 +41,12 @@ CONTROL_DIR_ENV = "DFLASH_SERVE_CONTROL_DIR"
 SUPERVISOR_PID_ENV = "DFLASH_SERVE_PID"
 
 
+# model.yaml's key for the deployment; repositories filled by earlier versions say engine_dir
+DEPLOYMENT_KEYS = ("deployment_dir", "engine_dir")
+
+
 def read_model_yaml(path: Path) -> dict:
-    """``1/model.yaml``: ``engine_dir`` and ``triton_config`` (``max_batch_size``, ``decoupled``, ...)."""
+    """``1/model.yaml``: ``deployment_dir`` and ``triton_config`` (``max_batch_size``, ``decoupled``, ...)."""
     cfg = yaml.safe_load(Path(path).read_text()) or {}
     tc = cfg.get("triton_config")
     if not isinstance(tc, dict) or not {"max_batch_size", "decoupled"} <= tc.keys():
@@ -49,9 +54,10 @@ def read_model_yaml(path: Path) -> dict:
     if tc["max_batch_size"] != 0:
         raise DFlashError(f"{path}: triton_config.max_batch_size", f"is {tc['max_batch_size']}",
                           "use 0: the runtime batches requests itself; Triton passes them one by one")
-    if not cfg.get("engine_dir"):
-        raise DFlashError(f"{path}: engine_dir", "is missing", "refill with dflash-build")
-    return cfg
+    where = next((cfg[k] for k in DEPLOYMENT_KEYS if cfg.get(k)), None)
+    if not where:
+        raise DFlashError(f"{path}: deployment_dir", "is missing", "refill with dflash-build")
+    return {**cfg, "deployment_dir": where}
 
 
 def auto_complete(config, model_yaml: Path):
@@ -84,9 +90,10 @@ def _log_to_triton(pb_utils) -> None:
 
 
 class DFlashModel:
-    """The ``tensorrt_llm`` model. ``backend`` is for tests; by default the manifest's is loaded."""
+    """The ``tensorrt_llm`` model. ``runtime`` is for tests; by default the one the deployment's backend names
+    is loaded (serving/runtimes.py)."""
 
-    def __init__(self, pb_utils, version_dir: Path, model_config: dict | None = None, backend=None):
+    def __init__(self, pb_utils, version_dir: Path, model_config: dict | None = None, runtime=None):
         self.pb = pb_utils
         _log_to_triton(pb_utils)
         cfg = read_model_yaml(Path(version_dir) / "model.yaml")
@@ -101,19 +108,14 @@ class DFlashModel:
                               f"model with decoupled={loaded}", "let Triton auto-complete the config, or set "
                               "model_transaction_policy in config.pbtxt to match")
         self.period_s = float(tc.get("cancellation_check_period_ms", 100)) / 1000.0
-        self.deployment_dir = (Path(version_dir) / cfg["engine_dir"]).resolve()
-        manifest_path = self.deployment_dir / "manifest.json"
-        if not manifest_path.is_file():
-            raise DFlashError("engine_dir", f"{self.deployment_dir} has no manifest.json",
-                              "point model.yaml at a dflash-build output (or refill the repository)")
-        self.manifest = json.loads(manifest_path.read_text())
+        self.deployment = Deployment.open((Path(version_dir) / cfg["deployment_dir"]).resolve())
         pid = os.environ.get(SUPERVISOR_PID_ENV, "")
         self._supervisor = int(pid) if pid.isdigit() else None
-        if backend is None:
-            from .runtimes import load_backend
-            backend = load_backend(self.deployment_dir, self.manifest, supervisor=self._supervisor)
-        self.backend = backend
-        # The runtime keeps the one map of live records (backend.records()); here only how many still
+        if runtime is None:
+            from .runtimes import load_runtime
+            runtime = load_runtime(self.deployment, supervisor=self._supervisor)
+        self.runtime = runtime
+        # The runtime keeps the one map of live records (runtime.records()); here only how many still
         # owe their client a final response (dflash-serve's "drained" waits for 0).
         self._open = 0
         self._lock = threading.Lock()
@@ -131,8 +133,8 @@ class DFlashModel:
         self._monitor.start()
         self._sender = threading.Thread(target=self._send_loop, name="dflash-sender", daemon=True)
         self._sender.start()
-        self._log(f"serving {self.deployment_dir} with the {backend.name} backend "
-                  f"(decoupled={self.decoupled}, max_seq_len={backend.max_seq_len})")
+        self._log(f"serving {self.deployment.path} on the {runtime.name} runtime "
+                  f"(decoupled={self.decoupled}, max_seq_len={runtime.max_seq_len})")
 
     # -- Triton entry points --
 
@@ -145,8 +147,8 @@ class DFlashModel:
                 if protocol.cancel_requested(inputs):
                     self._cancel_by_id(request.request_id(), str(params.get(protocol.CANCEL_KEY, "")), sender)
                     continue
-                record = protocol.parse_request(inputs, params, self.backend.max_seq_len, request.request_id(),
-                                                getattr(self.backend, "max_prompt_bytes", None))
+                record = protocol.parse_request(inputs, params, self.runtime.max_seq_len, request.request_id(),
+                                                getattr(self.runtime, "max_prompt_bytes", None))
                 if record.streaming and not self.decoupled:
                     raise DFlashError("streaming", "needs a decoupled model",
                                       "refill the repository with decoupled_mode true, or send streaming=false")
@@ -157,7 +159,7 @@ class DFlashModel:
                 record.client = str(params.get(protocol.CLIENT_HEADER, ""))   # set by dflash-serve's guards
                 record.handoff, record.frontend = self, _Call(request, sender)
                 # Tokenizing and queueing happen here, as TensorRT-LLM's model calls generate_async in execute.
-                self.backend.submit(record)
+                self.runtime.submit(record)
                 with self._lock:
                     self._open += 1
                 if self.draining:       # drained while it was being queued
@@ -172,7 +174,7 @@ class DFlashModel:
 
     def finalize(self) -> None:
         self._log("finalize: stopping the runtime")
-        self.backend.shutdown()
+        self.runtime.shutdown()
         self._stop.set()
         # The final responses the shutdown queued go out while the model is still loaded; the wait is short
         # (a send can wait on the unloading server itself, and finalize must return within Triton's exit
@@ -212,7 +214,7 @@ class DFlashModel:
                 except Exception:  # noqa: BLE001 - one failed response must not stop the others
                     self._log(traceback.format_exc(), error=True)
                     if not record.finished:
-                        self.backend.cancel(record)
+                        self.runtime.cancel(record)
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + self.period_s
                 self._check_cancelled()
@@ -241,15 +243,15 @@ class DFlashModel:
 
     def _check_cancelled(self) -> None:
         """Ask Triton about each running request: gRPC stream closed or HTTP connection dropped."""
-        for record in self.backend.records():
+        for record in self.runtime.records():
             call = record.frontend
             if isinstance(call, _Call) and not call.done and not call.cancelled and self._is_cancelled(call.request):
                 call.cancelled = True
-                self.backend.cancel(record)
+                self.runtime.cancel(record)
 
     def _end(self, record: ServedRequest, why: str) -> None:
         record.end_for_shutdown(why)
-        self.backend.cancel(record)
+        self.runtime.cancel(record)
 
     def _respond_final(self, record: ServedRequest, result: Result, pieces: list[str], cancelled: bool,
                        sender) -> None:
@@ -295,21 +297,21 @@ class DFlashModel:
         request sent with a ``cancel_key`` parameter can only be cancelled by a client that knows it)."""
         if not request_id:
             raise DFlashError("stop", "needs the id of the request to cancel", "send it as the request id")
-        targets = [record for record in self.backend.records()
+        targets = [record for record in self.runtime.records()
                    if isinstance(record.frontend, _Call) and record.request_id == request_id
                    and record.cancel_key == cancel_key]
         if not targets:
             raise DFlashError("stop", f"no running request has id {request_id!r} and this cancel_key",
                               "check the request id, and send the cancel_key parameter the request was sent with")
         for record in targets:
-            self.backend.cancel(record)
+            self.runtime.cancel(record)
         self._send(sender, protocol.final_outputs("", Result(finish_reason="cancelled")), final=True)
 
     # -- health and metrics --
 
     def health(self) -> tuple[bool, str]:
-        """``(ok, reason)`` of the backend: False once its engine can no longer serve."""
-        return self.backend.health()
+        """``(ok, reason)`` of the runtime: False once its engine can no longer serve."""
+        return self.runtime.health()
 
     def _count(self, result: Result) -> None:
         reason = "error" if result.error else result.finish_reason
@@ -323,7 +325,7 @@ class DFlashModel:
         with self._lock:
             finished = dict(self._finish_counts)
             counts = dict(self._counts)
-        return {**self.backend.metrics(), **counts, "finished": finished}
+        return {**self.runtime.metrics(), **counts, "finished": finished}
 
     def _monitor_loop(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -353,7 +355,7 @@ class DFlashModel:
         """Refuse new requests and end every running one now: each client gets a final response (an
         error saying why) while Triton's endpoints are still up; the engine frees the slots."""
         self.draining = why
-        records = [record for record in self.backend.records() if isinstance(record.frontend, _Call)]
+        records = [record for record in self.runtime.records() if isinstance(record.frontend, _Call)]
         self._log(f"{why}: ending {len(records)} running request(s)")
         for record in records:
             self._end(record, why)
