@@ -106,11 +106,12 @@ def test_qwen3_8b_layer_with_the_kernels(T):
     hidden states and the feature tap with the kernels (attention + GEMMs) == the torch path."""
     from trtllm_dflash.runtime.distributed import TPGroup
     from trtllm_dflash.runtime.kv_cache import KVCache
-    from trtllm_dflash.runtime.models.llama import LlamaTarget, TargetConfig, set_attention_kernel
-    c = TargetConfig("Qwen3ForCausalLM", vocab_size=256, hidden_size=4096, intermediate_size=12288, num_layers=1,
-                     num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6,
-                     rope={"rope_theta": 1e6, "rope_type": "default"}, max_position_embeddings=4096,
-                     tie_word_embeddings=False, attention_bias=False, qk_norm=True)
+    from trtllm_dflash.model_config import LlamaConfig
+    from trtllm_dflash.runtime.models.llama import LlamaTarget, set_attention_kernel
+    c = LlamaConfig(architecture="Qwen3ForCausalLM", vocab_size=256, hidden_size=4096, intermediate_size=12288, num_layers=1,
+                    num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                    rope={"rope_theta": 1e6, "rope_type": "default"}, max_position_embeddings=4096,
+                    tie_word_embeddings=False, attention_bias=False, qk_norm=True)
     torch.manual_seed(0)
     with torch.device(DEV):
         model = LlamaTarget(c, TPGroup(), 256, capture_layers=(0,)).to(BF16)

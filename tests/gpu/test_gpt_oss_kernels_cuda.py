@@ -24,6 +24,7 @@ import torch
 from tests.runtime import test_gpt_oss_kernels as cpu_tests
 from tests.runtime.compare import attend_f64, rel
 from tests.runtime.test_gpt_oss_kernels import topk_f64
+from trtllm_dflash.model_config import GptOssConfig, gpt_oss_rope
 from trtllm_dflash.runtime.graphs import capture
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import gpt_oss
@@ -124,7 +125,7 @@ def test_kernels_replay_in_a_cuda_graph():
     logits = torch.randn(n * T, 32, device=DEV, dtype=BF16)
     sinks = torch.randn(HQ, device=DEV, dtype=BF16)
     pos = torch.tensor([[300], [700]], device=DEV) + torch.arange(T, device=DEV)
-    rot = L.Rotary(gpt_oss.gpt_oss_rope({}), D, S, 131072).to(DEV)
+    rot = L.Rotary(gpt_oss_rope({}), D, S, 131072).to(DEV)
 
     def step():
         q, k, v = qkv.split([HQ, HKV, HKV], dim=2)
@@ -155,7 +156,7 @@ def random_target(layers: int = 4, experts: int = 32):
     from trtllm_dflash.runtime.models.layers import Rotary
     cfg = {**PUBLIC_CONFIGS["openai/gpt-oss-20b"], "num_hidden_layers": layers, "num_local_experts": experts,
            "vocab_size": 2048}
-    c = gpt_oss.GptOssConfig.from_hf(cfg)
+    c = GptOssConfig.from_hf(cfg)
     torch.manual_seed(0)
     with torch.device(DEV):
         model = gpt_oss.GptOssTarget(c, TPGroup(), 8192, moe_backend="triton")

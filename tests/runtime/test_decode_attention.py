@@ -99,8 +99,9 @@ def test_attend_equals_the_torch_path_and_float64(dtype, tol, G, T, d, splits):
 
 def drafter_with(layer_causal, layer_window, B=4, seed=0):
     """A random DFlash drafter whose layers are causal or not and windowed or not (as sliding-window drafters)."""
+    from trtllm_dflash.model_config import DrafterConfig
     from trtllm_dflash.runtime.distributed import TPGroup
-    from trtllm_dflash.runtime.models.dflash import DFlashDrafter, DrafterConfig
+    from trtllm_dflash.runtime.models.dflash import DFlashDrafter
     n = len(layer_causal)
     c = DrafterConfig(block_size=B, mask_token_id=0, target_layer_ids=(0,), num_target_layers=2, vocab_size=8,
                       hidden_size=64, intermediate_size=64, num_layers=n, num_heads=6, num_kv_heads=2, head_dim=16,

@@ -173,11 +173,12 @@ class _TwoEqualRanks(TPGroup):
 
 
 def _tiny_target(tp):
-    from trtllm_dflash.runtime.models.llama import LlamaTarget, TargetConfig
-    c = TargetConfig("Qwen3ForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=96, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6,
-                     rope={"rope_theta": 10000.0, "rope_type": "default"}, max_position_embeddings=64,
-                     tie_word_embeddings=False, attention_bias=False, qk_norm=True)
+    from trtllm_dflash.model_config import LlamaConfig
+    from trtllm_dflash.runtime.models.llama import LlamaTarget
+    c = LlamaConfig(architecture="Qwen3ForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=96, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                    rope={"rope_theta": 10000.0, "rope_type": "default"}, max_position_embeddings=64,
+                    tie_word_embeddings=False, attention_bias=False, qk_norm=True)
     torch.manual_seed(0)
     model = LlamaTarget(c, tp, 64, capture_layers=(0, 1))
     for p in model.parameters():

@@ -19,10 +19,11 @@ from torch import nn
 from ..checkpoints import hf, validate
 from ..config import RuntimeConfig
 from ..errors import DFlashError
+from ..model_config import DrafterConfig, target_config
 from . import fp8, quant
 from .distributed import TPGroup, init_tp, launcher_rank_and_size
-from .models import mxfp4, target_config, target_family
-from .models.dflash import DFlashDrafter, DrafterConfig
+from .models import mxfp4, target_family
+from .models.dflash import DFlashDrafter
 from .models.layers import Rotary
 from .shard import slice_for_rank
 

@@ -35,85 +35,21 @@ ranks split each expert's intermediate dim; the router is replicated, every rank
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...errors import DFlashError
+from ...model_config import GptOssConfig, check_heads
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
-from ..shard import check_heads, expert_layout, kv_heads_per_rank
+from ..shard import expert_layout, kv_heads_per_rank
 from . import mxfp4
 from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, _fused, apply_rope, attend_cache, project, rope_cache_write,
-                     rope_parameters, uses_attention_kernel)
+                     uses_attention_kernel)
 
-ARCHITECTURES = ("GptOssForCausalLM",)
 SWIGLU_ALPHA = 1.702  # fixed in the reference (not a config field)
-# transformers' GptOssConfig fills these when config.json has no rope_scaling / rope_parameters.
-YARN_DEFAULT = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                "original_max_position_embeddings": 4096}
 _ATTN_CHUNK = 1 << 28  # float32 score elements per attention chunk (1 GiB), bounds long-prefill memory
-
-
-def gpt_oss_rope(cfg: dict) -> dict:
-    """RoPE parameters as transformers' GptOssConfig reads config.json: YaRN defaults when none are given
-    (also used for gpt-oss DFlash drafters, whose config.json says ``model_type: gpt_oss`` and has none)."""
-    has_scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or {}).get("rope_type")
-    cfg = {**cfg, "rope_theta": cfg.get("rope_theta", 150000.0)}  # GptOssConfig.default_theta
-    return rope_parameters(cfg if has_scaling else {**cfg, "rope_scaling": YARN_DEFAULT})
-
-
-@dataclass(frozen=True)
-class GptOssConfig:
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    num_experts: int
-    experts_per_token: int
-    rms_norm_eps: float
-    rope: dict
-    max_position_embeddings: int
-    sliding_window: int
-    layer_types: tuple[str, ...]
-    swiglu_limit: float
-    attention_bias: bool
-    tie_word_embeddings: bool
-
-    @classmethod
-    def from_hf(cls, cfg: dict) -> "GptOssConfig":
-        arch = (cfg.get("architectures") or ["?"])[0]
-        if arch not in ARCHITECTURES:
-            raise DFlashError("target architectures", f"{arch} is not a gpt-oss model", "use GptOssForCausalLM")
-        quant = (cfg.get("quantization_config") or {}).get("quant_method")
-        if quant not in (None, "mxfp4"):
-            raise DFlashError("target quantization_config.quant_method", f"{quant!r} is not supported for gpt-oss "
-                              "by the torch runtime", "use the published MXFP4 checkpoint or a bf16 one")
-        n = cfg["num_hidden_layers"]
-        types = tuple(cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
-                                                  for i in range(n)])
-        if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
-            raise DFlashError("target layer_types", f"expected {n} of sliding_attention/full_attention, got {types}",
-                              "fix config.json (gpt-oss alternates sliding and full layers)")
-        heads = cfg["num_attention_heads"]
-        return cls(
-            architecture=arch, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"], num_layers=n, num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or 64,
-            num_experts=cfg.get("num_local_experts") or cfg["num_experts"],
-            experts_per_token=cfg.get("num_experts_per_tok") or cfg["experts_per_token"],
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5), rope=gpt_oss_rope(cfg),
-            max_position_embeddings=cfg.get("max_position_embeddings", 131072),
-            sliding_window=cfg.get("sliding_window") or 128, layer_types=types,
-            swiglu_limit=float(cfg.get("swiglu_limit", 7.0)), attention_bias=bool(cfg.get("attention_bias", True)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        )
 
 
 def check_parallel(c: GptOssConfig, tp_size: int, ep_size: int) -> None:

@@ -57,17 +57,6 @@ class TargetHead(nn.Module):
         return self.tp.all_gather_last(project(self.kernel, self.lm_head, h))[..., : self.config.vocab_size]
 
 
-def rope_parameters(cfg: dict) -> dict:
-    """One RoPE dict from either config style: transformers 5 ``rope_parameters`` or the older
-    ``rope_theta`` + ``rope_scaling`` pair that hub configs still carry."""
-    params = dict(cfg.get("rope_parameters") or {})
-    scaling = cfg.get("rope_scaling") or {}
-    params = {**scaling, **params}
-    params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
-    params["rope_type"] = params.get("rope_type", params.get("type", "default")) or "default"
-    return params
-
-
 def rope_inv_freq(params: dict, head_dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [head_dim // 2] (float64) and the attention scaling factor for cos/sin."""
     base = float(params["rope_theta"])

@@ -7,63 +7,17 @@ row-parallel out with one all-reduce each), the full embedding table, and a voca
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from ...errors import DFlashError
+from ...model_config import LlamaConfig, check_heads
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
-from ..shard import check_heads, kv_heads_per_rank
+from ..shard import kv_heads_per_rank
 from ..kernels import Kernel, batch_invariant, resolve_attention_kernel
 from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, attend, attend_cache, gate_up_silu, gemm, group_mask,
-                     project, rope_cache_write, rope_parameters, uses_attention_kernel, uses_gemm_kernel)
-
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-
-
-@dataclass(frozen=True)
-class TargetConfig:
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope: dict
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool
-    qk_norm: bool
-
-    @classmethod
-    def from_hf(cls, cfg: dict) -> "TargetConfig":
-        arch = (cfg.get("architectures") or ["?"])[0]
-        if arch not in ARCHITECTURES:
-            raise DFlashError("target architectures", f"{arch} is not supported by the torch runtime",
-                              f"use one of {', '.join(ARCHITECTURES)}")
-        heads = cfg["num_attention_heads"]
-        return cls(
-            architecture=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope=rope_parameters(cfg),
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
-            qk_norm=arch == "Qwen3ForCausalLM",
-        )
-
+                     project, rope_cache_write, uses_attention_kernel, uses_gemm_kernel)
 
 def check_tp(num_heads: int, num_kv_heads: int, tp_size: int, who: str) -> None:
     problem = check_heads(num_heads, num_kv_heads, tp_size)
@@ -74,7 +28,7 @@ def check_tp(num_heads: int, num_kv_heads: int, tp_size: int, who: str) -> None:
 
 class Attention(nn.Module):
     """qkv -> (q/k norm) + RoPE -> cache write -> attend -> o_proj, for the targets and (as DraftAttention) the
-    drafter. ``c`` is a TargetConfig or DrafterConfig (the fields both have)."""
+    drafter. ``c`` is a LlamaConfig or DrafterConfig (model_config.ModelConfig's fields)."""
 
     def __init__(self, c, tp: TPGroup, qk_norm: bool, o_bias: bool):
         super().__init__()
@@ -210,7 +164,7 @@ class LlamaTarget(TargetHead):
     """forward() returns final hidden states and the concatenated outputs of ``capture_layers``
     (z-lab convention: layer i output = HF ``hidden_states[i + 1]``)."""
 
-    def __init__(self, c: TargetConfig, tp: TPGroup, max_positions: int, capture_layers: tuple[int, ...] = ()):
+    def __init__(self, c: LlamaConfig, tp: TPGroup, max_positions: int, capture_layers: tuple[int, ...] = ()):
         super().__init__()
         check_tp(c.num_heads, c.num_kv_heads, tp.size, "target")
         self.config, self.tp, self.capture_layers = c, tp, tuple(capture_layers)
