@@ -24,7 +24,7 @@ from ..errors import DFlashError
 from . import loader
 from .distributed import TPGroup
 from .draft_policy import AdaptivePolicy, CostTable, FixedPolicy, break_even, candidate_blocks, measure_costs
-from .models.llama import set_attention_kernel
+from .kernels import Kernels
 from .runner import Launched, Runner
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Request, Sequence
@@ -42,6 +42,19 @@ class _Step:
     rows: list[tuple[int, Sequence]]    # (slot, request) decoding in this step
 
 
+def _check_kernels(cfg: RuntimeConfig, target, drafter) -> Kernels:
+    """The Kernels that cfg's kernels / batch_invariant choose for these models' device and dtype, which both models
+    must have been built with (loader.load_pair builds them so): a module's kernels are fixed at construction."""
+    p = next(target.parameters())
+    want = Kernels.choose(cfg.kernels, cfg.batch_invariant, p.device, p.dtype)
+    for who, model in (("target", target), ("drafter", drafter)):
+        if model is not None and model.kernels != want:
+            raise DFlashError("kernels", f"the {who} was built with {model.kernels}, but RuntimeConfig(kernels="
+                              f"{cfg.kernels!r}, batch_invariant={cfg.batch_invariant}) chooses {want} on {p.device}",
+                              "build both models with kernels=Kernels.choose(...) of this config (runtime.loader does)")
+    return want
+
+
 class Engine:
     def __init__(self, target, drafter, tokenizer, cfg: RuntimeConfig, tp: TPGroup, eos_ids: set[int]):
         self.target, self.drafter, self.tokenizer, self.cfg, self.tp = target, drafter, tokenizer, cfg, tp
@@ -49,9 +62,7 @@ class Engine:
         if self.block_size > 1 and drafter is None:
             raise DFlashError("drafter", f"block_size {self.block_size} needs a drafter", "pass --drafter or use block_size 1")
         self.eos_ids = set(eos_ids)
-        for model in (target, drafter):   # before the runner captures graphs: they hold the kernels chosen here
-            if model is not None:
-                set_attention_kernel(model, cfg.attention_kernel, cfg.batch_invariant)
+        self.kernels = _check_kernels(cfg, target, drafter)
         self.runner = Runner(target, drafter, cfg, tp, self.block_size, propose=self._propose)
         self.scheduler = Scheduler(cfg.max_batch_size, cfg.max_num_tokens, self.runner.prefill_shape,
                                    self.runner.chunk_cap)

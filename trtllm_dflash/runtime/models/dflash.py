@@ -16,6 +16,7 @@ from torch import nn
 
 from ...model_config import DrafterConfig
 from ..distributed import TPGroup
+from ..kernels import TORCH, Kernels
 from ..kv_cache import KVCache
 from .layers import (KeyRange, RMSNorm, Rotary, gemm, group_mask, project, rope_cache_write, uses_attention_kernel,
                      uses_gemm_kernel)
@@ -27,8 +28,8 @@ class DraftAttention(Attention):
     attention reads one tensor; append_context overwrites those rows after the verify) -> attend over
     cache[:kv_len] -> o_proj. context() writes K/V of target features, with no queries."""
 
-    def __init__(self, c: DrafterConfig, tp: TPGroup):
-        super().__init__(c, tp, qk_norm=True, o_bias=c.attention_bias)
+    def __init__(self, c: DrafterConfig, tp: TPGroup, kernels: Kernels = TORCH):
+        super().__init__(c, tp, qk_norm=True, o_bias=c.attention_bias, kernels=kernels)
 
     def context(self, x: torch.Tensor, cos, sin, cache: KVCache, layer: int, rows, positions) -> None:
         # x [n, T, hidden], cos/sin [n, T, 1, d], positions [n, T]: the k/v rows of qkv_proj (the same
@@ -38,23 +39,26 @@ class DraftAttention(Attention):
         q_rows = self.h * self.d
         bias = self.qkv_proj.bias[q_rows:] if self.qkv_proj.bias is not None else None
         w = self.qkv_proj.weight[q_rows:]
-        kv = gemm(x, w, bias, kernel=self.kernel) if uses_gemm_kernel(self.kernel, self.qkv_proj, x) else F.linear(x, w, bias)
+        if uses_gemm_kernel(self.kernels, self.qkv_proj, x):
+            kv = gemm(x, w, bias, invariant=self.kernels.batch_invariant)
+        else:
+            kv = F.linear(x, w, bias)
         k, v = kv.view(n, T, 2 * self.kvh, self.d).chunk(2, dim=2)
         rope_cache_write(None, k, v, cos, sin, None, self.k_norm.weight, self.eps, cache, layer, rows, positions,
-                         self.kernel, want_k=False)
+                         self.kernels, want_k=False)
 
 
 class DFlashDrafter(nn.Module):
-    def __init__(self, c: DrafterConfig, target_hidden_size: int, tp: TPGroup, max_positions: int):
+    def __init__(self, c: DrafterConfig, target_hidden_size: int, tp: TPGroup, max_positions: int,
+                 kernels: Kernels = TORCH):
         super().__init__()
         check_tp(c.num_heads, c.num_kv_heads, tp.size, "drafter")
-        self.config = c
-        self.layers = nn.ModuleList(DecoderLayer(c, tp, DraftAttention(c, tp)) for _ in range(c.num_layers))
+        self.config, self.kernels = c, kernels   # Triton: fc on the Triton GEMM where uses_gemm_kernel
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, DraftAttention(c, tp, kernels)) for _ in range(c.num_layers))
         self.fc = nn.Linear(len(c.target_layer_ids) * target_hidden_size, c.hidden_size, bias=False)
-        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
         self.rotary = Rotary(c.rope, c.head_dim, max_positions, c.max_position_embeddings)
-        self.kernel = "torch"   # "triton": fc on the Triton GEMM where uses_gemm_kernel (set_attention_kernel)
 
     def kv_shape(self) -> tuple[int, int, int]:
         a = self.layers[0].self_attn
@@ -62,7 +66,7 @@ class DFlashDrafter(nn.Module):
 
     def append_context(self, feats: torch.Tensor, positions: torch.Tensor, cache: KVCache, rows) -> None:
         """Write context K/V for target features feats [n, T, n_feat * hidden] at positions [n, T]."""
-        ctx = self.hidden_norm(project(self.kernel, self.fc, feats))
+        ctx = self.hidden_norm(project(self.kernels, self.fc, feats))
         cos, sin = self.rotary.tables(positions, ctx.dtype)
         for i, layer in enumerate(self.layers):
             layer.self_attn.context(ctx, cos, sin, cache, i, rows, positions)
