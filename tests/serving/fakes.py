@@ -108,7 +108,7 @@ class FakeRequestState:
     output_ids: list = field(default_factory=list)
     stats: RequestStats = field(default_factory=RequestStats)
     finish_reason: str | None = None
-    slot: int = -1                # >= 0 once admitted into the batch, as the real Request
+    slot: int = -1                # >= 0 once admitted into the batch, as the real Sequence
 
 
 class FakeEngine:
