@@ -307,7 +307,7 @@ def render_step_bench(results: Path) -> str:
         f"`{cmd}`, and `--attention_kernel torch` for the torch rows; torch {meta['torch']}, triton "
         f"{meta['triton']}; {notes}). Roofline = bytes that must cross HBM per step (every weight once + the KV "
         f"cache) at the copy bandwidth measured in the same run ({meta['copy_bw_bytes_per_s'] / 1e12:.1f} TB/s). "
-        f"`triton`: the decode kernels of `RuntimeConfig.attention_kernel` (`auto` = on CUDA, the default): "
+        f"`triton`: the decode kernels of `RuntimeConfig.kernels` (`auto` = on CUDA, the default): "
         f"attention, the GEMMs with their epilogues, sampling + acceptance.",
         "",
         *_table_head("model", "path (file)", "AR b1 (ms) / roofline", "DFlash b1 (ms)", "DFlash / AR",

@@ -121,3 +121,15 @@ def test_bad_values_name_the_field(kw, field):
 def test_unknown_keyword_is_an_error():
     with pytest.raises(DFlashError, match="config"):
         bc.make({"target": "qwen3-8b", "bogus": 1})
+
+
+def test_the_runtime_sizes_default_to_the_runtime_configs():
+    # one default per setting: a deployment built without flags runs with what RuntimeConfig would pick, and
+    # dflash-generate offers the same (RuntimeConfig owns them)
+    from trtllm_dflash import generate
+    from trtllm_dflash.config import RuntimeConfig
+    built, runtime, args = bc.BuildConfig(target="x"), RuntimeConfig(), generate.parse_args([])
+    for name in ("max_batch_size", "max_seq_len", "max_num_tokens", "dtype"):
+        assert getattr(built, name) == getattr(runtime, name), name
+    for name in ("max_batch_size", "max_seq_len", "dtype", "device"):
+        assert getattr(args, name) == getattr(runtime, name), name

@@ -81,7 +81,7 @@ def test_pipeline_output_is_canonical_and_checked(run_dir, chat_target):
     cfg = json.loads((run_dir / "drafter" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
     assert cfg["block_size"] == 8 and cfg["dflash_config"] == {"mask_token_id": 259, "target_layer_ids": [0, 2]}
-    from trtllm_dflash.runtime.models.layers import rope_parameters
+    from trtllm_dflash.model_config import rope_parameters
     assert cfg["rope_theta"] == rope_parameters(json.loads((chat_target / "config.json").read_text()))["rope_theta"]
     assert cfg["dflash_trained"] is True and cfg["torch_dtype"] == "bfloat16"
     from safetensors import safe_open

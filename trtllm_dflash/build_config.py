@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from .config import RuntimeConfig
 from .errors import DFlashError
 
 BACKENDS = ("torch", "trtllm")
@@ -35,10 +36,12 @@ class BuildConfig:
     gpu: str = "h100"
     tp_size: int = 1
     ep_size: int = 1
-    dtype: str = "auto"
-    max_batch_size: int = 8
-    max_seq_len: int = 2048
-    max_num_tokens: int = 8192
+    # The runtime sizes a deployment is built for: RuntimeConfig owns their defaults (the manifest's runtime section
+    # and TensorRT-LLM's options carry these values)
+    dtype: str = RuntimeConfig.dtype
+    max_batch_size: int = RuntimeConfig.max_batch_size
+    max_seq_len: int = RuntimeConfig.max_seq_len
+    max_num_tokens: int = RuntimeConfig.max_num_tokens
     max_draft_len: int | None = None        # None = drafter block_size - 1
     free_gpu_memory_fraction: float = 0.8   # KV-cache share; the DFlash context arena is outside it
     attention_backend: str | None = None    # drafter attention in TensorRT-LLM; None = the GPU's default

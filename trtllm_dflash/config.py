@@ -2,7 +2,8 @@
 """Plain dataclasses for our own settings (TensorRT-LLM's settings keep their own names elsewhere)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import InitVar, dataclass, field
 
 from .errors import DFlashError
 
@@ -66,7 +67,8 @@ class RuntimeConfig:
     # (runtime/mxfp4_moe.py); "dequant" dequantises them to dtype on load (CPU, the reference; 4x the memory);
     # "auto" = triton for MXFP4 checkpoints on CUDA, else dequant. An explicit choice that cannot run is an error.
     mxfp4_moe: str = "auto"
-    # The decode path's kernels (runtime/kernels/): "triton" = q/k norm + RoPE + cache write in one kernel,
+    # The decode path's kernels (runtime/kernels/, chosen once per model: runtime.kernels.Kernels): "triton" = q/k
+    # norm + RoPE + cache write in one kernel,
     # short-query GQA attention against the cache (gpt-oss: sinks and sliding window inside it), the decode GEMMs
     # with their epilogues (gate_up + SiLU, o_proj / down + residual, lm_head), sampling + acceptance in two
     # kernels, gpt-oss's top-k router; "torch" = the compiled chains, index_put, SDPA/matmul attention, cuBLAS
@@ -74,7 +76,7 @@ class RuntimeConfig:
     # Triton failing to import, is an error naming this field. auto by default: on an H100 the kernels took the
     # AR step at batch 1 from 1.61 to 0.97 ms (SmolLM2-135M), 7.47 to 6.17 ms (Qwen3-8B), 7.06 to 6.03 ms
     # (Llama-3.1-8B), with the same tokens (benchmarks/results/step_bench_h100_v5_torch.json, _v6_*.json).
-    attention_kernel: str = "auto"
+    kernels: str = "auto"
     # Batch-invariant numerics (DESIGN.md decision 10): every op of the prefill / decode / verify path computes a row
     # in an order that depends on that row alone, so greedy DFlash == AR token for token in bfloat16 and a request's
     # tokens do not depend on who shares its batch or how its prompt was chunked. On the Triton kernels: one GEMM
@@ -86,8 +88,19 @@ class RuntimeConfig:
     # Off by default until its cost on the GPU is measured (every prefill GEMM leaves cuBLAS for one fixed tile);
     # a deployment turns it on with runtime.batch_invariant in its manifest.
     batch_invariant: bool = False
+    # The old name of ``kernels`` (it switches far more than attention), still accepted because deployment
+    # directories and scripts written before the rename carry it; it warns, and disagreeing with kernels is an error.
+    attention_kernel: InitVar[str | None] = None
 
-    def __post_init__(self):
+    def __post_init__(self, attention_kernel: str | None = None):
+        if attention_kernel is not None:
+            if self.kernels not in ("auto", attention_kernel):
+                raise DFlashError("attention_kernel", f"{attention_kernel!r} contradicts kernels {self.kernels!r}",
+                                  "drop attention_kernel (the old name of kernels)")
+            warnings.warn("RuntimeConfig.attention_kernel is deprecated: it is now 'kernels' (it also switches the "
+                          "GEMMs, the router and sampling); rename runtime.attention_kernel to runtime.kernels in "
+                          "manifest.json", FutureWarning, stacklevel=3)
+            object.__setattr__(self, "kernels", attention_kernel)
         if self.max_batch_size <= 0:
             raise DFlashError("max_batch_size", f"must be > 0, got {self.max_batch_size}", "pass a positive size")
         if self.max_seq_len <= 1:
@@ -96,8 +109,8 @@ class RuntimeConfig:
             raise DFlashError("block_size", f"must be >= 1, got {self.block_size}", "use 1 for AR decoding")
         if self.mxfp4_moe not in ("auto", "triton", "dequant"):
             raise DFlashError("mxfp4_moe", f"unknown value {self.mxfp4_moe!r}", "use auto, triton or dequant")
-        if self.attention_kernel not in ("auto", "triton", "torch"):
-            raise DFlashError("attention_kernel", f"unknown value {self.attention_kernel!r}", "use auto, triton or torch")
+        if self.kernels not in ("auto", "triton", "torch"):
+            raise DFlashError("kernels", f"unknown value {self.kernels!r}", "use auto, triton or torch")
         if self.max_num_tokens < 1:
             raise DFlashError("max_num_tokens", f"must be >= 1, got {self.max_num_tokens}", "pass e.g. 8192")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "float64"):

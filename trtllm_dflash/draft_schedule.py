@@ -54,6 +54,16 @@ def cost_table(gpu: str, target_source: str, path: Path = TABLES) -> tuple[CostT
     return CostTable.from_json(entry["cost_table"]), f"{entry['source']} ({entry['gpu']})"
 
 
+def draft_len_schedule(policy: AdaptivePolicy, max_batch_size: int) -> tuple[dict[int, int], bool]:
+    """The policy at its current acceptance estimate as TensorRT-LLM's ``draft_len_schedule`` over batch sizes
+    1..max_batch_size (backends/trtllm.schedule_from_lengths: TensorRT-LLM's reading of it), and whether batch 1
+    was raised to the full draft (TensorRT-LLM requires max_draft_len there). Floored at MIN_DRAFT_LEN, so the last
+    run is keyed at max_batch_size and no batch size up to it falls into TensorRT-LLM's implicit 0 above the
+    largest key."""
+    lengths = [max(MIN_DRAFT_LEN, best_block(policy, n) - 1) for n in range(1, max_batch_size + 1)]
+    return schedule_from_lengths(lengths, policy.block_size - 1)
+
+
 def derive(gpu: str, target_source: str, *, max_draft_len: int, max_batch_size: int, acceptance_rate: float,
            path: Path = TABLES) -> Derived | None:
     """The schedule at ``acceptance_rate`` per draft position (each draft accepted with that probability given
@@ -64,13 +74,10 @@ def derive(gpu: str, target_source: str, *, max_draft_len: int, max_batch_size: 
     table, where = found
     stats = AcceptanceStats(max_draft_len + 1, prior_rate=acceptance_rate, prior_weight=1e9)  # the prior alone
     policy = AdaptivePolicy(max_draft_len + 1, table, stats=stats)
-    # Floored at MIN_DRAFT_LEN; schedule_from_lengths then keys the last run at max_batch_size, so no batch size
-    # up to it falls into TensorRT-LLM's implicit 0 above the largest key.
-    lengths = [max(MIN_DRAFT_LEN, best_block(policy, n) - 1) for n in range(1, max_batch_size + 1)]
-    schedule, raised = schedule_from_lengths(lengths, max_draft_len)
-    if all(n == max_draft_len for n in lengths):
+    schedule, raised = draft_len_schedule(policy, max_batch_size)
+    if not raised and set(schedule.values()) == {max_draft_len}:   # the full draft everywhere: no schedule needed
         schedule = None
-    note = (f"the cost model drafts {lengths[0]} at batch 1; TensorRT-LLM requires max_draft_len {max_draft_len} "
-            "there" if raised else None)
+    note = (f"the cost model drafts {max(MIN_DRAFT_LEN, best_block(policy, 1) - 1)} at batch 1; TensorRT-LLM "
+            f"requires max_draft_len {max_draft_len} there" if raised else None)
     return Derived(schedule, f"cost table {where}, acceptance {acceptance_rate} per draft position "
                              f"({stats.expected_tokens(max_draft_len + 1):.2f} tokens per full step)", note)

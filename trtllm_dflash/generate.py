@@ -43,19 +43,19 @@ def parse_args(argv):
                      help="adaptive = measure step costs on this device first, then pick the block per step from the "
                           "batch size and the running acceptance, down to 1 (AR) where drafting does not pay; "
                           "fixed = always the drafter's block. Default: the deployment's (--deployment_dir), else adaptive")
-    run.add_argument("--max_batch_size", type=int, default=8)
-    run.add_argument("--max_seq_len", type=int, default=2048)
-    run.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    run.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    run.add_argument("--max_batch_size", type=int, default=RuntimeConfig.max_batch_size)
+    run.add_argument("--max_seq_len", type=int, default=RuntimeConfig.max_seq_len)
+    run.add_argument("--dtype", default=RuntimeConfig.dtype, choices=("auto", "float32", "bfloat16", "float16"))
+    run.add_argument("--device", default=RuntimeConfig.device, help="auto, cpu, cuda, cuda:1, ...")
     gen = p.add_argument_group("prompts and sampling")
     gen.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     gen.add_argument("--prompt_file", help="one prompt per line")
     gen.add_argument("--no_chat_template", action="store_true", help="send raw text instead of a chat turn")
-    gen.add_argument("--max_new_tokens", type=int, default=128)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top_k", type=int, default=0)
-    gen.add_argument("--top_p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--max_new_tokens", type=int, default=SamplingParams.max_new_tokens)
+    gen.add_argument("--temperature", type=float, default=SamplingParams.temperature)
+    gen.add_argument("--top_k", type=int, default=SamplingParams.top_k)
+    gen.add_argument("--top_p", type=float, default=SamplingParams.top_p)
+    gen.add_argument("--seed", type=int, default=SamplingParams.seed)
     gen.add_argument("--ignore_eos", action="store_true")
     gen.add_argument("--rounds", type=int, default=3,
                      help="--mode both: after one warm-up generation per mode, run AR and DFlash this many times in "

@@ -18,6 +18,7 @@ from tests.runtime.compare import attend_f64, rel, rope_f64
 from tests.runtime.kernel_engine import engine_with_kernel
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime.graphs import capture
+from trtllm_dflash.runtime.kernels import Kernels
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import layers as L
 
@@ -46,7 +47,7 @@ def test_rope_cache_write_bf16(name, Hq, Hkv, d, norm, n, T):
     rows = torch.randperm(8, device=DEV)[:n] if n <= 8 else torch.arange(n, device=DEV)
     ref_cache, cache = (KVCache(2, max(8, n), Hkv, S, d, BF16, DEV) for _ in range(2))
     q_ref, k_ref = L.rope_cache_write(q, k, v, cos, sin, qw, kw, eps, ref_cache, 1, rows, pos)
-    q_out, k_out = L.rope_cache_write(q, k, v, cos, sin, qw, kw, eps, cache, 1, rows, pos, kernel="triton")
+    q_out, k_out = L.rope_cache_write(q, k, v, cos, sin, qw, kw, eps, cache, 1, rows, pos, Kernels(triton=True))
     torch.cuda.synchronize()
     assert cache.v.equal(ref_cache.v)
     assert rel(q_out, rope_f64(q, cos, sin, qw, eps)) < 4e-3 and rel(k_out, rope_f64(k, cos, sin, kw, eps)) < 4e-3
@@ -105,7 +106,7 @@ def test_kernels_replay_in_a_cuda_graph():
 def engine(pair, block, kernel, dtype="float32"):
     return engine_with_kernel(pair[0], pair[1] if block != 1 else None,
                               RuntimeConfig(max_seq_len=256, max_batch_size=4, block_size=block, dtype=dtype,
-                                            device="cuda", attention_kernel=kernel))
+                                            device="cuda", kernels=kernel))
 
 
 @pytest.mark.parametrize("pair_name", ["tiny_pair", "tiny_qwen3_pair"])

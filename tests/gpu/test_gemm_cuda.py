@@ -101,21 +101,25 @@ def test_cuda_graph_replay():
 def test_qwen3_8b_layer_with_the_kernels(T):
     """One Qwen3-8B-shaped decoder layer (random weights), prefill 32 tokens then a decode step of T tokens:
     hidden states and the feature tap with the kernels (attention + GEMMs) == the torch path."""
+    from trtllm_dflash.model_config import LlamaConfig
     from trtllm_dflash.runtime.distributed import TPGroup
+    from trtllm_dflash.runtime.kernels import Kernels
     from trtllm_dflash.runtime.kv_cache import KVCache
-    from trtllm_dflash.runtime.models.llama import LlamaTarget, TargetConfig, set_attention_kernel
-    c = TargetConfig("Qwen3ForCausalLM", vocab_size=256, hidden_size=4096, intermediate_size=12288, num_layers=1,
-                     num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6,
-                     rope={"rope_theta": 1e6, "rope_type": "default"}, max_position_embeddings=4096,
-                     tie_word_embeddings=False, attention_bias=False, qk_norm=True)
-    torch.manual_seed(0)
-    with torch.device(DEV):
-        model = LlamaTarget(c, TPGroup(), 256, capture_layers=(0,)).to(BF16)
+    from trtllm_dflash.runtime.models.llama import LlamaTarget
+    c = LlamaConfig(architecture="Qwen3ForCausalLM", vocab_size=256, hidden_size=4096, intermediate_size=12288, num_layers=1,
+                    num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                    rope={"rope_theta": 1e6, "rope_type": "default"}, max_position_embeddings=4096,
+                    tie_word_embeddings=False, attention_bias=False, qk_norm=True)
+    models = {}
+    for kernel in ("torch", "triton"):
+        torch.manual_seed(0)   # the same random weights in both
+        with torch.device(DEV):
+            models[kernel] = LlamaTarget(c, TPGroup(), 256, capture_layers=(0,),
+                                         kernels=Kernels.choose(kernel, False, DEV, BF16)).to(BF16)
     ids = torch.randint(0, 256, (1, 32 + T), device=DEV)
     out = {}
     with torch.inference_mode():
-        for kernel in ("torch", "triton"):
-            set_attention_kernel(model, kernel)
+        for kernel, model in models.items():
             cache = KVCache(1, 1, 8, 128, 128, BF16, DEV)
             model(ids[:, :32], torch.arange(32, device=DEV)[None], cache, slice(0, 1), None)
             out[kernel] = model(ids[:, 32:], torch.arange(32, 32 + T, device=DEV)[None], cache, slice(0, 1), 32 + T)

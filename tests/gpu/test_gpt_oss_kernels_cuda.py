@@ -3,7 +3,7 @@
 64, sliding window 128) and router shapes (32 / 128 experts, top-4, hidden 2880): the attention kernel with sinks
 and window against gpt_oss.attend_with_sinks and float64, the router kernel against torch.topk + softmax, the
 compiled add + norm against the eager one, CUDA-graph replay, a 4-layer gpt-oss-20b-shaped target (random
-weights, MXFP4 experts) with attention_kernel triton vs torch, and the tiny gpt-oss target's greedy tokens.
+weights, MXFP4 experts) with RuntimeConfig.kernels triton vs torch, and the tiny gpt-oss target's greedy tokens.
 
 Tolerances (relative, norm-wise), as tests/gpu/test_decode_attention_cuda.py: attention 1e-2 against float64 and
 2e-2 against the torch path (bf16 probabilities before P @ V and one rounding of the output; a wrong row, head,
@@ -24,6 +24,7 @@ import torch
 from tests.runtime import test_gpt_oss_kernels as cpu_tests
 from tests.runtime.compare import attend_f64, rel
 from tests.runtime.test_gpt_oss_kernels import topk_f64
+from trtllm_dflash.model_config import GptOssConfig, gpt_oss_rope
 from trtllm_dflash.runtime.graphs import capture
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import gpt_oss
@@ -124,7 +125,7 @@ def test_kernels_replay_in_a_cuda_graph():
     logits = torch.randn(n * T, 32, device=DEV, dtype=BF16)
     sinks = torch.randn(HQ, device=DEV, dtype=BF16)
     pos = torch.tensor([[300], [700]], device=DEV) + torch.arange(T, device=DEV)
-    rot = L.Rotary(gpt_oss.gpt_oss_rope({}), D, S, 131072).to(DEV)
+    rot = L.Rotary(gpt_oss_rope({}), D, S, 131072).to(DEV)
 
     def step():
         q, k, v = qkv.split([HQ, HKV, HKV], dim=2)
@@ -147,18 +148,20 @@ def test_kernels_replay_in_a_cuda_graph():
             assert a.equal(b)
 
 
-def random_target(layers: int = 4, experts: int = 32):
-    """A gpt-oss-20b-shaped target (sliding/full alternating) with random weights, MXFP4 experts, bf16, on the GPU
-    (a 2k vocabulary: the head is not what is tested)."""
+def random_target(layers: int = 4, experts: int = 32, kernel: str = "torch"):
+    """A gpt-oss-20b-shaped target (sliding/full alternating) with random weights (seeded: the same for every
+    ``kernel``), MXFP4 experts, bf16, on the GPU (a 2k vocabulary: the head is not what is tested)."""
+    from trtllm_dflash.runtime.kernels import Kernels
     from trtllm_dflash.checkpoints.resolve import PUBLIC_CONFIGS
     from trtllm_dflash.runtime.distributed import TPGroup
     from trtllm_dflash.runtime.models.layers import Rotary
     cfg = {**PUBLIC_CONFIGS["openai/gpt-oss-20b"], "num_hidden_layers": layers, "num_local_experts": experts,
            "vocab_size": 2048}
-    c = gpt_oss.GptOssConfig.from_hf(cfg)
+    c = GptOssConfig.from_hf(cfg)
     torch.manual_seed(0)
     with torch.device(DEV):
-        model = gpt_oss.GptOssTarget(c, TPGroup(), 8192, moe_backend="triton")
+        model = gpt_oss.GptOssTarget(c, TPGroup(), 8192, moe_backend="triton",
+                                     kernels=Kernels.choose(kernel, False, DEV, BF16))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dtype == torch.uint8:
@@ -184,19 +187,16 @@ def random_target(layers: int = 4, experts: int = 32):
 def test_target_layers_bf16_triton_vs_torch():
     """Prefill 3000 tokens, then an AR step and a DFlash verify block of 10 over the cache, with the kernels vs
     the torch path (same weights, same cache contents)."""
-    from trtllm_dflash.runtime.models.llama import set_attention_kernel
-    model = random_target()
-    L_, H, Dh = model.kv_shape()
+    models = {kernel: random_target(kernel=kernel) for kernel in ("torch", "triton")}
+    L_, H, Dh = models["torch"].kv_shape()
     g = torch.Generator(DEV).manual_seed(3)
     ids = torch.randint(0, 2048, (1, 3011), device=DEV, generator=g)
     cache = KVCache(L_, 1, H, 4096, Dh, BF16, DEV)
-    set_attention_kernel(model, "torch")
-    model(ids[:, :3000], torch.arange(3000, device=DEV)[None], cache, slice(0, 1), None)
+    models["torch"](ids[:, :3000], torch.arange(3000, device=DEV)[None], cache, slice(0, 1), None)
     saved = (cache.k.clone(), cache.v.clone())
     out = {}
-    for kernel in ("torch", "triton"):
+    for kernel, model in models.items():   # the loop leaves ``model`` on the kernels for the checks below
         cache.k.copy_(saved[0]), cache.v.copy_(saved[1])
-        set_attention_kernel(model, kernel)
         h1, _ = model(ids[:, 3000:3001], torch.tensor([[3000]], device=DEV), cache, slice(0, 1), 3008)
         h10, _ = model(ids[:, 3001:3011], torch.arange(3001, 3011, device=DEV)[None], cache, slice(0, 1), 3072)
         out[kernel] = (h1, h10)
@@ -229,7 +229,7 @@ def test_tiny_gpt_oss_tokens_with_the_kernels(tiny_gpt_oss):
     def engine(block, kernel):
         return engine_with_kernel(tiny_gpt_oss[0], tiny_gpt_oss[1] if block != 1 else None,
                                   RuntimeConfig(max_seq_len=256, max_batch_size=4, block_size=block, dtype="float32",
-                                                device="cuda", attention_kernel=kernel, mxfp4_moe="triton"))
+                                                device="cuda", kernels=kernel, mxfp4_moe="triton"))
     g = torch.Generator().manual_seed(0)
     ps = [torch.randint(2, 90, (k,), generator=g).tolist() for k in (3, 17, 1, 40, 9, 25)]
     sp = SamplingParams(max_new_tokens=48, ignore_eos=True)

@@ -39,7 +39,7 @@ def prompt_ids(pair):
 
 
 def generate(pair, prompt_ids, dtype, kernel="torch", sp=SamplingParams(max_new_tokens=MAX_NEW), **df_cfg):
-    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype=dtype, device="cuda", attention_kernel=kernel,
+    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype=dtype, device="cuda", kernels=kernel,
                batch_invariant=kernel == "triton")
     ar = engine_with_kernel(pair[0], None, RuntimeConfig(block_size=1, **cfg))
     df = engine_with_kernel(pair[0], pair[1], RuntimeConfig(**{**cfg, **df_cfg}))
@@ -53,7 +53,7 @@ def assert_identical(a, d, record_property) -> None:
     assert not diverged, f"bf16 in the batch-invariant mode must be exact; prompt: first divergence {diverged}"
 
 
-@pytest.mark.parametrize("kernel", ["torch", "triton"])   # RuntimeConfig.attention_kernel
+@pytest.mark.parametrize("kernel", ["torch", "triton"])   # RuntimeConfig.kernels
 def test_greedy_dflash_equals_ar_in_float32(pair, prompt_ids, record_property, kernel):
     a, d = generate(pair, prompt_ids, "float32", kernel)
     tau = sum(r.stats.tau for r in d) / len(d)
@@ -70,7 +70,7 @@ def test_greedy_dflash_equals_ar_in_bf16_batch_invariant(pair, prompt_ids, recor
 
 
 def test_greedy_dflash_equals_ar_in_bf16_batch_invariant_adaptive(pair, prompt_ids, record_property):
-    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype="bfloat16", device="cuda", attention_kernel="triton",
+    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype="bfloat16", device="cuda", kernels="triton",
                batch_invariant=True)
     ar = engine_with_kernel(pair[0], None, RuntimeConfig(block_size=1, **cfg))
     df = engine_with_kernel(pair[0], pair[1], RuntimeConfig(**cfg))
@@ -89,7 +89,7 @@ def test_seeded_dflash_equals_seeded_ar_in_bf16_batch_invariant(pair, prompt_ids
 
 @pytest.mark.parametrize("block_size", [1, None])
 def test_bf16_answer_alone_equals_the_answer_among_others(pair, prompt_ids, record_property, block_size):
-    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype="bfloat16", device="cuda", attention_kernel="triton",
+    cfg = dict(max_seq_len=1024, max_batch_size=8, dtype="bfloat16", device="cuda", kernels="triton",
                block_size=block_size, batch_invariant=True)
     eng = engine_with_kernel(pair[0], pair[1], RuntimeConfig(**cfg))
     sp = SamplingParams(max_new_tokens=MAX_NEW)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""An engine whose models run RuntimeConfig.attention_kernel, and what the kernel tests do with it: count the
+"""An engine whose models run RuntimeConfig.kernels, and what the kernel tests do with it: count the
 kernel entry points a run reaches, and compare a torch engine's generations with a triton one's (the CPU and GPU
 kernel tests share these)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from trtllm_dflash.runtime.engine import Engine
 
 
 def engine_with_kernel(target_dir, drafter_dir, cfg: RuntimeConfig) -> Engine:
-    """Engine.from_dirs: the Engine sets cfg.attention_kernel on both models before it captures its CUDA graphs."""
+    """Engine.from_dirs: the loader builds both models with the kernels cfg.kernels chooses."""
     return Engine.from_dirs(target_dir, drafter_dir, cfg)
 
 
@@ -26,9 +26,9 @@ def count_calls(monkeypatch, owner, names, calls: dict, key=lambda name, args, k
 
 def same_generation(target_dir, drafter_dir, cfg: dict, prompts, params: SamplingParams | list[SamplingParams]) -> None:
     """Generations of an engine on the torch path == those of one on the Triton kernels: tokens and every step's
-    acceptance length (``cfg``: RuntimeConfig fields besides attention_kernel)."""
-    ref = engine_with_kernel(target_dir, drafter_dir, RuntimeConfig(**cfg, attention_kernel="torch"))
-    fused = engine_with_kernel(target_dir, drafter_dir, RuntimeConfig(**cfg, attention_kernel="triton"))
+    acceptance length (``cfg``: RuntimeConfig fields besides kernels)."""
+    ref = engine_with_kernel(target_dir, drafter_dir, RuntimeConfig(**cfg, kernels="torch"))
+    fused = engine_with_kernel(target_dir, drafter_dir, RuntimeConfig(**cfg, kernels="triton"))
     for x, y in zip(ref.generate(prompts, params), fused.generate(prompts, params)):
         assert x.output_ids == y.output_ids
         assert x.stats.acceptance_lengths == y.stats.acceptance_lengths

@@ -93,20 +93,22 @@ def test_routing_takes_every_row_count_in_the_invariant_mode():
     """The Triton GEMM for any rows (cuBLAS picks its tiles by M), the attention kernel for any block (prefill):
     a prompt's cache must not depend on its chunking. A plain "triton" keeps the row limits."""
     from torch import nn
-    from trtllm_dflash.runtime.kernels import GEMM_MAX_ROWS, Kernel
+    from trtllm_dflash.runtime.kernels import GEMM_MAX_ROWS, Kernels
     lin = nn.Linear(8, 4, bias=False)
     big = torch.zeros(4 * GEMM_MAX_ROWS, 8)
-    assert L.uses_gemm_kernel(Kernel("triton", True), lin, big)
-    assert L.uses_gemm_kernel(Kernel("triton", True), lin, big, gated=True)
-    assert not L.uses_gemm_kernel(Kernel("triton", False), lin, big)
-    assert not L.uses_gemm_kernel(Kernel("torch", True), lin, big)
+    assert L.uses_gemm_kernel(Kernels(triton=True, batch_invariant=True), lin, big)
+    assert L.uses_gemm_kernel(Kernels(triton=True, batch_invariant=True), lin, big, gated=True)
+    assert not L.uses_gemm_kernel(Kernels(triton=True), lin, big)
+    assert not L.uses_gemm_kernel(Kernels(batch_invariant=True), lin, big)
 
     class Attn:
         h, kvh = 8, 2
     a = Attn()
-    for kernel, T, kv_len, runs in (("triton", 512, 512, False), (Kernel("triton", True), 512, 512, True),
-                                    (Kernel("triton", True), 512, None, False), (Kernel("torch", True), 1, 64, False)):
-        a.kernel = kernel
+    for kernels_, T, kv_len, runs in ((Kernels(triton=True), 512, 512, False),
+                                      (Kernels(triton=True, batch_invariant=True), 512, 512, True),
+                                      (Kernels(triton=True, batch_invariant=True), 512, None, False),
+                                      (Kernels(batch_invariant=True), 1, 64, False)):
+        a.kernels = kernels_
         assert L.uses_attention_kernel(a, T, kv_len) is runs
 
 
@@ -190,16 +192,15 @@ def test_rms_norm_rows_do_not_depend_on_the_row_count(dtype):
 
 
 def test_norm_module_switches_to_the_kernel_in_the_invariant_mode(monkeypatch):
-    from trtllm_dflash.runtime.kernels import Kernel
+    from trtllm_dflash.runtime.kernels import Kernels
     N = kernels("norm")
     calls = []
     monkeypatch.setattr(N, "rms_norm", lambda *a, **kw: calls.append(kw) or (a[0], a[0]))
-    norm = L.RMSNorm(8, 1e-6)
     x = torch.randn(2, 8)
-    for kernel, used in (("torch", 0), ("triton", 0), (Kernel("triton", True), 2)):
-        norm.kernel = kernel
+    for kernels_, used in ((Kernels(), 0), (Kernels(triton=True), 0), (Kernels(triton=True, batch_invariant=True), 2)):
+        norm = L.RMSNorm(8, 1e-6, kernels_)
         norm(x), norm(x, x)
-        assert len(calls) == used, kernel
+        assert len(calls) == used, kernels_
         calls.clear()
 
 

@@ -28,7 +28,7 @@ if not torch.cuda.is_available():
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PAIRS = ["tiny_pair", "tiny_qwen3_pair"]
-CFG = dict(max_seq_len=160, max_batch_size=4, dtype="bfloat16", attention_kernel="torch", batch_invariant=True)
+CFG = dict(max_seq_len=160, max_batch_size=4, dtype="bfloat16", kernels="torch", batch_invariant=True)
 
 
 def prompts(n=6, seed=0):
@@ -109,7 +109,7 @@ def test_bf16_prefill_cache_is_the_same_alone_chunked_or_beside_others(request, 
 
 def _triton():
     pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
-    return dict(CFG, dtype="float16", attention_kernel="triton", max_seq_len=96)
+    return dict(CFG, dtype="float16", kernels="triton", max_seq_len=96)
 
 
 @pytest.mark.exhaustive   # minutes in the interpreter: 70-token prompts through 64-row tiles

@@ -20,7 +20,7 @@ from tests.runtime.compare import attend_f64, compile_for_h100, default_subset, 
 from tests.runtime.kernel_engine import GREEDY_AND_SAMPLED, TWO_PROMPTS, count_calls, same_generation
 from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.runtime.kernels import resolve_attention_kernel
+from trtllm_dflash.runtime.kernels import TORCH, Kernels
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import layers as L
 
@@ -59,7 +59,7 @@ def test_rope_cache_write_equals_the_torch_path_and_float64(dtype, tol, with_q, 
     r = torch.tensor([3, 1]) if rows == "index" else slice(0, 2)
     ref_cache, cache = (KVCache(2, 4, Hkv, S, d, dtype, "cpu") for _ in range(2))
     q_ref, k_ref = L.rope_cache_write(q, k, v, cos, sin, qw, kw, 1e-6, ref_cache, 1, r, pos)
-    q_out, k_out = L.rope_cache_write(q, k, v, cos, sin, qw, kw, 1e-6, cache, 1, r, pos, kernel="triton")
+    q_out, k_out = L.rope_cache_write(q, k, v, cos, sin, qw, kw, 1e-6, cache, 1, r, pos, Kernels(triton=True))
     assert cache.v.equal(ref_cache.v)                       # v is copied bit for bit
     assert rel(cache.k, ref_cache.k) < tol and rel(k_out, k_ref) < tol
     assert rel(k_out, rope_f64(k, cos, sin, kw, 1e-6)) < tol
@@ -70,7 +70,8 @@ def test_rope_cache_write_equals_the_torch_path_and_float64(dtype, tol, with_q, 
         assert rel(q_out, q_ref) < tol and rel(q_out, rope_f64(q, cos, sin, qw, 1e-6)) < tol
     else:
         assert q_out is None
-    _, no_k = L.rope_cache_write(q, k, v, cos, sin, qw, kw, 1e-6, cache, 1, r, pos, kernel="triton", want_k=False)
+    _, no_k = L.rope_cache_write(q, k, v, cos, sin, qw, kw, 1e-6, cache, 1, r, pos, Kernels(triton=True),
+                                 want_k=False)
     assert no_k is None
 
 
@@ -97,10 +98,11 @@ def test_attend_equals_the_torch_path_and_float64(dtype, tol, G, T, d, splits):
     assert rel(L.attend_cache(q, cache, 0, rows, kv_len, keys, d ** -0.5), want) < tol   # default splits
 
 
-def drafter_with(layer_causal, layer_window, B=4, seed=0):
+def drafter_with(layer_causal, layer_window, B=4, seed=0, kernels_=TORCH):
     """A random DFlash drafter whose layers are causal or not and windowed or not (as sliding-window drafters)."""
+    from trtllm_dflash.model_config import DrafterConfig
     from trtllm_dflash.runtime.distributed import TPGroup
-    from trtllm_dflash.runtime.models.dflash import DFlashDrafter, DrafterConfig
+    from trtllm_dflash.runtime.models.dflash import DFlashDrafter
     n = len(layer_causal)
     c = DrafterConfig(block_size=B, mask_token_id=0, target_layer_ids=(0,), num_target_layers=2, vocab_size=8,
                       hidden_size=64, intermediate_size=64, num_layers=n, num_heads=6, num_kv_heads=2, head_dim=16,
@@ -108,7 +110,7 @@ def drafter_with(layer_causal, layer_window, B=4, seed=0):
                       max_position_embeddings=128, attention_bias=False, layer_causal=tuple(layer_causal),
                       layer_window=tuple(layer_window))
     torch.manual_seed(seed)
-    drafter = DFlashDrafter(c, 64, TPGroup(), 128)
+    drafter = DFlashDrafter(c, 64, TPGroup(), 128, kernels_)
     with torch.no_grad():
         for p in drafter.parameters():
             p.normal_(0, 0.2) if p.dim() == 2 else p.uniform_(0.5, 1.5)
@@ -133,12 +135,12 @@ def test_drafter_forward_with_the_kernels():
     """A drafter with full, causal and windowed layers: context appended, then the block's forward, with the
     kernels == the torch path (float32), for two requests at different context lengths in slots 2 and 0."""
     kernels()
-    from trtllm_dflash.runtime.models.llama import set_attention_kernel
     B, S = 4, 64
     out = {}
     for kernel in ("torch", "triton"):
-        drafter = drafter_with([False, True, False], [None, None, 3], B)
-        assert set_attention_kernel(drafter, kernel) == kernel
+        drafter = drafter_with([False, True, False], [None, None, 3], B,
+                               kernels_=Kernels.choose(kernel, False, "cpu", torch.float32))
+        assert drafter.layers[1].mlp.kernels.triton == (kernel == "triton")
         cache = KVCache(3, 3, 2, S, 16, torch.float32, "cpu")
         g = torch.Generator().manual_seed(1)
         rows, start = torch.tensor([2, 0]), torch.tensor([9, 20])
@@ -157,13 +159,12 @@ def test_target_forward_with_the_kernels(tiny_qwen3_pair):
     kernels()
     from trtllm_dflash.runtime.loader import load_target
     from trtllm_dflash.runtime.distributed import TPGroup
-    from trtllm_dflash.runtime.models.llama import set_attention_kernel
-    target = load_target(tiny_qwen3_pair[0], TPGroup(), torch.device("cpu"), torch.float32, 64)
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(2, 90, (2, 30), generator=g)
     out = {}
     for kernel in ("torch", "triton"):
-        set_attention_kernel(target, kernel)
+        target = load_target(tiny_qwen3_pair[0], TPGroup(), torch.device("cpu"), torch.float32, 64,
+                             kernels=Kernels.choose(kernel, False, "cpu", torch.float32))
         L_, H, D = target.kv_shape()
         cache = KVCache(L_, 3, H, 64, D, torch.float32, "cpu")
         target(ids[:, :20], torch.arange(20).expand(2, 20), cache, slice(0, 2), None)   # prefill 20 tokens
@@ -173,19 +174,44 @@ def test_target_forward_with_the_kernels(tiny_qwen3_pair):
     assert rel(out["triton"], out["torch"]) < 1e-5
 
 
-def test_attention_kernel_setting():
-    assert RuntimeConfig().attention_kernel in ("auto", "triton", "torch")
-    with pytest.raises(DFlashError, match="attention_kernel"):
-        RuntimeConfig(attention_kernel="cuda")
-    assert resolve_attention_kernel("torch", torch.device("cuda")) == "torch"
-    assert resolve_attention_kernel("auto", torch.device("cpu")) == "torch"
+def test_kernels_setting():
+    assert RuntimeConfig().kernels == "auto"
+    with pytest.raises(DFlashError, match="kernels"):
+        RuntimeConfig(kernels="cuda")
+    assert Kernels.choose("torch", False, "cuda", torch.bfloat16) == TORCH
+    assert Kernels.choose("auto", True, "cpu", torch.float32) == TORCH   # float32 CPU BLAS is not row-invariant
+    assert Kernels.choose("auto", True, "cpu", torch.bfloat16) == Kernels(batch_invariant=True)
     saved = os.environ.pop("TRITON_INTERPRET", None)
     try:
-        with pytest.raises(DFlashError, match="attention_kernel: 'triton' runs on CUDA GPUs only"):
-            resolve_attention_kernel("triton", torch.device("cpu"))
+        with pytest.raises(DFlashError, match="kernels: 'triton' runs on CUDA GPUs only"):
+            Kernels.choose("triton", False, "cpu", torch.float32)
     finally:
         if saved is not None:
             os.environ["TRITON_INTERPRET"] = saved
+
+
+def test_the_old_attention_kernel_name_is_read_with_a_warning():
+    # deployment directories and scripts written before the rename say runtime.attention_kernel
+    with pytest.warns(FutureWarning, match="attention_kernel is deprecated: it is now 'kernels'"):
+        assert RuntimeConfig(attention_kernel="torch").kernels == "torch"
+    with pytest.warns(FutureWarning), pytest.raises(DFlashError, match="kernels: unknown value 'cuda'"):
+        RuntimeConfig(attention_kernel="cuda")
+    with pytest.raises(DFlashError, match="attention_kernel: 'torch' contradicts kernels 'triton'"):
+        RuntimeConfig(kernels="triton", attention_kernel="torch")
+
+
+def test_the_engine_refuses_models_built_with_other_kernels(tiny_qwen3_pair):
+    # the kernels are fixed when a module is built: an engine whose config asks for others must not run them
+    from trtllm_dflash.runtime.distributed import TPGroup
+    from trtllm_dflash.runtime.engine import Engine
+    from trtllm_dflash.runtime.loader import load_target
+    target = load_target(tiny_qwen3_pair[0], TPGroup(), torch.device("cpu"), torch.bfloat16, 64,
+                         kernels=Kernels(batch_invariant=True))
+    with pytest.raises(DFlashError, match="kernels: the target was built with"):
+        Engine(target, None, None, RuntimeConfig(max_seq_len=64, block_size=1, dtype="bfloat16"), TPGroup(), set())
+    engine = Engine(target, None, None, RuntimeConfig(max_seq_len=64, block_size=1, dtype="bfloat16",
+                                                      batch_invariant=True), TPGroup(), set())
+    assert engine.kernels == Kernels(batch_invariant=True)
 
 
 # By default DFlash (the drafter's block) only: AR's one-token steps are the T = 1 cases of the unit tests above

@@ -10,8 +10,9 @@ import torch
 
 from tests.runtime.test_engine import eager_graph_paths, prompts
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.draft_schedule import draft_len_schedule
 from trtllm_dflash.runtime.draft_policy import (AcceptanceStats, AdaptivePolicy, CostTable, FixedPolicy,
-                                                candidate_blocks, draft_len_schedule)
+                                                candidate_blocks)
 from trtllm_dflash.runtime.engine import Engine
 
 
@@ -51,8 +52,9 @@ def test_policy_drafts_at_small_batch_and_stops_where_it_does_not_pay():
     sched, raised = draft_len_schedule(pol, 64)
     assert list(sched) == sorted(sched) and sched[1] == 15 and not raised
     assert all(0 < d <= 15 for d in sched.values())
-    # never pays: TensorRT-LLM must draft max_draft_len at batch 1, nothing above
-    assert draft_len_schedule(bad, 64) == ({1: 15}, True)
+    # never pays: TensorRT-LLM must draft max_draft_len at batch 1, and MIN_DRAFT_LEN (never 0) up to the largest
+    # batch (at 0 its DFlash worker skips the tokens: draft_schedule.ZERO_DRAFT_REASON)
+    assert draft_len_schedule(bad, 64) == ({1: 15, 64: 1}, True)
 
 
 def test_adaptive_engine_is_lossless_and_reports_its_blocks(tiny_pair):

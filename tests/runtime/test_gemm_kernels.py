@@ -146,18 +146,19 @@ def test_kernels_compile_for_the_h100(tmp_path):
 
 def test_routing_rule():
     from trtllm_dflash.runtime.fp8 import Fp8Linear
-    from trtllm_dflash.runtime.kernels import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS
+    from trtllm_dflash.runtime.kernels import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS, TORCH, Kernels
+    triton = Kernels(triton=True)
     lin = nn.Linear(8, 4, bias=False)
     x = torch.zeros(2, 3, 8)
-    assert L.uses_gemm_kernel("triton", lin, x)
-    assert not L.uses_gemm_kernel("torch", lin, x)
-    assert not L.uses_gemm_kernel("triton", Fp8Linear(8, 4), x)   # FP8 weights keep torch._scaled_mm
-    assert not L.uses_gemm_kernel("triton", nn.Linear(8, 4, dtype=torch.float64), x.double())   # no fp64 tl.dot
-    assert L.uses_gemm_kernel("triton", lin, torch.zeros(GEMM_MAX_ROWS, 8))
-    assert not L.uses_gemm_kernel("triton", lin, torch.zeros(1, GEMM_MAX_ROWS + 1, 8))
+    assert L.uses_gemm_kernel(triton, lin, x)
+    assert not L.uses_gemm_kernel(TORCH, lin, x)
+    assert not L.uses_gemm_kernel(triton, Fp8Linear(8, 4), x)   # FP8 weights keep torch._scaled_mm
+    assert not L.uses_gemm_kernel(triton, nn.Linear(8, 4, dtype=torch.float64), x.double())   # no fp64 tl.dot
+    assert L.uses_gemm_kernel(triton, lin, torch.zeros(GEMM_MAX_ROWS, 8))
+    assert not L.uses_gemm_kernel(triton, lin, torch.zeros(1, GEMM_MAX_ROWS + 1, 8))
     assert GATED_GEMM_MAX_ROWS > GEMM_MAX_ROWS   # gate_up + SiLU stays on Triton where the plain ones leave it
-    assert L.uses_gemm_kernel("triton", lin, torch.zeros(GATED_GEMM_MAX_ROWS, 8), gated=True)
-    assert not L.uses_gemm_kernel("triton", lin, torch.zeros(GATED_GEMM_MAX_ROWS + 1, 8), gated=True)
+    assert L.uses_gemm_kernel(triton, lin, torch.zeros(GATED_GEMM_MAX_ROWS, 8), gated=True)
+    assert not L.uses_gemm_kernel(triton, lin, torch.zeros(GATED_GEMM_MAX_ROWS + 1, 8), gated=True)
 
 
 class _TwoEqualRanks(TPGroup):
@@ -171,14 +172,15 @@ class _TwoEqualRanks(TPGroup):
         return x.mul_(2)
 
 
-def _tiny_target(tp):
-    from trtllm_dflash.runtime.models.llama import LlamaTarget, TargetConfig
-    c = TargetConfig("Qwen3ForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=96, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6,
-                     rope={"rope_theta": 10000.0, "rope_type": "default"}, max_position_embeddings=64,
-                     tie_word_embeddings=False, attention_bias=False, qk_norm=True)
+def _tiny_target(tp, kernels_):
+    from trtllm_dflash.model_config import LlamaConfig
+    from trtllm_dflash.runtime.models.llama import LlamaTarget
+    c = LlamaConfig(architecture="Qwen3ForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=96, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                    rope={"rope_theta": 10000.0, "rope_type": "default"}, max_position_embeddings=64,
+                    tie_word_embeddings=False, attention_bias=False, qk_norm=True)
     torch.manual_seed(0)
-    model = LlamaTarget(c, tp, 64, capture_layers=(0, 1))
+    model = LlamaTarget(c, tp, 64, capture_layers=(0, 1), kernels=kernels_)
     for p in model.parameters():
         if p.dim() == 1:   # norm weights away from 1, so a mixed-up norm shows
             p.data.uniform_(0.5, 1.5)
@@ -193,18 +195,17 @@ def test_target_layers_with_the_gemm_kernels(tp, monkeypatch):
     residual must join after the all-reduce, in the add + norm."""
     G = kernels()
     from trtllm_dflash.runtime.kv_cache import KVCache
-    from trtllm_dflash.runtime.models.llama import set_attention_kernel
+    from trtllm_dflash.runtime.kernels import Kernels
     calls = {}
     count_calls(monkeypatch, G, ["linear"], calls,
            lambda name, args, kw: "gemm+residual" if (args[3:4] or [kw.get("residual")])[0] is not None else "gemm")
     count_calls(monkeypatch, G, ["gate_up_silu"], calls)
     count_calls(monkeypatch, L, ["silu_mul", "rms_norm", "add_rms_norm"], calls)
     count_calls(monkeypatch, F, ["linear"], calls, lambda name, args, kw: "F.linear")
-    model = _tiny_target(tp)
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     out = {}
     for kernel in ("torch", "triton"):
-        set_attention_kernel(model, kernel)
+        model = _tiny_target(tp, Kernels.choose(kernel, False, "cpu", torch.float32))   # seeded: the same weights
         n_layers, kvh, d = model.kv_shape()
         cache = KVCache(n_layers, 2, kvh, 64, d, torch.float32, "cpu")
         model(ids[:, :9], torch.arange(9).expand(2, 9), cache, slice(0, 2), None)

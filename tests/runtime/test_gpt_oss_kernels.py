@@ -4,7 +4,7 @@ sliding window (runtime/kernels/decode_attention.py) against the torch path it r
 and a float64 reference; the router's top-k + softmax kernel (runtime/kernels/router.py) against torch.topk +
 softmax and a float64 reference, ties included; the fused add + norm against the eager one; and a tiny gpt-oss
 target (sliding window 8, sinks, YaRN, MXFP4 experts dequantised) whose forward and whose engine's greedy tokens
-(AR and DFlash) are the same with attention_kernel "triton" as with "torch".
+(AR and DFlash) are the same with kernels "triton" as with "torch".
 
 float32 and float16 only (the interpreter's tl.dot has no bfloat16; tests/gpu/test_gpt_oss_kernels_cuda.py runs
 bf16 at gpt-oss-20b shapes). Tolerances as tests/runtime/test_decode_attention.py's: float32 1e-5 relative
@@ -199,15 +199,15 @@ def test_target_forward_with_the_kernels(tiny_gpt_oss, monkeypatch):
     from tests.runtime.kernel_engine import count_calls
     calls = count_calls(monkeypatch, R, ["topk_softmax"], {})
     from trtllm_dflash.runtime.distributed import TPGroup
+    from trtllm_dflash.runtime.kernels import Kernels
     from trtllm_dflash.runtime.loader import load_target
-    from trtllm_dflash.runtime.models.llama import set_attention_kernel
-    target = load_target(tiny_gpt_oss[0], TPGroup(), torch.device("cpu"), torch.float32, 64)
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(2, 90, (2, 30), generator=g)
     out = {}
     for kernel in ("torch", "triton"):
-        assert set_attention_kernel(target, kernel) == kernel
-        assert all(layer.self_attn.kernel == kernel for layer in target.layers)
+        target = load_target(tiny_gpt_oss[0], TPGroup(), torch.device("cpu"), torch.float32, 64,
+                             kernels=Kernels.choose(kernel, False, "cpu", torch.float32))
+        assert all(layer.self_attn.kernels.triton == (kernel == "triton") for layer in target.layers)
         L_, H, D = target.kv_shape()
         cache = KVCache(L_, 3, H, 64, D, torch.float32, "cpu")
         with torch.no_grad():

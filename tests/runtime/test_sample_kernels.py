@@ -193,11 +193,12 @@ def test_kernel_draws_follow_the_target_law():
 
 
 def sampling_kernels_only(monkeypatch) -> dict:
-    """Engines built after this run the sampling kernels (attention_kernel="triton") but keep the models on the
-    torch attention (test_decode_attention covers those kernels; here they would only cost interpreter time).
-    Returns {"sample_accept": its call count}."""
-    from trtllm_dflash.runtime import engine as engine_mod
-    monkeypatch.setattr(engine_mod, "set_attention_kernel", lambda model, setting, *invariant: "torch")
+    """Engines built after this run the sampling kernels where kernels="triton" but keep the models on the
+    torch path (test_decode_attention covers those kernels; here they would only cost interpreter time): the
+    choice that loader and engine make keeps only its ``sampling``. Returns {"sample_accept": its call count}."""
+    from trtllm_dflash.runtime.kernels import Kernels
+    choose = Kernels.choose
+    monkeypatch.setattr(Kernels, "choose", classmethod(lambda cls, *a: cls(sampling=choose(*a).sampling)))
     return count_calls(monkeypatch, kernels(), ["sample_accept"], {"sample_accept": 0})
 
 

@@ -108,7 +108,7 @@ def test_oracle_with_the_sampling_kernels(tiny_pair, ar_truth, right, monkeypatc
     calls = sampling_kernels_only(monkeypatch)
     truth = ar_truth["temperature"]
     SampledOracle.truth, SampledOracle.right = truth, right
-    eng = SampledOracle.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(**CFG, attention_kernel="triton"))
+    eng = SampledOracle.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(**CFG, kernels="triton"))
     ps = prompts(4)
     out = eng.generate(ps, params("temperature", 4, 16))
     B = eng.block_size

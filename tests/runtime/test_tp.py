@@ -45,7 +45,8 @@ def test_tp_under_mpiexec_equals_tp1(request, tmp_path, pair_name, tp):
 def test_kv_heads_are_replicated_when_ranks_outnumber_them():
     import torch
 
-    from trtllm_dflash.runtime.shard import check_heads, kv_heads_per_rank
+    from trtllm_dflash.model_config import check_heads
+    from trtllm_dflash.runtime.shard import kv_heads_per_rank
 
     k = torch.arange(2 * 3 * 5).view(2 * 3, 5).float()       # 2 KV heads of head_dim 3, hidden 5
     parts = [slice_for_rank("model.layers.0.self_attn.k_proj.weight", k, 4, r, num_kv_heads=2) for r in range(4)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime.models.dflash import build_target_layer_ids
+from ..model_config import build_target_layer_ids
 from . import hf
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import DFlashError
-from ..runtime import models as _runtime_models
+from ..model_config import TORCH_RUNTIME_ARCHITECTURES
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,6 @@ GPUS: dict[str, GpuProfile] = {
 
 # Targets whose TensorRT-LLM model class captures hidden states for DFlash (matrix says "Yes").
 TRTLLM_DFLASH_ARCHITECTURES = ("GptOssForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM")
-# Our own torch runtime: every architecture in its registry (runtime/models/__init__.py).
-TORCH_RUNTIME_ARCHITECTURES = tuple(_runtime_models.TARGETS)
 # Target attention must be TRTLLM: FlashInfer's decode path assumes one token per sequence.
 TARGET_ATTN_BACKEND = "TRTLLM"
 

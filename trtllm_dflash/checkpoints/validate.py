@@ -7,7 +7,7 @@ checks that passed, which dflash-build records in the manifest.
 from __future__ import annotations
 
 from ..errors import DFlashError
-from ..runtime.models.dflash import DrafterConfig
+from ..model_config import DrafterConfig, check_heads
 
 
 def _target_dims(t: dict) -> tuple[int, int, int, int]:
@@ -21,9 +21,7 @@ def _head_counts(cfg: dict) -> tuple[int, int]:
 
 
 def tp_sizes(*cfgs: dict) -> list[int]:
-    """Every tp_size that the heads of all these models allow (runtime.shard.check_heads' rule for each)."""
-    from ..runtime.shard import check_heads
-
+    """Every tp_size that the heads of all these models allow (model_config.check_heads' rule for each)."""
     top = min(heads for heads, _ in map(_head_counts, cfgs))
     return [k for k in range(1, top + 1) if all(check_heads(*_head_counts(c), k) is None for c in cfgs)]
 
@@ -31,8 +29,6 @@ def tp_sizes(*cfgs: dict) -> list[int]:
 def check_tp(cfg: dict, tp_size: int, who: str, *, together_with: tuple[dict, ...] = ()) -> None:
     """``together_with``: the other models the same ranks split, so the fix lists the sizes that suit them all
     at once (one error, not a second one for the drafter after the target's is fixed)."""
-    from ..runtime.shard import check_heads
-
     problem = check_heads(*_head_counts(cfg), tp_size)
     if problem:
         raise DFlashError("tp_size", f"{problem} of the {who}", f"use one of {tp_sizes(cfg, *together_with)}")

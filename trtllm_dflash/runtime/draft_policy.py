@@ -205,15 +205,6 @@ def break_even(policy: AdaptivePolicy, batch: int = 1) -> str:
             f"acceptance it observes does, it runs block 1 (AR: 0 draft tokens, same output) and probes now and then")
 
 
-def draft_len_schedule(policy: AdaptivePolicy, max_batch_size: int) -> tuple[dict[int, int], bool]:
-    """The policy at its current acceptance estimate as TensorRT-LLM's ``draft_len_schedule`` over batch sizes
-    1..max_batch_size (backends/trtllm.schedule_from_lengths: TensorRT-LLM's reading of it, with its source),
-    and whether batch 1 was raised to the full draft (TensorRT-LLM requires max_draft_len there)."""
-    from ..backends.trtllm import schedule_from_lengths
-    lengths = [best_block(policy, n) - 1 for n in range(1, max_batch_size + 1)]   # lengths[n - 1]: batch n
-    return schedule_from_lengths(lengths, policy.block_size - 1)
-
-
 def best_block(policy: AdaptivePolicy, batch: int) -> int:
     """The block the policy prefers at this batch size at its acceptance estimate, prior included (a schedule
     derived for TensorRT-LLM has only the assumed acceptance to go on), without probing."""

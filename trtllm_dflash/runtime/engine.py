@@ -25,12 +25,12 @@ from ..errors import DFlashError
 from . import loader
 from .distributed import TPGroup
 from .draft_policy import AdaptivePolicy, CostTable, FixedPolicy, break_even, candidate_blocks, measure_costs
-from .models.llama import set_attention_kernel
+from .kernels import Kernels
 from .runner import Launched, Runner
 from .scheduler import Scheduler, SchedulerOutput
-from .sequence import Request, Sequence
+from .sequence import Sequence
 
-__all__ = ["Engine", "Request"]
+__all__ = ["Engine", "Sequence"]
 
 
 @dataclass
@@ -43,6 +43,19 @@ class _Step:
     rows: list[tuple[int, Sequence]]    # (slot, request) decoding in this step
 
 
+def _check_kernels(cfg: RuntimeConfig, target, drafter) -> Kernels:
+    """The Kernels that cfg's kernels / batch_invariant choose for these models' device and dtype, which both models
+    must have been built with (loader.load_pair builds them so): a module's kernels are fixed at construction."""
+    p = next(target.parameters())
+    want = Kernels.choose(cfg.kernels, cfg.batch_invariant, p.device, p.dtype)
+    for who, model in (("target", target), ("drafter", drafter)):
+        if model is not None and model.kernels != want:
+            raise DFlashError("kernels", f"the {who} was built with {model.kernels}, but RuntimeConfig(kernels="
+                              f"{cfg.kernels!r}, batch_invariant={cfg.batch_invariant}) chooses {want} on {p.device}",
+                              "build both models with kernels=Kernels.choose(...) of this config (runtime.loader does)")
+    return want
+
+
 class Engine:
     def __init__(self, target, drafter, tokenizer, cfg: RuntimeConfig, tp: TPGroup, eos_ids: set[int]):
         self.target, self.drafter, self.tokenizer, self.cfg, self.tp = target, drafter, tokenizer, cfg, tp
@@ -50,9 +63,7 @@ class Engine:
         if self.block_size > 1 and drafter is None:
             raise DFlashError("drafter", f"block_size {self.block_size} needs a drafter", "pass --drafter or use block_size 1")
         self.eos_ids = set(eos_ids)
-        for model in (target, drafter):   # before the runner captures graphs: they hold the kernels chosen here
-            if model is not None:
-                set_attention_kernel(model, cfg.attention_kernel, cfg.batch_invariant)
+        self.kernels = _check_kernels(cfg, target, drafter)
         self.runner = Runner(target, drafter, cfg, tp, self.block_size, propose=self._propose)
         self.scheduler = Scheduler(cfg.max_batch_size, cfg.max_num_tokens, self.runner.prefill_shape,
                                    self.runner.chunk_cap)
@@ -117,7 +128,7 @@ class Engine:
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
-                    on_tokens: Callable | None = None, client: str = "") -> Request:
+                    on_tokens: Callable | None = None, client: str = "") -> Sequence:
         if not prompt_ids:
             raise DFlashError("prompt", "is empty", "send at least one token")
         limit = self.cfg.max_seq_len - self.block_size - 1
@@ -141,7 +152,7 @@ class Engine:
     def slots(self) -> list[Sequence | None]:
         return self.scheduler.slots
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] = SamplingParams()) -> list[Request]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] = SamplingParams()) -> list[Sequence]:
         plist = params if isinstance(params, list) else [params] * len(prompts)
         reqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
         while not all(r.done for r in reqs):
@@ -157,7 +168,7 @@ class Engine:
                 **{f"steps_block_{b}": k for b, k in sorted(self.block_counts.items())}}   # flat ints: /metrics
 
     # ---- the loop -------------------------------------------------------------------------------
-    def step(self) -> list[Request]:
+    def step(self) -> list[Sequence]:
         """Schedule and enqueue this step (prefill chunks, then one draft + verify over the decoding slots), then
         read and post-process the previous one while the device runs this one (the overlap of SGLang's and vLLM
         V1's schedulers). Returns the requests that finished; a request's tokens come one step after its step ran.
@@ -170,7 +181,7 @@ class Engine:
         self._in_flight = launched
         return finished
 
-    def _schedule(self) -> tuple[SchedulerOutput, list[Request], dict[int, Sequence]]:
+    def _schedule(self) -> tuple[SchedulerOutput, list[Sequence], dict[int, Sequence]]:
         """Rank 0 decides and broadcasts; the other ranks receive the same SchedulerOutput.
         Returns it, the waiting requests cancelled, and the admitted Sequences by request id."""
         if self.tp.rank == 0:
@@ -183,7 +194,7 @@ class Engine:
             raise StopIteration
         return out, [], {rid: Sequence(p, sp, request_id=rid, slot=slot) for slot, p, sp, rid in out.admit}
 
-    def _apply(self, out: SchedulerOutput, arriving: dict[int, Sequence]) -> list[Request]:
+    def _apply(self, out: SchedulerOutput, arriving: dict[int, Sequence]) -> list[Sequence]:
         """Cancelled requests leave their slots, then admitted ones take theirs."""
         leaving = set(out.cancel)
         finished = [self._finish(s, "cancelled") for s in self.slots if s is not None and s.request_id in leaving]
@@ -203,7 +214,7 @@ class Engine:
         rows = [(i, seq) for i, seq in enumerate(self.slots[: out.decode_rows]) if seq is not None and seq.decoding]
         return _Step(out, handle, first, rows)
 
-    def _postprocess(self, st: "_Step") -> list[Request]:
+    def _postprocess(self, st: "_Step") -> list[Sequence]:
         firsts, t, a = self.runner.collect(st.handle)   # the step's one host sync
         finished = []
         for slot, seq in st.first:
@@ -221,7 +232,7 @@ class Engine:
             finished += self._postprocess_decode(st.out, live, t, a)
         return finished
 
-    def _postprocess_decode(self, out: SchedulerOutput, rows, t: list[list[int]], a: list[int]) -> list[Request]:
+    def _postprocess_decode(self, out: SchedulerOutput, rows, t: list[list[int]], a: list[int]) -> list[Sequence]:
         b = out.block
         self.counters["steps"] += 1
         running = self.scheduler.num_running()
@@ -250,7 +261,7 @@ class Engine:
         return self.runner.draft(last, pos, start, rows, ctx_len, num_drafts)
 
     # ---- bookkeeping ----------------------------------------------------------------------------
-    def _emit(self, req: Request, toks: list[int]) -> str | None:
+    def _emit(self, req: Sequence, toks: list[int]) -> str | None:
         """Append committed tokens (cut at a stop token or the budget); returns a finish reason or None."""
         p, reason = req.params, None
         if req.stop_ids is None:   # once per request: this runs for every row of every step
@@ -273,7 +284,7 @@ class Engine:
             req.on_tokens(req, toks)
         return reason
 
-    def _finish(self, req: Request, reason: str) -> Request:
+    def _finish(self, req: Sequence, reason: str) -> Sequence:
         req.finish_reason = reason
         if req.slot >= 0 and self.slots[req.slot] is req:
             self.slots[req.slot] = None

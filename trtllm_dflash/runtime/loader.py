@@ -20,10 +20,12 @@ from torch import nn
 from ..checkpoints import hf, validate
 from ..deployment import Deployment
 from ..errors import DFlashError
+from ..model_config import DrafterConfig, target_config
 from . import fp8, quant
 from .distributed import TPGroup, init_tp, launcher_rank_and_size
-from .models import mxfp4, target_config, target_family
-from .models.dflash import DFlashDrafter, DrafterConfig
+from .kernels import TORCH, Kernels
+from .models import mxfp4, target_family
+from .models.dflash import DFlashDrafter
 from .models.layers import Rotary
 from .shard import slice_for_rank
 
@@ -102,18 +104,20 @@ def _assign(module: nn.Module, sd: dict[str, torch.Tensor], where: str, device, 
 
 def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capture: tuple[int, ...] = (),
                 allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1,
-                fp8_gemm: bool | None = False, mxfp4_moe: str = "dequant", hf_cfg: dict | None = None):
+                fp8_gemm: bool | None = False, mxfp4_moe: str = "dequant", hf_cfg: dict | None = None,
+                kernels: Kernels = TORCH):
     """The target model for this rank; its class comes from config.json ``architectures`` (models.TARGETS).
     ``hf_cfg``: its config.json when the caller has read it already (read here otherwise).
 
     ``fp8_gemm``: FP8 linears of Llama-family targets become fp8.Fp8Linear (None = where the device runs them).
-    ``mxfp4_moe``: how MoE targets run MXFP4 experts (models/mxfp4.resolve_backend: auto, triton, dequant)."""
+    ``mxfp4_moe``: how MoE targets run MXFP4 experts (models/mxfp4.resolve_backend: auto, triton, dequant).
+    ``kernels``: what its modules run (Kernels.choose)."""
     hf_cfg = hf_cfg if hf_cfg is not None else hf.read_config(path)
     family = target_family(hf_cfg)
     cfg = family.config.from_hf(hf_cfg)
     moe_backend = mxfp4.resolve_backend(mxfp4_moe, hf_cfg, torch.device(device)) if family.moe else "dequant"
     with torch.device("meta"):
-        model = family.build(cfg, tp, max_positions, capture, ep_size, moe_backend)
+        model = family.build(cfg, tp, max_positions, capture, ep_size, moe_backend, kernels)
     # ModelOpt FP8 / NVFP4 linears -> plain weights of this rank (runtime/quant.py); scales consumed. For fp8_gemm
     # FP8 weights stay FP8; families with their own tensor mapping (gpt-oss: MXFP4 experts) are always dequantised.
     asked = fp8_gemm
@@ -141,10 +145,10 @@ def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capt
 
 def load_drafter(path: Path, target_hidden: int, tp: TPGroup, device, dtype, max_positions: int,
                  allow_pickle: bool = False, presharded: dict | None = None,
-                 hf_cfg: dict | None = None) -> DFlashDrafter:
+                 hf_cfg: dict | None = None, kernels: Kernels = TORCH) -> DFlashDrafter:
     cfg = DrafterConfig.from_hf(hf_cfg if hf_cfg is not None else hf.read_config(path))
     with torch.device("meta"):
-        model = DFlashDrafter(cfg, target_hidden, tp, max_positions)
+        model = DFlashDrafter(cfg, target_hidden, tp, max_positions, kernels)
     sd = _fuse(_read(path, tp, allow_pickle, presharded, "drafter.", num_kv_heads=cfg.num_kv_heads), "",
                cfg.num_layers)
     _assign(model, sd, f"drafter {path}", device, dtype)
@@ -190,11 +194,12 @@ def load_pair(target_dir, drafter_dir, cfg, *, tp_size: int = 1, allow_pickle: b
     if device.type == "cuda" and tp.size > 1:
         device = torch.device("cuda", torch.cuda.current_device())
     positions = cfg.max_seq_len
+    kernels = Kernels.choose(cfg.kernels, cfg.batch_invariant, device, dtype)
     drafter = (load_drafter(Path(drafter_dir), tcfg["hidden_size"], tp, device, dtype, positions, allow_pickle,
-                            presharded, hf_cfg=dcfg) if dcfg is not None else None)
+                            presharded, hf_cfg=dcfg, kernels=kernels) if dcfg is not None else None)
     capture = drafter.config.target_layer_ids if drafter is not None else ()
     target = load_target(target_dir, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size,
-                         fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe, hf_cfg=tcfg)
+                         fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe, hf_cfg=tcfg, kernels=kernels)
     tokenizer = load_tokenizer(target_dir)
     return Loaded(target, drafter, tokenizer, tp, eos_ids(target_dir, tcfg, tokenizer))
 

@@ -17,7 +17,6 @@ import torch
 from ..config import RuntimeConfig, SamplingParams
 from .distributed import TPGroup
 from .graphs import capture
-from .kernels import resolve_attention_kernel
 from .kv_cache import KVCache
 from .sampling import Commit, SamplingBatch, accept, commit, flags, sample, seed_int64
 
@@ -67,10 +66,10 @@ class Runner:
         self._arange = torch.arange(block_size, device=self.device)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.use_graphs = cfg.cuda_graphs and self.device.type == "cuda"
-        # The step's sampling + acceptance kernels follow RuntimeConfig.attention_kernel, as the models' do; not
-        # under TP, where the torch path broadcasts rank 0's samples.
+        # The step's sampling + acceptance kernels: as chosen with the target's (Kernels.sampling; the engine checked
+        # that choice against RuntimeConfig.kernels); not under TP, where the torch path broadcasts rank 0's samples.
         self._sample_kernels = None
-        if resolve_attention_kernel(cfg.attention_kernel, self.device) == "triton" and not tp.active:
+        if target.kernels.sampling and not tp.active:
             from .kernels import sample as sample_kernels
             self._sample_kernels = sample_kernels
         self.captured_mid_run = 0                 # graphs captured after warm_up(): each one a stall

@@ -38,5 +38,3 @@ class Sequence:
         """Prompt fully in the cache: the request takes part in draft + verify steps."""
         return self.num_prefilled == len(self.prompt_ids) and not self.done
 
-
-Request = Sequence  # the name serving/, bench/ and tests use

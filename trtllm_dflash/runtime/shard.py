@@ -42,17 +42,6 @@ def shard_dim(name: str) -> int | str | None:
     return None
 
 
-def check_heads(num_heads: int, num_kv_heads: int, tp_size: int) -> str | None:
-    """None when tp_size can split these attention heads, else what is wrong: the query heads must split evenly;
-    the KV heads split evenly too, or are replicated when tp_size is a multiple of them."""
-    if num_heads % tp_size:
-        return f"{tp_size} does not divide num_attention_heads ({num_heads})"
-    if num_kv_heads % tp_size and tp_size % num_kv_heads:
-        return (f"{tp_size} neither divides num_key_value_heads ({num_kv_heads}) nor is a multiple of it (KV heads are "
-                "split over the ranks, or replicated when there are more ranks than KV heads)")
-    return None
-
-
 def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
     """KV heads one rank holds: its share, or 1 (a replica) when there are more ranks than KV heads."""
     return max(1, num_kv_heads // tp_size)

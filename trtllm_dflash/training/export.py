@@ -22,7 +22,8 @@ import torch
 from ..checkpoints import drafter_formats, hf
 from ..config import RuntimeConfig, SamplingParams
 from ..errors import DFlashError
-from ..runtime.models.layers import rope_inv_freq, rope_parameters
+from ..model_config import rope_parameters
+from ..runtime.models.layers import rope_inv_freq
 from .modelopt_model import versions
 from .settings import TrainConfig
 

@@ -21,8 +21,8 @@ import torch
 
 from ..checkpoints import hf
 from ..errors import DFlashError
-from ..runtime.models.dflash import build_target_layer_ids
-from ..runtime.models.layers import rope_inv_freq, rope_parameters
+from ..model_config import build_target_layer_ids, rope_parameters
+from ..runtime.models.layers import rope_inv_freq
 from ..versions import installed
 from .settings import TrainConfig
 

@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Hand-written GPU kernels of the runtime (OpenAI Triton). Importing this package does not import Triton:
-``resolve_attention_kernel`` does, once, where RuntimeConfig.attention_kernel asks for the kernels."""
+``Kernels.choose`` does, once, where RuntimeConfig.kernels asks for them."""
 from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -25,22 +26,31 @@ GATED_GEMM_MAX_ROWS = 128
 SETTINGS = ("auto", "triton", "torch")
 
 
-class Kernel(str):
-    """A resolved RuntimeConfig.attention_kernel ("triton" or "torch", equal to that string) that also carries
-    RuntimeConfig.batch_invariant: every module with a ``kernel`` switch holds one (models/llama.set_attention_kernel),
-    and the shared helpers of models/layers.py read ``batch_invariant`` from it, so call sites pass one value."""
+@dataclass(frozen=True)
+class Kernels:
+    """Which kernels the decode path runs, chosen once (``choose``) and handed to every module when it is built:
+    a module keeps the choice it was built with (no switch flips after construction, so CUDA graphs captured later
+    hold exactly these kernels)."""
 
-    batch_invariant: bool
+    triton: bool = False            # the Triton kernels of runtime/kernels/ for the models: q/k norm + RoPE + cache
+    #                                 write, attention against the cache, the decode GEMMs and their epilogues,
+    #                                 gpt-oss's router; False = the torch path (the reference; the only one on CPU)
+    sampling: bool = False          # the step's sampling + acceptance + commit in kernels/sample.py (runner.py)
+    # RuntimeConfig.batch_invariant where this device has a batch-invariant path: the Triton kernels' fixed launches
+    # (every GEMM, attention and norm at every block size), or on the CPU in bfloat16 / float16 the torch path's
+    # matmul attention for prefill too (its half-precision matmuls give a row the same bits whatever shares it;
+    # float32 BLAS does not, so float32 on the CPU keeps SDPA); the torch path on CUDA (cuBLAS, SDPA) has none.
+    batch_invariant: bool = False
 
-    def __new__(cls, name: str, batch_invariant: bool = False):
-        k = super().__new__(cls, name)
-        k.batch_invariant = bool(batch_invariant)
-        return k
+    @classmethod
+    def choose(cls, setting: str, batch_invariant: bool, device, dtype: torch.dtype) -> Kernels:
+        """RuntimeConfig.kernels and .batch_invariant as they resolve for models on ``device`` in ``dtype``."""
+        triton = resolve_setting(setting, torch.device(device))
+        half_cpu = torch.device(device).type == "cpu" and dtype in (torch.bfloat16, torch.float16)
+        return cls(triton=triton, sampling=triton, batch_invariant=bool(batch_invariant and (triton or half_cpu)))
 
 
-def batch_invariant(kernel: str) -> bool:
-    """Whether ``kernel`` (a Kernel or a plain "triton" / "torch") asks for the batch-invariant path."""
-    return getattr(kernel, "batch_invariant", False)
+TORCH = Kernels()
 
 
 @functools.cache   # a device property query per kernel launch would be host work on the decode path
@@ -54,20 +64,20 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def resolve_attention_kernel(setting: str, device: torch.device) -> str:
-    """RuntimeConfig.attention_kernel -> "triton" or "torch". auto = triton on CUDA, else torch. "triton" off
-    CUDA is an error, except under TRITON_INTERPRET=1 (the CPU tests run the kernels in Triton's interpreter)."""
+def resolve_setting(setting: str, device: torch.device) -> bool:
+    """Whether RuntimeConfig.kernels runs the Triton kernels on ``device``: auto = on CUDA. "triton" off CUDA is an
+    error, except under TRITON_INTERPRET=1 (the CPU tests run the kernels in Triton's interpreter)."""
     if setting not in SETTINGS:
-        raise DFlashError("attention_kernel", f"unknown value {setting!r}", f"use one of {', '.join(SETTINGS)}")
+        raise DFlashError("kernels", f"unknown value {setting!r}", f"use one of {', '.join(SETTINGS)}")
     kind = torch.device(device).type
     if setting == "torch" or (setting == "auto" and kind != "cuda"):
-        return "torch"
+        return False
     if kind != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise DFlashError("attention_kernel", f"'triton' runs on CUDA GPUs only, not on {kind}",
-                          "use attention_kernel='torch' (or 'auto') on this device")
+        raise DFlashError("kernels", f"'triton' runs on CUDA GPUs only, not on {kind}",
+                          "use kernels='torch' (or 'auto') on this device")
     try:
         from . import decode_attention  # noqa: F401
     except Exception as err:  # a broken Triton install must be seen, not routed around
-        raise DFlashError("attention_kernel", f"{setting!r} needs OpenAI Triton, which failed to import ({err!r})",
-                          "install triton (it ships with CUDA builds of torch) or set attention_kernel='torch'")
-    return "triton"
+        raise DFlashError("kernels", f"{setting!r} needs OpenAI Triton, which failed to import ({err!r})",
+                          "install triton (it ships with CUDA builds of torch) or set kernels='torch'")
+    return True

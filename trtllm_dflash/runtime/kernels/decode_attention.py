@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Triton kernels for the attention of the Llama family, the drafter and gpt-oss on the decode path
-(RuntimeConfig.attention_kernel).
+(RuntimeConfig.kernels).
 
 Two kernels replace what was, per layer, a compiled norm+RoPE chain, two ``index_put`` cache writes, a mask
 and a cuDNN SDPA call (or two batched matmuls and a masked softmax):

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Triton GEMMs for the decode path's few rows (M = requests x block tokens, up to kernels.GEMM_MAX_ROWS), with
-the MLP's and the residual stream's elementwise work fused into the epilogue (RuntimeConfig.attention_kernel).
+the MLP's and the residual stream's elementwise work fused into the epilogue (RuntimeConfig.kernels).
 
   linear        out [M, N] = x [M, K] @ W[N, K]^T (+ bias) (+ residual): qkv_proj plain; o_proj and down_proj with
                 the residual add in the epilogue, so the norm after them is a plain RMSNorm (one kernel per GEMM

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""gpt-oss's router on the decode path (RuntimeConfig.attention_kernel "triton"): after the router GEMM
+"""gpt-oss's router on the decode path (RuntimeConfig.kernels "triton"): after the router GEMM
 (nn.Linear with bias), top-k and softmax over the k chosen logits in one kernel, one program per token; it
 replaces torch.topk + torch.softmax (two or more kernels per layer).
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Triton kernels for the sampling + acceptance + commit of a decode step (RuntimeConfig.attention_kernel).
+"""Triton kernels for the sampling + acceptance + commit of a decode step (RuntimeConfig.kernels).
 
 They replace, per step, the torch chain of runtime/sampling.py (argmax; for sampled rows the counter-based
 hash noise, two logs, a division, an add and an argmax; accept's eq/cumprod/sum) and sampling.commit

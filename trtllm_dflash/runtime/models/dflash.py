@@ -10,98 +10,17 @@ turn positions 1..B-1 into the B-1 draft tokens.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...errors import DFlashError
+from ...model_config import DrafterConfig
 from ..distributed import TPGroup
+from ..kernels import TORCH, Kernels
 from ..kv_cache import KVCache
-from .gpt_oss import gpt_oss_rope
-from .layers import (KeyRange, RMSNorm, Rotary, gemm, group_mask, project, rope_cache_write, rope_parameters,
-                     uses_attention_kernel, uses_gemm_kernel)
+from .layers import (KeyRange, RMSNorm, Rotary, gemm, group_mask, project, rope_cache_write, uses_attention_kernel,
+                     uses_gemm_kernel)
 from .llama import Attention, DecoderLayer, check_tp
-
-# Optional reference-package fields that change the math; we refuse them rather than ignore them.
-_UNSUPPORTED = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
-
-
-def build_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
-    """The paper's default taps: uniform from the 2nd layer to the 3rd-to-last."""
-    if num_features == 1:
-        return [num_target_layers // 2]
-    span = num_target_layers - 4
-    return [round(1 + i * span / (num_features - 1)) for i in range(num_features)]
-
-
-@dataclass(frozen=True)
-class DrafterConfig:
-    block_size: int
-    mask_token_id: int
-    target_layer_ids: tuple[int, ...]
-    num_target_layers: int | None
-    vocab_size: int | None
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope: dict
-    max_position_embeddings: int
-    attention_bias: bool
-    layer_causal: tuple[bool, ...]          # per layer: causal inside the block (sliding-window drafters)
-    layer_window: tuple[int | None, ...]    # per layer: sliding window over positions, None = full
-
-    @classmethod
-    def from_hf(cls, cfg: dict) -> "DrafterConfig":
-        d = cfg.get("dflash_config") or {}
-
-        def pick(name):
-            return d.get(name, cfg.get(name))
-
-        for name, neutral in _UNSUPPORTED.items():
-            if pick(name) not in (None, neutral):
-                raise DFlashError(f"drafter dflash_config.{name}", f"= {pick(name)} is not supported",
-                                  "use a drafter without it (z-lab DFlash v1 layout)")
-        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
-            if name not in cfg:
-                raise DFlashError(f"drafter config.json {name}", "missing", "re-export the drafter in the z-lab layout")
-        block = pick("block_size")
-        if block is None:
-            raise DFlashError("drafter config.json block_size", "missing", "set block_size (16 for z-lab Qwen3 drafters)")
-        mask = pick("mask_token_id")
-        if mask is None:
-            raise DFlashError("drafter dflash_config.mask_token_id", "missing", "set it to the id the drafter was trained with")
-        n_layers, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
-        ids = pick("target_layer_ids")
-        if ids is None:
-            if cfg.get("num_target_layers") is None:
-                raise DFlashError("drafter dflash_config.target_layer_ids", "missing (and no num_target_layers)",
-                                  "set target_layer_ids to the target layers the drafter was trained on")
-            ids = build_target_layer_ids(cfg["num_target_layers"], n_layers)
-        types = cfg.get("layer_types") or ["full_attention"] * n_layers
-        causal_all = cfg.get("is_causal")
-        return cls(
-            block_size=int(block), mask_token_id=int(mask), target_layer_ids=tuple(int(i) for i in ids),
-            num_target_layers=cfg.get("num_target_layers"), vocab_size=cfg.get("vocab_size"),
-            hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"], num_layers=n_layers,
-            num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            # gpt-oss drafters say model_type gpt_oss and give no rope_scaling: transformers' GptOssConfig (which
-            # the reference and TensorRT-LLM load them with) fills the target's YaRN; layer_types stay as written.
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope=gpt_oss_rope(cfg) if cfg.get("model_type") == "gpt_oss" else rope_parameters(cfg),
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            attention_bias=bool(cfg.get("attention_bias", False)),
-            # Same rule as the reference: sliding layers are causal unless the config says otherwise.
-            layer_causal=tuple(bool(causal_all) if causal_all is not None else t == "sliding_attention" for t in types),
-            layer_window=tuple(cfg.get("sliding_window") if t == "sliding_attention" else None for t in types),
-        )
-
 
 class DraftAttention(Attention):
     """The target's attention with Qwen3's q/k norm and o bias (gpt-oss drafters have one). forward() is the
@@ -109,8 +28,8 @@ class DraftAttention(Attention):
     attention reads one tensor; append_context overwrites those rows after the verify) -> attend over
     cache[:kv_len] -> o_proj. context() writes K/V of target features, with no queries."""
 
-    def __init__(self, c: DrafterConfig, tp: TPGroup):
-        super().__init__(c, tp, qk_norm=True, o_bias=c.attention_bias)
+    def __init__(self, c: DrafterConfig, tp: TPGroup, kernels: Kernels = TORCH):
+        super().__init__(c, tp, qk_norm=True, o_bias=c.attention_bias, kernels=kernels)
 
     def context(self, x: torch.Tensor, cos, sin, cache: KVCache, layer: int, rows, positions) -> None:
         # x [n, T, hidden], cos/sin [n, T, 1, d], positions [n, T]: the k/v rows of qkv_proj (the same
@@ -120,23 +39,26 @@ class DraftAttention(Attention):
         q_rows = self.h * self.d
         bias = self.qkv_proj.bias[q_rows:] if self.qkv_proj.bias is not None else None
         w = self.qkv_proj.weight[q_rows:]
-        kv = gemm(x, w, bias, kernel=self.kernel) if uses_gemm_kernel(self.kernel, self.qkv_proj, x) else F.linear(x, w, bias)
+        if uses_gemm_kernel(self.kernels, self.qkv_proj, x):
+            kv = gemm(x, w, bias, invariant=self.kernels.batch_invariant)
+        else:
+            kv = F.linear(x, w, bias)
         k, v = kv.view(n, T, 2 * self.kvh, self.d).chunk(2, dim=2)
         rope_cache_write(None, k, v, cos, sin, None, self.k_norm.weight, self.eps, cache, layer, rows, positions,
-                         self.kernel, want_k=False)
+                         self.kernels, want_k=False)
 
 
 class DFlashDrafter(nn.Module):
-    def __init__(self, c: DrafterConfig, target_hidden_size: int, tp: TPGroup, max_positions: int):
+    def __init__(self, c: DrafterConfig, target_hidden_size: int, tp: TPGroup, max_positions: int,
+                 kernels: Kernels = TORCH):
         super().__init__()
         check_tp(c.num_heads, c.num_kv_heads, tp.size, "drafter")
-        self.config = c
-        self.layers = nn.ModuleList(DecoderLayer(c, tp, DraftAttention(c, tp)) for _ in range(c.num_layers))
+        self.config, self.kernels = c, kernels   # Triton: fc on the Triton GEMM where uses_gemm_kernel
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, DraftAttention(c, tp, kernels)) for _ in range(c.num_layers))
         self.fc = nn.Linear(len(c.target_layer_ids) * target_hidden_size, c.hidden_size, bias=False)
-        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
         self.rotary = Rotary(c.rope, c.head_dim, max_positions, c.max_position_embeddings)
-        self.kernel = "torch"   # "triton": fc on the Triton GEMM where uses_gemm_kernel (set_attention_kernel)
 
     def kv_shape(self) -> tuple[int, int, int]:
         a = self.layers[0].self_attn
@@ -144,7 +66,7 @@ class DFlashDrafter(nn.Module):
 
     def append_context(self, feats: torch.Tensor, positions: torch.Tensor, cache: KVCache, rows) -> None:
         """Write context K/V for target features feats [n, T, n_feat * hidden] at positions [n, T]."""
-        ctx = self.hidden_norm(project(self.kernel, self.fc, feats))
+        ctx = self.hidden_norm(project(self.kernels, self.fc, feats))
         cos, sin = self.rotary.tables(positions, ctx.dtype)
         for i, layer in enumerate(self.layers):
             layer.self_attn.context(ctx, cos, sin, cache, i, rows, positions)

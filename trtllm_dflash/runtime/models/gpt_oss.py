@@ -8,7 +8,7 @@ sliding-window (``sliding_window`` = 128) and full layers (``layer_types``); the
 ``(clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g)`` with ``g = min(gate, 7)``, gate/up interleaved in the
 Hugging Face layout (gate = even columns).
 
-Decode path (RuntimeConfig.attention_kernel "triton", set on every Attention by llama.set_attention_kernel): the
+Decode path (RuntimeConfig.kernels "triton": every module built with Kernels(triton=True)): the
 layer runs as the Llama family's does: qkv and o_proj on the Triton GEMM at decode sizes (layers.uses_gemm_kernel),
 RoPE + cache write in one Triton kernel and attention against the cache in the decode attention kernel
 (runtime/kernels/decode_attention.py), here with the sinks and the sliding window (as KeyRange lo = pos - window
@@ -35,85 +35,22 @@ ranks split each expert's intermediate dim; the router is replicated, every rank
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...errors import DFlashError
+from ...model_config import GptOssConfig, check_heads
 from ..distributed import TPGroup
+from ..kernels import TORCH, Kernels
 from ..kv_cache import KVCache
-from ..shard import check_heads, expert_layout, kv_heads_per_rank
+from ..shard import expert_layout, kv_heads_per_rank
 from . import mxfp4
 from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, _fused, apply_rope, attend_cache, project, rope_cache_write,
-                     rope_parameters, uses_attention_kernel)
+                     uses_attention_kernel)
 
-ARCHITECTURES = ("GptOssForCausalLM",)
 SWIGLU_ALPHA = 1.702  # fixed in the reference (not a config field)
-# transformers' GptOssConfig fills these when config.json has no rope_scaling / rope_parameters.
-YARN_DEFAULT = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                "original_max_position_embeddings": 4096}
 _ATTN_CHUNK = 1 << 28  # float32 score elements per attention chunk (1 GiB), bounds long-prefill memory
-
-
-def gpt_oss_rope(cfg: dict) -> dict:
-    """RoPE parameters as transformers' GptOssConfig reads config.json: YaRN defaults when none are given
-    (also used for gpt-oss DFlash drafters, whose config.json says ``model_type: gpt_oss`` and has none)."""
-    has_scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or {}).get("rope_type")
-    cfg = {**cfg, "rope_theta": cfg.get("rope_theta", 150000.0)}  # GptOssConfig.default_theta
-    return rope_parameters(cfg if has_scaling else {**cfg, "rope_scaling": YARN_DEFAULT})
-
-
-@dataclass(frozen=True)
-class GptOssConfig:
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    num_experts: int
-    experts_per_token: int
-    rms_norm_eps: float
-    rope: dict
-    max_position_embeddings: int
-    sliding_window: int
-    layer_types: tuple[str, ...]
-    swiglu_limit: float
-    attention_bias: bool
-    tie_word_embeddings: bool
-
-    @classmethod
-    def from_hf(cls, cfg: dict) -> "GptOssConfig":
-        arch = (cfg.get("architectures") or ["?"])[0]
-        if arch not in ARCHITECTURES:
-            raise DFlashError("target architectures", f"{arch} is not a gpt-oss model", "use GptOssForCausalLM")
-        quant = (cfg.get("quantization_config") or {}).get("quant_method")
-        if quant not in (None, "mxfp4"):
-            raise DFlashError("target quantization_config.quant_method", f"{quant!r} is not supported for gpt-oss "
-                              "by the torch runtime", "use the published MXFP4 checkpoint or a bf16 one")
-        n = cfg["num_hidden_layers"]
-        types = tuple(cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
-                                                  for i in range(n)])
-        if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
-            raise DFlashError("target layer_types", f"expected {n} of sliding_attention/full_attention, got {types}",
-                              "fix config.json (gpt-oss alternates sliding and full layers)")
-        heads = cfg["num_attention_heads"]
-        return cls(
-            architecture=arch, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"], num_layers=n, num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or 64,
-            num_experts=cfg.get("num_local_experts") or cfg["num_experts"],
-            experts_per_token=cfg.get("num_experts_per_tok") or cfg["experts_per_token"],
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5), rope=gpt_oss_rope(cfg),
-            max_position_embeddings=cfg.get("max_position_embeddings", 131072),
-            sliding_window=cfg.get("sliding_window") or 128, layer_types=types,
-            swiglu_limit=float(cfg.get("swiglu_limit", 7.0)), attention_bias=bool(cfg.get("attention_bias", True)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        )
 
 
 def check_parallel(c: GptOssConfig, tp_size: int, ep_size: int) -> None:
@@ -187,14 +124,14 @@ def attend_with_sinks(q, k, v, visible, sinks, scale: float) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, c: GptOssConfig, tp: TPGroup, sliding: bool):
+    def __init__(self, c: GptOssConfig, tp: TPGroup, sliding: bool, kernels: Kernels = TORCH):
         super().__init__()
         self.h, self.kvh, self.d = c.num_heads // tp.size, kv_heads_per_rank(c.num_kv_heads, tp.size), c.head_dim
         self.qkv_proj = nn.Linear(c.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=c.attention_bias)
         self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)
         self.sinks = nn.Parameter(torch.empty(self.h))  # this rank's q heads' sink logits
         self.sliding, self.tp, self.window = sliding, tp, c.sliding_window
-        self.kernel = "torch"   # "triton": the decode kernels (llama.set_attention_kernel)
+        self.kernels = kernels   # Triton: the decode kernels
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
                 add_bias: bool = True):
@@ -203,16 +140,16 @@ class Attention(nn.Module):
         (Rotary.tables) -> [n, T, hidden], o_proj's bias added iff ``add_bias``
         (the fused path adds it in the following add + norm)."""
         n, T, _ = x.shape
-        qkv = project(self.kernel, self.qkv_proj, x)   # [n, T, (h + 2 kvh) d]; the Triton GEMM where uses_gemm_kernel
+        qkv = project(self.kernels, self.qkv_proj, x)   # [n, T, (h + 2 kvh) d]; the Triton GEMM where uses_gemm_kernel
         q, k, v = qkv.view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)  # [n, T, H, d]
-        if self.kernel == "triton":
+        if self.kernels.triton:
             # no q/k norm (weights None); k for the prefill's attention only
-            q, k = rope_cache_write(q, k, v, cos, sin, None, None, 0.0, cache, layer, rows, positions, "triton",
+            q, k = rope_cache_write(q, k, v, cos, sin, None, None, 0.0, cache, layer, rows, positions, self.kernels,
                                     want_k=kv_len is None)
             if isinstance(visible, KeyRange):   # on a sliding layer the keys carry the window: span = its reach
                 span = self.window + T - 1 if self.sliding else None
                 return self._out(attend_cache(q, cache, layer, rows, kv_len, visible, self.d ** -0.5, self.sinks, span,
-                                              kernel=self.kernel),
+                                              invariant=self.kernels.batch_invariant),
                                  add_bias)
         else:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)   # elementwise: the [n, T, H, d] layout is fine
@@ -225,7 +162,7 @@ class Attention(nn.Module):
 
     def _out(self, out: torch.Tensor, add_bias: bool) -> torch.Tensor:
         # row-parallel: the bias once, after the all-reduce (here or in the next add + norm)
-        out = self.tp.all_reduce(project(self.kernel, self.o_proj, out, bias=False))
+        out = self.tp.all_reduce(project(self.kernels, self.o_proj, out, bias=False))
         return out if self.o_proj.bias is None or not add_bias else out + self.o_proj.bias
 
 
@@ -352,20 +289,21 @@ class MoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, sliding: bool, moe_backend: str):
+    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, sliding: bool, moe_backend: str,
+                 kernels: Kernels = TORCH):
         super().__init__()
-        self.input_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = Attention(c, tp, sliding)
-        self.post_attention_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.input_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
+        self.self_attn = Attention(c, tp, sliding, kernels)
+        self.post_attention_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
         self.mlp = MoE(c, tp, ep_size, moe_backend)
 
     def forward(self, h, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
                 next_norm: GptOssRMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         """h = input_layernorm(x), x [n, T, hidden] -> (next_norm(y), y) for the layer's output y (the same
         contract as llama.DecoderLayer: the next layer's input norm runs here, after the last residual add).
-        With the decode kernels (self_attn.kernel "triton") o_proj's bias joins the first add + norm, and the
+        With the decode kernels (self_attn.kernels.triton) o_proj's bias joins the first add + norm, and the
         router's top-k runs fused."""
-        fused = self.self_attn.kernel == "triton"
+        fused = self.self_attn.kernels.triton
         a = self.self_attn(h, cos, sin, cache, layer, rows, positions, visible, kv_len, add_bias=not fused)
         h, x = self.post_attention_layernorm(a, x, bias=self.self_attn.o_proj.bias if fused else None, fused=fused)
         return next_norm(self.mlp(h, fused), x, fused=fused)
@@ -376,17 +314,17 @@ class GptOssTarget(TargetHead):
     outputs of ``capture_layers`` (z-lab convention: layer i output = HF ``hidden_states[i + 1]``)."""
 
     def __init__(self, c: GptOssConfig, tp: TPGroup, max_positions: int, capture_layers: tuple[int, ...] = (),
-                 ep_size: int = 1, moe_backend: str = "dequant"):
+                 ep_size: int = 1, moe_backend: str = "dequant", kernels: Kernels = TORCH):
         super().__init__()
         check_parallel(c, tp.size, ep_size)
         if moe_backend not in MOE_BACKENDS:
             raise DFlashError("mxfp4_moe", f"unknown backend {moe_backend!r}", f"use one of {', '.join(MOE_BACKENDS)}")
         self.config, self.tp, self.ep_size, self.capture_layers = c, tp, ep_size, tuple(capture_layers)
-        self.moe_backend = moe_backend
+        self.moe_backend, self.kernels = moe_backend, kernels
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(c, tp, ep_size, t == "sliding_attention", moe_backend)
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, ep_size, t == "sliding_attention", moe_backend, kernels)
                                     for t in c.layer_types)
-        self.norm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
         self.vocab_shard = -(-c.vocab_size // tp.size)  # lm_head rows per rank (last rank padded)
         self.lm_head = nn.Linear(c.hidden_size, self.vocab_shard, bias=False)
         self.rotary = Rotary(c.rope, c.head_dim, max_positions, c.max_position_embeddings)
@@ -400,7 +338,7 @@ class GptOssTarget(TargetHead):
         """
         x = self.embed(ids)
         a = self.layers[0].self_attn
-        fused = a.kernel == "triton"
+        fused = a.kernels.triton
         cos, sin = self.rotary.tables(positions, x.dtype)                    # [n, T, 1, d]
         if uses_attention_kernel(a, ids.shape[1], kv_len):
             full, window = KeyRange.causal(positions), KeyRange.causal(positions, self.config.sliding_window)

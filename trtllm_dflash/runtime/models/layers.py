@@ -11,22 +11,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import DFlashError
-from ..kernels import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS, MAX_QUERY_ROWS, batch_invariant
+from ..kernels import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS, MAX_QUERY_ROWS, TORCH, Kernels
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, kernels: Kernels = TORCH):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.kernel = "torch"   # a batch-invariant "triton": the row-wise Triton norm (set_attention_kernel)
+        self.kernels = kernels   # batch-invariant Triton: the row-wise Triton norm
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """norm(x); with ``residual``, the fused add + norm (nano-vllm's form): returns (norm(x + residual),
         x + residual), one kernel on CUDA. Normalises in float32 like the references, returns the model dtype.
         In the batch-invariant mode on the Triton kernels, kernels/norm.py (one program per row, a launch fixed
         by the hidden size); the torch path's eager norm on the CPU is row-wise already."""
-        if self.kernel == "triton" and batch_invariant(self.kernel):
+        if self.kernels.triton and self.kernels.batch_invariant:
             from ..kernels import norm
             if residual is None:
                 return norm.rms_norm(x, self.weight, self.eps)
@@ -42,7 +42,7 @@ class TargetHead(nn.Module):
     """What the engine needs from any target family besides forward(): token embedding, vocab-parallel
     logits and the KV-cache shape. Subclasses set embed_tokens, lm_head, layers (with .self_attn.kvh/.d)."""
 
-    kernel = "torch"   # "triton": lm_head on the Triton GEMM where uses_gemm_kernel (set_attention_kernel)
+    kernels: Kernels = TORCH   # set by the subclass's constructor: lm_head on the Triton GEMM where uses_gemm_kernel
 
     def kv_shape(self) -> tuple[int, int, int]:
         a = self.layers[0].self_attn
@@ -54,18 +54,7 @@ class TargetHead(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab] in the model dtype, gathered over the vocab-parallel ranks
         (argmax needs no upcast; sampling upcasts to float32 itself)."""
-        return self.tp.all_gather_last(project(self.kernel, self.lm_head, h))[..., : self.config.vocab_size]
-
-
-def rope_parameters(cfg: dict) -> dict:
-    """One RoPE dict from either config style: transformers 5 ``rope_parameters`` or the older
-    ``rope_theta`` + ``rope_scaling`` pair that hub configs still carry."""
-    params = dict(cfg.get("rope_parameters") or {})
-    scaling = cfg.get("rope_scaling") or {}
-    params = {**scaling, **params}
-    params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
-    params["rope_type"] = params.get("rope_type", params.get("type", "default")) or "default"
-    return params
+        return self.tp.all_gather_last(project(self.kernels, self.lm_head, h))[..., : self.config.vocab_size]
 
 
 def rope_inv_freq(params: dict, head_dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
@@ -227,15 +216,15 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
 
 def rope_cache_write(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      q_w: torch.Tensor | None, k_w: torch.Tensor | None, eps: float, cache, layer: int, rows,
-                     positions: torch.Tensor, kernel: str = "torch", want_k: bool = True):
+                     positions: torch.Tensor, kernels: Kernels = TORCH, want_k: bool = True):
     """Optional per-head q/k RMSNorm and RoPE, then k (roped) and v into cache rows ``rows`` at ``positions``.
 
     q [n, T, Hq, d] or None (the drafter's context rows have no queries), k/v [n, T, Hkv, d], cos/sin
-    [n, T, 1, d] -> (q, k) roped, [n, T, H, d] (k None for ``kernel="triton"`` without ``want_k``: attention
+    [n, T, 1, d] -> (q, k) roped, [n, T, H, d] (k None on the Triton kernels without ``want_k``: attention
     then reads k from the cache). Every attention of the Llama family and the drafter goes through here.
-    ``kernel``: "triton" = one fused kernel (runtime/kernels/decode_attention.py) that writes the cache rows in
-    place; "torch" = the compiled norm+RoPE chain and the cache's index_put (the reference, and CPU)."""
-    if kernel == "triton":
+    ``kernels.triton``: one fused kernel (runtime/kernels/decode_attention.py) that writes the cache rows in
+    place; else the compiled norm+RoPE chain and the cache's index_put (the reference, and CPU)."""
+    if kernels.triton:
         from ..kernels import decode_attention
         return decode_attention.rope_cache_write(q, k, v, cos, sin, q_w, k_w, eps, cache.k[layer], cache.v[layer],
                                                  cache.row_ids(rows), positions, want_k)
@@ -268,62 +257,62 @@ class KeyRange:
 
 
 def attend_cache(q: torch.Tensor, cache, layer: int, rows, kv_len: int, keys: KeyRange, scale: float,
-                 sinks: torch.Tensor | None = None, span: int | None = None, kernel: str = "triton") -> torch.Tensor:
+                 sinks: torch.Tensor | None = None, span: int | None = None, invariant: bool = False) -> torch.Tensor:
     """The Triton attention of short query blocks: q [n, T, Hq, d] against cache[:kv_len] of ``rows``, keys
     visible per ``keys`` -> [n, T, Hq * d] (``attend``'s output layout). gpt-oss passes its ``sinks`` [Hq] and,
     on a sliding layer, ``span`` (the most keys a row sees), which sizes the kernel's split of the keys.
-    ``kernel`` (the module's switch) says whether the batch-invariant launch runs (then any block size: prefill)."""
+    ``invariant`` (the module's Kernels.batch_invariant): the batch-invariant launch (then any block size: prefill)."""
     from ..kernels import decode_attention
     return decode_attention.attend(q, cache.k[layer], cache.v[layer], cache.row_ids(rows), kv_len, keys.lo, keys.hi,
-                                   scale, sinks=sinks, span=span, invariant=batch_invariant(kernel))
+                                   scale, sinks=sinks, span=span, invariant=invariant)
 
 
 def uses_attention_kernel(attn, T: int, kv_len: int | None) -> bool:
     """Whether a forward of T query rows per request runs attention in the Triton kernel: attention against the
     cache (kv_len set) of blocks up to MAX_QUERY_ROWS rows per KV head; prefill chunks keep SDPA, except in the
     batch-invariant mode, where every block runs the kernel (a prompt's cache must not depend on its chunking)."""
-    return (attn.kernel == "triton" and kv_len is not None
-            and (batch_invariant(attn.kernel) or T * (attn.h // attn.kvh) <= MAX_QUERY_ROWS))
+    return (attn.kernels.triton and kv_len is not None
+            and (attn.kernels.batch_invariant or T * (attn.h // attn.kvh) <= MAX_QUERY_ROWS))
 
 
 _GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def uses_gemm_kernel(kernel: str, lin: nn.Module, x: torch.Tensor, gated: bool = False) -> bool:
+def uses_gemm_kernel(kernels: Kernels, lin: nn.Module, x: torch.Tensor, gated: bool = False) -> bool:
     """Whether projection ``lin`` of x [..., K] runs in the Triton GEMM (runtime/kernels/gemm.py): the
-    decode-path switch is on (kernel == "triton", RuntimeConfig.attention_kernel), ``lin`` is a plain nn.Linear
+    module was built with the Triton kernels (kernels.triton, RuntimeConfig.kernels), ``lin`` is a plain nn.Linear
     (an Fp8Linear, which runtime/fp8.py swaps in, keeps its own FP8 GEMM) in a dtype tl.dot takes (bf16, fp16,
     fp32; float64 keeps cuBLAS) and x has at most GEMM_MAX_ROWS rows (GATED_GEMM_MAX_ROWS for the gate_up +
     SiLU kernel; kernels/__init__.py says where the two limits come from). Larger x stays on cuBLAS, except in the
     batch-invariant mode: there every x runs the Triton GEMM's one tile (cuBLAS picks its tiles by M)."""
     rows = GATED_GEMM_MAX_ROWS if gated else GEMM_MAX_ROWS
-    return (kernel == "triton" and type(lin) is nn.Linear and lin.weight.dtype in _GEMM_DTYPES
-            and (batch_invariant(kernel) or x.numel() <= rows * x.shape[-1]))
+    return (kernels.triton and type(lin) is nn.Linear and lin.weight.dtype in _GEMM_DTYPES
+            and (kernels.batch_invariant or x.numel() <= rows * x.shape[-1]))
 
 
 def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         residual: torch.Tensor | None = None, kernel: str = "triton") -> torch.Tensor:
+         residual: torch.Tensor | None = None, invariant: bool = False) -> torch.Tensor:
     """The Triton GEMM: x [..., K] @ weight [N, K]^T (+ bias) (+ residual [..., N]) -> [..., N]; the
-    batch-invariant tile where ``kernel`` (the module's switch) asks for it."""
+    batch-invariant tile where ``invariant`` (the module's Kernels.batch_invariant) asks for it."""
     from ..kernels import gemm as kernels
-    return kernels.linear(x, weight, bias, residual, invariant=batch_invariant(kernel))
+    return kernels.linear(x, weight, bias, residual, invariant=invariant)
 
 
-def project(kernel: str, lin: nn.Module, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
+def project(kernels: Kernels, lin: nn.Module, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
     """lin(x): on the Triton GEMM where uses_gemm_kernel, else the module's own forward (which keeps an FP8
     module on its own GEMM). ``bias`` False leaves lin's bias out (a row-parallel projection adds it once, after
     the all-reduce); a biased module then runs F.linear on its weight."""
-    if uses_gemm_kernel(kernel, lin, x):
-        return gemm(x, lin.weight, lin.bias if bias else None, kernel=kernel)
+    if uses_gemm_kernel(kernels, lin, x):
+        return gemm(x, lin.weight, lin.bias if bias else None, invariant=kernels.batch_invariant)
     return lin(x) if bias or lin.bias is None else F.linear(x, lin.weight)
 
 
-def gate_up_silu(kernel: str, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def gate_up_silu(kernels: Kernels, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up of the fused gate_up projection ``lin`` (weight [2I, K]): x [..., K] -> [..., I]. One
     Triton kernel where uses_gemm_kernel, else the projection (cuBLAS or FP8) and the compiled silu_mul."""
-    if uses_gemm_kernel(kernel, lin, x, gated=True):
-        from ..kernels import gemm as kernels
-        return kernels.gate_up_silu(x, lin.weight, invariant=batch_invariant(kernel))
+    if uses_gemm_kernel(kernels, lin, x, gated=True):
+        from ..kernels import gemm
+        return gemm.gate_up_silu(x, lin.weight, invariant=kernels.batch_invariant)
     return silu_mul(lin(x))
 
 

@@ -7,63 +7,17 @@ row-parallel out with one all-reduce each), the full embedding table, and a voca
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from ...errors import DFlashError
+from ...model_config import LlamaConfig, check_heads
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
-from ..shard import check_heads, kv_heads_per_rank
-from ..kernels import Kernel, batch_invariant, resolve_attention_kernel
+from ..shard import kv_heads_per_rank
+from ..kernels import TORCH, Kernels
 from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, attend, attend_cache, gate_up_silu, gemm, group_mask,
-                     project, rope_cache_write, rope_parameters, uses_attention_kernel, uses_gemm_kernel)
-
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-
-
-@dataclass(frozen=True)
-class TargetConfig:
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope: dict
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool
-    qk_norm: bool
-
-    @classmethod
-    def from_hf(cls, cfg: dict) -> "TargetConfig":
-        arch = (cfg.get("architectures") or ["?"])[0]
-        if arch not in ARCHITECTURES:
-            raise DFlashError("target architectures", f"{arch} is not supported by the torch runtime",
-                              f"use one of {', '.join(ARCHITECTURES)}")
-        heads = cfg["num_attention_heads"]
-        return cls(
-            architecture=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope=rope_parameters(cfg),
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
-            qk_norm=arch == "Qwen3ForCausalLM",
-        )
-
+                     project, rope_cache_write, uses_attention_kernel, uses_gemm_kernel)
 
 def check_tp(num_heads: int, num_kv_heads: int, tp_size: int, who: str) -> None:
     problem = check_heads(num_heads, num_kv_heads, tp_size)
@@ -74,17 +28,17 @@ def check_tp(num_heads: int, num_kv_heads: int, tp_size: int, who: str) -> None:
 
 class Attention(nn.Module):
     """qkv -> (q/k norm) + RoPE -> cache write -> attend -> o_proj, for the targets and (as DraftAttention) the
-    drafter. ``c`` is a TargetConfig or DrafterConfig (the fields both have)."""
+    drafter. ``c`` is a LlamaConfig or DrafterConfig (model_config.ModelConfig's fields); ``kernels``: which
+    kernels it runs (Kernels.choose), fixed for its life."""
 
-    def __init__(self, c, tp: TPGroup, qk_norm: bool, o_bias: bool):
+    def __init__(self, c, tp: TPGroup, qk_norm: bool, o_bias: bool, kernels: Kernels = TORCH):
         super().__init__()
         self.h, self.kvh, self.d = c.num_heads // tp.size, kv_heads_per_rank(c.num_kv_heads, tp.size), c.head_dim
         self.qkv_proj = nn.Linear(c.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=c.attention_bias)
         self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=o_bias)
-        self.q_norm = RMSNorm(self.d, c.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(self.d, c.rms_norm_eps) if qk_norm else None
-        self.eps, self.tp = c.rms_norm_eps, tp
-        self.kernel = "torch"   # "triton": the fused kernels (set_attention_kernel, RuntimeConfig.attention_kernel)
+        self.q_norm = RMSNorm(self.d, c.rms_norm_eps, kernels) if qk_norm else None
+        self.k_norm = RMSNorm(self.d, c.rms_norm_eps, kernels) if qk_norm else None
+        self.eps, self.tp, self.kernels = c.rms_norm_eps, tp, kernels
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
                 residual: torch.Tensor | None = None):
@@ -94,54 +48,34 @@ class Attention(nn.Module):
         fuses_residual(x)), residual + that, added in o_proj's epilogue.
         kv_len None = prefill (attend within this chunk); else over cache[:kv_len] incl. the rows written here."""
         n, T, _ = x.shape
-        qkv = project(self.kernel, self.qkv_proj, x)   # [n, T, (h + 2 kvh) d]
+        qkv = project(self.kernels, self.qkv_proj, x)   # [n, T, (h + 2 kvh) d]
         q, k, v = qkv.view(n, T, -1, self.d).split([self.h, self.kvh, self.kvh], dim=2)  # [n, T, H, d]
         fused_attention = isinstance(visible, KeyRange)
         q, k = rope_cache_write(q, k, v, cos, sin, _weight(self.q_norm), _weight(self.k_norm), self.eps,
-                                cache, layer, rows, positions, self.kernel, want_k=kv_len is None)
+                                cache, layer, rows, positions, self.kernels, want_k=kv_len is None)
         if fused_attention:
             return self.project_out(attend_cache(q, cache, layer, rows, kv_len, visible, self.d ** -0.5,
-                                                 kernel=self.kernel), residual)
+                                                 invariant=self.kernels.batch_invariant), residual)
         if kv_len is None:
             k, v = k.transpose(1, 2), v.transpose(1, 2)
         else:
             k, v = cache.read(layer, rows, kv_len)
         return self.project_out(attend(q.transpose(1, 2), k, v, visible, self.d ** -0.5,
-                                       invariant=batch_invariant(self.kernel)), residual)
+                                       invariant=self.kernels.batch_invariant), residual)
 
     def fuses_residual(self, x: torch.Tensor) -> bool:
         """Whether forward(x, ..., residual) adds the residual in o_proj's GEMM: the Triton GEMM runs it
         (uses_gemm_kernel) and tp == 1 (row-parallel ranks hold partial sums, so at tp > 1 the residual joins
         after the all-reduce, in the caller's add + norm)."""
-        return self.tp.size == 1 and uses_gemm_kernel(self.kernel, self.o_proj, x)
+        return self.tp.size == 1 and uses_gemm_kernel(self.kernels, self.o_proj, x)
 
     def project_out(self, out: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         # row-parallel o_proj: a bias is added once, after the all-reduce (or in the epilogue at tp 1)
         b = self.o_proj.bias
         if residual is not None:   # tp 1, Triton GEMM (fuses_residual)
-            return gemm(out, self.o_proj.weight, b, residual, kernel=self.kernel)
-        out = self.tp.all_reduce(project(self.kernel, self.o_proj, out, bias=False))
+            return gemm(out, self.o_proj.weight, b, residual, invariant=self.kernels.batch_invariant)
+        out = self.tp.all_reduce(project(self.kernels, self.o_proj, out, bias=False))
         return out if b is None else out + b
-
-
-def set_attention_kernel(model: nn.Module, setting: str, invariant: bool = False) -> str:
-    """Point every module of ``model`` (a target or the drafter) that has a ``kernel`` switch (this Attention and
-    MLP, DraftAttention, the norms, the heads, gpt_oss's Attention and its other kernel users) at
-    RuntimeConfig.attention_kernel as it resolves on the model's device (kernels.resolve_attention_kernel):
-    "triton" runs the decode path's attention and its qkv / o_proj / gate_up / down GEMMs in the Triton kernels.
-    ``invariant`` (RuntimeConfig.batch_invariant) takes the batch-invariant path where there is one: the Triton
-    kernels' fixed launches (every GEMM, attention and norm of every block size), or on the CPU in bfloat16 /
-    float16 the torch path's matmul attention for prefill too (the CPU's half-precision matmuls give a row the same
-    bits whatever shares it; its float32 BLAS does not, so float32 on the CPU has nothing to gain and keeps SDPA);
-    the torch path on CUDA (cuBLAS, SDPA) has none. Returns a kernels.Kernel equal to "triton" or "torch"."""
-    p = next(model.parameters())
-    name = resolve_attention_kernel(setting, p.device)
-    half_cpu = p.device.type == "cpu" and p.dtype in (torch.bfloat16, torch.float16)
-    kernel = Kernel(name, invariant and (name == "triton" or half_cpu))
-    for m in model.modules():
-        if hasattr(m, "kernel"):
-            m.kernel = kernel
-    return kernel
 
 
 def _weight(norm: RMSNorm | None) -> torch.Tensor | None:
@@ -149,23 +83,22 @@ def _weight(norm: RMSNorm | None) -> torch.Tensor | None:
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int, tp: TPGroup):
+    def __init__(self, hidden: int, inter: int, tp: TPGroup, kernels: Kernels = TORCH):
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden, 2 * (inter // tp.size), bias=False)
         self.down_proj = nn.Linear(inter // tp.size, hidden, bias=False)
-        self.tp = tp
-        self.kernel = "torch"   # "triton": the fused GEMMs where uses_gemm_kernel (set_attention_kernel)
+        self.tp, self.kernels = tp, kernels   # Triton: the fused GEMMs where uses_gemm_kernel
 
     def fuses_residual(self, x: torch.Tensor) -> bool:
         """Whether forward(x, residual) adds the residual in down_proj's GEMM (Attention.fuses_residual's rule)."""
-        return self.tp.size == 1 and uses_gemm_kernel(self.kernel, self.down_proj, x)
+        return self.tp.size == 1 and uses_gemm_kernel(self.kernels, self.down_proj, x)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         # x [n, T, hidden] -> [n, T, hidden] (+ residual [n, T, hidden] in the GEMM, only where fuses_residual)
-        a = gate_up_silu(self.kernel, self.gate_up_proj, x)   # [n, T, inter / tp]
+        a = gate_up_silu(self.kernels, self.gate_up_proj, x)   # [n, T, inter / tp]
         if residual is not None:
-            return gemm(a, self.down_proj.weight, None, residual, kernel=self.kernel)
-        return self.tp.all_reduce(project(self.kernel, self.down_proj, a))
+            return gemm(a, self.down_proj.weight, None, residual, invariant=self.kernels.batch_invariant)
+        return self.tp.all_reduce(project(self.kernels, self.down_proj, a))
 
 
 class DecoderLayer(nn.Module):
@@ -186,10 +119,11 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, c, tp: TPGroup, attn: nn.Module):
         super().__init__()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        kernels = attn.kernels   # one choice per layer: the norms and MLP run what the attention was built with
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
         self.self_attn = attn
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MLP(c.hidden_size, c.intermediate_size, tp)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
+        self.mlp = MLP(c.hidden_size, c.intermediate_size, tp, kernels)
 
     def forward(self, h, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
                 next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,14 +144,16 @@ class LlamaTarget(TargetHead):
     """forward() returns final hidden states and the concatenated outputs of ``capture_layers``
     (z-lab convention: layer i output = HF ``hidden_states[i + 1]``)."""
 
-    def __init__(self, c: TargetConfig, tp: TPGroup, max_positions: int, capture_layers: tuple[int, ...] = ()):
+    def __init__(self, c: LlamaConfig, tp: TPGroup, max_positions: int, capture_layers: tuple[int, ...] = (),
+                 kernels: Kernels = TORCH):
         super().__init__()
         check_tp(c.num_heads, c.num_kv_heads, tp.size, "target")
-        self.config, self.tp, self.capture_layers = c, tp, tuple(capture_layers)
+        self.config, self.tp, self.capture_layers, self.kernels = c, tp, tuple(capture_layers), kernels
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(c, tp, Attention(c, tp, qk_norm=c.qk_norm, o_bias=False))
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, Attention(c, tp, qk_norm=c.qk_norm, o_bias=False,
+                                                                  kernels=kernels))
                                     for _ in range(c.num_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
         self.vocab_shard = -(-c.vocab_size // tp.size)  # lm_head rows per rank (last rank padded)
         self.lm_head = nn.Linear(c.hidden_size, self.vocab_shard, bias=False)
         self.rotary = Rotary(c.rope, c.head_dim, max_positions, c.max_position_embeddings)
