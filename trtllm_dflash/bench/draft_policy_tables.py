@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 
-from trtllm_dflash.runtime.draft_policy import (AcceptanceStats, AdaptivePolicy, CostTable,
-                                                best_block, draft_len_schedule)
+from trtllm_dflash.draft_schedule import draft_len_schedule
+from trtllm_dflash.runtime.draft_policy import AcceptanceStats, AdaptivePolicy, CostTable, best_block
 
 RATES = (0.5, 0.7, 0.8, 0.9)
 

@@ -197,15 +197,17 @@ class Bench:
         torch = self.torch
         from trtllm_dflash.bench.gpt_oss_step import build   # its random weights: the 20b target as that benchmark measures it
         from trtllm_dflash.runtime.kv_cache import KVCache
-        from trtllm_dflash.runtime.models.llama import set_attention_kernel
+        from trtllm_dflash.runtime.kernels import Kernels
         ctx = 32 if self.smoke else args.ctx
-        target, _ = build("gpt-oss-20b", self.smoke, self.dev, self.dtype, ctx + 64,
-                          "dequant" if self.smoke else "triton")
+        targets = {kernel: build("gpt-oss-20b", self.smoke, self.dev, self.dtype, ctx + 64,
+                                 "dequant" if self.smoke else "triton",
+                                 kernels=Kernels.choose(kernel, False, self.dev, self.dtype))[0]
+                   for kernel in ("torch", "triton")}   # seeded random weights: the same in both
+        target = targets["torch"]
         L_, H, Dh = target.kv_shape()
         cache = KVCache(L_, 1, H, ctx + 64, Dh, self.dtype, self.dev)
         cache.k.normal_(), cache.v.normal_()
         out = {"ctx": ctx, "layers": L_}
-        layers, capture = target.layers, target.capture_layers
 
         @torch.inference_mode()
         def forward(T):
@@ -213,8 +215,8 @@ class Bench:
             pos = torch.arange(ctx, ctx + T, device=self.dev)[None]
             return target(ids, pos, cache, slice(0, 1), ctx + 16)[0]
 
-        for kernel in ("torch", "triton"):
-            set_attention_kernel(target, kernel)
+        for kernel, target in targets.items():
+            layers, capture = target.layers, target.capture_layers
             for T in (1, 10):
                 counts = {}
                 try:   # kernels per layer: 4 layers minus 2 (a sliding and a full layer each), over 2

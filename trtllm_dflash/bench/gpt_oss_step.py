@@ -46,7 +46,7 @@ from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models.dflash import DFlashDrafter, DrafterConfig
 from trtllm_dflash.runtime.models.gpt_oss import GptOssConfig, GptOssTarget, _grouped_mm
 from trtllm_dflash.runtime.models.layers import Rotary
-from trtllm_dflash.runtime.models.llama import set_attention_kernel
+from trtllm_dflash.runtime.kernels import TORCH, Kernels
 from trtllm_dflash.runtime.sampling import accept
 
 GPT_OSS_20B = {  # https://huggingface.co/openai/gpt-oss-20b config.json (shape fields)
@@ -99,16 +99,18 @@ def random_weights(model: torch.nn.Module, device, dtype, seed: int, full: torch
 
 
 def build(target_name: str, tiny: bool, device, dtype, max_positions: int, backend: str, tp: TPGroup = TPGroup(),
-          ep_size: int = 1):
-    """Target and drafter of this rank (``tp``, ``ep_size``: its shards only) with random weights (random_weights)."""
+          ep_size: int = 1, kernels: Kernels = TORCH):
+    """Target and drafter of this rank (``tp``, ``ep_size``: its shards only) with random weights (random_weights),
+    built with ``kernels`` (Kernels.choose)."""
     tc, dc = TARGETS[target_name]
     tcfg = GptOssConfig.from_hf({**tc, **TINY} if tiny else tc)
     dcfg = DrafterConfig.from_hf({**dc, **TINY_DRAFTER} if tiny else dc)
 
     def meta(group: TPGroup, ep: int):
         with torch.device("meta"):
-            return (GptOssTarget(tcfg, group, max_positions, dcfg.target_layer_ids, ep_size=ep, moe_backend=backend),
-                    DFlashDrafter(dcfg, tcfg.hidden_size, group, max_positions))
+            return (GptOssTarget(tcfg, group, max_positions, dcfg.target_layer_ids, ep_size=ep, moe_backend=backend,
+                                 kernels=kernels),
+                    DFlashDrafter(dcfg, tcfg.hidden_size, group, max_positions, kernels))
 
     (target, drafter), (full_t, full_d) = meta(tp, ep_size), meta(TPGroup(), 1)
     target = random_weights(target, device, dtype, 0, full_t, tp.rank)
@@ -356,7 +358,7 @@ def main(argv=None) -> int:
     p.add_argument("--tile_sweep", action="store_true", help="time the kernels under a few tile shapes")
     p.add_argument("--profile", action="store_true", help="top kernels of the b=1 AR and DFlash steps")
     p.add_argument("--attention_kernel", choices=("auto", "triton", "torch"), default="auto",
-                   help="RuntimeConfig.attention_kernel for target and drafter (auto: the Triton decode kernels on "
+                   help="RuntimeConfig.kernels for target and drafter (auto: the Triton decode kernels on "
                         "CUDA, as the engine runs them)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gpt_oss_step_<target>_<gpu>.json)")
     args = p.parse_args(argv)
@@ -373,9 +375,9 @@ def main(argv=None) -> int:
     blocks = [int(b) for b in args.blocks.split(",")]
     t0 = time.perf_counter()
     ceil = ceilings() if cuda and not args.tiny else None
-    target, drafter = build(args.target, args.tiny, device, dtype, args.ctx + 16, backend)
-    kernel = set_attention_kernel(target, args.attention_kernel)
-    set_attention_kernel(drafter, args.attention_kernel)
+    kernels = Kernels.choose(args.attention_kernel, False, device, dtype)
+    target, drafter = build(args.target, args.tiny, device, dtype, args.ctx + 16, backend, kernels=kernels)
+    kernel = "triton" if kernels.triton else "torch"
     steps = Steps(target, drafter, max(batches), args.ctx, device, dtype)
     bytes_model = ByteModel(target, drafter, args.ctx)
     build_s = time.perf_counter() - t0

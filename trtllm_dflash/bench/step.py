@@ -323,7 +323,7 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
     kv_per_tok = 2 * L * H * D * 2
     dL, dH, dD = drafter.kv_shape()
     dkv_per_tok = 2 * dL * dH * dD * 2
-    rc = dict(max_batch_size=max(args.batch), max_seq_len=max_seq, attention_kernel=kernel,
+    rc = dict(max_batch_size=max(args.batch), max_seq_len=max_seq, kernels=kernel,
               batch_invariant=args.batch_invariant == "on")
     engines = {"ar": Engine(target, None, None, RuntimeConfig(block_size=1, **rc), TPGroup(), set()),
                "dflash": Engine(target, drafter, None, RuntimeConfig(**rc), TPGroup(), set())}

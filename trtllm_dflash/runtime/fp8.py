@@ -61,7 +61,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Fp8Linear(nn.Module):
     """``nn.Linear`` with an FP8 weight: y = (xq * x_scale) @ (weight * weight_scale[:, None]).T + bias."""
 
-    fast_accum = False   # Hopper's faster, less precise FP8 accumulation; benchmarks/fp8_gemm_bench.py times both
+    fast_accum = False   # Hopper's faster, less precise FP8 accumulation; trtllm_dflash/bench/fp8_gemm.py times both
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()

@@ -106,7 +106,7 @@ def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one row block and its
     weights are read once per call whatever the routing; padding rows are skipped, so one block_m serves every
     token count (one compiled kernel). gemv's FMA work grows with the pairs per expert, so it wins only while
-    they are few. Measured on an H100 (benchmarks/mxfp4_bench.py, one gpt-oss-20b MoE layer, graph replay):
+    they are few. Measured on an H100 (trtllm_dflash/bench/mxfp4.py, one gpt-oss-20b MoE layer, graph replay):
     1 token 59-63 us vs the mma path's 96 us (no split-K: 63 vs 71 us split); 4 tokens 152-181 vs 171-253 us;
     10 tokens 330 vs 398 us with random routing but 271 vs 178 us when the tokens share 8 experts (a verify
     block's tokens often do), so DFlash blocks go to mma. Above that, the mma variant with BM grown by pairs

@@ -15,8 +15,8 @@ from ...errors import DFlashError
 # blocks (chunked prefill) keep the torch path, whose flash kernel is built for them.
 MAX_QUERY_ROWS = 128
 # Rows (requests x block tokens) up to which the decode-path GEMMs run in the Triton GEMM (kernels/gemm.py);
-# larger stay on cuBLAS. Measured on an H100 (benchmarks/gemm_bench.py, results/gemm_bench_h100.json): up to 16
-# rows the Triton GEMMs match or beat cuBLAS at the 8B shapes (qkv 20.9 vs 21.3 us, o_proj 15.5 vs 16.7,
+# larger stay on cuBLAS. Measured on an H100 (dflash-bench gemm, benchmarks/results/gemm_bench_h100.json): up to
+# 16 rows the Triton GEMMs match or beat cuBLAS at the 8B shapes (qkv 20.9 vs 21.3 us, o_proj 15.5 vs 16.7,
 # down 40.5 vs 40.2, lm_head 406 vs 518, gate_up + SiLU 72.5 vs 78.2 for cuBLAS + silu_mul); at 64 rows cuBLAS
 # is 4-10% faster for the plain projections (qkv 21.3 vs 22.2 us at the best Triton tile), while gate_up + SiLU
 # stays ahead in Triton (77.8 vs 83.5 us). So: plain projections (qkv, o_proj, down, lm_head) up to

@@ -321,7 +321,7 @@ def attend(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: 
     by the device (num_splits). ``sinks`` [Hq] (gpt-oss): one logit per q head in the softmax denominator.
     ``span``: a bound on max(hi) - min(lo) + 1 over one request's rows (a sliding window: window + T - 1), used
     only to size the splits (None: kv_len); keys outside it are still attended, by the last split. ``tiles``
-    (BLOCK_N, num_warps) overrides the defaults below (benchmarks/gpt_oss_kernels_bench.py sweeps them).
+    (BLOCK_N, num_warps) overrides the defaults below (trtllm_dflash/bench/gpt_oss_kernels.py sweeps them).
 
     ``invariant`` (RuntimeConfig.batch_invariant): a row's bits depend on its own query, keys and key range only.
     Any T (prefill chunks too): the G * T rows of a (request, KV head) go in tiles of INVARIANT_BLOCK_M; keys in

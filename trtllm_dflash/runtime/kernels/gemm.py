@@ -13,7 +13,7 @@ One program per (BLOCK_M rows, BLOCK_N output columns) walks all of K: weights a
 accumulation is float32, the epilogue rounds once to the model dtype, and each GEMM is one kernel. No split-K
 (it would need a second, reduce kernel, or non-deterministic atomics): at the 8B shapes BLOCK_N = 16 already
 gives 256 programs at M = 1 for N = 4096, about two per SM; for a small N (SmolLM2's 576 columns) the FMA path's
-narrow tiles spread the columns over more SMs instead. benchmarks/gemm_bench.py measures both.
+narrow tiles spread the columns over more SMs instead. trtllm_dflash/bench/gemm.py measures both.
 Two inner products: ``tl.dot`` tiles (BLOCK_M >= 16, tensor cores; rows past M are masked) or, with
 BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows, any power-of-two BLOCK_N).
 
@@ -70,7 +70,7 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
     cuBLAS 23.4, H100); as many pipeline stages
     (<= 4) as fit the shared-memory budget. Every M <= 16 gets the same tiles, so a row's bits do not depend on
     how many rows share the launch (an AR step and a DFlash verify project a token identically).
-    benchmarks/gemm_bench.py times the alternatives."""
+    trtllm_dflash/bench/gemm.py times the alternatives."""
     block_m = dot_block_m(M)
     block_k = min(256 if M <= 16 and K >= 2048 else 128, max(16, pow2(K)))
     m_tiles = -(-M // block_m)
@@ -88,7 +88,7 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
 
 # BLOCK_M of the batch-invariant tile. 64: one tl.dot tile for a batch-64 AR step (the weights are read once, as
 # cuBLAS's) and Hopper's wgmma minimum; the padded rows of a batch-1 AR step cost tensor-core work on a
-# bandwidth-bound GEMM (benchmarks/gemm_bench.py times it as triton_invariant).
+# bandwidth-bound GEMM (trtllm_dflash/bench/gemm.py times it as triton_invariant).
 INVARIANT_BLOCK_M = 64
 
 
@@ -172,7 +172,7 @@ def _gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, K, up_off, s_xm, s_w
 
 
 def constexprs(cfg: Config, N: int, K: int, gated: bool, bias: bool, residual: bool, dtype: torch.dtype) -> dict:
-    """_gemm_kernel's compile-time arguments for a launch (benchmarks/gemm_bench.py --compile_only compiles the
+    """_gemm_kernel's compile-time arguments for a launch (trtllm_dflash/bench/gemm.py --compile_only compiles the
     same set for a GPU architecture without a GPU)."""
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GATED=gated, BIAS=bias,
                 RESIDUAL=residual, EVEN_W=N % cfg.block_n == 0 and K % cfg.block_k == 0, DOT=cfg.block_m > 1,

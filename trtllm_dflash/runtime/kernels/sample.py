@@ -37,7 +37,7 @@ import triton.language as tl
 from ...errors import DFlashError
 from ..sampling import Commit, SamplingBatch
 
-# Defaults of the split plan (benchmarks/sample_bench.py measures the alternatives on the GPU).
+# Defaults of the split plan (trtllm_dflash/bench/sample.py measures the alternatives on the GPU).
 BLOCK_V = 1024     # vocab entries per tile of _vocab_argmax (a power of two)
 PROGRAMS = 528     # programs _vocab_argmax aims for: 4 per SM of an H100 (132 SMs)
 _NO_INDEX = tl.constexpr(2**31 - 1)   # "no index" in _finish: above any vocab id
