@@ -27,7 +27,7 @@ from trtllm_dflash.serving.launch import free_loopback_port
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", type=Path, required=True, help="a dflash-build deployment directory")
+    p.add_argument("--deployment_dir", "--engine_dir", "--engine", dest="engine", type=Path, required=True, help="a dflash-build deployment directory")
     p.add_argument("--aiperf", default="aiperf", help="the aiperf executable")
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--request_count", type=int, default=8)

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 
+from trtllm_dflash.deployment import Deployment
+from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.provenance import record
 from trtllm_dflash.serving.launch import free_loopback_port, http_connection
 
@@ -101,15 +103,18 @@ def stream(target: str, prompt: str, tokens: int) -> tuple[float, float, str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engine", type=Path, required=True, help="deployment directory (dflash-build output)")
+    p.add_argument("--deployment_dir", "--engine_dir", "--engine", dest="engine", type=Path, required=True,
+                   help="deployment directory (dflash-build output)")
     p.add_argument("--out", type=Path, required=True, help="results JSON (a PNG beside it)")
     p.add_argument("--reps", type=int, default=7, help="interleaved repetitions of each measurement")
     p.add_argument("--health_requests", type=int, default=200, help="health round trips per repetition")
     p.add_argument("--stream_tokens", type=int, default=64, help="tokens per streamed request")
     p.add_argument("--prompt", default="The capital of France is")
     args = p.parse_args(argv)
-    if not (args.engine / "manifest.json").is_file():
-        p.error(f"--engine: {args.engine} has no manifest.json; pass a dflash-build output directory")
+    try:
+        deployment = Deployment.open(args.engine)
+    except DFlashError as err:
+        p.error(str(err))
 
     with tempfile.TemporaryDirectory(prefix="guard-bench-") as work:
         proc, guard, direct = start(args.engine, Path(work) / "dflash-serve.log")
@@ -140,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
         r.pop("texts")
     medians = {name: {k: statistics.median(v) for k, v in r.items()} for name, r in runs.items()}
     ratios = {k: medians["guard"][k] / medians["direct"][k] for k in medians["guard"]}
-    manifest = json.loads((args.engine / "manifest.json").read_text())
     result = {
         "what": "dflash-serve HTTP guard overhead: the same requests through the guard and straight to Triton, "
                 "interleaved on one server",
@@ -150,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "medians": medians, "ratios_guard_over_direct": ratios,
         "guard_adds_ms": {k: medians["guard"][k] - medians["direct"][k] for k in ("health_ms", "generate_ms")},
         "same_greedy_text_both_paths": same_text, "dflash_serve_exit_code": rc, "runs": runs,
-        "provenance": record(checkpoints={"target": args.engine / manifest["target"]["path"],
-                                          "drafter": args.engine / manifest["drafter"]["path"]}),
+        "provenance": record(checkpoints={"target": deployment.target_dir, "drafter": deployment.drafter_dir}),
     }
     result["git_sha"] = result["provenance"]["git_sha"]
     args.out.parent.mkdir(parents=True, exist_ok=True)

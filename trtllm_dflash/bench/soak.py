@@ -65,6 +65,7 @@ REPO = Path(__file__).resolve().parents[2]   # the folder holding trtllm_dflash:
 from trtllm_dflash import provenance
 from trtllm_dflash.bench.helpformat import HelpFormatter
 from trtllm_dflash.bench.metrics import distribution
+from trtllm_dflash.deployment import Deployment
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving import client
 from trtllm_dflash.serving.launch import free_loopback_port
@@ -101,7 +102,8 @@ the next request's latency unchanged, SIGTERM with 16 streams -> every client an
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dflash-bench soak", description=__doc__, epilog=EPILOG,
                                 formatter_class=HelpFormatter)
-    p.add_argument("--engine", type=Path, required=True, help="deployment directory (dflash-build output)")
+    p.add_argument("--deployment_dir", "--engine_dir", "--engine", dest="engine", type=Path, required=True,
+                   help="deployment directory (dflash-build output)")
     p.add_argument("--out", type=Path, required=True, help="report JSON; the plot goes next to it as .png")
     p.add_argument("--streams", type=int, default=16, help="concurrent client threads in the load phase")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of the load phase")
@@ -168,8 +170,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--kinds: --server openai takes openai and openai_plain only")
     if any(k.startswith("openai") for k in args.kinds) and not (args.openai or openai_only):
         p.error("--kinds: openai needs --openai (the OpenAI server is started beside dflash-serve)")
-    if not (args.engine / "manifest.json").is_file():
-        p.error(f"--engine: {args.engine} has no manifest.json; pass a dflash-build output directory")
+    try:
+        args.deployment = Deployment.open(args.engine)
+    except DFlashError as err:
+        p.error(str(err))
     if not 1 <= args.prompts <= len(PROMPTS):
         p.error(f"--prompts must be in [1, {len(PROMPTS)}]")
     if args.streams < 1 or args.duration <= 0:
@@ -1525,9 +1529,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     import tempfile
 
-    manifest = json.loads((args.engine / "manifest.json").read_text())
-    max_batch = int(manifest["runtime"]["max_batch_size"])
-    max_seq_len = int(manifest["runtime"]["max_seq_len"])
+    deployment = args.__dict__.pop("deployment")
+    max_batch = int(deployment.runtime["max_batch_size"])
+    max_seq_len = int(deployment.runtime["max_seq_len"])
     long_tokens = min(1000, max_seq_len - 64)   # LONG_PROMPT is ~10 tokens     # the killed / cancelled / SIGTERMed streams run long
     prompts = PROMPTS[:args.prompts]
     args.warmup = args.duration * 0.1 if args.warmup is None else args.warmup
@@ -1616,12 +1620,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     report = {
         "benchmark": "soak",
-        "provenance": provenance.record(checkpoints={"target": args.engine / "target",
-                                                     "drafter": args.engine / "drafter"}),
+        "provenance": provenance.record(checkpoints={"target": deployment.target_dir,
+                                                     "drafter": deployment.drafter_dir}),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "deployment": {"backend": manifest.get("backend"), "runtime": manifest["runtime"],
-                       "target": manifest.get("target", {}).get("source"),
-                       "drafter": manifest.get("drafter", {}).get("source")},
+        "deployment": {"backend": deployment.backend, "runtime": deployment.runtime,
+                       "target": deployment.target.get("source"), "drafter": deployment.drafter.get("source")},
         "machine": {"cpus": os.cpu_count(), "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg(),
                     "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
         "server": {"ready_s": round(srv.ready_s, 2), "log": str(srv.log)},

@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dflash-sweep", description=__doc__, epilog=EPILOG,
                                 formatter_class=HelpFormatter)
     g = p.add_argument_group("what to measure")
-    g.add_argument("--engine", type=Path, help="deployment directory (dflash-build output)")
+    g.add_argument("--deployment_dir", "--engine_dir", "--engine", dest="engine", type=Path, help="deployment directory (dflash-build output)")
     g.add_argument("--backend", choices=("engine", "triton", "openai"), default="engine",
                    help="engine = in-process torch runtime (offline), triton = gRPC stream to the tensorrt_llm "
                         "model, openai = /v1/completions server-sent events (trtllm-serve)")
@@ -111,9 +111,10 @@ class Target:
     close: Callable[[], None] = lambda: None
 
 
-def _manifest(engine_dir: Path | None) -> dict:
+def _deployment(engine_dir: Path | None):
+    """The deployment, opened once (its manifest checked), or None for an endpoint named by --url alone."""
     from ..deployment import Deployment
-    return Deployment.open(engine_dir).manifest if engine_dir is not None else {}
+    return Deployment.open(engine_dir) if engine_dir is not None else None
 
 
 def _pair(m: dict) -> dict:
@@ -123,9 +124,9 @@ def _pair(m: dict) -> dict:
             "drafter_untrained": d.get("untrained"), "gpu_profile": m.get("gpu")}
 
 
-def open_engine(args, m: dict) -> Target:
+def open_engine(args, deployment) -> Target:
     """The deployment in this process, with max_batch_size = the largest concurrency."""
-    if args.engine is None:
+    if deployment is None:
         raise DFlashError("--engine", "missing", "pass a deployment directory, or --backend triton/openai --url ...")
     from ..runtime.engine import Engine
 
@@ -136,7 +137,7 @@ def open_engine(args, m: dict) -> Target:
         overrides["block_size"] = args.block_size
     overrides.update({k: getattr(args, k) for k in ("max_seq_len", "dtype", "device") if getattr(args, k)})
     # the sweep's mode decides the policy, whatever the deployment names (adaptive is applied below)
-    engine = Engine.from_deployment(args.engine, draft_policy="fixed", **overrides)
+    engine = Engine.from_deployment(deployment, draft_policy="fixed", **overrides)
     if args.mode == "adaptive" and engine.tp.size == 1:
         engine.use_adaptive_policy(context=args.input_len or 256)
     if engine.tp.rank != 0:
@@ -146,7 +147,7 @@ def open_engine(args, m: dict) -> Target:
         gpu = torch.cuda.get_device_name(engine.device)
     else:
         gpu = f"none (cpu: {platform.processor() or platform.machine()})"
-    settings = {**_pair(m), "block_size": engine.block_size, "tp_size": engine.tp.size, "gpu_name": gpu,
+    settings = {**_pair(deployment.manifest), "block_size": engine.block_size, "tp_size": engine.tp.size, "gpu_name": gpu,
                 "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
                 "max_batch_size": engine.cfg.max_batch_size, "max_seq_len": engine.cfg.max_seq_len,
                 "draft_policy": type(engine.policy).__name__}
@@ -295,8 +296,9 @@ def summary_line(row: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = shlex.join(sys.orig_argv) if argv is None else shlex.join(["dflash-sweep", *argv])
-    m = _manifest(args.engine)
-    target = open_engine(args, m) if args.backend == "engine" else open_endpoint(args, m)
+    deployment = _deployment(args.engine)
+    m = deployment.manifest if deployment is not None else {}
+    target = open_engine(args, deployment) if args.backend == "engine" else open_endpoint(args, m)
     if target.run is None:
         target.close()   # ranks > 0 of a TP engine: follow rank 0's steps, write nothing
         return 0

@@ -81,7 +81,7 @@ def serving_keys(rows: list[dict], batch: int, top: int, regen_tok_s: float | No
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sweep", type=Path, required=True, help="JSONL with the runs labelled AR, DFlash, DFlash adaptive")
-    p.add_argument("--engine", type=Path, required=True, help="the deployment the sweep ran")
+    p.add_argument("--deployment_dir", "--engine_dir", "--engine", dest="engine", type=Path, required=True, help="the deployment the sweep ran")
     p.add_argument("--batch", type=int, default=64, help="the concurrency compared with a steady batch")
     p.add_argument("--input_len", type=int, default=128, help="prompt tokens of the steady batch's requests")
     p.add_argument("--top", type=int, default=None, help="the largest concurrency, for ar_tok_s_c<top> (sweep3)")
