@@ -347,6 +347,7 @@ def test_stages_do_not_import_the_command():
 
 @needs_modelopt
 @pytest.mark.slow
+@pytest.mark.exhaustive   # ~100 s; tests/test_layout.py parses every recipe (bash -n) in the default run
 def test_gpu_script_smoke_on_cpu(tmp_path, prompts_file):
     """The GPU pipeline script end to end on the real SmolLM2 (regenerate, ModelOpt training, export + checks,
     acceptance with the reference package) at its --smoke sizes: ~70 s of CPU on a 2-core box. One OpenMP

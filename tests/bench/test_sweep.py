@@ -236,6 +236,7 @@ def mpiexec() -> str:
 
 
 @pytest.mark.mpi
+@pytest.mark.exhaustive   # tests/bench/test_scripts.py runs the mpirun sweep recipe (TP 2) by default
 def test_tp2_engine_sweep_under_mpiexec(tiny_target_with_tokenizer, tmp_path):
     from tests.serving.conftest import make_deployment
 

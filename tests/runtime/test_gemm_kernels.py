@@ -219,6 +219,7 @@ def test_target_layers_with_the_gemm_kernels(tp, monkeypatch):
         assert calls == {"gemm": 3 * n, "gate_up_silu": n, "rms_norm": 1, "add_rms_norm": 2 * n}
 
 
+@pytest.mark.exhaustive   # ~70 s: test_decode_attention's engine test runs the same kernels (GEMMs included)
 def test_engine_tokens_are_the_same_with_the_gemm_kernels(tiny_qwen3_pair, monkeypatch):
     """Greedy and sampled DFlash generation of a tiny Qwen3 pair with the decode path in the Triton kernels
     (GEMMs included, target and drafter) == the torch path, float32."""

@@ -281,6 +281,7 @@ def test_dequant_layout_pinned_by_hand():
     assert torch.equal(w, want)
 
 
+@pytest.mark.exhaustive   # a smoke of dflash-bench mxfp4; the kernels' own cases above run by default
 def test_bench_smoke_in_the_interpreter(tmp_path):
     """trtllm_dflash/bench/mxfp4.py --smoke: rows for every point, the configs agree, ``best`` per point."""
     if torch.cuda.is_available():

@@ -25,8 +25,10 @@ def mpiexec() -> str:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("tp", [2, 4])   # 4 ranks over the tiny pairs' 2 KV heads: each holds a replica of one
-@pytest.mark.parametrize("pair_name", ["tiny_pair", "tiny_qwen3_pair"])
+# 4 ranks over the tiny pairs' 2 KV heads: each holds a replica of one. One of each pair and each size by default.
+@pytest.mark.parametrize("pair_name, tp", [("tiny_pair", 2), ("tiny_qwen3_pair", 4),
+                                           pytest.param("tiny_pair", 4, marks=pytest.mark.exhaustive),
+                                           pytest.param("tiny_qwen3_pair", 2, marks=pytest.mark.exhaustive)])
 def test_tp_under_mpiexec_equals_tp1(request, tmp_path, pair_name, tp):
     """N ranks give TP 1's tokens (greedy and seeded sampling); at 4 ranks over 2 KV heads each rank holds one query
     head and a replica of its group's KV head, as TensorRT-LLM and vLLM lay it out."""

@@ -78,6 +78,7 @@ def test_triton_admits_another_address_at_the_first_free_slot(two_slot_deploymen
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive   # the same scheduler as the Triton test; only the peer's address is the server's own
 def test_openai_admits_another_address_at_the_first_free_slot(two_slot_deployment, tmp_path):
     srv = OpenAIServer(two_slot_deployment, tmp_path / "server.log", "tiny")
     try:

@@ -250,6 +250,7 @@ def _tcp_listening(pid: int) -> set[int]:
     return ports
 
 
+@pytest.mark.exhaustive   # ~35 s of waiting out a healthy period; the restart bound itself is tested by default
 def test_restarts_count_again_after_a_healthy_period(srv):
     # --max_restarts was a lifetime count: the 4th crash, however far apart, stopped the server for good.
     # Here --max_restarts 1 and --restart_reset_s 2: two crashes 2+ s of serving apart are both restarted.

@@ -190,7 +190,7 @@ def test_keep_alive_and_binary_clients_work_through_the_guard(guarded_server):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("guard", ["true", "false"])
+@pytest.mark.parametrize("guard", ["true", pytest.param("false", marks=pytest.mark.exhaustive)])
 def test_sigterm_with_an_idle_keep_alive_connection_exits_0(tiny_deployment, tmp_path, guard):
     # #19: the CPU soak's dflash-serve exited 1 after SIGTERM. Triton 2.51 waits for open HTTP connections
     # (an idle keep-alive one too) out of --exit_timeout_secs, then finds the model still loaded and exits 1.

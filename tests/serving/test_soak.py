@@ -53,6 +53,7 @@ def test_short_soak_with_faults_and_sigterm(tiny_deployment, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive   # ~55 s; tests/serving/test_openai_server.py covers the same faults one by one
 def test_short_soak_through_dflash_openai(tiny_deployment, tmp_path):
     """--server openai: dflash-openai alone under load (streamed and not), its own faults (#25's OpenAI probes:
     lone surrogate, 4 MB prompt, non-streaming clients that time out, ...), kills, the idle non-streaming
