@@ -327,6 +327,7 @@ def test_triton_sigkill_of_dflash_serve_leaves_no_engine_process(tiny_deployment
     import ctypes
     from tests.serving.conftest import start_server
     from tests.serving.test_server import _streams_in_flight
+    from trtllm_dflash.serving.server import shm_regions
 
     def _ppid(pid):
         return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
@@ -340,6 +341,8 @@ def test_triton_sigkill_of_dflash_serve_leaves_no_engine_process(tiny_deployment
         assert started.wait(60), "no stream started"
         stub = _ppid(engine)                 # the engine's parent: the model
         tritonserver = _ppid(stub)
+        regions = shm_regions(tritonserver)
+        assert regions, "the python backend's shared memory was not found"
         assert libc.prctl(36, 1) == 0        # PR_SET_CHILD_SUBREAPER: the orphaned tritonserver becomes ours
         os.kill(tritonserver, signal.SIGSTOP)
         srv.proc.kill()
@@ -348,6 +351,8 @@ def test_triton_sigkill_of_dflash_serve_leaves_no_engine_process(tiny_deployment
             t.join(30)
         assert _gone(stub, 60), "the Triton model's stub process outlived dflash-serve and tritonserver"
         assert _gone(engine, 5), "the engine process outlived its frontend (the Triton model's stub)"
+        # the stub was killed: neither Triton nor dflash-serve will remove its shared memory, the engine did
+        assert not [r for r in regions if r.exists()], "the killed stub's shared memory is left in /dev/shm"
     finally:
         libc.prctl(36, 0)
         srv.stop(10)

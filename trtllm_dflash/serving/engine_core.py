@@ -38,6 +38,7 @@ from pathlib import Path
 from ..deployment import Deployment
 from ..errors import DFlashError
 from . import engine_protocol as wire
+from . import procfs
 from .record import Result, ServedRequest
 
 log = logging.getLogger(__name__)
@@ -63,22 +64,16 @@ def check_address(address: str) -> str:
     return address
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a process, None once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return fields[0], int(fields[1])
-
-
 class SupervisorWatch:
     """The Triton model's engine: our parent is the model's stub, a child of tritonserver, a child of dflash-serve
     (``supervisor``). When dflash-serve dies, tritonserver is told to stop and unloads the model, which stops us.
     But a tritonserver that crashed or hangs never unloads it, and the stub cannot tell: its parent still exists (a
     zombie that a container's init does not reap) and any call it makes into Triton, a log line included, blocks
     with its interpreter lock held. This process blocks on nothing of Triton's, so it decides for the stub: once
-    dflash-serve is gone and tritonserver has not ended the stub within ``grace_s`` (or is dead), it kills the stub."""
+    dflash-serve is gone and tritonserver has not ended the stub within ``grace_s`` (or is dead), it kills the stub.
+
+    Whoever kills the stub must also remove its shared memory: Triton removes the region when it unloads the model,
+    and dflash-serve removes what a crash leaves, but here neither will (``release``)."""
 
     CHECK_EVERY_S = 0.5
 
@@ -86,19 +81,44 @@ class SupervisorWatch:
         self.supervisor, self.grace_s = supervisor, grace_s
         self.next_check = 0.0
         self.orphaned_at: float | None = None
+        # the stub maps its region before it loads the model, so before it starts this process
+        self.regions = procfs.backend_regions(os.getppid())
+        stub = procfs.stat(os.getppid())
+        self.server_pid = stub[1] if stub is not None else -1      # tritonserver
 
     def frontend_stuck(self) -> bool:
         now = time.monotonic()
         if now < self.next_check:
             return False
         self.next_check = now + self.CHECK_EVERY_S
-        stub = _stat(os.getppid())
-        server = _stat(stub[1]) if stub is not None else None       # tritonserver: (state, parent)
+        if not self.orphaned():
+            return False
+        server = procfs.stat(self.server_pid)
+        return server is None or server[0] in ("Z", "X") or now - self.orphaned_at > self.grace_s
+
+    def orphaned(self) -> bool:
+        """dflash-serve is gone (tritonserver's parent is no longer it): it will neither restart nor clean up."""
         if self.orphaned_at is None:
+            server = procfs.stat(self.server_pid)
             if server is not None and server[1] == self.supervisor:
                 return False
-            self.orphaned_at = now
-        return server is None or server[0] in ("Z", "X") or now - self.orphaned_at > self.grace_s
+            self.orphaned_at = time.monotonic()
+        return True
+
+    def release(self) -> list[Path]:
+        """Remove the stub's shared-memory files once nobody else will: dflash-serve is gone and the stub is
+        ended (by us, or it ended when tritonserver died without unloading the model). Removing a name frees
+        nothing that a live process still maps, so a tritonserver still unloading loses nothing."""
+        if not self.orphaned():
+            return []
+        removed = []
+        for path in self.regions:
+            try:
+                path.unlink()
+                removed.append(path)
+            except FileNotFoundError:
+                pass
+        return removed
 
 
 class _Outbox:
@@ -169,6 +189,9 @@ class EngineCore:
                           "ending the model's stub and stopping")
                 os.kill(self.parent, signal.SIGKILL)
                 self.stop = "dflash-serve is gone"
+        if self.watch is not None:
+            for path in self.watch.release():
+                log.error("[dflash] engine process: removed %s, left by the model's stub", path)
         runtime.shutdown()               # every request left ends (cancelled), ranks 1.. are released
         self._flush()
         self.pull.close()

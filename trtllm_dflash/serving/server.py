@@ -30,6 +30,7 @@ from .repo import MODEL_NAME, fill_triton, link_mirror
 from .protocol import CLIENT_HEADER
 from .restricted import ADMIN_HEADER, RESTRICTED_APIS
 from .triton_env import TritonBinary, find_tritonserver
+from . import procfs
 from .triton_model import CONTROL_DIR_ENV, SUPERVISOR_PID_ENV
 
 EPILOG = """examples:
@@ -250,19 +251,7 @@ def check_ports(host: str, ports: dict[str, int]) -> None:
 def shm_regions(pgid: int) -> set[Path]:
     """The python backend's shared-memory files that the processes of the server's group map: they are
     left in /dev/shm when tritonserver or a stub dies without cleaning up."""
-    found = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
-                continue
-            maps = (proc / "maps").read_text()
-        except (OSError, IndexError, ValueError):
-            continue
-        found.update(Path(line.split(None, 5)[5]) for line in maps.splitlines()
-                     if "/dev/shm/triton_python_backend" in line and len(line.split(None, 5)) == 6)
-    return found
+    return procfs.group_regions(pgid)
 
 
 class Supervisor:

@@ -390,11 +390,8 @@ def _alive(pid: int) -> bool:
     """dflash-serve (``pid``) still runs tritonserver, this process's parent. Asked of tritonserver's
     parent rather than of ``pid`` itself: a killed dflash-serve stays a zombie until its own parent reaps
     it, but tritonserver is handed to another parent the moment it dies."""
-    try:
-        stat = Path(f"/proc/{os.getppid()}/stat").read_text()
-    except OSError:
-        return False
-    return int(stat.rsplit(")", 1)[1].split()[1]) == pid
+    server = procfs.stat(os.getppid())
+    return server is not None and server[1] == pid
 
 
 class _TritonMetrics:
