@@ -69,6 +69,7 @@ def test_short_soak_through_dflash_openai(tiny_deployment, tmp_path):
     cases = {c["name"]: c for f in report["faults"] for c in f.get("cases", [])}
     assert cases["openai_lone_surrogate"]["code"] == 400 and cases["prompt_4MB_openai"]["code"] == 400
     assert report["kills"]["nonstream_timeouts"]["pass"]
+    assert report["checks"]["metrics_agree"]["metrics"].get("length", 0) > 0     # counted, and equal to the clients'
     assert report["sigterm"]["clients_with_final_in_time"] == 8 and report["sigterm"]["dflash_serve_exit_code"] == 0
 
 
@@ -100,6 +101,17 @@ def test_checks_fail_on_wrong_answers_errors_and_metric_disagreement():
     assert _evaluate([_outcome()], {"length": 1}, faults=[kill])["metrics_agree"]["pass"]
     assert not _evaluate([_outcome()], {"length": 1, "cancelled": 2}, faults=[kill])["metrics_agree"]["pass"]
     assert not _evaluate([_outcome()], {"length": 1}, rss={"growth": 0.2})["rss_bounded"]["pass"]
+
+
+def test_openai_soak_counts_the_openai_clients_against_dflash_openai_metrics():
+    # beside dflash-serve, an openai client's request is dflash-openai's, not Triton's; under --server openai it
+    # is the server under test's
+    oa = soak.Outcome("load", "openai", 0, 0.0, status="ok", latency_s=1.0, finish_reason="length", text="a")
+    args = _args(server="openai")
+    rss, idle = {"growth": 0.01}, {"after_load": 0.1}
+    assert soak.evaluate(args, ["a"], [oa], [], None, idle, {"length": 1}, rss, True, None)["metrics_agree"]["pass"]
+    assert not soak.evaluate(args, ["a"], [oa], [], None, idle, {}, rss, True, None)["metrics_agree"]["pass"]
+    assert _evaluate([oa], {})["metrics_agree"]["pass"]
 
 
 def test_rss_growth_and_metrics_parsing():

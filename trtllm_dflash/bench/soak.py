@@ -29,7 +29,8 @@ Phases, in order (each bounded in time; nothing leaves this machine's loopback i
 (not streamed), solo answers from openai_plain, faults kill (a streaming client SIGKILLed), malformed (bad
 JSON, nesting, a lone surrogate, out-of-range values, 5,000 stop strings), oversized (a 4 MB prompt refused by
 its size, a 5 MiB body refused from its Content-Length) and timeout; the burst is --burst requests at once;
-active requests come from its /health (running + waiting); it publishes no finish counts to compare.
+active requests come from its /health (running + waiting), finished requests by finish reason from its /metrics
+(dflash:request_success_total).
   sigterm    (--sigterm) 16 streams in flight, SIGTERM to dflash-serve: when and how each client ended,
              whether the server's processes and /dev/shm files are gone
 
@@ -333,11 +334,17 @@ class Server:
         return self.log.read_text(errors="replace")
 
     def metrics(self) -> dict:
-        if self.only_openai:     # the same names as Triton's, from /health's counts
+        if self.only_openai:     # the same names as Triton's: /health's counts, /metrics' finished requests
             with urllib.request.urlopen(f"http://{self.http}/health", timeout=10) as r:
                 h = json.loads(r.read())
-            return {("dflash_active_requests", ()): float(h["running"] + h["waiting"]),
-                    ("dflash_steps_total", ()): float(h.get("steps", 0))}
+            with urllib.request.urlopen(f"http://{self.http}/metrics", timeout=10) as r:
+                exposed = parse_metrics(r.read().decode())
+            out = {("dflash_active_requests", ()): float(h["running"] + h["waiting"]),
+                   ("dflash_steps_total", ()): float(h.get("steps", 0))}
+            for (name, labels), v in exposed.items():
+                if name == "dflash:request_success_total":
+                    out[("dflash_requests_total", (("finish_reason", dict(labels)["finished_reason"]),))] = v
+            return out
         with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
             return parse_metrics(r.read().decode())
 
@@ -1255,8 +1262,7 @@ def kill_phase(srv: Server, prompts: list[str], args, t_run: float, long_tokens:
         freed_s, steps = None, None
         while time.monotonic() - t_kill < 10.0:
             m = srv.metrics()
-            # dflash-openai publishes no finish counts: its running + waiting requests back to 0 say it
-            if ((srv.only_openai or finish_counts(m).get("cancelled", 0.0) >= cancelled0 + 1)
+            if (finish_counts(m).get("cancelled", 0.0) >= cancelled0 + 1
                     and metric_sum(m, "dflash_active_requests") == 0):
                 freed_s = time.monotonic() - t_kill
                 steps = metric_sum(m, "dflash_steps_total") - steps0
@@ -1355,17 +1361,18 @@ def safe_metrics(srv: Server) -> dict:
         return {}
 
 
-def expected_finishes(outcomes: list[Outcome], faults: list[dict], kills: dict | None) -> tuple[dict, int]:
-    """What the clients saw finish in the model, by finish reason, and how many cancellations are uncertain
-    (a client killed before it streamed may not have sent its request)."""
+def expected_finishes(outcomes: list[Outcome], faults: list[dict], kills: dict | None,
+                      openai_only: bool = False) -> tuple[dict, int]:
+    """What the clients saw finish in the server under test, by finish reason, and how many cancellations are
+    uncertain (a client killed before it streamed may not have sent its request)."""
     seen: dict[str, int] = {}
 
     def add(reason: str, n: int = 1) -> None:
         seen[reason] = seen.get(reason, 0) + n
 
     for o in outcomes:
-        if o.kind.startswith("openai"):
-            continue      # dflash-openai's own engine: not counted by Triton's metrics
+        if o.kind.startswith("openai") != openai_only:
+            continue      # beside dflash-serve, dflash-openai has its own engine: not counted by Triton's metrics
         if o.phase != "solo" and o.finish_reason:
             add(o.finish_reason)
         elif o.phase != "solo" and o.status == "error":
@@ -1418,15 +1425,13 @@ def evaluate(args, solo: list[str], outcomes: list[Outcome], faults: list[dict],
     checks["slots_free"] = {"pass": all(v is not None for v in idle.values()), "seconds_to_idle": idle}
     checks["rss_bounded"] = {"pass": rss["growth"] is not None and rss["growth"] < args.max_rss_growth,
                              "limit": args.max_rss_growth, **rss}
-    seen, uncertain = expected_finishes(outcomes, faults, kills)
+    seen, uncertain = expected_finishes(outcomes, faults, kills, getattr(args, "server", "triton") == "openai")
     got = {k: int(v) for k, v in finished_delta.items() if v}
     reasons = set(seen) | set(got)
     agree = all(got.get(r, 0) == seen.get(r, 0) for r in reasons if r != "cancelled")
     agree &= seen.get("cancelled", 0) <= got.get("cancelled", 0) <= seen.get("cancelled", 0) + uncertain
     checks["metrics_agree"] = {"pass": bool(agree), "metrics": got, "clients": seen,
                                "uncertain_cancelled": uncertain}
-    if getattr(args, "server", "triton") == "openai":
-        checks["metrics_agree"] = {"pass": True, "not_checked": "dflash-openai publishes no finish counts"}
     checks["server_alive"] = {"pass": alive_before_sigterm}
     if kills is not None:
         freed = [k["freed_s"] for k in kills["kills"]]
