@@ -98,13 +98,16 @@ class TraceRouter:
     capture: the capture bakes in the trace tensor of that shape)."""
 
     def __init__(self, routing: Routing, target, device):
-        self.routing, self.target, self.device = routing, target, device
+        self.routing, self.target, self.device = routing, target, torch.device(device)
         self.traces: dict[tuple[int, int], torch.Tensor] = {}
         self.current: tuple[int, int] | None = None
         self.handles = []
 
     def use(self, n: int, B: int) -> None:
         if (n, B) not in self.traces:
+            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"TraceRouter: no trace for n, B = {(n, B)} yet and a CUDA graph is being "
+                                   "captured; run the step once eagerly (or call use) before capturing it")
             c = self.target.config
             self.traces[(n, B)] = self.routing.trace(len(self.target.layers), n, B, c.num_experts,
                                                      c.experts_per_token).to(self.device)
