@@ -22,6 +22,10 @@ experts a block touches; skewed draws experts from a per-layer Zipf popularity (
 top-k slot of a block position repeat the previous position's expert (``--routing_reuse``). The summary carries
 the uniform numbers under the goals' names and the skewed ones with a ``_skewed`` suffix.
 
+``--compare flashinfer`` times layer 0's experts on flashinfer-python's fused MoE (MXFP4 weights x bf16, Hopper;
+bench/flashinfer_moe.py) next to ours, same bytes and routing traces, at every row's shape (a missing library
+stops the run before anything is built).
+
 Shapes: the public openai/gpt-oss-20b / -120b configs (hidden 2880, 64/8 heads of 64, top-4, intermediate
 2880, vocab 201088, window 128, YaRN; 24 layers x 32 experts / 36 layers x 128 experts) and the z-lab
 DFlash drafters (8 layers, 7680 MLP, q/k/v/o biases; block 8 for 20b, 10 for 120b).
@@ -45,6 +49,7 @@ from pathlib import Path
 import torch
 
 
+from trtllm_dflash.bench import flashinfer_moe
 from trtllm_dflash.bench import step as step_bench
 from trtllm_dflash.bench.routing_trace import Routing, TraceRouter
 from trtllm_dflash.bench.step import ceilings, graphed
@@ -290,6 +295,43 @@ def moe_layer_times(target, device, token_counts, iters: int) -> list[dict]:
     return rows
 
 
+def moe_layer_vs_flashinfer(target, fm, routings, shapes, iters: int, ceil: dict | None) -> list[dict]:
+    """Layer 0's experts on our MXFP4 kernels and on FlashInfer's fused MoE (bench/flashinfer_moe.py), the same
+    MXFP4 bytes and each routing's trace for layer 0 at every (batch, block) shape, CUDA-graphed. Per row: both
+    times, the bandwidth fraction each reaches on the bytes of the distinct experts (ours: unpadded), and the
+    norm-relative difference of their outputs (both round to bf16: ~1e-2 when they agree, O(1) when not)."""
+    mx = target.layers[0].mlp.experts
+    fi = flashinfer_moe.FlashInferExperts(mx, fm)
+    c, dev = target.config, mx.gate_up_proj_blocks.device
+    bw, ours_bytes = (ceil or {}).get("copy_bw_bytes_per_s"), expert_bytes(mx)
+    rows = []
+    with torch.inference_mode():
+        for routing in routings:
+            for n, B in shapes:
+                ids = routing.trace(1, n, B, c.num_experts, c.experts_per_token)[0].to(dev)
+                x, _, w = moe_inputs(target, n * B, dev)
+                r = {"routing": routing.name, "batch": n, "block_size": B, "tokens": n * B,
+                     "distinct_experts": ids.unique().numel()}
+                try:
+                    ref = mx(x, ids, w).double()
+                    r["rel_diff"] = round(((fi(x, ids, w).double() - ref).norm() / ref.norm()).item(), 5)
+                    for name, fn in (("ours_ms", mx), ("flashinfer_ms", fi)):
+                        r[name] = round(statistics.median(time_ms(graphed(lambda f=fn: f(x, ids, w)), iters, 3, True)), 4)
+                        torch.cuda.empty_cache()
+                except RuntimeError as err:  # a row that fails is reported, never hidden
+                    r["error"] = str(err).splitlines()[0][:200]
+                    rows.append(r)
+                    continue
+                if bw:
+                    for name, size in (("ours", ours_bytes), ("flashinfer", fi.bytes_per_expert)):
+                        r[f"{name}_bandwidth_fraction"] = round(r["distinct_experts"] * size / (r[f"{name}_ms"] * 1e-3) / bw, 3)
+                r["flashinfer_bytes_per_expert"], r["ours_bytes_per_expert"] = fi.bytes_per_expert, ours_bytes
+                rows.append(r)
+                print(f"moe layer {routing.name:7s} n={n:3d} B={B:2d}: ours {r['ours_ms']:.4f} ms  flashinfer "
+                      f"{r['flashinfer_ms']:.4f} ms  rel diff {r['rel_diff']:.2e}", flush=True)
+    return rows
+
+
 def tile_sweep(target, device, token_counts, iters: int, sweep_decode: bool = False) -> list[dict]:
     """Layer 0's fused experts under a few tile shapes (dot_scaled vs the explicit decode, BN, BK, warps)."""
     from trtllm_dflash.runtime import mxfp4_moe
@@ -396,6 +438,9 @@ def main(argv=None) -> int:
                    help="re-time every row with the experts dequantised to bf16 (needs 4x the expert memory)")
     p.add_argument("--compare_layers", type=int, default=0,
                    help="time one MoE layer MXFP4 vs bf16 at the rows' token counts (when the full bf16 model does not fit)")
+    p.add_argument("--compare", choices=("flashinfer",), default=None,
+                   help="time one MoE layer on our MXFP4 kernels and on flashinfer-python's fused MoE (Hopper), same "
+                        "experts and routing traces, at the rows' token counts")
     p.add_argument("--tile_sweep", action="store_true", help="time the kernels under a few tile shapes")
     p.add_argument("--profile", action="store_true", help="top kernels of the b=1 AR and DFlash steps")
     p.add_argument("--routing", default="uniform",
@@ -428,6 +473,11 @@ def main(argv=None) -> int:
         routings = [Routing.parse(name, args.routing_zipf, args.routing_reuse, args.routing_seed) for name in names]
     except ValueError as err:
         raise SystemExit(f"gpt_oss_step: {err}") from None
+    if args.compare == "flashinfer":
+        flashinfer = flashinfer_moe.load()   # before the model is built: a missing library costs nothing
+        if backend != "triton":
+            raise SystemExit("--compare flashinfer compares against the MXFP4 kernels: run it with --experts triton "
+                             "on a CUDA GPU")
     t0 = time.perf_counter()
     ceil = device_ceilings(cuda, args.tiny)
     kernels = Kernels.choose(args.attention_kernel, False, device, dtype)
@@ -513,6 +563,9 @@ def main(argv=None) -> int:
     if cuda and args.compare_layers and backend == "triton":
         counts = sorted({n * B for n in batches for B in [1, *blocks]})
         record["moe_layer_mxfp4_vs_bf16"] = moe_layer_times(target, device, counts, args.iters)
+    if args.compare == "flashinfer":
+        record["moe_layer_vs_flashinfer"] = moe_layer_vs_flashinfer(
+            target, flashinfer, routings, [(n, B) for n in batches for B in [1, *blocks]], args.iters, ceil)
     if args.compare_dequant and backend == "triton":
         for layer in target.layers:  # the same experts, now bf16: the reference path, timed in the same run
             layer.mlp.experts = layer.mlp.experts.dequantized(dtype)
@@ -526,6 +579,11 @@ def main(argv=None) -> int:
             row["break_even_tokens"] = round(row["median_ms"] / ar["median_ms"], 3)
     record["summary"] = full_summary(record, backend, blocks[0], [r.name for r in routings],
                                      expert_bytes(target.layers[0].mlp.experts))
+    if record["summary"] and record.get("moe_layer_vs_flashinfer"):
+        record["summary"]["moe_layer_vs_flashinfer_b1"] = [
+            {k: r.get(k) for k in ("routing", "block_size", "ours_ms", "flashinfer_ms", "ours_bandwidth_fraction",
+                                   "flashinfer_bandwidth_fraction", "rel_diff", "error")}
+            for r in record["moe_layer_vs_flashinfer"] if r["batch"] == 1]
     if cuda:
         record["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     record["total_s"] = round(time.perf_counter() - t0, 1)
