@@ -78,3 +78,23 @@ def test_layout_under_flashinfer_math_is_our_experts():
     wrong = dict(lay, w1=flashinfer_moe._pad(mx.gate_up_proj_blocks.reshape(4, 2 * I, H // 2), 256, 64),
                  s1=flashinfer_moe._pad(mx.gate_up_proj_scales, 256, 4))
     assert ((flashinfer_math(wrong, x, ids, weights, mx.limit) - ours).norm() / ours.norm()).item() > 0.5
+
+
+def test_library_present_but_no_hopper_stops_the_run(monkeypatch):
+    fake = type(sys)("flashinfer")
+    fake.fused_moe = type(sys)("flashinfer.fused_moe")
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setitem(sys.modules, "flashinfer.fused_moe", fake.fused_moe)
+    monkeypatch.setattr(gpt_oss_step, "build", lambda *a, **k: pytest.fail("built the model before the check"))
+    with pytest.raises(SystemExit, match="^--compare flashinfer compares against the MXFP4 kernels: run it with --experts triton"):
+        gpt_oss_step.main(["--tiny", "--device", "cpu", "--compare", "flashinfer"])
+    with pytest.raises(ValueError, match=r"^--compare flashinfer: its MXFP4 x bf16 MoE runs on Hopper \(sm90\) only"):
+        flashinfer_moe.check_device(torch.device("cpu"))
+
+
+def test_a_layer_flashinfer_refuses_is_an_error_row_not_a_lost_run():
+    from trtllm_dflash.bench.routing_trace import Routing
+    target, _ = gpt_oss_step.build("gpt-oss-20b", True, torch.device("cpu"), torch.float32, 32, "triton")
+    rows = gpt_oss_step.moe_layer_vs_flashinfer(target, object(), [Routing()], [(1, 1)], 2, None)
+    assert rows == [{"error": "setup: ValueError: --compare flashinfer: its MXFP4 x bf16 MoE runs on Hopper (sm90) "
+                              "only, not on cpu (compute capability None); leave --compare off here"}]

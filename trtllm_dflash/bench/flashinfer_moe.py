@@ -31,6 +31,14 @@ def load():
     return fm
 
 
+def check_device(dev: torch.device) -> None:
+    """FlashInfer's MXFP4 x bf16 fused MoE is built for Hopper (sm90) only."""
+    cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+    if cap != (9, 0):
+        raise ValueError(f"--compare flashinfer: its MXFP4 x bf16 MoE runs on Hopper (sm90) only, not on {dev} "
+                         f"(compute capability {cap}); leave --compare off here")
+
+
 def _round_up(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
@@ -69,12 +77,9 @@ class FlashInferExperts:
     def __init__(self, experts, fm=None):
         self.fm = fm or load()
         dev = experts.gate_up_proj_blocks.device
-        if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
-            cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
-            raise SystemExit(f"--compare flashinfer: its MXFP4 x bf16 MoE runs on Hopper (sm90) only, not on {dev} "
-                             f"(compute capability {cap}); leave --compare off here")
+        check_device(dev)
         if experts.num_local != experts.num_experts:
-            raise SystemExit("--compare flashinfer compares whole experts on one GPU; this rank holds "
+            raise ValueError("--compare flashinfer compares whole experts on one GPU; this rank holds "
                              f"{experts.num_local} of {experts.num_experts}")
         lay, E = layout(experts), experts.num_local
         self.H, self.Hp = lay["H"], lay["Hp"]

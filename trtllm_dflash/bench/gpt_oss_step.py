@@ -301,7 +301,11 @@ def moe_layer_vs_flashinfer(target, fm, routings, shapes, iters: int, ceil: dict
     times, the bandwidth fraction each reaches on the bytes of the distinct experts (ours: unpadded), and the
     norm-relative difference of their outputs (both round to bf16: ~1e-2 when they agree, O(1) when not)."""
     mx = target.layers[0].mlp.experts
-    fi = flashinfer_moe.FlashInferExperts(mx, fm)
+    try:
+        fi = flashinfer_moe.FlashInferExperts(mx, fm)
+    except Exception as err:  # noqa: BLE001  the library refusing our layout is a result; the step rows stay
+        print(f"flashinfer setup failed: {err}", flush=True)
+        return [{"error": f"setup: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"}]
     c, dev = target.config, mx.gate_up_proj_blocks.device
     bw, ours_bytes = (ceil or {}).get("copy_bw_bytes_per_s"), expert_bytes(mx)
     rows = []
@@ -318,8 +322,8 @@ def moe_layer_vs_flashinfer(target, fm, routings, shapes, iters: int, ceil: dict
                     for name, fn in (("ours_ms", mx), ("flashinfer_ms", fi)):
                         r[name] = round(statistics.median(time_ms(graphed(lambda f=fn: f(x, ids, w)), iters, 3, True)), 4)
                         torch.cuda.empty_cache()
-                except RuntimeError as err:  # a row that fails is reported, never hidden
-                    r["error"] = str(err).splitlines()[0][:200]
+                except Exception as err:  # noqa: BLE001  a row that fails is reported, never hidden
+                    r["error"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
                     rows.append(r)
                     continue
                 if bw:
@@ -478,6 +482,10 @@ def main(argv=None) -> int:
         if backend != "triton":
             raise SystemExit("--compare flashinfer compares against the MXFP4 kernels: run it with --experts triton "
                              "on a CUDA GPU")
+        try:
+            flashinfer_moe.check_device(device)
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
     t0 = time.perf_counter()
     ceil = device_ceilings(cuda, args.tiny)
     kernels = Kernels.choose(args.attention_kernel, False, device, dtype)
@@ -485,6 +493,7 @@ def main(argv=None) -> int:
     kernel = "triton" if kernels.triton else "torch"
     steps = Steps(target, drafter, max(batches), args.ctx, device, dtype)
     bytes_model = ByteModel(target, drafter, args.ctx)
+    bytes_per_expert = expert_bytes(target.layers[0].mlp.experts)  # the backend's (--compare_dequant swaps them)
     build_s = time.perf_counter() - t0
     gpu = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
     record = {"benchmark": "gpt_oss_step", "provenance": record_provenance(argv),
@@ -577,13 +586,12 @@ def main(argv=None) -> int:
         ar = next((r for r in record["results"] if r["step"] == "ar" and same(r) and "median_ms" in r), None)
         if row["step"] == "dflash" and ar is not None and "median_ms" in row:
             row["break_even_tokens"] = round(row["median_ms"] / ar["median_ms"], 3)
-    record["summary"] = full_summary(record, backend, blocks[0], [r.name for r in routings],
-                                     expert_bytes(target.layers[0].mlp.experts))
+    record["summary"] = full_summary(record, backend, blocks[0], [r.name for r in routings], bytes_per_expert)
     if record["summary"] and record.get("moe_layer_vs_flashinfer"):
         record["summary"]["moe_layer_vs_flashinfer_b1"] = [
             {k: r.get(k) for k in ("routing", "block_size", "ours_ms", "flashinfer_ms", "ours_bandwidth_fraction",
                                    "flashinfer_bandwidth_fraction", "rel_diff", "error")}
-            for r in record["moe_layer_vs_flashinfer"] if r["batch"] == 1]
+            for r in record["moe_layer_vs_flashinfer"] if r.get("batch", 1) == 1]
     if cuda:
         record["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     record["total_s"] = round(time.perf_counter() - t0, 1)
