@@ -45,13 +45,13 @@ for stage in "${stages[@]}"; do
            $PY -m trtllm_dflash.bench.mxfp4 --out "$OUT/mxfp4_bench.json" 2>&1 | tee "$OUT/mxfp4_bench.log"
            [ "$rc" -eq 0 ] || { echo "mxfp4 GPU tests failed (exit $rc): $OUT/mxfp4_tests.log" >&2; exit "$rc"; }; fi ;;
     20b)
-      if [ -n "${SMOKE:-}" ]; then $PY -m trtllm_dflash.bench.gpt_oss_step --tiny --device cpu --batch_sizes 1,4 --blocks 8 --iters 2 \
+      if [ -n "${SMOKE:-}" ]; then $PY -m trtllm_dflash.bench.gpt_oss_step --tiny --device cpu --batch_sizes 1,4,16,64 --blocks 8 --iters 2 \
              "${ROUTING[@]}" --profile --out "$OUT/gpt_oss_20b_step_smoke.json"
       else tag=$(gpu_tag)
            $PY -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-20b --batch_sizes 1,4,16,64 --blocks 8 --iters 15 --compare_dequant \
              "${ROUTING[@]}" --tile_sweep --profile --out "$RESULTS/gpt_oss_20b_step_$tag.json" 2>&1 | tee "$OUT/20b.log"; fi ;;
     120b)
-      if [ -n "${SMOKE:-}" ]; then $PY -m trtllm_dflash.bench.gpt_oss_step --tiny --device cpu --batch_sizes 1,4 --blocks 10 --iters 2 \
+      if [ -n "${SMOKE:-}" ]; then $PY -m trtllm_dflash.bench.gpt_oss_step --tiny --device cpu --batch_sizes 1,4,16,64 --blocks 10 --iters 2 \
              "${ROUTING[@]}" --profile --out "$OUT/gpt_oss_120b_step_smoke.json"
       else tag=$(gpu_tag)
            $PY -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-120b --batch_sizes 1,4,16,64 --blocks 10 --iters 15 --compare_layers 1 \
