@@ -12,7 +12,7 @@
 #          -> $RESULTS/gpt_oss_120b_vs_flashinfer_<gpu>.json
 #   tp2    (2x H200, ~3 min) gpt-oss-120b TP 2 with EP 2 and EP 1 under mpirun (NCCL, CUDA graphs): tiny tokens == TP 1,
 #          AR / DFlash (block 10) steps at batch 1 and 64, per-rank roofline, all-reduces per step, TP 1 reference
-# SMOKE=1 runs the CPU paths instead (tiny shapes, no kernels). Logs go to $OUT, the step JSON to $RESULTS
+# SMOKE=1 runs the CPU paths instead (tiny shapes, no kernels). Logs go to OUT (default /tmp/gpt_oss_gpu), the step JSON to RESULTS
 # (default benchmarks/results, the files the README's tables and the goals read).
 # Skewed routing: per-layer Zipf popularity ZIPF (default 1.0), per-slot reuse across block positions REUSE (0.5).
 set -euo pipefail
