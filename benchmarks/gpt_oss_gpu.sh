@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpt-oss with MXFP4 experts on the GPU host, one or more stages per run (logs and JSON under $OUT):
+# gpt-oss with MXFP4 experts on the GPU host, one or more stages per run (logs under OUT, step JSON under RESULTS):
 #   tests  (H100, ~2 min)  GPU tests of the MXFP4 kernels -> gpu_tests_mxfp4_<gpu>.json
 #   mxfp4  (H100, ~2 min)  the expert variants (mma / swap / gemv) at real shapes: their GPU tests, then one MoE layer
 #          timed per variant and tile config, 1..64 tokens, random and concentrated routing -> mxfp4_bench.json
@@ -12,8 +12,8 @@
 #          -> $RESULTS/gpt_oss_120b_vs_flashinfer_<gpu>.json
 #   tp2    (2x H200, ~3 min) gpt-oss-120b TP 2 with EP 2 and EP 1 under mpirun (NCCL, CUDA graphs): tiny tokens == TP 1,
 #          AR / DFlash (block 10) steps at batch 1 and 64, per-rank roofline, all-reduces per step, TP 1 reference
-# SMOKE=1 runs the CPU paths instead (tiny shapes, no kernels). Logs go to OUT (default /tmp/gpt_oss_gpu), the step JSON to RESULTS
-# (default benchmarks/results, the files the README's tables and the goals read).
+# SMOKE=1 runs the CPU paths instead (tiny shapes, no kernels). OUT: logs and test JSON (default /tmp/gpt_oss_gpu);
+# RESULTS: the step JSON (default benchmarks/results, the files the README's tables and the goals read).
 # Skewed routing: per-layer Zipf popularity ZIPF (default 1.0), per-slot reuse across block positions REUSE (0.5).
 set -euo pipefail
 OUT=${OUT:-/tmp/gpt_oss_gpu}
