@@ -439,7 +439,9 @@ def render_gpt_oss(results: Path) -> str:
     """gpt-oss-20b step cost, bf16 experts."""
     name = "gpt_oss_20b_step_h100.json"
     d = _load(results, name)
-    g = {(r["step"], r["block_size"], r["batch"]): r["median_ms"] for r in d["results"] if r["mode"] == "graph"}
+    # bf16 experts under uniform routing: a later MXFP4 run (--compare_dequant) holds these rows next to its own
+    g = {(r["step"], r["block_size"], r["batch"]): r["median_ms"] for r in d["results"] if r["mode"] == "graph"
+         and r.get("experts", "dequant") == "dequant" and r.get("routing", "uniform") == "uniform" and "median_ms" in r}
     blocks = sorted({bs for (s, bs, _) in g if s == "dflash"})
     big = max(b for (_, _, b) in g)
     ar1 = g[("ar", 1, 1)]

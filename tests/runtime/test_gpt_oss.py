@@ -247,19 +247,39 @@ def test_tp4_over_2_kv_heads_replicates_them_and_equals_tp1(tiny, drafters, tmp_
 
 # ---- GPU benchmark script, CPU path ----------------------------------------------------------------
 def test_gpu_benchmark_runs_on_cpu_with_a_tiny_config(tmp_path):
+    """The benchmark's smoke setting end to end: both routings, the profile, every summary field the goals read
+    (numbers here, CPU meaningless but computed the GPU run's way)."""
+    from trtllm_dflash.bench.gpt_oss_step import GOAL_KEYS
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "trtllm_dflash.bench.gpt_oss_step", "--tiny", "--device", "cpu",
-                           "--batch_sizes", "1,2", "--iters", "2", "--warmup", "1", "--ctx", "32", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                           "--batch_sizes", "1,2", "--iters", "2", "--warmup", "1", "--ctx", "32", "--profile",
+                           "--routing", "uniform,skewed", "--routing_zipf", "1.5", "--routing_reuse", "0.7",
+                           "--out", str(out)],
+                          capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert {"device", "provenance", "shapes", "results"} <= set(res) and res["experts"] == "dequant"
     assert {"command", "git", "versions"} <= set(res["provenance"])
-    kinds = {(r["step"], r["block_size"], r["batch"]) for r in res["results"]}
-    assert kinds == {(s, b, n) for s, b in (("ar", 1), ("dflash", 8), ("dflash", 10)) for n in (1, 2)}
+    assert res["routing"]["skewed"] == {"name": "skewed", "zipf": 1.5, "reuse": 0.7, "seed": 0}
+    kinds = {(r["routing"], r["step"], r["block_size"], r["batch"]) for r in res["results"]}
+    assert kinds == {(g, s, b, n) for g in ("uniform", "skewed") for s, b in (("ar", 1), ("dflash", 8), ("dflash", 10))
+                     for n in (1, 2)}
     assert all(r["median_ms"] > 0 for r in res["results"])
-    # router hooks saw the target's tokens: 1..min(E, tokens x top-k) distinct experts per layer, 4 layers
+    # the experts' input hooks saw the target's tokens: 1..min(E, tokens x top-k) distinct experts per layer, 4 layers
     assert all(4 <= r["distinct_experts"] <= 4 * min(4, r["batch"] * r["block_size"] * 2) for r in res["results"])
+    s = res["summary"]
+    assert s["gpu"] == res["device"] and s["routing"] == "uniform" and s["mode"] == "eager"
+    for key in [*GOAL_KEYS, *(k + "_skewed" for k in GOAL_KEYS), "ar_b1_kernels_per_step", "dflash_b1_kernels_per_step",
+                "ar_b1_kernels_per_step_skewed", "dflash_b1_kernels_per_step_skewed"]:
+        assert isinstance(s[key], (int, float)) and s[key] > 0, key
+    for routing in ("uniform", "skewed"):
+        per = s["routings"][routing]
+        assert per["params"] == res["routing"][routing]
+        for n in (1, 2):
+            b = per[f"b{n}"]
+            assert b["break_even_tokens"] == pytest.approx(b["dflash_ms"] / b["ar_ms"], rel=2e-3)
+            assert b["ar_distinct_experts"] <= b["dflash_distinct_experts"]
+    assert s["break_even_tokens_b1_skewed"] == s["routings"]["skewed"]["break_even_tokens_b1"]
 
 
 # ---- dflash-build presets --------------------------------------------------------------------------

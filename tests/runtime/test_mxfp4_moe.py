@@ -118,6 +118,36 @@ def test_variants_in_the_interpreter(name, N, ep):
     assert all(int(c.abs().sum()) == 0 for c in arrival._counters.values())
 
 
+@pytest.mark.usefixtures("one_torch_thread")
+def test_routing_trace_drives_the_kernels_in_a_step():
+    """gpt_oss_step's routing traces on the MXFP4 backend: a 4-request AR step of the tiny target (gemv) runs
+    the kernels on the trace's experts: its hidden states equal the dequantised experts' fed the same trace
+    (1e-5, float32 interpreter) and differ from the router's own choice."""
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter runs only where no GPU is visible (the GPU benchmark covers CUDA)")
+    triton_or_skip()
+    from trtllm_dflash.bench import gpt_oss_step
+    from trtllm_dflash.bench.routing_trace import Routing, TraceRouter
+    cpu, n = torch.device("cpu"), 4
+    target, drafter = gpt_oss_step.build("gpt-oss-20b", True, cpu, torch.float32, 32, "triton")
+    steps = gpt_oss_step.Steps(target, drafter, n, 16, cpu, torch.float32)
+    router = TraceRouter(Routing("skewed", zipf=1.0, reuse=0.5, seed=3), target, cpu)
+    args = (steps.last[:n, None], steps.start[:n, None], steps.cache, slice(0, n), 17)
+
+    def hidden():
+        router.use(n, 1)
+        with torch.inference_mode():
+            return target(*args)[0].clone()
+    router.attach()
+    kernels = hidden()
+    for layer in target.layers:
+        layer.mlp.experts = layer.mlp.experts.dequantized(torch.float32)
+    router.attach()                    # the new experts modules get the trace too
+    assert rel(kernels, hidden()) < 1e-5
+    router.detach()
+    assert rel(kernels, hidden()) > 1e-3
+
+
 def test_gemv_with_no_local_pair_gives_zeros_and_rejects_too_many_tokens():
     """Expert parallelism: a call whose pairs all live on other ranks still writes its (zero) partial sum."""
     triton_or_skip()

@@ -14,7 +14,17 @@ kernels of runtime/mxfp4_moe.py; "dequant" is the bf16 path. ``--compare_dequant
 the same experts dequantised to bf16 (fits for gpt-oss-20b on 80 GB, not for 120b: ``--compare_layers`` then
 times one MoE layer both ways). Per row: the roofline = bytes that must cross HBM in that step (non-expert
 weights incl. lm_head, the distinct experts the step's tokens routed to, KV read) over the copy bandwidth
-measured in the same run, and the distinct experts touched (random routing: near the worst case).
+measured in the same run, and the distinct experts touched.
+
+Routing (``--routing uniform,skewed``): the experts get the ids of a stated routing trace (bench/routing_trace.py)
+in place of the random router's, each routing timed in full: uniform is near the worst case for the distinct
+experts a block touches; skewed draws experts from a per-layer Zipf popularity (``--routing_zipf``) and lets each
+top-k slot of a block position repeat the previous position's expert (``--routing_reuse``). The summary carries
+the uniform numbers under the goals' names and the skewed ones with a ``_skewed`` suffix.
+
+``--compare flashinfer`` times layer 0's experts on flashinfer-python's fused MoE (MXFP4 weights x bf16, Hopper;
+bench/flashinfer_moe.py) next to ours, same bytes and routing traces, at every row's shape (a missing library
+stops the run before anything is built).
 
 Shapes: the public openai/gpt-oss-20b / -120b configs (hidden 2880, 64/8 heads of 64, top-4, intermediate
 2880, vocab 201088, window 128, YaRN; 24 layers x 32 experts / 36 layers x 128 experts) and the z-lab
@@ -22,7 +32,7 @@ DFlash drafters (8 layers, 7680 MLP, q/k/v/o biases; block 8 for 20b, 10 for 120
 
   python -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-20b --blocks 8 --compare_dequant --profile    # H100
   python -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-120b --blocks 10 --compare_layers 1 --profile # H200
-  python -m trtllm_dflash.bench.gpt_oss_step --tiny --device cpu  # the CPU smoke path the tests run
+  python -m trtllm_dflash.bench.gpt_oss_step --tiny --device cpu --routing uniform,skewed --profile  # CPU smoke
 """
 from __future__ import annotations
 
@@ -39,6 +49,9 @@ from pathlib import Path
 import torch
 
 
+from trtllm_dflash.bench import flashinfer_moe
+from trtllm_dflash.bench import step as step_bench
+from trtllm_dflash.bench.routing_trace import Routing, TraceRouter
 from trtllm_dflash.bench.step import ceilings, graphed
 
 from trtllm_dflash.runtime.distributed import TPGroup
@@ -157,17 +170,14 @@ class ByteModel:
 
 def distinct_experts(steps, n: int, B: int) -> int:
     """Sum over layers of the distinct experts of this rank (all of them at TP 1) that the step's target tokens
-    chose (one eager step, router hooks)."""
+    were sent to (one eager step; hooks on the experts' input, so a routing trace's ids are what is counted)."""
     seen = []
-    k = steps.target.config.experts_per_token
 
-    def hook(experts):
-        def count(module, inputs, logits):
-            ids = logits.topk(k, -1).indices.unique()
-            seen.append(((ids >= experts.first) & (ids < experts.first + experts.num_local)).sum().item())
-        return count
+    def count(experts, args):
+        ids = args[1].unique()
+        seen.append(((ids >= experts.first) & (ids < experts.first + experts.num_local)).sum().item())
 
-    hooks = [layer.mlp.router.register_forward_hook(hook(layer.mlp.experts)) for layer in steps.target.layers]
+    hooks = [layer.mlp.experts.register_forward_pre_hook(count) for layer in steps.target.layers]
     try:
         steps.run(n, B)
     finally:
@@ -189,9 +199,12 @@ class Steps:
         self.last = torch.randint(0, target.config.vocab_size, (max_batch,), device=device, generator=g)
         self.start = torch.full((max_batch,), ctx, dtype=torch.long, device=device)
         self.mask_id = drafter.config.mask_token_id
+        self.router: TraceRouter | None = None  # set: the experts get a routing trace's ids, not the router's
 
     @torch.inference_mode()
     def run(self, n: int, B: int) -> torch.Tensor:
+        if self.router is not None:
+            self.router.use(n, B)
         rows, start, last = slice(0, n), self.start[:n], self.last[:n]
         pos = start[:, None] + torch.arange(B, device=self.device)                       # [n, B]
         kv_len = self.ctx + B
@@ -282,6 +295,47 @@ def moe_layer_times(target, device, token_counts, iters: int) -> list[dict]:
     return rows
 
 
+def moe_layer_vs_flashinfer(target, fm, routings, shapes, iters: int, ceil: dict | None) -> list[dict]:
+    """Layer 0's experts on our MXFP4 kernels and on FlashInfer's fused MoE (bench/flashinfer_moe.py), the same
+    MXFP4 bytes and each routing's trace for layer 0 at every (batch, block) shape, CUDA-graphed. Per row: both
+    times, the bandwidth fraction each reaches on the bytes of the distinct experts (ours: unpadded), and the
+    norm-relative difference of their outputs (both round to bf16: ~1e-2 when they agree, O(1) when not)."""
+    mx = target.layers[0].mlp.experts
+    try:
+        fi = flashinfer_moe.FlashInferExperts(mx, fm)
+    except Exception as err:  # noqa: BLE001  the library refusing our layout is a result; the step rows stay
+        print(f"flashinfer setup failed: {err}", flush=True)
+        return [{"error": f"setup: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"}]
+    c, dev = target.config, mx.gate_up_proj_blocks.device
+    bw, ours_bytes = (ceil or {}).get("copy_bw_bytes_per_s"), expert_bytes(mx)
+    rows = []
+    with torch.inference_mode():
+        for routing in routings:
+            for n, B in shapes:
+                ids = routing.trace(1, n, B, c.num_experts, c.experts_per_token)[0].to(dev)
+                x, _, w = moe_inputs(target, n * B, dev)
+                r = {"routing": routing.name, "batch": n, "block_size": B, "tokens": n * B,
+                     "distinct_experts": ids.unique().numel()}
+                try:
+                    ref = mx(x, ids, w).double()
+                    r["rel_diff"] = round(((fi(x, ids, w).double() - ref).norm() / ref.norm()).item(), 5)
+                    for name, fn in (("ours_ms", mx), ("flashinfer_ms", fi)):
+                        r[name] = round(statistics.median(time_ms(graphed(lambda f=fn: f(x, ids, w)), iters, 3, True)), 4)
+                        torch.cuda.empty_cache()
+                except Exception as err:  # noqa: BLE001  a row that fails is reported, never hidden
+                    r["error"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+                    rows.append(r)
+                    continue
+                if bw:
+                    for name, size in (("ours", ours_bytes), ("flashinfer", fi.bytes_per_expert)):
+                        r[f"{name}_bandwidth_fraction"] = round(r["distinct_experts"] * size / (r[f"{name}_ms"] * 1e-3) / bw, 3)
+                r["flashinfer_bytes_per_expert"], r["ours_bytes_per_expert"] = fi.bytes_per_expert, ours_bytes
+                rows.append(r)
+                print(f"moe layer {routing.name:7s} n={n:3d} B={B:2d}: ours {r['ours_ms']:.4f} ms  flashinfer "
+                      f"{r['flashinfer_ms']:.4f} ms  rel diff {r['rel_diff']:.2e}", flush=True)
+    return rows
+
+
 def tile_sweep(target, device, token_counts, iters: int, sweep_decode: bool = False) -> list[dict]:
     """Layer 0's fused experts under a few tile shapes (dot_scaled vs the explicit decode, BN, BK, warps)."""
     from trtllm_dflash.runtime import mxfp4_moe
@@ -310,27 +364,60 @@ def tile_sweep(target, device, token_counts, iters: int, sweep_decode: bool = Fa
 # runtime/mxfp4_moe.py's kernels: their GPU time per step is the experts' cost (profile_top)
 EXPERT_KERNELS = ("_route_kernel", "_gate_up_kernel", "_swiglu_kernel", "_down_kernel", "_combine_kernel",
                   "_gemv_gate_up_kernel", "_gemv_down_kernel")
+EXPERTS_MARK = "gpt_oss_step.experts"  # the CPU profile's marker around each experts module call
 
 
-def profile_top(fn, steps: int = 3, top: int = 12) -> dict:
+def profile_top(fn, target, cuda: bool, steps: int = 3, top: int = 12) -> dict:
     """Device time per step by kernel (torch profiler over graph replays); expert_kernels_*: the MXFP4 expert
-    kernels' share (EXPERT_KERNELS; the torch k-sum after an unsplit down kernel is not among them)."""
-    from torch.profiler import ProfilerActivity, profile
+    kernels' share (EXPERT_KERNELS; the torch k-sum after an unsplit down kernel is not among them).
+
+    On the CPU (the smoke run) the "kernels" are the step's torch ops and the experts' share is the time inside
+    the target's experts modules (marked by hooks), so the same summary fields come out end to end."""
+    from torch.profiler import ProfilerActivity, profile, record_function
     fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
+    if cuda:
         torch.cuda.synchronize()
-    evts = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-    total = sum(e.self_device_time_total for e in evts)
-    best = sorted(evts, key=lambda e: -e.self_device_time_total)[:top]
-    experts = [e for e in evts if e.key.startswith(EXPERT_KERNELS)]
-    return {"kernels_per_step": sum(e.count for e in evts) / steps, "device_ms_per_step": round(total / 1e3 / steps, 4),
+    marks, hooks = [], []
+    if not cuda:
+        def enter(module, args):
+            marks.append(record_function(EXPERTS_MARK))
+            marks[-1].__enter__()
+
+        def leave(module, args, out):
+            marks.pop().__exit__(None, None, None)
+        for layer in target.layers:
+            hooks += [layer.mlp.experts.register_forward_pre_hook(enter),
+                      layer.mlp.experts.register_forward_hook(leave)]
+    try:
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                fn()
+            if cuda:
+                torch.cuda.synchronize()
+    finally:
+        for h in hooks:
+            h.remove()
+    if cuda:
+        evts = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        own = lambda e: e.self_device_time_total  # noqa: E731
+        experts = [e for e in evts if e.key.startswith(EXPERT_KERNELS)]
+        experts_us = sum(own(e) for e in experts)
+    else:
+        evts = [e for e in prof.key_averages() if e.key != EXPERTS_MARK and e.key.startswith("aten::")]
+        own = lambda e: e.self_cpu_time_total  # noqa: E731
+        experts = [e for e in prof.key_averages() if e.key == EXPERTS_MARK]
+        experts_us = sum(e.cpu_time_total for e in experts)  # inclusive: the ops the experts ran
+    total = sum(own(e) for e in evts)
+    best = sorted(evts, key=lambda e: -own(e))[:top]
+    # CPU: an op that calls others (aten::linear -> aten::addmm) is no kernel of its own; count the leaves
+    launched = sum(e.count for e in evts) if cuda else sum(
+        1 for e in prof.events() if e.name.startswith("aten::") and not e.cpu_children)
+    return {"kernels_per_step": launched / steps, "device_ms_per_step": round(total / 1e3 / steps, 4),
+            "unit": "CUDA kernels" if cuda else "CPU torch ops",
             "expert_kernels_per_step": sum(e.count for e in experts) / steps,
-            "expert_kernels_ms": round(sum(e.self_device_time_total for e in experts) / 1e3 / steps, 4),
-            "top": [{"name": e.key[:100], "count": e.count // steps, "ms": round(e.self_device_time_total / 1e3 / steps, 4),
-                     "share": round(e.self_device_time_total / max(total, 1), 3)} for e in best]}
+            "expert_kernels_ms": round(experts_us / 1e3 / steps, 4),
+            "top": [{"name": e.key[:100], "count": e.count // steps, "ms": round(own(e) / 1e3 / steps, 4),
+                     "share": round(own(e) / max(total, 1), 3)} for e in best]}
 
 
 # z-lab/gpt-oss-120b-DFlash model card, block 10: mean acceptance length tau (the projection below uses them)
@@ -355,8 +442,20 @@ def main(argv=None) -> int:
                    help="re-time every row with the experts dequantised to bf16 (needs 4x the expert memory)")
     p.add_argument("--compare_layers", type=int, default=0,
                    help="time one MoE layer MXFP4 vs bf16 at the rows' token counts (when the full bf16 model does not fit)")
+    p.add_argument("--compare", choices=("flashinfer",), default=None,
+                   help="time one MoE layer on our MXFP4 kernels and on flashinfer-python's fused MoE (Hopper), same "
+                        "experts and routing traces, at the rows' token counts")
     p.add_argument("--tile_sweep", action="store_true", help="time the kernels under a few tile shapes")
     p.add_argument("--profile", action="store_true", help="top kernels of the b=1 AR and DFlash steps")
+    p.add_argument("--routing", default="uniform",
+                   help="comma list of routing traces the experts get, each timed in full: uniform (every token's "
+                        "top-k uniform: the worst case) and/or skewed (--routing_zipf, --routing_reuse)")
+    p.add_argument("--routing_zipf", type=float, default=1.0,
+                   help="skewed: per-layer expert popularity ~ (rank + 1) ** -zipf (0 = equally popular)")
+    p.add_argument("--routing_reuse", type=float, default=0.5,
+                   help="skewed: probability that each top-k slot of a DFlash block position repeats the previous "
+                        "position's expert")
+    p.add_argument("--routing_seed", type=int, default=0, help="seed of the routing traces")
     p.add_argument("--attention_kernel", choices=("auto", "triton", "torch"), default="auto",
                    help="RuntimeConfig.kernels for target and drafter (auto: the Triton decode kernels on "
                         "CUDA, as the engine runs them)")
@@ -373,13 +472,28 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     batches = [int(b) for b in args.batch_sizes.split(",")]
     blocks = [int(b) for b in args.blocks.split(",")]
+    names = list(dict.fromkeys(r.strip() for r in args.routing.split(",")))
+    try:
+        routings = [Routing.parse(name, args.routing_zipf, args.routing_reuse, args.routing_seed) for name in names]
+    except ValueError as err:
+        raise SystemExit(f"gpt_oss_step: {err}") from None
+    if args.compare == "flashinfer":
+        flashinfer = flashinfer_moe.load()   # before the model is built: a missing library costs nothing
+        if backend != "triton":
+            raise SystemExit("--compare flashinfer compares against the MXFP4 kernels: run it with --experts triton "
+                             "on a CUDA GPU")
+        try:
+            flashinfer_moe.check_device(device)
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
     t0 = time.perf_counter()
-    ceil = ceilings() if cuda and not args.tiny else None
+    ceil = device_ceilings(cuda, args.tiny)
     kernels = Kernels.choose(args.attention_kernel, False, device, dtype)
     target, drafter = build(args.target, args.tiny, device, dtype, args.ctx + 16, backend, kernels=kernels)
     kernel = "triton" if kernels.triton else "torch"
     steps = Steps(target, drafter, max(batches), args.ctx, device, dtype)
     bytes_model = ByteModel(target, drafter, args.ctx)
+    bytes_per_expert = expert_bytes(target.layers[0].mlp.experts)  # the backend's (--compare_dequant swaps them)
     build_s = time.perf_counter() - t0
     gpu = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
     record = {"benchmark": "gpt_oss_step", "provenance": record_provenance(argv),
@@ -388,8 +502,11 @@ def main(argv=None) -> int:
               "shapes": {"target": "tiny" if args.tiny else f"openai/{args.target}",
                          "drafter": "tiny" if args.tiny else f"z-lab/{args.target}-DFlash", "ctx": args.ctx},
               "build_s": round(build_s, 2), "iters": args.iters, "ceilings": ceil,
-              "routing_note": "random weights route near-uniformly: the distinct experts per step are close to the "
-                              "worst case min(E, tokens x top-k); real routing touches fewer", "results": []}
+              "routing": {r.name: r.params() for r in routings},
+              "routing_note": "the experts get a routing trace's ids (bench/routing_trace.py), not the random router's: "
+                              "uniform is near the worst case min(E, tokens x top-k) distinct experts per layer; skewed "
+                              "states its Zipf exponent and per-slot reuse across block positions (assumptions, not "
+                              "measured gpt-oss routing)", "results": []}
     if cuda:
         record["weights_gib"] = round(torch.cuda.memory_allocated(device) / 2**30, 2)
         record["target_weight_gb"] = round(nbytes(target.parameters()) / 1e9, 2)
@@ -403,15 +520,15 @@ def main(argv=None) -> int:
     if cuda and args.tile_sweep and backend == "triton":
         record["tile_sweep"] = tile_sweep(target, device, [1, blocks[0], 64 * blocks[0]], args.iters)
 
-    def timed_rows(label: str) -> None:
+    def timed_rows(label: str, routing: str) -> None:
         modes = (["eager"] if not cuda or args.eager else []) + (["graph"] if cuda else [])
         for n in batches:
             for B in [1, *blocks]:
                 touched = distinct_experts(steps, n, B)
                 for mode in modes:
                     fn = lambda n=n, B=B: steps.run(n, B)  # noqa: E731
-                    row = {"experts": label, "step": "ar" if B == 1 else "dflash", "block_size": B, "batch": n,
-                           "mode": mode, "distinct_experts": touched}
+                    row = {"experts": label, "routing": routing, "step": "ar" if B == 1 else "dflash",
+                           "block_size": B, "batch": n, "mode": mode, "distinct_experts": touched}
                     try:
                         ms = time_ms(graphed(fn) if mode == "graph" else fn, args.iters, args.warmup, cuda)
                     except RuntimeError as err:  # reported, never hidden: a failed graph capture keeps its eager row
@@ -428,34 +545,53 @@ def main(argv=None) -> int:
                         row["roofline_ms"] = round(1e3 * row["hbm_bytes"] / ceil["copy_bw_bytes_per_s"], 4)
                         row["roofline_fraction"] = round(row["roofline_ms"] / row["median_ms"], 3)
                     record["results"].append(row)
-                    print(f"{label:7s} {row['step']:6s} B={B:2d} n={n:3d} {mode:5s} {row['median_ms']:9.3f} ms "
+                    print(f"{label:7s} {routing:7s} {row['step']:6s} B={B:2d} n={n:3d} {mode:5s} {row['median_ms']:9.3f} ms "
                           f"experts {touched:5d}" + (f"  roofline {row['roofline_ms']:.3f} ms ({row['roofline_fraction']:.0%})"
                                                      if "roofline_ms" in row else ""), flush=True)
 
-    timed_rows(backend)
-    if cuda and args.profile:
-        for B in (1, blocks[0]):
-            fn = graphed(lambda B=B: steps.run(1, B))
-            record[f"profile_{backend}_{'ar' if B == 1 else 'dflash'}_b1"] = prof = profile_top(fn)
-            print(f"profile B={B}: " + "; ".join(f"{t['name'][:50]} x{t['count']} {t['ms']:.3f}ms" for t in prof["top"][:6]),
-                  flush=True)
-            torch.cuda.empty_cache()
+    def each_routing(label: str) -> None:
+        """The rows (and with --profile the b=1 profiles) of every routing, the experts getting its trace."""
+        for routing in routings:
+            steps.router = TraceRouter(routing, target, device).attach()
+            try:
+                timed_rows(label, routing.name)
+                if args.profile and label == backend:
+                    for B in (1, blocks[0]):
+                        fn = lambda B=B: steps.run(1, B)  # noqa: E731
+                        prof = profile_top(graphed(fn) if cuda else fn, target, cuda)
+                        record[profile_key(backend, "ar" if B == 1 else "dflash", routing.name)] = prof
+                        print(f"profile {routing.name} B={B}: " + "; ".join(
+                            f"{t['name'][:50]} x{t['count']} {t['ms']:.3f}ms" for t in prof["top"][:6]), flush=True)
+                        if cuda:
+                            torch.cuda.empty_cache()
+            finally:
+                steps.router.detach()
+                steps.router = None
+
+    each_routing(backend)
     if cuda and args.compare_layers and backend == "triton":
         counts = sorted({n * B for n in batches for B in [1, *blocks]})
         record["moe_layer_mxfp4_vs_bf16"] = moe_layer_times(target, device, counts, args.iters)
+    if args.compare == "flashinfer":
+        record["moe_layer_vs_flashinfer"] = moe_layer_vs_flashinfer(
+            target, flashinfer, routings, [(n, B) for n in batches for B in [1, *blocks]], args.iters, ceil)
     if args.compare_dequant and backend == "triton":
         for layer in target.layers:  # the same experts, now bf16: the reference path, timed in the same run
             layer.mlp.experts = layer.mlp.experts.dequantized(dtype)
             torch.cuda.empty_cache()
-        timed_rows("dequant")
+        each_routing("dequant")
     for row in record["results"]:
-        same = lambda r: (r["experts"], r["batch"], r["mode"]) == (row["experts"], row["batch"], row["mode"])  # noqa: E731
+        same = lambda r: (r["experts"], r["routing"], r["batch"], r["mode"]) == (  # noqa: E731
+            row["experts"], row["routing"], row["batch"], row["mode"])
         ar = next((r for r in record["results"] if r["step"] == "ar" and same(r) and "median_ms" in r), None)
         if row["step"] == "dflash" and ar is not None and "median_ms" in row:
             row["break_even_tokens"] = round(row["median_ms"] / ar["median_ms"], 3)
-    record["summary"] = summarize(record["results"], backend, blocks[0], record.get("moe_layer_mxfp4_vs_bf16"))
-    if record["summary"]:
-        record["summary"].update(expert_summary(record, backend, expert_bytes(target.layers[0].mlp.experts)))
+    record["summary"] = full_summary(record, backend, blocks[0], [r.name for r in routings], bytes_per_expert)
+    if record["summary"] and record.get("moe_layer_vs_flashinfer"):
+        record["summary"]["moe_layer_vs_flashinfer_b1"] = [
+            {k: r.get(k) for k in ("routing", "block_size", "ours_ms", "flashinfer_ms", "ours_bandwidth_fraction",
+                                   "flashinfer_bandwidth_fraction", "rel_diff", "error")}
+            for r in record["moe_layer_vs_flashinfer"] if r.get("batch", 1) == 1]
     if cuda:
         record["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     record["total_s"] = round(time.perf_counter() - t0, 1)
@@ -468,14 +604,62 @@ def main(argv=None) -> int:
     return 0
 
 
-def summarize(rows: list[dict], backend: str, block: int, layer_rows) -> dict:
+# the fields the issue's goals read, and the ones a reader needs next to them (per routing)
+GOAL_KEYS = ("ar_b1_step_ms", "ar_b1_roofline_fraction", "break_even_tokens_b1", "ar_b1_expert_bandwidth_fraction",
+             "dflash_b1_expert_bandwidth_fraction")
+
+
+def device_ceilings(cuda: bool, tiny: bool) -> dict | None:
+    """The copy bandwidth the roofline divides by: measured on the GPU (not for tiny shapes, which are no HBM
+    test); on a CPU-only host the CPU's own, so the smoke run fills every roofline field end to end."""
+    if cuda:
+        return None if tiny else ceilings()
+    return ceilings(smoke=True) if step_bench.DEV.type == "cpu" else None
+
+
+def profile_key(backend: str, step: str, routing: str) -> str:
+    return f"profile_{backend}_{step}_b1" + ("" if routing == "uniform" else f"_{routing}")
+
+
+def timing_mode(rows: list[dict]) -> str:
+    """CUDA graphs where they were timed (the engine's mode), else eager (the CPU)."""
+    return "graph" if any(r["mode"] == "graph" and "median_ms" in r for r in rows) else "eager"
+
+
+def full_summary(record: dict, backend: str, block: int, routings: list[str], bytes_per_expert: int) -> dict:
+    """The headline routing's fields (uniform when it ran, else the first) at the top level under the names the
+    goals read (GOAL_KEYS); every other routing's numbers again with a ``_<routing>`` suffix; under ``routings``
+    each routing's parameters, b=1 fields and per-batch step times, break-even tokens and distinct experts."""
+    per = {}
+    for name in routings:
+        s = summarize(record["results"], backend, block, record.get("moe_layer_mxfp4_vs_bf16"), name)
+        if s:
+            s.update(expert_summary(record, backend, name, bytes_per_expert))
+        per[name] = s
+    head = "uniform" if "uniform" in routings else routings[0]
+    if not per[head]:
+        return {}
+    out = {"gpu": record["device"], "routing": head, **per[head]}
+    for name in routings:
+        if name != head:
+            out.update({f"{k}_{name}": v for k, v in per[name].items() if isinstance(v, (int, float))})
+    out["routings"] = {name: {"params": record["routing"][name],
+                              **{k: v for k, v in per[name].items() if not k.endswith("_note")}} for name in routings}
+    return out
+
+
+def summarize(rows: list[dict], backend: str, block: int, layer_rows, routing: str = "uniform") -> dict:
+    rows = [r for r in rows if r["routing"] == routing]
+    mode = timing_mode(rows)
+
     def pick(experts, step, n, B):
         return next((r for r in rows if (r["experts"], r["step"], r["batch"], r["block_size"]) == (experts, step, n, B)
-                     and r["mode"] == "graph" and "median_ms" in r), None)
+                     and r["mode"] == mode and "median_ms" in r), None)
     ar, df = pick(backend, "ar", 1, 1), pick(backend, "dflash", 1, block)
     if ar is None or df is None:
         return {}
-    s = {"experts": backend, "block_size": block, "ar_b1_step_ms": ar["median_ms"], "dflash_b1_step_ms": df["median_ms"],
+    s = {"experts": backend, "block_size": block, "mode": mode, "ar_b1_step_ms": ar["median_ms"],
+         "dflash_b1_step_ms": df["median_ms"],
          "ar_b1_roofline_fraction": ar.get("roofline_fraction"), "dflash_b1_roofline_fraction": df.get("roofline_fraction"),
          "ar_b1_roofline_ms": ar.get("roofline_ms"), "dflash_b1_roofline_ms": df.get("roofline_ms"),
          "break_even_tokens_b1": df["break_even_tokens"]}
@@ -501,20 +685,25 @@ def summarize(rows: list[dict], backend: str, block: int, layer_rows) -> dict:
     return s
 
 
-def expert_summary(record: dict, backend: str, bytes_per_expert: int) -> dict:
+def expert_summary(record: dict, backend: str, routing: str, bytes_per_expert: int) -> dict:
     """Per b=1 step (AR, DFlash): expert bytes touched = distinct experts (summed over layers) x bytes per expert;
-    with --profile, the expert kernels' GPU time, the bandwidth fraction it achieves on those bytes, and us per
-    distinct expert (AR vs DFlash: equal when the experts' cost follows the distinct experts, not the tokens)."""
+    with --profile, the kernels per step, the expert kernels' time, the bandwidth fraction it achieves on those
+    bytes, and us per distinct expert (AR vs DFlash: equal when the experts' cost follows the distinct experts,
+    not the tokens)."""
     s, bw = {}, (record.get("ceilings") or {}).get("copy_bw_bytes_per_s")
+    rows = [r for r in record["results"] if r["routing"] == routing]
+    mode = timing_mode(rows)
     for step in ("ar", "dflash"):
-        row = next((r for r in record["results"] if (r["experts"], r["step"], r["batch"], r["mode"]) ==
-                    (backend, step, 1, "graph") and "median_ms" in r), None)
+        row = next((r for r in rows if (r["experts"], r["step"], r["batch"], r["mode"]) ==
+                    (backend, step, 1, mode) and "median_ms" in r), None)
         if row is None:
             continue
         touched = row["distinct_experts"] * bytes_per_expert
         s[f"{step}_b1_distinct_experts"] = row["distinct_experts"]
         s[f"{step}_b1_expert_bytes_touched"] = touched
-        prof = record.get(f"profile_{backend}_{step}_b1")
+        prof = record.get(profile_key(backend, step, routing))
+        if prof:
+            s[f"{step}_b1_kernels_per_step"] = prof["kernels_per_step"]
         if prof and prof.get("expert_kernels_ms"):
             ms = prof["expert_kernels_ms"]
             s[f"{step}_b1_expert_kernels_ms"] = ms
