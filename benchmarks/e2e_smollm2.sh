@@ -10,17 +10,18 @@
 #   levels 1 and 2, few requests (-> e2e_smollm2_smoke.json); SERVED=0 skips the dflash-openai half
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
 OUT=${OUT:?set OUT}
 DRAFTER=${DRAFTER:-smollm2-135m-dflash}
 mkdir -p "$OUT"
 if [[ ${SMOKE:-0} == 1 ]]; then
+  export PATH=$PWD/.venv/bin:$PATH PYTHON=${PYTHON:-python}     # this checkout's environment, as the other recipes
   GPU=(--gpu h100 --max_batch_size 2); LOAD=(--max_new_tokens 8 --device cpu --warmup 0 --num_requests 2)
   LEVELS=1,2; NAME=e2e_smollm2_smoke; DATASETS=${DATASETS:-humaneval}
 else
   GPU=(--gpu h100 --max_batch_size 64); LOAD=(--max_new_tokens 256); LEVELS=1,4,16,64; NAME=e2e_smollm2_h100
   DATASETS=${DATASETS:-humaneval mtbench}
 fi
+PY=${PYTHON:-python3}
 # two deployments of the same pair: the policy is the deployment's when served (AR = either with no drafting)
 for policy in fixed adaptive; do
   $PY -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" "${GPU[@]}" --backend torch \
