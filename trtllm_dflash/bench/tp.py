@@ -6,6 +6,8 @@
 1. A tiny random Qwen3 pair in float32: TP=2 greedy and sampled tokens == TP=1 tokens.
 2. Qwen3-8B shapes, random bf16 weights (each rank makes only its shard, from per-tensor seeds, so all
    ranks agree on the full weights): AR and DFlash step times at the given batch sizes (rank 0's clock).
+   Every rank runs the decode kernels RuntimeConfig.kernels chooses (``--kernels``; auto: the Triton kernels on
+   CUDA), as one GPU does.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.provenance import record
 from trtllm_dflash.runtime.distributed import launcher_rank_and_size
 from trtllm_dflash.runtime.engine import Engine
+from trtllm_dflash.runtime.kernels import SETTINGS, Kernels
 from trtllm_dflash.runtime.loader import load_drafter, load_target
 from trtllm_dflash.runtime.shard import slice_for_rank
 
@@ -48,8 +51,9 @@ def tiny_tokens(target, drafter, tp_size: int):
     return eng, out
 
 
-def shards_8b(name: str, tp, work: Path, max_seq: int):
-    """This rank's shard of random target + drafter weights (identical full weights on every rank)."""
+def shards_8b(name: str, tp, work: Path, max_seq: int, kernels: Kernels):
+    """This rank's shard of random target + drafter weights (identical full weights on every rank), built with
+    ``kernels`` (Kernels.choose of the engine's RuntimeConfig)."""
     import transformers
     tcfg, dcfg = target_config(name), dict(PUBLIC_CONFIGS[KNOWN_MODELS[name].drafter])
     hf_cfg = transformers.AutoConfig.for_model(tcfg["model_type"], **{k: v for k, v in tcfg.items() if k != "model_type"})
@@ -60,17 +64,19 @@ def shards_8b(name: str, tp, work: Path, max_seq: int):
         g = torch.Generator("cuda").manual_seed(zlib.crc32(pname.encode()))
         full = (torch.ones(p.shape, dtype=torch.bfloat16, device="cuda") if pname.endswith("norm.weight") else
                 torch.empty(p.shape, dtype=torch.bfloat16, device="cuda").normal_(0, 0.02, generator=g))
-        pre[f"target.{pname}"] = slice_for_rank(pname, full, tp.size, tp.rank).clone()
+        pre[f"target.{pname}"] = slice_for_rank(pname, full, tp.size, tp.rank,
+                                                num_kv_heads=tcfg["num_key_value_heads"]).clone()
         del full
     for k, v in random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=torch.bfloat16, device="cuda").items():
-        pre[f"drafter.{k}"] = slice_for_rank(k, v, tp.size, tp.rank).clone()
+        pre[f"drafter.{k}"] = slice_for_rank(k, v, tp.size, tp.rank, num_kv_heads=dcfg["num_key_value_heads"]).clone()
     for role, cfg in (("target", tcfg), ("drafter", dcfg)):
         (work / role).mkdir(parents=True, exist_ok=True)
         (work / role / "config.json").write_text(json.dumps(cfg))
     dev = torch.device("cuda", torch.cuda.current_device())
-    drafter = load_drafter(work / "drafter", tcfg["hidden_size"], tp, dev, torch.bfloat16, max_seq, presharded=pre)
+    drafter = load_drafter(work / "drafter", tcfg["hidden_size"], tp, dev, torch.bfloat16, max_seq, presharded=pre,
+                           kernels=kernels)
     target = load_target(work / "target", tp, dev, torch.bfloat16, max_seq, drafter.config.target_layer_ids,
-                         presharded=pre)
+                         presharded=pre, kernels=kernels)
     return target, drafter
 
 
@@ -80,6 +86,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch", default="1,4,16,64", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--kernels", "--attention_kernel", choices=SETTINGS, default="auto",
+                   help="RuntimeConfig.kernels of the 8B-shape engines on every rank (auto: the Triton decode "
+                        "kernels on CUDA, as one GPU runs them)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     rank, size = launcher_rank_and_size()
@@ -101,11 +110,14 @@ def main(argv=None) -> int:
                                    checkpoints={"tiny_target": pair / "target", "tiny_drafter": pair / "drafter"})
         print("tiny TP", size, "== TP 1:", res["tiny_tp_equals_tp1"], flush=True)
     max_seq = args.ctx + args.steps * 20 + 64
+    kernels = Kernels.choose(args.kernels, False, torch.device("cuda"), torch.bfloat16)
+    res["kernels"] = {"setting": args.kernels, "triton": kernels.triton, "sampling": kernels.sampling}
     with tempfile.TemporaryDirectory() as work:
-        target, drafter = shards_8b(args.model, tp, Path(work) / f"rank{rank}", max_seq)
+        target, drafter = shards_8b(args.model, tp, Path(work) / f"rank{rank}", max_seq, kernels)
     rows = []
     for mode, d in (("ar", None), ("dflash", drafter)):
-        cfg = RuntimeConfig(block_size=1 if d is None else None, max_batch_size=max(args.batch), max_seq_len=max_seq)
+        cfg = RuntimeConfig(block_size=1 if d is None else None, max_batch_size=max(args.batch), max_seq_len=max_seq,
+                            kernels=args.kernels)
         eng = Engine(target, d, None, cfg, tp, set())
         if rank != 0:
             eng.follow(close=False)
