@@ -47,7 +47,8 @@ from trtllm_dflash.bench.step import ceilings, graphed
 
 from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.provenance import record
-from trtllm_dflash.runtime.distributed import TPGroup, launcher_rank_and_size
+from trtllm_dflash.runtime.allreduce import STRATEGIES
+from trtllm_dflash.runtime.distributed import TPGroup, init_tp, launcher_rank_and_size
 from trtllm_dflash.runtime.engine import Engine
 from trtllm_dflash.runtime.kernels import SETTINGS, Kernels
 
@@ -67,12 +68,12 @@ def graphs_for(device: str, experts: str) -> bool:
 
 
 def engine_tokens(target: Path, drafter: Path, device: str, experts: str, tp_size: int, ep_size: int,
-                  kernels: str = "auto"):
+                  kernels: str = "auto", allreduce_strategy: str = "auto"):
     """Output ids of the fixed greedy + sampled requests (rank 0; None on the other ranks of a TP group);
-    ``kernels``: RuntimeConfig.kernels."""
+    ``kernels``, ``allreduce_strategy``: RuntimeConfig's."""
     from trtllm_dflash.testing import GPT_OSS_TP_PARAMS as PARAMS, GPT_OSS_TP_PROMPTS as PROMPTS
     cfg = RuntimeConfig(max_seq_len=128, max_batch_size=2, dtype="float32", device=device, mxfp4_moe=experts,
-                        cuda_graphs=graphs_for(device, experts), kernels=kernels)
+                        cuda_graphs=graphs_for(device, experts), kernels=kernels, allreduce_strategy=allreduce_strategy)
     eng = Engine.from_dirs(target, drafter, cfg, tp_size=tp_size, ep_size=ep_size)
     if eng.tp.rank != 0:
         eng.follow(close=False)      # the group stays for the next engine and the step benchmarks
@@ -258,9 +259,14 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", "--attention_kernel", choices=SETTINGS, default="auto",
                    help="RuntimeConfig.kernels of every rank and layout, TP 1 included (auto: the Triton decode "
                         "kernels on CUDA, the torch path on the CPU)")
+    p.add_argument("--allreduce_strategy", choices=STRATEGIES, default="auto",
+                   help="RuntimeConfig.allreduce_strategy of every TP layout (auto: the one-shot all-reduce over peer "
+                        "memory for decode-sized messages where the GPUs map each other's memory, NCCL otherwise)")
     p.add_argument("--out", required=True, help="rank 0's results JSON")
     args = p.parse_args(argv)
 
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")                 # NVLink multicast off, before any group forms
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     rank, size = launcher_rank_and_size()
     if size < 2:
         raise SystemExit(f"{size} rank started; this benchmark compares TP >= 2 with TP 1: "
@@ -298,6 +304,7 @@ def main(argv=None) -> int:
                    "experts_per_token": tc["num_experts_per_tok"], "drafter_layers": dc["num_hidden_layers"]},
         "batch_sizes": args.batch_sizes, "block_size": args.block_size, "iters": args.iters,
         "kernels": {"setting": args.kernels, "triton": kernels.triton, "sampling": kernels.sampling},
+        "allreduce_strategy": args.allreduce_strategy,
         "routing_note": "random weights route near-uniformly: the distinct experts per step are close to the "
                         "worst case min(E, tokens x top-k) per layer; real routing touches fewer",
         "tokens_note": "tiny random MXFP4 gpt-oss (trtllm_dflash/testing.py write_tiny_gpt_oss, seed 2) in float32; prompts and "
@@ -310,17 +317,19 @@ def main(argv=None) -> int:
         tp1 = engine_tokens(target_dir, drafter_dir, args.device, experts, 1, 1, args.kernels)
         entry = {"tp1": tp1, "cuda_graphs": graphs_for(args.device, experts)}
         for ep in args.ep_sizes:
-            got = engine_tokens(target_dir, drafter_dir, args.device, experts, size, ep, args.kernels)
+            got = engine_tokens(target_dir, drafter_dir, args.device, experts, size, ep, args.kernels,
+                                args.allreduce_strategy)
             if rank == 0:
                 entry[f"tp{size}_ep{ep}"] = {"tokens": got, "equal_tp1": got == tp1,
                                              "first_difference": first_difference(got, tp1)}
                 print(f"tokens {experts:7s} tp {size} ep {ep} == tp 1: {got == tp1}", flush=True)
-        tp = TPGroup(dist.get_rank(), dist.get_world_size())  # the group the engines joined
+        tp = init_tp(size, device, allreduce_strategy=args.allreduce_strategy)   # the group the engines joined
         entry["tp1_same_on_every_rank"] = all(t == tp1 for t in gather(tp, tp1))
         out.add_tokens(experts, entry)
     out.data["tokens_s"] = round(time.perf_counter() - t0, 1)
 
     # 2. steps
+    out.data["allreduce_oneshot"] = tp.small_all_reduce is not None
     ceil = ceilings() if cuda and not args.tiny else None
     out.data["ceilings_per_rank"] = gather(tp, ceil)
     out.data["devices_per_rank"] = gather(tp, name)
