@@ -28,7 +28,9 @@ def record(target, drafter, tp_size: int, kernels: str):
     """(engine, {"counts": {step: counts}, "tokens": {step: [samples, accepted]}}) after a prefill of PROMPT, then
     one DFlash step and one AR step (sampled), every rank calling the runner in the same order (no follower loop:
     nothing but the step is counted). Each rank's tokens are its own: nothing broadcasts them after sampling."""
-    cfg = RuntimeConfig(max_seq_len=64, max_batch_size=1, dtype="float32", kernels=kernels, cuda_graphs=False)
+    # the CPU even where a GPU is visible: the interpreter runs the kernels on CPU tensors, the ranks talk over gloo
+    cfg = RuntimeConfig(max_seq_len=64, max_batch_size=1, dtype="float32", device="cpu", kernels=kernels,
+                        cuda_graphs=False)
     eng = Engine.from_dirs(target, drafter, cfg, tp_size=tp_size)
     runner = eng.runner
     runner.admit(0, SamplingParams(max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True))
