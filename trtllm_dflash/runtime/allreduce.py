@@ -104,3 +104,8 @@ def make_small_all_reduce(strategy: str, device: torch.device, rank: int,
 
 
 _MADE: dict[tuple, OneShotAllReduce | None] = {}
+
+
+def forget() -> None:
+    """Drop the buffers made for the group being destroyed (a later group makes its own)."""
+    _MADE.clear()

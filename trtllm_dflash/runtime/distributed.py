@@ -87,7 +87,10 @@ class TPGroup:
     def close(self) -> None:
         """Leave the group; gloo aborts the process at exit if a group is still alive."""
         if self.active and dist.is_initialized():
+            from .allreduce import forget
             dist.barrier()
+            self.small_all_reduce = None
+            forget()   # its buffers belong to this group
             dist.destroy_process_group()
             self.store = None  # the store's server thread (rank 0) is joined here, while Python still runs
 
