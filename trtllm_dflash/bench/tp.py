@@ -55,6 +55,10 @@ def tiny_tokens(target, drafter, tp_size: int, allreduce_strategy: str = "auto")
     return eng, out
 
 
+def kv_heads(cfg: dict) -> int:
+    return cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+
+
 def shards_8b(name: str, tp, work: Path, max_seq: int, kernels: Kernels):
     """This rank's shard of random target + drafter weights (identical full weights on every rank), built with
     ``kernels`` (Kernels.choose of the engine's RuntimeConfig)."""
@@ -69,10 +73,10 @@ def shards_8b(name: str, tp, work: Path, max_seq: int, kernels: Kernels):
         full = (torch.ones(p.shape, dtype=torch.bfloat16, device="cuda") if pname.endswith("norm.weight") else
                 torch.empty(p.shape, dtype=torch.bfloat16, device="cuda").normal_(0, 0.02, generator=g))
         pre[f"target.{pname}"] = slice_for_rank(pname, full, tp.size, tp.rank,
-                                                num_kv_heads=tcfg["num_key_value_heads"]).clone()
+                                                num_kv_heads=kv_heads(tcfg)).clone()
         del full
     for k, v in random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=torch.bfloat16, device="cuda").items():
-        pre[f"drafter.{k}"] = slice_for_rank(k, v, tp.size, tp.rank, num_kv_heads=dcfg["num_key_value_heads"]).clone()
+        pre[f"drafter.{k}"] = slice_for_rank(k, v, tp.size, tp.rank, num_kv_heads=kv_heads(dcfg)).clone()
     for role, cfg in (("target", tcfg), ("drafter", dcfg)):
         (work / role).mkdir(parents=True, exist_ok=True)
         (work / role / "config.json").write_text(json.dumps(cfg))
