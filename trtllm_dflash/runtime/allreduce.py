@@ -87,17 +87,19 @@ def make_small_all_reduce(strategy: str, device: torch.device, rank: int,
     try:
         made = OneShotAllReduce(device, max_bytes)
     except Exception as err:  # noqa: BLE001  symmetric memory missing from this torch, or no peer access
-        if strategy == "oneshot":
-            raise DFlashError("allreduce_strategy", f"'oneshot' could not map the ranks' buffers ({err!r})",
-                              "use allreduce_strategy='nccl' (or 'auto': one-shot only where it maps)") from err
         error = err
-    # auto: every rank must take the same path (a rank on NCCL beside one on one-shot would wait forever)
+    # Every rank must take the same path (a rank on NCCL beside one on one-shot would wait forever), and a rank
+    # that failed must not leave the others waiting here: they agree first, then all refuse or all fall back.
     everywhere = torch.tensor([made is not None], dtype=torch.int32, device=device)
     dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)
     if not everywhere.item():
-        if rank == 0:   # said once, not hidden
-            print(f"[trtllm_dflash] note: allreduce_strategy auto: the one-shot all-reduce is unavailable on some "
-                  f"rank ({error!r} here); all-reduces run on NCCL", file=sys.stderr)
+        why = repr(error) if error is not None else "it failed on another rank"
+        if strategy == "oneshot":
+            raise DFlashError("allreduce_strategy", f"'oneshot' could not map the ranks' buffers ({why})",
+                              "use allreduce_strategy='nccl' (or 'auto': one-shot only where it maps)") from error
+        if rank == 0:   # auto: said once, not hidden
+            print(f"[trtllm_dflash] note: allreduce_strategy auto: the one-shot all-reduce is unavailable ({why}); "
+                  "all-reduces run on NCCL", file=sys.stderr)
         made = None
     _MADE[key] = made
     return made
