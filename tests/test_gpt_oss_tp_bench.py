@@ -28,6 +28,8 @@ def test_gpt_oss_tp_benchmark_smoke_under_mpiexec(tmp_path):
     res = json.loads(out.read_text())
     assert res["complete"] and res["tp_size"] == 2 and res["git_sha"] == res["provenance"]["git_sha"]
     assert {"tiny_target", "tiny_drafter"} <= set(res["provenance"]["checkpoints"])
+    assert res["kernels"] == {"setting": "auto", "triton": False, "sampling": False}   # auto on the CPU: torch
+    assert res["allreduce_strategy"] == "auto" and res["allreduce_oneshot"] is False   # gloo: no peer memory
 
     tokens = res["tokens"]["dequant"]
     assert tokens["tp1_same_on_every_rank"] and len(tokens["tp1"]) == 3
@@ -62,3 +64,33 @@ def test_gpt_oss_tp_benchmark_refuses_a_single_rank(tmp_path):
                            "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert proc.returncode != 0 and "mpirun -n 2" in proc.stderr and not (tmp_path / "x.json").exists()
+
+
+def test_step_layouts_are_built_with_the_engine_kernels(monkeypatch):
+    """bench_config builds every layout's modules with the Kernels main() chose (the Triton decode kernels on CUDA by
+    default), not the torch path a bare build() defaults to: a TP row and its TP 1 reference run the same kernels."""
+    import argparse
+
+    import torch
+
+    from trtllm_dflash.bench import gpt_oss_tp
+    from trtllm_dflash.runtime.distributed import TPGroup
+    from trtllm_dflash.runtime.kernels import Kernels
+
+    class Built(Exception):
+        pass
+
+    seen = []
+
+    def build(*args, **kw):
+        seen.append(kw.get("kernels", args[8] if len(args) > 8 else None))
+        raise Built
+
+    monkeypatch.setattr(gpt_oss_tp, "build", build)
+    args = argparse.Namespace(target="gpt-oss-120b", tiny=True, ctx=32)
+    chosen = Kernels(triton=True, sampling=True)
+    for label, group, ep in (("tp2_ep2", TPGroup(0, 2), 2), ("tp1", TPGroup(), 1)):
+        with pytest.raises(Built):
+            gpt_oss_tp.bench_config(args, label, group, ep, torch.device("cpu"), torch.float32, "dequant", None,
+                                    None, chosen)
+    assert seen == [chosen, chosen]

@@ -88,6 +88,11 @@ class RuntimeConfig:
     # Off by default until its cost on the GPU is measured (every prefill GEMM leaves cuBLAS for one fixed tile);
     # a deployment turns it on with runtime.batch_invariant in its manifest.
     batch_invariant: bool = False
+    # Tensor parallelism's all-reduce (TensorRT-LLM's allreduce_strategy, lower case; runtime/allreduce.py): "oneshot"
+    # = messages up to 512 KB (a decode layer's) over CUDA peer memory (PyTorch symmetric memory), larger ones NCCL;
+    # "nccl" = every message on NCCL; "auto" = oneshot where the GPUs map each other's memory, else NCCL. An explicit
+    # "oneshot" that cannot run (CPU / gloo, no peer access) is an error naming this field.
+    allreduce_strategy: str = "auto"
     # The old name of ``kernels`` (it switches far more than attention), still accepted because deployment
     # directories and scripts written before the rename carry it; it warns, and disagreeing with kernels is an error.
     attention_kernel: InitVar[str | None] = None
@@ -111,6 +116,9 @@ class RuntimeConfig:
             raise DFlashError("mxfp4_moe", f"unknown value {self.mxfp4_moe!r}", "use auto, triton or dequant")
         if self.kernels not in ("auto", "triton", "torch"):
             raise DFlashError("kernels", f"unknown value {self.kernels!r}", "use auto, triton or torch")
+        if self.allreduce_strategy not in ("auto", "nccl", "oneshot"):
+            raise DFlashError("allreduce_strategy", f"unknown value {self.allreduce_strategy!r}",
+                              "use auto, nccl or oneshot")
         if self.max_num_tokens < 1:
             raise DFlashError("max_num_tokens", f"must be >= 1, got {self.max_num_tokens}", "pass e.g. 8192")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "float64"):

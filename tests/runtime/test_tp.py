@@ -44,6 +44,87 @@ def test_tp_under_mpiexec_equals_tp1(request, tmp_path, pair_name, tp):
     assert json.loads(out.read_text())["dflash"] == expected
 
 
+def _kernel_counts(tmp_path, pair, tp: int, settings: list[str]) -> tuple[dict, list[dict]]:
+    """(TP 1's counts, every TP rank's) from tp_kernel_counts_run.py under a real mpiexec."""
+    target, drafter = pair
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent.parent), "TRITON_INTERPRET": "1"}
+    cmd = [mpiexec(), "-n", str(tp), sys.executable, str(HERE / "tp_kernel_counts_run.py"), str(target), str(drafter),
+           str(tmp_path), str(tp), ",".join(settings)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return (json.loads((tmp_path / "tp1.json").read_text()),
+            [json.loads((tmp_path / f"tp{tp}_rank{r}.json").read_text()) for r in range(tp)])
+
+
+def kernel_count_differences(ref: dict, ranks: list[dict]) -> list[str]:
+    """Where a TP rank's step differs from TP 1's plus the collectives: per decoder layer the same kernels and two
+    all-reduces (after o_proj and after the MLP); outside the layers the same kernels and the vocab-parallel
+    lm_head's all-gathers (drafts and verify) plus the broadcast of rank 0's drafts."""
+    from tests.runtime.layer_counts import OUTSIDE, collectives_only, kernels_only
+    problems = []
+    for r, got in enumerate(ranks):
+        for step, places in ref.items():
+            mine = got.get(step, {})
+            for where in sorted(set(places) | set(mine)):
+                want = {"all_gather_last": 2, "broadcast": 1} if step == "dflash" else {"all_gather_last": 1}
+                want = want if where == OUTSIDE else {"all_reduce": 2}
+                a, b = places.get(where, {}), mine.get(where, {})
+                if kernels_only(b) != kernels_only(a):
+                    problems.append(f"rank {r} {step} {where}: kernels {kernels_only(b)} != TP 1's {kernels_only(a)}")
+                if collectives_only(b) != want:
+                    problems.append(f"rank {r} {step} {where}: collectives {collectives_only(b)} != {want}")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt_oss_pair(tmp_path_factory):
+    """A tiny MXFP4 gpt-oss target (its experts dequantised on the CPU) and its drafter."""
+    from trtllm_dflash.testing import write_gpt_oss_drafter, write_tiny_gpt_oss
+    root = Path(tmp_path_factory.mktemp("gpt_oss_tp_counts"))
+    target = write_tiny_gpt_oss(root / "target", mxfp4=True, seed=1)
+    return target, write_gpt_oss_drafter(target, root / "drafter")
+
+
+@pytest.mark.mpi
+@pytest.mark.slow   # ~45 s on 2 cores: two ranks run the Triton kernels in the interpreter
+# gpt-oss adds the attention with sinks and the sliding window, its norms and the router's top-k kernel; its experts
+# are dequantised on the CPU (the MXFP4 expert kernels run on CUDA only), counted as torch grouped GEMMs on both sides.
+@pytest.mark.parametrize("pair_name, tp, torch_in_layer", [
+    ("tiny_qwen3_pair", 2, set()),
+    pytest.param("tiny_qwen3_pair", 4, set(), marks=pytest.mark.exhaustive),
+    pytest.param("tiny_gpt_oss_pair", 2, {"torch:linear", "torch:grouped_mm"}, marks=pytest.mark.exhaustive)])
+def test_tp_ranks_launch_the_kernels_of_tp1_plus_the_collectives(request, tmp_path, pair_name, tp, torch_in_layer):
+    """One DFlash step and one AR step on the Triton kernels (interpreter): per decoder layer of target and drafter,
+    every rank launches exactly TP 1's kernels (attention, rope + cache write, GEMMs, norms) plus two all-reduces;
+    outside the layers (lm_head, sampling) TP 1's kernels plus the all-gathers and the drafts' broadcast; and every
+    rank commits TP 1's tokens. At 4 ranks the KV heads are replicated (2 KV heads)."""
+    from tests.runtime.layer_counts import kernels_only
+    ref, ranks = _kernel_counts(tmp_path, request.getfixturevalue(pair_name), tp, ["triton"] * tp)
+    # the sampling kernels run on every rank without a broadcast of rank 0's samples: each commits TP 1's tokens
+    assert [r["tokens"] for r in ranks] == [ref["tokens"]] * tp and len(ref["tokens"]["dflash"][0][0]) > 1
+    ref, ranks = ref["counts"], [r["counts"] for r in ranks]
+    layers = sorted(w for w in ref["dflash"] if w.startswith(("target.", "drafter.")))
+    assert layers == ["drafter.0", "drafter.1", "target.0", "target.1", "target.2", "target.3"]
+    for step, places in ref.items():   # the reference itself is the kernel path: attention and sampling in Triton
+        for where, counts in places.items():
+            torch_ops = {k for k in kernels_only(counts) if k.startswith("torch:")}
+            assert torch_ops <= (torch_in_layer if where in layers else set()), (step, where, counts)
+            if where in layers:
+                assert counts.get("_attend_kernel") == 1, (step, where, counts)
+        assert places["step"]["_vocab_argmax"] == places["step"]["_finish"] == 1
+    assert kernel_count_differences(ref, ranks) == []
+
+
+@pytest.mark.mpi
+@pytest.mark.exhaustive   # ~45 s: the comparison above can fail
+def test_kernel_counts_catch_ranks_on_the_torch_path(tmp_path, tiny_qwen3_pair):
+    """Ranks built on the torch path (attention, cuBLAS, sampling) fail the comparison, layer by layer."""
+    ref, ranks = _kernel_counts(tmp_path, tiny_qwen3_pair, 2, ["torch", "torch"])
+    problems = kernel_count_differences(ref["counts"], [r["counts"] for r in ranks])
+    assert any("rank 1 dflash target.0: kernels" in p for p in problems), problems
+    assert any("rank 0 ar step: kernels" in p for p in problems), problems
+
+
 def test_kv_heads_are_replicated_when_ranks_outnumber_them():
     import torch
 

@@ -10,7 +10,8 @@ results.py    JSONL rows, trtllm-bench reports and benchmark_serving results -> 
 plot.py       dflash-plot: Pareto PNG, iso-interactivity throughput ratio PNG + markdown table
 
 The measurement tools, each ``dflash-bench NAME`` (cli.py) or ``python -m trtllm_dflash.bench.NAME``:
-engine       step (decode-step cost vs the HBM roofline), load (closed loop in-process), tp, gpt_oss_step, gpt_oss_tp
+engine       step (decode-step cost vs the HBM roofline), load (closed loop in-process), tp, tp_allreduce, gpt_oss_step,
+             gpt_oss_tp
 kernels      gemm, fp8_gemm, sample, mxfp4, gpt_oss_kernels, layer_op_counts
 quality      acceptance (tau), quant_report, cuda_check (+ divergence.py, the bf16 policy), cpu_generate_parity
 serving      soak (a fault-injection soak of a running server), serving_overhead, guard_overhead, aiperf_openai

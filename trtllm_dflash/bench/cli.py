@@ -15,7 +15,7 @@ from pathlib import Path
 # short name -> module under trtllm_dflash.bench (the modules' own names where they are already short)
 TOOLS = {
     "step": "step", "load": "load", "soak": "soak", "acceptance": "acceptance", "quant_report": "quant_report",
-    "cuda_check": "cuda_check", "tp": "tp", "serving_overhead": "serving_overhead",
+    "cuda_check": "cuda_check", "tp": "tp", "tp_allreduce": "tp_allreduce", "serving_overhead": "serving_overhead",
     "guard_overhead": "guard_overhead", "aiperf_openai": "aiperf_openai", "gemm": "gemm", "fp8_gemm": "fp8_gemm",
     "sample": "sample", "mxfp4": "mxfp4", "gpt_oss_kernels": "gpt_oss_kernels", "gpt_oss_step": "gpt_oss_step",
     "gpt_oss_tp": "gpt_oss_tp", "layer_op_counts": "layer_op_counts", "draft_policy_tables": "draft_policy_tables",

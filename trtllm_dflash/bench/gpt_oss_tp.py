@@ -19,6 +19,8 @@ then step times at the gpt-oss-120b shapes with MXFP4 experts (NCCL + CUDA graph
    HBM: its shard of the non-expert weights, the distinct experts it serves that the step's tokens chose, its
    KV heads; over the copy bandwidth measured on its GPU in this run) and the step's, the slowest rank's; and
    the all-reduces and all-gathers one step issues (counted in one eager step).
+Every rank builds its modules with the decode kernels RuntimeConfig.kernels chooses (``--kernels``; auto: the
+Triton attention, GEMMs, norms, router and sampling on CUDA), the same kernels as the TP 1 rows and gpt_oss_step.py.
 Random routing touches near the worst case of distinct experts (min(E, tokens x top-k) per layer).
 Rank 0 rewrites the JSON after every result (a run cut short keeps what it measured); all ranks leave with
 os._exit (tp_bench.py's first H200 run hung in the NCCL teardown after writing its results).
@@ -45,8 +47,10 @@ from trtllm_dflash.bench.step import ceilings, graphed
 
 from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.provenance import record
-from trtllm_dflash.runtime.distributed import TPGroup, launcher_rank_and_size
+from trtllm_dflash.runtime.allreduce import STRATEGIES
+from trtllm_dflash.runtime.distributed import TPGroup, init_tp, launcher_rank_and_size
 from trtllm_dflash.runtime.engine import Engine
+from trtllm_dflash.runtime.kernels import SETTINGS, Kernels
 
 
 # ---- 1. tokens: TP N == TP 1 on a tiny pair ---------------------------------------------------------------
@@ -63,11 +67,13 @@ def graphs_for(device: str, experts: str) -> bool:
     return device == "cuda" and experts != "dequant"
 
 
-def engine_tokens(target: Path, drafter: Path, device: str, experts: str, tp_size: int, ep_size: int):
-    """Output ids of the fixed greedy + sampled requests (rank 0; None on the other ranks of a TP group)."""
+def engine_tokens(target: Path, drafter: Path, device: str, experts: str, tp_size: int, ep_size: int,
+                  kernels: str = "auto", allreduce_strategy: str = "auto"):
+    """Output ids of the fixed greedy + sampled requests (rank 0; None on the other ranks of a TP group);
+    ``kernels``, ``allreduce_strategy``: RuntimeConfig's."""
     from trtllm_dflash.testing import GPT_OSS_TP_PARAMS as PARAMS, GPT_OSS_TP_PROMPTS as PROMPTS
     cfg = RuntimeConfig(max_seq_len=128, max_batch_size=2, dtype="float32", device=device, mxfp4_moe=experts,
-                        cuda_graphs=graphs_for(device, experts))
+                        cuda_graphs=graphs_for(device, experts), kernels=kernels, allreduce_strategy=allreduce_strategy)
     eng = Engine.from_dirs(target, drafter, cfg, tp_size=tp_size, ep_size=ep_size)
     if eng.tp.rank != 0:
         eng.follow(close=False)      # the group stays for the next engine and the step benchmarks
@@ -116,11 +122,12 @@ def count_collectives(tp: TPGroup, fn) -> dict:
 
 
 def bench_config(args, label: str, tp: TPGroup, ep_size: int, device, dtype, backend: str, ceil: dict | None,
-                 out: "Results") -> None:
-    """Every (step, batch) point of one parallel layout; rows go to rank 0's results as they are measured."""
+                 out: "Results", kernels: Kernels) -> None:
+    """Every (step, batch) point of one parallel layout, its modules built with ``kernels`` (the same at every
+    layout, TP 1 included); rows go to rank 0's results as they are measured."""
     cuda = device.type == "cuda"
     t0 = time.perf_counter()
-    target, drafter = build(args.target, args.tiny, device, dtype, args.ctx + 16, backend, tp, ep_size)
+    target, drafter = build(args.target, args.tiny, device, dtype, args.ctx + 16, backend, tp, ep_size, kernels)
     steps = Steps(target, drafter, max(args.batch_sizes), args.ctx, device, dtype)
     bytes_model = ByteModel(target, drafter, args.ctx)
     mine = {"build_s": round(time.perf_counter() - t0, 2), "weight_gb": round(nbytes(target.parameters()) / 1e9, 3),
@@ -249,9 +256,17 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=10, help="timed steps per point (the median is reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed replays before each point")
     p.add_argument("--no_tp1", action="store_true", help="skip the TP 1 reference of the step benchmark")
+    p.add_argument("--kernels", "--attention_kernel", choices=SETTINGS, default="auto",
+                   help="RuntimeConfig.kernels of every rank and layout, TP 1 included (auto: the Triton decode "
+                        "kernels on CUDA, the torch path on the CPU)")
+    p.add_argument("--allreduce_strategy", choices=STRATEGIES, default="auto",
+                   help="RuntimeConfig.allreduce_strategy of every TP layout (auto: the one-shot all-reduce over peer "
+                        "memory for decode-sized messages where the GPUs map each other's memory, NCCL otherwise)")
     p.add_argument("--out", required=True, help="rank 0's results JSON")
     args = p.parse_args(argv)
 
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")                 # NVLink multicast off, before any group forms
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     rank, size = launcher_rank_and_size()
     if size < 2:
         raise SystemExit(f"{size} rank started; this benchmark compares TP >= 2 with TP 1: "
@@ -269,6 +284,7 @@ def main(argv=None) -> int:
     if backend == "triton" and not cuda:
         raise SystemExit("--experts triton runs on CUDA only; use --experts dequant on the CPU")
     dtype = torch.bfloat16 if cuda else torch.float32
+    kernels = Kernels.choose(args.kernels, False, device, dtype)
     t0 = time.perf_counter()
 
     work = Path(tempfile.mkdtemp(prefix=f"gpt_oss_tp_rank{rank}_"))
@@ -287,6 +303,8 @@ def main(argv=None) -> int:
                    "target_layers": tc["num_hidden_layers"], "experts": tc["num_local_experts"],
                    "experts_per_token": tc["num_experts_per_tok"], "drafter_layers": dc["num_hidden_layers"]},
         "batch_sizes": args.batch_sizes, "block_size": args.block_size, "iters": args.iters,
+        "kernels": {"setting": args.kernels, "triton": kernels.triton, "sampling": kernels.sampling},
+        "allreduce_strategy": args.allreduce_strategy,
         "routing_note": "random weights route near-uniformly: the distinct experts per step are close to the "
                         "worst case min(E, tokens x top-k) per layer; real routing touches fewer",
         "tokens_note": "tiny random MXFP4 gpt-oss (trtllm_dflash/testing.py write_tiny_gpt_oss, seed 2) in float32; prompts and "
@@ -296,26 +314,28 @@ def main(argv=None) -> int:
     tokens_backends = ["dequant", "triton"] if cuda else ["dequant"]
     tp = None
     for experts in tokens_backends:
-        tp1 = engine_tokens(target_dir, drafter_dir, args.device, experts, 1, 1)
+        tp1 = engine_tokens(target_dir, drafter_dir, args.device, experts, 1, 1, args.kernels)
         entry = {"tp1": tp1, "cuda_graphs": graphs_for(args.device, experts)}
         for ep in args.ep_sizes:
-            got = engine_tokens(target_dir, drafter_dir, args.device, experts, size, ep)
+            got = engine_tokens(target_dir, drafter_dir, args.device, experts, size, ep, args.kernels,
+                                args.allreduce_strategy)
             if rank == 0:
                 entry[f"tp{size}_ep{ep}"] = {"tokens": got, "equal_tp1": got == tp1,
                                              "first_difference": first_difference(got, tp1)}
                 print(f"tokens {experts:7s} tp {size} ep {ep} == tp 1: {got == tp1}", flush=True)
-        tp = TPGroup(dist.get_rank(), dist.get_world_size())  # the group the engines joined
+        tp = init_tp(size, device, allreduce_strategy=args.allreduce_strategy)   # the group the engines joined
         entry["tp1_same_on_every_rank"] = all(t == tp1 for t in gather(tp, tp1))
         out.add_tokens(experts, entry)
     out.data["tokens_s"] = round(time.perf_counter() - t0, 1)
 
     # 2. steps
+    out.data["allreduce_oneshot"] = tp.small_all_reduce is not None
     ceil = ceilings() if cuda and not args.tiny else None
     out.data["ceilings_per_rank"] = gather(tp, ceil)
     out.data["devices_per_rank"] = gather(tp, name)
     layouts = [(f"tp{size}_ep{ep}", tp, ep) for ep in args.ep_sizes] + ([] if args.no_tp1 else [("tp1", TPGroup(), 1)])
     for label, group, ep in layouts:  # at TP 1 every rank times its own device at once; rank 0's rows are recorded
-        bench_config(args, label, group, ep, device, dtype, backend, ceil, out)
+        bench_config(args, label, group, ep, device, dtype, backend, ceil, out, kernels)
         gc.collect()
         if cuda:  # the last layout's weights go back to the driver before the next one is made (120b at TP 1: 68 GB)
             torch.cuda.empty_cache()

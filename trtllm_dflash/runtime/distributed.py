@@ -51,14 +51,23 @@ class TPGroup:
     rank: int = 0
     size: int = 1
     store: object = None  # the rendezvous store; released in close(), not at interpreter teardown
+    # allreduce.OneShotAllReduce where RuntimeConfig.allreduce_strategy chose it: the messages it handles (decode
+    # sizes) take it, larger ones NCCL
+    small_all_reduce: object = None
 
     @property
     def active(self) -> bool:
         return self.size > 1
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.active:
-            dist.all_reduce(x)
+        """The sum of x over the ranks (x itself, reduced in place, on NCCL / gloo; a new tensor on one-shot):
+        use the result."""
+        if not self.active:
+            return x
+        small = self.small_all_reduce
+        if small is not None and small.handles(x):
+            return small(x)
+        dist.all_reduce(x)
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,7 +87,10 @@ class TPGroup:
     def close(self) -> None:
         """Leave the group; gloo aborts the process at exit if a group is still alive."""
         if self.active and dist.is_initialized():
+            from .allreduce import forget
             dist.barrier()
+            self.small_all_reduce = None
+            forget()   # its buffers belong to this group
             dist.destroy_process_group()
             self.store = None  # the store's server thread (rank 0) is joined here, while Python still runs
 
@@ -93,18 +105,24 @@ def broadcast_object(obj):
     return box[0]
 
 
-def init_tp(tp_size: int, device: torch.device, timeout_s: float | None = None) -> TPGroup:
+def init_tp(tp_size: int, device: torch.device, timeout_s: float | None = None,
+            allreduce_strategy: str = "auto") -> TPGroup:
     """Join the tensor-parallel group of ``tp_size`` ranks (gloo on CPU, NCCL on CUDA). ``timeout_s``: how long a
-    collective may wait for the slowest rank (torch's default when None)."""
-    if tp_size == 1:
+    collective may wait for the slowest rank (torch's default when None). ``allreduce_strategy``:
+    RuntimeConfig.allreduce_strategy (runtime/allreduce.py)."""
+    from .allreduce import check_strategy, make_small_all_reduce
+    if tp_size == 1:   # nothing to all-reduce
         return TPGroup(0, 1)
+    check_strategy(allreduce_strategy, device)   # before this rank waits for the others
     rank, size = launcher_rank_and_size()
     world = int(os.environ.get("TRTLLM_DFLASH_WORLD_SIZE", size))
     if world != tp_size:
         raise DFlashError("tp_size", f"is {tp_size} but {world} rank(s) were started",
                           f"start with `mpirun -n {tp_size} ...` (or set tp_size to {world})")
     if dist.is_initialized():
-        return TPGroup(dist.get_rank(), dist.get_world_size())
+        rank = dist.get_rank()
+        return TPGroup(rank, dist.get_world_size(),
+                       small_all_reduce=make_small_all_reduce(allreduce_strategy, _this_gpu(device), rank))
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
@@ -128,4 +146,9 @@ def init_tp(tp_size: int, device: torch.device, timeout_s: float | None = None) 
             store = dist.TCPStore(addr, port, tp_size, is_master=False)
     extra = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
     dist.init_process_group(backend, store=store, rank=rank, world_size=tp_size, **extra)
-    return TPGroup(rank, tp_size, store)
+    return TPGroup(rank, tp_size, store, make_small_all_reduce(allreduce_strategy, _this_gpu(device), rank))
+
+
+def _this_gpu(device: torch.device) -> torch.device:
+    """``device`` with the index this rank's GPU was set to (the symmetric buffers live there)."""
+    return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" else device

@@ -190,7 +190,7 @@ def load_pair(target_dir, drafter_dir, cfg, *, tp_size: int = 1, allow_pickle: b
     else:
         validate.check_tp(tcfg, tp_size, "target")
     target_config(tcfg)  # an architecture the runtime lacks fails here, before any rank starts
-    tp = init_tp(tp_size, device)
+    tp = init_tp(tp_size, device, allreduce_strategy=cfg.allreduce_strategy)
     if device.type == "cuda" and tp.size > 1:
         device = torch.device("cuda", torch.cuda.current_device())
     positions = cfg.max_seq_len

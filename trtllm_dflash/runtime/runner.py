@@ -67,9 +67,12 @@ class Runner:
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.use_graphs = cfg.cuda_graphs and self.device.type == "cuda"
         # The step's sampling + acceptance kernels: as chosen with the target's (Kernels.sampling; the engine checked
-        # that choice against RuntimeConfig.kernels); not under TP, where the torch path broadcasts rank 0's samples.
+        # that choice against RuntimeConfig.kernels), at any tp size. Under TP they need no broadcast of rank 0's
+        # samples: every rank reads the same bits (the logits are all-gathered, the drafts broadcast, the seeds and
+        # positions mirrored) and the kernels are deterministic (fixed splits, no atomics), so every rank commits
+        # the same tokens.
         self._sample_kernels = None
-        if target.kernels.sampling and not tp.active:
+        if target.kernels.sampling:
             from .kernels import sample as sample_kernels
             self._sample_kernels = sample_kernels
         self.captured_mid_run = 0                 # graphs captured after warm_up(): each one a stall

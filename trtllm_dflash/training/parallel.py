@@ -131,6 +131,8 @@ def init(requested_device: str) -> tuple[DataParallel, torch.device]:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://",
                                 timeout=datetime.timedelta(seconds=TIMEOUT_S))
         return DataParallel(dist.get_rank(), dist.get_world_size(), local), device
-    group = init_tp(size, device, TIMEOUT_S)   # mpirun / mpiexec: the rendezvous port agreed over MPI
+    # mpirun / mpiexec: the rendezvous port agreed over MPI; training reduces large gradient buckets with
+    # dist.all_reduce itself (DataParallel), so no one-shot buffers
+    group = init_tp(size, device, TIMEOUT_S, allreduce_strategy="nccl")
     _STORE.append(group)   # its rendezvous store lives until close(), as the tensor-parallel group's does
     return DataParallel(group.rank, group.size, local), device

@@ -1,0 +1,41 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The one-shot all-reduce over peer memory (runtime/allreduce.py) on 2 and 4 GPUs: its sums equal NCCL's up to the
+order of the additions, eager and replayed from a CUDA graph, and messages past its max_bytes go to NCCL."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.runtime.test_tp import mpiexec
+
+pytestmark = pytest.mark.gpu
+HERE = Path(__file__).resolve().parent
+
+# A few roundings of the result's dtype, relative to its largest magnitude: the kernels may add the ranks' values in
+# other orders (2 ranks: a + b either way, the same bits, in practice).
+TOLERANCE = {"torch.bfloat16": 2 ** -7, "torch.float16": 2 ** -10, "torch.float32": 2 ** -22}
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_oneshot_all_reduce_equals_nccl(tmp_path, ranks):
+    if torch.cuda.device_count() < ranks:
+        pytest.skip(f"needs {ranks} GPUs")
+    out = tmp_path / "allreduce.json"
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, str(HERE / "allreduce_run_cuda.py"), str(out),
+                           str(ranks)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    res = json.loads(out.read_text())
+    assert len(res["ranks"]) == ranks
+    for rank in res["ranks"]:
+        for c in rank["cases"]:
+            assert c["oneshot"] == (c["numel"] * torch.finfo(getattr(torch, c["dtype"][6:])).bits // 8
+                                    <= res["max_bytes"]), c
+            assert c["max_abs_diff"] <= TOLERANCE[c["dtype"]] * c["scale"], c
+        assert all(d <= 0.1 for d in rank["graph"]), rank["graph"]   # bf16 sums of 2-4 normals: |y| < 10

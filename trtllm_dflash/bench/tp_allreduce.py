@@ -1,0 +1,133 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tensor parallelism's all-reduce alone: microseconds per call, NCCL vs the one-shot over peer memory, by size.
+
+    mpirun --allow-run-as-root -n 2 python3 -m trtllm_dflash.bench.tp_allreduce --out tp_allreduce_2.json
+    mpirun --allow-run-as-root -n 4 python3 -m trtllm_dflash.bench.tp_allreduce --out tp_allreduce_4.json
+
+Each point: ``--calls`` back-to-back all-reduces of one bf16 tensor captured in one CUDA graph (how the decode step
+runs them), the graph replayed ``--iters`` times; per call = replay time / calls; rank 0's median and the slowest
+rank's. The one-shot path (runtime/allreduce.py) is timed up to its max_bytes (--max_bytes); NCCL at every size,
+with NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (NVLink multicast off, as the runtime runs) set
+before the group forms. Both results are checked against each other first (max abs difference in the JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+DEFAULT_SIZES = "2K,8K,16K,32K,64K,128K,256K,512K,1M,4M"
+
+
+def parse_size(text: str) -> int:
+    """'8K' -> 8192, '1M' -> 1048576, '300' -> 300 (bytes)."""
+    scale = {"K": 1024, "M": 1024 ** 2}.get(text[-1:].upper(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def per_call_us(fn, calls: int, iters: int, warmup: int = 3) -> list[float]:
+    """Microseconds per call of ``fn`` (graph-safe device work), ``calls`` of them captured in one graph."""
+    for _ in range(warmup):   # eager warm-up (NCCL's communicator, one-shot's first barrier) before the capture
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        out.append(1e3 * start.elapsed_time(end) / calls)
+    return out
+
+
+def measure(tp, sizes: list[int], calls: int, iters: int) -> list[dict]:
+    """Rows of (bytes, strategy, us per call) on this rank; ``tp``: a TPGroup with its one-shot all-reduce."""
+    import torch.distributed as dist
+    rows = []
+    small = tp.small_all_reduce
+    for nbytes in sizes:
+        x = torch.randn(nbytes // 2, dtype=torch.bfloat16, device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(tp.rank))
+        nccl_x = x.clone()
+        dist.all_reduce(nccl_x)
+        ways = {"nccl": lambda: dist.all_reduce(x)}
+        row = {"bytes": nbytes}
+        if small is not None and small.handles(x):
+            row["max_abs_diff_vs_nccl"] = (small(x).float() - nccl_x.float()).abs().max().item()
+            ways["oneshot"] = lambda: small(x)
+        for name, fn in ways.items():
+            us = per_call_us(fn, calls, iters)
+            row[f"{name}_us"] = round(statistics.median(us), 2)
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help="message sizes in bytes (K, M suffixes)")
+    p.add_argument("--max_bytes", type=parse_size, default=None,
+                   help="largest message of the one-shot path (default: the runtime's, allreduce.ONESHOT_MAX_BYTES)")
+    p.add_argument("--calls", type=int, default=100, help="all-reduces per graph")
+    p.add_argument("--iters", type=int, default=20, help="graph replays timed per point")
+    p.add_argument("--out", required=True, help="rank 0's results JSON")
+    args = p.parse_args(argv)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+    from trtllm_dflash.provenance import record
+    from trtllm_dflash.runtime import allreduce
+    from trtllm_dflash.runtime.distributed import init_tp, launcher_rank_and_size
+
+    rank, size = launcher_rank_and_size()
+    if size < 2:
+        raise SystemExit("1 rank started: start it with `mpirun -n 2 python -m trtllm_dflash.bench.tp_allreduce ...`")
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU is visible: the one-shot all-reduce runs over CUDA peer memory")
+    max_bytes = args.max_bytes or allreduce.ONESHOT_MAX_BYTES
+    tp = init_tp(size, torch.device("cuda"), allreduce_strategy="nccl")
+    tp.small_all_reduce = allreduce.make_small_all_reduce("oneshot", torch.device("cuda", torch.cuda.current_device()),
+                                                          rank, max_bytes)
+    rows = measure(tp, [parse_size(s) for s in args.sizes.split(",")], args.calls, args.iters)
+    import torch.distributed as dist
+    every = [None] * size
+    dist.all_gather_object(every, rows)
+    if rank == 0:
+        for i, row in enumerate(rows):   # the slowest rank bounds a collective
+            for key in ("nccl_us", "oneshot_us"):
+                if key in row:
+                    row[key.replace("_us", "_us_slowest_rank")] = max(r[i][key] for r in every)
+        small = [r for r in rows if "oneshot_us" in r and r["bytes"] <= 64 * 1024]
+        res = {"benchmark": "tp_allreduce", "tp_size": size, "gpu": torch.cuda.get_device_name(),
+               "torch": torch.__version__, "dtype": "bfloat16", "calls_per_graph": args.calls, "iters": args.iters,
+               "oneshot_max_bytes": max_bytes,
+               "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
+               "provenance": record(["mpirun", "-n", str(size), "python", "-m", "trtllm_dflash.bench.tp_allreduce",
+                                     *(argv if argv is not None else sys.argv[1:])]),
+               "rows": rows,
+               "summary": {"oneshot_us_max_up_to_64k": max((r["oneshot_us"] for r in small), default=None),
+                           "nccl_us_max_up_to_64k": max((r["nccl_us"] for r in rows if r["bytes"] <= 64 * 1024),
+                                                        default=None)}}
+        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+        for r in rows:
+            print(r, flush=True)
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)   # as tp.py: nothing left to release, and an NCCL teardown has hung before
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The tensor-parallel all-reduce of small messages: one-shot over CUDA peer memory (PyTorch symmetric memory).
+
+A decode layer all-reduces two activations of a few KB (hidden x rows, bf16: 8 KB for Qwen3-8B at batch 1); NCCL's
+ring spends most of its time there in launch and protocol latency. The one-shot all-reduce maps every rank's
+buffer into each rank's address space: each rank copies its input into its own symmetric buffer, a barrier over
+signal pads, and one kernel on every rank reads all peers' buffers and sums them (``torch.ops.symm_mem.
+one_shot_all_reduce_copy_out``). No host work, so CUDA graphs capture it. Messages above ``max_bytes`` stay on
+NCCL (one-shot reads world_size x the message from NVLink, which loses to NCCL's ring on large ones).
+
+RuntimeConfig.allreduce_strategy (TensorRT-LLM's allreduce_strategy, lower case): "nccl"; "oneshot" (an error
+where it cannot run: CPU / gloo, torch without symmetric memory, GPUs without peer access); "auto" = oneshot where
+it can run, else NCCL. NVLink multicast (multimem) is not used.
+
+Every rank sums the same buffers, so ranks agree up to the summation order inside the kernel; the runtime's
+tokens never depend on that: logits are all-gathered and the drafts broadcast, so every rank samples from the
+same bits.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ..errors import DFlashError
+
+STRATEGIES = ("auto", "nccl", "oneshot")
+# Messages up to this size take the one-shot path. A starting point for 2-4 ranks over NVLink (a decode layer's
+# all-reduce at batch 64 x 4096 hidden in bf16 is 512 KB); `dflash-bench tp_allreduce` measures the crossover.
+ONESHOT_MAX_BYTES = 512 * 1024
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class OneShotAllReduce:
+    """One-shot all-reduce of contiguous tensors up to ``max_bytes`` in _DTYPES, over symmetric buffers made once
+    (a rendezvous is a collective: every rank makes them at the same point, when the group forms)."""
+
+    def __init__(self, device: torch.device, max_bytes: int = ONESHOT_MAX_BYTES, group=None):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group = group if group is not None else dist.group.WORLD
+        self.group_name = group.group_name
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):   # required before torch 2.9, a no-op after
+            symm_mem.enable_symm_mem_for_group(self.group_name)
+        self.max_bytes = max_bytes
+        self.buffers = {}
+        for dtype in _DTYPES:
+            buf = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
+            symm_mem.rendezvous(buf, self.group_name)
+            self.buffers[dtype] = buf
+
+    def handles(self, x: torch.Tensor) -> bool:
+        return (x.dtype in self.buffers and x.is_contiguous()
+                and x.numel() * x.element_size() <= self.max_bytes)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of x over the ranks, a new tensor (x is left as it was)."""
+        out = torch.empty_like(x)
+        view = self.buffers[x.dtype][: x.numel()].view_as(x)
+        torch.ops.symm_mem.one_shot_all_reduce_copy_out(view, x, "sum", self.group_name, out)
+        return out
+
+
+def check_strategy(strategy: str, device: torch.device) -> None:
+    """An unknown strategy, or "oneshot" off CUDA: an error naming the field (before any rank joins a group)."""
+    if strategy not in STRATEGIES:
+        raise DFlashError("allreduce_strategy", f"unknown value {strategy!r}", f"use one of {', '.join(STRATEGIES)}")
+    if strategy == "oneshot" and device.type != "cuda":
+        raise DFlashError("allreduce_strategy", f"'oneshot' runs over CUDA peer memory, not on {device.type} (gloo)",
+                          "use allreduce_strategy='nccl' or 'auto' on this device")
+
+
+def make_small_all_reduce(strategy: str, device: torch.device, rank: int,
+                          max_bytes: int | None = None) -> OneShotAllReduce | None:
+    """The one-shot all-reduce RuntimeConfig.allreduce_strategy asks for on this group (None: NCCL / gloo only),
+    for messages up to ``max_bytes`` (None: ONESHOT_MAX_BYTES). Call on every rank at the same point, after the
+    process group formed."""
+    check_strategy(strategy, device)
+    max_bytes = ONESHOT_MAX_BYTES if max_bytes is None else max_bytes
+    if strategy == "nccl" or device.type != "cuda":
+        return None
+    key = (strategy, str(device), max_bytes)
+    if key in _MADE:   # a later engine in the same group (benchmarks build several): the same buffers
+        return _MADE[key]
+    made, error = None, None
+    try:
+        made = OneShotAllReduce(device, max_bytes)
+    except Exception as err:  # noqa: BLE001  symmetric memory missing from this torch, or no peer access
+        error = err
+    # Every rank must take the same path (a rank on NCCL beside one on one-shot would wait forever), and a rank
+    # that failed must not leave the others waiting here: they agree first, then all refuse or all fall back.
+    everywhere = torch.tensor([made is not None], dtype=torch.int32, device=device)
+    dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)
+    if not everywhere.item():
+        why = repr(error) if error is not None else "it failed on another rank"
+        if strategy == "oneshot":
+            raise DFlashError("allreduce_strategy", f"'oneshot' could not map the ranks' buffers ({why})",
+                              "use allreduce_strategy='nccl' (or 'auto': one-shot only where it maps)") from error
+        if rank == 0:   # auto: said once, not hidden
+            print(f"[trtllm_dflash] note: allreduce_strategy auto: the one-shot all-reduce is unavailable ({why}); "
+                  "all-reduces run on NCCL", file=sys.stderr)
+        made = None
+    _MADE[key] = made
+    return made
+
+
+_MADE: dict[tuple, OneShotAllReduce | None] = {}
+
+
+def forget() -> None:
+    """Drop the buffers made for the group being destroyed (a later group makes its own)."""
+    _MADE.clear()
