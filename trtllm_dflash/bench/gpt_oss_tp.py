@@ -259,7 +259,7 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", "--attention_kernel", choices=SETTINGS, default="auto",
                    help="RuntimeConfig.kernels of every rank and layout, TP 1 included (auto: the Triton decode "
                         "kernels on CUDA, the torch path on the CPU)")
-    p.add_argument("--allreduce_strategy", choices=STRATEGIES, default="auto",
+    p.add_argument("--allreduce_strategy", choices=STRATEGIES, default="nccl",
                    help="RuntimeConfig.allreduce_strategy of every TP layout (auto: the one-shot all-reduce over peer "
                         "memory for decode-sized messages where the GPUs map each other's memory, NCCL otherwise)")
     p.add_argument("--out", required=True, help="rank 0's results JSON")

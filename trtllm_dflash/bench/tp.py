@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", "--attention_kernel", choices=SETTINGS, default="auto",
                    help="RuntimeConfig.kernels of the 8B-shape engines on every rank (auto: the Triton decode "
                         "kernels on CUDA, as one GPU runs them)")
-    p.add_argument("--allreduce_strategy", choices=STRATEGIES, default="auto",
+    p.add_argument("--allreduce_strategy", choices=STRATEGIES, default="nccl",
                    help="RuntimeConfig.allreduce_strategy of every engine (auto: the one-shot all-reduce over peer "
                         "memory for decode-sized messages where the GPUs map each other's memory, NCCL otherwise)")
     p.add_argument("--allreduce_sizes", default="2K,8K,32K,64K,256K,512K,1M",

@@ -106,7 +106,7 @@ def broadcast_object(obj):
 
 
 def init_tp(tp_size: int, device: torch.device, timeout_s: float | None = None,
-            allreduce_strategy: str = "auto") -> TPGroup:
+            allreduce_strategy: str = "nccl") -> TPGroup:
     """Join the tensor-parallel group of ``tp_size`` ranks (gloo on CPU, NCCL on CUDA). ``timeout_s``: how long a
     collective may wait for the slowest rank (torch's default when None). ``allreduce_strategy``:
     RuntimeConfig.allreduce_strategy (runtime/allreduce.py)."""
