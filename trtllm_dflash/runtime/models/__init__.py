@@ -20,7 +20,7 @@ class TargetFamily:
     config: type                # model_config class: .from_hf(config.json dict) -> frozen config
     model: type                 # nn.Module(config, tp, max_positions, capture_layers[, ep_size, moe_backend], kernels=)
     moe: bool                   # takes ep_size (expert parallelism)
-    # this rank's HF tensors -> module tensors (model, device, dtype); None = the loader's q/k/v + gate/up fusion
+    # this rank's HF tensors -> module tensors (model, device, dtype); None = llama.fuse_checkpoint (q/k/v + gate/up fusion)
     to_module: Callable | None = None
 
     def build(self, cfg, tp, max_positions: int, capture: tuple[int, ...], ep_size: int = 1,
