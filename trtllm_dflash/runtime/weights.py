@@ -33,14 +33,14 @@ def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capt
     rank's tensors as the build wrote them (``target.<HF name>``), read instead of the checkpoint.
 
     ``fp8_gemm``: FP8 linears of Llama-family targets become fp8.Fp8Linear (None = where the device runs them).
-    ``mxfp4_moe``: how MoE targets run MXFP4 experts (models/mxfp4.resolve_backend: auto, triton, dequant).
+    ``mxfp4_moe``: how MoE targets run MXFP4 experts (models/mxfp4.resolve_kernel: auto, triton, dequant).
     ``kernels``: what its modules run (Kernels.choose)."""
     hf_cfg = hf_cfg if hf_cfg is not None else hf.read_config(path)
     family = target_family(hf_cfg)
     cfg = family.config.from_hf(hf_cfg)
-    moe_backend = mxfp4.resolve_backend(mxfp4_moe, hf_cfg, torch.device(device)) if family.moe else "dequant"
+    moe_kernel = mxfp4.resolve_kernel(mxfp4_moe, hf_cfg, torch.device(device)) if family.moe else "dequant"
     with torch.device("meta"):
-        model = family.build(cfg, tp, max_positions, capture, ep_size, moe_backend, kernels)
+        model = family.build(cfg, tp, max_positions, capture, ep_size, moe_kernel, kernels)
     # ModelOpt FP8 / NVFP4 linears -> plain weights of this rank (runtime/quant.py); scales consumed. For fp8_gemm
     # FP8 weights stay FP8; families with their own tensor mapping (gpt-oss: MXFP4 experts) are always dequantised.
     asked = fp8_gemm
