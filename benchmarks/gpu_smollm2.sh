@@ -155,15 +155,16 @@ from trtllm_dflash.checkpoints.packaged import smollm2_target_dir as s; w(Path(s
     $PY -m trtllm_dflash.build "${PAIR[@]}" --backend torch --draft_policy fixed --out "$RUN/deploy3" --force
     # the servers' AR runs: the same deployment at block_size 1 (links to its checkpoints; its own Triton repo)
     if [ "$STAGE" = sweep4 ]; then
-      $PY -c "import json, os, sys, shutil; from pathlib import Path; from trtllm_dflash.serving.repo import fill_triton
+      $PY -c "import os, sys, shutil; from pathlib import Path; from trtllm_dflash.deployment import Deployment
+from trtllm_dflash.serving.repo import fill_triton
 src, dst = Path(sys.argv[1]), Path(sys.argv[2]); shutil.rmtree(dst, ignore_errors=True); dst.mkdir(parents=True)
 for p in src.iterdir():
     if p.name not in ('manifest.json', 'triton'): os.symlink(p.resolve(), dst / p.name)
-m = json.loads((src / 'manifest.json').read_text()); m['runtime']['block_size'] = 1
-(dst / 'manifest.json').write_text(json.dumps(m, indent=2)); fill_triton(dst, m)" "$RUN/deploy3" "$RUN/deploy3ar"
+m = Deployment.open(src).manifest; m['runtime']['block_size'] = 1
+Deployment.write(dst, m); fill_triton(dst, m)" "$RUN/deploy3" "$RUN/deploy3ar"
     fi
     rm -f "$OUT/$NAME.jsonl"
-    SWEEP=($PY -m trtllm_dflash.bench.sweep --engine "$RUN/deploy3" "${LOAD[@]}" --out "$OUT/$NAME.jsonl")
+    SWEEP=($PY -m trtllm_dflash.bench.sweep --deployment_dir "$RUN/deploy3" "${LOAD[@]}" --out "$OUT/$NAME.jsonl")
     for mode in ar dflash adaptive; do
       "${SWEEP[@]}" --mode $mode --concurrency $LEVELS
     done

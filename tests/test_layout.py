@@ -17,6 +17,9 @@ CODE = (".py", ".sh")
 # Built from pieces so that this file does not match itself.
 WORDING = re.compile("|".join([re.escape(".") + "car" + r"ry\b", "device" + r" calls?\b", r"\ble" + r"ase\b",
                                "device" + " time", "device" + " minutes", "64" + " MiB", "car" + r"ry=\["]))
+# a manifest parsed in place (json + a read on one line), rather than opened through Deployment
+READS_MANIFEST = re.compile(r"(json\.loads?\(|\.read_(text|bytes)\(|(?<!Deployment\.)open\().*manifest"
+                            r"|manifest[^#]*(json\.loads?\(|\.read_(text|bytes)\()", re.I)
 IMPORTS_TESTS = re.compile(r"^\s*(from|import)\s+tests\b|\btests\.(tiny|serving|runtime|gpu)\b", re.M)
 IMPORTS_BENCHMARKS = re.compile(r"^\s*(from|import)\s+benchmarks\b|[\"']benchmarks[\"']\s*/\s*f?[\"'][^\"']*\.py"
                                 r"|[\"']benchmarks/\w+\.py[\"']", re.M)
@@ -100,3 +103,14 @@ def test_backend_names_only_the_deployments_runtime():
             if name and "backend" in name.lower():
                 defined.append(f"{p.relative_to(ROOT)}:{node.lineno}: {name}")
     assert not defined, "the runtime names kernels, not backends: " + ", ".join(defined)
+
+
+def test_one_reader_of_a_deployments_manifest():
+    # training/ keeps a corpus's own data/manifest.json (another file); a deployment's goes through Deployment
+    paths = [p for folder in ("trtllm_dflash", "scripts", "benchmarks") for p in files(ROOT / folder, CODE)
+             if p.name != "deployment.py" and "training" not in p.relative_to(ROOT).parts]
+    hits = [f"{p.relative_to(ROOT)}:{n}: {ln.strip()}" for p in paths
+            for n, ln in enumerate(p.read_text().splitlines(), 1) if READS_MANIFEST.search(ln)]
+    assert not hits, "read it with Deployment.open:\n" + "\n".join(hits)
+    assert READS_MANIFEST.search("""m = json.load(open(sys.argv[1] + "/manifest.json"))""")
+    assert not READS_MANIFEST.search("m = Deployment.open(path).manifest")
