@@ -8,7 +8,7 @@ opts in; then they load with ``torch.load(weights_only=True)``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -105,15 +105,6 @@ def save_state_dict(sd: dict[str, torch.Tensor], path: str | Path, filename: str
     out = path / filename
     save_file({k: v.detach().contiguous().clone() for k, v in sd.items()}, str(out))
     return out
-
-
-def missing_tensors(names: Iterable[str], required: Iterable[str], where: str) -> None:
-    """Raise naming the first required tensor absent from ``names``."""
-    have = set(names)
-    lost = [r for r in required if r not in have]
-    if lost:
-        raise DFlashError(f"{where}: tensor {lost[0]}", f"missing ({len(lost)} missing in all)",
-                          "the checkpoint is incomplete or of another architecture; re-export it")
 
 
 def load_tokenizer(path: str | Path):

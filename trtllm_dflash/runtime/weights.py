@@ -20,7 +20,7 @@ from .distributed import TPGroup
 from .kernels import TORCH, Kernels
 from .models import llama, mxfp4, target_family
 from .models.dflash import DFlashDrafter
-from .models.layers import Rotary, assign_weights
+from .models.layers import Rotary, assign_weights, missing_tensors
 from .shard import rank_tensors, slice_for_rank
 
 
@@ -60,7 +60,7 @@ def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capt
                   f"it runs in {str(dtype).removeprefix('torch.')}", file=sys.stderr)
     if "lm_head.weight" not in sd:
         if not cfg.tie_word_embeddings:
-            hf.missing_tensors([], ["lm_head.weight"], f"target {path}")
+            missing_tensors([], ["lm_head.weight"], f"target {path}")
         full = sd["embed_tokens.weight"]  # replicated, so slice this rank's vocab rows from it
         sd["lm_head.weight"] = slice_for_rank("lm_head.weight", full, tp.size, tp.rank)
     assign_weights(model, sd, f"target {path}", device, dtype)

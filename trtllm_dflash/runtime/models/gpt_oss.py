@@ -47,7 +47,7 @@ from ..kv_cache import KVCache
 from ..shard import expert_layout, kv_heads_per_rank
 from . import mxfp4
 from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, _fused, apply_rope, attend_cache, project, rope_cache_write,
-                     uses_attention_kernel)
+                     missing_tensors, uses_attention_kernel)
 
 SWIGLU_ALPHA = 1.702  # fixed in the reference (not a config field)
 _ATTN_CHUNK = 1 << 28  # float32 score elements per attention chunk (1 GiB), bounds long-prefill memory
@@ -363,8 +363,6 @@ def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, devi
     """This rank's HF tensors -> module names: ``model.`` prefix dropped, q/k/v fused into qkv_proj, MXFP4
     experts kept packed (Mxfp4Experts) or dequantised (on ``device``, to ``dtype``: the host never holds the
     bf16 copy)."""
-    from ...checkpoints import hf
-
     sd = {name.removeprefix("model."): t for name, t in raw.items()}
     for i, layer in enumerate(model.layers):
         a = f"layers.{i}.self_attn."
@@ -373,7 +371,7 @@ def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, devi
             if all(t is not None for t in qkv):
                 sd[f"{a}qkv_proj.{kind}"] = torch.cat(qkv)
             elif kind == "weight" or any(t is not None for t in qkv) or model.config.attention_bias:
-                hf.missing_tensors([], [f"model.{a}{p}_proj.{kind}" for p, t in zip("qkv", qkv) if t is None],
+                missing_tensors([], [f"model.{a}{p}_proj.{kind}" for p, t in zip("qkv", qkv) if t is None],
                                    "checkpoint")
         e, experts = f"layers.{i}.mlp.experts.", layer.mlp.experts
         for proj in ("gate_up_proj", "down_proj"):
@@ -382,7 +380,7 @@ def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, devi
                     raise DFlashError("mxfp4_moe", f"'triton' needs MXFP4 experts; the checkpoint has {e}{proj} "
                                       "unquantised", "use mxfp4_moe='dequant' (or 'auto') for this target")
                 continue
-            hf.missing_tensors(sd, [f"{e}{proj}_blocks", f"{e}{proj}_scales"], "checkpoint (MXFP4 experts)")
+            missing_tensors(sd, [f"{e}{proj}_blocks", f"{e}{proj}_scales"], "checkpoint (MXFP4 experts)")
             if isinstance(experts, Mxfp4Experts):  # kept packed: shard.py already read this rank's rows/groups
                 continue
             w = mxfp4.dequantize(sd.pop(f"{e}{proj}_blocks"), sd.pop(f"{e}{proj}_scales"), dtype, device)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...checkpoints import hf
 from ...errors import DFlashError
 from ...model_config import LlamaConfig, check_heads
 from ..distributed import TPGroup
@@ -18,7 +17,7 @@ from ..kv_cache import KVCache
 from ..shard import kv_heads_per_rank
 from ..kernels import TORCH, Kernels
 from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, attend, attend_cache, gate_up_silu, gemm, group_mask,
-                     project, rope_cache_write, uses_attention_kernel, uses_gemm_kernel)
+                     missing_tensors, project, rope_cache_write, uses_attention_kernel, uses_gemm_kernel)
 
 def check_tp(num_heads: int, num_kv_heads: int, tp_size: int, who: str) -> None:
     problem = check_heads(num_heads, num_kv_heads, tp_size)
@@ -206,11 +205,11 @@ def fuse_checkpoint(raw: dict[str, torch.Tensor], prefix: str, num_layers: int) 
                 out[f"{dst}self_attn.qkv_proj.{kind}"] = torch.cat(qkv)
             elif kind == "weight":
                 missing = [f"{src}self_attn.{p}_proj.weight" for p, t in zip("qkv", qkv) if t is None]
-                hf.missing_tensors([], missing, "checkpoint")
+                missing_tensors([], missing, "checkpoint")
         gate, up = take(f"{src}mlp.gate_proj.weight"), take(f"{src}mlp.up_proj.weight")
         if gate is None or up is None:
             missing = f"{src}mlp.gate_proj.weight" if gate is None else f"{src}mlp.up_proj.weight"
-            hf.missing_tensors([], [missing], "checkpoint")
+            missing_tensors([], [missing], "checkpoint")
         out[f"{dst}mlp.gate_up_proj.weight"] = torch.cat([gate, up])
         scales = [take(f"{src}mlp.{p}_proj.weight_scale") for p in ("gate", "up")]
         if all(t is not None for t in scales):
