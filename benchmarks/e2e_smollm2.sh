@@ -40,7 +40,7 @@ served() {   # mode deployment [server flags...]
       echo "dflash-openai ($mode): not ready (see $log)"; tail -20 "$log"; kill -TERM -- -$pid 2>/dev/null; return 1
     fi
   done
-  $PY -m trtllm_dflash.bench.sweep --backend openai --url 127.0.0.1:$PORT --engine "$deploy" --mode $mode \
+  $PY -m trtllm_dflash.bench.sweep --backend openai --url 127.0.0.1:$PORT --deployment_dir "$deploy" --mode $mode \
     --concurrency $LEVELS --dataset $dataset "${LOAD[@]}" --label "$label via dflash-openai" \
     --out "$OUT/e2e_$dataset.jsonl" || rc=$?
   kill -TERM -- -$pid; wait $pid || true
@@ -50,7 +50,7 @@ for dataset in $DATASETS; do
   rm -f "$OUT/e2e_$dataset.jsonl"
   for mode in ar dflash adaptive; do
     label=$(case $mode in ar) echo AR ;; dflash) echo DFlash ;; *) echo "DFlash adaptive" ;; esac)
-    $PY -m trtllm_dflash.bench.sweep --engine "$OUT/.deploy_fixed" --mode $mode --concurrency $LEVELS \
+    $PY -m trtllm_dflash.bench.sweep --deployment_dir "$OUT/.deploy_fixed" --mode $mode --concurrency $LEVELS \
       --dataset $dataset "${LOAD[@]}" --label "$label" --out "$OUT/e2e_$dataset.jsonl"
   done
   if [[ ${SERVED:-1} == 1 ]]; then

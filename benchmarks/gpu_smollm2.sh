@@ -97,7 +97,7 @@ case $STAGE in
     python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$RUN/train/drafter" --gpu h100 --backend torch \
       --max_batch_size 64 --max_seq_len 2048 --out "$RUN/deploy" --force
     for mode in ar dflash; do
-      python3 -m trtllm_dflash.bench.sweep --engine "$RUN/deploy" --mode $mode --concurrency 1,2,4,8,16,32,64 \
+      python3 -m trtllm_dflash.bench.sweep --deployment_dir "$RUN/deploy" --mode $mode --concurrency 1,2,4,8,16,32,64 \
         --dataset humaneval --max_new_tokens 256 --label "SmolLM2-135M $mode" --out "$OUT/sweep_smollm2_h100.jsonl"
     done
     ;;
@@ -119,12 +119,12 @@ case $STAGE in
     for mode in ar dflash adaptive; do
       for lv in "${LEVELS[@]}"; do
         set -- $lv
-        $PY -m trtllm_dflash.bench.sweep --engine "$RUN/deploy2" --mode $mode --concurrency "$1" --num_requests "$2" \
+        $PY -m trtllm_dflash.bench.sweep --deployment_dir "$RUN/deploy2" --mode $mode --concurrency "$1" --num_requests "$2" \
           "${LOAD[@]}" --out "$OUT/$NAME.jsonl"
       done
     done
     $PY -m trtllm_dflash.bench.plot "$OUT/$NAME.jsonl" --out_dir "$OUT" --title "SmolLM2-135M: AR vs DFlash fixed vs adaptive"
-    $PY -m trtllm_dflash.bench.sweep2_summary --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy2" --batch $BATCH \
+    $PY -m trtllm_dflash.bench.sweep2_summary --sweep "$OUT/$NAME.jsonl" --deployment_dir "$RUN/deploy2" --batch $BATCH \
       --input_len $INPUT --out "$OUT/$NAME.summary.json"
     ;;
   sweep3|sweep4)
@@ -155,15 +155,16 @@ from trtllm_dflash.checkpoints.packaged import smollm2_target_dir as s; w(Path(s
     $PY -m trtllm_dflash.build "${PAIR[@]}" --backend torch --draft_policy fixed --out "$RUN/deploy3" --force
     # the servers' AR runs: the same deployment at block_size 1 (links to its checkpoints; its own Triton repo)
     if [ "$STAGE" = sweep4 ]; then
-      $PY -c "import json, os, sys, shutil; from pathlib import Path; from trtllm_dflash.serving.repo import fill_triton
+      $PY -c "import os, sys, shutil; from pathlib import Path; from trtllm_dflash.deployment import Deployment
+from trtllm_dflash.serving.repo import fill_triton
 src, dst = Path(sys.argv[1]), Path(sys.argv[2]); shutil.rmtree(dst, ignore_errors=True); dst.mkdir(parents=True)
 for p in src.iterdir():
     if p.name not in ('manifest.json', 'triton'): os.symlink(p.resolve(), dst / p.name)
-m = json.loads((src / 'manifest.json').read_text()); m['runtime']['block_size'] = 1
-(dst / 'manifest.json').write_text(json.dumps(m, indent=2)); fill_triton(dst, m)" "$RUN/deploy3" "$RUN/deploy3ar"
+m = Deployment.open(src).manifest; m['runtime']['block_size'] = 1
+Deployment.write(dst, m); fill_triton(dst, m)" "$RUN/deploy3" "$RUN/deploy3ar"
     fi
     rm -f "$OUT/$NAME.jsonl"
-    SWEEP=($PY -m trtllm_dflash.bench.sweep --engine "$RUN/deploy3" "${LOAD[@]}" --out "$OUT/$NAME.jsonl")
+    SWEEP=($PY -m trtllm_dflash.bench.sweep --deployment_dir "$RUN/deploy3" "${LOAD[@]}" --out "$OUT/$NAME.jsonl")
     for mode in ar dflash adaptive; do
       "${SWEEP[@]}" --mode $mode --concurrency $LEVELS
     done
@@ -203,7 +204,7 @@ m = json.loads((src / 'manifest.json').read_text()); m['runtime']['block_size'] 
     fi
     $PY -m trtllm_dflash.bench.plot "$OUT/$NAME.jsonl" --out_dir "$OUT" \
       --title "SmolLM2-135M: AR vs DFlash fixed vs adaptive, in-process and served"
-    $PY -m trtllm_dflash.bench.sweep2_summary --sweep "$OUT/$NAME.jsonl" --engine "$RUN/deploy3" --batch $MID --top $TOP \
+    $PY -m trtllm_dflash.bench.sweep2_summary --sweep "$OUT/$NAME.jsonl" --deployment_dir "$RUN/deploy3" --batch $MID --top $TOP \
       --input_len $INPUT ${REGEN_TOK_S:+--regen_tok_s $REGEN_TOK_S} "${NOTES[@]}" --out "$OUT/$NAME.summary.json"
     ;;
   quant)   # the shipped drafter unless a trained one is in $RUN
@@ -231,7 +232,7 @@ m = json.loads((src / 'manifest.json').read_text()); m['runtime']['block_size'] 
     fi
     python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" --gpu $GPU --backend torch --force \
       --max_batch_size $BATCH --max_seq_len 2048 --out "$RUN/soak_deploy"
-    python3 -m trtllm_dflash.bench.soak --engine "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}"
+    python3 -m trtllm_dflash.bench.soak --deployment_dir "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}"
     ;;
   stash|regen_shards|train_big|ckpt_pull|eval_big)
     OUT="$OUT" "${BIG[@]}" --big "$STAGE"

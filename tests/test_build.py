@@ -605,7 +605,7 @@ def test_default_schedule_comes_from_the_measured_costs_and_a_flag_wins(capsys):
     """qwen3-8b on an H100 has a measured step-cost table (cost_tables.json): with no schedule given, the YAML
     carries the one our cost model derives, and the summary says where it came from; a flag wins; none = off."""
     from trtllm_dflash import draft_schedule
-    from trtllm_dflash.backends import trtllm
+    from trtllm_dflash import trtllm
 
     base = ["--target", "qwen3-8b", "--gpu", "h100", "--backend", "trtllm", "--dry_run", "--max_batch_size", "64",
             "--no_preset"]

@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """The repository's shape (issue #36): measurement code lives in the package, benchmarks/ keeps recipes, docs and
 committed results. Checked mechanically: no sys.path edits under benchmarks/, no imports between benchmarks/ and
-tests/ in either direction (nor from the package), benchmarks/ at most 15% of the non-test lines, and no text
-about the environment the project was developed in outside committed results."""
+tests/ in either direction (nor from the package), benchmarks/ at most 15% of the non-test lines, no text
+about the environment the project was developed in outside committed results, and "backend" is a deployment's
+runtime choice only (TensorRT-LLM's own fields keep their names)."""
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -15,6 +17,9 @@ CODE = (".py", ".sh")
 # Built from pieces so that this file does not match itself.
 WORDING = re.compile("|".join([re.escape(".") + "car" + r"ry\b", "device" + r" calls?\b", r"\ble" + r"ase\b",
                                "device" + " time", "device" + " minutes", "64" + " MiB", "car" + r"ry=\["]))
+# a manifest parsed in place (json + a read on one line), rather than opened through Deployment
+READS_MANIFEST = re.compile(r"(json\.loads?\(|\.read_(text|bytes)\(|(?<!Deployment\.)open\().*manifest"
+                            r"|manifest[^#]*(json\.loads?\(|\.read_(text|bytes)\()", re.I)
 IMPORTS_TESTS = re.compile(r"^\s*(from|import)\s+tests\b|\btests\.(tiny|serving|runtime|gpu)\b", re.M)
 IMPORTS_BENCHMARKS = re.compile(r"^\s*(from|import)\s+benchmarks\b|[\"']benchmarks[\"']\s*/\s*f?[\"'][^\"']*\.py"
                                 r"|[\"']benchmarks/\w+\.py[\"']", re.M)
@@ -83,3 +88,29 @@ def test_the_wording_check_finds_what_it_looks_for():
         assert WORDING.search(bad), bad
     for fine in ["the 64-MiB budget", "kernels' GPU time", "released", "carry the scales"]:
         assert not WORDING.search(fine), fine
+
+
+def test_backend_names_only_the_deployments_runtime():
+    # TensorRT-LLM's options live in trtllm.py, not in a "backends" package; the torch runtime's MoE choice is a kernel
+    named = [str(p.relative_to(ROOT)) for p in files(ROOT / "trtllm_dflash") + files(ROOT / "tests")
+             if "backend" in p.stem or any("backend" in part for part in p.relative_to(ROOT).parts[:-1])]
+    assert not named, named
+    defined = []
+    for p in files(ROOT / "trtllm_dflash" / "runtime", (".py",)):
+        for node in ast.walk(ast.parse(p.read_text())):
+            name = getattr(node, "name", None) if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else (
+                node.arg if isinstance(node, ast.arg) else None)
+            if name and "backend" in name.lower():
+                defined.append(f"{p.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert not defined, "the runtime names kernels, not backends: " + ", ".join(defined)
+
+
+def test_one_reader_of_a_deployments_manifest():
+    # training/ keeps a corpus's own data/manifest.json (another file); a deployment's goes through Deployment
+    paths = [p for folder in ("trtllm_dflash", "scripts", "benchmarks") for p in files(ROOT / folder, CODE)
+             if p.name != "deployment.py" and "training" not in p.relative_to(ROOT).parts]
+    hits = [f"{p.relative_to(ROOT)}:{n}: {ln.strip()}" for p in paths
+            for n, ln in enumerate(p.read_text().splitlines(), 1) if READS_MANIFEST.search(ln)]
+    assert not hits, "read it with Deployment.open:\n" + "\n".join(hits)
+    assert READS_MANIFEST.search("""m = json.load(open(sys.argv[1] + "/manifest.json"))""")
+    assert not READS_MANIFEST.search("m = Deployment.open(path).manifest")

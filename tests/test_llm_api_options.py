@@ -2,7 +2,7 @@
 """The llm_api_options.yaml fields we emit, pinned against TensorRT-LLM's documented schema.
 
 TensorRT-LLM cannot be installed here, so the schema was read, not imported. :data:`PINNED` below is written
-from the sources named beside each field; backends/trtllm.py's ``TORCH_LLM_ARGS`` (what dflash-build and the
+from the sources named beside each field; trtllm.py's ``TORCH_LLM_ARGS`` (what dflash-build and the
 serving path check against) must equal it field for field.
 
 Sources (NVIDIA/TensorRT-LLM):
@@ -32,7 +32,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from trtllm_dflash.backends import trtllm
+from trtllm_dflash import trtllm
 from trtllm_dflash.errors import DFlashError
 
 MOE_LITERALS = ("AUTO", "CUTLASS", "CUTEDSL", "CUTEDSL_FC12", "TRTLLM", "DEEPGEMM", "DENSEGEMM", "VANILLA", "TRITON",
@@ -179,7 +179,7 @@ def test_serve_and_bench_lines(tmp_path):
     assert bench[bench.index("--dataset") + 1] == prep[prep.index("--output") + 1]
 
 
-# [sched] TensorRT-LLM's lookup, written out independently of backends/trtllm.py: the first key >= batch size.
+# [sched] TensorRT-LLM's lookup, written out independently of trtllm.py: the first key >= batch size.
 def trtllm_draft_len(schedule: dict[int, int], batch_size: int) -> int:
     keys = sorted(schedule)
     i = next((i for i, k in enumerate(keys) if k >= batch_size), len(keys))

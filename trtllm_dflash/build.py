@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import __version__
 from . import build_config as bc
-from .backends import trtllm
+from . import trtllm
 from .bench.helpformat import HelpFormatter
 from .checkpoints import drafter_formats, manifest, memory_fit, resolve, trtllm_checks
 from .deployment import FORMAT_VERSION, Deployment

@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backends.trtllm import draft_len_for_batch, schedule_from_lengths
+from .trtllm import draft_len_for_batch, schedule_from_lengths
 from .runtime.draft_policy import AcceptanceStats, AdaptivePolicy, CostTable, best_block
 
 TABLES = Path(__file__).resolve().parent / "cost_tables.json"
@@ -56,7 +56,7 @@ def cost_table(gpu: str, target_source: str, path: Path = TABLES) -> tuple[CostT
 
 def draft_len_schedule(policy: AdaptivePolicy, max_batch_size: int) -> tuple[dict[int, int], bool]:
     """The policy at its current acceptance estimate as TensorRT-LLM's ``draft_len_schedule`` over batch sizes
-    1..max_batch_size (backends/trtllm.schedule_from_lengths: TensorRT-LLM's reading of it), and whether batch 1
+    1..max_batch_size (trtllm.schedule_from_lengths: TensorRT-LLM's reading of it), and whether batch 1
     was raised to the full draft (TensorRT-LLM requires max_draft_len there). Floored at MIN_DRAFT_LEN, so the last
     run is keyed at max_batch_size and no batch size up to it falls into TensorRT-LLM's implicit 0 above the
     largest key."""

@@ -79,8 +79,8 @@ def test_cli_errors_are_one_line(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "trtllm_dflash.bench.sweep", *args, "--out", str(tmp_path / "x")],
                               capture_output=True, text=True, timeout=120)
-    for args, message in [((), "error: --engine: missing"),
-                          (("--engine", str(tmp_path)), "has no manifest.json"),
+    for args, message in [((), "error: --deployment_dir: missing"),
+                          (("--deployment_dir", str(tmp_path)), "has no manifest.json"),
                           (("--backend", "triton"), "error: --url: missing for --backend triton"),
                           (("--concurrency", "0"), "error: --concurrency:")]:
         res = run(*args)

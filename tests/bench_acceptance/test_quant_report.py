@@ -38,3 +38,22 @@ def test_quant_report_records_provenance(tmp_path):
     assert prov["checkpoints"]["drafter"]["sha256"] == checkpoint_digest(drafter)["sha256"]
     assert prov["checkpoints"]["base_target"]["sha256"] == checkpoint_digest(target)["sha256"]
     assert prov["checkpoints"]["quant_target"]["sha256"] == checkpoint_digest(quant / "target")["sha256"]
+
+
+def test_target_of_reads_a_deployment_through_its_manifest_and_takes_a_plain_folder_as_the_target(tmp_path):
+    from trtllm_dflash.deployment import Deployment
+    from trtllm_dflash.errors import DFlashError
+    quant_report = _load_script()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert quant_report.target_of(plain) == (plain, None)
+    built = tmp_path / "built"
+    built.mkdir()
+    Deployment.write(built, {"backend": "torch", "target": {"path": "weights"}})
+    target, manifest = quant_report.target_of(built)
+    assert target == built.absolute() / "weights"
+    assert manifest["target"] == {"path": "weights"}
+    # the one reader checks the manifest: a stale format is refused, not read past
+    (built / "manifest.json").write_text(json.dumps({"backend": "torch", "format_version": 0}))
+    with pytest.raises(DFlashError, match="format_version"):
+        quant_report.target_of(built)

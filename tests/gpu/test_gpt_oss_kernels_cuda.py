@@ -160,7 +160,7 @@ def random_target(layers: int = 4, experts: int = 32, kernel: str = "torch"):
     c = GptOssConfig.from_hf(cfg)
     torch.manual_seed(0)
     with torch.device(DEV):
-        model = gpt_oss.GptOssTarget(c, TPGroup(), 8192, moe_backend="triton",
+        model = gpt_oss.GptOssTarget(c, TPGroup(), 8192, moe_kernel="triton",
                                      kernels=Kernels.choose(kernel, False, DEV, BF16))
     with torch.no_grad():
         for name, p in model.named_parameters():

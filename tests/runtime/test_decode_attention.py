@@ -157,7 +157,7 @@ def test_target_forward_with_the_kernels(tiny_qwen3_pair):
     """The target's verify forward over a cache (positions a strided slice, as the runner's are) with the kernels
     == the torch path, float32."""
     kernels()
-    from trtllm_dflash.runtime.loader import load_target
+    from trtllm_dflash.runtime.weights import load_target
     from trtllm_dflash.runtime.distributed import TPGroup
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(2, 90, (2, 30), generator=g)
@@ -204,7 +204,7 @@ def test_the_engine_refuses_models_built_with_other_kernels(tiny_qwen3_pair):
     # the kernels are fixed when a module is built: an engine whose config asks for others must not run them
     from trtllm_dflash.runtime.distributed import TPGroup
     from trtllm_dflash.runtime.engine import Engine
-    from trtllm_dflash.runtime.loader import load_target
+    from trtllm_dflash.runtime.weights import load_target
     target = load_target(tiny_qwen3_pair[0], TPGroup(), torch.device("cpu"), torch.bfloat16, 64,
                          kernels=Kernels(batch_invariant=True))
     with pytest.raises(DFlashError, match="kernels: the target was built with"):

@@ -22,7 +22,7 @@ from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime import fp8, quant, shard
 from trtllm_dflash.runtime.distributed import TPGroup
-from trtllm_dflash.runtime.loader import load_target
+from trtllm_dflash.runtime.weights import load_target
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CPU = torch.device("cpu")

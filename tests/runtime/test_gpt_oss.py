@@ -28,7 +28,7 @@ from trtllm_dflash.runtime import shard
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.engine import Engine
 from trtllm_dflash.runtime.kv_cache import KVCache
-from trtllm_dflash.runtime.loader import load_drafter, load_target
+from trtllm_dflash.runtime.weights import load_drafter, load_target
 from trtllm_dflash.model_config import DrafterConfig
 from trtllm_dflash.runtime.models.mxfp4 import dequantize
 

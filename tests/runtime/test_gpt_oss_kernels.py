@@ -200,7 +200,7 @@ def test_target_forward_with_the_kernels(tiny_gpt_oss, monkeypatch):
     calls = count_calls(monkeypatch, R, ["topk_softmax"], {})
     from trtllm_dflash.runtime.distributed import TPGroup
     from trtllm_dflash.runtime.kernels import Kernels
-    from trtllm_dflash.runtime.loader import load_target
+    from trtllm_dflash.runtime.weights import load_target
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(2, 90, (2, 30), generator=g)
     out = {}

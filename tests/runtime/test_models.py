@@ -13,7 +13,7 @@ from trtllm_dflash.testing import VOCAB, write_tiny_target
 from trtllm_dflash.checkpoints import hf
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.kv_cache import KVCache
-from trtllm_dflash.runtime.loader import load_drafter, load_target
+from trtllm_dflash.runtime.weights import load_drafter, load_target
 
 CPU, F32 = torch.device("cpu"), torch.float32
 

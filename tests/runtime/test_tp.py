@@ -157,3 +157,28 @@ def test_shard_rules_cover_every_layer_kind():
     parts = [slice_for_rank("lm_head.weight", w, 4, r) for r in range(4)]
     assert all(p.shape == (3, 3) for p in parts)  # 10 rows over 4 ranks: 3 each, the last padded with zeros
     assert torch.equal(torch.cat(parts)[:10], w) and not parts[3][1:].any()
+
+
+def test_rank_tensors_reads_a_ranks_slices_from_safetensors_and_pickle_alike(tmp_path):
+    import torch
+
+    from trtllm_dflash.checkpoints import hf
+    from trtllm_dflash.runtime.shard import rank_tensors
+
+    g = torch.Generator().manual_seed(0)
+    sd = {"layers.0.self_attn.q_proj.weight": torch.randn(4, 3, generator=g),   # column: rows split
+          "layers.0.self_attn.o_proj.weight": torch.randn(3, 4, generator=g),   # row: columns split
+          "layers.0.input_layernorm.weight": torch.randn(3, generator=g)}       # replicated
+    hf.save_state_dict(sd, tmp_path / "st")
+    (tmp_path / "pt").mkdir()
+    torch.save(sd, tmp_path / "pt" / "pytorch_model.bin")
+    want = {n: slice_for_rank(n, t, 2, 1) for n, t in sd.items()}
+    assert want["layers.0.self_attn.q_proj.weight"].shape == (2, 3)
+    assert want["layers.0.self_attn.o_proj.weight"].shape == (3, 2)
+    for got in (rank_tensors(tmp_path / "st", 2, 1), rank_tensors(tmp_path / "pt", 2, 1, allow_pickle=True)):
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[n], want[n]) for n in want)
+    # a build's rank file holds both models' slices: the prefix picks one, and the checkpoint is not read
+    presharded = {"target.a": sd["layers.0.input_layernorm.weight"], "drafter.a": torch.zeros(1)}
+    got = rank_tensors(tmp_path / "missing", 2, 1, presharded=presharded, prefix="target.")
+    assert list(got) == ["a"] and got["a"] is presharded["target.a"]

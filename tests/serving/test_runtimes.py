@@ -29,7 +29,7 @@ def test_mpi_flavor_of_the_installed_mpiexec():
     assert launch.mpi_flavor(exe) in ("mpich", "openmpi")
 
 
-# The trtllm runtime's tests (a real dflash-build output, a strict fake tensorrt_llm): tests/backends/test_trtllm.py
+# The trtllm runtime's tests (a real dflash-build output, a strict fake tensorrt_llm): tests/test_trtllm.py
 
 
 # ---- the torch runtime: the record interface the frontends code against ----------------------------

@@ -7,7 +7,7 @@ environment and is passed by path:
 
   python -m venv /tmp/aiperf-venv && /tmp/aiperf-venv/bin/pip install aiperf
   dflash-build --config build_configs/smollm2-135m_cpu_tp1.yaml --out out/smollm2
-  python -m trtllm_dflash.bench.aiperf_openai --engine out/smollm2 --aiperf /tmp/aiperf-venv/bin/aiperf \\
+  python -m trtllm_dflash.bench.aiperf_openai --deployment_dir out/smollm2 --aiperf /tmp/aiperf-venv/bin/aiperf \\
       --out benchmarks/results/aiperf_openai_cpu.json
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
     dflash-bench                       # the list of tools
     dflash-bench step --models smollm2-135m --batch 1,64
-    dflash-bench soak --engine out/smollm2 --streams 64 --duration 600 --sigterm
+    dflash-bench soak --deployment_dir out/smollm2 --streams 64 --duration 600 --sigterm
 """
 from __future__ import annotations
 

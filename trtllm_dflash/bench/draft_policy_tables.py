@@ -8,7 +8,7 @@ they give at a few per-position acceptance rates.
 Measures this device's table for the pair (``Engine.use_adaptive_policy``) and reads the GPU tables that
 ``step.py --cost_table`` stored; for each, the block the policy picks per batch size and the
 schedule, assuming every draft position is accepted with probability r given the previous one was. Schedules are
-written as TensorRT-LLM reads them (backends/trtllm.py: each key = the draft length up to that batch size).
+written as TensorRT-LLM reads them (trtllm.py: each key = the draft length up to that batch size).
 """
 from __future__ import annotations
 

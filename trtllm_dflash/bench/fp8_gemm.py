@@ -47,7 +47,7 @@ from trtllm_dflash.runtime import fp8
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.engine import Engine
 from trtllm_dflash.runtime.kv_cache import KVCache
-from trtllm_dflash.runtime.loader import load_drafter, load_target
+from trtllm_dflash.runtime.weights import load_drafter, load_target
 from trtllm_dflash.runtime.models import layers
 from trtllm_dflash.runtime.quant import fp8_row_scales
 from trtllm_dflash.provenance import record

@@ -121,7 +121,7 @@ def build(target_name: str, tiny: bool, device, dtype, max_positions: int, backe
 
     def meta(group: TPGroup, ep: int):
         with torch.device("meta"):
-            return (GptOssTarget(tcfg, group, max_positions, dcfg.target_layer_ids, ep_size=ep, moe_backend=backend,
+            return (GptOssTarget(tcfg, group, max_positions, dcfg.target_layer_ids, ep_size=ep, moe_kernel=backend,
                                  kernels=kernels),
                     DFlashDrafter(dcfg, tcfg.hidden_size, group, max_positions, kernels))
 

@@ -12,7 +12,8 @@ Measures (CPU unless the deployment says otherwise; the machine is named in the 
 Medians over ``--reps`` interleaved repetitions (guard, direct, guard, ...); ratios guard / direct.
 
   dflash-build --config build_configs/smollm2-135m_cpu_tp1.yaml --out engines/smollm2
-  python -m trtllm_dflash.bench.guard_overhead --engine engines/smollm2 --out benchmarks/results/guard_overhead_cpu.json
+  python -m trtllm_dflash.bench.guard_overhead --deployment_dir engines/smollm2 \\
+      --out benchmarks/results/guard_overhead_cpu.json
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.provenance import record
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.engine import Engine
-from trtllm_dflash.runtime.loader import load_drafter, load_target
+from trtllm_dflash.runtime.weights import load_drafter, load_target
 from trtllm_dflash.bench.step import steady_step_ms
 
 DRAFTER_DIR = Path(__file__).resolve().parents[1] / "drafters" / "smollm2-135m-dflash-b16"

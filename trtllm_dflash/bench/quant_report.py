@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 
+from trtllm_dflash.deployment import Deployment
 from trtllm_dflash.errors import DFlashError, exit_code
 from trtllm_dflash.provenance import record
 from trtllm_dflash.versions import installed
@@ -65,11 +66,9 @@ def parse_args(argv):
 
 def target_of(path: Path) -> tuple[Path, dict | None]:
     """(HF target folder, manifest or None) of a deployment directory or a plain folder."""
-    if (path / "manifest.json").is_file():
-        from trtllm_dflash.deployment import Deployment
-
-        m = Deployment.open(path).manifest
-        return path / m["target"]["path"], m
+    if Deployment.is_deployment(path):
+        deployment = Deployment.open(path)
+        return deployment.target_dir, deployment.manifest
     return path, None
 
 

@@ -89,10 +89,11 @@ TRANSPORT = ("Socket closed", "Stream removed", "failed to connect", "Connection
 EPILOG = """examples:
   # the CPU demo, as committed in benchmarks/results/soak_smollm2_cpu.json:
   dflash-build --config build_configs/smollm2-135m_cpu_tp1.yaml --out engines/smollm2
-  python -m trtllm_dflash.bench.soak --engine engines/smollm2 --streams 64 --duration 600 --sigterm \\
+  python -m trtllm_dflash.bench.soak --deployment_dir engines/smollm2 --streams 64 --duration 600 --sigterm \\
       --out benchmarks/results/soak_smollm2_cpu.json
   # a quick look (2 minutes, no faults):
-  python -m trtllm_dflash.bench.soak --engine engines/smollm2 --streams 8 --duration 60 --faults none --kills 0 --out /tmp/s.json
+  python -m trtllm_dflash.bench.soak --deployment_dir engines/smollm2 --streams 8 --duration 60 --faults none --kills 0 \\
+      --out /tmp/s.json
 
 what passes: see the checks above; `summary` in the JSON also states the issue's goals (met or not):
 0 failed or wrong requests, 0 leaked slots, RSS growth < 10%, killed clients' slots free within one step with

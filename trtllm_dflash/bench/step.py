@@ -41,7 +41,7 @@ from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.draft_policy import candidate_blocks, measure_costs
 from trtllm_dflash.runtime.engine import Engine
 from trtllm_dflash.runtime.graphs import capture
-from trtllm_dflash.runtime.loader import load_drafter, load_target
+from trtllm_dflash.runtime.weights import load_drafter, load_target
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 BF16 = torch.bfloat16 if DEV.type == "cuda" else torch.float32   # the model dtype (float32 for a CPU smoke run)

@@ -34,11 +34,11 @@ from .workload import DATASETS, WorkItem, load_workload
 
 SCHEMA = "trtllm_dflash.sweep/1"
 EPILOG = """examples:
-  dflash-sweep --engine engines/smollm2 --mode ar --concurrency 1,2,4,8,16,32,64 --out sweep.jsonl
-  dflash-sweep --engine engines/smollm2 --mode dflash --concurrency 1,2,4,8,16,32,64 --out sweep.jsonl
-  dflash-sweep --engine engines/smollm2 --dataset humaneval --max_new_tokens 256 --concurrency 1,4 --out he.jsonl
-  mpirun -n 8 dflash-sweep --engine engines/gpt-oss-120b/fp8/8-gpu --mode dflash --out tp8.jsonl
-  dflash-sweep --backend triton --url localhost:8001 --engine engines/smollm2 --concurrency 1,2,4 --out triton.jsonl
+  dflash-sweep --deployment_dir engines/smollm2 --mode ar --concurrency 1,2,4,8,16,32,64 --out sweep.jsonl
+  dflash-sweep --deployment_dir engines/smollm2 --mode dflash --concurrency 1,2,4,8,16,32,64 --out sweep.jsonl
+  dflash-sweep --deployment_dir engines/smollm2 --dataset humaneval --max_new_tokens 256 --concurrency 1,4 --out h.jsonl
+  mpirun -n 8 dflash-sweep --deployment_dir engines/gpt-oss-120b/fp8/8-gpu --mode dflash --out tp8.jsonl
+  dflash-sweep --backend triton --url localhost:8001 --deployment_dir engines/smollm2 --concurrency 1,4 --out tr.jsonl
   dflash-sweep --backend openai --url localhost:8000 --tokenizer openai/gpt-oss-120b --tp_size 8 \\
       --label EAGLE-3 --dataset random --input_len 1024 --max_new_tokens 1024 --ignore_eos --out eagle3.jsonl
   dflash-plot sweep.jsonl eagle3.jsonl --out_dir plots/
@@ -127,7 +127,8 @@ def _pair(m: dict) -> dict:
 def open_engine(args, deployment) -> Target:
     """The deployment in this process, with max_batch_size = the largest concurrency."""
     if deployment is None:
-        raise DFlashError("--engine", "missing", "pass a deployment directory, or --backend triton/openai --url ...")
+        raise DFlashError("--deployment_dir", "missing",
+                          "pass a deployment directory, or --backend triton/openai --url ...")
     from ..runtime.engine import Engine
 
     overrides = {"max_batch_size": max(args.levels)}
@@ -168,7 +169,7 @@ def open_endpoint(args, m: dict) -> Target:
     tok_source = args.tokenizer or (str(args.engine / (m.get("target") or {}).get("path", "target")) if m else None)
     if tok_source is None:
         raise DFlashError("--tokenizer", "missing: endpoints return text, counted in tokens on this side",
-                          "pass --tokenizer DIR (the target's) or --engine DIR")
+                          "pass --tokenizer DIR (the target's) or --deployment_dir DIR")
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(tok_source)
     runtime = m.get("runtime", {})

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Summary of the AR / DFlash fixed / DFlash adaptive sweep (gpu_smollm2.sh stages sweep2, sweep3 and sweep4).
 
-    python -m trtllm_dflash.bench.sweep2_summary --sweep sweep.jsonl --engine DEPLOY --batch 64 --input_len 128 --out summary.json
+    python -m trtllm_dflash.bench.sweep2_summary --sweep sweep.jsonl --deployment_dir DEPLOY --batch 64 --input_len 128 \\
+        --out summary.json
     python -m trtllm_dflash.bench.sweep2_summary ... --top 256 --regen_tok_s 41000     # sweep3: the issue #22 keys as well
 
 - ``min/max_adaptive_over_ar_iso_interactivity``: DFlash adaptive's throughput (tok/s/gpu) over AR's at equal

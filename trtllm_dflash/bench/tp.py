@@ -35,7 +35,7 @@ from trtllm_dflash.runtime.allreduce import STRATEGIES
 from trtllm_dflash.runtime.distributed import launcher_rank_and_size
 from trtllm_dflash.runtime.engine import Engine
 from trtllm_dflash.runtime.kernels import SETTINGS, Kernels
-from trtllm_dflash.runtime.loader import load_drafter, load_target
+from trtllm_dflash.runtime.weights import load_drafter, load_target
 from trtllm_dflash.runtime.shard import slice_for_rank
 
 PROMPTS = [[5, 9, 13], [7] * 20, [40, 41, 42, 43, 44, 45, 46]]

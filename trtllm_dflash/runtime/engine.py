@@ -87,9 +87,8 @@ class Engine:
     @classmethod
     def from_dirs(cls, target_dir, drafter_dir=None, cfg: RuntimeConfig = RuntimeConfig(), *, tp_size: int = 1,
                   allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1) -> "Engine":
-        m = loader.load_pair(target_dir, drafter_dir, cfg, tp_size=tp_size, allow_pickle=allow_pickle,
-                             presharded=presharded, ep_size=ep_size)
-        return cls(m.target, m.drafter, m.tokenizer, cfg, m.tp, m.eos_ids)
+        return cls(**vars(loader.load_pair(target_dir, drafter_dir, cfg, tp_size=tp_size, allow_pickle=allow_pickle,
+                                           presharded=presharded, ep_size=ep_size)))
 
     @classmethod
     def from_deployment(cls, deployment, draft_policy: str | None = None, **overrides) -> "Engine":
@@ -101,7 +100,7 @@ class Engine:
         policy = draft_policy or deployment.draft_policy
         if policy not in ("adaptive", "fixed"):   # before any weight is loaded
             raise DFlashError("draft_policy", f"{policy!r} is not adaptive or fixed", "rebuild with dflash-build")
-        engine = cls.from_dirs(**loader.read_deployment(deployment, overrides))
+        engine = cls(**vars(loader.load(deployment, overrides)))
         if policy == "adaptive" and engine.block_size > 1:
             if engine.tp.size > 1:
                 raise DFlashError("draft_policy", "adaptive measures step costs on rank 0 alone (needs tp_size 1)",

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from ..checkpoints import hf
+
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROW = ("o_proj", "down_proj")
 # gpt-oss experts, by tensor: the dim holding the intermediate channels (None: not split, added once).
@@ -104,6 +106,25 @@ def slice_for_rank(name: str, t, tp_size: int, rank: int, shape: tuple[int, ...]
     per = shape[dim] // tp_size
     assert per * tp_size == shape[dim], f"{name}: dim {dim} ({shape[dim]}) not divisible by tp_size {tp_size}"
     return t[rank * per:(rank + 1) * per] if dim == 0 else t[:, rank * per:(rank + 1) * per]
+
+
+def rank_tensors(path, tp_size: int, rank: int, *, presharded: dict | None = None, prefix: str = "",
+                 allow_pickle: bool = False, ep_size: int = 1,
+                 num_kv_heads: int | None = None) -> dict[str, torch.Tensor]:
+    """This rank's tensors of a checkpoint folder, by HF name: safetensors are read as lazy slices (only this
+    rank's part leaves the disk); pickle weights load whole, then are sliced. ``presharded``: the rank's tensors
+    of both models as a build wrote them (shard_for_rank); those under ``prefix`` are taken instead of ``path``."""
+    if presharded is not None:
+        return {k[len(prefix):]: v for k, v in presharded.items() if k.startswith(prefix)}
+    pickled = tp_size > 1 and any(f.suffix != ".safetensors" for f in hf.weight_files(path, allow_pickle=True))
+    shapes = hf.tensor_names(path, allow_pickle=allow_pickle)
+    sd = hf.load_state_dict(path, allow_pickle=allow_pickle,
+                            slicer=lambda n, lazy: slice_for_rank(n, lazy, tp_size, rank, shapes[n], ep_size,
+                                                                  num_kv_heads))
+    if pickled:
+        sd = {n: slice_for_rank(n, t, tp_size, rank, ep_size=ep_size, num_kv_heads=num_kv_heads)
+              for n, t in sd.items()}
+    return sd
 
 
 def shard_for_rank(target_sd: dict, drafter_sd: dict | None, tp_size: int, rank: int,

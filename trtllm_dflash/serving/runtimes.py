@@ -301,7 +301,7 @@ def _exit_if_ranks_fail(followers: subprocess.Popen, loaded: threading.Event) ->
 
 
 # ---------------------------------------------------------------------------------------------------
-# trtllm: tensorrt_llm.LLM built by backends.trtllm.llm_kwargs, streamed through its own asyncio API
+# trtllm: tensorrt_llm.LLM built by trtllm.llm_kwargs, streamed through its own asyncio API
 
 
 class TrtllmRuntime:
@@ -325,8 +325,8 @@ class TrtllmRuntime:
 
     @classmethod
     def from_deployment(cls, deployment: Deployment) -> "TrtllmRuntime":
-        # The same merge and schema check as trtllm-serve --extra_llm_api_options (backends/trtllm.py).
-        from ..backends.trtllm import llm_kwargs
+        # The same merge and schema check as trtllm-serve --extra_llm_api_options (trtllm.py).
+        from ..trtllm import llm_kwargs
 
         tensorrt_llm, kwargs = llm_kwargs(deployment)
         log.info("[dflash] tensorrt_llm.LLM(**%s)", kwargs)

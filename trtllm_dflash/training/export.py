@@ -3,7 +3,7 @@
 three checks that the file is the model that was trained and that our runtime runs it correctly:
 
   rope    the exported RoPE (theta, type) gives exactly the frequencies the draft trained with
-  parity  our runtime's drafter (``runtime.loader``) and ModelOpt's draft module, same weights, same random
+  parity  our runtime's drafter (``runtime.weights``) and ModelOpt's draft module, same weights, same random
           context features and block: same hidden states (float32)
   greedy  DFlash greedy decoding == autoregressive greedy decoding on training prompts (float32), with tau
 """
@@ -78,7 +78,7 @@ def check_parity(model, drafter_dir: Path, export_dtype: str, ctx_len: int = 24,
     """Our runtime's drafter vs ModelOpt's draft module on random features (weights rounded like the export)."""
     from ..runtime.distributed import TPGroup
     from ..runtime.kv_cache import KVCache
-    from ..runtime.loader import load_drafter
+    from ..runtime.weights import load_drafter
 
     device = torch.device("cpu")  # float32 on CPU: no kernel differences between the two sides
     ref = copy.deepcopy(model.dflash_module).to(device).float().eval()

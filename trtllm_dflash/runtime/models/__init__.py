@@ -18,18 +18,18 @@ from . import gpt_oss, llama
 @dataclass(frozen=True)
 class TargetFamily:
     config: type                # model_config class: .from_hf(config.json dict) -> frozen config
-    model: type                 # nn.Module(config, tp, max_positions, capture_layers[, ep_size, moe_backend], kernels=)
+    model: type                 # nn.Module(config, tp, max_positions, capture_layers[, ep_size, moe_kernel], kernels=)
     moe: bool                   # takes ep_size (expert parallelism)
-    # this rank's HF tensors -> module tensors (model, device, dtype); None = the loader's q/k/v + gate/up fusion
+    # this rank's HF tensors -> module tensors (model, device, dtype); None = llama.fuse_checkpoint (q/k/v + gate/up fusion)
     to_module: Callable | None = None
 
     def build(self, cfg, tp, max_positions: int, capture: tuple[int, ...], ep_size: int = 1,
-              moe_backend: str = "dequant", kernels: Kernels = TORCH):
+              moe_kernel: str = "dequant", kernels: Kernels = TORCH):
         if not self.moe:
             if ep_size != 1:
                 raise DFlashError("ep_size", f"{ep_size}, but {cfg.architecture} is dense (no experts)", "use ep_size 1")
             return self.model(cfg, tp, max_positions, capture, kernels=kernels)
-        return self.model(cfg, tp, max_positions, capture, ep_size, moe_backend, kernels=kernels)
+        return self.model(cfg, tp, max_positions, capture, ep_size, moe_kernel, kernels=kernels)
 
 
 _LLAMA = TargetFamily(LlamaConfig, llama.LlamaTarget, moe=False)

@@ -17,7 +17,7 @@ softmax one Triton kernel after its GEMM (runtime/kernels/router.py). The torch 
 the reference (eager, HF rounding) and runs where the switch says "torch" (CPU by default).
 
 Weights keep Hugging Face names; q/k/v are fused into ``qkv_proj``. MXFP4 experts (``*_blocks`` +
-``*_scales``, the published checkpoints) run one of two ways, chosen by ``moe_backend`` (RuntimeConfig.mxfp4_moe):
+``*_scales``, the published checkpoints) run one of two ways, chosen by ``moe_kernel`` (RuntimeConfig.mxfp4_moe):
   "triton":  kept MXFP4 on the GPU (4.25 bits per weight) and run by the fused routed-expert kernels of
              runtime/mxfp4_moe.py (Mxfp4Experts): gpt-oss-120b's weights are ~61 GiB, 20b's ~13 GiB;
   "dequant": dequantised on load to the model dtype (mxfp4.py; CPU, and the reference), which in bf16 costs
@@ -47,7 +47,7 @@ from ..kv_cache import KVCache
 from ..shard import expert_layout, kv_heads_per_rank
 from . import mxfp4
 from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, _fused, apply_rope, attend_cache, project, rope_cache_write,
-                     uses_attention_kernel)
+                     missing_tensors, uses_attention_kernel)
 
 SWIGLU_ALPHA = 1.702  # fixed in the reference (not a config field)
 _ATTN_CHUNK = 1 << 28  # float32 score elements per attention chunk (1 GiB), bounds long-prefill memory
@@ -246,7 +246,7 @@ class Mxfp4Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [N, H]; experts, weights [N, k] (global ids, routing weights) -> this rank's partial sum [N, H]."""
-        from .. import mxfp4_moe  # Triton: imported only where this backend was chosen
+        from .. import mxfp4_moe  # Triton: imported only where this kernel was chosen
         return mxfp4_moe.fused_experts(
             x, experts, weights, self.gate_up_proj_blocks, self.gate_up_proj_scales, self.gate_up_proj_bias,
             self.down_proj_blocks, self.down_proj_scales, self.down_proj_bias if self.moe_rank == 0 else None,
@@ -264,14 +264,14 @@ class Mxfp4Experts(nn.Module):
         return ref.requires_grad_(False)
 
 
-MOE_BACKENDS = {"dequant": Experts, "triton": Mxfp4Experts}
+MOE_KERNELS = {"dequant": Experts, "triton": Mxfp4Experts}
 
 
 class MoE(nn.Module):
-    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, moe_backend: str = "dequant"):
+    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, moe_kernel: str = "dequant"):
         super().__init__()
         self.router = nn.Linear(c.hidden_size, c.num_experts, bias=True)  # replicated
-        self.experts = MOE_BACKENDS[moe_backend](c, tp, ep_size)
+        self.experts = MOE_KERNELS[moe_kernel](c, tp, ep_size)
         self.top_k, self.tp = c.experts_per_token, tp
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
@@ -289,13 +289,13 @@ class MoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, sliding: bool, moe_backend: str,
+    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, sliding: bool, moe_kernel: str,
                  kernels: Kernels = TORCH):
         super().__init__()
         self.input_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
         self.self_attn = Attention(c, tp, sliding, kernels)
         self.post_attention_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
-        self.mlp = MoE(c, tp, ep_size, moe_backend)
+        self.mlp = MoE(c, tp, ep_size, moe_kernel)
 
     def forward(self, h, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
                 next_norm: GptOssRMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -314,15 +314,16 @@ class GptOssTarget(TargetHead):
     outputs of ``capture_layers`` (z-lab convention: layer i output = HF ``hidden_states[i + 1]``)."""
 
     def __init__(self, c: GptOssConfig, tp: TPGroup, max_positions: int, capture_layers: tuple[int, ...] = (),
-                 ep_size: int = 1, moe_backend: str = "dequant", kernels: Kernels = TORCH):
+                 ep_size: int = 1, moe_kernel: str = "dequant", kernels: Kernels = TORCH):
         super().__init__()
         check_parallel(c, tp.size, ep_size)
-        if moe_backend not in MOE_BACKENDS:
-            raise DFlashError("mxfp4_moe", f"unknown backend {moe_backend!r}", f"use one of {', '.join(MOE_BACKENDS)}")
+        if moe_kernel not in MOE_KERNELS:
+            raise DFlashError("mxfp4_moe", f"unknown experts kernel {moe_kernel!r}",
+                              f"use one of {', '.join(MOE_KERNELS)}")
         self.config, self.tp, self.ep_size, self.capture_layers = c, tp, ep_size, tuple(capture_layers)
-        self.moe_backend, self.kernels = moe_backend, kernels
+        self.moe_kernel, self.kernels = moe_kernel, kernels
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(c, tp, ep_size, t == "sliding_attention", moe_backend, kernels)
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, ep_size, t == "sliding_attention", moe_kernel, kernels)
                                     for t in c.layer_types)
         self.norm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
         self.vocab_shard = -(-c.vocab_size // tp.size)  # lm_head rows per rank (last rank padded)
@@ -362,8 +363,6 @@ def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, devi
     """This rank's HF tensors -> module names: ``model.`` prefix dropped, q/k/v fused into qkv_proj, MXFP4
     experts kept packed (Mxfp4Experts) or dequantised (on ``device``, to ``dtype``: the host never holds the
     bf16 copy)."""
-    from ...checkpoints import hf
-
     sd = {name.removeprefix("model."): t for name, t in raw.items()}
     for i, layer in enumerate(model.layers):
         a = f"layers.{i}.self_attn."
@@ -372,7 +371,7 @@ def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, devi
             if all(t is not None for t in qkv):
                 sd[f"{a}qkv_proj.{kind}"] = torch.cat(qkv)
             elif kind == "weight" or any(t is not None for t in qkv) or model.config.attention_bias:
-                hf.missing_tensors([], [f"model.{a}{p}_proj.{kind}" for p, t in zip("qkv", qkv) if t is None],
+                missing_tensors([], [f"model.{a}{p}_proj.{kind}" for p, t in zip("qkv", qkv) if t is None],
                                    "checkpoint")
         e, experts = f"layers.{i}.mlp.experts.", layer.mlp.experts
         for proj in ("gate_up_proj", "down_proj"):
@@ -381,7 +380,7 @@ def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, devi
                     raise DFlashError("mxfp4_moe", f"'triton' needs MXFP4 experts; the checkpoint has {e}{proj} "
                                       "unquantised", "use mxfp4_moe='dequant' (or 'auto') for this target")
                 continue
-            hf.missing_tensors(sd, [f"{e}{proj}_blocks", f"{e}{proj}_scales"], "checkpoint (MXFP4 experts)")
+            missing_tensors(sd, [f"{e}{proj}_blocks", f"{e}{proj}_scales"], "checkpoint (MXFP4 experts)")
             if isinstance(experts, Mxfp4Experts):  # kept packed: shard.py already read this rank's rows/groups
                 continue
             w = mxfp4.dequantize(sd.pop(f"{e}{proj}_blocks"), sd.pop(f"{e}{proj}_scales"), dtype, device)

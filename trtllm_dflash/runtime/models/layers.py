@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 import os
 from dataclasses import dataclass
 
@@ -330,3 +331,34 @@ def masked_softmax(scores: torch.Tensor, visible: torch.Tensor, scale: float) ->
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def missing_tensors(names: Iterable[str], required: Iterable[str], where: str) -> None:
+    """Raise naming the first required tensor absent from ``names``."""
+    have = set(names)
+    lost = [r for r in required if r not in have]
+    if lost:
+        raise DFlashError(f"{where}: tensor {lost[0]}", f"missing ({len(lost)} missing in all)",
+                          "the checkpoint is incomplete or of another architecture; re-export it")
+
+
+def assign_weights(module: nn.Module, sd: dict[str, torch.Tensor], where: str, device, dtype) -> None:
+    """Replace the meta parameters by checkpoint tensors, checking names and shapes first."""
+    expected = dict(module.named_parameters())
+    missing_tensors(sd.keys(), list(expected), where)
+    extra = sorted(set(sd) - set(expected))
+    if extra:
+        raise DFlashError(f"{where}: tensor {extra[0]}", f"is not part of this architecture ({len(extra)} unexpected)",
+                          "normalise the checkpoint with dflash-build (it converts known drafter formats)")
+    for name, p in expected.items():
+        if name in sd and tuple(sd[name].shape) != tuple(p.shape):
+            raise DFlashError(f"{where}: tensor {name}",
+                              f"has shape {tuple(sd[name].shape)}, expected {tuple(p.shape)}",
+                              "the checkpoint does not match its config.json (or the tp_size); re-export it")
+    # FP8 weights and their float32 per-row scales (fp8_gemm), and packed MXFP4 experts (uint8) keep their
+    # dtypes; everything else is cast.
+    def cast(name: str, t: torch.Tensor) -> torch.Tensor:
+        keep = t.dtype in (torch.float8_e4m3fn, torch.uint8) or name.endswith(".weight_scale")
+        return t.to(device=device, dtype=None if keep else dtype)
+
+    module.load_state_dict({k: cast(k, v) for k, v in sd.items()}, strict=False, assign=True)

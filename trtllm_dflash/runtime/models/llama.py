@@ -17,7 +17,7 @@ from ..kv_cache import KVCache
 from ..shard import kv_heads_per_rank
 from ..kernels import TORCH, Kernels
 from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, attend, attend_cache, gate_up_silu, gemm, group_mask,
-                     project, rope_cache_write, uses_attention_kernel, uses_gemm_kernel)
+                     missing_tensors, project, rope_cache_write, uses_attention_kernel, uses_gemm_kernel)
 
 def check_tp(num_heads: int, num_kv_heads: int, tp_size: int, who: str) -> None:
     problem = check_heads(num_heads, num_kv_heads, tp_size)
@@ -181,3 +181,42 @@ class LlamaTarget(TargetHead):
             if i in self.capture_layers:
                 feats[i] = x
         return h, torch.cat([feats[i] for i in self.capture_layers], -1) if feats else None
+
+
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def fuse_checkpoint(raw: dict[str, torch.Tensor], prefix: str, num_layers: int) -> dict[str, torch.Tensor]:
+    """HF names of Llama-style layers (targets and the DFlash drafter) -> ours: q/k/v -> qkv_proj, gate/up ->
+    gate_up_proj, ``prefix`` stripped.
+
+    FP8 weights kept for fp8_gemm fuse the same way, their per-row ``weight_scale`` concatenated alongside."""
+    out, used = {}, set()
+
+    def take(name: str) -> torch.Tensor | None:
+        used.add(name)
+        return raw.get(name)
+
+    for i in range(num_layers):
+        src, dst = f"{prefix}layers.{i}.", f"layers.{i}."
+        for kind in ("weight", "bias", "weight_scale"):
+            qkv = [take(f"{src}self_attn.{p}_proj.{kind}") for p in "qkv"]
+            if all(t is not None for t in qkv):
+                out[f"{dst}self_attn.qkv_proj.{kind}"] = torch.cat(qkv)
+            elif kind == "weight":
+                missing = [f"{src}self_attn.{p}_proj.weight" for p, t in zip("qkv", qkv) if t is None]
+                missing_tensors([], missing, "checkpoint")
+        gate, up = take(f"{src}mlp.gate_proj.weight"), take(f"{src}mlp.up_proj.weight")
+        if gate is None or up is None:
+            missing = f"{src}mlp.gate_proj.weight" if gate is None else f"{src}mlp.up_proj.weight"
+            missing_tensors([], [missing], "checkpoint")
+        out[f"{dst}mlp.gate_up_proj.weight"] = torch.cat([gate, up])
+        scales = [take(f"{src}mlp.{p}_proj.weight_scale") for p in ("gate", "up")]
+        if all(t is not None for t in scales):
+            out[f"{dst}mlp.gate_up_proj.weight_scale"] = torch.cat(scales)
+    for name, t in raw.items():
+        if name in used or name.endswith(_IGNORED_SUFFIXES):
+            continue
+        key = name[len(prefix):] if name.startswith(prefix) else name
+        out[key] = t
+    return out

@@ -17,16 +17,16 @@ from ...errors import DFlashError
 # The 16 E2M1 codes: sign bit 3, then exponent/mantissa bits.
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 GROUP = 32  # values per scale
-BACKENDS = ("auto", "triton", "dequant")
+KERNELS = ("auto", "triton", "dequant")
 
 
-def resolve_backend(setting: str, hf_config: dict, device: torch.device) -> str:
+def resolve_kernel(setting: str, hf_config: dict, device: torch.device) -> str:
     """RuntimeConfig.mxfp4_moe -> "triton" (experts kept MXFP4, fused kernels) or "dequant" (bf16 on load).
 
     auto = "triton" for an MXFP4 checkpoint on CUDA, else "dequant"; an explicit "triton" off CUDA or on a
     checkpoint without MXFP4 experts is an error, never a quiet switch to the other path."""
-    if setting not in BACKENDS:
-        raise DFlashError("mxfp4_moe", f"unknown value {setting!r}", f"use one of {', '.join(BACKENDS)}")
+    if setting not in KERNELS:
+        raise DFlashError("mxfp4_moe", f"unknown value {setting!r}", f"use one of {', '.join(KERNELS)}")
     is_mxfp4 = (hf_config.get("quantization_config") or {}).get("quant_method") == "mxfp4"
     if setting == "auto":
         return "triton" if is_mxfp4 and device.type == "cuda" else "dequant"

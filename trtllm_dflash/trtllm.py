@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""TensorRT-LLM backend: the deployment directory's ``llm_api_options.yaml``, its schema, and running it.
+"""TensorRT-LLM, the runtime of a ``--backend trtllm`` deployment: its ``llm_api_options.yaml``, the schema,
+and running it.
 
 The YAML is ``TorchLlmArgs`` (``tensorrt_llm/llmapi/llm_args.py``), the same mapping
 ``trtllm-serve --extra_llm_api_options``, ``trtllm-bench`` and ``LLM(**kwargs)`` take. :data:`TORCH_LLM_ARGS`
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import DFlashError
+from .errors import DFlashError
 
 OPTIONS_FILE = "llm_api_options.yaml"
 # The oldest release with everything a plain DFlash deployment needs (YaRN-RoPE fix, PR #13995 verify width).
@@ -308,7 +309,7 @@ def llm_kwargs(deployment, **overrides) -> tuple[object, dict]:
         raise DFlashError("backend", f"trtllm needs TensorRT-LLM >={MIN_VERSION},<{BELOW_VERSION}, which is not "
                           f"importable ({err})", "run inside an NGC TensorRT-LLM container (or NGC's "
                           "tritonserver:<yy.mm>-trtllm-python-py3 image), or rebuild with --backend torch") from None
-    from ..deployment import Deployment
+    from .deployment import Deployment
 
     deployment = Deployment.of(deployment)
     deployment.require_backend("trtllm", "TensorRT-LLM", "rebuild it with dflash-build --backend trtllm")

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""backends/trtllm.py runs a deployment directory through tensorrt_llm.LLM, and so does the Triton model's
+"""trtllm.py runs a deployment directory through tensorrt_llm.LLM, and so does the Triton model's
 TrtllmRuntime (one path). TensorRT-LLM cannot be installed here, so a fake ``tensorrt_llm``
-(tests/backends/fake_tensorrt_llm.py) refuses every unknown or mistyped keyword, as TorchLlmArgs does."""
+(tests/fake_tensorrt_llm.py) refuses every unknown or mistyped keyword, as TorchLlmArgs does."""
 from __future__ import annotations
 
 import json
@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from tests import fixtures_build as fb
-from tests.backends import fake_tensorrt_llm
+from tests import fake_tensorrt_llm
 from trtllm_dflash import build, build_config
-from trtllm_dflash.backends import trtllm
+from trtllm_dflash import trtllm
 from trtllm_dflash.errors import DFlashError
 
 
@@ -75,12 +75,12 @@ def test_missing_tensorrt_llm_is_a_clear_error(monkeypatch, deployments):
     assert "trtllm needs TensorRT-LLM >=1.3.0rc15,<1.5" in str(err.value) and "NGC" in str(err.value)
 
 
-def test_importing_the_backend_does_not_import_tensorrt_llm():
+def test_importing_trtllm_options_does_not_import_tensorrt_llm():
     import subprocess
 
-    code = "import sys, trtllm_dflash.backends.trtllm, trtllm_dflash.build; print('tensorrt_llm' in sys.modules)"
+    code = "import sys, trtllm_dflash.trtllm, trtllm_dflash.build; print('tensorrt_llm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parents[2])
+                         cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "False", out.stderr
 
 
