@@ -75,3 +75,16 @@ def test_state_file_wins_over_a_git_that_describes_other_code(tmp_path):
     root = _repo(tmp_path)    # the GPU host's copy: a .git of an older snapshot beside the carried state file
     (root / provenance.STATE_FILE).write_text(json.dumps({"sha": "e" * 40, "dirty": False, "diff_sha256": None}))
     assert provenance.git_state(root)["sha"] == "e" * 40
+
+
+def test_a_state_file_left_in_the_checkout_that_moved_on_gives_way_to_git(tmp_path):
+    # written here for a copy, then left behind: a later run in this checkout must name its own commit
+    root = _repo(tmp_path)
+    first = provenance.git_state(root)
+    (root / provenance.STATE_FILE).write_text(json.dumps({k: v for k, v in first.items() if k != "source"}))
+    (root / "b.txt").write_text("b\n")
+    run = lambda *a: subprocess.run(["git", "-C", str(root), *a], check=True, capture_output=True)  # noqa: E731
+    run("add", "b.txt")
+    run("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "y")
+    now = provenance.git_state(root)
+    assert now["source"] == "git" and now["sha"] != first["sha"]

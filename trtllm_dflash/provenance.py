@@ -40,13 +40,19 @@ def git_state(root: Path = ROOT) -> dict:
 
     A ``.git_state.json`` in ``root`` wins: it exists only where ``--write`` put it for a copy of the tree,
     and such a copy may sit under a ``.git`` that describes other code (the GPU host's copy has a stale
-    one; a tree copied into a folder of another checkout sits inside that one's). The record names which source answered."""
-    state = root / STATE_FILE
-    if state.is_file():
-        return {**json.loads(state.read_text()), "source": STATE_FILE}
+    one; a tree copied into a folder of another checkout sits inside that one's). Except in the checkout that
+    wrote it, once that checkout has moved on: its commit is then HEAD or an ancestor of HEAD, and git answers
+    (a stale ``.git`` elsewhere has never seen the newer commit the file names). The record names which source
+    answered."""
     top = _git("rev-parse", "--show-toplevel", root=root)
     own = top is not None and Path(top.strip()).resolve() == Path(root).resolve()
     sha = _git("rev-parse", "HEAD", root=root) if own else None
+    state = root / STATE_FILE
+    if state.is_file():
+        written = json.loads(state.read_text())
+        if not (sha is not None and written.get("sha")
+                and _git("merge-base", "--is-ancestor", written["sha"], sha.strip(), root=root) is not None):
+            return {**written, "source": STATE_FILE}
     if sha is not None:
         diff = _git("diff", "HEAD", "--binary", root=root) or ""
         untracked = _git("ls-files", "--others", "--exclude-standard", root=root) or ""
