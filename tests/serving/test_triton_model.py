@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The model logic of 1/model.py over a fake Triton and a fake engine (real scheduler/responder threads)."""
 import json
+import os
 import time
 
 import pytest
@@ -218,3 +219,10 @@ def test_no_thread_per_request_and_one_hand_over_per_step(make_model):
     # at most one hand-over per step, carrying every row of it: 20 updates of 2 tokens + 1 final per request
     assert sum(deliveries) == 16 * 21 and len(deliveries) <= engine.counters["steps"] + 1
     assert max(deliveries) >= 16          # 16 slots: once all are admitted, a step's hand-over has all 16 rows
+
+
+def test_dflash_serve_alive_is_asked_of_tritonserver_parent():
+    # In the stub, os.getppid() is tritonserver and dflash-serve is its parent: here, this process's grandparent.
+    from trtllm_dflash.serving import procfs, triton_model
+    grandparent = procfs.stat(os.getppid())[1]
+    assert triton_model._alive(grandparent) and not triton_model._alive(os.getpid())

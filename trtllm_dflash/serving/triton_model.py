@@ -33,7 +33,7 @@ import yaml
 
 from ..deployment import Deployment
 from ..errors import DFlashError
-from . import protocol
+from . import procfs, protocol
 from .record import Result, ServedRequest, Unavailable
 
 log = logging.getLogger(__name__)
