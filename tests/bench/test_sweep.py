@@ -189,7 +189,7 @@ def test_openai_endpoint_closed_loop(tmp_path, smollm2_dir):
 
 # ---- a real tritonserver on the demo deployment (dflash-build --config build_configs/smollm2-...) ---------
 
-@pytest.mark.slow
+@pytest.mark.exhaustive   # ~43 s; test_sweep_openai_equals_triton_on_the_same_prompts sweeps a real tritonserver too
 def test_triton_sweep_of_the_demo_deployment(demo_engine_dir, tmp_path):
     from tests.serving.conftest import start_server
 
