@@ -91,7 +91,8 @@ def test_kernels_replay_in_a_cuda_graph():
     def step():
         q, k, v = qkv.split([Hq, Hkv, Hkv], dim=2)
         cos, sin = rot.tables(pos, BF16)
-        q, _ = L.rope_cache_write(q, k, v, cos, sin, w, w, 1e-6, cache, 0, slice(0, n), pos, "triton", want_k=False)
+        q, _ = L.rope_cache_write(q, k, v, cos, sin, w, w, 1e-6, cache, 0, slice(0, n), pos, Kernels(triton=True),
+                                  want_k=False)
         return L.attend_cache(q, cache, 0, slice(0, n), S, L.KeyRange(torch.zeros_like(pos), pos), d ** -0.5)
 
     graph, out = capture(step, warmups=1)

@@ -26,6 +26,7 @@ from tests.runtime.compare import attend_f64, rel
 from tests.runtime.test_gpt_oss_kernels import topk_f64
 from trtllm_dflash.model_config import GptOssConfig, gpt_oss_rope
 from trtllm_dflash.runtime.graphs import capture
+from trtllm_dflash.runtime.kernels import Kernels
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import gpt_oss
 from trtllm_dflash.runtime.models.layers import KeyRange
@@ -130,7 +131,7 @@ def test_kernels_replay_in_a_cuda_graph():
     def step():
         q, k, v = qkv.split([HQ, HKV, HKV], dim=2)
         cos, sin = rot.tables(pos, BF16)
-        q, _ = L.rope_cache_write(q, k, v, cos, sin, None, None, 0.0, cache, 0, slice(0, n), pos, "triton",
+        q, _ = L.rope_cache_write(q, k, v, cos, sin, None, None, 0.0, cache, 0, slice(0, n), pos, Kernels(triton=True),
                                   want_k=False)
         keys = KeyRange.causal(pos, WINDOW)
         out = K.attend(q, cache.k[0], cache.v[0], cache.row_ids(slice(0, n)), S, keys.lo, keys.hi, D ** -0.5,
