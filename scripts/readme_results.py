@@ -569,18 +569,21 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("gpu_tests_kernels_a_h100.json", "gpu_tests_kernels_b_h100.json", "gpu_tests_sample_h100.json",
+    files = ("gpu_tests_kernels_h200.json", "gpu_tests_engine_h200.json", "gpu_tests_smollm2_h200.json",
+             "gpu_tests_kernels_a_h100.json", "gpu_tests_kernels_b_h100.json", "gpu_tests_sample_h100.json",
              "gpu_tests_smollm2_kernels_h100.json")
-    lines = ["**GPU tests of the decode kernels** (`bash benchmarks/kernels_gpu.sh tests_a|tests_b|smollm2`, "
-             "one H100 80 GB; each report names its pytest command):"]
+    lines = ["**GPU tests of the decode kernels and the engine** (`python -m trtllm_dflash.bench.gpu_test_report`, "
+             "as `bash benchmarks/kernels_gpu.sh tests_a|tests_b|smollm2` runs it; newest first, each report names "
+             "its GPU and pytest command):"]
     for name in files:
         d = _load(results, name)
         bad = [t["test"].split("::", 1)[1] for t in d["tests"] if t["outcome"] in ("FAILED", "ERROR")]
-        line = f"- {provenance_note(d, name)}: {d['summary']}"
+        gpu = d["provenance"].get("device", {}).get("gpu", "GPU")
+        line = f"- {provenance_note(d, name)}, {gpu}: {d['summary']}"
         if bad:
             line += "; failed: " + ", ".join(f"`{b}`" for b in bad)
         if d.get("note"):
-            line += f". Note: {d['note']}"
+            line += f". Note: {d['note'].rstrip('.')}"
         lines.append(line + ".")
     return "\n".join(lines) + "\n"
 
