@@ -43,3 +43,22 @@ def test_a_resumed_run_trains_at_the_probed_batch(tmp_path):
     resumed.check_resume(tmp_path / CONFIG_FILE)      # the saved settings (probe applied) match a resumed call
     with pytest.raises(DFlashError, match="--batch_size"):
         cfg.check_resume(tmp_path / CONFIG_FILE)      # ... which the raw command line alone would not
+
+
+def test_the_warm_up_step_runs_the_heaviest_batch_the_data_holds(monkeypatch):
+    """A size chosen on average batches ran out of memory 750 steps into a run (batch 64 on one GPU): the probe's
+    warm-up step now takes the examples with the most supervised tokens, so a size that cannot hold them fails
+    in the probe, not mid-run."""
+    from trtllm_dflash.training.batches import BatchStream, Example
+
+    data = [Example(input_ids=list(range(n)), loss_mask=[0] * (n // 2) + [1] * (n - n // 2)) for n in
+            (10, 90, 20, 70, 30, 60, 40, 50)]
+    assert [len(e.input_ids) for e in batch_probe.heaviest(data, 3)] == [90, 70, 60]
+    seen = []
+    monkeypatch.setattr(batch_probe, "train_step", lambda model, opt, params, batch, *a: (
+        seen.append(batch["input_ids"].shape), {"tokens": 1})[1])
+    stream = BatchStream(data, 2, 16, seed=0)
+    worst = BatchStream(batch_probe.heaviest(data, 2), 2, 16, seed=0)
+    batch_probe._time(None, None, None, stream, 1.0, None, "cpu", 0.0, warmup=worst)
+    assert seen[0] == (2, 112)   # 90 tokens + a block - 1, rounded up to blocks of 16: the heaviest pair
+    assert len(seen) == 3 and max(s[1] for s in seen[1:]) <= 112

@@ -146,6 +146,8 @@ def test_build_dedups_decontaminates_fits_and_shards(tmp_path, deco, evals):
     again = corpus.build(tmp_path / "c2", s, items=items, tokenizer=tok, decontaminator=deco, progress=False,
                          log=lambda *_: None)
     assert [sh["sha256"] for sh in again["shards"]] == [sh["sha256"] for sh in m["shards"]]  # reproducible
+    said = corpus.describe(tmp_path / "c")   # what a drafter's config.json says of its data: no host path
+    assert "13 prompts in 3 shards" in said and str(tmp_path) not in said
     sub = corpus.subset(tmp_path / "c", tmp_path / "sub", 7, 3)  # the smoke runs' small corpus
     assert [sh["prompts"] for sh in sub["shards"]] == [3, 3, 1]
     assert [r for sh in sub["shards"] for r in corpus.read_shard(tmp_path / "sub", sh)] == rows[:7]

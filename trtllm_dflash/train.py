@@ -277,9 +277,10 @@ def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log, d
         checkpoint.load(cfg.out_dir, model.dflash_module, None)
     if "export" not in cfg.stages:
         return
-    from .training import export
+    from .training import corpus, export
 
-    provenance = {"target": cfg.target, "data": cfg.data, "examples": len(data), "loss": cfg.loss,
+    data_name = corpus.describe(cfg.data) if corpus.is_corpus(cfg.data) else cfg.data
+    provenance = {"target": cfg.target, "data": data_name, "examples": len(data), "loss": cfg.loss,
                   "steps": sections.get("train", {}).get("steps")}
     drafter = export.export(cfg, model, target_dir, provenance, log)
     result = sections["export"] = {"drafter_dir": str(drafter),

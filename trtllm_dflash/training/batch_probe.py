@@ -64,8 +64,11 @@ def run(cfg: TrainConfig, model, data: list, log=print, dp: DataParallel = SINGL
     model.train()
     for batch in sizes:
         stream = BatchStream(data, batch * dp.size, cfg.block_size, cfg.seed, rank=dp.rank, ranks=dp.size)
+        worst = BatchStream(heaviest(data, batch * dp.size), batch * dp.size, cfg.block_size, cfg.seed,
+                            rank=dp.rank, ranks=dp.size)
         try:
-            measured[str(batch)] = _time(model, opt, params, stream, cfg.grad_clip, autocast, device, each, dp)
+            measured[str(batch)] = _time(model, opt, params, stream, cfg.grad_clip, autocast, device, each, dp,
+                                         warmup=worst)
         except torch.cuda.OutOfMemoryError:
             measured[str(batch)] = {"error": "out of memory"}
             opt.zero_grad(set_to_none=True)
@@ -90,15 +93,24 @@ def run(cfg: TrainConfig, model, data: list, log=print, dp: DataParallel = SINGL
     return replace(cfg, **settings), record
 
 
+def heaviest(data: list, n: int) -> list:
+    """The ``n`` examples with the most supervised tokens (then the longest): a batch of them is the most memory a
+    training step of this data can need (the loss covers anchors x block positions x the vocabulary, and a row
+    gets fewer anchors only when it has fewer supervised positions)."""
+    return sorted(data, key=lambda e: (sum(e.loss_mask), len(e.input_ids)), reverse=True)[:n]
+
+
 def _time(model, opt, params, stream: BatchStream, grad_clip: float, autocast, device, seconds: float,
-          dp: DataParallel = SINGLE) -> dict:
-    """One untimed warm-up step, then steps until ``seconds`` have passed (at least 2; rank 0's clock)."""
-    def step(i: int) -> int:
-        batch = {k: v if k == "sample_ids" else v.to(device, non_blocking=True) for k, v in stream.batch(i).items()}
+          dp: DataParallel = SINGLE, warmup: BatchStream | None = None) -> dict:
+    """One untimed warm-up step on ``warmup``'s first batch (the heaviest the data holds: a size that fits only
+    the average batch would run out of memory later, mid-run), then steps until ``seconds`` have passed (at
+    least 2; rank 0's clock)."""
+    def step(i: int, source: BatchStream = stream) -> int:
+        batch = {k: v if k == "sample_ids" else v.to(device, non_blocking=True) for k, v in source.batch(i).items()}
         # the step reads the loss back: this is where it waits for the GPU, as the loop does every step
         return train_step(model, opt, params, batch, grad_clip, autocast, i, dp)["tokens"]
 
-    step(0)
+    step(0, warmup or stream)
     t0, steps, tokens = time.perf_counter(), 0, 0
     while steps < 2 or dp.agree(time.perf_counter() - t0) < seconds:
         tokens += step(1 + steps)

@@ -356,6 +356,17 @@ def load_manifest(path: str | Path) -> dict:
     return m
 
 
+def describe(path: str | Path) -> str:
+    """A corpus in words for a drafter's config.json: what it holds and its manifest's digest, not the folder it
+    happened to sit in on the training host (a path there means nothing to whoever loads the drafter)."""
+    m = load_manifest(path)
+    s, c = m["settings"], m["counts"]
+    digest = hashlib.sha256(Path(path, MANIFEST).read_bytes()).hexdigest()
+    return (f"prompt corpus ({' + '.join(s['sources'])}; {c['kept']} prompts in {len(m['shards'])} shards, "
+            f"{c['sampled']} answered at T={s['sampled_temperature']:g}, the rest greedy; <= {s['max_prompt_len']} "
+            f"prompt tokens; manifest sha256 {digest[:16]})")
+
+
 def read_shard(corpus: str | Path, shard: dict) -> list[dict]:
     """A prompt shard's rows, after checking its sha256 against the manifest."""
     path = Path(corpus, shard["name"])

@@ -77,13 +77,20 @@ def read_tau(out: Path) -> list[dict]:
 
 
 def add_tau(out: Path, acceptance: dict) -> dict:
-    """Append the tau figures of an acceptance result under the run's checkpoint step and token count."""
-    state = out / "checkpoint" / "state.json"
-    if not state.is_file():
+    """Append the tau figures of an acceptance result under the run's checkpoint step and token count (the
+    checkpoint's state, or where the run was copied without its checkpoint, as for an evaluation on another
+    host, the finished training section of its report.json)."""
+    state, report = out / "checkpoint" / "state.json", out / REPORT_FILE
+    train = json.loads(report.read_text()).get("train") if report.is_file() else None
+    if state.is_file():
+        meta = json.loads(state.read_text())
+        row = {"step": meta["step"], "tokens": meta.get("tokens", 0)}
+    elif train and train.get("steps"):
+        row = {"step": train["steps"], "tokens": train.get("tokens", 0)}
+    else:
         from ..errors import DFlashError
-        raise DFlashError("run_dir", f"{out} has no checkpoint/state.json", "pass a dflash-train --out folder")
-    meta = json.loads(state.read_text())
-    row = {"step": meta["step"], "tokens": meta.get("tokens", 0)}
+        raise DFlashError("run_dir", f"{out} has neither checkpoint/state.json nor a trained report.json",
+                          "pass a dflash-train --out folder")
     for ds in ("humaneval", "mtbench"):
         for key in ("tau_greedy", "tau_t1"):
             if ds in acceptance and key in acceptance[ds]:
@@ -98,7 +105,8 @@ def add_tau(out: Path, acceptance: dict) -> dict:
 
 
 def title(settings: dict) -> str:
-    return (f"dflash-train {settings['target']} on {settings['data']}, B={settings['block_size']}, "
+    data = Path(settings["data"]).name if "/" in settings["data"] else settings["data"]   # not the host's path
+    return (f"dflash-train {settings['target']} on {data}, B={settings['block_size']}, "
             f"{settings['num_layers']} layers, loss={settings['loss']}")
 
 
