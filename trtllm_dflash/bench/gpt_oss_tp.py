@@ -44,13 +44,13 @@ import torch.distributed as dist
 
 from trtllm_dflash.bench.gpt_oss_step import TARGETS, TINY, TINY_DRAFTER, ByteModel, Steps, build, distinct_experts, nbytes, time_ms
 from trtllm_dflash.bench.step import ceilings, graphed
+from trtllm_dflash.bench.tp_flags import add_rank_engine_flags
 
 from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.provenance import record
-from trtllm_dflash.runtime.allreduce import STRATEGIES
 from trtllm_dflash.runtime.distributed import TPGroup, init_tp, launcher_rank_and_size
 from trtllm_dflash.runtime.engine import Engine
-from trtllm_dflash.runtime.kernels import SETTINGS, Kernels
+from trtllm_dflash.runtime.kernels import Kernels
 
 
 # ---- 1. tokens: TP N == TP 1 on a tiny pair ---------------------------------------------------------------
@@ -256,12 +256,7 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=10, help="timed steps per point (the median is reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed replays before each point")
     p.add_argument("--no_tp1", action="store_true", help="skip the TP 1 reference of the step benchmark")
-    p.add_argument("--kernels", "--attention_kernel", choices=SETTINGS, default="auto",
-                   help="RuntimeConfig.kernels of every rank and layout, TP 1 included (auto: the Triton decode "
-                        "kernels on CUDA, the torch path on the CPU)")
-    p.add_argument("--allreduce_strategy", choices=STRATEGIES, default="nccl",
-                   help="RuntimeConfig.allreduce_strategy of every TP layout (auto: the one-shot all-reduce over peer "
-                        "memory for decode-sized messages where the GPUs map each other's memory, NCCL otherwise)")
+    add_rank_engine_flags(p, "every rank and TP layout, TP 1 included")
     p.add_argument("--out", required=True, help="rank 0's results JSON")
     args = p.parse_args(argv)
 

@@ -26,15 +26,15 @@ import torch
 
 from trtllm_dflash.bench.step import target_config, time_engine
 from trtllm_dflash.bench.tp_allreduce import measure, parse_size
+from trtllm_dflash.bench.tp_flags import add_rank_engine_flags
 
 from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights
 from trtllm_dflash.checkpoints.resolve import KNOWN_MODELS, PUBLIC_CONFIGS
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.provenance import record
-from trtllm_dflash.runtime.allreduce import STRATEGIES
 from trtllm_dflash.runtime.distributed import launcher_rank_and_size
 from trtllm_dflash.runtime.engine import Engine
-from trtllm_dflash.runtime.kernels import SETTINGS, Kernels
+from trtllm_dflash.runtime.kernels import Kernels
 from trtllm_dflash.runtime.weights import load_drafter, load_target
 from trtllm_dflash.runtime.shard import slice_for_rank
 
@@ -94,12 +94,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", default="1,4,16,64", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--kernels", "--attention_kernel", choices=SETTINGS, default="auto",
-                   help="RuntimeConfig.kernels of the 8B-shape engines on every rank (auto: the Triton decode "
-                        "kernels on CUDA, as one GPU runs them)")
-    p.add_argument("--allreduce_strategy", choices=STRATEGIES, default="nccl",
-                   help="RuntimeConfig.allreduce_strategy of every engine (auto: the one-shot all-reduce over peer "
-                        "memory for decode-sized messages where the GPUs map each other's memory, NCCL otherwise)")
+    add_rank_engine_flags(p, "the 8B-shape engines on every rank")
     p.add_argument("--allreduce_sizes", default="2K,8K,32K,64K,256K,512K,1M",
                    help="message sizes of part 3 (bytes, K/M suffixes; empty: skip it)")
     p.add_argument("--out", required=True)
