@@ -226,7 +226,7 @@ def render_headline(results: Path) -> str:
         rows.append(f"| {what} | {figure} | {source} |")
 
     def tau():
-        d, name = _load(results, DRAFTER_RUN + "/acceptance.json"), DRAFTER_RUN + "/summary.json"
+        d, name = _load(results, "acceptance_smollm2.json"), DRAFTER_RUN + "/summary.json"
         return (f"{d['humaneval']['tau_greedy']:.2f} tokens per step (greedy, block {d['humaneval']['block_size']}; "
                 f"MT-Bench {d['mtbench']['tau_greedy']:.2f}; the v1 drafter: 1.66 / 1.95)",
                 provenance_note(_load(results, name), name))
@@ -266,7 +266,7 @@ def render_headline(results: Path) -> str:
 
 def render_quickstart_tau(results: Path) -> str:
     """The shipped drafter's greedy acceptance on HumanEval and MT-Bench."""
-    d, name = _load(results, DRAFTER_RUN + "/acceptance.json"), DRAFTER_RUN + "/summary.json"
+    d, name = _load(results, "acceptance_smollm2.json"), DRAFTER_RUN + "/summary.json"
     he, mt = d["humaneval"], d["mtbench"]
     return (f"Its greedy acceptance on all HumanEval and MT-Bench first turns is {he['tau_greedy']:.2f} tokens per step "
             f"on HumanEval and {mt['tau_greedy']:.2f} on MT-Bench (block {he['block_size']}, H200 bf16; "
@@ -634,7 +634,7 @@ def render_fp8_gemm(results: Path) -> str:
 
 def render_acceptance(results: Path) -> str:
     """Acceptance of the shipped SmolLM2 drafter."""
-    d, meta = _load(results, DRAFTER_RUN + "/acceptance.json"), _load(results, DRAFTER_RUN + "/acceptance.meta.json")
+    d, meta = _load(results, "acceptance_smollm2.json"), _load(results, "acceptance_smollm2.meta.json")
     summary = _load(results, DRAFTER_RUN + "/summary.json")
     sizes = list(d["humaneval"]["block_sizes"])
     head = (f"**Acceptance of the shipped SmolLM2 drafter** (mean accepted tokens per step, tau; "
