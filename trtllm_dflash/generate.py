@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .bench.helpformat import HelpFormatter
 from .config import RuntimeConfig, SamplingParams
 from .deployment import Deployment
 from .errors import DFlashError
@@ -23,8 +24,7 @@ EPILOG = """examples:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser("dflash-generate", description=__doc__, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser("dflash-generate", description=__doc__, epilog=EPILOG, formatter_class=HelpFormatter)
     src = p.add_argument_group("model")
     src.add_argument("--target", help="target HF folder, or smollm2-135m (the packaged SmolLM2-135M-Instruct)")
     src.add_argument("--drafter", help="DFlash drafter folder (z-lab layout), smollm2-135m-dflash (ships with this "

@@ -36,6 +36,7 @@ import time
 import uuid
 from pathlib import Path
 
+from ..bench.helpformat import HelpFormatter
 from ..deployment import Deployment
 from ..errors import DFlashError
 from .handoff import LoopHandoff
@@ -462,17 +463,18 @@ class OpenAIApp:
 
 # ---- command line ------------------------------------------------------------------------------------------
 EXAMPLES = """examples:
-  dflash-openai engines/smollm2-135m/cpu/1-gpu                       # http://127.0.0.1:8000/v1
-  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
-       -d '{"model": "1-gpu", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}'
-  python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none'); \\
-print(c.chat.completions.create(model='1-gpu', messages=[{'role': 'user', 'content': 'Hi'}]).choices[0].message)"
+  dflash-openai out/smollm2 --port 8080                 # http://127.0.0.1:8080/v1, model 'smollm2' (8000: dflash-serve)
+  dflash-openai out/smollm2 --port 8081 --max_draft_len 0   # the same target alone: the AR baseline of a sweep
+  curl -s localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}'
+  python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8080/v1', api_key='none'); \\
+print(c.chat.completions.create(model='smollm2', messages=[{'role': 'user', 'content': 'Hi'}]).choices[0].message)"
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash-openai", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("deployment_dir", help="a dflash-build deployment directory")
     p.add_argument("--host", default="127.0.0.1", help="listen address (loopback by default; 0.0.0.0 exposes it, "
                    "/health and /metrics included: they are public on this port)")
