@@ -58,3 +58,26 @@ def test_help_names_every_default(name, monkeypatch):
               if a.option_strings and a.help is not argparse.SUPPRESS and shows_default(a)
               and "default" not in parser._get_formatter()._format_action(a).lower()]
     assert silent == [], f"{name}: no default shown for {silent}"
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_durations_say_their_unit(name, monkeypatch):
+    """Durations are seconds named ``_s`` (dflash-client and dflash-sweep had a bare --timeout, dflash-serve a
+    --ready_timeout, beside --drain_timeout_s); one named after another tool's flag says so in its help."""
+    parsers = []
+    print_help = argparse.ArgumentParser.print_help
+    monkeypatch.setattr(argparse.ArgumentParser, "print_help",
+                        lambda self, file=None: (parsers.append(self), print_help(self, file))[1])
+    help_text(COMMANDS[name])
+    unitless = [a.option_strings[0] for a in parsers[-1]._actions if a.option_strings
+                and ("timeout" in a.option_strings[0] or (a.help or "").lower().startswith("seconds"))
+                and not a.option_strings[0].endswith("_s") and "named after" not in (a.help or "")]
+    assert unitless == [], f"{name}: {unitless} do not say their unit"
+
+
+def test_the_old_timeout_flags_still_parse():
+    from trtllm_dflash.bench import sweep
+    from trtllm_dflash.serving import client
+
+    assert sweep.parse_args(["--timeout", "5", "--out", "rows.jsonl"]).timeout_s == 5
+    assert client.parse_args(["Hello", "--timeout", "7"]).timeout_s == 7
