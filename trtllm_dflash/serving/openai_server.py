@@ -183,10 +183,12 @@ def apply_chat_template(tokenizer, messages: list[dict]) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def _param(field: str, chat: bool) -> str:
-    """A request field name as the runtimes check it (Triton's input names) -> the OpenAI request field."""
+def _param(field: str, chat: bool, body: dict) -> str:
+    """A request field name as the runtimes check it (Triton's input names) -> the OpenAI field the client sent."""
     if field in ("text_input", "prompt"):
         return "messages" if chat else "prompt"
+    if field == "sampling_param_max_tokens" and body.get("max_completion_tokens") is not None:
+        return "max_completion_tokens"
     return field.removeprefix("sampling_param_")
 
 
@@ -330,16 +332,16 @@ class OpenAIApp:
     def _prepare(self, body: dict, chat: bool, client: str = "") -> ServedRequest:
         """Check, template, tokenize and submit (the runtime tokenizes raw text): on a bounded pool."""
         record = self._record(body, chat, client)
-        self._submit(record, chat)
+        self._submit(record, chat, body)
         return record
 
-    def _submit(self, record: ServedRequest, chat: bool) -> None:
+    def _submit(self, record: ServedRequest, chat: bool, body: dict) -> None:
         try:
             self.runtime.submit(record)
         except Unavailable as err:
             raise BadRequest(503, None, str(err), kind="service_unavailable") from None
         except DFlashError as err:       # named as the client named it: max_tokens, not sampling_param_max_tokens
-            param = _param(err.field, chat)
+            param = _param(err.field, chat, body)
             raise BadRequest(400, param, str(err).replace(err.field, param)) from None
         self.metrics.start(record)
 
