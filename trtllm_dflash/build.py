@@ -510,7 +510,7 @@ def describe(plan: Plan) -> str:
         f"target attention {trtllm_checks.TARGET_ATTN_BACKEND if plan.options else '-'}",
         *([f"trtllm   TensorRT-LLM {trtllm.version_range(plan.options)} (schema {trtllm.SCHEMA_VERSION})"
            + (f"  block reuse, recompute tail {cfg.context_recompute_tail}" if cfg.enable_block_reuse else ""),
-           *([f"         draft_len_schedule {plan.schedule or '-'}: {plan.schedule_from}"] if plan.schedule_from else [])]
+           *([f"         {trtllm.schedule_line(plan.schedule, plan.schedule_from)}"] if plan.schedule_from else [])]
           if plan.options else []),
         *([f"memory   per GPU: weights {plan.memory.weights_gib:.1f} GiB, KV cache {plan.memory.kv_gib_per_seq:.2f} GiB "
            f"per {cfg.max_seq_len}-token sequence, {plan.memory.kv_budget_gib:.1f} GiB for it "

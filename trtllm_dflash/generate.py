@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .bench.helpformat import HelpFormatter
 from .config import RuntimeConfig, SamplingParams
 from .deployment import Deployment
 from .errors import DFlashError
@@ -23,8 +24,7 @@ EPILOG = """examples:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser("dflash-generate", description=__doc__, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser("dflash-generate", description=__doc__, epilog=EPILOG, formatter_class=HelpFormatter)
     src = p.add_argument_group("model")
     src.add_argument("--target", help="target HF folder, or smollm2-135m (the packaged SmolLM2-135M-Instruct)")
     src.add_argument("--drafter", help="DFlash drafter folder (z-lab layout), smollm2-135m-dflash (ships with this "
@@ -151,9 +151,16 @@ def _policy(args) -> str:
     return deployment.draft_policy if deployment is not None else "adaptive"
 
 
-def _break_even(policy) -> str:
+def _measure_costs(engine, mode: str, prompts: list[list[int]]) -> None:
+    """The adaptive policy's step costs for these prompts, announced before (5-80 s of silence on a CPU) and
+    explained after (why the engine may then draft nothing)."""
     from .runtime.draft_policy import break_even
-    return break_even(policy)
+
+    print(f"[{mode}] measuring step costs on this device (once; 5-80 s on a CPU)...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    pol = engine.use_adaptive_policy(context=max(map(len, prompts)), max_batch=len(prompts))
+    print(f"[{mode}] measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}; {break_even(pol)}",
+          file=sys.stderr)
 
 
 def _fixed_reason(args, engine) -> str:
@@ -184,11 +191,7 @@ def run_mode(args, mode: str, texts: list[str], workdir: Path, last: bool = True
     adaptive = (mode == "dflash" and args.block_size is None and _policy(args) == "adaptive"
                 and engine.tp.size == 1)
     if adaptive:
-        print(f"[{mode}] measuring step costs on this device (once; 5-80 s on a CPU)...", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        pol = engine.use_adaptive_policy(context=max(map(len, prompts)), max_batch=len(prompts))
-        print(f"[{mode}] measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}; {_break_even(pol)}",
-              file=sys.stderr)
+        _measure_costs(engine, mode, prompts)
     t0 = time.perf_counter()
     reqs = engine.generate(prompts, params)
     wall = time.perf_counter() - t0
@@ -247,11 +250,7 @@ def compare_modes(args, texts: list[str], workdir: Path) -> dict:
     prompts = [_encode(ar, t, not args.no_chat_template) for t in texts]
     adaptive = args.block_size is None and _policy(args) == "adaptive"
     if adaptive:
-        print("[dflash] measuring step costs on this device (once; 5-80 s on a CPU)...", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        pol = df.use_adaptive_policy(context=max(map(len, prompts)), max_batch=len(prompts))
-        print(f"[dflash] measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}; {_break_even(pol)}",
-              file=sys.stderr)
+        _measure_costs(df, "dflash", prompts)
     warm = SamplingParams(max_new_tokens=min(8, args.max_new_tokens), temperature=args.temperature, seed=args.seed)
     for engine in (ar, df):
         engine.generate(prompts, warm)

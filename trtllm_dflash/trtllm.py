@@ -142,6 +142,11 @@ def draft_len_for_batch(schedule: dict[int, int] | None, batch_size: int, max_dr
     return 0
 
 
+def schedule_line(schedule: dict[int, int] | None, source: str) -> str:
+    """The schedule and where it came from; without one its reason alone (it printed a bare ``-:`` before it)."""
+    return f"draft_len_schedule {schedule}: {source}" if schedule else f"draft_len_schedule {source}"
+
+
 def schedule_from_lengths(lengths: list[int], max_draft_len: int) -> tuple[dict[int, int], bool]:
     """lengths[n - 1] = the draft length wanted at batch size n (n = 1..len(lengths)) -> (the draft_len_schedule
     TensorRT-LLM runs exactly so at every one of those batch sizes, whether batch 1 had to be raised to

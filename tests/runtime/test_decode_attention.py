@@ -7,7 +7,7 @@ The interpreter runs each program in numpy, so shapes are tiny. float32 and floa
 ``tl.dot`` is wrong for bfloat16 (numpy has no bfloat16); tests/gpu/test_decode_attention_cuda.py covers bf16.
 Tolerances: float32 compares at 1e-5 relative (fp32 accumulation in another order; an indexing mistake is O(1));
 float16 at 2e-3 (inputs are exact fp16, one rounding of the output and of the probabilities fed to P @ V,
-2^-11 relative each). Skipped where triton is not installed (CI's CPU venv does not install the 190 MB wheel).
+2^-11 relative each). Skipped only where triton is not installed (scripts/setup_env.sh installs it for CI).
 """
 from __future__ import annotations
 

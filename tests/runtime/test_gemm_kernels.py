@@ -10,7 +10,7 @@ bfloat16; tests/gpu/test_gemm_cuda.py covers bf16 at the real shapes). Tolerance
 float32 1e-5 (float32 accumulation in another order over K <= 96 is ~1e-7; an indexing mistake is O(1));
 float16 2e-3 against float64 (exact fp16 inputs, float32 accumulation, one rounding of the output: 2^-11
 relative) and 3e-3 against the torch path, which rounds the GEMM output, the SiLU and the product (or the
-residual sum) separately. Skipped where triton is not installed (CI's CPU venv does not install it).
+residual sum) separately. Skipped only where triton is not installed (scripts/setup_env.sh installs it for CI).
 """
 from __future__ import annotations
 

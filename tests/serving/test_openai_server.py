@@ -397,6 +397,10 @@ def test_a_max_tokens_error_names_max_tokens(server):
     code, err = server.post("/completions", json.dumps({"model": "smol", "prompt": "x", "max_tokens": 5000}).encode())
     assert code == 400 and err["error"]["param"] == "max_tokens", err
     assert err["error"]["message"].startswith("max_tokens: ") and "sampling_param" not in err["error"]["message"], err
+    chat = {"model": "smol", "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 5000}
+    code, err = server.post("/chat/completions", json.dumps(chat).encode())
+    assert code == 400 and err["error"]["param"] == "max_completion_tokens", err
+    assert err["error"]["message"].startswith("max_completion_tokens: "), err
 
 
 def test_clients_that_leave_mid_body_leave_no_traceback_and_cancels_are_counted(server):

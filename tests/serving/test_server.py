@@ -140,7 +140,6 @@ def test_http_and_grpc_return_the_dflash_generate_text(tiny_server, reference):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_serving_leaves_the_deployment_as_built(tiny_server, tiny_deployment, reference):
     """The python backend's stub imports model.py with bytecode caching on (PYTHONDONTWRITEBYTECODE does not reach
     its isolated interpreter): served from the deployment itself it wrote triton/tensorrt_llm/1/__pycache__, and
@@ -154,6 +153,7 @@ def test_serving_leaves_the_deployment_as_built(tiny_server, tiny_deployment, re
     assert f"serving {tiny_deployment}/triton" in tiny_server.log_text()
 
 
+@pytest.mark.slow
 def test_concurrent_requests_are_batched_and_unchanged(tiny_server, reference):
     alone = [client.collect(client.generate_http(tiny_server.http, client.build_inputs(p, max_tokens=MAX_TOKENS)))
              ["text_output"] for p in PROMPTS]

@@ -81,7 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--streaming", dest="streaming", action="store_true", default=True,
                    help="endpoints stream chunks (TTFT, ITL need it); on unless --no_streaming")
     g.add_argument("--no_streaming", dest="streaming", action="store_false", help="one response per request")
-    g.add_argument("--timeout", type=float, default=600.0, help="endpoints: seconds to wait for a response")
+    g.add_argument("--timeout_s", "--timeout", type=float, default=600.0,
+                   help="endpoints: seconds to wait for a response (--timeout still parses)")
     p.add_argument("--out", type=Path, required=True, help="JSONL file; one row per level is appended")
     args = p.parse_args(argv)
     args.levels = parse_concurrency(args.concurrency)
@@ -182,7 +183,7 @@ def open_endpoint(args, m: dict) -> Target:
     cls = TritonClient if args.backend == "triton" else OpenAIClient
     kw = {"model": args.model} if args.model else {}
     client = cls(args.url, tokenizer, max_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                 ignore_eos=args.ignore_eos, streaming=args.streaming, timeout=args.timeout, **kw)
+                 ignore_eos=args.ignore_eos, streaming=args.streaming, timeout=args.timeout_s, **kw)
     block = args.block_size or (1 if args.mode == "ar" else runtime.get("block_size"))
     settings = {**_pair(m), "target": _pair(m)["target"] or tok_source, "url": args.url, "model": client.model,
                 "block_size": block, "tp_size": args.tp_size or int(m.get("tp_size", 1)), "gpu_name": None,

@@ -102,8 +102,9 @@ def summary(manifest: dict) -> str:
     ]
     trt = manifest.get("trtllm") or {}
     if trt.get("draft_len_schedule_from"):
-        lines.insert(-1, f"trtllm  draft_len_schedule {trt.get('draft_len_schedule') or '-'}: "
-                         f"{trt['draft_len_schedule_from']}")
+        from ..trtllm import schedule_line
+
+        lines.insert(-1, "trtllm  " + schedule_line(trt.get("draft_len_schedule"), trt["draft_len_schedule_from"]))
     quant = manifest.get("quant")
     if quant:   # written by quantize.QuantRecord
         lines.insert(2, f"quant   {quant['quant_algo']} (ModelOpt {quant['modelopt']}; KV cache "

@@ -105,6 +105,9 @@ class Engine:
             if engine.tp.size > 1:
                 raise DFlashError("draft_policy", "adaptive measures step costs on rank 0 alone (needs tp_size 1)",
                                   "rebuild with --draft_policy fixed")
+            # announced first: on a CPU both servers sat silent for the 5-80 s this takes
+            print("[trtllm_dflash] draft policy adaptive: measuring step costs on this device (5-80 s on a CPU)...",
+                  file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             engine.use_adaptive_policy()
             print(f"[trtllm_dflash] draft policy adaptive: measured step costs in {time.perf_counter() - t0:.1f}s "

@@ -97,7 +97,7 @@ def generate_http(url: str, inputs: dict[str, object], model: str = MODEL_NAME, 
     except urllib.error.URLError as err:
         raise DFlashError("url", f"cannot reach {url} ({err.reason})", "start dflash-serve, or check --url") from None
     except TimeoutError:
-        raise DFlashError("server", f"no response within {timeout:.0f} s", "raise --timeout") from None
+        raise DFlashError("server", f"no response within {timeout:.0f} s", "raise --timeout_s") from None
 
 
 def _grpc_input(grpcclient, name: str, value):
@@ -142,7 +142,7 @@ def generate_grpc(url: str, inputs: dict[str, object], model: str = MODEL_NAME, 
                 try:
                     item = responses.get(timeout=timeout)
                 except queue.Empty:
-                    raise DFlashError("server", f"no response within {timeout:.0f} s", "raise --timeout") from None
+                    raise DFlashError("server", f"no response within {timeout:.0f} s", "raise --timeout_s") from None
                 if isinstance(item, Exception):
                     finished = True     # an error response is the request's last
                     raise DFlashError("server", str(item))
@@ -188,7 +188,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore_eos", action="store_true", default=None, help="generate exactly --max_tokens tokens")
     p.add_argument("--request_id", default="", help="id that a later `stop` request can cancel (gRPC)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds")
+    p.add_argument("--timeout_s", "--timeout", type=float, default=600.0,
+                   help="seconds to wait for the whole response (--timeout still parses)")
     p.add_argument("--json", action="store_true", help="print one JSON object: text and stats")
     return p.parse_args(argv)
 
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     inputs = build_inputs(args.text_input, args.streaming, max_tokens=args.max_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
                           ignore_eos=args.ignore_eos)
-    kw = {"model": args.model_name, "timeout": args.timeout}
+    kw = {"model": args.model_name, "timeout": args.timeout_s}
     if args.protocol == "grpc":
         kw["request_id"] = args.request_id
     responses = generate(url, inputs, args.protocol, **kw)

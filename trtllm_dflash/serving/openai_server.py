@@ -36,6 +36,7 @@ import time
 import uuid
 from pathlib import Path
 
+from ..bench.helpformat import HelpFormatter
 from ..deployment import Deployment
 from ..errors import DFlashError
 from .handoff import LoopHandoff
@@ -182,10 +183,12 @@ def apply_chat_template(tokenizer, messages: list[dict]) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def _param(field: str, chat: bool) -> str:
-    """A request field name as the runtimes check it (Triton's input names) -> the OpenAI request field."""
+def _param(field: str, chat: bool, body: dict) -> str:
+    """A request field name as the runtimes check it (Triton's input names) -> the OpenAI field the client sent."""
     if field in ("text_input", "prompt"):
         return "messages" if chat else "prompt"
+    if field == "sampling_param_max_tokens" and body.get("max_completion_tokens") is not None:
+        return "max_completion_tokens"
     return field.removeprefix("sampling_param_")
 
 
@@ -329,16 +332,16 @@ class OpenAIApp:
     def _prepare(self, body: dict, chat: bool, client: str = "") -> ServedRequest:
         """Check, template, tokenize and submit (the runtime tokenizes raw text): on a bounded pool."""
         record = self._record(body, chat, client)
-        self._submit(record, chat)
+        self._submit(record, chat, body)
         return record
 
-    def _submit(self, record: ServedRequest, chat: bool) -> None:
+    def _submit(self, record: ServedRequest, chat: bool, body: dict) -> None:
         try:
             self.runtime.submit(record)
         except Unavailable as err:
             raise BadRequest(503, None, str(err), kind="service_unavailable") from None
         except DFlashError as err:       # named as the client named it: max_tokens, not sampling_param_max_tokens
-            param = _param(err.field, chat)
+            param = _param(err.field, chat, body)
             raise BadRequest(400, param, str(err).replace(err.field, param)) from None
         self.metrics.start(record)
 
@@ -462,17 +465,18 @@ class OpenAIApp:
 
 # ---- command line ------------------------------------------------------------------------------------------
 EXAMPLES = """examples:
-  dflash-openai engines/smollm2-135m/cpu/1-gpu                       # http://127.0.0.1:8000/v1
-  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
-       -d '{"model": "1-gpu", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}'
-  python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none'); \\
-print(c.chat.completions.create(model='1-gpu', messages=[{'role': 'user', 'content': 'Hi'}]).choices[0].message)"
+  dflash-openai out/smollm2 --port 8080                 # http://127.0.0.1:8080/v1, model 'smollm2' (8000: dflash-serve)
+  dflash-openai out/smollm2 --port 8081 --max_draft_len 0   # the same target alone: the AR baseline of a sweep
+  curl -s localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}'
+  python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8080/v1', api_key='none'); \\
+print(c.chat.completions.create(model='smollm2', messages=[{'role': 'user', 'content': 'Hi'}]).choices[0].message)"
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash-openai", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("deployment_dir", help="a dflash-build deployment directory")
     p.add_argument("--host", default="127.0.0.1", help="listen address (loopback by default; 0.0.0.0 exposes it, "
                    "/health and /metrics included: they are public on this port)")
