@@ -769,21 +769,21 @@ def _soak_line(results: Path, name: str, label: str, command: str) -> str:
 def render_soak(results: Path) -> str:
     """Soak, SmolLM2-135M demo on CPU."""
     name = "soak_smollm2_cpu.json"
-    command = "python -m trtllm_dflash.bench.soak --deployment_dir out/smollm2 --streams 64 --duration 600 --sigterm"
+    command = "python -m trtllm_dflash.bench.soak --deployment_dir out/smollm2 --streams 64 --duration_s 600 --sigterm"
     if (results / name).is_file():    # the settings the committed run used
         st = _load(results, name)["settings"]
         command = (f"python -m trtllm_dflash.bench.soak --deployment_dir out/smollm2 --streams {st['streams']} "
-                   f"--duration {st['duration']:.0f} --kills {st['kills']}{' --sigterm' if st['sigterm'] else ''}")
+                   f"--duration_s {st['duration']:.0f} --kills {st['kills']}{' --sigterm' if st['sigterm'] else ''}")
     return _soak_line(results, name, "SmolLM2-135M demo on CPU", command)
 
 
 def render_soak_openai(results: Path) -> str:
     name = "soak_smollm2_cpu_openai.json"
-    command = "python -m trtllm_dflash.bench.soak --server openai --deployment_dir out/smollm2 --streams 64 --duration 600 --sigterm"
+    command = "python -m trtllm_dflash.bench.soak --server openai --deployment_dir out/smollm2 --streams 64 --duration_s 600 --sigterm"
     if (results / name).is_file():
         st = _load(results, name)["settings"]
         command = (f"python -m trtllm_dflash.bench.soak --server openai --deployment_dir out/smollm2 --streams {st['streams']} "
-                   f"--duration {st['duration']:.0f} --kills {st['kills']}{' --sigterm' if st['sigterm'] else ''}")
+                   f"--duration_s {st['duration']:.0f} --kills {st['kills']}{' --sigterm' if st['sigterm'] else ''}")
     return _soak_line(results, name, "dflash-openai, SmolLM2-135M demo on CPU", command)
 
 

@@ -60,7 +60,7 @@ def test_short_soak_through_dflash_openai(tiny_deployment, tmp_path):
     timeouts freed within 1 s, and a bounded SIGTERM drain."""
     out = tmp_path / "soak_openai.json"
     cmd = [sys.executable, "-m", "trtllm_dflash.bench.soak", "--engine", str(tiny_deployment), "--out", str(out),
-           "--server", "openai", "--streams", "8", "--duration", "20", "--fault_every", "2", "--kills", "2",
+           "--server", "openai", "--streams", "8", "--duration_s", "20", "--fault_every_s", "2", "--kills", "2",
            "--burst", "8", "--sigterm", "--sigterm_streams", "8", "--sample_every", "1", "--quiet",
            "--max_rss_growth", "0.5"]
     report = _soak(cmd, out)

@@ -92,7 +92,7 @@ EPILOG = """examples:
   python -m trtllm_dflash.bench.soak --deployment_dir engines/smollm2 --streams 64 --duration 600 --sigterm \\
       --out benchmarks/results/soak_smollm2_cpu.json
   # a quick look (2 minutes, no faults):
-  python -m trtllm_dflash.bench.soak --deployment_dir engines/smollm2 --streams 8 --duration 60 --faults none --kills 0 \\
+  python -m trtllm_dflash.bench.soak --deployment_dir engines/smollm2 --streams 8 --duration_s 60 --faults none --kills 0 \\
       --out /tmp/s.json
 
 what passes: see the checks above; `summary` in the JSON also states the issue's goals (met or not):
@@ -108,7 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="deployment directory (dflash-build output)")
     p.add_argument("--out", type=Path, required=True, help="report JSON; the plot goes next to it as .png")
     p.add_argument("--streams", type=int, default=16, help="concurrent client threads in the load phase")
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of the load phase")
+    p.add_argument("--duration_s", "--duration", dest="duration", type=float, default=60.0,
+                   help="seconds of the load phase")
     p.add_argument("--kinds", default=None,
                    help=f"client kinds, taken in turn, of {', '.join(KINDS)} [default: http,sse,grpc, plus openai "
                         "with --openai]")
@@ -129,25 +130,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip_cases", default="",
                    help="malformed/oversized cases to leave out, comma-separated (e.g. deeply_nested while a known "
                         "crash is being fixed); the report records them")
-    p.add_argument("--fault_every", type=float, default=10.0, help="seconds between faults in the load phase")
+    p.add_argument("--fault_every_s", "--fault_every", dest="fault_every", type=float, default=10.0,
+                   help="seconds between faults in the load phase")
     p.add_argument("--burst", type=int, default=None,
                    help="requests sent at once half way [default: 8 x the deployment's max_batch_size; 0 = none]")
-    p.add_argument("--fault_wait", type=float, default=60.0,
+    p.add_argument("--fault_wait_s", "--fault_wait", dest="fault_wait", type=float, default=60.0,
                    help="seconds a kill or cancel fault waits for its stream's first text (under a deep queue the "
                         "request may still be waiting for a slot: it is killed or cancelled there)")
     p.add_argument("--kills", type=int, default=20, help="clients killed mid-stream one by one on the idle server")
     p.add_argument("--sigterm", action="store_true", help="end with SIGTERM while --sigterm_streams stream")
     p.add_argument("--sigterm_streams", type=int, default=16)
-    p.add_argument("--sigterm_deadline", type=float, default=10.0,
+    p.add_argument("--sigterm_deadline_s", "--sigterm_deadline", dest="sigterm_deadline", type=float, default=10.0,
                    help="seconds after SIGTERM by which every client must have its final response")
     p.add_argument("--max_rss_growth", type=float, default=0.10, help="allowed RSS growth over the load phase")
-    p.add_argument("--warmup", type=float, default=None,
+    p.add_argument("--warmup_s", "--warmup", dest="warmup", type=float, default=None,
                    help="seconds of the load phase before the RSS baseline [default: 10%% of --duration]")
-    p.add_argument("--sample_every", type=float, default=2.0, help="seconds between RSS/metrics samples")
-    p.add_argument("--request_timeout", type=float, default=300.0, help="seconds a client waits for a response")
-    p.add_argument("--hostile_timeout", type=float, default=10.0,
+    p.add_argument("--sample_every_s", "--sample_every", dest="sample_every", type=float, default=2.0,
+                   help="seconds between RSS/metrics samples")
+    p.add_argument("--request_timeout_s", "--request_timeout", dest="request_timeout", type=float, default=300.0,
+                   help="seconds a client waits for a response")
+    p.add_argument("--hostile_timeout_s", "--hostile_timeout", dest="hostile_timeout", type=float, default=10.0,
                    help="seconds within which a malformed or oversized request must be refused")
-    p.add_argument("--ready_timeout", type=float, default=600.0, help="seconds for dflash-serve to become ready")
+    p.add_argument("--ready_timeout_s", "--ready_timeout", dest="ready_timeout", type=float, default=600.0,
+                   help="seconds for dflash-serve to become ready")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
     openai_only = args.server == "openai"
