@@ -67,11 +67,11 @@ def load_pair(target_dir, drafter_dir, cfg: RuntimeConfig, *, tp_size: int = 1, 
         device = torch.device("cuda", torch.cuda.current_device())
     positions = cfg.max_seq_len
     kernels = Kernels.choose(cfg.kernels, cfg.batch_invariant, device, dtype)
-    drafter = (load_drafter(Path(drafter_dir), tcfg["hidden_size"], tp, device, dtype, positions, allow_pickle,
-                            presharded, hf_cfg=dcfg, kernels=kernels) if dcfg is not None else None)
+    drafter = (load_drafter(Path(drafter_dir), dcfg, tcfg["hidden_size"], tp, device, dtype, positions,
+                            allow_pickle, presharded, kernels=kernels) if dcfg is not None else None)
     capture = drafter.config.target_layer_ids if drafter is not None else ()
-    target = load_target(target_dir, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size,
-                         fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe, hf_cfg=tcfg, kernels=kernels)
+    target = load_target(target_dir, tcfg, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size,
+                         fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe, kernels=kernels)
     tokenizer = hf.load_tokenizer(target_dir)
     return Loaded(target, drafter, tokenizer, tp, hf.eos_ids(target_dir, tcfg, tokenizer), cfg)
 
