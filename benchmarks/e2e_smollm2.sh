@@ -40,7 +40,7 @@ served() {   # mode deployment [server flags...]
       echo "dflash-openai ($mode): not ready (see $log)"; tail -20 "$log"; kill -TERM -- -$pid 2>/dev/null; return 1
     fi
   done
-  $PY -m trtllm_dflash.bench.sweep --backend openai --url 127.0.0.1:$PORT --deployment_dir "$deploy" --mode $mode \
+  $PY -m trtllm_dflash.bench.sweep --server openai --url 127.0.0.1:$PORT --deployment_dir "$deploy" --mode $mode \
     --concurrency $LEVELS --dataset $dataset "${LOAD[@]}" --label "$label via dflash-openai" \
     --out "$OUT/e2e_$dataset.jsonl" || rc=$?
   kill -TERM -- -$pid; wait $pid || true

@@ -187,7 +187,7 @@ Deployment.write(dst, m); fill_triton(dst, m)" "$RUN/deploy3" "$RUN/deploy3ar"
     }
     for MODE in "${SERVED_MODES[@]}"; do
       if [ $MODE = ar ]; then D=deploy3ar MLABEL=AR; else D=deploy3 MLABEL=DFlash; fi
-      serve_and_sweep dflash-openai "dflash-openai: ready" --backend openai --url 127.0.0.1:$((PORT + 0)) -- \
+      serve_and_sweep dflash-openai "dflash-openai: ready" --server openai --url 127.0.0.1:$((PORT + 0)) -- \
         $PY -m trtllm_dflash.serving.openai_server "$RUN/$D" --port $((PORT + 0)) --served_model_name deploy3 \
         || NOTES+=(--note "dflash-openai $MODE: the run failed (see $NAME.dflash-openai.log)")
     done
@@ -195,7 +195,7 @@ Deployment.write(dst, m); fill_triton(dst, m)" "$RUN/deploy3" "$RUN/deploy3ar"
       for MODE in "${SERVED_MODES[@]}"; do
         if [ $MODE = ar ]; then D=deploy3ar MLABEL=AR; else D=deploy3 MLABEL=DFlash; fi
         (if [ "${SMOKE:-0}" != 1 ]; then triton_overlay || exit 3; fi
-         serve_and_sweep Triton "dflash-serve: ready" --backend triton --url 127.0.0.1:$((PORT + 11)) -- \
+         serve_and_sweep Triton "dflash-serve: ready" --server triton --url 127.0.0.1:$((PORT + 11)) -- \
            $PY -m trtllm_dflash.serving.server "$RUN/$D" --http_port $((PORT + 10)) --grpc_port $((PORT + 11)) --metrics_port $((PORT + 12))) \
           || NOTES+=(--note "Triton $MODE: not measured (the run failed; see the log)")
       done

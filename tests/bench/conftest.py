@@ -34,7 +34,7 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-SETTINGS_KEYS = {"backend", "engine_dir", "mode", "concurrency", "dataset", "num_requests", "warmup", "input_len",
+SETTINGS_KEYS = {"server", "engine_dir", "mode", "concurrency", "dataset", "num_requests", "warmup", "input_len",
                  "max_new_tokens", "ignore_eos", "temperature", "seed", "streaming", "target", "drafter",
                  "drafter_untrained", "block_size", "tp_size", "num_gpus", "gpu_name", "gpu_profile", "device", "dtype",
                  "max_batch_size", "max_seq_len", "num_prompts_skipped"}

@@ -7,8 +7,8 @@ import json
 from trtllm_dflash.bench import e2e_summary
 
 
-def _row(backend, dataset, c, mode, tok_s_user, tok_s_gpu=None, al=None):
-    return {"settings": {"backend": backend, "dataset": dataset, "concurrency": c, "mode": mode},
+def _row(server, dataset, c, mode, tok_s_user, tok_s_gpu=None, al=None):
+    return {"settings": {"server": server, "dataset": dataset, "concurrency": c, "mode": mode},
             "metrics": {"tok_s_user": tok_s_user, "tok_s_gpu": tok_s_gpu, "acceptance_length_mean": al}}
 
 
@@ -26,6 +26,13 @@ def test_ratios_per_path_and_the_worst_adaptive_level():
     assert s["min_adaptive_over_ar_inprocess"] == 0.95 and s["min_adaptive_over_ar_openai"] == 2.125
     assert s["levels"]["humaneval_c1"]["inprocess"]["dflash"]["acceptance_length"] == 3.6
     assert s["dflash_over_ar_tok_s_b1_mtbench"] is None      # not measured: no figure rather than a guess
+
+
+def test_rows_written_before_the_server_setting_count_by_their_backend_setting():
+    rows = [_row("openai", "humaneval", 1, "ar", 800.0), _row("openai", "humaneval", 1, "dflash", 1600.0)]
+    for r in rows:
+        r["settings"]["backend"] = r["settings"].pop("server")
+    assert e2e_summary.summarize(rows)["dflash_over_ar_tok_s_b1_humaneval_openai"] == 2.0
 
 
 def test_main_refuses_an_empty_sweep(tmp_path, capsys):

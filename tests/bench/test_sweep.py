@@ -43,7 +43,7 @@ def test_engine_ar_and_dflash_rows(tiny_engine_dir, tmp_path, capsys):
         check_row(row, row["settings"]["concurrency"])
         s, m = row["settings"], row["metrics"]
         assert s["max_batch_size"] == 10 and s["device"] == "cpu" and s["dtype"] == "float32" and s["tp_size"] == 1
-        assert s["backend"] == "engine" and s["dataset"] == "random" and s["input_len"] == 8
+        assert s["server"] == "engine" and s["dataset"] == "random" and s["input_len"] == 8
         assert m["osl"] == {"mean": 8.0, "min": 8, "max": 8} and m["isl"]["mean"] == 8.0    # --ignore_eos
         assert m["finish_reasons"] == {"length": 10} and m["acceptance_source"] == "runtime"
         assert row["command"].startswith("dflash-sweep --engine") and row["versions"]["torch"]
@@ -81,11 +81,19 @@ def test_cli_errors_are_one_line(tmp_path):
                               capture_output=True, text=True, timeout=120)
     for args, message in [((), "error: --deployment_dir: missing"),
                           (("--deployment_dir", str(tmp_path)), "has no manifest.json"),
-                          (("--backend", "triton"), "error: --url: missing for --backend triton"),
+                          (("--server", "triton"), "error: --url: missing for --server triton"),
                           (("--concurrency", "0"), "error: --concurrency:")]:
         res = run(*args)
         assert res.returncode == 2 and message in res.stderr and res.stderr.count("\n") == 1, (args, res.stderr)
     assert not (tmp_path / "x").exists()
+
+
+def test_the_old_backend_flag_still_picks_the_server():
+    # "backend" names only a deployment's runtime now; scripts that type dflash-sweep --backend keep working
+    out = ["--out", "x.jsonl"]
+    assert sweep.parse_args(["--backend", "openai", *out]).server == "openai"
+    assert sweep.parse_args(["--server", "triton", *out]).server == "triton"
+    assert sweep.parse_args(out).server == "engine"
 
 
 # ---- OpenAI-compatible endpoint: a local fake of trtllm-serve's /v1/completions stream --------------------
@@ -158,12 +166,12 @@ def test_openai_endpoint_closed_loop(tmp_path, smollm2_dir):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     out = tmp_path / "openai.jsonl"
     try:
-        assert sweep.main(["--backend", "openai", "--url", f"127.0.0.1:{server.server_port}", "--tokenizer",
+        assert sweep.main(["--server", "openai", "--url", f"127.0.0.1:{server.server_port}", "--tokenizer",
                            str(smollm2_dir), "--label", "EAGLE-3", "--tp_size", "2", "--block_size", "4",
                            "--concurrency", "3", "--num_requests", "9", "--warmup", "0", "--max_new_tokens", "9",
                            "--ignore_eos", "--dataset", "random", "--input_len", "16", "--out", str(out)]) == 0
         one = tmp_path / "unstreamed.jsonl"
-        assert sweep.main(["--backend", "openai", "--url", f"127.0.0.1:{server.server_port}", "--tokenizer",
+        assert sweep.main(["--server", "openai", "--url", f"127.0.0.1:{server.server_port}", "--tokenizer",
                            str(smollm2_dir), "--no_streaming", "--concurrency", "2", "--num_requests", "2",
                            "--warmup", "0", "--max_new_tokens", "5", "--out", str(one)]) == 0
     finally:
@@ -198,10 +206,10 @@ def test_triton_sweep_of_the_demo_deployment(demo_engine_dir, tmp_path):
     out = tmp_path / "triton.jsonl"
     try:
         with pytest.raises(DFlashError, match="--concurrency: 64 > the deployment's max_batch_size 4"):
-            sweep.main(["--backend", "triton", "--url", srv.grpc, "--engine", str(demo_engine_dir),
+            sweep.main(["--server", "triton", "--url", srv.grpc, "--engine", str(demo_engine_dir),
                         "--concurrency", "1,64", "--out", str(out)])
         # our Triton model adds sampling_param_ignore_eos to TensorRT-LLM's inputs, so fixed-length runs work
-        assert sweep.main(["--backend", "triton", "--url", srv.grpc, "--engine", str(demo_engine_dir),
+        assert sweep.main(["--server", "triton", "--url", srv.grpc, "--engine", str(demo_engine_dir),
                            "--concurrency", "1,2", "--num_requests", "2", "--warmup", "1", "--dataset", "humaneval",
                            "--max_new_tokens", "6", "--ignore_eos", "--out", str(out)]) == 0
     finally:
@@ -211,7 +219,7 @@ def test_triton_sweep_of_the_demo_deployment(demo_engine_dir, tmp_path):
     for row in rows:
         check_row(row, row["settings"]["concurrency"])
         s, m = row["settings"], row["metrics"]
-        assert s["backend"] == "triton" and s["model"] == "tensorrt_llm" and s["dataset"] == "humaneval"
+        assert s["server"] == "triton" and s["model"] == "tensorrt_llm" and s["dataset"] == "humaneval"
         assert s["block_size"] == 16 and s["drafter"] == "smollm2-135m-dflash" and not s["drafter_untrained"] and s["target"] == "packaged:smollm2-135m"
         assert s["gpu_profile"] == "cpu" and s["gpu_name"] is None
         # the demo deployment runs the adaptive policy (CPU): its steps' blocks vary, so the server's draft counters

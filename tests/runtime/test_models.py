@@ -19,7 +19,7 @@ CPU, F32 = torch.device("cpu"), torch.float32
 
 
 def _ours(path, capture=(), max_pos=256):
-    m = load_target(path, TPGroup(), CPU, F32, max_pos, capture)
+    m = load_target(path, hf.read_config(path), TPGroup(), CPU, F32, max_pos, capture)
     L, H, D = m.kv_shape()
     return m, KVCache(L, 2, H, max_pos, D, F32, CPU)
 
@@ -114,7 +114,7 @@ def _drafter_inputs(tiny_pair, ctx=23):
 
 
 def _our_draft_hidden(drafter_dir, embed, feats, ctx_pos, block, block_pos, cached_in_two_chunks=True):
-    m = load_drafter(drafter_dir, 64, TPGroup(), CPU, F32, 256)
+    m = load_drafter(drafter_dir, hf.read_config(drafter_dir), 64, TPGroup(), CPU, F32, 256)
     L, H, D = m.kv_shape()
     cache = KVCache(L, 1, H, 256, D, F32, CPU)
     rows = slice(0, 1)

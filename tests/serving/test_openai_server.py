@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """dflash-openai against real clients: the official ``openai`` SDK (chat, completions, streaming) on the real
 SmolLM2 pair (greedy: streamed == non-streamed == dflash-generate's chat output), OpenAI-shaped 4xx errors that
-leave the server serving, and dflash-sweep --backend openai == --backend triton on the same prompts."""
+leave the server serving, and dflash-sweep --server openai == --server triton on the same prompts."""
 from __future__ import annotations
 
 import json
@@ -207,18 +207,18 @@ def test_metrics_move_with_a_request(server):
 
 
 def test_sweep_openai_equals_triton_on_the_same_prompts(server, smol_deployment, tmp_path):
-    """dflash-sweep --backend openai (written for trtllm-serve) against our server: the same token counts and
-    acceptance as --backend triton on the same prompts (greedy, fixed lengths)."""
+    """dflash-sweep --server openai (written for trtllm-serve) against our server: the same token counts and
+    acceptance as --server triton on the same prompts (greedy, fixed lengths)."""
     from tests.serving.conftest import start_server
     from trtllm_dflash.bench import sweep
 
     common = ["--engine", str(smol_deployment), "--concurrency", "2", "--num_requests", "4", "--warmup", "0",
               "--dataset", "humaneval", "--max_new_tokens", "8", "--ignore_eos"]
-    assert sweep.main(["--backend", "openai", "--url", f"127.0.0.1:{server.port}", *common,
+    assert sweep.main(["--server", "openai", "--url", f"127.0.0.1:{server.port}", *common,
                        "--out", str(tmp_path / "openai.jsonl")]) == 0
     triton = start_server(smol_deployment, tmp_path / "dflash-serve.log", timeout=300)
     try:
-        assert sweep.main(["--backend", "triton", "--url", triton.grpc, *common,
+        assert sweep.main(["--server", "triton", "--url", triton.grpc, *common,
                            "--out", str(tmp_path / "triton.jsonl")]) == 0
     finally:
         assert triton.stop() == 0, triton.log_text()[-3000:]

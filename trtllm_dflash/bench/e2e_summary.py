@@ -21,7 +21,8 @@ def summarize(rows: list[dict]) -> dict:
     tok = {}
     for r in rows:
         s = r["settings"]
-        path = "openai" if s.get("backend") == "openai" else "inprocess"
+        # rows written before dflash-sweep --backend became --server record it as "backend"
+        path = "openai" if s.get("server", s.get("backend")) == "openai" else "inprocess"
         tok.setdefault((s["dataset"], int(s["concurrency"])), {}).setdefault(path, {})[s["mode"]] = {
             "tok_s_user": r["metrics"]["tok_s_user"], "tok_s_gpu": r["metrics"].get("tok_s_gpu"),
             "acceptance_length": r["metrics"].get("acceptance_length_mean")}

@@ -60,9 +60,9 @@ def build(tcfg: dict, dcfg: dict, max_seq_len: int, device, dtype):
             (Path(work) / name / "config.json").write_text(json.dumps(cfg))
         dsd = random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=dtype, device=device)
         pre = {f"target.{k}": v for k, v in hf.state_dict().items()} | {f"drafter.{k}": v for k, v in dsd.items()}
-        drafter = load_drafter(Path(work) / "drafter", tcfg["hidden_size"], TPGroup(), device, dtype, max_seq_len,
-                               presharded=pre)
-        target = load_target(Path(work) / "target", TPGroup(), device, dtype, max_seq_len,
+        drafter = load_drafter(Path(work) / "drafter", dcfg, tcfg["hidden_size"], TPGroup(), device, dtype,
+                               max_seq_len, presharded=pre)
+        target = load_target(Path(work) / "target", tcfg, TPGroup(), device, dtype, max_seq_len,
                              drafter.config.target_layer_ids, presharded=pre)
     return target, drafter
 

@@ -145,8 +145,9 @@ def build_pair(name: str, max_seq_len: int, work: Path, smoke: bool = False):
     (work / "drafter" / "config.json").write_text(json.dumps(dcfg))
     dsd = random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=BF16, device=DEV)
     pre = {f"target.{k}": v for k, v in hf.state_dict().items()} | {f"drafter.{k}": v for k, v in dsd.items()}
-    drafter = load_drafter(work / "drafter", tcfg["hidden_size"], TPGroup(), DEV, BF16, max_seq_len, presharded=pre)
-    target = load_target(work / "target", TPGroup(), DEV, BF16, max_seq_len, drafter.config.target_layer_ids,
+    drafter = load_drafter(work / "drafter", dcfg, tcfg["hidden_size"], TPGroup(), DEV, BF16, max_seq_len,
+                           presharded=pre)
+    target = load_target(work / "target", tcfg, TPGroup(), DEV, BF16, max_seq_len, drafter.config.target_layer_ids,
                          presharded=pre)
     return hf, target, drafter, dcfg, dsd
 

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """dflash-sweep: throughput (tok/s/gpu) vs interactivity (tok/s/user) over a list of concurrencies.
 
-In: a deployment directory run in-process (``--backend engine``; TP ranks under ``mpirun``, rank 0
-drives), or a running server: Triton's ``tensorrt_llm`` model over a gRPC stream (``--backend triton``)
-or an OpenAI-compatible ``/v1/completions`` such as ``trtllm-serve`` (``--backend openai``).
+In: a deployment directory run in-process (``--server engine``; TP ranks under ``mpirun``, rank 0
+drives), or a running server: Triton's ``tensorrt_llm`` model over a gRPC stream (``--server triton``)
+or an OpenAI-compatible ``/v1/completions`` such as ``trtllm-serve`` (``--server openai``).
 Out: one JSONL row per concurrency level, appended to ``--out``: every setting, versions, the command
 line and the metrics of ``bench.metrics`` (whose docstring defines them).
 
@@ -38,8 +38,8 @@ EPILOG = """examples:
   dflash-sweep --deployment_dir engines/smollm2 --mode dflash --concurrency 1,2,4,8,16,32,64 --out sweep.jsonl
   dflash-sweep --deployment_dir engines/smollm2 --dataset humaneval --max_new_tokens 256 --concurrency 1,4 --out h.jsonl
   mpirun -n 8 dflash-sweep --deployment_dir engines/gpt-oss-120b/fp8/8-gpu --mode dflash --out tp8.jsonl
-  dflash-sweep --backend triton --url localhost:8001 --deployment_dir engines/smollm2 --concurrency 1,4 --out tr.jsonl
-  dflash-sweep --backend openai --url localhost:8000 --tokenizer openai/gpt-oss-120b --tp_size 8 \\
+  dflash-sweep --server triton --url localhost:8001 --deployment_dir engines/smollm2 --concurrency 1,4 --out tr.jsonl
+  dflash-sweep --server openai --url localhost:8000 --tokenizer openai/gpt-oss-120b --tp_size 8 \\
       --label EAGLE-3 --dataset random --input_len 1024 --max_new_tokens 1024 --ignore_eos --out eagle3.jsonl
   dflash-plot sweep.jsonl eagle3.jsonl --out_dir plots/
 """
@@ -50,9 +50,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=HelpFormatter)
     g = p.add_argument_group("what to measure")
     g.add_argument("--deployment_dir", "--engine_dir", "--engine", dest="engine", type=Path, help="deployment directory (dflash-build output)")
-    g.add_argument("--backend", choices=("engine", "triton", "openai"), default="engine",
-                   help="engine = in-process torch runtime (offline), triton = gRPC stream to the tensorrt_llm "
-                        "model, openai = /v1/completions server-sent events (trtllm-serve)")
+    # --backend: its name before "backend" came to mean only the deployment's runtime (dflash-build --backend)
+    g.add_argument("--server", "--backend", dest="server", choices=("engine", "triton", "openai"), default="engine",
+                   help="what answers the requests: engine = the deployment's torch runtime in this process "
+                        "(no server), triton = gRPC stream to the tensorrt_llm model, openai = /v1/completions "
+                        "server-sent events (trtllm-serve, dflash-openai)")
     g.add_argument("--mode", choices=("dflash", "ar", "adaptive"), default="dflash",
                    help="engine: ar = the same engine with block_size 1; adaptive = DFlash with the block picked per "
                         "step (runtime/draft_policy.py, step costs measured on this device first); endpoints: "
@@ -61,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--model", help="model name at the endpoint [triton: tensorrt_llm, openai: the first listed]")
     g.add_argument("--tokenizer", help="endpoints: tokenizer folder or hub id for counting tokens [--engine's target]")
     g.add_argument("--label", help="run name in plots [AR or DFlash, from --mode]")
-    g = p.add_argument_group("runtime (engine backend; endpoints read them from --engine for the record)")
+    g = p.add_argument_group("runtime (--server engine; endpoints read them from the deployment for the record)")
     g.add_argument("--block_size", type=int, help="DFlash block (max_draft_len + 1) [the deployment's]")
     g.add_argument("--tp_size", type=int, help="GPUs for tok/s/gpu [the deployment's tp_size, else 1]")
     g.add_argument("--max_seq_len", type=int, help="[the deployment's]")
@@ -129,7 +131,7 @@ def open_engine(args, deployment) -> Target:
     """The deployment in this process, with max_batch_size = the largest concurrency."""
     if deployment is None:
         raise DFlashError("--deployment_dir", "missing",
-                          "pass a deployment directory, or --backend triton/openai --url ...")
+                          "pass a deployment directory, or --server triton/openai --url ...")
     from ..runtime.engine import Engine
 
     overrides = {"max_batch_size": max(args.levels)}
@@ -166,7 +168,7 @@ def open_engine(args, deployment) -> Target:
 
 def open_endpoint(args, m: dict) -> Target:
     if not args.url:
-        raise DFlashError("--url", f"missing for --backend {args.backend}", "pass host:port of the running server")
+        raise DFlashError("--url", f"missing for --server {args.server}", "pass host:port of the running server")
     tok_source = args.tokenizer or (str(args.engine / (m.get("target") or {}).get("path", "target")) if m else None)
     if tok_source is None:
         raise DFlashError("--tokenizer", "missing: endpoints return text, counted in tokens on this side",
@@ -175,12 +177,12 @@ def open_endpoint(args, m: dict) -> Target:
     tokenizer = AutoTokenizer.from_pretrained(tok_source)
     runtime = m.get("runtime", {})
     mbs = runtime.get("max_batch_size")
-    if args.backend == "triton" and mbs and max(args.levels) > mbs:
+    if args.server == "triton" and mbs and max(args.levels) > mbs:
         raise DFlashError("--concurrency", f"{max(args.levels)} > the deployment's max_batch_size {mbs}: requests "
                           "would wait in the server's queue", f"rebuild with dflash-build --max_batch_size "
                           f"{max(args.levels)}, or lower --concurrency")
     from .endpoints import OpenAIClient, TritonClient
-    cls = TritonClient if args.backend == "triton" else OpenAIClient
+    cls = TritonClient if args.server == "triton" else OpenAIClient
     kw = {"model": args.model} if args.model else {}
     client = cls(args.url, tokenizer, max_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                  ignore_eos=args.ignore_eos, streaming=args.streaming, timeout=args.timeout_s, **kw)
@@ -272,7 +274,7 @@ def make_row(args, label: str, concurrency: int, target: Target, metrics: dict, 
              prov: dict) -> dict:
     """One level's row; its versions' git_sha is the provenance record's, read once per sweep, not per level."""
     n, w = level_sizes(args, concurrency)
-    settings = {"backend": args.backend, "engine_dir": str(args.engine) if args.engine else None, "mode": args.mode,
+    settings = {"server": args.server, "engine_dir": str(args.engine) if args.engine else None, "mode": args.mode,
                 "concurrency": concurrency, "dataset": args.dataset, "num_requests": n, "warmup": w,
                 "input_len": args.input_len, "max_new_tokens": args.max_new_tokens, "ignore_eos": args.ignore_eos,
                 "temperature": args.temperature, "seed": args.seed, "streaming": args.streaming,
@@ -300,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(sys.orig_argv) if argv is None else shlex.join(["dflash-sweep", *argv])
     deployment = _deployment(args.engine)
     m = deployment.manifest if deployment is not None else {}
-    target = open_engine(args, deployment) if args.backend == "engine" else open_endpoint(args, m)
+    target = open_engine(args, deployment) if args.server == "engine" else open_endpoint(args, m)
     if target.run is None:
         target.close()   # ranks > 0 of a TP engine: follow rank 0's steps, write nothing
         return 0

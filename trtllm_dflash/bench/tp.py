@@ -81,9 +81,9 @@ def shards_8b(name: str, tp, work: Path, max_seq: int, kernels: Kernels):
         (work / role).mkdir(parents=True, exist_ok=True)
         (work / role / "config.json").write_text(json.dumps(cfg))
     dev = torch.device("cuda", torch.cuda.current_device())
-    drafter = load_drafter(work / "drafter", tcfg["hidden_size"], tp, dev, torch.bfloat16, max_seq, presharded=pre,
-                           kernels=kernels)
-    target = load_target(work / "target", tp, dev, torch.bfloat16, max_seq, drafter.config.target_layer_ids,
+    drafter = load_drafter(work / "drafter", dcfg, tcfg["hidden_size"], tp, dev, torch.bfloat16, max_seq,
+                           presharded=pre, kernels=kernels)
+    target = load_target(work / "target", tcfg, tp, dev, torch.bfloat16, max_seq, drafter.config.target_layer_ids,
                          presharded=pre, kernels=kernels)
     return target, drafter
 

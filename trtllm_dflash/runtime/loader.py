@@ -51,12 +51,14 @@ def load(deployment: Deployment, overrides: dict) -> Loaded:
 
 def load_pair(target_dir, drafter_dir, cfg: RuntimeConfig, *, tp_size: int = 1, allow_pickle: bool = False,
               presharded: dict | None = None, ep_size: int = 1) -> Loaded:
-    """Check the pair's configs (before any rank or weight is touched), join the tensor-parallel group,
-    then load this rank's target, drafter (None for block_size 1), tokenizer and EOS ids."""
+    """Read the pair's configs, tokenizer and EOS ids and check the configs (before any rank or weight is
+    touched), join the tensor-parallel group, then load this rank's target and drafter (None for block_size 1)."""
     device, dtype = resolve_device(cfg)
     target_dir = Path(target_dir)
     tcfg = hf.read_config(target_dir)
     dcfg = hf.read_config(drafter_dir) if drafter_dir is not None and cfg.block_size != 1 else None
+    tokenizer = hf.load_tokenizer(target_dir)   # with the configs: what the folders hold is read in one place
+    eos_ids = hf.eos_ids(target_dir, tcfg, tokenizer)
     if dcfg is not None:
         validate.check_pair(tcfg, dcfg, tp_size=tp_size, block_size=cfg.block_size)
     else:
@@ -67,13 +69,12 @@ def load_pair(target_dir, drafter_dir, cfg: RuntimeConfig, *, tp_size: int = 1, 
         device = torch.device("cuda", torch.cuda.current_device())
     positions = cfg.max_seq_len
     kernels = Kernels.choose(cfg.kernels, cfg.batch_invariant, device, dtype)
-    drafter = (load_drafter(Path(drafter_dir), tcfg["hidden_size"], tp, device, dtype, positions, allow_pickle,
-                            presharded, hf_cfg=dcfg, kernels=kernels) if dcfg is not None else None)
+    drafter = (load_drafter(Path(drafter_dir), dcfg, tcfg["hidden_size"], tp, device, dtype, positions,
+                            allow_pickle, presharded, kernels=kernels) if dcfg is not None else None)
     capture = drafter.config.target_layer_ids if drafter is not None else ()
-    target = load_target(target_dir, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size,
-                         fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe, hf_cfg=tcfg, kernels=kernels)
-    tokenizer = hf.load_tokenizer(target_dir)
-    return Loaded(target, drafter, tokenizer, tp, hf.eos_ids(target_dir, tcfg, tokenizer), cfg)
+    target = load_target(target_dir, tcfg, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size,
+                         fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe, kernels=kernels)
+    return Loaded(target, drafter, tokenizer, tp, eos_ids, cfg)
 
 
 def resolve_device(cfg: RuntimeConfig) -> tuple[torch.device, torch.dtype]:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoints import hf
 from ..model_config import DrafterConfig
 from . import fp8, quant
 from .distributed import TPGroup
@@ -24,18 +23,18 @@ from .models.layers import Rotary, assign_weights, missing_tensors
 from .shard import rank_tensors, slice_for_rank
 
 
-def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capture: tuple[int, ...] = (),
-                allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1,
-                fp8_gemm: bool | None = False, mxfp4_moe: str = "dequant", hf_cfg: dict | None = None,
+def load_target(path: Path, hf_cfg: dict, tp: TPGroup, device, dtype, max_positions: int,
+                capture: tuple[int, ...] = (), allow_pickle: bool = False, presharded: dict | None = None,
+                ep_size: int = 1, fp8_gemm: bool | None = False, mxfp4_moe: str = "dequant",
                 kernels: Kernels = TORCH):
-    """The target model for this rank; its class comes from config.json ``architectures`` (models.TARGETS).
-    ``hf_cfg``: its config.json when the caller has read it already (read here otherwise). ``presharded``: this
-    rank's tensors as the build wrote them (``target.<HF name>``), read instead of the checkpoint.
+    """The target model for this rank; its class comes from ``hf_cfg`` ``architectures`` (models.TARGETS).
+    ``hf_cfg``: the folder's config.json, read by whoever opened the folder (hf.read_config), so one load parses
+    it once. ``presharded``: this rank's tensors as the build wrote them (``target.<HF name>``), read instead of
+    the checkpoint.
 
     ``fp8_gemm``: FP8 linears of Llama-family targets become fp8.Fp8Linear (None = where the device runs them).
     ``mxfp4_moe``: how MoE targets run MXFP4 experts (models/mxfp4.resolve_kernel: auto, triton, dequant).
     ``kernels``: what its modules run (Kernels.choose)."""
-    hf_cfg = hf_cfg if hf_cfg is not None else hf.read_config(path)
     family = target_family(hf_cfg)
     cfg = family.config.from_hf(hf_cfg)
     moe_kernel = mxfp4.resolve_kernel(mxfp4_moe, hf_cfg, torch.device(device)) if family.moe else "dequant"
@@ -68,11 +67,11 @@ def load_target(path: Path, tp: TPGroup, device, dtype, max_positions: int, capt
     return model.eval()
 
 
-def load_drafter(path: Path, target_hidden: int, tp: TPGroup, device, dtype, max_positions: int,
+def load_drafter(path: Path, hf_cfg: dict, target_hidden: int, tp: TPGroup, device, dtype, max_positions: int,
                  allow_pickle: bool = False, presharded: dict | None = None,
-                 hf_cfg: dict | None = None, kernels: Kernels = TORCH) -> DFlashDrafter:
-    """The DFlash drafter for this rank (``presharded``: as load_target, keys ``drafter.<name>``)."""
-    cfg = DrafterConfig.from_hf(hf_cfg if hf_cfg is not None else hf.read_config(path))
+                 kernels: Kernels = TORCH) -> DFlashDrafter:
+    """The DFlash drafter for this rank (``hf_cfg``, ``presharded``: as load_target, keys ``drafter.<name>``)."""
+    cfg = DrafterConfig.from_hf(hf_cfg)
     with torch.device("meta"):
         model = DFlashDrafter(cfg, target_hidden, tp, max_positions, kernels)
     raw = rank_tensors(path, tp.size, tp.rank, presharded=presharded, prefix="drafter.", allow_pickle=allow_pickle,

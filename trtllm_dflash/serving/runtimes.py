@@ -43,15 +43,15 @@ def load_runtime(deployment: Deployment, overrides: dict | None = None, engine_p
     fields that replace the deployment's for this server (torch only). The torch runtime runs in an engine process
     of its own (engine_core.py) behind an ``EngineClient``; ``engine_process=False`` keeps it in this process (a
     scheduler thread), as before. ``supervisor``: dflash-serve's pid, for the Triton model (engine_core --supervisor)."""
-    if deployment.backend == "torch" and engine_process:
+    if deployment.backend == "trtllm":   # Deployment.open admits torch and trtllm only
+        if overrides:
+            raise DFlashError(f"--{next(iter(overrides))}", "overrides the torch runtime only",
+                              "drop it, or change the deployment's llm_api_options.yaml")
+        return TrtllmRuntime.from_deployment(deployment)
+    if engine_process:
         from .engine_client import EngineClient
         return EngineClient.spawn(deployment, overrides=overrides or None, supervisor=supervisor)
-    if deployment.backend == "torch":
-        return TorchRuntime.from_deployment(deployment, overrides or {})
-    if overrides:   # Deployment.open admits torch and trtllm only
-        raise DFlashError(f"--{next(iter(overrides))}", "overrides the torch runtime only",
-                          "drop it, or change the deployment's llm_api_options.yaml")
-    return TrtllmRuntime.from_deployment(deployment)
+    return TorchRuntime.from_deployment(deployment, overrides or {})
 
 
 def _max_token_bytes(tokenizer) -> int:
