@@ -227,8 +227,10 @@ def render_headline(results: Path) -> str:
 
     def tau():
         d, name = _load(results, "acceptance_smollm2.json"), DRAFTER_RUN + "/summary.json"
+        v1 = _load(results, "acceptance_smollm2_v1.json")
         return (f"{d['humaneval']['tau_greedy']:.2f} tokens per step (greedy, block {d['humaneval']['block_size']}; "
-                f"MT-Bench {d['mtbench']['tau_greedy']:.2f}; the v1 drafter: 1.66 / 1.95)",
+                f"MT-Bench {d['mtbench']['tau_greedy']:.2f}; the v1 drafter, `acceptance_smollm2_v1.json`: "
+                f"{v1['humaneval']['tau_greedy']:.2f} / {v1['mtbench']['tau_greedy']:.2f})",
                 provenance_note(_load(results, name), name))
 
     def sweep():
