@@ -17,6 +17,7 @@ schedule and the step count follow the global batch).
 """
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import time
@@ -62,9 +63,10 @@ def run(cfg: TrainConfig, model, data: list, log=print, dp: DataParallel = SINGL
     each = cfg.probe_s / len(sizes)
     measured: dict[str, dict] = {}
     model.train()
+    heavy = heaviest(data, max(sizes) * dp.size)   # ranked once: every size's worst batch is a prefix of it
     for batch in sizes:
         stream = BatchStream(data, batch * dp.size, cfg.block_size, cfg.seed, rank=dp.rank, ranks=dp.size)
-        worst = BatchStream(heaviest(data, batch * dp.size), batch * dp.size, cfg.block_size, cfg.seed,
+        worst = BatchStream(heavy[:batch * dp.size], batch * dp.size, cfg.block_size, cfg.seed,
                             rank=dp.rank, ranks=dp.size)
         try:
             measured[str(batch)] = _time(model, opt, params, stream, cfg.grad_clip, autocast, device, each, dp,
@@ -97,7 +99,7 @@ def heaviest(data: list, n: int) -> list:
     """The ``n`` examples with the most supervised tokens (then the longest): a batch of them is the most memory a
     training step of this data can need (the loss covers anchors x block positions x the vocabulary, and a row
     gets fewer anchors only when it has fewer supervised positions)."""
-    return sorted(data, key=lambda e: (sum(e.loss_mask), len(e.input_ids)), reverse=True)[:n]
+    return heapq.nlargest(n, data, key=lambda e: (sum(e.loss_mask), len(e.input_ids)))
 
 
 def _time(model, opt, params, stream: BatchStream, grad_clip: float, autocast, device, seconds: float,

@@ -81,16 +81,16 @@ def add_tau(out: Path, acceptance: dict) -> dict:
     checkpoint's state, or where the run was copied without its checkpoint, as for an evaluation on another
     host, the finished training section of its report.json)."""
     state, report = out / "checkpoint" / "state.json", out / REPORT_FILE
-    train = json.loads(report.read_text()).get("train") if report.is_file() else None
     if state.is_file():
         meta = json.loads(state.read_text())
         row = {"step": meta["step"], "tokens": meta.get("tokens", 0)}
-    elif train and train.get("steps"):
-        row = {"step": train["steps"], "tokens": train.get("tokens", 0)}
     else:
-        from ..errors import DFlashError
-        raise DFlashError("run_dir", f"{out} has neither checkpoint/state.json nor a trained report.json",
-                          "pass a dflash-train --out folder")
+        train = (json.loads(report.read_text()).get("train") or {}) if report.is_file() else {}
+        if not train.get("steps"):
+            from ..errors import DFlashError
+            raise DFlashError("run_dir", f"{out} has neither checkpoint/state.json nor a trained report.json",
+                              "pass a dflash-train --out folder")
+        row = {"step": train["steps"], "tokens": train.get("tokens", 0)}
     for ds in ("humaneval", "mtbench"):
         for key in ("tau_greedy", "tau_t1"):
             if ds in acceptance and key in acceptance[ds]:
