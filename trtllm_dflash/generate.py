@@ -152,15 +152,8 @@ def _policy(args) -> str:
 
 
 def _measure_costs(engine, mode: str, prompts: list[list[int]]) -> None:
-    """The adaptive policy's step costs for these prompts, announced before (5-80 s of silence on a CPU) and
-    explained after (why the engine may then draft nothing)."""
-    from .runtime.draft_policy import break_even
-
-    print(f"[{mode}] measuring step costs on this device (once; 5-80 s on a CPU)...", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    pol = engine.use_adaptive_policy(context=max(map(len, prompts)), max_batch=len(prompts))
-    print(f"[{mode}] measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}; {break_even(pol)}",
-          file=sys.stderr)
+    """The adaptive policy's step costs at these prompts' context and count (Engine.measure_adaptive_policy)."""
+    engine.measure_adaptive_policy(f"[{mode}]", context=max(map(len, prompts)), max_batch=len(prompts))
 
 
 def _fixed_reason(args, engine) -> str:

@@ -105,13 +105,7 @@ class Engine:
             if engine.tp.size > 1:
                 raise DFlashError("draft_policy", "adaptive measures step costs on rank 0 alone (needs tp_size 1)",
                                   "rebuild with --draft_policy fixed")
-            # announced first: on a CPU both servers sat silent for the 5-80 s this takes
-            print("[trtllm_dflash] draft policy adaptive: measuring step costs on this device (5-80 s on a CPU)...",
-                  file=sys.stderr, flush=True)
-            t0 = time.perf_counter()
-            engine.use_adaptive_policy()
-            print(f"[trtllm_dflash] draft policy adaptive: measured step costs in {time.perf_counter() - t0:.1f}s "
-                  f"({engine.policy.costs.describe()}); {break_even(engine.policy)}", file=sys.stderr)
+            engine.measure_adaptive_policy("[trtllm_dflash] draft policy adaptive:")
         return engine
 
     def use_adaptive_policy(self, costs: CostTable | None = None, context: int = 256,
@@ -127,6 +121,16 @@ class Engine:
                                   min(context, self.cfg.max_seq_len - self.block_size - 1))
         self.policy = AdaptivePolicy(self.block_size, costs)
         return self.policy
+
+    def measure_adaptive_policy(self, tag: str, context: int = 256, max_batch: int | None = None) -> AdaptivePolicy:
+        """use_adaptive_policy measuring this device's step costs, on stderr under ``tag``: announced first (a CPU
+        sits silent for the 5-80 s it takes) and explained after (why the engine may then draft nothing)."""
+        print(f"{tag} measuring step costs on this device (once; 5-80 s on a CPU)...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        pol = self.use_adaptive_policy(context=context, max_batch=max_batch)
+        print(f"{tag} measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}; "
+              f"{break_even(pol)}", file=sys.stderr)
+        return pol
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
