@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import zipfile
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,3 +86,59 @@ def test_wheel_set_installs_once_and_reaches_plain_and_isolated_pythons(tmp_path
     run = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
     assert run.stdout.strip() == "42 no csv", run.stderr
     assert host("env", box, "missing", check=False).returncode != 0
+
+
+# ---- the wheel sets: pip downloads them with --no-deps, so a requirement left out is missing on the GPU host ----
+MARKER_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux", "os_name": "posix",
+              "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
+              "platform_python_implementation": "CPython", "extra": ""}   # the GPU host's interpreter
+
+
+def wheel_set(path: Path) -> tuple[dict[str, str], set[str]]:
+    """(pinned name -> version, the names a `# host provides:` line says the GPU host's environment has)."""
+    from packaging.utils import canonicalize_name
+    pins, host_has = {}, set()
+    for line in path.read_text().splitlines():
+        if line.startswith("# host provides:"):
+            host_has |= {canonicalize_name(n) for n in line.split(":", 1)[1].split()}
+        elif line.split("#")[0].strip():
+            name, version = line.split("#")[0].strip().split("==")
+            pins[canonicalize_name(name)] = version
+    return pins, host_has
+
+
+def unlisted_requirements(pins: dict[str, str], host_has: set[str]) -> dict[str, list[str]]:
+    """Requirements (for the GPU host's Python) of the pinned packages installed here that the set neither lists nor
+    names as the host's: {requirement: [the packages that need it]}."""
+    from importlib import metadata
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    missing: dict[str, list[str]] = {}
+    for name in pins:
+        try:
+            requires = metadata.distribution(name).requires or []
+        except metadata.PackageNotFoundError:   # not installed here: nothing to read its requirements from
+            continue
+        for text in requires:
+            req = Requirement(text)
+            if req.marker and not req.marker.evaluate(MARKER_ENV):
+                continue
+            dep = canonicalize_name(req.name)
+            if dep not in pins and dep not in host_has:
+                missing.setdefault(dep, []).append(name)
+    return missing
+
+
+@pytest.mark.parametrize("name", ["train.txt", "triton.txt"])
+def test_every_requirement_of_a_wheel_set_is_listed_or_on_the_host(name):
+    # fastapi 0.165 imports opentelemetry at import time; the set once lacked it and dflash-openai could not
+    # start on the GPU host
+    pins, host_has = wheel_set(ROOT / "benchmarks" / "offline" / name)
+    assert unlisted_requirements(pins, host_has) == {}
+
+
+def test_an_unlisted_requirement_is_found():
+    # pytest needs pluggy on every platform, colorama only on Windows (a marker the GPU host's Linux leaves out)
+    found = unlisted_requirements({"pytest": "any"}, set())
+    assert "pluggy" in found and "colorama" not in found
+    assert "pluggy" not in unlisted_requirements({"pytest": "any"}, {"pluggy"})
