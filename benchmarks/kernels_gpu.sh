@@ -11,7 +11,7 @@
 #              on a host without network from OFFLINE_DIR, see scripts/offline_host.sh):
 #              greedy DFlash == AR in float32 with the kernels, bf16 under the divergence policy on the torch path
 #                                                                                         -> gpu_tests_smollm2.json
-#   bitexact   the batch-invariant mode (RuntimeConfig.batch_invariant, on by default), ~25 min in 4 runs of one
+#   bitexact   the batch-invariant mode (RuntimeConfig.batch_invariant: off by default, on in every run here), ~25 min in 4 runs of one
 #              sub-stage each (BITEXACT=tests|check|step_on|step_off, then summary with no GPU work):
 #              tests     kernel invariance in bf16 with rows anywhere (tests/gpu/test_batch_invariance_cuda.py)
 #                        and SmolLM2 bf16 DFlash == AR exactly: blocks 16/8/4, adaptive, seeded T=1, alone ==
@@ -80,6 +80,7 @@ for stage in "$@"; do
                  "tests/runtime/test_batch_invariance.py tests/runtime/test_bit_exact_engine.py" \
                  tests/gpu/test_batch_invariance_cuda.py tests/gpu/test_smollm2_cuda.py ;;
         check) if [ -n "${SMOKE:-}" ]; then CC=(--cpu_smoke); else CC=(--smollm2); fi
+               CC+=(--batch_invariant on)   # the engines' default is off: this stage checks the mode
                run bitexact_check "$PY" -m trtllm_dflash.bench.cuda_check "${CC[@]}" --out "$OUT/cuda_check_bit_exact.json" ;;
         step_on|step_off)
                run "bitexact_$BITEXACT" "$PY" -m trtllm_dflash.bench.step --models "${MODELS:-smollm2-135m,qwen3-8b}" \
