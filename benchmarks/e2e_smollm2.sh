@@ -5,7 +5,8 @@
 # on the engine) AND through dflash-openai (the sweep's OpenAI client, streaming). Every mode gets the same prompts
 # (dflash-sweep's seeded workload) and the same budget (256 new tokens, greedy). ~8 min on an H100.
 #   OUT=DIR bash benchmarks/e2e_smollm2.sh
-#     -> $OUT/e2e_smollm2_h100.json (rows + summary), e2e_<dataset>.jsonl, e2e_smollm2_h100_<dataset>.png (Pareto)
+#     -> $OUT/e2e_smollm2_<gpu>.json (rows + summary), e2e_<dataset>.jsonl, e2e_smollm2_<gpu>_<dataset>.png (Pareto),
+#     <gpu> = h100, h200, ... from nvidia-smi (GPU_TAG= overrides)
 #   DRAFTER: the drafter folder or shipped name [smollm2-135m-dflash]; SMOKE=1: the same on this CPU, 8 tokens,
 #   levels 1 and 2, few requests (-> e2e_smollm2_smoke.json); SERVED=0 skips the dflash-openai half
 set -euo pipefail
@@ -18,7 +19,9 @@ if [[ ${SMOKE:-0} == 1 ]]; then
   GPU=(--gpu h100 --max_batch_size 2); LOAD=(--max_new_tokens 8 --device cpu --warmup 0 --num_requests 2)
   LEVELS=1,2; NAME=e2e_smollm2_smoke; DATASETS=${DATASETS:-humaneval}
 else
-  GPU=(--gpu h100 --max_batch_size 64); LOAD=(--max_new_tokens 256); LEVELS=1,4,16,64; NAME=e2e_smollm2_h100
+  # results are named by the GPU that ran them (h100, h200, ...), which also picks dflash-build's preset
+  TAG=${GPU_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|b300' | tr A-Z a-z)}
+  GPU=(--gpu "${TAG:-h100}" --max_batch_size 64); LOAD=(--max_new_tokens 256); LEVELS=1,4,16,64; NAME=e2e_smollm2_${TAG:-gpu}
   DATASETS=${DATASETS:-humaneval mtbench}
 fi
 PY=${PYTHON:-python3}
