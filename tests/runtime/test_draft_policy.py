@@ -69,6 +69,42 @@ def test_adaptive_engine_is_lossless_and_reports_its_blocks(tiny_pair):
     assert pol.stats.tried[1] > 0
 
 
+def test_observed_step_periods_correct_a_table_that_priced_drafting_too_dear():
+    """The H200 case: a start-up table that priced drafting at 2x+ block 1 kept the policy on AR, while the steps
+    the engine ran at block 16 took 1.3x. Observed periods replace an entry from its min_cost_samples-th sample; the entries not yet
+    observed keep the table's ratios at the observed scale; then drafting at the observed acceptance wins."""
+    table = CostTable({1: {1: 1.0e-3, 2: 2.0e-3, 4: 2.1e-3, 8: 2.2e-3, 16: 2.3e-3}})
+    pol = AdaptivePolicy(16, table)
+    for _ in range(200):                      # HumanEval-like: 0.86 drafts accepted per row-step at block 16
+        pol.observe(16, [1, 1, 0, 2, 0, 1, 1])
+    assert pol.choose(1)[0] == 1               # by the table, AR
+    for _ in range(3):
+        pol.observe_cost(1, 1, 0.8e-3)
+    assert pol.costs.seconds[1][1] == 1.0e-3   # 3 samples: the table still holds
+    pol.observe_cost(1, 1, 0.8e-3)
+    assert pol.costs.seconds[1][1] == pytest.approx(0.8e-3)
+    assert pol.costs.seconds[1][16] == pytest.approx(2.3e-3 * 0.8)   # same ratio, observed scale
+    assert pol.choose(1)[0] == 1
+    for _ in range(4):
+        pol.observe_cost(1, 16, 1.05e-3)       # what the block-16 steps really took
+    block, reason = pol.choose(1)
+    assert block > 1, reason
+    assert pol.measured.seconds[1][16] == 2.3e-3   # the start-up table is kept as measured
+    assert pol.observed_costs() == {1: {1: [0.8, 4], 16: [1.05, 4]}}
+
+
+def test_engine_reports_step_periods_of_queued_decode_steps(tiny_pair):
+    """Only steps enqueued behind a running one and without a prefill are timed, once each."""
+    df = Engine.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(max_seq_len=256, max_batch_size=4))
+    pol = df.use_adaptive_policy(CostTable({4: {b: 1e-3 * b for b in candidate_blocks(df.block_size)}}))
+    seen = []
+    pol.observe_cost = lambda n, b, s: seen.append((n, b, s))
+    df.generate(prompts(2), SamplingParams(max_new_tokens=12, ignore_eos=True))
+    decode_only = df.counters["steps"] - 1     # the first decode step shares its launch with... no prefill here
+    assert seen and all(n == 2 and s > 0 for n, _, s in seen)
+    assert len(seen) <= decode_only and sum(df.block_counts.values()) == df.counters["steps"]
+
+
 def test_measured_cost_table(tiny_pair):
     df = Engine.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(max_seq_len=128, max_batch_size=2))
     pol = df.use_adaptive_policy(context=32)
@@ -96,7 +132,7 @@ def test_probes_are_paced_by_their_price():
     assert gpu.probe(1) == (16, 32)
 
 
-class Pattern:
+class Pattern(FixedPolicy):
     """A policy that runs a fixed cycle of blocks (to drive the runner through block-1 runs and drafting)."""
 
     def __init__(self, blocks):
@@ -106,8 +142,6 @@ class Pattern:
         self.i += 1
         return self.blocks[(self.i - 1) % len(self.blocks)], "pattern"
 
-    def observe(self, block, accepted):
-        pass
 
 
 def _run_pattern(pair, stash_steps: int, blocks, graph_paths: bool = False):

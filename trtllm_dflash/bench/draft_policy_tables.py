@@ -52,8 +52,8 @@ def main(argv=None) -> int:
     target, drafter = _resolve_target(args.target), shipped_drafter_dir(args.drafter)
     eng = Engine.from_dirs(target, drafter, RuntimeConfig(max_batch_size=args.max_batch, max_seq_len=512))
     pol = eng.use_adaptive_policy(context=args.context)
-    here = {"pair": f"{args.target} + {args.drafter}", "cost_table": pol.costs.to_json(),
-            "schedules": schedules(pol.costs, eng.block_size, args.max_batch)}
+    here = {"pair": f"{args.target} + {args.drafter}", "cost_table": pol.measured.to_json(),
+            "schedules": schedules(pol.measured, eng.block_size, args.max_batch)}
     out = {"this_device": here, "gpu": {},
            "provenance": record(["python", "-m", "trtllm_dflash.bench.draft_policy_tables", *(argv if argv is not None else sys.argv[1:])],
                                 checkpoints={"target": target, "drafter": drafter})}

@@ -26,6 +26,7 @@ from typing import Callable
 from .. import __version__
 from ..config import SamplingParams
 from ..errors import DFlashError, exit_code
+from ..runtime.draft_policy import AdaptivePolicy
 from ..versions import installed
 from . import drivers
 from .helpformat import HelpFormatter
@@ -160,10 +161,17 @@ def open_engine(args, deployment) -> Target:
         before = dict(engine.block_counts)
         out = drivers.run_engine_level(engine, items, concurrency, params, on_done)
         settings["block_counts"] = {b: k - before.get(b, 0) for b, k in engine.block_counts.items()}  # this level
+        if isinstance(engine.policy, AdaptivePolicy):   # why it chose what it chose: the costs it went by
+            settings["step_costs_ms"] = {"measured_at_start": _ms_table(engine.policy.measured),
+                                         "observed": engine.policy.observed_costs()}
         return out
 
     return Target(run, engine.tokenizer, engine.target.config.vocab_size, engine.block_size, engine.cfg.max_seq_len,
                   settings, close=engine.shutdown)
+
+
+def _ms_table(costs) -> dict:
+    return {n: {b: round(1e3 * v, 4) for b, v in row.items()} for n, row in costs.seconds.items()}
 
 
 def open_endpoint(args, m: dict) -> Target:

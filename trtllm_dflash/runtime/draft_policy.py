@@ -20,6 +20,13 @@ first probe (run because the prior says drafting might pay) does not by itself s
 that each cost more than an AR step (on a CPU the quick start's short answers paid for such runs; issue #24).
 Costs are made non-decreasing in the block (a noisy measurement must not make a large block look cheap), and
 are measured in rounds over all blocks so that a burst of load on a shared CPU does not skew one block.
+
+The start-up table is a prior, not the truth: it times one synchronous step at a time, while the engine overlaps
+the host's work for a step with the device's run of the previous one. On an H200 the table made drafting look
+dearer than it was and the policy ran AR at 0.97x where the fixed block ran 1.47x (SmolLM2, HumanEval,
+concurrency 1). So the engine also reports each step's real period (``observe_cost``): once a (batch, block)
+has ``min_cost_samples`` of them their running mean replaces the table's figure, and the blocks not yet seen that
+often keep the table's ratios at the scale the seen ones show.
 """
 from __future__ import annotations
 
@@ -49,11 +56,14 @@ class CostTable:
     device: str = ""
     context: int = 0   # tokens in the KV cache per row when measured
 
-    def cost(self, batch: int, block: int) -> float:
-        # the smallest measured batch >= batch (the engine pads to a bucket; never underestimates)
+    def bucket(self, batch: int) -> int:
+        """The measured batch size a batch is charged at: the smallest >= batch (the engine pads to a bucket;
+        never underestimates), else the largest."""
         sizes = sorted(self.seconds)
-        b = next((s for s in sizes if s >= batch), sizes[-1])
-        row = _monotone(self.seconds[b])
+        return next((s for s in sizes if s >= batch), sizes[-1])
+
+    def cost(self, batch: int, block: int) -> float:
+        row = _monotone(self.seconds[self.bucket(batch)])
         if block in row:
             return row[block]
         blocks = sorted(row)
@@ -139,13 +149,22 @@ class FixedPolicy:
     def observe(self, block: int, accepted: list[int]) -> None:
         pass
 
+    def observe_cost(self, batch: int, block: int, seconds: float) -> None:
+        pass
+
 
 class AdaptivePolicy:
     """The block with the most expected tokens per second at this batch size (see the module docstring)."""
 
     def __init__(self, block_size: int, costs: CostTable, probe_every: int = 32, stats: AcceptanceStats | None = None,
-                 probe_budget: float = 0.02):
-        self.block_size, self.costs, self.probe_every, self.probe_budget = block_size, costs, probe_every, probe_budget
+                 probe_budget: float = 0.02, min_cost_samples: int = 4, cost_decay: float = 0.9):
+        self.block_size, self.probe_every, self.probe_budget = block_size, probe_every, probe_budget
+        self.measured = costs   # the start-up table, kept as measured (describe, break_even)
+        # the table the choices read: the measured one, each entry replaced by the running mean of the engine's
+        # observed step periods once it has min_cost_samples of them
+        self.costs = CostTable({n: dict(row) for n, row in costs.seconds.items()}, costs.device, costs.context)
+        self.min_cost_samples, self.cost_decay = min_cost_samples, cost_decay
+        self._observed: dict[tuple[int, int], tuple[float, int]] = {}   # (bucket, block) -> (mean s, samples)
         self.stats = stats or AcceptanceStats(block_size)
         self.blocks = candidate_blocks(block_size)
         self._ar_steps = 0
@@ -179,8 +198,9 @@ class AdaptivePolicy:
         if best == 1 and self.block_size > 1:
             self._ar_steps += 1
             block, every = self.probe(batch)
-            if self._ar_steps % every == 0:
-                return block, (f"probe at block {block}: refresh acceptance (AR for {self._ar_steps} steps; one probe "
+            if self._ar_steps >= every:   # not a modulo: the pace moves as observed costs replace the table's
+                ran, self._ar_steps = self._ar_steps, 0
+                return block, (f"probe at block {block}: refresh acceptance (AR for {ran} steps; one probe "
                                f"per {every} steps keeps probes under {self.probe_budget:.0%} of the AR time)")
         else:
             self._ar_steps = 0
@@ -193,13 +213,39 @@ class AdaptivePolicy:
     def observe(self, block: int, accepted: list[int]) -> None:
         self.stats.observe(block, accepted)
 
+    def observe_cost(self, batch: int, block: int, seconds: float) -> None:
+        """One step's real period at this batch and block (the engine's wall time between two results while the
+        device ran back to back): a running mean per (batch bucket, block) that replaces the start-up table's entry
+        from the ``min_cost_samples``-th sample on; the bucket's other entries follow at the observed scale."""
+        n = self.costs.bucket(batch)
+        if block not in self.costs.seconds[n] or seconds <= 0:
+            return
+        mean, k = self._observed.get((n, block), (seconds, 0))
+        w = min(self.cost_decay, k / (k + 1))   # a plain mean over the first samples, then exponential
+        self._observed[n, block] = (w * mean + (1 - w) * seconds, k + 1)
+        # the blocks with enough samples take their observed cost; the others keep the table's shape at the
+        # observed scale (a table that times every step too dear must not make the blocks run less look dearer)
+        table = self.measured.seconds[n]
+        seen = {b: m for (bn, b), (m, c) in self._observed.items() if bn == n and c >= self.min_cost_samples}
+        if seen:
+            scale = math.exp(sum(math.log(m / table[b]) for b, m in seen.items()) / len(seen))
+            self.costs.seconds[n] = {b: seen.get(b, v * scale) for b, v in table.items()}
+
+    def observed_costs(self) -> dict:
+        """{batch: {block: [mean ms, samples]}} of the observed step periods (what replaced the table)."""
+        out: dict = {}
+        for (n, b), (mean, k) in sorted(self._observed.items()):
+            out.setdefault(n, {})[b] = [round(1e3 * mean, 4), k]
+        return out
+
 
 def break_even(policy: AdaptivePolicy, batch: int = 1) -> str:
     """Why an adaptive engine may report 0 draft tokens: what a drafting step must accept to beat AR here."""
-    ar = policy.costs.cost(batch, 1)
+    costs = policy.measured
+    ar = costs.cost(batch, 1)
     full = policy.block_size
-    ratio = policy.costs.cost(batch, full) / ar
-    best = min(policy.costs.cost(batch, b) / ar for b in policy.blocks if b > 1)
+    ratio = costs.cost(batch, full) / ar
+    best = min(costs.cost(batch, b) / ar for b in policy.blocks if b > 1)
     return (f"at batch {batch} a block-{full} step costs {ratio:.1f}x an AR step (the cheapest drafting block "
             f"{best:.1f}x): drafting pays only when it yields more than {best:.1f} tokens a step, so until the "
             f"acceptance it observes does, it runs block 1 (AR: 0 draft tokens, same output) and probes now and then")

@@ -41,6 +41,7 @@ class _Step:
     handle: Launched
     first: list[tuple[int, Sequence]]   # (slot, request) whose prompt this step completes
     rows: list[tuple[int, Sequence]]    # (slot, request) decoding in this step
+    queued: bool = False                # enqueued while the previous step still ran: it started as that one ended
 
 
 def _check_kernels(cfg: RuntimeConfig, target, drafter) -> Kernels:
@@ -73,6 +74,7 @@ class Engine:
         self.block_counts: dict[int, int] = {}   # steps run at each block
         self.last_block, self.last_reason = 0, ""
         self._in_flight: _Step | None = None     # the step the device runs while the host post-processes
+        self._last_read: float | None = None     # when the last step's results were read (perf_counter)
         self.startup_capture = {"graphs": 0, "seconds": 0.0}
         if self.runner.use_graphs and cfg.capture_graphs_at_start:
             self._capture([self.block_size])
@@ -128,7 +130,7 @@ class Engine:
         print(f"{tag} measuring step costs on this device (once; 5-80 s on a CPU)...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         pol = self.use_adaptive_policy(context=context, max_batch=max_batch)
-        print(f"{tag} measured step costs in {time.perf_counter() - t0:.1f}s: {pol.costs.describe()}; "
+        print(f"{tag} measured step costs in {time.perf_counter() - t0:.1f}s: {pol.measured.describe()}; "
               f"{break_even(pol)}", file=sys.stderr)
         return pol
 
@@ -183,9 +185,21 @@ class Engine:
         finished += self._apply(out, arriving)
         launched = self._launch(out) if out.chunks or out.decode_rows else None
         if self._in_flight is not None:
+            if launched is not None:
+                launched.queued = True
             finished += self._postprocess(self._in_flight)
+            self._time(self._in_flight)
         self._in_flight = launched
         return finished
+
+    def _time(self, st: "_Step") -> None:
+        """Tell the policy what a decode step really cost: a step queued behind the previous one started when that
+        one's results were read, so the time between the two reads is its period (device time when the device is
+        the bottleneck, the host loop's when the host is). Steps that also prefill are not decode costs."""
+        now, last = time.perf_counter(), self._last_read
+        self._last_read = now
+        if st.queued and last is not None and st.out.decode_rows and not st.out.chunks:
+            self.policy.observe_cost(st.out.decode_rows, st.out.block, now - last)
 
     def _schedule(self) -> tuple[SchedulerOutput, list[Sequence], dict[int, Sequence]]:
         """Rank 0 decides and broadcasts; the other ranks receive the same SchedulerOutput.
