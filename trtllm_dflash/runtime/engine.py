@@ -194,7 +194,7 @@ class Engine:
 
     def _time(self, st: "_Step") -> None:
         """Tell the policy what a decode step really cost: a step queued behind the previous one started when that
-        one's results were read, so the time between the two reads is its period (device time when the device is
+        one's results were read, so the time between the two reads is its period (the GPU's run time when the GPU is
         the bottleneck, the host loop's when the host is). Steps that also prefill are not decode costs."""
         now, last = time.perf_counter(), self._last_read
         self._last_read = now
