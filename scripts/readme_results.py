@@ -213,7 +213,8 @@ def _step_rows(data: dict, model: str) -> dict[tuple[str, int], dict]:
 # ---------------------------------------------------------------------------------------------- blocks
 
 def render_headline(results: Path) -> str:
-    """The README's opening table: the drafter's acceptance, DFlash against AR served on an H100, the gpt-oss step.
+    """The README's opening table: the drafter's acceptance, DFlash against AR end to end, how the drafter was made,
+    the gpt-oss step.
 
     Each row is read on its own: a row whose file records no commit says so in its cells, the others still show."""
     rows = []
@@ -233,15 +234,6 @@ def render_headline(results: Path) -> str:
                 f"{v1['humaneval']['tau_greedy']:.2f} / {v1['mtbench']['tau_greedy']:.2f})",
                 provenance_note(_load(results, name), name))
 
-    def sweep():
-        name = "sweep_smollm2_h100_v3.summary.json"
-        d = _load(results, name)
-        at = {(r["label"], r["settings"]["concurrency"]): r["metrics"]["total_tok_s"]
-              for r in _read(results, "sweep_smollm2_h100_v3.jsonl")}
-        cells = [f"{at[('DFlash adaptive', c)] / at[('AR', c)]:.2f}x at concurrency {c} "
-                 f"({at[('AR', c)]:,.0f} -> {at[('DFlash adaptive', c)]:,.0f} tok/s)" for c in (1, 64)]
-        return "; ".join(cells), provenance_note(d, name)
-
     def gpt_oss():
         name = "gpt_oss_120b_step_h100.json"
         d = _load(results, name)
@@ -260,7 +252,18 @@ def render_headline(results: Path) -> str:
                 f"{checks[1]} prompts (float32)", provenance_note(d, name))
 
     row("SmolLM2-135M + the shipped drafter: HumanEval acceptance (tau)", tau)
-    row("SmolLM2-135M + the v1 drafter, one H100, in-process: DFlash (adaptive) over AR, new tokens/s", sweep)
+    def e2e():
+        name = "e2e_smollm2_h200.json"
+        d = _load(results, name)
+        lv = d["summary"]["levels"]
+        cells = [f"{lv[f'humaneval_c{c}']['inprocess']['dflash_over_ar']:.2f}x at concurrency {c} "
+                 f"({lv[f'humaneval_c{c}']['inprocess']['ar']['tok_s_user']:,.0f} -> "
+                 f"{lv[f'humaneval_c{c}']['inprocess']['dflash']['tok_s_user']:,.0f})" for c in (1, 4, 64)]
+        return ("; ".join(cells) + f"; MT-Bench {d['summary']['dflash_over_ar_tok_s_b1_mtbench']:.2f}x at 1 "
+                "(the adaptive policy ran AR there: see below)"), provenance_note(d, name)
+
+    row("SmolLM2-135M + the shipped drafter, one H200, in-process, HumanEval: DFlash (block 16) over AR, "
+        "tokens/s per user", e2e)
     row("how the shipped drafter (v2) was made, one H200", drafter_run)
     row("gpt-oss-120b decode step at batch 1, one H100 (MXFP4 experts, Triton kernels)", gpt_oss)
     return "\n".join([*_table_head("measured", "figure", "source"), *rows]) + "\n"
@@ -387,6 +390,40 @@ def render_sweep_v3(results: Path) -> str:
                if s.get(key) is None]
     if missing:
         lines[-1] += " Not measured in this run: " + ", ".join(missing) + " (the summary's notes say why)."
+    return "\n".join(lines) + "\n"
+
+
+def render_e2e(results: Path) -> str:
+    """End to end with the shipped drafter (benchmarks/e2e_smollm2.sh): AR vs DFlash vs adaptive per dataset and
+    concurrency, in-process and through dflash-openai; tokens/s per user, the ratio to AR under each."""
+    name, served_name = "e2e_smollm2_h200.json", "e2e_smollm2_h200_served.jsonl"
+    d = _load(results, name)
+    served = _load(results, served_name)
+    gpu = d["provenance"]["device"].get("gpu", "GPU")
+    at = {}
+    for r in [*d["rows"], *served]:   # the later run's rows win where both measured the same thing
+        s = r["settings"]
+        path = "dflash-openai" if s.get("server", s.get("backend")) == "openai" else "in-process"
+        at[s["dataset"], path, s["mode"], int(s["concurrency"])] = r["metrics"]["tok_s_user"]
+    levels = sorted({k[3] for k in at})
+    label = {"ar": "AR", "dflash": "DFlash (block 16)", "adaptive": "DFlash adaptive"}
+    sha = served[0]["versions"]["git_sha"][:10]
+    lines = [f"**SmolLM2-135M + the shipped drafter, one {gpu}, 256 new tokens, greedy** (`OUT=DIR bash "
+             f"benchmarks/e2e_smollm2.sh`; in-process rows and MT-Bench: {provenance_note(d, name)}; HumanEval through "
+             f"dflash-openai and the in-process rows beside it: `benchmarks/results/{served_name}`, git {sha}). "
+             "Tokens/s per user, and over AR on the same path:", ""]
+    lines += _table_head("dataset", "path", "mode", *(f"concurrency {c}" for c in levels))
+    for dataset in ("humaneval", "mtbench"):
+        for path in ("in-process", "dflash-openai"):
+            for mode in ("ar", "dflash", "adaptive"):
+                if not any((dataset, path, mode, c) in at for c in levels):
+                    continue
+                cells = []
+                for c in levels:
+                    v, ar = at.get((dataset, path, mode, c)), at.get((dataset, path, "ar", c))
+                    cells.append("-" if v is None else f"{v:,.0f}" + ("" if mode == "ar" or not ar else f" ({v / ar:.2f}x)"))
+                lines.append(f"| {dataset} | {path} | {label[mode]} | " + " | ".join(cells) + " |")
+    lines += ["", f"Note: {d['note']}"]
     return "\n".join(lines) + "\n"
 
 
@@ -843,6 +880,7 @@ RENDERERS = {
     "cpu_parity": render_cpu_parity,
     "step_bench": render_step_bench,
     "engine_load": render_engine_load,
+    "e2e": render_e2e,
     "sweep_v3": render_sweep_v3,
     "step_notes": render_step_notes,
     "layer_ops": render_layer_ops,
