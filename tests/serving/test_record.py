@@ -59,3 +59,32 @@ def test_token_ids_are_decoded_on_the_reader_side_and_a_stop_string_ends_the_rec
     assert got[-1].finished and got[-1].finish_reason == "stop" and got[-1].stop_reason == "END"
     assert stopped == [True] and record.finished
     assert not record.push(Result(finished=True, finish_reason="cancelled"))   # the engine's own final: dropped
+
+
+def test_updates_that_waited_together_come_as_one_batch_and_merge_in_order():
+    """A reader that fell behind gets every waiting update at once (then sends one chunk for them); the final one
+    ends its batch, and nothing after it is read."""
+    from trtllm_dflash.serving.record import merged
+    record = ServedRequest(prompt="x")
+    record.attach_detokenizer(CharTokenizer(), on_stop=lambda: None)
+    for i, chunk in enumerate(("ab", "c", "de")):
+        record.emit(Result(token_ids=[ord(c) for c in chunk], num_output_tokens=2 * i + 2, num_draft_tokens=15 * (i + 1)))
+
+    async def read():
+        return [batch async for batch in record.abatches()]
+
+    async def first_batch():
+        async for batch in record.abatches():
+            return batch
+
+    batch = asyncio.run(first_batch())
+    assert [r.text for r in batch] == ["ab", "c", "de"]
+    one = merged(batch)
+    assert (one.text, one.token_ids) == ("abcde", [97, 98, 99, 100, 101])
+    assert (one.num_output_tokens, one.num_draft_tokens, one.finished) == (6, 45, False)   # cumulative: the last's
+    record.emit(Result(token_ids=[ord("f")], num_output_tokens=7))
+    record.emit(Result(finished=True, finish_reason="length", num_output_tokens=7))
+    record.emit(Result(token_ids=[ord("g")]))   # after the final: never read
+    rest = asyncio.run(read())
+    assert len(rest) == 1 and [r.text for r in rest[0]] == ["f", ""] and rest[0][-1].finished
+    assert merged(rest[0][:1]) is rest[0][0]

@@ -43,7 +43,7 @@ from .handoff import LoopHandoff
 from .metrics import ServingMetrics
 from .protocol import MAX_TEMPERATURE
 from .openai_limits import check_message_count, max_messages, reject_unsupported, tokens_per_message
-from .record import Result, ServedRequest, Unavailable
+from .record import Result, ServedRequest, Unavailable, merged
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 << 20          # a prompt far above any max_seq_len we build fits in 4 MiB of JSON
@@ -199,6 +199,9 @@ def usage(record: ServedRequest, final: Result) -> dict:
             "total_tokens": prompt + final.num_output_tokens}
 
 
+_MARK = "\ue000dflash-text\ue000"   # stands for a chunk's text in its pre-encoded JSON (a private-use code point)
+
+
 def dflash_stats(final: Result) -> dict:
     return {"num_draft_tokens": final.num_draft_tokens, "num_accepted_draft_tokens": final.num_accepted_draft_tokens,
             "acceptance_rate": round(final.acceptance_rate, 6)}
@@ -346,10 +349,16 @@ class OpenAIApp:
         self.metrics.start(record)
 
     async def _results(self, record: ServedRequest):
-        """The record's updates, each counted in /metrics as the client gets it."""
-        async for result in record.aresults():
-            self.metrics.observe(record, result)
-            yield result
+        """The record's updates, each counted in /metrics as the client gets it; those that waited together come
+        as one (record.abatches: a stream that falls behind sends fewer, larger chunks), the final one on its own."""
+        async for batch in record.abatches():
+            for result in batch:
+                self.metrics.observe(record, result)
+            final = batch.pop() if batch[-1].finished else None
+            if batch:
+                yield merged(batch)
+            if final is not None:
+                yield final
 
     def _unavailable(self) -> None:
         if self.draining:
@@ -432,11 +441,21 @@ class OpenAIApp:
                     "choices": choices, **extra}
             return f"data: {json.dumps(data)}\n\n"
 
+        # The chunk every step sends, encoded once around a marker: only its text is encoded per chunk (the same
+        # bytes as event(); encoding the whole dict per row and step was a tenth of the frontend's time per token)
+
         def choice(text: str | None, reason: str | None) -> dict:
             if chat:
                 return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
                         "finish_reason": reason}
             return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+
+        # The chunk every step sends, encoded once around a marker: only its text is encoded per chunk (the same
+        # bytes as event(); encoding the whole dict per row and step was a tenth of the frontend's time per token)
+        head, tail = event([choice(_MARK, None)]).split(json.dumps(_MARK))
+
+        def text_event(text: str) -> str:
+            return head + json.dumps(text) + tail
 
         try:
             if chat:
@@ -455,7 +474,7 @@ class OpenAIApp:
                     if include_usage:
                         yield event([], usage=usage(record, result), dflash=dflash_stats(result))
                 elif result.text:
-                    yield event([choice(result.text, None)], **extra)
+                    yield event([choice(result.text, None)], **extra) if extra else text_event(result.text)
             yield "data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):   # the client went away mid-stream: free the slot
             self.runtime.cancel(record)

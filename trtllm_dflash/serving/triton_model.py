@@ -223,11 +223,15 @@ class DFlashModel:
         """Send what the record has (decoded here, on the sender thread). Only this thread touches the
         Triton request after execute(), and never after its final response (Triton releases it then)."""
         call: _Call = record.frontend
+        pending: list[str] = []   # streamed text that waited together goes out as one response
         while not call.done and (result := record.get(timeout=0)) is not None:
             if record.streaming and record.echo and not call.echoed:
                 call.echoed = True
                 self._send(call.sender, protocol.text_outputs(record.prompt or ""), final=False)
             if result.finished:
+                if pending:
+                    self._send(call.sender, protocol.text_outputs("".join(pending)), final=False)
+                    pending = []
                 call.done = True
                 self._count(result)
                 self._respond_final(record, result, call.pieces, call.cancelled, call.sender)
@@ -237,9 +241,11 @@ class DFlashModel:
                 with self._lock:
                     self._open -= 1
             elif record.streaming:
-                self._send(call.sender, protocol.text_outputs(result.text), final=False)
+                pending.append(result.text)
             else:
                 call.pieces.append(result.text)
+        if pending:
+            self._send(call.sender, protocol.text_outputs("".join(pending)), final=False)
 
     def _check_cancelled(self) -> None:
         """Ask Triton about each running request: gRPC stream closed or HTTP connection dropped."""
