@@ -93,16 +93,20 @@ def test_observed_step_periods_correct_a_table_that_priced_drafting_too_dear():
     assert pol.observed_costs() == {1: {1: [0.8, 4], 16: [1.05, 4]}}
 
 
-def test_engine_reports_step_periods_of_queued_decode_steps(tiny_pair):
-    """Only steps enqueued behind a running one and without a prefill are timed, once each."""
+def test_engine_reports_the_periods_of_steady_decode_steps_only(tiny_pair):
+    """A step is timed when it was queued behind the previous one, prefills nothing, and runs the block the step
+    before it ran (a drafting step after block-1 steps first appends their drafter context)."""
     df = Engine.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(max_seq_len=256, max_batch_size=4))
-    pol = df.use_adaptive_policy(CostTable({4: {b: 1e-3 * b for b in candidate_blocks(df.block_size)}}))
-    seen = []
-    pol.observe_cost = lambda n, b, s: seen.append((n, b, s))
-    df.generate(prompts(2), SamplingParams(max_new_tokens=12, ignore_eos=True))
-    decode_only = df.counters["steps"] - 1     # the first decode step shares its launch with... no prefill here
-    assert seen and all(n == 2 and s > 0 for n, _, s in seen)
-    assert len(seen) <= decode_only and sum(df.block_counts.values()) == df.counters["steps"]
+    pattern = Pattern([4, 4, 4, 1, 1, 4, 1])
+    df.policy = pattern
+    ran, timed = [], []
+    choose = pattern.choose
+    pattern.choose = lambda n: (lambda b: (ran.append(b[0]), b)[1])(choose(n))
+    pattern.observe_cost = lambda n, b, s: timed.append((n, b, s))
+    df.generate(prompts(2), SamplingParams(max_new_tokens=24, ignore_eos=True))
+    steady = sum(a == b for a, b in zip(ran, ran[1:]))
+    assert timed and all(n == 2 and s > 0 for n, _, s in timed)
+    assert {b for _, b, _ in timed} == {1, 4} and len(timed) <= steady < len(ran) - 1
 
 
 def test_measured_cost_table(tiny_pair):

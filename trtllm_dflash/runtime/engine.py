@@ -75,6 +75,7 @@ class Engine:
         self.last_block, self.last_reason = 0, ""
         self._in_flight: _Step | None = None     # the step the device runs while the host post-processes
         self._last_read: float | None = None     # when the last step's results were read (perf_counter)
+        self._last_block = 0                     # the block of the last decode step read (0: it had none)
         self.startup_capture = {"graphs": 0, "seconds": 0.0}
         if self.runner.use_graphs and cfg.capture_graphs_at_start:
             self._capture([self.block_size])
@@ -195,10 +196,13 @@ class Engine:
     def _time(self, st: "_Step") -> None:
         """Tell the policy what a decode step really cost: a step queued behind the previous one started when that
         one's results were read, so the time between the two reads is its period (the GPU's run time when the GPU is
-        the bottleneck, the host loop's when the host is). Steps that also prefill are not decode costs."""
+        the bottleneck, the host loop's when the host is). Only steady steps count: a step that also prefills, or
+        the first at a block after another block (a drafting step after block-1 steps first appends their drafter
+        context: on an H200 such probes took 2x a steady block-16 step, which would have kept the policy on AR)."""
         now, last = time.perf_counter(), self._last_read
-        self._last_read = now
-        if st.queued and last is not None and st.out.decode_rows and not st.out.chunks:
+        previous, self._last_read, self._last_block = self._last_block, now, st.out.block if st.out.decode_rows else 0
+        if (st.queued and last is not None and st.out.decode_rows and not st.out.chunks
+                and st.out.block == previous):
             self.policy.observe_cost(st.out.decode_rows, st.out.block, now - last)
 
     def _schedule(self) -> tuple[SchedulerOutput, list[Sequence], dict[int, Sequence]]:
