@@ -88,3 +88,18 @@ def test_updates_that_waited_together_come_as_one_batch_and_merge_in_order():
     rest = asyncio.run(read())
     assert len(rest) == 1 and [r.text for r in rest[0]] == ["f", ""] and rest[0][-1].finished
     assert merged(rest[0][:1]) is rest[0][0]
+
+
+def test_a_reader_may_change_its_batch_without_losing_the_end():
+    record = ServedRequest(prompt="x")
+    record.emit(Result(text="a"))
+    record.emit(Result(finished=True, finish_reason="length"))
+
+    async def read():
+        seen = []
+        async for batch in record.abatches():
+            seen.append([r.text for r in batch])
+            batch.clear()   # what a reader does with its list is its own business
+        return seen
+
+    assert asyncio.run(asyncio.wait_for(read(), 5)) == [["a", ""]]

@@ -354,9 +354,10 @@ class OpenAIApp:
         async for batch in record.abatches():
             for result in batch:
                 self.metrics.observe(record, result)
-            final = batch.pop() if batch[-1].finished else None
-            if batch:
-                yield merged(batch)
+            final = batch[-1] if batch[-1].finished else None
+            steps = batch[:-1] if final is not None else batch
+            if steps:
+                yield merged(steps)
             if final is not None:
                 yield final
 

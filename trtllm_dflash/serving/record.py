@@ -194,8 +194,9 @@ class ServedRequest:
                 if wait:
                     await event.wait()
                 continue
+            done = batch[-1].finished   # read before the reader gets (and may change) the list
             yield batch
-            if batch[-1].finished:
+            if done:
                 return
 
     def drain(self) -> list[Result]:
