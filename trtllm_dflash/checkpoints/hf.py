@@ -66,8 +66,9 @@ def load_state_dict(
 ) -> dict[str, torch.Tensor]:
     """Load tensors from a checkpoint folder.
 
-    ``select(name)`` filters names; ``slicer(name, lazy)`` reads part of a tensor from a safetensors
-    lazy slice (``lazy[a:b]``, ``lazy[:, a:b]``) so a tensor-parallel rank reads only its shard.
+    ``select(name)`` filters names; ``slicer(name, t)`` keeps part of each tensor: from a safetensors lazy slice
+    (``t[a:b]``, ``t[:, a:b]``) it reads only that part, so a tensor-parallel rank reads only its shard; a pickle
+    file's tensors are loaded whole, then cut.
     """
     out: dict[str, torch.Tensor] = {}
     for f in weight_files(path, allow_pickle=allow_pickle):
@@ -75,7 +76,7 @@ def load_state_dict(
             sd = torch.load(f, map_location="cpu", weights_only=True)
             for name, t in sd.items():
                 if select is None or select(name):
-                    out[name] = t
+                    out[name] = slicer(name, t) if slicer else t
             continue
         with safe_open(str(f), framework="pt") as fh:
             for name in fh.keys():
@@ -83,19 +84,6 @@ def load_state_dict(
                     continue
                 out[name] = slicer(name, fh.get_slice(name)) if slicer else fh.get_tensor(name)
     return out
-
-
-def tensor_names(path: str | Path, *, allow_pickle: bool = False) -> dict[str, tuple[int, ...]]:
-    """Names and shapes without reading the data (pickle files are read whole)."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for f in weight_files(path, allow_pickle=allow_pickle):
-        if f.suffix != ".safetensors":
-            shapes.update({k: tuple(v.shape) for k, v in torch.load(f, map_location="cpu", weights_only=True).items()})
-            continue
-        with safe_open(str(f), framework="pt") as fh:
-            for name in fh.keys():
-                shapes[name] = tuple(fh.get_slice(name).get_shape())
-    return shapes
 
 
 def save_state_dict(sd: dict[str, torch.Tensor], path: str | Path, filename: str = "model.safetensors") -> Path:
