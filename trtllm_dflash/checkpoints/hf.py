@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Reading and writing Hugging Face checkpoint folders: config.json, safetensors (sharded or not), the tokenizer
-and the stop ids.
+"""Reading and writing Hugging Face checkpoint folders: config.json and the weights, safetensors (sharded or not).
+Their tokenizer and stop ids: checkpoints/text.py.
 
 Pickle checkpoints (``*.bin``, ``*.pt``) can run code when loaded, so they are refused unless the caller
 opts in; then they load with ``torch.load(weights_only=True)``.
@@ -93,26 +93,3 @@ def save_state_dict(sd: dict[str, torch.Tensor], path: str | Path, filename: str
     out = path / filename
     save_file({k: v.detach().contiguous().clone() for k, v in sd.items()}, str(out))
     return out
-
-
-def load_tokenizer(path: str | Path):
-    """The folder's tokenizer, or None for a weights-only folder (token-id requests still work)."""
-    path = Path(path)
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(path))
-
-
-def eos_ids(path: str | Path, cfg: dict, tokenizer) -> set[int]:
-    """Stop ids from config.json (``cfg``), generation_config.json and the tokenizer (all of them count)."""
-    ids: set[int] = set()
-    sources = [cfg.get("eos_token_id")]
-    gen = Path(path) / "generation_config.json"
-    if gen.is_file():
-        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
-    if tokenizer is not None:
-        sources.append(tokenizer.eos_token_id)
-    for s in sources:
-        ids.update(s if isinstance(s, list) else [s] if s is not None else [])
-    return ids

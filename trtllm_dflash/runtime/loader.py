@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..checkpoints import hf, validate
+from ..checkpoints import hf, text, validate
 from ..config import RuntimeConfig
 from ..deployment import Deployment
 from ..model_config import DrafterConfig, target_config
@@ -58,8 +58,8 @@ def load_pair(target_dir, drafter_dir, cfg: RuntimeConfig, *, tp_size: int = 1, 
     target_dir = Path(target_dir)
     tcfg = hf.read_config(target_dir)
     dcfg = hf.read_config(drafter_dir) if drafter_dir is not None and cfg.block_size != 1 else None
-    tokenizer = hf.load_tokenizer(target_dir)   # with the configs: what the folders hold is read in one place
-    eos_ids = hf.eos_ids(target_dir, tcfg, tokenizer)
+    tokenizer = text.load_tokenizer(target_dir)   # with the configs: what the folders hold is read in one place
+    eos_ids = text.eos_ids(target_dir, tcfg, tokenizer)
     drafter_cfg = DrafterConfig.from_hf(dcfg) if dcfg is not None else None
     if drafter_cfg is not None:
         validate.check_pair(tcfg, drafter_cfg, tp_size=tp_size, block_size=cfg.block_size)
