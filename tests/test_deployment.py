@@ -154,3 +154,31 @@ def test_a_torch_load_reads_the_manifest_and_each_config_once(built, monkeypatch
     finally:
         engine.shutdown()
     assert reads == {p: 1 for p in reads}, reads
+
+
+def test_a_torch_load_parses_each_config_once(built, monkeypatch):
+    """The loader parses the target's and the drafter's config.json once each and hands the parsed configs to the
+    checks and the models (none of them parses a dict again)."""
+    from trtllm_dflash import model_config
+    from trtllm_dflash.runtime.engine import Engine
+
+    parses = {"target": 0, "drafter": 0}
+
+    def counting(cls, who):
+        parse = cls.from_hf.__func__
+
+        def from_hf(klass, cfg):
+            parses[who] += 1
+            return parse(klass, cfg)
+        monkeypatch.setattr(cls, "from_hf", classmethod(from_hf))
+
+    for cls in (model_config.LlamaConfig, model_config.GptOssConfig):
+        counting(cls, "target")
+    counting(model_config.DrafterConfig, "drafter")
+    engine = Engine.from_deployment(str(built["torch"]), draft_policy="fixed", dtype="float32", device="cpu",
+                                    max_batch_size=1, cuda_graphs=False)
+    try:
+        assert engine.drafter is not None
+    finally:
+        engine.shutdown()
+    assert parses == {"target": 1, "drafter": 1}, parses

@@ -25,6 +25,7 @@ from .bench.helpformat import HelpFormatter
 from .checkpoints import drafter_formats, manifest, memory_fit, resolve, trtllm_checks
 from .deployment import FORMAT_VERSION, Deployment
 from .errors import DFlashError
+from .model_config import DrafterConfig
 from .versions import installed
 
 
@@ -85,7 +86,8 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
                           f"use 1 <= --max_draft_len <= {block_size - 1}")
     from .checkpoints import validate
 
-    for name in validate.check_pair(target_cfg, norm.config, tp_size=cfg.tp_size, block_size=max_draft_len + 1):
+    for name in validate.check_pair(target_cfg, DrafterConfig.from_hf(norm.config), tp_size=cfg.tp_size,
+                                    block_size=max_draft_len + 1):
         validation[f"pair {name}"] = "ok"
     trtllm_checks.check_parallel(target_cfg, cfg.tp_size, cfg.ep_size)
     validation["ep_size"] = "ok"
@@ -281,7 +283,8 @@ def write_directory(plan: Plan, tmp: Path, stamp: str, *, log=print) -> dict:
         notes = drafter_formats.normalise(drafter.path, tmp / "drafter", target.path, plan.target_cfg,
                                           fmt=plan.drafter_format, allow_pickle=cfg.allow_pickle).notes
     drafter_cfg = hf.read_config(tmp / "drafter")
-    validate.check_pair(plan.target_cfg, drafter_cfg, tp_size=cfg.tp_size, block_size=plan.max_draft_len + 1)
+    validate.check_pair(plan.target_cfg, DrafterConfig.from_hf(drafter_cfg), tp_size=cfg.tp_size,
+                        block_size=plan.max_draft_len + 1)
     if cfg.presharded:
         _write_ranks(tmp, cfg.tp_size, cfg.allow_pickle, log, ep_size=cfg.ep_size)
     if plan.options is not None:

@@ -43,17 +43,6 @@ def gpt_oss_rope(cfg: dict) -> dict:
     return rope_parameters(cfg if has_scaling else {**cfg, "rope_scaling": YARN_DEFAULT})
 
 
-def check_heads(num_heads: int, num_kv_heads: int, tp_size: int) -> str | None:
-    """None when tp_size can split these attention heads, else what is wrong: the query heads must split evenly;
-    the KV heads split evenly too, or are replicated when tp_size is a multiple of them."""
-    if num_heads % tp_size:
-        return f"{tp_size} does not divide num_attention_heads ({num_heads})"
-    if num_kv_heads % tp_size and tp_size % num_kv_heads:
-        return (f"{tp_size} neither divides num_key_value_heads ({num_kv_heads}) nor is a multiple of it (KV heads are "
-                "split over the ranks, or replicated when there are more ranks than KV heads)")
-    return None
-
-
 def build_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
     """The DFlash paper's default taps: uniform from the 2nd layer to the 3rd-to-last."""
     if num_features == 1:
@@ -140,6 +129,7 @@ class GptOssConfig(ModelConfig):
     layer_types: tuple[str, ...]
     swiglu_limit: float
     tie_word_embeddings: bool
+    mxfp4: bool                             # experts stored as MXFP4 (quantization_config.quant_method)
 
     @classmethod
     def from_hf(cls, cfg: dict) -> GptOssConfig:
@@ -164,7 +154,7 @@ class GptOssConfig(ModelConfig):
                    experts_per_token=cfg.get("num_experts_per_tok") or cfg["experts_per_token"],
                    sliding_window=cfg.get("sliding_window") or 128, layer_types=types,
                    swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
-                   tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+                   tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), mxfp4=quant == "mxfp4")
 
 
 _TARGET_CONFIGS: dict[str, type[ModelConfig]] = {**{a: LlamaConfig for a in LLAMA_ARCHITECTURES},

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .bench.helpformat import HelpFormatter
 from .errors import DFlashError, exit_code
-from .checkpoints.hf import load_tokenizer
+from .checkpoints.text import load_tokenizer
 from .training.settings import CONFIG_FILE, PRESETS, STAGES, TrainConfig
 from .training.target import resolve_target
 

@@ -63,13 +63,13 @@ def test_a_bad_tp_size_lists_every_size_that_suits_target_and_drafter():
     then refused (`--tp 16` said one thing, the next try another)."""
     from trtllm_dflash.checkpoints import validate
 
-    target = {"num_attention_heads": 32, "num_key_value_heads": 8}
-    drafter = {"num_attention_heads": 12, "num_key_value_heads": 4}
+    target = validate.head_counts({"num_attention_heads": 32, "num_key_value_heads": 8})
+    drafter = (12, 4)   # a parsed drafter's (num_heads, num_kv_heads)
     for tp, who, cfg, other in ((3, "target", target, drafter), (8, "drafter", drafter, target)):
         with pytest.raises(DFlashError) as err:
             validate.check_tp(cfg, tp, who, together_with=(other,))
         assert str(err.value).endswith("use one of [1, 2, 4]"), str(err.value)
-    assert validate.tp_sizes({"num_attention_heads": 9, "num_key_value_heads": 3}) == [1, 3, 9]
+    assert validate.tp_sizes(validate.head_counts({"num_attention_heads": 9, "num_key_value_heads": 3})) == [1, 3, 9]
 
 
 def test_missing_tensor(pair):

@@ -19,6 +19,7 @@ import torch
 from tests.runtime.compare import attend_f64, compile_for_h100, default_subset, random_cache, rel, rope_f64
 from tests.runtime.kernel_engine import GREEDY_AND_SAMPLED, TWO_PROMPTS, count_calls, same_generation
 from trtllm_dflash.checkpoints import hf
+from trtllm_dflash.model_config import target_config
 from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.kernels import TORCH, Kernels
@@ -164,7 +165,8 @@ def test_target_forward_with_the_kernels(tiny_qwen3_pair):
     ids = torch.randint(2, 90, (2, 30), generator=g)
     out = {}
     for kernel in ("torch", "triton"):
-        target = load_target(tiny_qwen3_pair[0], hf.read_config(tiny_qwen3_pair[0]), TPGroup(), torch.device("cpu"),
+        target = load_target(tiny_qwen3_pair[0], target_config(hf.read_config(tiny_qwen3_pair[0])),
+                             TPGroup(), torch.device("cpu"),
                              torch.float32, 64,
                              kernels=Kernels.choose(kernel, False, "cpu", torch.float32))
         L_, H, D = target.kv_shape()
@@ -207,7 +209,8 @@ def test_the_engine_refuses_models_built_with_other_kernels(tiny_qwen3_pair):
     from trtllm_dflash.runtime.distributed import TPGroup
     from trtllm_dflash.runtime.engine import Engine
     from trtllm_dflash.runtime.weights import load_target
-    target = load_target(tiny_qwen3_pair[0], hf.read_config(tiny_qwen3_pair[0]), TPGroup(), torch.device("cpu"),
+    target = load_target(tiny_qwen3_pair[0], target_config(hf.read_config(tiny_qwen3_pair[0])),
+                         TPGroup(), torch.device("cpu"),
                          torch.bfloat16, 64,
                          kernels=Kernels(batch_invariant=True))
     with pytest.raises(DFlashError, match="kernels: the target was built with"):

@@ -18,6 +18,7 @@ from tests.runtime.compare import rel
 from trtllm_dflash.testing import write_tiny_pair
 from trtllm_dflash import cli
 from trtllm_dflash.checkpoints import hf
+from trtllm_dflash.model_config import target_config
 from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime import fp8, quant, shard
@@ -127,7 +128,8 @@ def test_fp8_gemm_off_cuda_is_refused_with_one_line():
 
 def test_fp8_gemm_on_a_plain_target_is_a_note_not_an_error(tiny_pair, capsys):
     """One setting can serve quantized and plain deployments alike; the plain one just runs as before."""
-    model = load_target(tiny_pair[0], hf.read_config(tiny_pair[0]), TPGroup(), CPU, torch.float32, 64, fp8_gemm=True)
+    model = load_target(tiny_pair[0], target_config(hf.read_config(tiny_pair[0])),
+                        TPGroup(), CPU, torch.float32, 64, fp8_gemm=True)
     assert not any(isinstance(m, fp8.Fp8Linear) for m in model.modules())
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "fp8_gemm" in err and "no FP8 linears" in err and "float32" in err
@@ -194,8 +196,8 @@ def _dequantised(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def test_loader_keeps_fp8_weights_fused_with_their_row_scales(fp8_build):
     target = fp8_build / "target"
-    plain = load_target(target, hf.read_config(target), TPGroup(), CPU, torch.float32, 64)
-    ours = load_target(target, hf.read_config(target), TPGroup(), CPU, torch.float32, 64, fp8_gemm=True)
+    plain = load_target(target, target_config(hf.read_config(target)), TPGroup(), CPU, torch.float32, 64)
+    ours = load_target(target, target_config(hf.read_config(target)), TPGroup(), CPU, torch.float32, 64, fp8_gemm=True)
     raw = hf.load_state_dict(target)
     qkv = ours.layers[1].self_attn.qkv_proj
     assert isinstance(qkv, fp8.Fp8Linear) and qkv.weight.dtype == fp8.FP8 and qkv.weight_scale.dtype == torch.float32
@@ -234,7 +236,8 @@ def test_tensor_parallel_slices_carry_their_scales(fp8_build, tmp_path):
     for target in (per_tensor, _per_channel_copy(per_tensor, tmp_path / "per_channel")):
         whole = quant.dequantize(hf.load_state_dict(target), torch.float64)
         for rank in range(2):
-            got = _dequantised(load_target(target, hf.read_config(target), TPGroup(rank, 2), CPU, torch.float32, 64,
+            got = _dequantised(load_target(target, target_config(hf.read_config(target)),
+                                           TPGroup(rank, 2), CPU, torch.float32, 64,
                                            fp8_gemm=True))
 
             def part(name: str) -> torch.Tensor:
@@ -255,7 +258,8 @@ def test_fp8_gemm_auto_is_on_only_where_it_runs(tiny_pair, capsys):
     """The default (None) follows the measurement: on for CUDA >= 8.9 in bfloat16, quietly off elsewhere."""
     assert RuntimeConfig().fp8_gemm is None
     assert fp8.effective(None, CPU, torch.bfloat16) is False and fp8.effective(False, CPU, torch.bfloat16) is False
-    model = load_target(tiny_pair[0], hf.read_config(tiny_pair[0]), TPGroup(), CPU, torch.float32, 64, fp8_gemm=None)
+    model = load_target(tiny_pair[0], target_config(hf.read_config(tiny_pair[0])),
+                        TPGroup(), CPU, torch.float32, 64, fp8_gemm=None)
     assert not any(isinstance(m, fp8.Fp8Linear) for m in model.modules()) and capsys.readouterr().err == ""
     if torch.cuda.is_available():
         want = torch.cuda.get_device_capability() >= (8, 9)

@@ -24,6 +24,7 @@ from tests.runtime.oracle import PeriodicOracle
 from tests.runtime.test_tp import mpiexec
 from trtllm_dflash.testing import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
 from trtllm_dflash.checkpoints import hf
+from trtllm_dflash.model_config import target_config
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime import shard
 from trtllm_dflash.runtime.distributed import TPGroup
@@ -86,7 +87,7 @@ def test_logits_and_features_match_transformers(tiny, name):
     with torch.no_grad():
         out = ref(ids, output_hidden_states=True)
     capture = (0, 2, 1)  # not the last layer: transformers' last hidden_states entry is after the final norm
-    ours = load_target(tiny[name], hf.read_config(tiny[name]), TPGroup(), CPU, F32, 128, capture)
+    ours = load_target(tiny[name], target_config(hf.read_config(tiny[name])), TPGroup(), CPU, F32, 128, capture)
     L, H, D = ours.kv_shape()
     cache = KVCache(L, 2, H, 128, D, F32, CPU)
     pos = torch.arange(T).expand(2, T)
@@ -108,7 +109,7 @@ def test_logits_and_features_match_transformers(tiny, name):
 
 def test_sinks_and_window_change_the_output(tiny):
     """Guards against a test that passes because sinks/windows do nothing at these sizes."""
-    ours = load_target(tiny["plain"], hf.read_config(tiny["plain"]), TPGroup(), CPU, F32, 128)
+    ours = load_target(tiny["plain"], target_config(hf.read_config(tiny["plain"])), TPGroup(), CPU, F32, 128)
     L, H, D = ours.kv_shape()
     ids = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(2))
     pos = torch.arange(40)[None]
@@ -168,7 +169,8 @@ def test_gpt_oss_drafter_matches_dflash_reference(tiny, drafters):
     pos = torch.arange(ctx + B)[None]
     with torch.no_grad():
         want = ref(position_ids=pos, noise_embedding=noise, target_hidden=feats)
-        m = load_drafter(drafters["plain"], hf.read_config(drafters["plain"]), 64, TPGroup(), CPU, F32, 256)
+        m = load_drafter(drafters["plain"], DrafterConfig.from_hf(hf.read_config(drafters["plain"])), 64,
+                         TPGroup(), CPU, F32, 256)
         L, H, D = m.kv_shape()
         cache = KVCache(L, 1, H, 256, D, F32, CPU)
         m.append_context(feats, pos[:, :ctx], cache, slice(0, 1))

@@ -21,6 +21,7 @@ import torch
 
 from tests.runtime.compare import attend_f64, default_subset, random_cache, rel
 from trtllm_dflash.checkpoints import hf
+from trtllm_dflash.model_config import target_config
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models import gpt_oss
 from trtllm_dflash.runtime.models import layers as L
@@ -206,7 +207,8 @@ def test_target_forward_with_the_kernels(tiny_gpt_oss, monkeypatch):
     ids = torch.randint(2, 90, (2, 30), generator=g)
     out = {}
     for kernel in ("torch", "triton"):
-        target = load_target(tiny_gpt_oss[0], hf.read_config(tiny_gpt_oss[0]), TPGroup(), torch.device("cpu"),
+        target = load_target(tiny_gpt_oss[0], target_config(hf.read_config(tiny_gpt_oss[0])),
+                             TPGroup(), torch.device("cpu"),
                              torch.float32, 64,
                              kernels=Kernels.choose(kernel, False, "cpu", torch.float32))
         assert all(layer.self_attn.kernels.triton == (kernel == "triton") for layer in target.layers)

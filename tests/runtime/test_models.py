@@ -11,6 +11,7 @@ import torch
 from tests.runtime.compare import rel
 from trtllm_dflash.testing import VOCAB, write_tiny_target
 from trtllm_dflash.checkpoints import hf
+from trtllm_dflash.model_config import DrafterConfig, target_config
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.weights import load_drafter, load_target
@@ -19,7 +20,7 @@ CPU, F32 = torch.device("cpu"), torch.float32
 
 
 def _ours(path, capture=(), max_pos=256):
-    m = load_target(path, hf.read_config(path), TPGroup(), CPU, F32, max_pos, capture)
+    m = load_target(path, target_config(hf.read_config(path)), TPGroup(), CPU, F32, max_pos, capture)
     L, H, D = m.kv_shape()
     return m, KVCache(L, 2, H, max_pos, D, F32, CPU)
 
@@ -114,7 +115,7 @@ def _drafter_inputs(tiny_pair, ctx=23):
 
 
 def _our_draft_hidden(drafter_dir, embed, feats, ctx_pos, block, block_pos, cached_in_two_chunks=True):
-    m = load_drafter(drafter_dir, hf.read_config(drafter_dir), 64, TPGroup(), CPU, F32, 256)
+    m = load_drafter(drafter_dir, DrafterConfig.from_hf(hf.read_config(drafter_dir)), 64, TPGroup(), CPU, F32, 256)
     L, H, D = m.kv_shape()
     cache = KVCache(L, 1, H, 256, D, F32, CPU)
     rows = slice(0, 1)

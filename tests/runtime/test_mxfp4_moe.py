@@ -288,13 +288,13 @@ def test_greedy_dflash_equals_ar_with_the_mxfp4_kernel(tmp_path):
 
 # ---- CPU: the setting -------------------------------------------------------------------------------------
 def test_experts_kernel_setting_is_explicit():
-    q = {"quantization_config": {"quant_method": "mxfp4"}}
+    q = True   # GptOssConfig.mxfp4 of an MXFP4 checkpoint
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert mxfp4.resolve_kernel("auto", q, cpu) == "dequant"
     assert mxfp4.resolve_kernel("auto", q, cuda) == "triton"
-    assert mxfp4.resolve_kernel("auto", {}, cuda) == "dequant"      # bf16 experts: nothing to keep packed
+    assert mxfp4.resolve_kernel("auto", False, cuda) == "dequant"      # bf16 experts: nothing to keep packed
     assert mxfp4.resolve_kernel("dequant", q, cuda) == "dequant"
-    for setting, cfg, dev in (("triton", q, cpu), ("triton", {}, cuda), ("fast", q, cuda)):
+    for setting, cfg, dev in (("triton", q, cpu), ("triton", False, cuda), ("fast", q, cuda)):
         with pytest.raises(DFlashError, match="mxfp4_moe"):
             mxfp4.resolve_kernel(setting, cfg, dev)
 

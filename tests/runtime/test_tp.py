@@ -128,7 +128,7 @@ def test_kernel_counts_catch_ranks_on_the_torch_path(tmp_path, tiny_qwen3_pair):
 def test_kv_heads_are_replicated_when_ranks_outnumber_them():
     import torch
 
-    from trtllm_dflash.model_config import check_heads
+    from trtllm_dflash.checkpoints.validate import check_heads
     from trtllm_dflash.runtime.shard import kv_heads_per_rank
 
     k = torch.arange(2 * 3 * 5).view(2 * 3, 5).float()       # 2 KV heads of head_dim 3, hidden 5

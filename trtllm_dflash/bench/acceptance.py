@@ -191,7 +191,7 @@ def markdown(result: dict, block_sizes: list[int]) -> str:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    from trtllm_dflash.checkpoints.hf import load_tokenizer
+    from trtllm_dflash.checkpoints.text import load_tokenizer
     from trtllm_dflash.training.target import resolve_target
 
     t0 = time.perf_counter()

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 
+from trtllm_dflash import model_config
 from trtllm_dflash.bench.step import cuda_time, graphed, target_config, time_engine
 
 from trtllm_dflash.checkpoints import hf
@@ -254,13 +255,13 @@ def bench_steps(args, dev, dtype, smoke: bool, result: dict) -> None:
     pre_d = {f"drafter.{k}": v for k, v in dsd.items()}
     with tempfile.TemporaryDirectory() as work:
         dirs = write_configs(Path(work), tcfg, dcfg)
-        drafter = load_drafter(dirs["drafter"], dcfg, tcfg["hidden_size"], TPGroup(), dev, dtype, max_seq,
-                               presharded=pre_d)
+        drafter = load_drafter(dirs["drafter"], model_config.DrafterConfig.from_hf(dcfg),
+                               tcfg["hidden_size"], TPGroup(), dev, dtype, max_seq, presharded=pre_d)
         capture = drafter.config.target_layer_ids
 
         def target(pre, path, fp8_gemm):   # the FP8 folder's config.json adds ModelOpt's quantization_config
-            return load_target(path, hf.read_config(path), TPGroup(), dev, dtype, max_seq, capture, presharded=pre,
-                               fp8_gemm=fp8_gemm)
+            return load_target(path, model_config.target_config(hf.read_config(path)), TPGroup(), dev, dtype,
+                               max_seq, capture, presharded=pre, fp8_gemm=fp8_gemm)
 
         targets = {"bf16": target(pre_bf16, dirs["bf16"], False), "fp8_dequant": target(pre_fp8, dirs["fp8"], False),
                    "fp8_gemm": target(pre_fp8, dirs["fp8"], True)}

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 
+from trtllm_dflash import model_config
 from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights
 from trtllm_dflash.checkpoints.resolve import PUBLIC_CONFIGS
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
@@ -60,10 +61,10 @@ def build(tcfg: dict, dcfg: dict, max_seq_len: int, device, dtype):
             (Path(work) / name / "config.json").write_text(json.dumps(cfg))
         dsd = random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=dtype, device=device)
         pre = {f"target.{k}": v for k, v in hf.state_dict().items()} | {f"drafter.{k}": v for k, v in dsd.items()}
-        drafter = load_drafter(Path(work) / "drafter", dcfg, tcfg["hidden_size"], TPGroup(), device, dtype,
-                               max_seq_len, presharded=pre)
-        target = load_target(Path(work) / "target", tcfg, TPGroup(), device, dtype, max_seq_len,
-                             drafter.config.target_layer_ids, presharded=pre)
+        drafter = load_drafter(Path(work) / "drafter", model_config.DrafterConfig.from_hf(dcfg),
+                               tcfg["hidden_size"], TPGroup(), device, dtype, max_seq_len, presharded=pre)
+        target = load_target(Path(work) / "target", model_config.target_config(tcfg), TPGroup(), device, dtype,
+                             max_seq_len, drafter.config.target_layer_ids, presharded=pre)
     return target, drafter
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 
+from trtllm_dflash import model_config
 from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights
 from trtllm_dflash.checkpoints.resolve import KNOWN_MODELS, PUBLIC_CONFIGS, SHIPPED_DRAFTERS, shipped_drafter_dir
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
@@ -145,10 +146,10 @@ def build_pair(name: str, max_seq_len: int, work: Path, smoke: bool = False):
     (work / "drafter" / "config.json").write_text(json.dumps(dcfg))
     dsd = random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=BF16, device=DEV)
     pre = {f"target.{k}": v for k, v in hf.state_dict().items()} | {f"drafter.{k}": v for k, v in dsd.items()}
-    drafter = load_drafter(work / "drafter", dcfg, tcfg["hidden_size"], TPGroup(), DEV, BF16, max_seq_len,
-                           presharded=pre)
-    target = load_target(work / "target", tcfg, TPGroup(), DEV, BF16, max_seq_len, drafter.config.target_layer_ids,
-                         presharded=pre)
+    drafter = load_drafter(work / "drafter", model_config.DrafterConfig.from_hf(dcfg),
+                           tcfg["hidden_size"], TPGroup(), DEV, BF16, max_seq_len, presharded=pre)
+    target = load_target(work / "target", model_config.target_config(tcfg), TPGroup(), DEV, BF16, max_seq_len,
+                         drafter.config.target_layer_ids, presharded=pre)
     return hf, target, drafter, dcfg, dsd
 
 

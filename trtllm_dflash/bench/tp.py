@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 
+from trtllm_dflash import model_config
 from trtllm_dflash.bench.step import target_config, time_engine
 from trtllm_dflash.bench.tp_allreduce import measure, parse_size
 from trtllm_dflash.bench.tp_flags import add_rank_engine_flags
@@ -81,10 +82,10 @@ def shards_8b(name: str, tp, work: Path, max_seq: int, kernels: Kernels):
         (work / role).mkdir(parents=True, exist_ok=True)
         (work / role / "config.json").write_text(json.dumps(cfg))
     dev = torch.device("cuda", torch.cuda.current_device())
-    drafter = load_drafter(work / "drafter", dcfg, tcfg["hidden_size"], tp, dev, torch.bfloat16, max_seq,
-                           presharded=pre, kernels=kernels)
-    target = load_target(work / "target", tcfg, tp, dev, torch.bfloat16, max_seq, drafter.config.target_layer_ids,
-                         presharded=pre, kernels=kernels)
+    drafter = load_drafter(work / "drafter", model_config.DrafterConfig.from_hf(dcfg),
+                           tcfg["hidden_size"], tp, dev, torch.bfloat16, max_seq, presharded=pre, kernels=kernels)
+    target = load_target(work / "target", model_config.target_config(tcfg), tp, dev, torch.bfloat16, max_seq,
+                         drafter.config.target_layer_ids, presharded=pre, kernels=kernels)
     return target, drafter
 
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Reading and writing Hugging Face checkpoint folders: config.json, safetensors (sharded or not), the tokenizer
-and the stop ids.
+"""Reading and writing Hugging Face checkpoint folders: config.json and the weights, safetensors (sharded or not).
+Their tokenizer and stop ids: checkpoints/text.py.
 
 Pickle checkpoints (``*.bin``, ``*.pt``) can run code when loaded, so they are refused unless the caller
 opts in; then they load with ``torch.load(weights_only=True)``.
@@ -66,8 +66,9 @@ def load_state_dict(
 ) -> dict[str, torch.Tensor]:
     """Load tensors from a checkpoint folder.
 
-    ``select(name)`` filters names; ``slicer(name, lazy)`` reads part of a tensor from a safetensors
-    lazy slice (``lazy[a:b]``, ``lazy[:, a:b]``) so a tensor-parallel rank reads only its shard.
+    ``select(name)`` filters names; ``slicer(name, t)`` keeps part of each tensor: from a safetensors lazy slice
+    (``t[a:b]``, ``t[:, a:b]``) it reads only that part, so a tensor-parallel rank reads only its shard; a pickle
+    file's tensors are loaded whole, then cut.
     """
     out: dict[str, torch.Tensor] = {}
     for f in weight_files(path, allow_pickle=allow_pickle):
@@ -75,7 +76,7 @@ def load_state_dict(
             sd = torch.load(f, map_location="cpu", weights_only=True)
             for name, t in sd.items():
                 if select is None or select(name):
-                    out[name] = t
+                    out[name] = slicer(name, t) if slicer else t
             continue
         with safe_open(str(f), framework="pt") as fh:
             for name in fh.keys():
@@ -85,19 +86,6 @@ def load_state_dict(
     return out
 
 
-def tensor_names(path: str | Path, *, allow_pickle: bool = False) -> dict[str, tuple[int, ...]]:
-    """Names and shapes without reading the data (pickle files are read whole)."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for f in weight_files(path, allow_pickle=allow_pickle):
-        if f.suffix != ".safetensors":
-            shapes.update({k: tuple(v.shape) for k, v in torch.load(f, map_location="cpu", weights_only=True).items()})
-            continue
-        with safe_open(str(f), framework="pt") as fh:
-            for name in fh.keys():
-                shapes[name] = tuple(fh.get_slice(name).get_shape())
-    return shapes
-
-
 def save_state_dict(sd: dict[str, torch.Tensor], path: str | Path, filename: str = "model.safetensors") -> Path:
     """Save tensors as one safetensors file (contiguous, no shared storage)."""
     path = Path(path)
@@ -105,26 +93,3 @@ def save_state_dict(sd: dict[str, torch.Tensor], path: str | Path, filename: str
     out = path / filename
     save_file({k: v.detach().contiguous().clone() for k, v in sd.items()}, str(out))
     return out
-
-
-def load_tokenizer(path: str | Path):
-    """The folder's tokenizer, or None for a weights-only folder (token-id requests still work)."""
-    path = Path(path)
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(path))
-
-
-def eos_ids(path: str | Path, cfg: dict, tokenizer) -> set[int]:
-    """Stop ids from config.json (``cfg``), generation_config.json and the tokenizer (all of them count)."""
-    ids: set[int] = set()
-    sources = [cfg.get("eos_token_id")]
-    gen = Path(path) / "generation_config.json"
-    if gen.is_file():
-        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
-    if tokenizer is not None:
-        sources.append(tokenizer.eos_token_id)
-    for s in sources:
-        ids.update(s if isinstance(s, list) else [s] if s is not None else [])
-    return ids

@@ -7,37 +7,48 @@ checks that passed, which dflash-build records in the manifest.
 from __future__ import annotations
 
 from ..errors import DFlashError
-from ..model_config import DrafterConfig, check_heads
+from ..model_config import DrafterConfig
 
 
-def _target_dims(t: dict) -> tuple[int, int, int, int]:
-    heads = t["num_attention_heads"]
-    return t["hidden_size"], t["vocab_size"], t["num_hidden_layers"], heads
+def check_heads(num_heads: int, num_kv_heads: int, tp_size: int) -> str | None:
+    """None when tp_size can split these attention heads, else what is wrong: the query heads must split evenly;
+    the KV heads split evenly too, or are replicated when tp_size is a multiple of them."""
+    if num_heads % tp_size:
+        return f"{tp_size} does not divide num_attention_heads ({num_heads})"
+    if num_kv_heads % tp_size and tp_size % num_kv_heads:
+        return (f"{tp_size} neither divides num_key_value_heads ({num_kv_heads}) nor is a multiple of it (KV heads are "
+                "split over the ranks, or replicated when there are more ranks than KV heads)")
+    return None
 
 
-def _head_counts(cfg: dict) -> tuple[int, int]:
+def head_counts(cfg: dict) -> tuple[int, int]:
+    """(num_attention_heads, num_key_value_heads) of a config.json dict, the form the tp checks take (a parsed
+    model_config passes ``(c.num_heads, c.num_kv_heads)``)."""
     heads = cfg["num_attention_heads"]
     return heads, cfg.get("num_key_value_heads") or heads
 
 
-def tp_sizes(*cfgs: dict) -> list[int]:
-    """Every tp_size that the heads of all these models allow (model_config.check_heads' rule for each)."""
-    top = min(heads for heads, _ in map(_head_counts, cfgs))
-    return [k for k in range(1, top + 1) if all(check_heads(*_head_counts(c), k) is None for c in cfgs)]
+def tp_sizes(*heads: tuple[int, int]) -> list[int]:
+    """Every tp_size that all these (heads, kv_heads) pairs allow (check_heads' rule for each)."""
+    top = min(h for h, _ in heads)
+    return [k for k in range(1, top + 1) if all(check_heads(*h, k) is None for h in heads)]
 
 
-def check_tp(cfg: dict, tp_size: int, who: str, *, together_with: tuple[dict, ...] = ()) -> None:
-    """``together_with``: the other models the same ranks split, so the fix lists the sizes that suit them all
-    at once (one error, not a second one for the drafter after the target's is fixed)."""
-    problem = check_heads(*_head_counts(cfg), tp_size)
+def check_tp(heads: tuple[int, int], tp_size: int, who: str, *,
+             together_with: tuple[tuple[int, int], ...] = ()) -> None:
+    """``heads``: the model's (heads, kv_heads). ``together_with``: those of the other models the same ranks
+    split, so the fix lists the sizes that suit them all at once (one error, not a second one for the drafter
+    after the target's is fixed)."""
+    problem = check_heads(*heads, tp_size)
     if problem:
-        raise DFlashError("tp_size", f"{problem} of the {who}", f"use one of {tp_sizes(cfg, *together_with)}")
+        raise DFlashError("tp_size", f"{problem} of the {who}", f"use one of {tp_sizes(heads, *together_with)}")
 
 
-def check_pair(target: dict, drafter: dict, *, tp_size: int = 1, block_size: int | None = None) -> list[str]:
-    """Raise on the first incompatibility between target and drafter config.json dicts."""
-    d = DrafterConfig.from_hf(drafter)
-    hidden, vocab, layers, _ = _target_dims(target)
+def check_pair(target: dict, d: DrafterConfig, *, tp_size: int = 1, block_size: int | None = None) -> list[str]:
+    """Raise on the first incompatibility between a target's config.json dict and the drafter's parsed config
+    (parsed once, by whoever read it: the same object then builds the drafter). The target stays a dict: a
+    TensorRT-LLM build checks targets the torch runtime has no model config for."""
+    hidden, vocab, layers = target["hidden_size"], target["vocab_size"], target["num_hidden_layers"]
     passed = []
     if d.hidden_size != hidden:
         raise DFlashError("drafter hidden_size", f"{d.hidden_size} != target hidden_size {hidden}",
@@ -63,7 +74,8 @@ def check_pair(target: dict, drafter: dict, *, tp_size: int = 1, block_size: int
         raise DFlashError("block_size", f"{block_size} exceeds the drafter's trained block_size {d.block_size}",
                           f"use max_draft_len <= {d.block_size - 1} (block_size = max_draft_len + 1)")
     passed.append("block_size")
-    check_tp(target, tp_size, "target", together_with=(drafter,))
-    check_tp(drafter, tp_size, "drafter", together_with=(target,))
+    target_heads, drafter_heads = head_counts(target), (d.num_heads, d.num_kv_heads)
+    check_tp(target_heads, tp_size, "target", together_with=(drafter_heads,))
+    check_tp(drafter_heads, tp_size, "drafter", together_with=(target_heads,))
     passed.append("tp_divisibility")
     return passed

@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..checkpoints import hf, validate
+from ..checkpoints import hf, text, validate
 from ..config import RuntimeConfig
 from ..deployment import Deployment
-from ..model_config import target_config
+from ..model_config import DrafterConfig, target_config
 from . import fp8
 from .distributed import TPGroup, init_tp, launcher_rank_and_size
 from .kernels import Kernels
@@ -51,29 +51,31 @@ def load(deployment: Deployment, overrides: dict) -> Loaded:
 
 def load_pair(target_dir, drafter_dir, cfg: RuntimeConfig, *, tp_size: int = 1, allow_pickle: bool = False,
               presharded: dict | None = None, ep_size: int = 1) -> Loaded:
-    """Read the pair's configs, tokenizer and EOS ids and check the configs (before any rank or weight is
-    touched), join the tensor-parallel group, then load this rank's target and drafter (None for block_size 1)."""
+    """Read the pair's configs, tokenizer and EOS ids, parse and check the configs (before any rank or weight is
+    touched), join the tensor-parallel group, then load this rank's target and drafter (None for block_size 1).
+    Each config.json is parsed here once; the parsed configs are what the checks and the models take."""
     device, dtype = resolve_device(cfg)
     target_dir = Path(target_dir)
     tcfg = hf.read_config(target_dir)
     dcfg = hf.read_config(drafter_dir) if drafter_dir is not None and cfg.block_size != 1 else None
-    tokenizer = hf.load_tokenizer(target_dir)   # with the configs: what the folders hold is read in one place
-    eos_ids = hf.eos_ids(target_dir, tcfg, tokenizer)
-    if dcfg is not None:
-        validate.check_pair(tcfg, dcfg, tp_size=tp_size, block_size=cfg.block_size)
+    tokenizer = text.load_tokenizer(target_dir)   # with the configs: what the folders hold is read in one place
+    eos_ids = text.eos_ids(target_dir, tcfg, tokenizer)
+    drafter_cfg = DrafterConfig.from_hf(dcfg) if dcfg is not None else None
+    if drafter_cfg is not None:
+        validate.check_pair(tcfg, drafter_cfg, tp_size=tp_size, block_size=cfg.block_size)
     else:
-        validate.check_tp(tcfg, tp_size, "target")
-    target_config(tcfg)  # an architecture the runtime lacks fails here, before any rank starts
+        validate.check_tp(validate.head_counts(tcfg), tp_size, "target")
+    target_cfg = target_config(tcfg)  # an architecture the runtime lacks fails here, before any rank starts
     tp = init_tp(tp_size, device, allreduce_strategy=cfg.allreduce_strategy)
     if device.type == "cuda" and tp.size > 1:
         device = torch.device("cuda", torch.cuda.current_device())
     positions = cfg.max_seq_len
     kernels = Kernels.choose(cfg.kernels, cfg.batch_invariant, device, dtype)
-    drafter = (load_drafter(Path(drafter_dir), dcfg, tcfg["hidden_size"], tp, device, dtype, positions,
-                            allow_pickle, presharded, kernels=kernels) if dcfg is not None else None)
+    drafter = (load_drafter(Path(drafter_dir), drafter_cfg, target_cfg.hidden_size, tp, device, dtype, positions,
+                            allow_pickle, presharded, kernels=kernels) if drafter_cfg is not None else None)
     capture = drafter.config.target_layer_ids if drafter is not None else ()
-    target = load_target(target_dir, tcfg, tp, device, dtype, positions, capture, allow_pickle, presharded, ep_size,
-                         fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe, kernels=kernels)
+    target = load_target(target_dir, target_cfg, tp, device, dtype, positions, capture, allow_pickle, presharded,
+                         ep_size, fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe, kernels=kernels)
     return Loaded(target, drafter, tokenizer, tp, eos_ids, cfg)
 
 

@@ -84,7 +84,8 @@ def slice_for_rank(name: str, t, tp_size: int, rank: int, shape: tuple[int, ...]
                    ep_size: int = 1, num_kv_heads: int | None = None) -> torch.Tensor:
     """This rank's part of tensor ``t`` (a tensor or a safetensors lazy slice, which reads only that part).
     ``num_kv_heads``: the model's KV heads, needed where tp_size exceeds them (k/v are then replicated)."""
-    shape = tuple(t.shape) if shape is None else shape
+    if shape is None:
+        shape = tuple(t.shape) if isinstance(t, torch.Tensor) else tuple(t.get_shape())
     dim = shard_dim(name)
     parts = name.split(".")
     if (dim == 0 and num_kv_heads and tp_size > num_kv_heads and len(parts) >= 2 and parts[-2] in ("k_proj", "v_proj")
@@ -116,15 +117,20 @@ def rank_tensors(path, tp_size: int, rank: int, *, presharded: dict | None = Non
     of both models as a build wrote them (shard_for_rank); those under ``prefix`` are taken instead of ``path``."""
     if presharded is not None:
         return {k[len(prefix):]: v for k, v in presharded.items() if k.startswith(prefix)}
-    pickled = tp_size > 1 and any(f.suffix != ".safetensors" for f in hf.weight_files(path, allow_pickle=True))
-    shapes = hf.tensor_names(path, allow_pickle=allow_pickle)
-    sd = hf.load_state_dict(path, allow_pickle=allow_pickle,
-                            slicer=lambda n, lazy: slice_for_rank(n, lazy, tp_size, rank, shapes[n], ep_size,
-                                                                  num_kv_heads))
-    if pickled:
-        sd = {n: slice_for_rank(n, t, tp_size, rank, ep_size=ep_size, num_kv_heads=num_kv_heads)
-              for n, t in sd.items()}
-    return sd
+
+    def this_rank(name: str, t) -> torch.Tensor:
+        return slice_for_rank(name, t, tp_size, rank, ep_size=ep_size, num_kv_heads=num_kv_heads)
+
+    return hf.load_state_dict(path, allow_pickle=allow_pickle, slicer=this_rank)
+
+
+def tied_lm_head(sd: dict, tp_size: int, rank: int) -> dict[str, torch.Tensor]:
+    """{"lm_head.weight": this rank's vocab rows of the (replicated) embedding} for a target whose checkpoint
+    (HF names) has no lm_head.weight; {} when it has one, or has no embedding to tie to (assign_weights then names
+    what is missing)."""
+    if "lm_head.weight" in sd or "model.embed_tokens.weight" not in sd:
+        return {}
+    return {"lm_head.weight": slice_for_rank("lm_head.weight", sd["model.embed_tokens.weight"], tp_size, rank)}
 
 
 def shard_for_rank(target_sd: dict, drafter_sd: dict | None, tp_size: int, rank: int,
@@ -134,9 +140,7 @@ def shard_for_rank(target_sd: dict, drafter_sd: dict | None, tp_size: int, rank:
     and the drafter's num_key_value_heads (for replication where tp_size exceeds them)."""
     out = {f"target.{k}": slice_for_rank(k, v, tp_size, rank, ep_size=ep_size, num_kv_heads=kv_heads[0]).contiguous()
            for k, v in target_sd.items()}
-    if "lm_head.weight" not in target_sd and "model.embed_tokens.weight" in target_sd:
-        out["target.lm_head.weight"] = slice_for_rank(
-            "lm_head.weight", target_sd["model.embed_tokens.weight"], tp_size, rank).contiguous()
+    out.update({f"target.{k}": v.contiguous() for k, v in tied_lm_head(target_sd, tp_size, rank).items()})
     for k, v in (drafter_sd or {}).items():
         out[f"drafter.{k}"] = slice_for_rank(k, v, tp_size, rank, num_kv_heads=kv_heads[1]).contiguous()
     return out

@@ -13,69 +13,62 @@ from pathlib import Path
 
 import torch
 
-from ..model_config import DrafterConfig
-from . import fp8, quant
+from ..model_config import DrafterConfig, GptOssConfig, LlamaConfig
+from . import fp8
 from .distributed import TPGroup
 from .kernels import TORCH, Kernels
-from .models import llama, mxfp4, target_family
+from .models import llama, target_family
 from .models.dflash import DFlashDrafter
-from .models.layers import Rotary, assign_weights, missing_tensors
-from .shard import rank_tensors, slice_for_rank
+from .models.layers import Rotary, assign_weights
+from .shard import rank_tensors, tied_lm_head
 
 
-def load_target(path: Path, hf_cfg: dict, tp: TPGroup, device, dtype, max_positions: int,
+def load_target(path: Path, cfg: LlamaConfig | GptOssConfig, tp: TPGroup, device, dtype, max_positions: int,
                 capture: tuple[int, ...] = (), allow_pickle: bool = False, presharded: dict | None = None,
                 ep_size: int = 1, fp8_gemm: bool | None = False, mxfp4_moe: str = "dequant",
                 kernels: Kernels = TORCH):
-    """The target model for this rank; its class comes from ``hf_cfg`` ``architectures`` (models.TARGETS).
-    ``hf_cfg``: the folder's config.json, read by whoever opened the folder (hf.read_config), so one load parses
-    it once. ``presharded``: this rank's tensors as the build wrote them (``target.<HF name>``), read instead of
-    the checkpoint.
+    """The target model for this rank; its class comes from ``cfg.architecture`` (models.TARGETS).
+    ``cfg``: the folder's config.json as parsed by whoever opened the folder (model_config.target_config), so one
+    load parses it once. ``presharded``: this rank's tensors as the build wrote them (``target.<HF name>``), read
+    instead of the checkpoint.
 
     ``fp8_gemm``: FP8 linears of Llama-family targets become fp8.Fp8Linear (None = where the device runs them).
     ``mxfp4_moe``: how MoE targets run MXFP4 experts (models/mxfp4.resolve_kernel: auto, triton, dequant).
     ``kernels``: what its modules run (Kernels.choose)."""
-    family = target_family(hf_cfg)
-    cfg = family.config.from_hf(hf_cfg)
-    moe_kernel = mxfp4.resolve_kernel(mxfp4_moe, hf_cfg, torch.device(device)) if family.moe else "dequant"
+    family = target_family(cfg)
     with torch.device("meta"):
-        model = family.build(cfg, tp, max_positions, capture, ep_size, moe_kernel, kernels)
-    # ModelOpt FP8 / NVFP4 linears -> plain weights of this rank (runtime/quant.py); scales consumed. For fp8_gemm
-    # FP8 weights stay FP8; families with their own tensor mapping (gpt-oss: MXFP4 experts) are always dequantised.
+        model = family.build(cfg, tp, max_positions, capture, device=torch.device(device), ep_size=ep_size,
+                             mxfp4_moe=mxfp4_moe, kernels=kernels)
+    raw = rank_tensors(path, tp.size, tp.rank, presharded=presharded, prefix="target.", allow_pickle=allow_pickle,
+                       ep_size=ep_size, num_kv_heads=cfg.num_kv_heads)
+    if cfg.tie_word_embeddings:
+        raw.update(tied_lm_head(raw, tp.size, tp.rank))
     asked = fp8_gemm
     if fp8_gemm is None:   # auto; an explicit True was checked against the device by the engine
         fp8_gemm = fp8.effective(None, torch.device(device), dtype)
-    keep_fp8 = fp8_gemm and family.to_module is None
-    kv_heads = hf_cfg.get("num_key_value_heads") or hf_cfg["num_attention_heads"]
-    raw = rank_tensors(path, tp.size, tp.rank, presharded=presharded, prefix="target.", allow_pickle=allow_pickle,
-                       ep_size=ep_size, num_kv_heads=kv_heads)
-    raw = quant.dequantize(raw, dtype, keep_fp8)
-    sd = (family.to_module(raw, model, device, dtype) if family.to_module is not None
-          else llama.fuse_checkpoint(raw, "model.", cfg.num_layers))
+    # ModelOpt FP8 / NVFP4 linears -> plain weights of this rank (the family's to_module; runtime/quant.py). For
+    # fp8_gemm FP8 weights stay FP8 where the family runs them (gpt-oss dequantises them).
+    sd = family.to_module(raw, model, device, dtype, keep_fp8=fp8_gemm)
     if fp8_gemm:
         in_fp8 = fp8.convert(model, sd, device, dtype, log=tp.rank == 0)
         if in_fp8 == 0 and asked and tp.rank == 0:   # not an error: one setting serves quantized and plain targets
             print(f"[trtllm_dflash] note: fp8_gemm: target {path} has no FP8 linears to run in FP8; "
                   f"it runs in {str(dtype).removeprefix('torch.')}", file=sys.stderr)
-    if "lm_head.weight" not in sd:
-        if not cfg.tie_word_embeddings:
-            missing_tensors([], ["lm_head.weight"], f"target {path}")
-        full = sd["embed_tokens.weight"]  # replicated, so slice this rank's vocab rows from it
-        sd["lm_head.weight"] = slice_for_rank("lm_head.weight", full, tp.size, tp.rank)
     assign_weights(model, sd, f"target {path}", device, dtype)
     model.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, cfg.max_position_embeddings).to(device)
     return model.eval()
 
 
-def load_drafter(path: Path, hf_cfg: dict, target_hidden: int, tp: TPGroup, device, dtype, max_positions: int,
+def load_drafter(path: Path, cfg: DrafterConfig, target_hidden: int, tp: TPGroup, device, dtype, max_positions: int,
                  allow_pickle: bool = False, presharded: dict | None = None,
                  kernels: Kernels = TORCH) -> DFlashDrafter:
-    """The DFlash drafter for this rank (``hf_cfg``, ``presharded``: as load_target, keys ``drafter.<name>``)."""
-    cfg = DrafterConfig.from_hf(hf_cfg)
-    with torch.device("meta"):
-        model = DFlashDrafter(cfg, target_hidden, tp, max_positions, kernels)
+    """The DFlash drafter for this rank (``cfg``: DrafterConfig.from_hf of its config.json, parsed once by the
+    caller; ``presharded``: as load_target, keys ``drafter.<name>``)."""
     raw = rank_tensors(path, tp.size, tp.rank, presharded=presharded, prefix="drafter.", allow_pickle=allow_pickle,
                        num_kv_heads=cfg.num_kv_heads)
-    assign_weights(model, llama.fuse_checkpoint(raw, "", cfg.num_layers), f"drafter {path}", device, dtype)
+    sd = llama.fuse_checkpoint(raw, "", cfg.num_layers)
+    with torch.device("meta"):
+        model = DFlashDrafter(cfg, target_hidden, tp, max_positions, kernels)
+    assign_weights(model, sd, f"drafter {path}", device, dtype)
     model.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, cfg.max_position_embeddings).to(device)
     return model.eval()

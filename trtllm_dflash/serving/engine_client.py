@@ -109,7 +109,7 @@ class EngineClient:
         connect to it once it is loaded. ``engine_factory`` (tests, benchmarks): an engine stand-in instead,
         read with ``tokenizer`` (``deployment`` is then only passed on). ``supervisor``: the Triton model's
         dflash-serve (engine_core's --supervisor)."""
-        from ..checkpoints.hf import load_tokenizer
+        from ..checkpoints.text import load_tokenizer
 
         if not engine_factory:
             deployment = Deployment.of(deployment)

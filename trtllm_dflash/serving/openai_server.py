@@ -577,7 +577,7 @@ def load(deployment: Deployment, overrides: dict | None = None, engine_address: 
     from .runtimes import load_runtime
 
     if engine_address:
-        from ..checkpoints.hf import load_tokenizer
+        from ..checkpoints.text import load_tokenizer
         from .engine_client import EngineClient
         from .engine_core import check_address
 

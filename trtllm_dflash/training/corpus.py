@@ -233,7 +233,7 @@ def build(out: Path, s: CorpusSettings, *, items: list[Item] | None = None, toke
     if decontaminator is None:
         decontaminator = Decontaminator(eval_sets(progress=progress))
     if tokenizer is None:
-        from ..checkpoints.hf import load_tokenizer
+        from ..checkpoints.text import load_tokenizer
         from .target import resolve_target
         tokenizer = load_tokenizer(resolve_target(s.target))
     counts: Counter[str] = Counter()

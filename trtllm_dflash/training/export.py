@@ -78,6 +78,7 @@ def check_parity(model, drafter_dir: Path, export_dtype: str, ctx_len: int = 24,
     """Our runtime's drafter vs ModelOpt's draft module on random features (weights rounded like the export)."""
     from ..runtime.distributed import TPGroup
     from ..runtime.kv_cache import KVCache
+    from ..model_config import DrafterConfig
     from ..runtime.weights import load_drafter
 
     device = torch.device("cpu")  # float32 on CPU: no kernel differences between the two sides
@@ -87,7 +88,8 @@ def check_parity(model, drafter_dir: Path, export_dtype: str, ctx_len: int = 24,
     cfg = hf.read_config(drafter_dir)
     B, hidden = cfg["block_size"], model.config.hidden_size
     n_feat = len(cfg["dflash_config"]["target_layer_ids"])
-    ours = load_drafter(drafter_dir, cfg, hidden, TPGroup(0, 1), device, torch.float32, ctx_len + B)
+    ours = load_drafter(drafter_dir, DrafterConfig.from_hf(cfg), hidden, TPGroup(0, 1), device, torch.float32,
+                        ctx_len + B)
     g = torch.Generator().manual_seed(seed)
     feats = torch.randn(1, ctx_len, n_feat * hidden, generator=g)
     ids = torch.full((1, B), cfg["dflash_config"]["mask_token_id"])

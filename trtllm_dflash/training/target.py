@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The target a training run works for: its local folder (from ``--target``). Shared by the stages (corpus,
 regenerate, train, export) and ``trtllm_dflash/bench/acceptance.py``, so none of them imports the ``dflash-train`` command to
-get it; its tokenizer comes from ``checkpoints.hf.load_tokenizer`` (None for a folder without one)."""
+get it; its tokenizer comes from ``checkpoints.text.load_tokenizer`` (None for a folder without one)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -14,13 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...checkpoints.validate import check_tp
 from ...model_config import DrafterConfig
 from ..distributed import TPGroup
 from ..kernels import TORCH, Kernels
 from ..kv_cache import KVCache
 from .layers import (KeyRange, RMSNorm, Rotary, gemm, group_mask, project, rope_cache_write, uses_attention_kernel,
                      uses_gemm_kernel)
-from .llama import Attention, DecoderLayer, check_tp
+from .llama import Attention, DecoderLayer
 
 class DraftAttention(Attention):
     """The target's attention with Qwen3's q/k norm and o bias (gpt-oss drafters have one). forward() is the
@@ -52,9 +53,10 @@ class DFlashDrafter(nn.Module):
     def __init__(self, c: DrafterConfig, target_hidden_size: int, tp: TPGroup, max_positions: int,
                  kernels: Kernels = TORCH):
         super().__init__()
-        check_tp(c.num_heads, c.num_kv_heads, tp.size, "drafter")
+        check_tp((c.num_heads, c.num_kv_heads), tp.size, "drafter")
         self.config, self.kernels = c, kernels   # Triton: fc on the Triton GEMM where uses_gemm_kernel
-        self.layers = nn.ModuleList(DecoderLayer(c, tp, DraftAttention(c, tp, kernels)) for _ in range(c.num_layers))
+        attention = [DraftAttention(c, tp, kernels) for _ in range(c.num_layers)]
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, attn) for attn in attention)
         self.fc = nn.Linear(len(c.target_layer_ids) * target_hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, kernels)

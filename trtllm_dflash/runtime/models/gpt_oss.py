@@ -39,8 +39,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...checkpoints.validate import check_heads
 from ...errors import DFlashError
-from ...model_config import GptOssConfig, check_heads
+from ...model_config import GptOssConfig
+from .. import quant
 from ..distributed import TPGroup
 from ..kernels import TORCH, Kernels
 from ..kv_cache import KVCache
@@ -359,11 +361,13 @@ class GptOssTarget(TargetHead):
         return h, torch.cat([feats[i] for i in self.capture_layers], -1) if feats else None
 
 
-def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, device, dtype) -> dict[str, torch.Tensor]:
-    """This rank's HF tensors -> module names: ``model.`` prefix dropped, q/k/v fused into qkv_proj, MXFP4
-    experts kept packed (Mxfp4Experts) or dequantised (on ``device``, to ``dtype``: the host never holds the
-    bf16 copy)."""
-    sd = {name.removeprefix("model."): t for name, t in raw.items()}
+def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, device, dtype,
+                         keep_fp8: bool = False) -> dict[str, torch.Tensor]:
+    """This rank's HF tensors -> module names: ModelOpt FP8 / NVFP4 linears dequantised (quant.dequantize;
+    ``keep_fp8`` is not taken: gpt-oss runs no FP8 GEMMs), ``model.`` prefix dropped, q/k/v fused into qkv_proj,
+    MXFP4 experts kept packed (Mxfp4Experts) or dequantised (on ``device``, to ``dtype``: the host never holds
+    the bf16 copy)."""
+    sd = {name.removeprefix("model."): t for name, t in quant.dequantize(raw, dtype).items()}
     for i, layer in enumerate(model.layers):
         a = f"layers.{i}.self_attn."
         for kind in ("weight", "bias"):

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Building blocks shared by the target families and the drafter: RMSNorm, RoPE, masked attention."""
+"""Building blocks shared by the target families and the drafter: RMSNorm, the gated MLP, RoPE, masked attention."""
 from __future__ import annotations
 
 import math
@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import DFlashError
+from ..distributed import TPGroup
 from ..kernels import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS, MAX_QUERY_ROWS, TORCH, Kernels
 
 
@@ -37,6 +38,28 @@ class RMSNorm(nn.Module):
             return rms_norm(x, self.weight, self.eps)
         total, normed = add_rms_norm(residual, x, self.weight, self.eps)
         return normed, total
+
+
+class MLP(nn.Module):
+    """gate_up -> SiLU * up -> down of the Llama family and the drafter: column-parallel in, row-parallel out
+    (one all-reduce)."""
+
+    def __init__(self, hidden: int, inter: int, tp: TPGroup, kernels: Kernels = TORCH):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * (inter // tp.size), bias=False)
+        self.down_proj = nn.Linear(inter // tp.size, hidden, bias=False)
+        self.tp, self.kernels = tp, kernels   # Triton: the fused GEMMs where uses_gemm_kernel
+
+    def fuses_residual(self, x: torch.Tensor) -> bool:
+        """Whether forward(x, residual) adds the residual in down_proj's GEMM (Attention.fuses_residual's rule)."""
+        return self.tp.size == 1 and uses_gemm_kernel(self.kernels, self.down_proj, x)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        # x [n, T, hidden] -> [n, T, hidden] (+ residual [n, T, hidden] in the GEMM, only where fuses_residual)
+        a = gate_up_silu(self.kernels, self.gate_up_proj, x)   # [n, T, inter / tp]
+        if residual is not None:
+            return gemm(a, self.down_proj.weight, None, residual, invariant=self.kernels.batch_invariant)
+        return self.tp.all_reduce(project(self.kernels, self.down_proj, a))
 
 
 class TargetHead(nn.Module):

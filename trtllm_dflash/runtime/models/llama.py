@@ -10,21 +10,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...errors import DFlashError
-from ...model_config import LlamaConfig, check_heads
+from ...checkpoints.validate import check_tp
+from ...model_config import LlamaConfig
+from .. import quant
 from ..distributed import TPGroup
 from ..kv_cache import KVCache
 from ..shard import kv_heads_per_rank
 from ..kernels import TORCH, Kernels
-from .layers import (KeyRange, RMSNorm, Rotary, TargetHead, attend, attend_cache, gate_up_silu, gemm, group_mask,
+from .layers import (MLP, KeyRange, RMSNorm, Rotary, TargetHead, attend, attend_cache, gemm, group_mask,
                      missing_tensors, project, rope_cache_write, uses_attention_kernel, uses_gemm_kernel)
-
-def check_tp(num_heads: int, num_kv_heads: int, tp_size: int, who: str) -> None:
-    problem = check_heads(num_heads, num_kv_heads, tp_size)
-    if problem:
-        valid = [k for k in range(1, num_heads + 1) if check_heads(num_heads, num_kv_heads, k) is None]
-        raise DFlashError("tp_size", f"{problem} of the {who}", f"use one of {valid}")
-
 
 class Attention(nn.Module):
     """qkv -> (q/k norm) + RoPE -> cache write -> attend -> o_proj, for the targets and (as DraftAttention) the
@@ -82,25 +76,6 @@ def _weight(norm: RMSNorm | None) -> torch.Tensor | None:
     return None if norm is None else norm.weight
 
 
-class MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int, tp: TPGroup, kernels: Kernels = TORCH):
-        super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * (inter // tp.size), bias=False)
-        self.down_proj = nn.Linear(inter // tp.size, hidden, bias=False)
-        self.tp, self.kernels = tp, kernels   # Triton: the fused GEMMs where uses_gemm_kernel
-
-    def fuses_residual(self, x: torch.Tensor) -> bool:
-        """Whether forward(x, residual) adds the residual in down_proj's GEMM (Attention.fuses_residual's rule)."""
-        return self.tp.size == 1 and uses_gemm_kernel(self.kernels, self.down_proj, x)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        # x [n, T, hidden] -> [n, T, hidden] (+ residual [n, T, hidden] in the GEMM, only where fuses_residual)
-        a = gate_up_silu(self.kernels, self.gate_up_proj, x)   # [n, T, inter / tp]
-        if residual is not None:
-            return gemm(a, self.down_proj.weight, None, residual, invariant=self.kernels.batch_invariant)
-        return self.tp.all_reduce(project(self.kernels, self.down_proj, a))
-
-
 class DecoderLayer(nn.Module):
     """Pre-norm decoder layer (Llama family and the DFlash drafter).
 
@@ -147,7 +122,7 @@ class LlamaTarget(TargetHead):
     def __init__(self, c: LlamaConfig, tp: TPGroup, max_positions: int, capture_layers: tuple[int, ...] = (),
                  kernels: Kernels = TORCH):
         super().__init__()
-        check_tp(c.num_heads, c.num_kv_heads, tp.size, "target")
+        check_tp((c.num_heads, c.num_kv_heads), tp.size, "target")
         self.config, self.tp, self.capture_layers, self.kernels = c, tp, tuple(capture_layers), kernels
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(c, tp, Attention(c, tp, qk_norm=c.qk_norm, o_bias=False,
@@ -184,6 +159,14 @@ class LlamaTarget(TargetHead):
 
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def checkpoint_to_module(raw: dict[str, torch.Tensor], model: LlamaTarget, device, dtype,
+                         keep_fp8: bool = False) -> dict[str, torch.Tensor]:
+    """A Llama target's HF tensors -> its module's (models.TargetFamily.to_module): ModelOpt FP8 / NVFP4 linears
+    dequantised to ``dtype`` (quant.dequantize; FP8 ones kept, with their row scales, where ``keep_fp8``: the
+    fp8_gemm linears), then fuse_checkpoint under ``model.``."""
+    return fuse_checkpoint(quant.dequantize(raw, dtype, keep_fp8), "model.", model.config.num_layers)
 
 
 def fuse_checkpoint(raw: dict[str, torch.Tensor], prefix: str, num_layers: int) -> dict[str, torch.Tensor]:

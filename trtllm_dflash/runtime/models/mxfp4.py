@@ -20,14 +20,14 @@ GROUP = 32  # values per scale
 KERNELS = ("auto", "triton", "dequant")
 
 
-def resolve_kernel(setting: str, hf_config: dict, device: torch.device) -> str:
+def resolve_kernel(setting: str, is_mxfp4: bool, device: torch.device) -> str:
     """RuntimeConfig.mxfp4_moe -> "triton" (experts kept MXFP4, fused kernels) or "dequant" (bf16 on load).
 
     auto = "triton" for an MXFP4 checkpoint on CUDA, else "dequant"; an explicit "triton" off CUDA or on a
-    checkpoint without MXFP4 experts is an error, never a quiet switch to the other path."""
+    checkpoint without MXFP4 experts is an error, never a quiet switch to the other path. ``is_mxfp4``: the
+    checkpoint's experts are MXFP4 (GptOssConfig.mxfp4)."""
     if setting not in KERNELS:
         raise DFlashError("mxfp4_moe", f"unknown value {setting!r}", f"use one of {', '.join(KERNELS)}")
-    is_mxfp4 = (hf_config.get("quantization_config") or {}).get("quant_method") == "mxfp4"
     if setting == "auto":
         return "triton" if is_mxfp4 and device.type == "cuda" else "dequant"
     if setting == "triton" and device.type != "cuda":
