@@ -157,6 +157,7 @@ class AdaptivePolicy:
         self.costs = CostTable({n: dict(row) for n, row in costs.seconds.items()}, costs.device, costs.context)
         self.min_cost_samples, self.cost_decay = min_cost_samples, cost_decay
         self._observed: dict[tuple[int, int], tuple[float, int]] = {}   # (bucket, block) -> (mean s, samples)
+        self._usable: dict[int, dict[int, float]] = {}   # bucket -> {block: mean s} of those with enough samples
         self.stats = stats or AcceptanceStats(block_size)
         self.blocks = candidate_blocks(block_size)
         self._ar_steps = 0
@@ -217,11 +218,13 @@ class AdaptivePolicy:
         self._observed[n, block] = (w * mean + (1 - w) * seconds, k + 1)
         # the blocks with enough samples take their observed cost; the others keep the table's shape at the
         # observed scale (a table that times every step too dear must not make the blocks run less look dearer)
+        if k + 1 < self.min_cost_samples:
+            return
         table = self.measured.seconds[n]
-        seen = {b: m for (bn, b), (m, c) in self._observed.items() if bn == n and c >= self.min_cost_samples}
-        if seen:
-            scale = math.exp(sum(math.log(m / table[b]) for b, m in seen.items()) / len(seen))
-            self.costs.seconds[n] = {b: seen.get(b, v * scale) for b, v in table.items()}
+        seen = self._usable.setdefault(n, {})
+        seen[block] = self._observed[n, block][0]
+        scale = math.exp(sum(math.log(m / table[b]) for b, m in seen.items()) / len(seen))
+        self.costs.seconds[n] = {b: seen.get(b, v * scale) for b, v in table.items()}
 
     def observed_costs(self) -> dict:
         """{batch: {block: [mean ms, samples]}} of the observed step periods (what replaced the table)."""

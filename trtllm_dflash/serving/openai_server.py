@@ -442,9 +442,6 @@ class OpenAIApp:
                     "choices": choices, **extra}
             return f"data: {json.dumps(data)}\n\n"
 
-        # The chunk every step sends, encoded once around a marker: only its text is encoded per chunk (the same
-        # bytes as event(); encoding the whole dict per row and step was a tenth of the frontend's time per token)
-
         def choice(text: str | None, reason: str | None) -> dict:
             if chat:
                 return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
