@@ -48,6 +48,7 @@ from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.runtime import fp8
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.engine import Engine
+from trtllm_dflash.runtime.kernels import Kernels
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.weights import load_drafter, load_target
 from trtllm_dflash.runtime.models import layers
@@ -253,15 +254,17 @@ def bench_steps(args, dev, dtype, smoke: bool, result: dict) -> None:
     pre_fp8 = {f"target.{k}": v for k, v in q.items()}
     dsd = random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=dtype, device=dev)
     pre_d = {f"drafter.{k}": v for k, v in dsd.items()}
+    # the engines below run RuntimeConfig's default kernels: the models are built with them
+    kernels = Kernels.choose(RuntimeConfig.kernels, RuntimeConfig.batch_invariant, dev, dtype)
     with tempfile.TemporaryDirectory() as work:
         dirs = write_configs(Path(work), tcfg, dcfg)
         drafter = load_drafter(dirs["drafter"], model_config.DrafterConfig.from_hf(dcfg),
-                               tcfg["hidden_size"], TPGroup(), dev, dtype, max_seq, presharded=pre_d)
+                               tcfg["hidden_size"], TPGroup(), dev, dtype, max_seq, presharded=pre_d, kernels=kernels)
         capture = drafter.config.target_layer_ids
 
         def target(pre, path, fp8_gemm):   # the FP8 folder's config.json adds ModelOpt's quantization_config
             return load_target(path, model_config.target_config(hf.read_config(path)), TPGroup(), dev, dtype,
-                               max_seq, capture, presharded=pre, fp8_gemm=fp8_gemm)
+                               max_seq, capture, presharded=pre, fp8_gemm=fp8_gemm, kernels=kernels)
 
         targets = {"bf16": target(pre_bf16, dirs["bf16"], False), "fp8_dequant": target(pre_fp8, dirs["fp8"], False),
                    "fp8_gemm": target(pre_fp8, dirs["fp8"], True)}

@@ -32,6 +32,7 @@ from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.provenance import record
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.engine import Engine
+from trtllm_dflash.runtime.kernels import TORCH, Kernels
 from trtllm_dflash.runtime.weights import load_drafter, load_target
 from trtllm_dflash.bench.step import steady_step_ms
 
@@ -48,8 +49,9 @@ def pair_configs(smoke: bool) -> tuple[dict, dict]:
     return tcfg, dcfg
 
 
-def build(tcfg: dict, dcfg: dict, max_seq_len: int, device, dtype):
-    """Our target (random weights from a transformers model of that config) and a random drafter."""
+def build(tcfg: dict, dcfg: dict, max_seq_len: int, device, dtype, kernels: Kernels = TORCH):
+    """Our target (random weights from a transformers model of that config) and a random drafter, built with
+    ``kernels`` (Kernels.choose of the engines' RuntimeConfig)."""
     import transformers
     hf_cfg = transformers.AutoConfig.for_model(tcfg["model_type"], **{k: v for k, v in tcfg.items() if k != "model_type"})
     torch.manual_seed(0)
@@ -62,9 +64,10 @@ def build(tcfg: dict, dcfg: dict, max_seq_len: int, device, dtype):
         dsd = random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=dtype, device=device)
         pre = {f"target.{k}": v for k, v in hf.state_dict().items()} | {f"drafter.{k}": v for k, v in dsd.items()}
         drafter = load_drafter(Path(work) / "drafter", model_config.DrafterConfig.from_hf(dcfg),
-                               tcfg["hidden_size"], TPGroup(), device, dtype, max_seq_len, presharded=pre)
+                               tcfg["hidden_size"], TPGroup(), device, dtype, max_seq_len, presharded=pre,
+                               kernels=kernels)
         target = load_target(Path(work) / "target", model_config.target_config(tcfg), TPGroup(), device, dtype,
-                             max_seq_len, drafter.config.target_layer_ids, presharded=pre)
+                             max_seq_len, drafter.config.target_layer_ids, presharded=pre, kernels=kernels)
     return target, drafter
 
 
@@ -129,7 +132,9 @@ def main(argv=None) -> int:
     if args.smoke:
         batches, plen, olen, args.waves = [2, 4], (4, 24), (4, 12), 2
     tcfg, dcfg = pair_configs(args.smoke)
-    target, drafter = build(tcfg, dcfg, args.max_seq_len, device, dtype)
+    # the engines below run RuntimeConfig's default kernels: the models are built with them
+    target, drafter = build(tcfg, dcfg, args.max_seq_len, device, dtype,
+                            Kernels.choose(RuntimeConfig.kernels, RuntimeConfig.batch_invariant, device, dtype))
     vocab = tcfg["vocab_size"]
     rows = []
     for mode in args.modes.split(","):

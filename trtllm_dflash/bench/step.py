@@ -41,6 +41,7 @@ from trtllm_dflash.provenance import record
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.draft_policy import candidate_blocks, measure_costs
 from trtllm_dflash.runtime.engine import Engine
+from trtllm_dflash.runtime.kernels import TORCH, Kernels
 from trtllm_dflash.runtime.graphs import capture
 from trtllm_dflash.runtime.weights import load_drafter, load_target
 
@@ -133,8 +134,9 @@ def shrink(cfg: dict, target: bool) -> dict:
     return small
 
 
-def build_pair(name: str, max_seq_len: int, work: Path, smoke: bool = False):
-    """HF model with random weights on the GPU, our target sharing its tensors, and a random drafter."""
+def build_pair(name: str, max_seq_len: int, work: Path, smoke: bool = False, kernels: Kernels = TORCH):
+    """HF model with random weights on the GPU, our target sharing its tensors, and a random drafter, both built
+    with ``kernels`` (Kernels.choose of the engines' RuntimeConfig: the Engine refuses models built otherwise)."""
     import transformers
     tcfg, dcfg = target_config(name, smoke), drafter_config(name, smoke)
     hf_cfg = transformers.AutoConfig.for_model(tcfg["model_type"], **{k: v for k, v in tcfg.items() if k != "model_type"})
@@ -147,9 +149,9 @@ def build_pair(name: str, max_seq_len: int, work: Path, smoke: bool = False):
     dsd = random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=BF16, device=DEV)
     pre = {f"target.{k}": v for k, v in hf.state_dict().items()} | {f"drafter.{k}": v for k, v in dsd.items()}
     drafter = load_drafter(work / "drafter", model_config.DrafterConfig.from_hf(dcfg),
-                           tcfg["hidden_size"], TPGroup(), DEV, BF16, max_seq_len, presharded=pre)
+                           tcfg["hidden_size"], TPGroup(), DEV, BF16, max_seq_len, presharded=pre, kernels=kernels)
     target = load_target(work / "target", model_config.target_config(tcfg), TPGroup(), DEV, BF16, max_seq_len,
-                         drafter.config.target_layer_ids, presharded=pre)
+                         drafter.config.target_layer_ids, presharded=pre, kernels=kernels)
     return hf, target, drafter, dcfg, dsd
 
 
@@ -314,9 +316,10 @@ def dflash_ref_per_iteration(hf, dcfg: dict, dsd: dict, ctx: int, n: int = 48) -
 
 def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
     max_seq = args.ctx + args.steps * 20 + 64
+    kernel, invariant = args.attention_kernel, args.batch_invariant == "on"
     with tempfile.TemporaryDirectory() as work:
-        hf, target, drafter, dcfg, dsd = build_pair(name, max_seq, Path(work), args.smoke)
-    kernel = args.attention_kernel   # the Engine applies RuntimeConfig.attention_kernel to both models
+        hf, target, drafter, dcfg, dsd = build_pair(name, max_seq, Path(work), args.smoke,
+                                                    Kernels.choose(kernel, invariant, DEV, BF16))
     B = drafter.config.block_size
     bw = ceil["copy_bw_bytes_per_s"]
     t_bytes, d_bytes = weight_bytes(target), weight_bytes(drafter)
@@ -325,8 +328,7 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
     kv_per_tok = 2 * L * H * D * 2
     dL, dH, dD = drafter.kv_shape()
     dkv_per_tok = 2 * dL * dH * dD * 2
-    rc = dict(max_batch_size=max(args.batch), max_seq_len=max_seq, kernels=kernel,
-              batch_invariant=args.batch_invariant == "on")
+    rc = dict(max_batch_size=max(args.batch), max_seq_len=max_seq, kernels=kernel, batch_invariant=invariant)
     engines = {"ar": Engine(target, None, None, RuntimeConfig(block_size=1, **rc), TPGroup(), set()),
                "dflash": Engine(target, drafter, None, RuntimeConfig(**rc), TPGroup(), set())}
     for b in args.batch:

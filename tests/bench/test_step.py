@@ -1,0 +1,39 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The step and load benchmarks build their models with the kernels their engines' RuntimeConfig chooses: the
+Engine refuses a model built with other kernels, so a benchmark that built them with the defaults failed on the GPU
+(where RuntimeConfig.kernels resolves to the Triton kernels) before timing anything."""
+import pytest
+import torch
+
+from trtllm_dflash.bench import load, step
+from trtllm_dflash.config import RuntimeConfig
+from trtllm_dflash.runtime.distributed import TPGroup
+from trtllm_dflash.runtime.engine import Engine
+from trtllm_dflash.runtime.kernels import TORCH, Kernels
+
+# batch-invariant bf16 on the CPU resolves to kernels other than the default ones, as the Triton kernels do on a GPU
+CFG = dict(kernels="torch", batch_invariant=True, max_batch_size=2, max_seq_len=64)
+KERNELS = Kernels.choose("torch", True, "cpu", torch.bfloat16)
+
+
+def test_the_chosen_kernels_are_not_the_defaults():
+    assert KERNELS != TORCH
+
+
+def test_step_bench_pair_runs_under_its_engines(tmp_path, monkeypatch):
+    # the step benchmark runs float32 on the CPU, where only the Triton kernels (in the interpreter) differ from
+    # the defaults; no kernel runs here, the engine only compares what the models were built with
+    pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cfg = dict(CFG, kernels="triton", batch_invariant=False)
+    kernels = Kernels.choose("triton", False, step.DEV, step.BF16)
+    assert kernels != TORCH
+    _, target, drafter, _, _ = step.build_pair("smollm2-135m", 64, tmp_path, smoke=True, kernels=kernels)
+    Engine(target, drafter, None, RuntimeConfig(**cfg), TPGroup(), set())
+    Engine(target, None, None, RuntimeConfig(block_size=1, **cfg), TPGroup(), set())
+
+
+def test_load_bench_pair_runs_under_its_engines():
+    tcfg, dcfg = load.pair_configs(smoke=True)
+    target, drafter = load.build(tcfg, dcfg, 64, torch.device("cpu"), torch.bfloat16, KERNELS)
+    Engine(target, drafter, None, RuntimeConfig(**CFG), TPGroup(), set())
