@@ -285,7 +285,7 @@ def render_cpu_parity(results: Path) -> str:
     now, before = d["trees"]["this"], d["trees"].get("before")
     s, st = now["summary"], now["block1_summary"]
     ran = now["runs"][0]["blocks_ran"]
-    text = (f"Measured on a shared {d['machine'].split()[0]}-core CPU machine (smollm2-135m + the v1 drafter, "
+    text = (f"Measured on a shared {d['machine'].split()[0]}-core CPU machine (smollm2-135m + the shipped drafter, "
             f"float32), {s['runs']} runs "
             f"(`{as_run_now(d.get('command') or d['provenance']['command'])}`; {provenance_note(d, name)}): one decode step at block 1 costs "
             f"{st['median_block1_over_ar_step']:.3f}x an AR step (median; {st['min']:.3f}-{st['max']:.3f})")
@@ -295,6 +295,11 @@ def render_cpu_parity(results: Path) -> str:
              f"({s['min']:.2f}-{s['max']:.2f}"
              + (f"; {before['summary']['median_dflash_over_ar_wall']:.2f}x before" if before is not None else "")
              + f"; same tokens: {'yes' if s['all_tokens_identical'] else 'NO'}; first run: {ran}).")
+    q = s.get("quickstart_speedup")
+    if q is not None:   # the quick start's own figure, run after run
+        text += (f" The speed-up the quick start prints (median of its {now['runs'][0]['rounds']} alternated rounds) was "
+                 f"{q['median']:.2f}x over the {s['runs']} runs ({q['min']:.2f}-{q['max']:.2f}x: any three runs in a row "
+                 f"within {100 * q['max_spread_3_in_a_row']:.0f}% of each other).")
     return "\n".join(textwrap.wrap(text, 116)) + "\n"
 
 
