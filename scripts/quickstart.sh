@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded default backend: the real SmolLM2-135M-Instruct target (from PyPI),
 # autoregressive and DFlash side by side on CPU, text + acceptance statistics. Both engines are loaded and warmed
-# up first, then generate in turn for --rounds 3 (AR first, then DFlash first, ...): the summary's one
+# up first, then generate in turn for --rounds 5 (AR first, then DFlash first, ...): the summary's one
 # DFlash/AR speed-up is the median of the rounds, with their range.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -285,7 +285,7 @@ def render_cpu_parity(results: Path) -> str:
     now, before = d["trees"]["this"], d["trees"].get("before")
     s, st = now["summary"], now["block1_summary"]
     ran = now["runs"][0]["blocks_ran"]
-    text = (f"Measured on a shared {d['machine'].split()[0]}-core CPU machine (smollm2-135m + the v1 drafter, "
+    text = (f"Measured on a shared {d['machine'].split()[0]}-core CPU machine (smollm2-135m + the shipped drafter, "
             f"float32), {s['runs']} runs "
             f"(`{as_run_now(d.get('command') or d['provenance']['command'])}`; {provenance_note(d, name)}): one decode step at block 1 costs "
             f"{st['median_block1_over_ar_step']:.3f}x an AR step (median; {st['min']:.3f}-{st['max']:.3f})")
@@ -295,6 +295,11 @@ def render_cpu_parity(results: Path) -> str:
              f"({s['min']:.2f}-{s['max']:.2f}"
              + (f"; {before['summary']['median_dflash_over_ar_wall']:.2f}x before" if before is not None else "")
              + f"; same tokens: {'yes' if s['all_tokens_identical'] else 'NO'}; first run: {ran}).")
+    q = s.get("quickstart_speedup")
+    if q is not None:   # the quick start's own figure, run after run
+        text += (f" The speed-up the quick start prints (median of its {now['runs'][0]['rounds']} alternated rounds) was "
+                 f"{q['median']:.2f}x over the {s['runs']} runs ({q['min']:.2f}-{q['max']:.2f}x: any three runs in a row "
+                 f"within {100 * q['max_spread_3_in_a_row']:.0f}% of each other).")
     return "\n".join(textwrap.wrap(text, 116)) + "\n"
 
 
@@ -424,6 +429,33 @@ def render_e2e(results: Path) -> str:
                     cells.append("-" if v is None else f"{v:,.0f}" + ("" if mode == "ar" or not ar else f" ({v / ar:.2f}x)"))
                 lines.append(f"| {dataset} | {path} | {label[mode]} | " + " | ".join(cells) + " |")
     lines += ["", f"Note: {d['note']}"]
+    return "\n".join(lines) + "\n"
+
+
+def render_bit_exact(results: Path) -> str:
+    """The batch-invariant mode: bf16 DFlash == AR on the real pair and the tiny pairs, and what the mode costs a
+    decode step (trtllm_dflash/bench/bit_exact_summary.py over `kernels_gpu.sh bitexact`'s files)."""
+    name = "bit_exact_h200.json"
+    d = _load(results, name)
+    s, cc = d["summary"], _load(results, "cuda_check_bit_exact_h200.json")
+    sm = s["smollm2_bf16"]
+    lines = [f"**Batch-invariant mode** (`RuntimeConfig.batch_invariant`, off by default; `BITEXACT=check|step_on|step_off "
+             f"bash benchmarks/kernels_gpu.sh bitexact`, {s['gpu']}; {provenance_note(d, name)}, from "
+             f"`cuda_check_bit_exact_h200.json` ({provenance_note(cc, 'cuda_check_bit_exact_h200.json').split(', ')[-1]}) and "
+             f"`step_bench_bi_{{on,off}}_h200.json`): SmolLM2 + the shipped drafter in **bf16**, DFlash == AR greedy on "
+             f"{s['bf16_identical_prompts']} of {s['bf16_prompts']} prompts at block 16 (block 8: {sm['dflash_eq_ar_greedy_block8']}, "
+             f"block 4: {sm['dflash_eq_ar_greedy_block4']}; 128 tokens), each request alone == in a batch of 8 for AR "
+             f"({sm['ar_alone_eq_batch']}/8) and DFlash ({sm['dflash_alone_eq_batch']}/8); tiny Llama / Qwen3 pairs in bf16 "
+             f"{s['tiny_bf16_identical']} of {s['tiny_bf16_runs']} (greedy and seeded sampling). Under a 64-stream load: "
+             + ("not measured yet" if s["load_equals_alone_fraction"] is None
+                else f"{100 * s['load_equals_alone_fraction']:.1f}% of greedy answers == alone") + ".", "",
+             "What the mode costs a decode step (ms, same GPU, mode on / off):", ""]
+    lines += _table_head("model", "mode", "batch", "off", "on", "on / off")
+    for r in d["cost"]:
+        lines.append(f"| {r['model']} | {r['mode']} | {r['batch']} | {r['off_ms']:.2f} | {r['on_ms']:.2f} | "
+                     f"{r['ratio']:.2f}x |")
+    lines += ["", f"Worst: AR {s['ar_step_cost_ratio']:.2f}x, DFlash {s['dflash_step_cost_ratio']:.2f}x the step with the "
+              "mode off, so it stays off by default until its kernels cost no more than the others."]
     return "\n".join(lines) + "\n"
 
 
@@ -881,6 +913,7 @@ RENDERERS = {
     "step_bench": render_step_bench,
     "engine_load": render_engine_load,
     "e2e": render_e2e,
+    "bit_exact": render_bit_exact,
     "sweep_v3": render_sweep_v3,
     "step_notes": render_step_notes,
     "layer_ops": render_layer_ops,

@@ -57,7 +57,7 @@ def parse_args(argv):
     gen.add_argument("--top_p", type=float, default=SamplingParams.top_p)
     gen.add_argument("--seed", type=int, default=SamplingParams.seed)
     gen.add_argument("--ignore_eos", action="store_true")
-    gen.add_argument("--rounds", type=int, default=3,
+    gen.add_argument("--rounds", type=int, default=5,
                      help="--mode both: after one warm-up generation per mode, run AR and DFlash this many times in "
                           "turn (AR first in odd rounds, DFlash first in even ones, so a machine's drift hits both "
                           "alike) and report the median DFlash/AR speed-up with its range")

@@ -4,6 +4,7 @@ eager and inside a CUDA graph; rank 0 writes what it saw as JSON.
 
 usage: allreduce_run_cuda.py OUT.json TP_SIZE
 """
+import hashlib
 import json
 import os
 import sys
@@ -16,6 +17,45 @@ import torch.distributed as dist  # noqa: E402
 
 from trtllm_dflash.errors import exit_code  # noqa: E402
 from trtllm_dflash.runtime.distributed import init_tp  # noqa: E402
+
+
+def fused_cases(tp) -> list[dict]:
+    """TPGroup.all_reduce_add_norm on the one-shot buffers (kernels/allreduce_norm.py) against the chain it replaces,
+    computed from every rank's partial: float32 sum in rank order, rounded, + bias, + residual, norm (the Triton
+    norm kernel). Eager and from a CUDA graph; the totals must match bit for bit, and every rank get the same bits."""
+    from trtllm_dflash.runtime.kernels import Kernels, norm as norm_kernels
+    from trtllm_dflash.runtime.models.layers import RMSNorm
+    out = []
+    for dtype, rows, hidden, with_bias in ((torch.bfloat16, 1, 4096, False), (torch.bfloat16, 16, 4096, True),
+                                           (torch.bfloat16, 48, 2880, True), (torch.float32, 7, 576, False)):
+        g = torch.Generator("cuda").manual_seed(17 + rows)   # the same residual, weight, bias on every rank
+        residual = torch.randn(rows, hidden, dtype=dtype, device="cuda", generator=g)
+        norm = RMSNorm(hidden, 1e-6, Kernels(triton=True, sampling=True)).to("cuda", dtype)
+        norm.weight.data = (torch.rand(hidden, device="cuda", generator=g) + 0.5).to(dtype)
+        bias = torch.randn(hidden, dtype=dtype, device="cuda", generator=g) if with_bias else None
+        x = torch.randn(rows, hidden, dtype=dtype, device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(1000 * tp.rank + rows))
+        parts = [torch.empty_like(x) for _ in range(tp.size)]
+        dist.all_gather(parts, x)
+        reduced = sum(p.float() for p in parts).to(dtype)
+        if bias is not None:
+            reduced = (reduced.float() + bias.float()).to(dtype)
+        want_total, want_normed = norm_kernels.rms_norm(residual, norm.weight, 1e-6, delta=reduced)
+        assert tp.small_all_reduce.handles(x)
+        normed, total = tp.all_reduce_add_norm(x, residual, norm, bias)
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            g_normed, g_total = tp.all_reduce_add_norm(x, residual, norm, bias)
+        graph.replay()
+        graph.replay()
+        torch.cuda.synchronize()
+        out.append({"dtype": str(dtype), "rows": rows, "hidden": hidden, "bias": with_bias,
+                    "total_equal": torch.equal(total, want_total) and torch.equal(g_total, want_total),
+                    "normed_max_abs_diff": max((normed.float() - want_normed.float()).abs().max().item(),
+                                               (g_normed.float() - want_normed.float()).abs().max().item()),
+                    "normed_sha": hashlib.sha256(normed.float().cpu().numpy().tobytes()).hexdigest()})
+    return out
 
 
 def main(argv) -> int:
@@ -50,8 +90,9 @@ def main(argv) -> int:
         want = x.clone()
         dist.all_reduce(want)
         graph_diffs.append((y.float() - want.float()).abs().max().item())
+    fused = fused_cases(tp)
     everywhere = [None] * size
-    dist.all_gather_object(everywhere, {"cases": cases, "graph": graph_diffs})
+    dist.all_gather_object(everywhere, {"cases": cases, "graph": graph_diffs, "fused": fused})
     if tp.rank == 0:
         with open(out_path, "w") as f:
             json.dump({"ranks": everywhere, "max_bytes": small.max_bytes}, f)

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The one-shot all-reduce over peer memory (runtime/allreduce.py) on 2 and 4 GPUs: its sums equal NCCL's up to the
-order of the additions, eager and replayed from a CUDA graph, and messages past its max_bytes go to NCCL."""
+order of the additions, eager and replayed from a CUDA graph, and messages past its max_bytes go to NCCL; the
+all-reduce fused with the residual add + RMSNorm (kernels/allreduce_norm.py) gives the unfused chain's results."""
 from __future__ import annotations
 
 import json
@@ -39,3 +40,10 @@ def test_oneshot_all_reduce_equals_nccl(tmp_path, ranks):
                                     <= res["max_bytes"]), c
             assert c["max_abs_diff"] <= TOLERANCE[c["dtype"]] * c["scale"], c
         assert all(d <= 0.1 for d in rank["graph"]), rank["graph"]   # bf16 sums of 2-4 normals: |y| < 10
+        # the all-reduce fused with the residual add + RMSNorm: the chain's bits for the new residual stream, its
+        # norm within the norm kernel's rounding, the same on every rank
+        for c in rank["fused"]:
+            assert c["total_equal"], c
+            assert c["normed_max_abs_diff"] <= (2 ** -6 if "bfloat16" in c["dtype"] else 1e-5), c
+    for i in range(len(res["ranks"][0]["fused"])):
+        assert len({r["fused"][i]["normed_sha"] for r in res["ranks"]}) == 1, i

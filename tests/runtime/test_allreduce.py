@@ -4,8 +4,14 @@ naming the field), auto leaves gloo alone, and TPGroup.all_reduce routes the mes
 it and the rest to the process group. tests/gpu/test_allreduce_cuda.py checks its sums against NCCL's."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # before Triton is imported: the fused kernel's CPU test runs it in the interpreter
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.errors import DFlashError
@@ -54,3 +60,77 @@ def test_all_reduce_routes_small_messages_to_the_one_shot_path(monkeypatch):
     big = torch.ones(5)                     # 20 bytes: the process group, in place
     assert tp.all_reduce(big) is big and reduced == [5] and small.calls == 1
     assert TPGroup(0, 1, small_all_reduce=small).all_reduce(x) is x and small.calls == 1   # tp 1: nothing
+
+
+# ---- the all-reduce fused with the residual add + RMSNorm ---------------------------------------------------
+
+def _reference(parts, residual, w, eps, bias):
+    """The unfused chain: the all-reduce (float32 sum in rank order, rounded), the bias, the residual add, the norm
+    (layers.add_rms_norm's math)."""
+    from trtllm_dflash.runtime.models import layers as L
+    reduced = sum(p.float() for p in parts).to(residual.dtype)
+    if bias is not None:
+        reduced = reduced + bias
+    return L.add_rms_norm.eager(residual, reduced, w, eps)
+
+
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")   # the interpreter's
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("world,rows,programs", [(2, 1, 4), (3, 7, 2), (4, 16, 16)])
+def test_fused_kernel_sums_adds_and_normalises_every_row(dtype, world, rows, programs):
+    """kernels/allreduce_norm.py in Triton's interpreter, the barriers off: each "rank" writes its partial into
+    its buffer, the peers' rows are already in theirs; programs fewer than rows take several rows each.
+    (bfloat16 is checked on the GPU: the interpreter rounds float32 to bfloat16 its own way.)"""
+    pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter check of the arithmetic: the GPU test runs the kernel across GPUs")
+    from trtllm_dflash.runtime.kernels.allreduce_norm import all_reduce_add_rms_norm
+    g = torch.Generator().manual_seed(world * 100 + rows)
+    H = 72   # not a power of two: the masked tail
+    parts = [torch.randn(rows, H, generator=g).to(dtype) for _ in range(world)]
+    residual = torch.randn(rows, H, generator=g).to(dtype)
+    w, bias = (torch.rand(H, generator=g) + 0.5).to(dtype), torch.randn(H, generator=g).to(dtype)
+    buffers = [torch.zeros(rows * H, dtype=dtype) for _ in range(world)]
+    for b, p in zip(buffers, parts):
+        b.copy_(p.flatten())
+    ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+    pads = torch.zeros(world, dtype=torch.int64)   # unused without the barriers
+    for use_bias in (None, bias):
+        total_ref, normed_ref = _reference(parts, residual, w, 1e-6, use_bias)
+        outs = [all_reduce_add_rms_norm(parts[r], residual, w, 1e-6, use_bias, ptrs, pads, r, world, programs,
+                                        sync=False) for r in range(world)]
+        for total, normed in outs:
+            assert torch.equal(total, total_ref)
+            tol = {torch.float32: 1e-6, torch.float16: 1e-3}[dtype]   # the norm's mean in another order
+            assert (normed.float() - normed_ref.float()).abs().max().item() <= tol * normed_ref.abs().max().item()
+        assert all(torch.equal(o[1], outs[0][1]) for o in outs)   # every rank the same bits
+
+
+class _Fused(_Small):
+    def __init__(self):
+        super().__init__()
+        self.fused = 0
+
+    def add_rms_norm(self, x, residual, weight, eps, bias=None):
+        self.fused += 1
+        return residual + 10 * x, residual
+
+
+def test_all_reduce_add_norm_fuses_only_beside_the_triton_kernels(monkeypatch):
+    from trtllm_dflash.runtime.kernels import Kernels
+    from trtllm_dflash.runtime.models.layers import RMSNorm
+    monkeypatch.setattr(distributed.dist, "all_reduce", lambda x: x.mul_(2))   # "two ranks of the same values"
+    x, residual = torch.ones(1, 4), torch.full((1, 4), 3.0)
+    small = _Fused()
+    tp = TPGroup(0, 2, small_all_reduce=small)
+    normed, total = tp.all_reduce_add_norm(x, residual, RMSNorm(4, 1e-6, Kernels(triton=True)))
+    assert small.fused == 1 and torch.equal(total, residual + 10) and torch.equal(normed, residual)
+    # the torch path: the one-shot all-reduce (x * 10 from the stand-in), the bias, then the norm's add + norm
+    norm = RMSNorm(4, 1e-6)
+    normed, total = tp.all_reduce_add_norm(x, residual, norm, bias=torch.ones(4))
+    assert small.fused == 1 and small.calls == 1 and torch.equal(total, residual + 11)
+    assert torch.allclose(normed, norm(total))
+    # a message the one-shot path does not take: the process group's all-reduce, never the fused kernel
+    wide = torch.ones(1, 8)
+    normed, total = tp.all_reduce_add_norm(wide, torch.zeros(1, 8), RMSNorm(8, 1e-6, Kernels(triton=True)))
+    assert small.fused == 1 and torch.equal(total, torch.full((1, 8), 2.0))

@@ -8,9 +8,11 @@ First the step itself: the median time of one batch-1 decode step of the AR engi
 engine at block 1 (what the adaptive policy runs when drafting does not pay), the two stepping in turn in one
 process, ``--step_reps`` steps each. Then the quick start's command (``dflash-generate --target smollm2-135m --mode both --max_new_tokens 64`` on
 its two prompts) ``--repeats`` times per code tree, the trees interleaved so load on the machine hits them
-alike; each run is a fresh process. Reports per run the generation wall time of each mode (from ``--json``;
-the one-off step-cost measurement is reported apart), DFlash/AR, and the blocks the policy ran; per tree the
-median ratio and its spread (min, max).
+alike; each run is a fresh process with the quick start's thread count (``--threads`` to pin one). Reports per
+run the generation wall time of each mode (from ``--json``; the one-off step-cost measurement is reported apart),
+DFlash/AR, the blocks the policy ran and the one DFlash/AR speed-up the quick start prints (the median of its
+alternated rounds); per tree the medians and their spread (min, max, and the largest spread of three runs in a row,
+the quick start's stability figure).
 """
 from __future__ import annotations
 
@@ -31,6 +33,13 @@ PROMPTS = ("What is the capital of France?", "Write a Python function that retur
 RUN = "import sys; from trtllm_dflash.cli import generate_main; sys.exit(generate_main())"
 
 
+def _env(tree: Path, threads: int | None) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
 def one_run(tree: Path, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gen.json"
@@ -38,7 +47,7 @@ def one_run(tree: Path, args) -> dict:
                "--max_new_tokens", str(args.max_new_tokens), "--json", str(out)]
         for p in PROMPTS:
             cmd += ["--prompt", p]
-        env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        env = _env(tree, args.threads)
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=1800)
         total = time.perf_counter() - t0
@@ -49,6 +58,7 @@ def one_run(tree: Path, args) -> dict:
     ran = re.search(r"\[dflash\] ran (.*?) \(", proc.stderr)
     costs = re.search(r"measured step costs in ([0-9.]+)s", proc.stderr)
     return {"ar_wall_s": ar[0]["wall_s"], "dflash_wall_s": df[0]["wall_s"],
+            "quickstart_speedup": res["rounds"]["median_speedup"], "rounds": len(res["rounds"]["speedup"]),
             "dflash_over_ar_wall": df[0]["wall_s"] / ar[0]["wall_s"],
             "same_tokens": all(a["output_ids"] == d["output_ids"] for a, d in zip(ar, df)),
             "blocks_ran": ran.group(1) if ran else None,
@@ -80,10 +90,10 @@ print(json.dumps({k: statistics.median(v) for k, v in times.items()}))
 """
 
 
-def step_run(tree: Path, reps: int) -> dict:
+def step_run(tree: Path, reps: int, threads: int | None) -> dict:
     """Median seconds of one decode step at batch 1: AR engine vs the DFlash engine at block 1 (the policy's
     AR choice), the two engines stepping in turn in one process."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = _env(tree, threads)
     proc = subprocess.run([sys.executable, "-c", STEP_WORKER, str(reps)], cwd=tree, env=env, capture_output=True,
                           text=True, timeout=1800)
     if proc.returncode != 0:
@@ -93,12 +103,21 @@ def step_run(tree: Path, reps: int) -> dict:
             "block1_over_ar_step": med["dflash_block1"] / med["ar"], "reps": reps}
 
 
+def spread(xs: list[float]) -> float:
+    """max / min - 1: how far apart the figures printed by runs of one command are."""
+    return max(xs) / min(xs) - 1
+
+
 def summary(runs: list[dict]) -> dict:
     ratios = [r["dflash_over_ar_wall"] for r in runs]
+    quick = [r["quickstart_speedup"] for r in runs]
     return {"runs": len(runs), "median_dflash_over_ar_wall": statistics.median(ratios),
             "min": min(ratios), "max": max(ratios),
             "ar_speed_over_dflash": statistics.median(1 / x for x in ratios),
-            "all_tokens_identical": all(r["same_tokens"] for r in runs)}
+            "all_tokens_identical": all(r["same_tokens"] for r in runs),
+            "quickstart_speedup": {"median": statistics.median(quick), "min": min(quick), "max": max(quick),
+                                   "spread": spread(quick),
+                                   "max_spread_3_in_a_row": max(spread(quick[i:i + 3]) for i in range(max(len(quick) - 2, 1)))}}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -126,6 +145,8 @@ def main(argv=None) -> int:
     p.add_argument("--step_reps", type=int, default=200, help="steps per engine in the block-1 step comparison")
     p.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR",
                    help="also run another checkout (e.g. before=/work/main), interleaved with this one")
+    p.add_argument("--threads", type=int, default=None,
+                   help="OMP_NUM_THREADS of every run (default: unset, torch's own choice, as the quick start runs)")
     p.add_argument("--note", default="", help="what else ran on the machine (it is shared)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
@@ -138,7 +159,7 @@ def main(argv=None) -> int:
     steps: dict[str, list] = {k: [] for k in trees}
     for i in range(args.repeats):
         for label, tree in trees.items():
-            st = step_run(tree, args.step_reps)
+            st = step_run(tree, args.step_reps, args.threads)
             steps[label].append(st)
             print(f"[{i + 1}/{args.repeats}] {label}: step at batch 1, AR {1e3 * st['ar_step_s']:.1f} ms, DFlash at "
                   f"block 1 {1e3 * st['dflash_block1_step_s']:.1f} ms = {st['block1_over_ar_step']:.3f}x",
@@ -148,10 +169,12 @@ def main(argv=None) -> int:
             r = one_run(tree, args)
             runs[label].append(r)
             print(f"[{i + 1}/{args.repeats}] {label}: AR {r['ar_wall_s']:.2f}s DFlash {r['dflash_wall_s']:.2f}s "
-                  f"= {r['dflash_over_ar_wall']:.3f}x ({r['blocks_ran']})", file=sys.stderr, flush=True)
+                  f"= {r['dflash_over_ar_wall']:.3f}x, printed speed-up {r['quickstart_speedup']:.2f}x "
+                  f"({r['blocks_ran']})", file=sys.stderr, flush=True)
     result = {
         "what": "dflash-generate --mode both on CPU: generation wall time DFlash (adaptive) / AR, same prompts",
         "machine": f"{os.cpu_count()} CPU cores, shared with other jobs (a loaded machine). {args.note}".strip(),
+        "threads": args.threads or "default",
         "trees": {k: {"path": str(t), "git": git_state(t), "runs": runs[k], "summary": summary(runs[k]),
                       "block1_steps": steps[k], "block1_summary": {
                           "median_block1_over_ar_step": statistics.median(x["block1_over_ar_step"] for x in steps[k]),

@@ -9,6 +9,10 @@ runs them), the graph replayed ``--iters`` times; per call = replay time / calls
 rank's. The one-shot path (runtime/allreduce.py) is timed up to its max_bytes (--max_bytes); NCCL at every size,
 with NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (NVLink multicast off, as the runtime runs) set
 before the group forms. Both results are checked against each other first (max abs difference in the JSON).
+
+Then the decode layer's whole tail after a row-parallel projection, all-reduce + residual add + RMSNorm, at the
+hidden size ``--hidden`` for each message size that is a whole number of rows: NCCL then the norm kernel, the
+one-shot all-reduce then the norm kernel, and the fused kernel (kernels/allreduce_norm.py) that does all three.
 """
 from __future__ import annotations
 
@@ -75,6 +79,39 @@ def measure(tp, sizes: list[int], calls: int, iters: int) -> list[dict]:
     return rows
 
 
+def measure_fused(tp, sizes: list[int], hidden: int, calls: int, iters: int) -> list[dict]:
+    """Rows of (bytes, rows, us per call) of all-reduce + add + RMSNorm, unfused on NCCL and on one-shot, and fused."""
+    import torch.distributed as dist
+
+    from trtllm_dflash.runtime.kernels import Kernels
+    from trtllm_dflash.runtime.models.layers import RMSNorm
+    small, out = tp.small_all_reduce, []
+    norm = RMSNorm(hidden, 1e-6, Kernels(triton=True, sampling=True)).to("cuda", torch.bfloat16)
+    for nbytes in sizes:
+        rows = nbytes // (2 * hidden)
+        if rows < 1 or rows * hidden * 2 != nbytes or small is None or not small.handles(
+                torch.empty(rows, hidden, dtype=torch.bfloat16, device="cuda")):
+            continue
+        g = torch.Generator("cuda").manual_seed(tp.rank)
+        x = torch.randn(rows, hidden, dtype=torch.bfloat16, device="cuda", generator=g)
+        residual = torch.randn(rows, hidden, dtype=torch.bfloat16, device="cuda",
+                               generator=torch.Generator("cuda").manual_seed(99))
+
+        def nccl():
+            y = x.clone()
+            dist.all_reduce(y)
+            return norm(y, residual)
+
+        ways = {"nccl_norm": nccl, "oneshot_norm": lambda: norm(small(x), residual),
+                "fused": lambda: tp.all_reduce_add_norm(x, residual, norm)}
+        row = {"bytes": nbytes, "rows": rows, "hidden": hidden,
+               "fused_total_equals_oneshot_norm": torch.equal(ways["fused"]()[1], ways["oneshot_norm"]()[1])}
+        for name, fn in ways.items():
+            row[f"{name}_us"] = round(statistics.median(per_call_us(fn, calls, iters)), 2)
+        out.append(row)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -83,6 +120,7 @@ def main(argv=None) -> int:
                    help="largest message of the one-shot path (default: the runtime's, allreduce.ONESHOT_MAX_BYTES)")
     p.add_argument("--calls", type=int, default=100, help="all-reduces per graph")
     p.add_argument("--iters", type=int, default=20, help="graph replays timed per point")
+    p.add_argument("--hidden", type=int, default=4096, help="hidden size of the all-reduce + add + norm rows (Qwen3-8B's)")
     p.add_argument("--out", required=True, help="rank 0's results JSON")
     args = p.parse_args(argv)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -101,7 +139,9 @@ def main(argv=None) -> int:
     tp = init_tp(size, torch.device("cuda"), allreduce_strategy="nccl")
     tp.small_all_reduce = allreduce.make_small_all_reduce("oneshot", torch.device("cuda", torch.cuda.current_device()),
                                                           rank, max_bytes)
-    rows = measure(tp, [parse_size(s) for s in args.sizes.split(",")], args.calls, args.iters)
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    rows = measure(tp, sizes, args.calls, args.iters)
+    fused = measure_fused(tp, sizes, args.hidden, args.calls, args.iters)
     import torch.distributed as dist
     every = [None] * size
     dist.all_gather_object(every, rows)
@@ -117,12 +157,12 @@ def main(argv=None) -> int:
                "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
                "provenance": record(["mpirun", "-n", str(size), "python", "-m", "trtllm_dflash.bench.tp_allreduce",
                                      *(argv if argv is not None else sys.argv[1:])]),
-               "rows": rows,
+               "rows": rows, "add_norm_rows": fused,
                "summary": {"oneshot_us_max_up_to_64k": max((r["oneshot_us"] for r in small), default=None),
                            "nccl_us_max_up_to_64k": max((r["nccl_us"] for r in rows if r["bytes"] <= 64 * 1024),
                                                         default=None)}}
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-        for r in rows:
+        for r in rows + fused:
             print(r, flush=True)
     dist.barrier()
     sys.stdout.flush()

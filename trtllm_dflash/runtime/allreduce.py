@@ -8,6 +8,11 @@ signal pads, and one kernel on every rank reads all peers' buffers and sums them
 one_shot_all_reduce_copy_out``). No host work, so CUDA graphs capture it. Messages above ``max_bytes`` stay on
 NCCL (one-shot reads world_size x the message from NVLink, which loses to NCCL's ring on large ones).
 
+Where the Triton kernels run, the all-reduce that feeds a residual add + RMSNorm (after o_proj and down_proj) is
+one kernel with them (``add_rms_norm``, kernels/allreduce_norm.py) over the same buffers and signal pads: the pads'
+protocol (a slot per block and sender, 0 -> 1 to signal, 1 -> 0 to consume) is the one torch's symmetric-memory
+kernels use, so the two kinds of call interleave on a stream.
+
 RuntimeConfig.allreduce_strategy (TensorRT-LLM's allreduce_strategy, lower case): "nccl"; "oneshot" (an error
 where it cannot run: CPU / gloo, torch without symmetric memory, GPUs without peer access); "auto" = oneshot where
 it can run, else NCCL. NVLink multicast (multimem) is not used.
@@ -44,11 +49,19 @@ class OneShotAllReduce:
         if hasattr(symm_mem, "enable_symm_mem_for_group"):   # required before torch 2.9, a no-op after
             symm_mem.enable_symm_mem_for_group(self.group_name)
         self.max_bytes = max_bytes
-        self.buffers = {}
+        self.buffers, self.peers = {}, {}
         for dtype in _DTYPES:
             buf = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
-            symm_mem.rendezvous(buf, self.group_name)
+            handle = symm_mem.rendezvous(buf, self.group_name)
             self.buffers[dtype] = buf
+            # every rank's buffer and signal pad, mapped here: int64 [world] each, for the fused kernel
+            self.peers[dtype] = (torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device),
+                                 torch.tensor(handle.signal_pad_ptrs, dtype=torch.int64, device=device))
+        self.rank, self.world = handle.rank, handle.world_size
+        # one 32-bit slot per block and rank in each signal pad bounds the fused kernel's blocks (torch before
+        # get_signal_pad_size had pads of at least 2 KB)
+        pad_bytes = getattr(symm_mem, "get_signal_pad_size", lambda: 2048)()
+        self.max_programs = max(1, min(1024, pad_bytes // 4 // self.world))
 
     def handles(self, x: torch.Tensor) -> bool:
         return (x.dtype in self.buffers and x.is_contiguous()
@@ -60,6 +73,16 @@ class OneShotAllReduce:
         view = self.buffers[x.dtype][: x.numel()].view_as(x)
         torch.ops.symm_mem.one_shot_all_reduce_copy_out(view, x, "sum", self.group_name, out)
         return out
+
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                     bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(total, norm(total)) with total = residual + the sum of x over the ranks (+ bias), one kernel; x must
+        be handled (``handles``) and its last dim contiguous, as residual's."""
+        from .kernels.allreduce_norm import all_reduce_add_rms_norm
+        buffers, pads = self.peers[x.dtype]
+        return all_reduce_add_rms_norm(x, residual, weight, eps, bias, buffers, pads, self.rank, self.world,
+                                       self.max_programs)
 
 
 def check_strategy(strategy: str, device: torch.device) -> None:

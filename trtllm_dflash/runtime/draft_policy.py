@@ -28,7 +28,11 @@ the host's work for a step with the device's run of the previous one. On an H200
 dearer than it was and the policy ran AR at 0.97x where the fixed block ran 1.47x (SmolLM2, HumanEval,
 concurrency 1). So the engine also reports each step's real period (``observe_cost``): once a (batch, block)
 has ``min_cost_samples`` of them their running mean replaces the table's figure, and the blocks not yet seen that
-often keep the table's ratios at the scale the seen ones show.
+often keep the table's ratios at the scale the seen ones show. Scale alone cannot fix the table's *ratios*, which
+decide between AR and drafting (a table measured while another job held the CPU had the quick start draft at block
+16 at 0.78x AR, and only block 16 was ever observed), so both sides are observed: a probe runs its drafting block
+for two steps (the first pays for appending the drafter context of the block-1 steps before it and is not timed;
+the second is), and while drafting wins, one step in ``1 / probe_budget`` runs block 1 to time AR.
 """
 from __future__ import annotations
 
@@ -160,7 +164,8 @@ class AdaptivePolicy:
         self._usable: dict[int, dict[int, float]] = {}   # bucket -> {block: mean s} of those with enough samples
         self.stats = stats or AcceptanceStats(block_size)
         self.blocks = candidate_blocks(block_size)
-        self._ar_steps = 0
+        self._ar_steps = self._draft_steps = 0
+        self._probe_next = 0   # a probe's second step (its block), chosen with the first
 
     def probe(self, batch: int) -> tuple[int, int]:
         """(block, steps between probes) at this batch size: the largest drafting block within 10% of the
@@ -169,7 +174,7 @@ class AdaptivePolicy:
         cheapest = min(self.costs.cost(batch, b) for b in drafting)
         block = max(b for b in drafting if self.costs.cost(batch, b) <= 1.1 * cheapest)
         ar = self.costs.cost(batch, 1)
-        extra = max(self.costs.cost(batch, block) - ar, 0.0)
+        extra = 2 * max(self.costs.cost(batch, block) - ar, 0.0)   # a probe is two steps
         return block, max(self.probe_every, math.ceil(extra / (self.probe_budget * ar)))
 
     def rates(self, batch: int, prior_rate: float | None = 0.0) -> dict[int, float]:
@@ -180,6 +185,9 @@ class AdaptivePolicy:
         return {b: self.stats.expected_tokens(b, prior_rate) / self.costs.cost(batch, b) for b in self.blocks}
 
     def choose(self, batch: int) -> tuple[int, str]:
+        if self._probe_next:
+            block, self._probe_next = self._probe_next, 0
+            return block, f"probe at block {block}: its second step (timed: the first appended the AR steps' context)"
         rates = self.rates(batch)
         best = max(rates, key=rates.get)
         hopeful = self.rates(batch, prior_rate=None)
@@ -193,10 +201,17 @@ class AdaptivePolicy:
             block, every = self.probe(batch)
             if self._ar_steps >= every:   # not a modulo: the pace moves as observed costs replace the table's
                 ran, self._ar_steps = self._ar_steps, 0
-                return block, (f"probe at block {block}: refresh acceptance (AR for {ran} steps; one probe "
-                               f"per {every} steps keeps probes under {self.probe_budget:.0%} of the AR time)")
-        else:
+                self._probe_next = block
+                return block, (f"probe at block {block}: refresh acceptance and cost (AR for {ran} steps; a "
+                               f"two-step probe per {every} steps keeps probes under {self.probe_budget:.0%} of "
+                               f"the AR time)")
+        elif best > 1:
             self._ar_steps = 0
+            self._draft_steps += 1
+            if self._draft_steps >= math.ceil(1 / self.probe_budget):
+                self._draft_steps = 0
+                return 1, (f"probe at block 1: refresh the AR step's cost (one step per "
+                           f"{math.ceil(1 / self.probe_budget)} drafting steps)")
         full = self.block_size
         return best, (f"batch {batch}: {self.stats.expected_tokens(best, 0.0):.2f} tok / "
                       f"{1e3 * self.costs.cost(batch, best):.1f} ms = {rates[best]:.0f} tok/s per row at block {best}"

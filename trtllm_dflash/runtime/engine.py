@@ -196,13 +196,14 @@ class Engine:
     def _time(self, st: "_Step") -> None:
         """Tell the policy what a decode step really cost: a step queued behind the previous one started when that
         one's results were read, so the time between the two reads is its period (the GPU's run time when the GPU is
-        the bottleneck, the host loop's when the host is). Only steady steps count: a step that also prefills, or
-        the first at a block after another block (a drafting step after block-1 steps first appends their drafter
-        context: on an H200 such probes took 2x a steady block-16 step, which would have kept the policy on AR)."""
+        the bottleneck, the host loop's when the host is). Steps that do more than their block's steady work do not
+        count: a step that also prefills, and a drafting step after block-1 steps or a prefill (it first appends
+        their drafter context: on an H200 such steps took 2x a steady block-16 step, which would have kept the
+        policy on AR). A block-1 step after drafting steps, or a drafting block after another, counts."""
         now, last = time.perf_counter(), self._last_read
         previous, self._last_read, self._last_block = self._last_block, now, st.out.block if st.out.decode_rows else 0
-        if (st.queued and last is not None and st.out.decode_rows and not st.out.chunks
-                and st.out.block == previous):
+        appends = st.out.block > 1 and previous <= 1
+        if st.queued and last is not None and st.out.decode_rows and not st.out.chunks and not appends:
             self.policy.observe_cost(st.out.decode_rows, st.out.block, now - last)
 
     def _schedule(self) -> tuple[SchedulerOutput, list[Sequence], dict[int, Sequence]]:

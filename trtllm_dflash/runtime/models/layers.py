@@ -54,12 +54,14 @@ class MLP(nn.Module):
         """Whether forward(x, residual) adds the residual in down_proj's GEMM (Attention.fuses_residual's rule)."""
         return self.tp.size == 1 and uses_gemm_kernel(self.kernels, self.down_proj, x)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        # x [n, T, hidden] -> [n, T, hidden] (+ residual [n, T, hidden] in the GEMM, only where fuses_residual)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, reduce: bool = True) -> torch.Tensor:
+        # x [n, T, hidden] -> [n, T, hidden] (+ residual [n, T, hidden] in the GEMM, only where fuses_residual;
+        # reduce=False: this rank's partial sum, for TPGroup.all_reduce_add_norm)
         a = gate_up_silu(self.kernels, self.gate_up_proj, x)   # [n, T, inter / tp]
         if residual is not None:
             return gemm(a, self.down_proj.weight, None, residual, invariant=self.kernels.batch_invariant)
-        return self.tp.all_reduce(project(self.kernels, self.down_proj, a))
+        out = project(self.kernels, self.down_proj, a)
+        return self.tp.all_reduce(out) if reduce else out
 
 
 class TargetHead(nn.Module):

@@ -35,11 +35,12 @@ class Attention(nn.Module):
         self.eps, self.tp, self.kernels = c.rms_norm_eps, tp, kernels
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
-                residual: torch.Tensor | None = None):
+                residual: torch.Tensor | None = None, reduce: bool = True):
         """x [n, T, hidden]; cos/sin [n, T, 1, d]; positions [n, T]; visible [n, 1, T, S], built once per
         forward by the model (group_mask) and shared by its layers, or a KeyRange where the Triton attention
         runs (uses_attention_kernel) -> [n, T, hidden]; with ``residual`` [n, T, hidden] (only where
-        fuses_residual(x)), residual + that, added in o_proj's epilogue.
+        fuses_residual(x)), residual + that, added in o_proj's epilogue; with ``reduce=False``, this rank's partial
+        sum without o_proj's bias (the caller's TPGroup.all_reduce_add_norm reduces it).
         kv_len None = prefill (attend within this chunk); else over cache[:kv_len] incl. the rows written here."""
         n, T, _ = x.shape
         qkv = project(self.kernels, self.qkv_proj, x)   # [n, T, (h + 2 kvh) d]
@@ -49,13 +50,13 @@ class Attention(nn.Module):
                                 cache, layer, rows, positions, self.kernels, want_k=kv_len is None)
         if fused_attention:
             return self.project_out(attend_cache(q, cache, layer, rows, kv_len, visible, self.d ** -0.5,
-                                                 invariant=self.kernels.batch_invariant), residual)
+                                                 invariant=self.kernels.batch_invariant), residual, reduce)
         if kv_len is None:
             k, v = k.transpose(1, 2), v.transpose(1, 2)
         else:
             k, v = cache.read(layer, rows, kv_len)
         return self.project_out(attend(q.transpose(1, 2), k, v, visible, self.d ** -0.5,
-                                       invariant=self.kernels.batch_invariant), residual)
+                                       invariant=self.kernels.batch_invariant), residual, reduce)
 
     def fuses_residual(self, x: torch.Tensor) -> bool:
         """Whether forward(x, ..., residual) adds the residual in o_proj's GEMM: the Triton GEMM runs it
@@ -63,11 +64,13 @@ class Attention(nn.Module):
         after the all-reduce, in the caller's add + norm)."""
         return self.tp.size == 1 and uses_gemm_kernel(self.kernels, self.o_proj, x)
 
-    def project_out(self, out: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def project_out(self, out: torch.Tensor, residual: torch.Tensor | None = None, reduce: bool = True) -> torch.Tensor:
         # row-parallel o_proj: a bias is added once, after the all-reduce (or in the epilogue at tp 1)
         b = self.o_proj.bias
         if residual is not None:   # tp 1, Triton GEMM (fuses_residual)
             return gemm(out, self.o_proj.weight, b, residual, invariant=self.kernels.batch_invariant)
+        if not reduce:
+            return project(self.kernels, self.o_proj, out, bias=False)
         out = self.tp.all_reduce(project(self.kernels, self.o_proj, out, bias=False))
         return out if b is None else out + b
 
@@ -90,7 +93,9 @@ class DecoderLayer(nn.Module):
     in their GEMM's epilogue and the norms after them are plain RMSNorms: norm, qkv, rope + cache write,
     attention (a split cache merged by its last split, no combine kernel), o_proj + residual, norm, gate_up +
     SiLU, down + residual = 8 kernels per layer. y is a new tensor either way (nothing is written in place), so the
-    feature taps read the same values."""
+    feature taps read the same values. At tp > 1 the projections hand their partial sums to
+    TPGroup.all_reduce_add_norm: all-reduce, residual add and norm in one kernel where the one-shot all-reduce
+    runs beside the Triton kernels, the same 8 kernels per layer as at tp 1."""
 
     def __init__(self, c, tp: TPGroup, attn: nn.Module):
         super().__init__()
@@ -99,20 +104,22 @@ class DecoderLayer(nn.Module):
         self.self_attn = attn
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
         self.mlp = MLP(c.hidden_size, c.intermediate_size, tp, kernels)
+        self.tp = tp
 
     def forward(self, h, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
                 next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         # h, x [n, T, hidden] -> next_norm(y), y [n, T, hidden]
-        attn, norm = self.self_attn, self.post_attention_layernorm
+        attn, norm, tp = self.self_attn, self.post_attention_layernorm, self.tp
         if attn.fuses_residual(h):
             x = attn(h, cos, sin, cache, layer, rows, positions, visible, kv_len, residual=x)
             h = norm(x)
-        else:
-            h, x = norm(attn(h, cos, sin, cache, layer, rows, positions, visible, kv_len), x)
+        else:   # each projection's partial sums go into the all-reduce + add + norm (one kernel where it can)
+            h, x = tp.all_reduce_add_norm(attn(h, cos, sin, cache, layer, rows, positions, visible, kv_len,
+                                               reduce=False), x, norm, attn.o_proj.bias)
         if self.mlp.fuses_residual(h):
             x = self.mlp(h, residual=x)
             return next_norm(x), x
-        return next_norm(self.mlp(h), x)
+        return tp.all_reduce_add_norm(self.mlp(h, reduce=False), x, next_norm)
 
 
 class LlamaTarget(TargetHead):

@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tensor-parallel all-reduce fused with the residual add and RMSNorm that follow it, in one Triton kernel over
+CUDA peer memory (the symmetric buffers of runtime/allreduce.py).
+
+A row-parallel projection (o_proj, down_proj) leaves each rank a partial sum; the layer then needs
+``total = residual + sum_ranks(partial)`` (the new residual stream) and ``norm(total)`` (the next block's input).
+Unfused that is a copy into the symmetric buffer, a one-shot reduce kernel and an add + norm kernel, three
+launches on a few KB. Here each program, on every rank:
+
+1. writes its rows of this rank's partial into this rank's symmetric buffer;
+2. meets the same program on every peer at a barrier over the signal pads (one slot per program and peer:
+   the sender moves the slot on the peer's pad 0 -> 1 with release semantics at system scope, the receiver
+   moves its own 1 -> 0 with acquire semantics, so the pads end as they started);
+3. sums its rows over the ranks' buffers in float32, in rank order 0, 1, ... (every rank computes the same
+   bits, and a row's result depends on nothing but the row), rounds to the model dtype as the all-reduce's
+   result is, adds the bias (o_proj's, if any) and the residual, rounded as torch's adds are, and normalises the
+   row as kernels/norm.py does;
+4. meets the peers again, so that no rank overwrites its buffer with the next call's rows while a peer still
+   reads this call's.
+
+Programs own rows ``pid, pid + P, ...`` on every rank alike, so a program only ever waits for the peer programs
+that wrote the rows it reads. ``P`` is capped by the signal pad (one 32-bit slot per program and rank).
+
+``SYNC=False`` skips the barriers: with the peers' rows already in their buffers (written by the test itself),
+Triton's interpreter checks the arithmetic on the CPU; the barriers only mean something across GPUs
+(tests/gpu/test_allreduce_cuda.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import pow2
+
+
+@triton.jit
+def _barrier(signal_pads, pid, RANK: tl.constexpr, WORLD: tl.constexpr):
+    tl.debug_barrier()   # every thread's stores of this program precede the signal
+    for p in tl.static_range(WORLD):
+        if p != RANK:
+            pad = tl.load(signal_pads + p).to(tl.pointer_type(tl.uint32))
+            while tl.atomic_cas(pad + pid * WORLD + RANK, 0, 1, sem="release", scope="sys") != 0:
+                pass
+    mine = tl.load(signal_pads + RANK).to(tl.pointer_type(tl.uint32))
+    for p in tl.static_range(WORLD):
+        if p != RANK:
+            while tl.atomic_cas(mine + pid * WORLD + p, 1, 0, sem="acquire", scope="sys") != 1:
+                pass
+    tl.debug_barrier()   # no thread reads a peer's rows before the wait is over
+
+
+@triton.jit
+def _all_reduce_add_norm_kernel(x_ptr, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, buffers, signal_pads,
+                                rows, H, eps, s_x, s_r,
+                                RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                                BIAS: tl.constexpr, SYNC: tl.constexpr):
+    pid = tl.program_id(0)
+    progs = tl.num_programs(0)
+    c = tl.arange(0, BLOCK)
+    ok = c < H
+    dtype = x_ptr.dtype.element_ty
+    mine = tl.load(buffers + RANK).to(tl.pointer_type(dtype))
+    for r in range(pid, rows, progs):
+        r64 = tl.cast(r, tl.int64)
+        tl.store(mine + r64 * H + c, tl.load(x_ptr + r64 * s_x + c, mask=ok, other=0.0), mask=ok)
+    if SYNC:
+        _barrier(signal_pads, pid, RANK, WORLD)
+    for r in range(pid, rows, progs):
+        r64 = tl.cast(r, tl.int64)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for p in tl.static_range(WORLD):   # rank order, the same on every rank
+            peer = tl.load(buffers + p).to(tl.pointer_type(dtype))
+            acc += tl.load(peer + r64 * H + c, mask=ok, other=0.0, volatile=True).to(tl.float32)
+        reduced = acc.to(dtype)   # the all-reduce's result in the model dtype
+        if BIAS:
+            reduced = (reduced.to(tl.float32) + tl.load(bias_ptr + c, mask=ok, other=0.0).to(tl.float32)).to(dtype)
+        total = (tl.load(res_ptr + r64 * s_r + c, mask=ok, other=0.0).to(tl.float32)
+                 + reduced.to(tl.float32)).to(dtype)
+        tl.store(total_ptr + r64 * H + c, total, mask=ok)
+        tf = total.to(tl.float32)
+        inv = tl.rsqrt(tl.sum(tf * tf, 0) / H + eps)
+        y = (tf * inv).to(dtype).to(tl.float32) * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + r64 * H + c, y.to(dtype), mask=ok)
+    if SYNC:
+        _barrier(signal_pads, pid, RANK, WORLD)
+
+
+def _warps(H: int) -> int:
+    return 4 if pow2(H) <= 4096 else 8
+
+
+def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                            bias: torch.Tensor | None, buffers: torch.Tensor, signal_pads: torch.Tensor,
+                            rank: int, world: int, max_programs: int, sync: bool = True):
+    """x [..., H] this rank's partial sum, residual [..., H] -> (total, norm(total)) with
+    total = residual + (sum over ranks of x) (+ bias), both [..., H] in x's dtype.
+    ``buffers`` / ``signal_pads``: int64 [world], every rank's symmetric buffer / signal pad address (each buffer
+    holds at least x.numel() elements of x's dtype); ``max_programs``: what the signal pads hold per rank."""
+    H = x.shape[-1]
+    if x.stride(-1) != 1 or residual.stride(-1) != 1:
+        raise ValueError("all_reduce_add_rms_norm: the last dim must be contiguous")
+    x2, r2 = x.reshape(-1, H), residual.reshape(-1, H)
+    rows = x2.shape[0]
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if rows:
+        grid = (min(rows, max_programs),)
+        _all_reduce_add_norm_kernel[grid](
+            x2, r2, bias if bias is not None else weight, weight, total, out, buffers, signal_pads,
+            rows, H, float(eps), x2.stride(0), r2.stride(0),
+            RANK=rank, WORLD=world, BLOCK=pow2(H), BIAS=bias is not None, SYNC=sync, num_warps=_warps(H))
+    return total, out
