@@ -64,8 +64,10 @@ class OneShotAllReduce:
         self.max_programs = max(1, min(1024, pad_bytes // 4 // self.world))
 
     def handles(self, x: torch.Tensor) -> bool:
-        return (x.dtype in self.buffers and x.is_contiguous()
-                and x.numel() * x.element_size() <= self.max_bytes)
+        # torch's one-shot kernel refuses a message whose size is not a multiple of 4 bytes (an odd count of
+        # 16-bit values): those stay on NCCL
+        nbytes = x.numel() * x.element_size()
+        return x.dtype in self.buffers and x.is_contiguous() and nbytes <= self.max_bytes and nbytes % 4 == 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of x over the ranks, a new tensor (x is left as it was)."""
