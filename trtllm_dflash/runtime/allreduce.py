@@ -34,7 +34,8 @@ STRATEGIES = ("auto", "nccl", "oneshot")
 # Messages up to this size take the one-shot path. A starting point for 2-4 ranks over NVLink (a decode layer's
 # all-reduce at batch 64 x 4096 hidden in bf16 is 512 KB); `dflash-bench tp_allreduce` measures the crossover.
 ONESHOT_MAX_BYTES = 512 * 1024
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# torch's one-shot kernel has no float16 build (NotImplementedError for 'Half' on 2 H200s): float16 stays on NCCL
+_DTYPES = (torch.bfloat16, torch.float32)
 
 
 class OneShotAllReduce:
