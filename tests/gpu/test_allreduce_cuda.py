@@ -37,7 +37,7 @@ def test_oneshot_all_reduce_equals_nccl(tmp_path, ranks):
     for rank in res["ranks"]:
         for c in rank["cases"]:
             nbytes = c["numel"] * torch.finfo(getattr(torch, c["dtype"][6:])).bits // 8
-            kernel = "float16" not in c["dtype"]   # torch's one-shot kernel has no float16 build: NCCL
+            kernel = c["dtype"] != "torch.float16"   # torch's one-shot kernel has no float16 build: NCCL
             assert c["oneshot"] == (kernel and nbytes <= res["max_bytes"] and nbytes % 4 == 0), c
             assert c["max_abs_diff"] <= TOLERANCE[c["dtype"]] * c["scale"], c
         assert all(d <= 0.1 for d in rank["graph"]), rank["graph"]   # bf16 sums of 2-4 normals: |y| < 10
