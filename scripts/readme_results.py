@@ -519,9 +519,9 @@ def render_tp_allreduce(results: Path) -> str:
             f"{max(r['nccl_us'] for r in small):.1f} us. With the residual add + RMSNorm after it (hidden "
             f"{one['hidden']}), NCCL + norm / one-shot + norm / one fused kernel: {one['nccl_norm_us']:.1f} / "
             f"{one['oneshot_norm_us']:.1f} / {one['fused_us']:.1f} us at {one['rows']} row, {last['nccl_norm_us']:.1f} / "
-            f"{last['oneshot_norm_us']:.1f} / {last['fused_us']:.1f} us at {last['rows']} rows: the fused kernel saves "
-            "a launch at one row and loses above 8 (its two barriers run per program; the runtime routes every "
-            "size through it for now, which the TP step benchmark has to settle).\n")
+            f"{last['oneshot_norm_us']:.1f} / {last['fused_us']:.1f} us at {last['rows']} rows: the fused kernel only "
+            "ties at one row and loses from two (each of its programs pays two barriers), so the runtime runs it for "
+            "one-row messages only (`allreduce.FUSED_MAX_ROWS`).\n")
 
 
 def render_gpt_oss(results: Path) -> str:
