@@ -255,14 +255,16 @@ def render_headline(results: Path) -> str:
     def e2e():
         name = "e2e_smollm2_h200.json"
         d = _load(results, name)
-        lv = d["summary"]["levels"]
-        cells = [f"{lv[f'humaneval_c{c}']['inprocess']['dflash_over_ar']:.2f}x at concurrency {c} "
+        lv, s = d["summary"]["levels"], d["summary"]
+        cells = [f"{lv[f'humaneval_c{c}']['inprocess']['adaptive_over_ar']:.2f}x at concurrency {c} "
                  f"({lv[f'humaneval_c{c}']['inprocess']['ar']['tok_s_user']:,.0f} -> "
-                 f"{lv[f'humaneval_c{c}']['inprocess']['dflash']['tok_s_user']:,.0f})" for c in (1, 4, 64)]
-        return ("; ".join(cells) + f"; MT-Bench {d['summary']['dflash_over_ar_tok_s_b1_mtbench']:.2f}x at 1 "
-                "(the adaptive policy ran AR there: see below)"), provenance_note(d, name)
+                 f"{lv[f'humaneval_c{c}']['inprocess']['adaptive']['tok_s_user']:,.0f})" for c in (1, 4, 64)]
+        return ("; ".join(cells) + f"; fixed block 16 {s['dflash_over_ar_tok_s_b1_humaneval']:.2f}x at 1; through "
+                f"dflash-openai {s['adaptive_over_ar_tok_s_b1_humaneval_openai']:.2f}x at 1; never below AR at any "
+                f"concurrency (worst {min(s['min_adaptive_over_ar_inprocess'], s['min_adaptive_over_ar_openai']):.2f}x, "
+                "HumanEval and MT-Bench)"), provenance_note(d, name)
 
-    row("SmolLM2-135M + the shipped drafter, one H200, in-process, HumanEval: DFlash (block 16) over AR, "
+    row("SmolLM2-135M + the shipped drafter, one H200, in-process, HumanEval: DFlash (adaptive policy) over AR, "
         "tokens/s per user", e2e)
     row("how the shipped drafter (v2) was made, one H200", drafter_run)
     row("gpt-oss-120b decode step at batch 1, one H100 (MXFP4 experts, Triton kernels)", gpt_oss)
@@ -401,21 +403,18 @@ def render_sweep_v3(results: Path) -> str:
 def render_e2e(results: Path) -> str:
     """End to end with the shipped drafter (benchmarks/e2e_smollm2.sh): AR vs DFlash vs adaptive per dataset and
     concurrency, in-process and through dflash-openai; tokens/s per user, the ratio to AR under each."""
-    name, served_name = "e2e_smollm2_h200.json", "e2e_smollm2_h200_served.jsonl"
+    name = "e2e_smollm2_h200.json"
     d = _load(results, name)
-    served = _load(results, served_name)
     gpu = d["provenance"]["device"].get("gpu", "GPU")
     at = {}
-    for r in [*d["rows"], *served]:   # the later run's rows win where both measured the same thing
+    for r in d["rows"]:
         s = r["settings"]
         path = "dflash-openai" if s.get("server", s.get("backend")) == "openai" else "in-process"
         at[s["dataset"], path, s["mode"], int(s["concurrency"])] = r["metrics"]["tok_s_user"]
     levels = sorted({k[3] for k in at})
     label = {"ar": "AR", "dflash": "DFlash (block 16)", "adaptive": "DFlash adaptive"}
-    sha = served[0]["versions"]["git_sha"][:10]
     lines = [f"**SmolLM2-135M + the shipped drafter, one {gpu}, 256 new tokens, greedy** (`OUT=DIR bash "
-             f"benchmarks/e2e_smollm2.sh`; in-process rows and MT-Bench: {provenance_note(d, name)}; HumanEval through "
-             f"dflash-openai and the in-process rows beside it: `benchmarks/results/{served_name}`, git {sha}). "
+             f"benchmarks/e2e_smollm2.sh`; {provenance_note(d, name)}, rows in `e2e_smollm2_h200.jsonl`). "
              "Tokens/s per user, and over AR on the same path:", ""]
     lines += _table_head("dataset", "path", "mode", *(f"concurrency {c}" for c in levels))
     for dataset in ("humaneval", "mtbench"):
@@ -504,6 +503,25 @@ def render_tp_bench(results: Path) -> str:
             f"TP={d['tp_size']} tokens {'equal' if d['tiny_tp_equals_tp1'] else 'DIFFER FROM'} TP=1 tokens (float32, "
             f"NCCL + CUDA graphs); Qwen3-8B AR step {rows[('ar', 1)]:.2f} ms and DFlash step {rows[('dflash', 1)]:.2f} ms "
             f"at batch 1 ({rows[('ar', big)]:.2f} / {rows[('dflash', big)]:.1f} ms at batch {big}).\n")
+
+
+def render_tp_allreduce(results: Path) -> str:
+    """The all-reduce alone and fused with the residual add + RMSNorm, 2x H200 (bench/tp_allreduce.py)."""
+    name = "tp_allreduce_h200x2.json"
+    d = _load(results, name)
+    small = [r for r in d["rows"] if "oneshot_us" in r]
+    fused = d["add_norm_rows"]
+    one, last = fused[0], fused[-1]
+    return (f"- **All-reduce, 2x H200** (`mpirun -n 2 python3 -m trtllm_dflash.bench.tp_allreduce`, bf16, calls captured "
+            f"in a CUDA graph, NVLink multicast off; {provenance_note(d, name)}): the one-shot all-reduce over peer memory "
+            f"takes {min(r['oneshot_us'] for r in small):.1f}-{max(r['oneshot_us'] for r in small):.1f} us per call up to "
+            f"{small[-1]['bytes'] // 1024} KB against NCCL's {min(r['nccl_us'] for r in small):.1f}-"
+            f"{max(r['nccl_us'] for r in small):.1f} us. With the residual add + RMSNorm after it (hidden "
+            f"{one['hidden']}), NCCL + norm / one-shot + norm / one fused kernel: {one['nccl_norm_us']:.1f} / "
+            f"{one['oneshot_norm_us']:.1f} / {one['fused_us']:.1f} us at {one['rows']} row, {last['nccl_norm_us']:.1f} / "
+            f"{last['oneshot_norm_us']:.1f} / {last['fused_us']:.1f} us at {last['rows']} rows: the fused kernel only "
+            "ties at one row and loses from two (each of its programs pays two barriers), so the runtime runs it for "
+            "one-row messages only (`allreduce.FUSED_MAX_ROWS`).\n")
 
 
 def render_gpt_oss(results: Path) -> str:
@@ -640,7 +658,8 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("gpu_tests_kernels_h200.json", "gpu_tests_engine_h200.json", "gpu_tests_smollm2_h200.json",
+    files = ("gpu_tests_engine_h200.json", "gpu_tests_allreduce_h200x2.json", "gpu_tests_kernels_h200.json",
+             "gpu_tests_smollm2_h200.json",
              "gpu_tests_kernels_a_h100.json", "gpu_tests_kernels_b_h100.json", "gpu_tests_sample_h100.json",
              "gpu_tests_smollm2_kernels_h100.json")
     lines = ["**GPU tests of the decode kernels and the engine** (`python -m trtllm_dflash.bench.gpu_test_report`, "
@@ -918,6 +937,7 @@ RENDERERS = {
     "step_notes": render_step_notes,
     "layer_ops": render_layer_ops,
     "tp_bench": render_tp_bench,
+    "tp_allreduce": render_tp_allreduce,
     "gpt_oss": render_gpt_oss,
     "gpt_oss_mxfp4": render_gpt_oss_mxfp4,
     "sweep": render_sweep,

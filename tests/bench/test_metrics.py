@@ -71,6 +71,11 @@ def test_acceptance_sources():
     assert a["acceptance_rate"] == pytest.approx(5 / 14) and a["acceptance_histogram"] == {"3": 1, "4": 1}
     a = acceptance([served], block_size=None)
     assert a["acceptance_source"] == "stream_chunks" and a["acceptance_length_mean"] == pytest.approx(3.5)
+    # dflash-openai's step count: exact where an adaptive policy ran blocks 1 and 8 (2 steps drafted 7 each, 5
+    # accepted, 4 block-1 steps): (5 + 6) / 6, where the counters alone would say (5 + 2) / 2
+    mixed = record(0, [(1, 1), (2, 4), (3, 3)], num_draft_tokens=14, num_accepted_draft_tokens=5, num_steps=6)
+    a = acceptance([mixed], block_size=8)
+    assert a["acceptance_source"] == "server_steps" and a["acceptance_length_mean"] == pytest.approx(11 / 6)
     a = acceptance([record(0, [(1, 1), (2, 1), (3, 1)])], block_size=1)
     assert a["acceptance_source"] == "ar" and a["acceptance_histogram"] == {"1": 2}
 

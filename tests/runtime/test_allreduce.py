@@ -111,6 +111,9 @@ class _Fused(_Small):
         super().__init__()
         self.fused = 0
 
+    def fuses(self, x):
+        return self.handles(x) and x.numel() // x.shape[-1] <= 1
+
     def add_rms_norm(self, x, residual, weight, eps, bias=None):
         self.fused += 1
         return residual + 10 * x, residual
@@ -130,6 +133,10 @@ def test_all_reduce_add_norm_fuses_only_beside_the_triton_kernels(monkeypatch):
     normed, total = tp.all_reduce_add_norm(x, residual, norm, bias=torch.ones(4))
     assert small.fused == 1 and small.calls == 1 and torch.equal(total, residual + 11)
     assert torch.allclose(normed, norm(total))
+    # two rows (where the fused kernel lost to one-shot + norm): the one-shot all-reduce, then the norm
+    two = torch.ones(2, 2)
+    normed, total = tp.all_reduce_add_norm(two, torch.zeros(2, 2), RMSNorm(2, 1e-6, Kernels(triton=True)))
+    assert small.fused == 1 and small.calls == 2 and torch.equal(total, torch.full((2, 2), 10.0))
     # a message the one-shot path does not take: the process group's all-reduce, never the fused kernel
     wide = torch.ones(1, 8)
     normed, total = tp.all_reduce_add_norm(wide, torch.zeros(1, 8), RMSNorm(8, 1e-6, Kernels(triton=True)))

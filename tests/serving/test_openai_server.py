@@ -226,7 +226,8 @@ def test_sweep_openai_equals_triton_on_the_same_prompts(server, smol_deployment,
                   for name in ("openai", "triton"))
     for key in ("isl", "osl"):
         assert o["metrics"][key] == t["metrics"][key], key
-    assert o["metrics"]["acceptance_source"] == t["metrics"]["acceptance_source"] == "server_counters"
+    # dflash-openai counts the steps; Triton's counters leave them to block_size - 1 drafts a step (exact here: fixed)
+    assert o["metrics"]["acceptance_source"] == "server_steps" and t["metrics"]["acceptance_source"] == "server_counters"
     assert o["metrics"]["acceptance_rate"] == pytest.approx(t["metrics"]["acceptance_rate"])
     assert o["metrics"]["acceptance_length_mean"] == pytest.approx(t["metrics"]["acceptance_length_mean"])
 

@@ -192,6 +192,7 @@ class OpenAIClient:
         rec.num_prompt_tokens = usage.get("prompt_tokens") or len(self.tokenizer.encode(item.text))
         rec.num_draft_tokens = int(dflash.get("num_draft_tokens", 0))
         rec.num_accepted_draft_tokens = int(dflash.get("num_accepted_draft_tokens", 0))
+        rec.num_steps = int(dflash.get("num_steps", 0))
         cumulative = [c for _, _, c in pieces]
         if pieces and all(c is not None for c in cumulative):
             counts = np.diff([0] + cumulative).tolist()

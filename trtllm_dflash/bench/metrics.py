@@ -42,6 +42,7 @@ class RequestRecord:
     acceptance_lengths: list[int] = field(default_factory=list)  # per verify step, when the runtime says
     num_draft_tokens: int = 0             # Triton's total_draft_tokens
     num_accepted_draft_tokens: int = 0    # Triton's total_accepted_draft_tokens
+    num_steps: int = 0                    # decode steps that committed tokens, where the server says (dflash-openai)
     finish_reason: str = ""
     error: str = ""
 
@@ -100,17 +101,22 @@ def _min_mean_max(values: list[int]) -> dict:
 def acceptance(records: list[RequestRecord], block_size: int | None) -> dict:
     """Acceptance length, from the best source the records have.
 
-    ``runtime``: per-step lengths reported by the engine (exact). ``server_counters``: the mean from
-    Triton's total_draft_tokens / total_accepted_draft_tokens (each step drafts block_size - 1), the
-    histogram from tokens per streamed chunk after the first. ``stream_chunks``: both from tokens per
+    ``runtime``: per-step lengths reported by the engine (exact). ``server_steps``: the mean from the accepted
+    drafts and the decode steps the server counted (exact, also when an adaptive policy mixes blocks; dflash-openai).
+    ``server_counters``: the mean from Triton's total_draft_tokens / total_accepted_draft_tokens (each step drafts
+    block_size - 1: a policy that runs smaller blocks overstates it), the histogram from tokens per streamed chunk
+    after the first. ``stream_chunks``: both from tokens per
     chunk after the first (TensorRT-LLM's benchmark_serving "avg decoded tokens per iter").
     """
     steps = [a for r in records for a in r.acceptance_lengths]
     draft = sum(r.num_draft_tokens for r in records)
     accepted = sum(r.num_accepted_draft_tokens for r in records)
     chunks = [n for r in records for n in r.chunk_tokens[1:]]
+    served_steps = sum(r.num_steps for r in records)
     if steps:
         source, mean, hist_of = "runtime", float(np.mean(steps)), steps
+    elif served_steps > 0:
+        source, mean, hist_of = "server_steps", (accepted + served_steps) / served_steps, chunks
     elif block_size and block_size > 1 and draft > 0:
         n_steps = draft / (block_size - 1)
         source, mean, hist_of = "server_counters", (accepted + n_steps) / n_steps, chunks

@@ -36,6 +36,10 @@ STRATEGIES = ("auto", "nccl", "oneshot")
 ONESHOT_MAX_BYTES = 512 * 1024
 # torch's one-shot kernel has no float16 build (NotImplementedError for 'Half' on 2 H200s): float16 stays on NCCL
 _DTYPES = (torch.bfloat16, torch.float32)
+# Rows up to this many take the fused all-reduce + add + RMSNorm kernel. On 2 H200s (bench/tp_allreduce.py, hidden
+# 4096) it matched one-shot + norm at 1 row (8.7 vs 8.8 us) and lost from 2 rows on (12.5 vs 9.8 us at 16): each of its
+# programs pays two barriers of its own, where torch's one-shot kernel pays them once per launch.
+FUSED_MAX_ROWS = 1
 
 
 class OneShotAllReduce:
@@ -77,6 +81,10 @@ class OneShotAllReduce:
         torch.ops.symm_mem.one_shot_all_reduce_copy_out(view, x, "sum", self.group_name, out)
         return out
 
+
+    def fuses(self, x: torch.Tensor) -> bool:
+        """Whether x [..., hidden] takes add_rms_norm (the fused kernel) rather than this all-reduce + the norm."""
+        return self.handles(x) and x.numel() // x.shape[-1] <= FUSED_MAX_ROWS
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                      bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

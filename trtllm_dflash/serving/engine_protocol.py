@@ -43,7 +43,7 @@ from .record import Result, ServedRequest
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed", "ignore_eos")
 # Row layout of an "out" message (see the module doc).
 ROW_FIELDS = ("rid", "token_ids", "finished", "finish_reason", "error", "num_prompt_tokens", "num_output_tokens",
-              "num_draft_tokens", "num_accepted_draft_tokens")
+              "num_draft_tokens", "num_accepted_draft_tokens", "num_steps")
 
 
 @dataclass(frozen=True)
@@ -130,10 +130,10 @@ def add_message(fid: bytes, rid: int, prompt_ids: list[int], params: dict, clien
 
 def row(rid: int, result: Result) -> list:
     return [rid, result.token_ids, result.finished, result.finish_reason, result.error, result.num_prompt_tokens,
-            result.num_output_tokens, result.num_draft_tokens, result.num_accepted_draft_tokens]
+            result.num_output_tokens, result.num_draft_tokens, result.num_accepted_draft_tokens, result.num_steps]
 
 
 def result_of(r: list) -> Result:
     """An "out" row -> the Result it stands for (times are the frontend's: it stamps them on arrival)."""
     return Result(token_ids=r[1], finished=r[2], finish_reason=r[3], error=r[4], num_prompt_tokens=r[5],
-                  num_output_tokens=r[6], num_draft_tokens=r[7], num_accepted_draft_tokens=r[8])
+                  num_output_tokens=r[6], num_draft_tokens=r[7], num_accepted_draft_tokens=r[8], num_steps=r[9])

@@ -204,7 +204,7 @@ _MARK = "\ue000dflash-text\ue000"   # stands for a chunk's text in its pre-encod
 
 def dflash_stats(final: Result) -> dict:
     return {"num_draft_tokens": final.num_draft_tokens, "num_accepted_draft_tokens": final.num_accepted_draft_tokens,
-            "acceptance_rate": round(final.acceptance_rate, 6)}
+            "acceptance_rate": round(final.acceptance_rate, 6), "num_steps": final.num_steps}
 
 
 def finish_reason(final: Result) -> str:

@@ -48,6 +48,7 @@ class Result:
     num_output_tokens: int = 0
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
+    num_steps: int = 0            # decode steps that committed tokens (acceptance length = tokens / steps)
     times_ns: dict = field(default_factory=dict)  # arrival/first_token/last_token, Unix time in ns
     error: str = ""               # set on a finished Result when the runtime failed the request
 

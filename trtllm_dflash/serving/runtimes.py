@@ -76,7 +76,8 @@ def _usage(record: ServedRequest, request) -> dict:
     """The usage fields of a Result for an engine request so far (every update carries them)."""
     stats = request.stats
     return dict(num_prompt_tokens=record.num_prompt_tokens, num_output_tokens=len(request.output_ids),
-                num_draft_tokens=stats.num_draft_tokens, num_accepted_draft_tokens=stats.num_accepted_draft_tokens)
+                num_draft_tokens=stats.num_draft_tokens, num_accepted_draft_tokens=stats.num_accepted_draft_tokens,
+                num_steps=len(stats.acceptance_lengths))
 
 
 # ---------------------------------------------------------------------------------------------------
