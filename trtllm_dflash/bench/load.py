@@ -32,8 +32,8 @@ from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.provenance import record
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.engine import Engine
-from trtllm_dflash.runtime.kernels import TORCH, Kernels
-from trtllm_dflash.runtime.weights import load_drafter, load_target
+from trtllm_dflash.runtime.kernels import Kernels
+from trtllm_dflash.runtime.weights import load_models
 from trtllm_dflash.bench.step import steady_step_ms
 
 DRAFTER_DIR = Path(__file__).resolve().parents[1] / "drafters" / "smollm2-135m-dflash-b16"
@@ -49,7 +49,7 @@ def pair_configs(smoke: bool) -> tuple[dict, dict]:
     return tcfg, dcfg
 
 
-def build(tcfg: dict, dcfg: dict, max_seq_len: int, device, dtype, kernels: Kernels = TORCH):
+def build(tcfg: dict, dcfg: dict, max_seq_len: int, device, dtype, kernels: Kernels):
     """Our target (random weights from a transformers model of that config) and a random drafter, built with
     ``kernels`` (Kernels.choose of the engines' RuntimeConfig)."""
     import transformers
@@ -63,12 +63,9 @@ def build(tcfg: dict, dcfg: dict, max_seq_len: int, device, dtype, kernels: Kern
             (Path(work) / name / "config.json").write_text(json.dumps(cfg))
         dsd = random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=dtype, device=device)
         pre = {f"target.{k}": v for k, v in hf.state_dict().items()} | {f"drafter.{k}": v for k, v in dsd.items()}
-        drafter = load_drafter(Path(work) / "drafter", model_config.DrafterConfig.from_hf(dcfg),
-                               tcfg["hidden_size"], TPGroup(), device, dtype, max_seq_len, presharded=pre,
-                               kernels=kernels)
-        target = load_target(Path(work) / "target", model_config.target_config(tcfg), TPGroup(), device, dtype,
-                             max_seq_len, drafter.config.target_layer_ids, presharded=pre, kernels=kernels)
-    return target, drafter
+        return load_models(Path(work) / "target", model_config.target_config(tcfg), Path(work) / "drafter",
+                           model_config.DrafterConfig.from_hf(dcfg), TPGroup(), device, dtype, max_seq_len,
+                           kernels=kernels, presharded=pre)
 
 
 def steady_ms(eng: Engine, batch: int, prompt_len: int, steps: int, vocab: int) -> float:

@@ -41,9 +41,9 @@ from trtllm_dflash.provenance import record
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.draft_policy import candidate_blocks, measure_costs
 from trtllm_dflash.runtime.engine import Engine
-from trtllm_dflash.runtime.kernels import TORCH, Kernels
+from trtllm_dflash.runtime.kernels import Kernels
 from trtllm_dflash.runtime.graphs import capture
-from trtllm_dflash.runtime.weights import load_drafter, load_target
+from trtllm_dflash.runtime.weights import load_models
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 BF16 = torch.bfloat16 if DEV.type == "cuda" else torch.float32   # the model dtype (float32 for a CPU smoke run)
@@ -134,7 +134,7 @@ def shrink(cfg: dict, target: bool) -> dict:
     return small
 
 
-def build_pair(name: str, max_seq_len: int, work: Path, smoke: bool = False, kernels: Kernels = TORCH):
+def build_pair(name: str, max_seq_len: int, work: Path, kernels: Kernels, smoke: bool = False):
     """HF model with random weights on the GPU, our target sharing its tensors, and a random drafter, both built
     with ``kernels`` (Kernels.choose of the engines' RuntimeConfig: the Engine refuses models built otherwise)."""
     import transformers
@@ -148,10 +148,9 @@ def build_pair(name: str, max_seq_len: int, work: Path, smoke: bool = False, ker
     (work / "drafter" / "config.json").write_text(json.dumps(dcfg))
     dsd = random_drafter_weights(dcfg, tcfg["hidden_size"], dtype=BF16, device=DEV)
     pre = {f"target.{k}": v for k, v in hf.state_dict().items()} | {f"drafter.{k}": v for k, v in dsd.items()}
-    drafter = load_drafter(work / "drafter", model_config.DrafterConfig.from_hf(dcfg),
-                           tcfg["hidden_size"], TPGroup(), DEV, BF16, max_seq_len, presharded=pre, kernels=kernels)
-    target = load_target(work / "target", model_config.target_config(tcfg), TPGroup(), DEV, BF16, max_seq_len,
-                         drafter.config.target_layer_ids, presharded=pre, kernels=kernels)
+    target, drafter = load_models(work / "target", model_config.target_config(tcfg), work / "drafter",
+                                  model_config.DrafterConfig.from_hf(dcfg), TPGroup(), DEV, BF16, max_seq_len,
+                                  kernels=kernels, presharded=pre)
     return hf, target, drafter, dcfg, dsd
 
 
@@ -318,8 +317,8 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
     max_seq = args.ctx + args.steps * 20 + 64
     kernel, invariant = args.attention_kernel, args.batch_invariant == "on"
     with tempfile.TemporaryDirectory() as work:
-        hf, target, drafter, dcfg, dsd = build_pair(name, max_seq, Path(work), args.smoke,
-                                                    Kernels.choose(kernel, invariant, DEV, BF16))
+        hf, target, drafter, dcfg, dsd = build_pair(name, max_seq, Path(work),
+                                                    Kernels.choose(kernel, invariant, DEV, BF16), args.smoke)
     B = drafter.config.block_size
     bw = ceil["copy_bw_bytes_per_s"]
     t_bytes, d_bytes = weight_bytes(target), weight_bytes(drafter)

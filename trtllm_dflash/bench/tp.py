@@ -36,7 +36,7 @@ from trtllm_dflash.provenance import record
 from trtllm_dflash.runtime.distributed import launcher_rank_and_size
 from trtllm_dflash.runtime.engine import Engine
 from trtllm_dflash.runtime.kernels import Kernels
-from trtllm_dflash.runtime.weights import load_drafter, load_target
+from trtllm_dflash.runtime.weights import load_models
 from trtllm_dflash.runtime.shard import slice_for_rank
 
 PROMPTS = [[5, 9, 13], [7] * 20, [40, 41, 42, 43, 44, 45, 46]]
@@ -82,11 +82,9 @@ def shards_8b(name: str, tp, work: Path, max_seq: int, kernels: Kernels):
         (work / role).mkdir(parents=True, exist_ok=True)
         (work / role / "config.json").write_text(json.dumps(cfg))
     dev = torch.device("cuda", torch.cuda.current_device())
-    drafter = load_drafter(work / "drafter", model_config.DrafterConfig.from_hf(dcfg),
-                           tcfg["hidden_size"], tp, dev, torch.bfloat16, max_seq, presharded=pre, kernels=kernels)
-    target = load_target(work / "target", model_config.target_config(tcfg), tp, dev, torch.bfloat16, max_seq,
-                         drafter.config.target_layer_ids, presharded=pre, kernels=kernels)
-    return target, drafter
+    return load_models(work / "target", model_config.target_config(tcfg), work / "drafter",
+                       model_config.DrafterConfig.from_hf(dcfg), tp, dev, torch.bfloat16, max_seq, kernels=kernels,
+                       presharded=pre)
 
 
 def main(argv=None) -> int:

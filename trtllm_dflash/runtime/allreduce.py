@@ -81,7 +81,6 @@ class OneShotAllReduce:
         torch.ops.symm_mem.one_shot_all_reduce_copy_out(view, x, "sum", self.group_name, out)
         return out
 
-
     def fuses(self, x: torch.Tensor) -> bool:
         """Whether x [..., hidden] takes add_rms_norm (the fused kernel) rather than this all-reduce + the norm."""
         return self.handles(x) and x.numel() // x.shape[-1] <= FUSED_MAX_ROWS

@@ -172,6 +172,7 @@ class AdaptivePolicy:
         self.stats = stats or AcceptanceStats(block_size)
         self.blocks = candidate_blocks(block_size)
         self._ar_steps = self._draft_steps = 0
+        self.ar_probe_every = math.ceil(1 / probe_budget)   # while drafting wins: one block-1 step in this many
         self._probe_next = 0   # a probe's second step (its block), chosen with the first
 
     def probe(self, batch: int) -> tuple[int, int]:
@@ -215,10 +216,10 @@ class AdaptivePolicy:
         elif best > 1:
             self._ar_steps = 0
             self._draft_steps += 1
-            if self._draft_steps >= math.ceil(1 / self.probe_budget):
+            if self._draft_steps >= self.ar_probe_every:
                 self._draft_steps = 0
-                return 1, (f"probe at block 1: refresh the AR step's cost (one step per "
-                           f"{math.ceil(1 / self.probe_budget)} drafting steps)")
+                return 1, (f"probe at block 1: refresh the AR step's cost (one step per {self.ar_probe_every} "
+                           "drafting steps)")
         full = self.block_size
         return best, (f"batch {batch}: {self.stats.expected_tokens(best, 0.0):.2f} tok / "
                       f"{1e3 * self.costs.cost(batch, best):.1f} ms = {rates[best]:.0f} tok/s per row at block {best}"

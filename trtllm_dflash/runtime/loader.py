@@ -19,7 +19,7 @@ from . import fp8
 from .distributed import TPGroup, init_tp, launcher_rank_and_size
 from .kernels import Kernels
 from .models.dflash import DFlashDrafter
-from .weights import load_drafter, load_target
+from .weights import load_models
 
 
 @dataclass
@@ -69,13 +69,10 @@ def load_pair(target_dir, drafter_dir, cfg: RuntimeConfig, *, tp_size: int = 1, 
     tp = init_tp(tp_size, device, allreduce_strategy=cfg.allreduce_strategy)
     if device.type == "cuda" and tp.size > 1:
         device = torch.device("cuda", torch.cuda.current_device())
-    positions = cfg.max_seq_len
     kernels = Kernels.choose(cfg.kernels, cfg.batch_invariant, device, dtype)
-    drafter = (load_drafter(Path(drafter_dir), drafter_cfg, target_cfg.hidden_size, tp, device, dtype, positions,
-                            allow_pickle, presharded, kernels=kernels) if drafter_cfg is not None else None)
-    capture = drafter.config.target_layer_ids if drafter is not None else ()
-    target = load_target(target_dir, target_cfg, tp, device, dtype, positions, capture, allow_pickle, presharded,
-                         ep_size, fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe, kernels=kernels)
+    target, drafter = load_models(target_dir, target_cfg, drafter_dir, drafter_cfg, tp, device, dtype,
+                                  cfg.max_seq_len, kernels=kernels, allow_pickle=allow_pickle, presharded=presharded,
+                                  ep_size=ep_size, fp8_gemm=cfg.fp8_gemm, mxfp4_moe=cfg.mxfp4_moe)
     return Loaded(target, drafter, tokenizer, tp, eos_ids, cfg)
 
 

@@ -59,6 +59,21 @@ def load_target(path: Path, cfg: LlamaConfig | GptOssConfig, tp: TPGroup, device
     return model.eval()
 
 
+def load_models(target_dir: Path, target_cfg: LlamaConfig | GptOssConfig, drafter_dir: Path | None,
+                drafter_cfg: DrafterConfig | None, tp: TPGroup, device, dtype, max_positions: int, *, kernels: Kernels,
+                allow_pickle: bool = False, presharded: dict | None = None, ep_size: int = 1,
+                fp8_gemm: bool | None = False, mxfp4_moe: str = "dequant"):
+    """(target, drafter) of this rank, the drafter None without ``drafter_cfg``; the drafter first, since its
+    target_layer_ids are the layers the target captures. ``kernels`` has no default: it must be Kernels.choose of the
+    RuntimeConfig the engine will run (the Engine refuses models built with other kernels)."""
+    drafter = (load_drafter(Path(drafter_dir), drafter_cfg, target_cfg.hidden_size, tp, device, dtype, max_positions,
+                            allow_pickle, presharded, kernels=kernels) if drafter_cfg is not None else None)
+    capture = drafter.config.target_layer_ids if drafter is not None else ()
+    target = load_target(Path(target_dir), target_cfg, tp, device, dtype, max_positions, capture, allow_pickle,
+                         presharded, ep_size, fp8_gemm=fp8_gemm, mxfp4_moe=mxfp4_moe, kernels=kernels)
+    return target, drafter
+
+
 def load_drafter(path: Path, cfg: DrafterConfig, target_hidden: int, tp: TPGroup, device, dtype, max_positions: int,
                  allow_pickle: bool = False, presharded: dict | None = None,
                  kernels: Kernels = TORCH) -> DFlashDrafter:

@@ -55,8 +55,7 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         check_tp((c.num_heads, c.num_kv_heads), tp.size, "drafter")
         self.config, self.kernels = c, kernels   # Triton: fc on the Triton GEMM where uses_gemm_kernel
-        attention = [DraftAttention(c, tp, kernels) for _ in range(c.num_layers)]
-        self.layers = nn.ModuleList(DecoderLayer(c, tp, attn) for attn in attention)
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, DraftAttention(c, tp, kernels)) for _ in range(c.num_layers))
         self.fc = nn.Linear(len(c.target_layer_ids) * target_hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
