@@ -60,7 +60,9 @@ if [[ -n ${OFFLINE_DIR:-} ]]; then
   eval "$(bash scripts/offline_host.sh env "$OFFLINE_DIR" train)"
 fi
 # the same dflash-train flags on every run (the run's train_config.json refuses a change on --resume)
-export TRAIN_EXTRA="--quiet --regen_total_s $REGEN_S --probe_batch_sizes $PROBE --probe_s $PROBE_S --train_time_budget_s $TRAIN_S"
+# INIT_DRAFTER: continue from an exported drafter of the same shape (--init_drafter, e.g. smollm2-135m-dflash, the
+# shipped one) instead of random weights; TRAIN_FLAGS: more dflash-train flags (e.g. --lr 6e-4), the same every run
+export TRAIN_EXTRA="--quiet --regen_total_s $REGEN_S --probe_batch_sizes $PROBE --probe_s $PROBE_S --train_time_budget_s $TRAIN_S${INIT_DRAFTER:+ --init_drafter $INIT_DRAFTER}${TRAIN_FLAGS:+ $TRAIN_FLAGS}"
 mkdir -p "$BACK" "$WORK" "$BIG_RUN"
 exec > >(tee "$BACK/onesitting.log") 2>&1
 left() { echo $(( JOB_S - (SECONDS - T0) )); }
