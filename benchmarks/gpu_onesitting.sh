@@ -189,8 +189,10 @@ if [[ $EVALUATED == 1 ]]; then
     && gzip -f "$BACK/onesitting_state.tar" && mv "$BACK/onesitting_state.tar.gz" "$BACK/onesitting_state.tgz"
 fi
 if [[ $EXPORTED == 1 && $EVALUATED == 0 ]]; then
-  # the drafter is in OUT as soon as it is exported: a host lost before eval loses nothing
-  cp -r "$BIG_RUN/drafter" "$BACK/"
+  # the drafter is in OUT as soon as it is exported: a host lost before eval loses nothing (two shards + index
+  # and its config: each file small enough for copies that bound a file's size; our loader reads the shards)
+  "$PYTHON" -m trtllm_dflash.training.bundle drafter --run "$BIG_RUN" --out "$BACK/drafter"
+  cp "$BIG_RUN/drafter/config.json" "$BACK/drafter/"
 fi
 if [[ $E2E_DONE == 1 ]]; then cp "$WORK"/e2e/e2e_smollm2_h100.json "$WORK"/e2e/e2e_smollm2_h100*.png "$BACK"/ 2>/dev/null || true; fi
 say "next: $NEXT (this run took $((SECONDS - T0)) s)"
