@@ -60,7 +60,9 @@ if [[ -n ${OFFLINE_DIR:-} ]]; then
   eval "$(bash scripts/offline_host.sh env "$OFFLINE_DIR" train)"
 fi
 # the same dflash-train flags on every run (the run's train_config.json refuses a change on --resume)
-export TRAIN_EXTRA="--quiet --regen_total_s $REGEN_S --probe_batch_sizes $PROBE --probe_s $PROBE_S --train_time_budget_s $TRAIN_S"
+# INIT_DRAFTER: continue from an exported drafter of the same shape (--init_drafter, e.g. smollm2-135m-dflash, the
+# shipped one) instead of random weights; TRAIN_FLAGS: more dflash-train flags (e.g. --lr 6e-4), the same every run
+export TRAIN_EXTRA="--quiet --regen_total_s $REGEN_S --probe_batch_sizes $PROBE --probe_s $PROBE_S --train_time_budget_s $TRAIN_S${INIT_DRAFTER:+ --init_drafter $INIT_DRAFTER}${TRAIN_FLAGS:+ $TRAIN_FLAGS}"
 mkdir -p "$BACK" "$WORK" "$BIG_RUN"
 exec > >(tee "$BACK/onesitting.log") 2>&1
 left() { echo $(( JOB_S - (SECONDS - T0) )); }
@@ -187,8 +189,10 @@ if [[ $EVALUATED == 1 ]]; then
     && gzip -f "$BACK/onesitting_state.tar" && mv "$BACK/onesitting_state.tar.gz" "$BACK/onesitting_state.tgz"
 fi
 if [[ $EXPORTED == 1 && $EVALUATED == 0 ]]; then
-  # the drafter is in OUT as soon as it is exported: a host lost before eval loses nothing
-  cp -r "$BIG_RUN/drafter" "$BACK/"
+  # the drafter is in OUT as soon as it is exported: a host lost before eval loses nothing (two shards + index
+  # and its config: each file small enough for copies that bound a file's size; our loader reads the shards)
+  "$PYTHON" -m trtllm_dflash.training.bundle drafter --run "$BIG_RUN" --out "$BACK/drafter"
+  cp "$BIG_RUN/drafter/config.json" "$BACK/drafter/"
 fi
 if [[ $E2E_DONE == 1 ]]; then cp "$WORK"/e2e/e2e_smollm2_h100.json "$WORK"/e2e/e2e_smollm2_h100*.png "$BACK"/ 2>/dev/null || true; fi
 say "next: $NEXT (this run took $((SECONDS - T0)) s)"

@@ -363,3 +363,35 @@ def test_gpu_script_smoke_on_cpu(tmp_path, prompts_file):
     assert report["export"]["size_bytes"] < 50e6 and report["export"]["greedy"]["ok"]
     res = json.loads((tmp_path / "acceptance_smollm2.json").read_text())
     assert set(res) == {"humaneval", "mtbench"} and all(r["reference"]["within_tolerance"] for r in res.values())
+
+
+@needs_modelopt
+def test_init_drafter_warm_starts_from_an_exported_drafter(run_dir, chat_target, tmp_path):
+    """--init_drafter loads the exported weights into ModelOpt's draft module (the first loss is the trained one's,
+    not a random draft's) and refuses a drafter of another shape, naming the field."""
+    from safetensors.torch import load_file
+
+    from trtllm_dflash.training import modelopt_model
+    from trtllm_dflash.training.settings import TrainConfig
+
+    base = dict(target=str(chat_target), data="x", out=str(tmp_path / "w"), block_size=8, num_layers=2,
+                target_layer_ids=(0, 2), num_anchors=16, max_seq_len=160)
+    drafter = run_dir / "drafter"
+    model, mo_cfg = modelopt_model.build(TrainConfig(**base, init_drafter=str(drafter)), chat_target, 259,
+                                         torch.device("cpu"))
+    assert mo_cfg["dflash_init_checkpoint"] == str(drafter / "model.safetensors")
+    got = model.dflash_module.state_dict()
+    want = load_file(str(drafter / "model.safetensors"))
+    assert set(want) <= set(got)
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor.float()), name
+    cold, _ = modelopt_model.build(TrainConfig(**base), chat_target, 259, torch.device("cpu"))
+    assert not torch.equal(cold.dflash_module.state_dict()["fc.weight"], want["fc.weight"].float())
+    with pytest.raises(DFlashError, match=r"--init_drafter: .* has block_size 8, this run trains 16\. Fix: pass --block_size 8"):
+        modelopt_model.build(TrainConfig(**{**base, "block_size": 16}, init_drafter=str(drafter)), chat_target, 259,
+                             torch.device("cpu"))
+    with pytest.raises(DFlashError, match=r"target_layer_ids \[0, 2\], this run trains \[1, 2\]"):
+        modelopt_model.build(TrainConfig(**{**base, "target_layer_ids": (1, 2)}, init_drafter=str(drafter)),
+                             chat_target, 259, torch.device("cpu"))
+    with pytest.raises(DFlashError, match="--init_drafter: .* holds no config.json"):
+        modelopt_model.build(TrainConfig(**base, init_drafter=str(tmp_path)), chat_target, 259, torch.device("cpu"))

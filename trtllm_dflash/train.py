@@ -49,7 +49,7 @@ _GROUPS = {
     "regenerate (stage 1)": ("num_prompts", "max_prompt_len", "max_new_tokens", "regen_temperature",
                              "regen_batch_size", "regen_time_budget_s", "regen_total_s", "exclude_eval"),
     "drafter": ("block_size", "num_layers", "target_layer_ids", "intermediate_size", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "mask_token_id"),
+                "num_key_value_heads", "head_dim", "mask_token_id", "init_drafter"),
     "train (stage 2)": ("loss", "loss_decay_gamma", "num_anchors", "max_seq_len", "batch_size", "probe_batch_sizes",
                         "probe_s", "lr", "weight_decay",
                         "warmup_ratio", "warmup_steps", "lr_schedule", "grad_clip", "epochs", "max_steps",
@@ -81,6 +81,9 @@ _HELP = {
     "num_key_value_heads": "unset = the target's",
     "head_dim": "unset = the target's",
     "mask_token_id": "block filler id; unset = chosen from the tokenizer (report.json says which and why)",
+    "init_drafter": "warm start: a drafter folder (z-lab layout) or smollm2-135m-dflash; its block size, layers, "
+                    "tapped target layers, mask id and sizes must equal this run's (a longer schedule on the same "
+                    "drafter continues its training instead of starting from random weights)",
     "loss": "kd = distil the target's logits (ModelOpt), ce = cross-entropy on the regenerated tokens",
     "loss_decay_gamma": "weight exp(-(k-1)/gamma) of block position k; unset = 7 for B16, 5 B10, 4 B8",
     "num_anchors": "random anchors (blocks) per sequence",
@@ -282,6 +285,12 @@ def _train_and_export(cfg: TrainConfig, target_dir: Path, sections: dict, log, d
     data_name = corpus.describe(cfg.data) if corpus.is_corpus(cfg.data) else cfg.data
     provenance = {"target": cfg.target, "data": data_name, "examples": len(data), "loss": cfg.loss,
                   "steps": sections.get("train", {}).get("steps")}
+    if cfg.init_drafter:   # a continued drafter says what it continued from
+        from .provenance import checkpoint_digest
+        init = modelopt_model.init_drafter_dir(cfg.init_drafter)
+        provenance["init_drafter"] = {"spec": cfg.init_drafter, "sha256": checkpoint_digest(init)["sha256"],
+                                      "steps": json.loads((init / "config.json").read_text()).get(
+                                          "dflash_training", {}).get("steps")}
     drafter = export.export(cfg, model, target_dir, provenance, log)
     result = sections["export"] = {"drafter_dir": str(drafter),
                                    "size_bytes": sum(f.stat().st_size for f in drafter.iterdir())}

@@ -87,7 +87,41 @@ def draft_shape(cfg: TrainConfig, target_cfg: dict) -> dict:
     }
 
 
+def init_drafter_dir(spec: str) -> Path:
+    """The folder of --init_drafter: a shipped drafter by name, or a folder holding config.json + model.safetensors."""
+    from ..checkpoints.resolve import SHIPPED_DRAFTERS, shipped_drafter_dir
+
+    path = shipped_drafter_dir(spec) if spec in SHIPPED_DRAFTERS else Path(spec).expanduser()
+    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        raise DFlashError("--init_drafter", f"{spec} holds no config.json + model.safetensors",
+                          "pass an exported drafter folder (dflash-train's <out>/drafter) or smollm2-135m-dflash")
+    return path
+
+
+def check_init_drafter(path: Path, cfg: TrainConfig, shape: dict, mask_token_id: int) -> None:
+    """A warm start must describe the drafter this run trains: what ModelOpt's shape check cannot see (the
+    block size, the tapped target layers, the mask id) is compared here, the tensor shapes too."""
+    import json
+
+    got = json.loads((path / "config.json").read_text())
+    dflash = got.get("dflash_config") or {}
+    pairs = {"block_size": (got.get("block_size"), cfg.block_size),
+             "num_layers": (got.get("num_hidden_layers"), shape["num_hidden_layers"]),
+             "target_layer_ids": (dflash.get("target_layer_ids"), list(shape["target_layer_ids"])),
+             "mask_token_id": (dflash.get("mask_token_id"), mask_token_id)}
+    for name in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim"):
+        pairs[name] = (got.get(name), shape[name])
+    for name, (theirs, ours) in pairs.items():
+        if theirs != ours:
+            raise DFlashError("--init_drafter", f"{path} has {name} {theirs}, this run trains {ours}",
+                              f"pass --{name} {theirs if not isinstance(theirs, list) else ' '.join(map(str, theirs))}"
+                              " (or start from random weights: omit --init_drafter)")
+
+
 def modelopt_config(cfg: TrainConfig, shape: dict, mask_token_id: int) -> dict:
+    init = init_drafter_dir(cfg.init_drafter) if cfg.init_drafter else None
+    if init is not None:
+        check_init_drafter(init, cfg, shape, mask_token_id)
     return {
         "dflash_block_size": cfg.block_size,
         "dflash_num_anchors": cfg.num_anchors,
@@ -99,6 +133,8 @@ def modelopt_config(cfg: TrainConfig, shape: dict, mask_token_id: int) -> dict:
         "dflash_report_acc": True,
         "dflash_use_torch_compile": False,      # stored but unused by 0.47; off so no version compiles on CPU
         "dflash_architecture_config": shape,
+        # ModelOpt loads it into the draft module right after building it and refuses any tensor mismatch.
+        **({"dflash_init_checkpoint": str(init / "model.safetensors")} if init is not None else {}),
     }
 
 

@@ -61,6 +61,7 @@ class TrainConfig:
     num_key_value_heads: int | None = None  # None = the target's
     head_dim: int | None = None             # None = the target's
     mask_token_id: int | None = None        # None = chosen from the tokenizer (training/mask_token.py)
+    init_drafter: str | None = None         # set: start from this exported drafter's weights (same shape)
     # -- stage 2: train
     loss: str = "kd"                        # kd = ModelOpt self-logit distillation; ce = cross-entropy on the tokens
     loss_decay_gamma: float | None = None   # None = PAPER_GAMMA[block_size] (else block_size * 7 / 16)
