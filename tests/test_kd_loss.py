@@ -26,17 +26,21 @@ def target(tmp_path_factory):
     return write_tiny_target(tmp_path_factory.mktemp("kd") / "target")
 
 
-@pytest.fixture(scope="module")
-def model(target, tmp_path_factory):
-    """ModelOpt's own loss (kd_impl modelopt), in float64 (draft and target)."""
+def _modelopt(tmp_path, target):
+    """A model with ModelOpt's own loss (kd_impl modelopt)."""
     from trtllm_dflash.training import modelopt_model
     torch.manual_seed(0)
-    m, _ = modelopt_model.build(_config(tmp_path_factory.mktemp("run"), target, kd_impl="modelopt"), target, MASK,
-                                torch.device("cpu"))
+    m, _ = modelopt_model.build(_config(tmp_path, target, kd_impl="modelopt"), target, MASK, torch.device("cpu"))
     with torch.no_grad():   # only the batch's tokens 2..7 score, so the random draft's argmax hits some labels
         m.lm_head.weight[:2] = 0
         m.lm_head.weight[8:] = 0
-    return m.double().train()
+    return m.train()
+
+
+@pytest.fixture(scope="module")
+def model(target, tmp_path_factory):
+    """In float64, draft and target."""
+    return _modelopt(tmp_path_factory.mktemp("run"), target).double()
 
 
 def _batch() -> dict:
@@ -124,3 +128,25 @@ def test_cli_flag_and_resume_safe():
     cfg = train.config_from_args(["--target", "t", "--data", "d", "--out", "o", "--kd_impl", "modelopt"])
     assert cfg.kd_impl == "modelopt" and "kd_impl" in RESUME_SAFE
     assert train.config_from_args(["--target", "t", "--data", "d", "--out", "o"]).kd_impl == "fused"
+
+
+def test_mixed_precision_under_autocast_follows_modelopt(target, tmp_path):
+    """The training setup's dtypes (bfloat16 target and lm_head, float32 draft, bf16 autocast), on CPU: CPU
+    autocast keeps softmax in bfloat16 and the two ways sum in other orders, so they agree to rounding only."""
+    m = _modelopt(tmp_path, target)
+    m.to(torch.bfloat16).dflash_module.float()
+
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return _run(m)
+    loss, acc, grads = run()
+    try:
+        kd_loss.install(m, chunk_rows=16)
+        f_loss, f_acc, f_grads = run()
+    finally:
+        m.__class__ = type(m).__mro__[1]
+    assert f_loss == pytest.approx(loss, rel=1e-4) and f_acc == acc > 0
+    for name, g in grads.items():
+        assert f_grads[name].dtype == g.dtype == torch.float32
+        cos = torch.nn.functional.cosine_similarity(f_grads[name].flatten(), g.flatten(), dim=0)
+        assert cos > 0.9999, (name, float(cos))

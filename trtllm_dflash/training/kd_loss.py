@@ -11,7 +11,7 @@ pass, so backward only scales it. Rows of weight 0 (each block's anchor, masked 
 to the loss, its gradient or the accuracy, so they are skipped.
 
 Numerics follow ModelOpt's path: the matmul runs in the autocast dtype when autocast is on (bfloat16 on CUDA)
-and in the inputs' dtype otherwise; softmax and log_softmax run in float32 under autocast (autocast's float32
+and in the inputs' dtype otherwise; softmax and log_softmax run in float32 under CUDA autocast (its float32
 list), in the logits' dtype otherwise; the argmax is taken on the matmul's output.
 
 ``install(model)`` puts it into a converted ModelOpt model without editing ModelOpt: the model's class becomes a
@@ -51,8 +51,10 @@ class _FusedLinearKD(torch.autograd.Function):
         if amp is None and weight.dtype != hidden.dtype:
             raise DFlashError("fused KD loss", f"hidden states are {hidden.dtype} but lm_head is {weight.dtype} "
                               "outside autocast", "run the forward under torch.autocast, as dflash-train does")
-        soft_dtype = torch.float32 if amp is not None else mm_dtype          # the draft's softmax
-        teacher_dtype = torch.float32 if amp is not None else teacher.dtype  # the target's
+        # CUDA autocast runs softmax and log_softmax in float32; CPU autocast leaves them in its own dtype
+        upcast = amp is not None and hidden.device.type == "cuda"
+        soft_dtype = torch.float32 if upcast else mm_dtype          # the draft's softmax
+        teacher_dtype = torch.float32 if upcast else teacher.dtype  # the target's
         out_dtype = torch.promote_types(torch.promote_types(soft_dtype, teacher_dtype), row_weight.dtype)
         # the loss's dtype, as autograd scales ModelOpt's rows (1 / norm, then times the row's weight)
         scale = row_weight.to(out_dtype) * (1 / norm.to(out_dtype))
