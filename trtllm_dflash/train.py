@@ -50,7 +50,8 @@ _GROUPS = {
                              "regen_batch_size", "regen_time_budget_s", "regen_total_s", "exclude_eval"),
     "drafter": ("block_size", "num_layers", "target_layer_ids", "intermediate_size", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "mask_token_id", "init_drafter"),
-    "train (stage 2)": ("loss", "loss_decay_gamma", "num_anchors", "max_seq_len", "batch_size", "probe_batch_sizes",
+    "train (stage 2)": ("loss", "kd_impl", "loss_decay_gamma", "num_anchors", "max_seq_len", "batch_size",
+                        "probe_batch_sizes",
                         "probe_s", "lr", "weight_decay",
                         "warmup_ratio", "warmup_steps", "lr_schedule", "grad_clip", "epochs", "max_steps",
                         "train_time_budget_s", "stop_after_s", "save_every", "log_every"),
@@ -85,6 +86,8 @@ _HELP = {
                     "tapped target layers, mask id and sizes must equal this run's (a longer schedule on the same "
                     "drafter continues its training instead of starting from random weights)",
     "loss": "kd = distil the target's logits (ModelOpt), ce = cross-entropy on the regenerated tokens",
+    "kd_impl": "how the kd loss is computed: fused = in row chunks, never the whole batch's [rows, vocab] logits "
+               "(same loss and gradients); modelopt = ModelOpt's own code",
     "loss_decay_gamma": "weight exp(-(k-1)/gamma) of block position k; unset = 7 for B16, 5 B10, 4 B8",
     "num_anchors": "random anchors (blocks) per sequence",
     "max_seq_len": "training sequences are cut to this many tokens",
@@ -106,7 +109,7 @@ _HELP = {
     "verify_prompts": "DFlash greedy == AR greedy is checked on this many training prompts",
     "verify_max_new_tokens": "tokens generated per prompt in that check",
 }
-_CHOICES = {"loss": ("kd", "ce"), "export_dtype": ("bfloat16", "float16", "float32"),
+_CHOICES = {"loss": ("kd", "ce"), "kd_impl": ("fused", "modelopt"), "export_dtype": ("bfloat16", "float16", "float32"),
             "lr_schedule": ("cosine", "linear")}
 
 

@@ -11,6 +11,7 @@
                   shard by shard with a manifest (a corpus folder), resumable across time-limited calls
   batches         that JSONL -> padded, deterministic, resumable training batches
   modelopt_model  the HF target converted by ModelOpt into a DFlash training model (``mtsp.convert``)
+  kd_loss         ModelOpt's KD loss in row chunks, never the batch's [rows, vocab] logits (--kd_impl fused)
   batch_probe     before stage 2: s/step at a few batch sizes, train at the most tokens/s (--probe_batch_sizes)
   loop            stage 2: AdamW + warmup/cosine + grad clip, bf16 autocast on CUDA, loss CSV
   checkpoint      pickle-free training checkpoints (weights, AdamW moments, RNG) in < 16 MB files, swapped in atomically

@@ -21,6 +21,7 @@ import types
 import torch
 
 from ..errors import DFlashError
+from .kd_loss import loss_weights
 
 _KEYS, _WEIGHTS = "_dflash_sample_keys", "_dflash_last_weights"
 
@@ -100,14 +101,7 @@ def _sample(model, seq_len: int, loss_mask: torch.Tensor, device, fallback):
 @torch.no_grad()
 def _weights(model, input_ids, anchor_positions, block_keep_mask, loss_mask) -> tuple[float, float]:
     """ModelOpt 0.47's weight mask of ``_compute_loss`` (decay objective), summed: the loss's denominator."""
-    seq_len = input_ids.shape[1]
-    B = model.dflash_block_size
-    k = torch.arange(B, device=input_ids.device).view(1, 1, -1)
-    idx = anchor_positions.unsqueeze(-1) + k
-    w = block_keep_mask.unsqueeze(-1).float() * (idx < seq_len).float() * (k > 0).float()
-    w = w * torch.gather(loss_mask.unsqueeze(1).expand(-1, idx.shape[1], -1), 2, idx.clamp(max=seq_len - 1))
-    scored = float(w.sum())
-    if model.dflash_loss_decay_factor > 0:
-        w = w * torch.exp(-(k - 1).clamp(min=0).float() / model.dflash_loss_decay_factor)
-    total = float(w.sum()) + 1e-6
+    _, _, mask, weights = loss_weights(model, input_ids, anchor_positions, block_keep_mask, loss_mask)
+    scored = float(mask.sum())
+    total = float(weights.sum()) + 1e-6
     return (total if total > 1.0 else 0.0), scored   # ModelOpt scores nothing at <= 1 (its loss is 0 then)

@@ -24,6 +24,7 @@ from ..errors import DFlashError
 from ..model_config import build_target_layer_ids, rope_parameters
 from ..runtime.models.layers import rope_inv_freq
 from ..versions import installed
+from . import kd_loss
 from .settings import TrainConfig
 
 MODELOPT_TESTED = "0.47.0"
@@ -153,6 +154,8 @@ def build(cfg: TrainConfig, target_dir: Path, mask_token_id: int, device: torch.
     model.config.architectures = model.config.architectures or [type(model).__name__]
     mtsp.convert(model, [("dflash", mo_cfg)])
     model.dflash_module.float()
+    if cfg.loss == "kd" and cfg.kd_impl == "fused":
+        kd_loss.install(model)
     check_rope(model, shape["rope_parameters"], shape["head_dim"], device)
     return model, mo_cfg
 

@@ -16,7 +16,8 @@ PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 # Fields that may differ when a run is resumed: they change how a run is watched, not what it computes.
 RESUME_SAFE = frozenset({"out", "device", "resume", "stages", "progress", "save_every", "log_every",
                          "verify_prompts", "verify_max_new_tokens", "regen_time_budget_s", "train_time_budget_s",
-                         "stop_after_s", "regen_total_s", "probe_s"})
+                         "stop_after_s", "regen_total_s", "probe_s",
+                         "kd_impl"})   # the same loss, computed another way
 # --preset: named recipes; a flag given on the command line wins over its preset value.
 PRESETS = {
     "paper": {},  # the dataclass defaults: the DFlash paper (arXiv 2602.06036 §4.2, A.1)
@@ -64,6 +65,7 @@ class TrainConfig:
     init_drafter: str | None = None         # set: start from this exported drafter's weights (same shape)
     # -- stage 2: train
     loss: str = "kd"                        # kd = ModelOpt self-logit distillation; ce = cross-entropy on the tokens
+    kd_impl: str = "fused"                  # fused = ModelOpt's KD loss in row chunks (kd_loss.py); modelopt = its own
     loss_decay_gamma: float | None = None   # None = PAPER_GAMMA[block_size] (else block_size * 7 / 16)
     num_anchors: int = 512                  # random anchors per sequence
     max_seq_len: int = 2048                 # training sequence cut (prompt + response)
@@ -102,6 +104,8 @@ class TrainConfig:
             raise DFlashError("--max_seq_len", f"{self.max_seq_len} is shorter than two blocks", "raise it")
         if self.loss not in ("kd", "ce"):
             raise DFlashError("--loss", f"unknown loss {self.loss!r}", "use kd or ce")
+        if self.kd_impl not in ("fused", "modelopt"):
+            raise DFlashError("--kd_impl", f"unknown implementation {self.kd_impl!r}", "use fused or modelopt")
         if self.target_layer_ids is not None and len(self.target_layer_ids) != self.num_layers:
             raise DFlashError("--target_layer_ids", f"has {len(self.target_layer_ids)} ids for {self.num_layers} "
                               "draft layers; ModelOpt 0.47 taps exactly one target layer per draft layer",
