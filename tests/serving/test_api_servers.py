@@ -9,16 +9,14 @@ import concurrent.futures as cf
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from types import SimpleNamespace
 
 import pytest
 
-from tests.serving.conftest import TEST_ENV, free_port, terminate, wait_logged
-from tests.serving.test_engine_process import _alive, _children, _gone
+from tests.serving.conftest import terminate
+from tests.serving.test_engine_process import _OpenAI, _alive, _children, _gone
 from trtllm_dflash.serving.api_servers import MetricsBoard
 from trtllm_dflash.serving.metrics import ServingMetrics, parse
 from trtllm_dflash.serving.record import Result
@@ -56,49 +54,42 @@ def test_render_sums_the_peers_series_as_one_frontend_would(tmp_path):
     assert _samples(a.render(engine)) != merged
 
 
-def _complete(port: int, i: int, stream: bool = False) -> dict:
+def _complete(port: int, i: int) -> dict:
     body = json.dumps({"model": "m", "prompt": f"Count to {i}:", "max_tokens": 16, "ignore_eos": True}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     return json.loads(urllib.request.urlopen(req, timeout=60).read())
 
 
-class _Served:
-    def __init__(self, deployment, log, *extra):
-        self.port, self.log = free_port(), log
-        cmd = [sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(deployment), "--port", str(self.port),
-               "--served_model_name", "m", *extra]
-        with open(log, "wb") as fh:
-            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=TEST_ENV)
-        wait_logged(self.proc, log, "dflash-openai: ready", 180, stop_timeout=30)
+def _texts(srv, n: int) -> list[str]:
+    with cf.ThreadPoolExecutor(8) as pool:
+        return [r["choices"][0]["text"] for r in pool.map(lambda i: _complete(srv.port, i), range(n))]
 
-    def texts(self, n: int) -> list[str]:
-        with cf.ThreadPoolExecutor(8) as pool:
-            return [r["choices"][0]["text"] for r in pool.map(lambda i: _complete(self.port, i), range(n))]
 
-    def descendants(self) -> list[int]:
-        found, todo = [], [self.proc.pid]
-        while todo:
-            for child in _children(todo.pop()):
-                if _alive(child):
-                    found.append(child)
-                    todo.append(child)
-        return found
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            if _alive(child):
+                found.append(child)
+                todo.append(child)
+    return found
 
 
 @pytest.mark.slow
 def test_two_api_servers_answer_like_one_and_stop_cleanly(tiny_deployment, tmp_path):
-    one = _Served(tiny_deployment, tmp_path / "one.log")
+    one = _OpenAI(tiny_deployment, tmp_path / "one.log")
     try:
-        want = one.texts(12)
+        want = _texts(one, 12)
     finally:
         assert terminate(one.proc, 30) == 0, one.log.read_text()[-3000:]
-    srv = _Served(tiny_deployment, tmp_path / "two.log", "--api_server_count", "2", "--drain_timeout_s", "2")
+    srv = _OpenAI(tiny_deployment, tmp_path / "two.log", "--api_server_count", "2", "--drain_timeout_s", "2",
+                  children=3)
     try:
         assert "2 API servers" in srv.log.read_text()
-        procs = srv.descendants()
+        procs = _descendants(srv.proc.pid)
         assert len(procs) == 3, procs           # two API servers and the engine
-        assert srv.texts(12) == want
+        assert _texts(srv, 12) == want
         time.sleep(1.5)                         # every API server has published its series since
         text = urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics", timeout=10).read().decode()
         got = parse(text)
@@ -119,8 +110,9 @@ def test_two_api_servers_answer_like_one_and_stop_cleanly(tiny_deployment, tmp_p
 
 @pytest.mark.slow
 def test_an_api_server_that_dies_takes_the_server_down(tiny_deployment, tmp_path):
-    srv = _Served(tiny_deployment, tmp_path / "srv.log", "--api_server_count", "2", "--drain_timeout_s", "1")
-    procs = srv.descendants()
+    srv = _OpenAI(tiny_deployment, tmp_path / "srv.log", "--api_server_count", "2", "--drain_timeout_s", "1",
+                  children=3)
+    procs = _descendants(srv.proc.pid)
     workers = [p for p in procs if b"openai_server" in open(f"/proc/{p}/cmdline", "rb").read()]
     assert len(workers) == 2
     os.kill(workers[0], signal.SIGKILL)
