@@ -8,7 +8,8 @@
 #     -> $OUT/e2e_smollm2_<gpu>.json (rows + summary), e2e_<dataset>.jsonl, e2e_smollm2_<gpu>_<dataset>.png (Pareto),
 #     <gpu> = h100, h200, ... from nvidia-smi (GPU_TAG= overrides)
 #   DRAFTER: the drafter folder or shipped name [smollm2-135m-dflash]; SMOKE=1: the same on this CPU, 8 tokens,
-#   levels 1 and 2, few requests (-> e2e_smollm2_smoke.json); SERVED=0 skips the dflash-openai half
+#   levels 1 and 2, few requests (-> e2e_smollm2_smoke.json); SERVED=0 skips the dflash-openai half;
+#   API_SERVERS: dflash-openai's --api_server_count [1] (frontend processes on the port, one engine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT}
@@ -34,7 +35,8 @@ PORT=${PORT:-$((20000 + RANDOM % 20000))}
 # dflash-openai in the background for one sweep: started in its own session, waited for, stopped by its group
 served() {   # mode deployment [server flags...]
   local mode=$1 deploy=$2 log=$OUT/openai_$1_$dataset.log; shift 2
-  setsid $PY -m trtllm_dflash.serving.openai_server "$deploy" --port $PORT --served_model_name smollm2 "$@" \
+  setsid $PY -m trtllm_dflash.serving.openai_server "$deploy" --port $PORT --served_model_name smollm2 \
+    --api_server_count "${API_SERVERS:-1}" "$@" \
     > "$log" 2>&1 &
   local pid=$! t=0 rc=0
   until grep -q "dflash-openai: ready" "$log"; do
@@ -67,5 +69,6 @@ for dataset in $DATASETS; do
   cp "$OUT/plot_$dataset/pareto.png" "$OUT/${NAME}_$dataset.png"
 done
 cat "$OUT"/e2e_*.jsonl > "$OUT/e2e.jsonl"
-$PY -m trtllm_dflash.bench.e2e_summary --sweep "$OUT/e2e.jsonl" --out "$OUT/$NAME.json"
+$PY -m trtllm_dflash.bench.e2e_summary --sweep "$OUT/e2e.jsonl" --out "$OUT/$NAME.json" \
+  --api_server_count "${API_SERVERS:-1}"
 rm -rf "$OUT"/.deploy_fixed "$OUT"/.deploy_adaptive

@@ -44,3 +44,15 @@ def test_main_refuses_an_empty_sweep(tmp_path, capsys):
     rows.write_text(json.dumps(_row("engine", "mtbench", 1, "ar", 10.0)) + "\n")
     assert e2e_summary.main(["--sweep", str(rows), "--out", str(tmp_path / "out.json")]) == 0
     assert json.loads((tmp_path / "out.json").read_text())["provenance"]["git"]["sha"]
+
+
+def test_served_over_in_process_per_mode_and_the_headline_at_64():
+    rows = [_row("engine", "humaneval", 64, "ar", 400.0, tok_s_gpu=30000.0),
+            _row("engine", "humaneval", 64, "dflash", 380.0, tok_s_gpu=26000.0),
+            _row("openai", "humaneval", 64, "ar", 250.0, tok_s_gpu=18000.0),
+            _row("openai", "humaneval", 64, "dflash", 360.0, tok_s_gpu=23400.0),
+            _row("openai", "mtbench", 64, "ar", 250.0, tok_s_gpu=18000.0)]
+    s = e2e_summary.summarize(rows, api_server_count=4)
+    assert s["levels"]["humaneval_c64"]["openai_over_inprocess"] == {"ar": 0.6, "dflash": 0.9}
+    assert s["openai_over_inprocess_ar_c64_humaneval"] == 0.6 and s["api_server_count"] == 4
+    assert s["openai_over_inprocess_ar_c64_mtbench"] is None     # no in-process row to compare with

@@ -15,7 +15,7 @@ from pathlib import Path
 from trtllm_dflash.provenance import record
 
 
-def summarize(rows: list[dict]) -> dict:
+def summarize(rows: list[dict], api_server_count: int = 1) -> dict:
     """Per (dataset, concurrency): each mode's tokens/s per user and tokens/s, in-process and through dflash-openai,
     and DFlash / AR in each path; plus the headline ratios at concurrency 1 and the worst adaptive / AR."""
     tok = {}
@@ -38,10 +38,18 @@ def summarize(rows: list[dict]) -> dict:
             if "adaptive_over_ar" in e:
                 worst_adaptive[path] = min(worst_adaptive.get(path, float("inf")), e["adaptive_over_ar"])
             entry[path] = e
+        if {"openai", "inprocess"} <= entry.keys():   # what the served path keeps of the engine's tokens/s
+            entry["openai_over_inprocess"] = {
+                m: round(paths["openai"][m]["tok_s_gpu"] / paths["inprocess"][m]["tok_s_gpu"], 3)
+                for m in paths["openai"] if m in paths["inprocess"] and paths["inprocess"][m]["tok_s_gpu"]
+                and paths["openai"][m]["tok_s_gpu"] is not None}
         levels[f"{dataset}_c{c}"] = entry
 
     def ratio(key, path, mode="dflash"):
         return levels.get(key, {}).get(path, {}).get(f"{mode}_over_ar")
+
+    def served(key, mode="ar"):
+        return levels.get(key, {}).get("openai_over_inprocess", {}).get(mode)
 
     return {"levels": levels,
             "dflash_over_ar_tok_s_b1_humaneval": ratio("humaneval_c1", "inprocess"),
@@ -51,19 +59,25 @@ def summarize(rows: list[dict]) -> dict:
             "adaptive_over_ar_tok_s_b1_humaneval_openai": ratio("humaneval_c1", "openai", "adaptive"),
             "dflash_over_ar_tok_s_b1_mtbench_openai": ratio("mtbench_c1", "openai"),
             "min_adaptive_over_ar_inprocess": worst_adaptive.get("inprocess"),
-            "min_adaptive_over_ar_openai": worst_adaptive.get("openai")}
+            "min_adaptive_over_ar_openai": worst_adaptive.get("openai"),
+            # AR sends one token per update: the most frontend work per token
+            "openai_over_inprocess_ar_c64_humaneval": served("humaneval_c64"),
+            "openai_over_inprocess_ar_c64_mtbench": served("mtbench_c64"),
+            "api_server_count": api_server_count}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sweep", type=Path, required=True, help="JSONL written by dflash-sweep")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--api_server_count", type=int, default=1,
+                   help="dflash-openai's --api_server_count in the served rows (recorded in the summary)")
     args = p.parse_args(argv)
     rows = [json.loads(line) for line in args.sweep.read_text().splitlines() if line.strip()]
     if not rows:
         print(f"error: --sweep: {args.sweep} holds no rows. Fix: run the sweep first", file=sys.stderr)
         return 2
-    out = {"summary": summarize(rows), "rows": rows, "provenance": record()}
+    out = {"summary": summarize(rows, args.api_server_count), "rows": rows, "provenance": record()}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["summary"], indent=1))
     return 0

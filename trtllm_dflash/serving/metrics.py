@@ -140,8 +140,17 @@ class ServingMetrics:
             seen.done = True
             self.finished["cancelled"] = self.finished.get("cancelled", 0) + 1
 
-    def render(self, runtime: dict) -> str:
-        """The exposition text: this frontend's series and the runtime's ``metrics()`` (flat ints)."""
+    def snapshot(self) -> dict:
+        """This frontend's request-level series as plain data (what ``render`` adds from the other API servers
+        of one port: ``dflash-openai --api_server_count``)."""
+        with self._lock:
+            return {"finished": dict(self.finished), "counters": dict(self.counters),
+                    "hist": {k: {"counts": list(h.counts), "total": h.total, "count": h.count}
+                             for k, h in self.hist.items()}}
+
+    def render(self, runtime: dict, peers: list[dict] = ()) -> str:
+        """The exposition text: this frontend's series plus the ``snapshot()`` of each peer frontend, and the
+        runtime's ``metrics()`` (flat ints: the one engine's, not summed)."""
         lab, out = self.labels, []
 
         def family(name: str, kind: str, help_: str, samples: list[str]) -> None:
@@ -156,9 +165,22 @@ class ServingMetrics:
                [value("num_requests_waiting", runtime.get("waiting", 0))])
         family("engine_healthy", "gauge", "1 while the runtime serves; 0 once it is broken (restart the server).",
                [value("engine_healthy", runtime.get("healthy", 1))])
-        with self._lock:
-            finished, counters = dict(self.finished), dict(self.counters)
-            hist = {k: (h, h.lines(f"{PREFIX}{k}", lab)) for k, h in self.hist.items()}
+        mine = self.snapshot()
+        finished, counters = mine["finished"], mine["counters"]
+        hist = {k: Histogram(h.buckets) for k, h in self.hist.items()}
+        for snap in [mine, *peers]:
+            for reason, n in snap["finished"].items():
+                if snap is not mine:
+                    finished[reason] = finished.get(reason, 0) + n
+            if snap is not mine:
+                for key, n in snap["counters"].items():
+                    counters[key] = counters.get(key, 0) + n
+            for key, h in snap["hist"].items():
+                into = hist[key]
+                into.counts = [a + b for a, b in zip(into.counts, h["counts"])]
+                into.total += h["total"]
+                into.count += h["count"]
+        hist = {k: (h, h.lines(f"{PREFIX}{k}", lab)) for k, h in hist.items()}
         family("request_success", "counter", "Finished requests, by finish reason (stop, length, cancelled, error).",
                [value("request_success_total", n, f',finished_reason="{_escape(r)}"') for r, n in sorted(finished.items())])
         helps = {"prompt_tokens": "Prompt tokens of finished requests.",

@@ -230,6 +230,7 @@ class OpenAIApp:
         self._tokenize = ThreadPoolExecutor(max_workers=tokenize_workers or os.cpu_count() or 2,
                                             thread_name_prefix="dflash-tokenize")
         self.draining = ""                        # why new requests are refused ("" = serving)
+        self.peer_metrics = list                  # the other API servers' series on this port (api_servers.py)
 
     def expire(self, why: str) -> int:
         """End every running request now with an error saying ``why`` (its client gets a final response:
@@ -281,7 +282,7 @@ class OpenAIApp:
         @app.get("/metrics")
         async def metrics():
             from fastapi.responses import PlainTextResponse
-            text = self.metrics.render(self.runtime.metrics())
+            text = self.metrics.render(self.runtime.metrics(), self.peer_metrics())
             return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
         @app.get("/v1/models")
@@ -516,7 +517,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve through the engine process already running at this ipc:// address (started with "
                         "python -m trtllm_dflash.serving.engine_core ENGINE_DIR --address ADDR), so that several "
                         "frontends share one engine; default: start one for this server")
+    p.add_argument("--api_server_count", "--api_servers", type=int, default=1,
+                   help="frontend processes on this port, one engine behind them (as vLLM's --api-server-count): "
+                        "one process parses, detokenizes and frames ~18k request updates/s on an H100 host's CPU, "
+                        "less than the engine makes for a small model at high concurrency; /metrics covers them all")
     p.add_argument("--log_level", default="warning", choices=("debug", "info", "warning", "error"))
+    # set by --api_server_count's parent for each API server it starts (api_servers.py)
+    for hidden in ("--listen_fd", "--api_server_index"):
+        p.add_argument(hidden, type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--metrics_dir", default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -616,25 +625,48 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_draft_len < 0:
             raise DFlashError("--max_draft_len", f"is {args.max_draft_len}", "pass 0 (no drafting) or more")
         overrides["block_size"] = args.max_draft_len + 1
-    check_port(args.host, args.port)          # before the model loads (tens of seconds), not after
+    if args.api_server_count < 1:
+        raise DFlashError("--api_server_count", f"is {args.api_server_count}", "pass 1 or more")
+    worker = args.listen_fd is not None
+    if not worker:
+        check_port(args.host, args.port)      # before the model loads (tens of seconds), not after
     deployment = check_deployment(Deployment.open(deployment_dir))
+    if args.api_server_count > 1 and not worker:
+        from . import api_servers
+
+        args.served_model_name = name
+        return api_servers.serve(args, deployment, overrides,
+                                 drain_s=args.drain_timeout_s + DRAIN_GRACE_S + 10)
     runtime, tokenizer = load(deployment, overrides, args.engine_address)
     openai_app = OpenAIApp(runtime, tokenizer, name, args.tokenize_workers)
     app = openai_app.make()
     server = _server_class(openai_app, args.drain_timeout_s)(uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
         http=timed_protocol(args.request_timeout_s)))
+    board, published = None, threading.Event()
+    if worker:     # one of --api_server_count's API servers: the parent's socket, the others' metrics
+        import socket
+
+        from .api_servers import MetricsBoard, watch_parent
+
+        board = MetricsBoard(args.metrics_dir, args.api_server_index)
+        openai_app.peer_metrics = board.peers
+        board.start_publishing(openai_app.metrics, published)
+        watch_parent(lambda: setattr(server, "should_exit", True))
 
     def announce():     # once the socket listens (lifespan startup runs before it is bound)
         while not server.started and not server.should_exit:
             time.sleep(0.05)
-        if server.started:
+        if server.started and board is not None:
+            board.mark_ready()
+        elif server.started:
             print(f"dflash-openai: ready on http://{args.host}:{args.port}/v1 (model {name!r})", flush=True)
 
     threading.Thread(target=announce, daemon=True).start()
     try:
-        server.run()
+        server.run(sockets=[socket.socket(fileno=args.listen_fd)] if worker else None)
     finally:
+        published.set()
         runtime.shutdown()
     return 0
 
