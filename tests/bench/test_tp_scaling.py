@@ -35,4 +35,4 @@ def test_main_needs_a_tp1_run(tmp_path, capsys):
     one.write_text(json.dumps(_run(1, {("ar", 1): 5.0})))
     assert tp_scaling.main([str(one), str(two), "--out", str(tmp_path / "o.json")]) == 0
     out = json.loads((tmp_path / "o.json").read_text())
-    assert out["summary"]["qwen3_tp2_over_tp1_ar_b1"] == 0.8 and len(out["runs"]) == 2
+    assert out["summary"]["qwen3_tp2_over_tp1_ar_b1"] == 0.8 and out["run_files"] == [str(one), str(two)]

@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     if 1 not in {run["tp_size"] for run in runs}:
         print("error: runs: none of them is TP 1. Fix: add the mpirun -n 1 run of the same machine", file=sys.stderr)
         return 2
-    out = {"summary": summarize(runs), "runs": runs, "provenance": record()}
+    # the runs keep their own record (command, GPU, commit): this file names them
+    out = {"summary": summarize(runs), "run_files": [str(path) for path in args.runs], "provenance": record()}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: v for k, v in out["summary"].items() if k != "ratios"}, indent=1))
     return 0
