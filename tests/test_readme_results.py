@@ -71,11 +71,11 @@ def test_a_results_file_without_a_commit_in_the_history_is_not_quoted(tmp_path, 
 
 def test_the_readme_may_not_quote_a_results_file_without_a_commit(tmp_path, capsys):
     results, readme = _copies(tmp_path)
-    readme.write_text(readme.read_text() + "\nSee `benchmarks/results/tp_bench_h200x2.json` and "
+    readme.write_text(readme.read_text() + "\nSee `benchmarks/results/step_bench_h100_v1.json` and "
                       "`benchmarks/results/sweep_smollm2_untrained_h100/pareto.png` and benchmarks/results/nothing.json.\n")
     assert readme_results.main(["--check", "--readme", str(readme), "--results", str(results)]) == 1
     err = capsys.readouterr().err
-    assert ("the README quotes benchmarks/results/tp_bench_h200x2.json, but benchmarks/results/tp_bench_h200x2.json "
+    assert ("the README quotes benchmarks/results/step_bench_h100_v1.json, but benchmarks/results/step_bench_h100_v1.json "
             "records no commit: re-measure it, or stop quoting it") in err
     assert ("the README quotes benchmarks/results/sweep_smollm2_untrained_h100/pareto.png, but "
             "benchmarks/results/sweep_smollm2_untrained_h100.jsonl records no commit") in err
