@@ -121,9 +121,14 @@ def test_an_api_server_that_dies_takes_the_server_down(tiny_deployment, tmp_path
     assert all(_gone(p, 10) for p in procs), [p for p in procs if _alive(p)]
 
 
-def test_bad_count_is_one_line(tiny_deployment, capsys):
+def test_bad_settings_are_one_line(tiny_deployment, capsys):
     from trtllm_dflash.cli import openai_main
 
     assert openai_main([str(tiny_deployment), "--api_server_count", "0"]) != 0
     err = capsys.readouterr().err
     assert "--api_server_count: is 0" in err and "pass 1 or more" in err
+    # an engine the API servers attach to is not theirs to configure: refused before anything starts
+    from tests.serving.conftest import free_port
+    assert openai_main([str(tiny_deployment), "--api_server_count", "2", "--port", str(free_port()),
+                        "--engine_address", "ipc://@nobody", "--max_draft_len", "0"]) != 0
+    assert "changes an engine this server starts, not one it attaches to" in capsys.readouterr().err

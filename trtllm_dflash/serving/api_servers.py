@@ -142,7 +142,8 @@ def serve(args, deployment, overrides: dict, drain_s: float) -> int:
             failed = [p for p in procs if p.poll() is not None]
             if failed or stop.is_set():
                 if failed:
-                    log.error("dflash-openai: an API server exited with code %s while starting", failed[0].returncode)
+                    print(f"dflash-openai: an API server exited with code {failed[0].returncode} while starting; "
+                          "stopping (its error is printed above)", file=sys.stderr, flush=True)
                 return 1 if failed else 0
             time.sleep(0.05)
         print(f"dflash-openai: ready on http://{args.host}:{args.port}/v1 (model {args.served_model_name!r}, "

@@ -576,6 +576,13 @@ def _server_class(openai_app: OpenAIApp, drain_timeout_s: float):
     return Server
 
 
+def check_attach(overrides: dict | None, engine_address: str | None) -> None:
+    """Settings of an engine this server starts cannot apply to one it attaches to."""
+    if engine_address and overrides:
+        raise DFlashError(f"--{next(iter(overrides))}", "changes an engine this server starts, not one it attaches "
+                          "to (--engine_address)", "start the engine process with --overrides, or drop it")
+
+
 def load(deployment: Deployment, overrides: dict | None = None, engine_address: str | None = None):
     """(runtime, tokenizer) for a deployment; ``overrides``: RuntimeConfig fields for this server. The torch
     runtime runs in an engine process of its own (started here, or the one already running at
@@ -587,9 +594,7 @@ def load(deployment: Deployment, overrides: dict | None = None, engine_address: 
         from .engine_client import EngineClient
         from .engine_core import check_address
 
-        if overrides:
-            raise DFlashError(f"--{next(iter(overrides))}", "changes an engine this server starts, not one it attaches "
-                              "to (--engine_address)", "start the engine process with --overrides, or drop it")
+        check_attach(overrides, engine_address)
         runtime = EngineClient(check_address(engine_address), load_tokenizer(deployment.target_dir),
                                ready_timeout_s=60)
     else:
@@ -633,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     deployment = check_deployment(Deployment.open(deployment_dir))
     if args.api_server_count > 1 and not worker:
         from . import api_servers
+
+        check_attach(overrides, args.engine_address)
 
         args.served_model_name = name
         return api_servers.serve(args, deployment, overrides,
