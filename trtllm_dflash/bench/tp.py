@@ -25,7 +25,7 @@ import torch
 
 
 from trtllm_dflash import model_config
-from trtllm_dflash.bench.step import target_config, time_engine
+from trtllm_dflash.bench.step import profile_steps, target_config, time_engine
 from trtllm_dflash.bench.tp_allreduce import measure, parse_size
 from trtllm_dflash.bench.tp_flags import add_rank_engine_flags
 
@@ -96,6 +96,9 @@ def main(argv=None) -> int:
     add_rank_engine_flags(p, "the 8B-shape engines on every rank")
     p.add_argument("--allreduce_sizes", default="2K,8K,32K,64K,256K,512K,1M",
                    help="message sizes of part 3 (bytes, K/M suffixes; empty: skip it)")
+    p.add_argument("--profile", action="store_true",
+                   help="also rank 0's kernels per step (top kernels by GPU time, the host gap): where a TP step's "
+                        "time goes, the all-reduces' waits for the other ranks included")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")                 # NVLink multicast off, as the issue's runs
@@ -135,6 +138,8 @@ def main(argv=None) -> int:
             continue
         for b in args.batch:
             r = time_engine(eng, b, args.ctx, args.steps)
+            if args.profile:
+                r["profile"] = profile_steps(eng, b, args.ctx, step_ms=r["step_ms"])
             rows.append({"model": args.model, "tp_size": size, "mode": mode, "batch": b, **r})
             print(rows[-1], flush=True)
         eng.shutdown(close=False)
