@@ -132,3 +132,22 @@ def test_bad_settings_are_one_line(tiny_deployment, capsys):
     assert openai_main([str(tiny_deployment), "--api_server_count", "2", "--port", str(free_port()),
                         "--engine_address", "ipc://@nobody", "--max_draft_len", "0"]) != 0
     assert "changes an engine this server starts, not one it attaches to" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ctrl_c_drains_every_api_server(tiny_deployment, tmp_path):
+    """SIGINT to the whole process group (a terminal's Ctrl-C): the running stream still ends with [DONE], the
+    server exits 0 and no process is left (the API servers, in sessions of their own, hear it from the parent)."""
+    srv = _OpenAI(tiny_deployment, tmp_path / "srv.log", "--api_server_count", "2", "--drain_timeout_s", "2",
+                  children=3, own_group=True)
+    procs = _descendants(srv.proc.pid)
+    body = json.dumps({"model": "m", "prompt": "Count:", "max_tokens": 200, "ignore_eos": True,
+                       "stream": True}).encode()
+    resp = urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{srv.port}/v1/completions", data=body,
+                                                         headers={"Content-Type": "application/json"}), timeout=60)
+    assert resp.readline().startswith(b"data: ")
+    os.killpg(srv.proc.pid, signal.SIGINT)
+    assert resp.read().rstrip().endswith(b"data: [DONE]")
+    assert srv.proc.wait(timeout=30) == 0, srv.log.read_text()[-3000:]
+    assert all(_gone(p, 10) for p in procs), [p for p in procs if _alive(p)]
+

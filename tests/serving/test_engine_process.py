@@ -212,12 +212,13 @@ def test_greedy_tokens_equal_the_in_process_runtime(tiny_deployment):
 
 # ---- through a real dflash-openai (uvicorn) -----------------------------------------------------------------
 class _OpenAI:
-    def __init__(self, deployment_dir, log, *extra, children: int = 1):
+    def __init__(self, deployment_dir, log, *extra, children: int = 1, own_group: bool = False):
         self.port, self.log = free_port(), log
         cmd = [sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(deployment_dir), "--port", str(self.port),
                "--served_model_name", "m", *extra]
         with open(log, "wb") as fh:
-            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=TEST_ENV)
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=TEST_ENV,
+                                         start_new_session=own_group)   # own_group: a terminal's process group
         wait_logged(self.proc, log, "dflash-openai: ready", 180, stop_timeout=30)
         self.url = f"http://127.0.0.1:{self.port}"
         engines = [p for p in _children(self.proc.pid) if _alive(p)]

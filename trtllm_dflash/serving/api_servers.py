@@ -136,8 +136,10 @@ def serve(args, deployment, overrides: dict, drain_s: float) -> int:
             engine = EngineClient.spawn(deployment, overrides=overrides or None)
             address = engine.address
         for i in range(n):
+            # each in a session of its own: a terminal's Ctrl-C (SIGINT to the whole foreground group) reaches the
+            # parent alone, which sends each one SIGTERM once; a second signal would make uvicorn skip the drain
             procs.append(subprocess.Popen(worker_argv(args, deployment.path, address, sock.fileno(), i, folder),
-                                          pass_fds=(sock.fileno(),)))
+                                          pass_fds=(sock.fileno(),), start_new_session=True))
         while len(list(folder.glob(READY.format("*")))) < n:
             failed = [p for p in procs if p.poll() is not None]
             if failed or stop.is_set():
