@@ -1,12 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """``dflash-openai --api_server_count N``: N frontend processes on one port, one engine process behind them.
 
-One frontend tops out at what one interpreter can parse, template, detokenize and frame: on an H100 host, served
-AR at concurrency 64 stopped at ~18k request updates/s (SmolLM2, where the engine alone makes ~31k), about 55 us of
-frontend CPU per update. More API servers scale that out, as vLLM's ``--api-server-count`` does: the processes
-share the listening socket (the kernel hands each new connection to one of those accepting on it), each talks to
-the engine over its own sockets, and the engine keeps each frontend's requests apart (engine_core.py routes
-results by frontend id, and paces itself by the slowest one).
+One frontend tops out at what one interpreter can parse, template, detokenize and frame: on an H200 host, served
+AR at concurrency 64 stopped at ~18k request updates/s (SmolLM2, where the engine alone made ~31k tokens/s;
+benchmarks/results/e2e_smollm2_h200.json), about 55 us of frontend CPU per update. More API servers scale that
+out, as vLLM's ``--api-server-count`` does: the processes share the listening socket (the kernel hands each new
+connection to one of those accepting on it), each talks to the engine over its own sockets, and the engine keeps
+each frontend's requests apart (engine_core.py routes results by frontend id, and paces itself by the slowest one).
 
 The parent binds the port, starts the engine process (or uses ``--engine_address``'s), starts the API servers
 (``openai_server`` with ``--listen_fd``), and says ready once every one is. It serves nothing itself.

@@ -519,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "frontends share one engine; default: start one for this server")
     p.add_argument("--api_server_count", "--api_servers", type=int, default=1,
                    help="frontend processes on this port, one engine behind them (as vLLM's --api-server-count): "
-                        "one process parses, detokenizes and frames ~18k request updates/s on an H100 host's CPU, "
+                        "one process parses, detokenizes and frames ~18k request updates/s on an H200 host's CPU, "
                         "less than the engine makes for a small model at high concurrency; /metrics covers them all")
     p.add_argument("--log_level", default="warning", choices=("debug", "info", "warning", "error"))
     # set by --api_server_count's parent for each API server it starts (api_servers.py)
