@@ -153,8 +153,6 @@ def serve(args, deployment, overrides: dict, drain_s: float) -> int:
         while not stop.wait(0.2):
             failed = [p for p in procs if p.poll() is not None]
             if failed:
-                log.error("dflash-openai: API server pid %d exited with code %s; stopping the others",
-                          failed[0].pid, failed[0].returncode)
                 print(f"dflash-openai: an API server exited with code {failed[0].returncode}; stopping",
                       file=sys.stderr, flush=True)
                 rc = 1

@@ -165,16 +165,12 @@ class ServingMetrics:
                [value("num_requests_waiting", runtime.get("waiting", 0))])
         family("engine_healthy", "gauge", "1 while the runtime serves; 0 once it is broken (restart the server).",
                [value("engine_healthy", runtime.get("healthy", 1))])
-        mine = self.snapshot()
-        finished, counters = mine["finished"], mine["counters"]
-        hist = {k: Histogram(h.buckets) for k, h in self.hist.items()}
-        for snap in [mine, *peers]:
+        finished, counters, hist = {}, {}, {k: Histogram(h.buckets) for k, h in self.hist.items()}
+        for snap in [self.snapshot(), *peers]:     # this frontend's series summed with its peers'
             for reason, n in snap["finished"].items():
-                if snap is not mine:
-                    finished[reason] = finished.get(reason, 0) + n
-            if snap is not mine:
-                for key, n in snap["counters"].items():
-                    counters[key] = counters.get(key, 0) + n
+                finished[reason] = finished.get(reason, 0) + n
+            for key, n in snap["counters"].items():
+                counters[key] = counters.get(key, 0) + n
             for key, h in snap["hist"].items():
                 into = hist[key]
                 into.counts = [a + b for a, b in zip(into.counts, h["counts"])]

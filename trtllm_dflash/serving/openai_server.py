@@ -640,7 +640,6 @@ def main(argv: list[str] | None = None) -> int:
         from . import api_servers
 
         check_attach(overrides, args.engine_address)
-
         args.served_model_name = name
         return api_servers.serve(args, deployment, overrides,
                                  drain_s=args.drain_timeout_s + DRAIN_GRACE_S + 10)
@@ -650,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     server = _server_class(openai_app, args.drain_timeout_s)(uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
         http=timed_protocol(args.request_timeout_s)))
-    board, published = None, threading.Event()
+    board, stop_publishing = None, threading.Event()
     if worker:     # one of --api_server_count's API servers: the parent's socket, the others' metrics
         import socket
 
@@ -658,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
 
         board = MetricsBoard(args.metrics_dir, args.api_server_index)
         openai_app.peer_metrics = board.peers
-        board.start_publishing(openai_app.metrics, published)
+        board.start_publishing(openai_app.metrics, stop_publishing)
         watch_parent(lambda: setattr(server, "should_exit", True))
 
     def announce():     # once the socket listens (lifespan startup runs before it is bound)
@@ -673,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.run(sockets=[socket.socket(fileno=args.listen_fd)] if worker else None)
     finally:
-        published.set()
+        stop_publishing.set()
         runtime.shutdown()
     return 0
 
