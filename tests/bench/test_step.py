@@ -37,3 +37,12 @@ def test_load_bench_pair_runs_under_its_engines():
     tcfg, dcfg = load.pair_configs(smoke=True)
     target, drafter = load.build(tcfg, dcfg, 64, torch.device("cpu"), torch.bfloat16, KERNELS)
     Engine(target, drafter, None, RuntimeConfig(**CFG), TPGroup(), set())
+
+
+def test_the_default_kernels_flag_is_a_setting_the_engine_resolves():
+    # the flag's default once came from a deprecated field whose default is None: every run without the flag died
+    # in Kernels.choose before timing anything
+    args = step.parser().parse_args(["--out", "x.json"])
+    assert args.kernels == RuntimeConfig.kernels
+    Kernels.choose(args.kernels, True, "cpu", torch.bfloat16)
+    assert step.parser().parse_args(["--out", "x", "--attention_kernel", "torch"]).kernels == "torch"

@@ -14,8 +14,8 @@ are meaningful here; acceptance comes from acceptance.py on a trained pair.
 kernels: launch, Python bookkeeping and the one sync), and kernels per decoder layer (one eager forward of the
 target and of the drafter with 1 and with 2 layers: per layer = the difference). ``--cost_table`` measures the
 adaptive draft policy's cost table (runtime/draft_policy.py) for the DFlash engine at every batch and candidate
-block. ``--attention_kernel`` picks RuntimeConfig.attention_kernel (torch: the reference path; triton: the fused
-decode kernels of runtime/kernels/decode_attention.py). ``--models smollm2-135m`` runs SmolLM2-135M's shapes with
+block. ``--kernels`` picks RuntimeConfig.kernels (torch: the reference path; triton: the fused decode kernels of
+runtime/kernels/; auto, the default: triton on a GPU). ``--models smollm2-135m`` runs SmolLM2-135M's shapes with
 the shipped drafter's config. ``--smoke`` shrinks every model to a few tiny layers and runs on the CPU when there
 is no GPU (the Triton kernels then run in Triton's interpreter): it checks the command, not the speed.
 """
@@ -315,7 +315,7 @@ def dflash_ref_per_iteration(hf, dcfg: dict, dsd: dict, ctx: int, n: int = 48) -
 
 def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
     max_seq = args.ctx + args.steps * 20 + 64
-    kernel, invariant = args.attention_kernel, args.batch_invariant == "on"
+    kernel, invariant = args.kernels, args.batch_invariant == "on"
     with tempfile.TemporaryDirectory() as work:
         hf, target, drafter, dcfg, dsd = build_pair(name, max_seq, Path(work),
                                                     Kernels.choose(kernel, invariant, DEV, BF16), args.smoke)
@@ -390,7 +390,7 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
     empty_cache()
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="qwen3-8b,llama-3.1-8b")
     p.add_argument("--batch", default="1,4,16,64", type=lambda s: [int(x) for x in s.split(",")])
@@ -399,18 +399,23 @@ def main(argv=None) -> int:
     p.add_argument("--peers", action="store_true", help="also time HF generate and the dflash reference package")
     p.add_argument("--profile", action="store_true", help="kernel counts and top kernels of b=min and b=max steps")
     p.add_argument("--cost_table", action="store_true", help="measure the adaptive draft policy's cost table")
-    p.add_argument("--attention_kernel", default=RuntimeConfig.attention_kernel, choices=["auto", "triton", "torch"],
-                   help="RuntimeConfig.attention_kernel for every engine of the run")
+    p.add_argument("--kernels", "--attention_kernel", dest="kernels", default=RuntimeConfig.kernels,
+                   choices=["auto", "triton", "torch"],
+                   help="RuntimeConfig.kernels for every engine of the run (--attention_kernel: its old name)")
     p.add_argument("--batch_invariant", choices=("on", "off"), default="on" if RuntimeConfig.batch_invariant else "off",
                    help="RuntimeConfig.batch_invariant for every engine of the run (its cost: run on and off)")
     p.add_argument("--smoke", action="store_true", help="tiny layers, CPU if there is no GPU: checks the command runs")
     p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     import transformers
     ceil = ceilings(args.smoke)
     meta = {"gpu": torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu", "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
-            "command": " ".join(sys.argv), "attention_kernel": args.attention_kernel,
+            "command": " ".join(sys.argv), "attention_kernel": args.kernels,
             "batch_invariant": args.batch_invariant, "smoke": args.smoke, **ceil}
     try:
         import triton
