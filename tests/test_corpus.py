@@ -223,3 +223,31 @@ def test_sharded_regeneration_cut_and_resumed_equals_uncut(tmp_path, deco):
     shard.write_bytes(shard.read_bytes()[:-3])
     with pytest.raises(DFlashError, match="does not match its sha256"):
         regenerate.load_rows(cfg)
+
+
+def test_more_answers_per_prompt_keep_the_first_and_sample_the_rest(tmp_path, deco):
+    """--regen_samples 3: each prompt's first answer is byte for byte the one --regen_samples 1 writes (same seed,
+    its own temperature), then two answers at T=1 with seeds of their own, ids ``pid#1`` and ``pid#2``."""
+    from tests.bench_acceptance.tiny_chat import write_tiny_chat_target
+    from transformers import AutoTokenizer
+
+    target = write_tiny_chat_target(tmp_path / "target")
+    tok = AutoTokenizer.from_pretrained(str(target))
+    corpus.build(tmp_path / "c", corpus.CorpusSettings(max_prompt_len=128, shard_size=4, sampled_share=0.5),
+                 items=_items(4), tokenizer=tok, decontaminator=deco, progress=False, log=lambda *_: None)
+    base = ["--target", target, "--data", tmp_path / "c", "--num_prompts", "4", *COMMON]
+    runs = {}
+    for k in (1, 3):
+        assert train.main([str(a) for a in base + ["--out", tmp_path / f"k{k}", "--regen_samples", k]]) == 0
+        runs[k] = regenerate.load_rows(train.config_from_args([str(a) for a in base + ["--out", tmp_path / f"k{k}"]]))
+    one, three = runs[1], runs[3]
+    assert len(one) == 4 and len(three) == 12
+    assert [r for r in three if "#" not in r["id"]] == one
+    extra = [r for r in three if "#" in r["id"]]
+    assert sorted(r["id"] for r in extra) == sorted(f"{r['id']}#{k}" for r in one for k in (1, 2))
+    assert {r["temperature"] for r in extra} == {1.0}
+    by_id = {r["id"]: r["input_ids"] for r in three}
+    # sampled answers differ from each other (seeds of their own), on a random tiny target all but surely
+    assert any(by_id[f"{r['id']}#1"] != by_id[f"{r['id']}#2"] for r in one)
+    with pytest.raises(DFlashError, match="--regen_samples"):
+        train.config_from_args([str(a) for a in base + ["--out", tmp_path / "x", "--regen_samples", "0"]])

@@ -395,3 +395,15 @@ def test_init_drafter_warm_starts_from_an_exported_drafter(run_dir, chat_target,
                              chat_target, 259, torch.device("cpu"))
     with pytest.raises(DFlashError, match="--init_drafter: .* holds no config.json"):
         modelopt_model.build(TrainConfig(**base, init_drafter=str(tmp_path)), chat_target, 259, torch.device("cpu"))
+
+
+def test_regen_samples_on_a_prompt_file_answers_each_prompt_that_often(chat_target, prompts_file, tmp_path):
+    base = ["--target", chat_target, "--data", prompts_file, "--stages", "regenerate", "--num_prompts", "3",
+            "--max_new_tokens", "8", "--regen_batch_size", "4", "--device", "cpu", *COMMON]
+    rows = {}
+    for k in (1, 2):
+        assert train.main([str(a) for a in base + ["--out", tmp_path / f"k{k}", "--regen_samples", k]]) == 0
+        rows[k] = regenerate.read_rows(tmp_path / f"k{k}" / "data" / regenerate.DATA_FILE)
+    firsts = sorted((r for r in rows[2] if "#" not in r["id"]), key=lambda r: r["id"])
+    assert firsts == sorted(rows[1], key=lambda r: r["id"]) and len(rows[1]) == 3
+    assert sorted(r["id"] for r in rows[2] if "#" in r["id"]) == sorted(f"{r['id']}#1" for r in rows[1])

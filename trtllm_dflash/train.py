@@ -47,7 +47,7 @@ needs: pip install 'trtllm-dflash[modelopt]' (nvidia-modelopt==0.47.0, transform
 # Flags grouped as in --help; each is a TrainConfig field of the same name.
 _GROUPS = {
     "regenerate (stage 1)": ("num_prompts", "max_prompt_len", "max_new_tokens", "regen_temperature",
-                             "regen_batch_size", "regen_time_budget_s", "regen_total_s", "exclude_eval"),
+                             "regen_samples", "regen_batch_size", "regen_time_budget_s", "regen_total_s", "exclude_eval"),
     "drafter": ("block_size", "num_layers", "target_layer_ids", "intermediate_size", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "mask_token_id", "init_drafter"),
     "train (stage 2)": ("loss", "kd_impl", "loss_decay_gamma", "num_anchors", "max_seq_len", "batch_size",
@@ -63,6 +63,9 @@ _HELP = {
     "max_new_tokens": "answer length cap (tokens)",
     "regen_temperature": "0 = greedy answers (tau_greedy is measured on those); a corpus row's own "
                          "temperature wins",
+    "regen_samples": "answers per prompt: the first as the prompt asks (greedy, or its corpus row's temperature), "
+                     "each further one sampled at T=1 with a seed of its own, so the drafter sees more distinct "
+                     "answers without more prompts (training repeats data less; rows count once per answer)",
     "regen_batch_size": "concurrent requests in the runtime",
     "regen_time_budget_s": "stop admitting prompts after this many seconds (0 = no limit); with a corpus folder, "
                            "start no shard that would end past it (the rest waits for a --resume call)",

@@ -66,20 +66,24 @@ def run(cfg: TrainConfig, target_dir: Path, log=print, dp: DataParallel = SINGLE
     engine = Engine.from_dirs(target_dir, None, RuntimeConfig(
         block_size=1, max_batch_size=cfg.regen_batch_size, max_seq_len=cfg.max_prompt_len + cfg.max_new_tokens + 2,
         device=cfg.device))
-    todo, counts = _plan(cfg, engine, done_ids)
-    log(f"regenerate: {len(todo)} prompts to answer ({counts['already_done']} already in {path.name}; "
+    prompts_todo, counts = _plan(cfg, engine, done_ids)
+    # (row id, token ids, seed, temperature) per answer; the first answer keeps the seed runs always gave it
+    todo = [(aid, ids, seed if k == 0 else own_seed, temp) for pid, ids, seed in prompts_todo
+            for k, (aid, temp, own_seed) in enumerate(_samples(cfg, pid, cfg.regen_temperature))]
+    log(f"regenerate: {len(prompts_todo)} prompts to answer" + (f" ({cfg.regen_samples} answers each)" if
+        cfg.regen_samples > 1 else "") + f" ({counts['already_done']} already in {path.name}; "
         f"{counts['excluded_eval_overlap']} dropped as eval overlaps, {counts['too_long']} longer than "
         f"{cfg.max_prompt_len} tokens) on {engine.device}")
     t0, budget_hit = time.perf_counter(), False
-    with open(path, "a", encoding="utf-8") as f, tqdm(total=len(todo), desc="regenerate", unit="prompt",
+    with open(path, "a", encoding="utf-8") as f, tqdm(total=len(todo), desc="regenerate", unit="answer",
                                                       disable=not cfg.progress, file=sys.stderr) as bar:
         pending, active, new_tokens = list(reversed(todo)), {}, 0
         # Once the time budget stops admissions, `pending` never drains: the loop ends with the running prompts.
         while active or (pending and not budget_hit):
             # Keep about two batches queued, so the time budget can stop admissions without wasting work.
             while pending and len(active) < 2 * cfg.regen_batch_size and not budget_hit:
-                pid, ids, seed = pending.pop()
-                params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.regen_temperature, seed=seed)
+                pid, ids, seed, temp = pending.pop()
+                params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=temp, seed=seed)
                 active[engine.add_request(ids, params).request_id] = pid
             for req in engine.step():
                 pid = active.pop(req.request_id)
@@ -173,8 +177,8 @@ def _summary(path: Path) -> dict:
 
 
 def _settings(cfg: TrainConfig) -> dict:
-    keys = ("target", "data", "num_prompts", "max_prompt_len", "max_new_tokens", "regen_temperature", "seed",
-            "exclude_eval", "regen_time_budget_s")
+    keys = ("target", "data", "num_prompts", "max_prompt_len", "max_new_tokens", "regen_temperature",
+            "regen_samples", "seed", "exclude_eval", "regen_time_budget_s")
     return {k: getattr(cfg, k) for k in keys}
 
 
@@ -309,6 +313,16 @@ def _next_round(cfg: TrainConfig, done: dict, todo: list[dict], ranks: int, elap
     return batch, None
 
 
+def _samples(cfg: TrainConfig, pid: str, temperature: float) -> list[tuple[str, float, int]]:
+    """(row id, temperature, seed) of each answer to prompt ``pid``: the first as the prompt asks, with the seed
+    every earlier run gave it (so --regen_samples 1 writes the bytes it always did); each further one at T=1 with
+    a seed of its own and the id ``pid#k``."""
+    def seed(key: str) -> int:
+        return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+    return [(pid, temperature, seed(f"{cfg.seed}:{pid}"))] + [
+        (f"{pid}#{k}", 1.0, seed(f"{cfg.seed}:{pid}#{k}")) for k in range(1, cfg.regen_samples)]
+
+
 def _answer_shard(cfg: TrainConfig, engine, shard: dict, out: Path) -> dict:
     """Answer every prompt of one shard on an idle engine; write its rows in prompt order, atomically."""
     rows = corpus.read_shard(cfg.data, shard)
@@ -319,9 +333,10 @@ def _answer_shard(cfg: TrainConfig, engine, shard: dict, out: Path) -> dict:
             too_long += 1
             continue
         t = float(r.get("temperature", cfg.regen_temperature))
-        seed = int(hashlib.sha256(f"{cfg.seed}:{r['id']}".encode()).hexdigest()[:8], 16)
-        todo.append((i, r["id"], ids, SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=t, seed=seed)))
-    results: dict[int, dict] = {}
+        for k, (pid, temp, seed) in enumerate(_samples(cfg, r["id"], t)):
+            todo.append(((i, k), pid, ids, SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=temp,
+                                                          seed=seed)))
+    results: dict[tuple[int, int], dict] = {}   # (row, sample) -> the answer
     pending, active = list(reversed(todo)), {}
     while pending or active:
         while pending and len(active) < 2 * cfg.regen_batch_size:

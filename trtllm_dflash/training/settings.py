@@ -49,6 +49,7 @@ class TrainConfig:
     max_new_tokens: int = 512
     regen_temperature: float = 0.0          # 0 = greedy: the distribution tau_greedy is measured on
     regen_batch_size: int = 128
+    regen_samples: int = 1                  # answers per prompt: the first as the prompt asks, the rest at T=1
     regen_time_budget_s: float = 0.0        # > 0: stop admitting prompts after this long (0 = no limit)
     regen_total_s: float = 0.0              # > 0 (corpus): close the data set once its shards took this long,
                                             # summed over calls; training uses the shards answered by then
@@ -93,7 +94,7 @@ class TrainConfig:
         bad = [s for s in self.stages if s not in STAGES]
         if bad:
             raise DFlashError("--stages", f"unknown stage {bad[0]!r}", f"use a comma list of {', '.join(STAGES)}")
-        positive = ("num_prompts", "max_prompt_len", "max_new_tokens", "regen_batch_size", "num_layers",
+        positive = ("num_prompts", "max_prompt_len", "max_new_tokens", "regen_batch_size", "regen_samples", "num_layers",
                     "num_anchors", "max_seq_len", "batch_size", "save_every", "log_every", "verify_max_new_tokens")
         for name in positive:
             if getattr(self, name) <= 0:
