@@ -295,7 +295,8 @@ def render_cpu_parity(results: Path) -> str:
     now, before = d["trees"]["this"], d["trees"].get("before")
     s, st = now["summary"], now["block1_summary"]
     ran = now["runs"][0]["blocks_ran"]
-    text = (f"Measured on a shared {d['machine'].split()[0]}-core CPU machine (smollm2-135m + the shipped drafter, "
+    text = (f"Measured on a shared {d['machine'].split()[0]}-core CPU machine (smollm2-135m + "
+            f"{smollm2_drafter(results, d, 'drafter')}, "
             f"float32), {s['runs']} runs "
             f"(`{as_run_now(d.get('command') or d['provenance']['command'])}`; {provenance_note(d, name)}): one decode step at block 1 costs "
             f"{st['median_block1_over_ar_step']:.3f}x an AR step (median; {st['min']:.3f}-{st['max']:.3f})")
@@ -439,6 +440,22 @@ def render_e2e(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+# the runs that made each SmolLM2 drafter shipped so far, newest last; their summaries name the shipped file's sha256
+DRAFTER_RUNS = {"v2": "train_smollm2_10x_h200", "v3": DRAFTER_RUN}
+
+
+def smollm2_drafter(results: Path, data: dict, key: str = "smollm2_drafter") -> str:
+    """Which SmolLM2 drafter a results file measured, by the sha256 its provenance recorded: 'the shipped drafter'
+    only while that file is still the one in the package, else its version, so a result made with an earlier
+    drafter does not read as the current one's."""
+    sha = (((data.get("provenance") or {}).get("checkpoints") or {}).get(key) or {}).get("files", {}).get(
+        "model.safetensors")
+    for version, run in reversed(DRAFTER_RUNS.items()):
+        if sha and sha == _read(results, run + "/summary.json")["checkpoints"]["drafter_shipped_sha256"]:
+            return "the shipped drafter" if run == DRAFTER_RUN else f"the {version} drafter"
+    return f"a drafter with sha256 {sha[:12]}" if sha else "a drafter the file does not name"
+
+
 def render_bit_exact(results: Path) -> str:
     """The batch-invariant mode: bf16 DFlash == AR on the real pair and the tiny pairs, and what the mode costs a
     decode step (trtllm_dflash/bench/bit_exact_summary.py over `kernels_gpu.sh bitexact`'s files)."""
@@ -449,7 +466,7 @@ def render_bit_exact(results: Path) -> str:
     lines = [f"**Batch-invariant mode** (`RuntimeConfig.batch_invariant`, off by default; `BITEXACT=check|step_on|step_off "
              f"bash benchmarks/kernels_gpu.sh bitexact`, {s['gpu']}; {provenance_note(d, name)}, from "
              f"`cuda_check_bit_exact_h200.json` ({provenance_note(cc, 'cuda_check_bit_exact_h200.json').split(', ')[-1]}) and "
-             f"`step_bench_bi_{{on,off}}_h200.json`): SmolLM2 + the shipped drafter in **bf16**, DFlash == AR greedy on "
+             f"`step_bench_bi_{{on,off}}_h200.json`): SmolLM2 + {smollm2_drafter(results, cc)} in **bf16**, DFlash == AR greedy on "
              f"{s['bf16_identical_prompts']} of {s['bf16_prompts']} prompts at block 16 (block 8: {sm['dflash_eq_ar_greedy_block8']}, "
              f"block 4: {sm['dflash_eq_ar_greedy_block4']}; 128 tokens), each request alone == in a batch of 8 for AR "
              f"({sm['ar_alone_eq_batch']}/8) and DFlash ({sm['dflash_alone_eq_batch']}/8); tiny Llama / Qwen3 pairs in bf16 "

@@ -144,3 +144,17 @@ def test_the_readme_opens_with_one_measured_table():
     table = lines[first_block + 1:lines.index("<!-- /results:headline -->")]
     assert table[0].startswith("| measured |") and len(table) == 6   # header, separator, four rows
     assert sum("x at concurrency" in row or " ms" in row for row in table) >= 2   # figures, not only placeholders
+
+
+def test_a_result_names_the_drafter_it_measured_not_the_one_shipped_now():
+    results = ROOT / "benchmarks" / "results"
+    shipped = readme_results._read(results, readme_results.DRAFTER_RUN + "/summary.json")["checkpoints"][
+        "drafter_shipped_sha256"]
+
+    def made_with(sha):
+        return {"provenance": {"checkpoints": {"drafter": {"files": {"model.safetensors": sha}}}}}
+    v2 = readme_results._read(results, "train_smollm2_10x_h200/summary.json")["checkpoints"]["drafter_shipped_sha256"]
+    assert readme_results.smollm2_drafter(results, made_with(shipped), "drafter") == "the shipped drafter"
+    assert readme_results.smollm2_drafter(results, made_with(v2), "drafter") == "the v2 drafter"
+    assert readme_results.smollm2_drafter(results, made_with("ab" * 32), "drafter") == "a drafter with sha256 abababababab"
+    assert readme_results.smollm2_drafter(results, {}, "drafter") == "a drafter the file does not name"
