@@ -70,5 +70,5 @@ for dataset in $DATASETS; do
 done
 cat "$OUT"/e2e_*.jsonl > "$OUT/e2e.jsonl"
 $PY -m trtllm_dflash.bench.e2e_summary --sweep "$OUT/e2e.jsonl" --out "$OUT/$NAME.json" \
-  --api_server_count "${API_SERVERS:-1}"
+  --api_server_count "${API_SERVERS:-1}" --deployment_dir "$OUT/.deploy_fixed"
 rm -rf "$OUT"/.deploy_fixed "$OUT"/.deploy_adaptive

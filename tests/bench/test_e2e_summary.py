@@ -2,6 +2,7 @@
 """trtllm_dflash/bench/e2e_summary.py: DFlash / AR per (dataset, concurrency) and path (in-process, dflash-openai)."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 from trtllm_dflash.bench import e2e_summary
@@ -56,3 +57,20 @@ def test_served_over_in_process_per_mode_and_the_headline_at_64():
     assert s["levels"]["humaneval_c64"]["openai_over_inprocess"] == {"ar": 0.6, "dflash": 0.9}
     assert s["openai_over_inprocess_ar_c64_humaneval"] == 0.6 and s["api_server_count"] == 4
     assert s["openai_over_inprocess_ar_c64_mtbench"] is None     # no in-process row to compare with
+
+
+def test_the_deployment_served_names_its_checkpoints_in_the_provenance(tmp_path, capsys):
+    rows = tmp_path / "r.jsonl"
+    rows.write_text(json.dumps(_row("engine", "humaneval", 1, "ar", 10.0)) + "\n")
+    deploy = tmp_path / "deploy"
+    for role, data in (("target", b"t"), ("drafter", b"d")):
+        (deploy / role).mkdir(parents=True)
+        (deploy / role / "model.safetensors").write_bytes(data)
+    assert e2e_summary.main(["--sweep", str(rows), "--out", str(tmp_path / "out.json"),
+                             "--deployment_dir", str(deploy)]) == 0
+    ck = json.loads((tmp_path / "out.json").read_text())["provenance"]["checkpoints"]
+    assert ck["drafter"]["files"]["model.safetensors"] == hashlib.sha256(b"d").hexdigest()
+    assert ck["target"]["files"]["model.safetensors"] == hashlib.sha256(b"t").hexdigest()
+    assert e2e_summary.main(["--sweep", str(rows), "--out", str(tmp_path / "o2.json"),
+                             "--deployment_dir", str(tmp_path / "nowhere")]) == 2
+    assert "--deployment_dir" in capsys.readouterr().err and not (tmp_path / "o2.json").exists()

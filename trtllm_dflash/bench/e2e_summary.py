@@ -72,12 +72,23 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--api_server_count", type=int, default=1,
                    help="dflash-openai's --api_server_count in the served rows (recorded in the summary)")
+    p.add_argument("--deployment_dir", type=Path, default=None,
+                   help="the deployment directory the sweep served: the sha256 of its target/ and drafter/ go in the "
+                        "provenance, so the file names the checkpoints it measured")
     args = p.parse_args(argv)
     rows = [json.loads(line) for line in args.sweep.read_text().splitlines() if line.strip()]
     if not rows:
         print(f"error: --sweep: {args.sweep} holds no rows. Fix: run the sweep first", file=sys.stderr)
         return 2
-    out = {"summary": summarize(rows, args.api_server_count), "rows": rows, "provenance": record()}
+    checkpoints = {}
+    if args.deployment_dir is not None:
+        checkpoints = {role: args.deployment_dir / role for role in ("target", "drafter")}
+        missing = [str(d) for d in checkpoints.values() if not d.is_dir()]
+        if missing:
+            print(f"error: --deployment_dir: {missing[0]} is not a folder. Fix: pass the dflash-build output the "
+                  "sweep served", file=sys.stderr)
+            return 2
+    out = {"summary": summarize(rows, args.api_server_count), "rows": rows, "provenance": record(checkpoints=checkpoints)}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["summary"], indent=1))
     return 0
