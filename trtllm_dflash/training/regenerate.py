@@ -68,8 +68,8 @@ def run(cfg: TrainConfig, target_dir: Path, log=print, dp: DataParallel = SINGLE
         device=cfg.device))
     prompts_todo, counts = _plan(cfg, engine, done_ids)
     # (row id, token ids, seed, temperature) per answer; the first answer keeps the seed runs always gave it
-    todo = [(aid, ids, seed if k == 0 else own_seed, temp) for pid, ids, seed in prompts_todo
-            for k, (aid, temp, own_seed) in enumerate(_samples(cfg, pid, cfg.regen_temperature))]
+    todo = [(aid, ids, seed, temp) for pid, ids, first_seed in prompts_todo
+            for aid, temp, seed in _samples(cfg, pid, cfg.regen_temperature, first_seed)]
     log(f"regenerate: {len(prompts_todo)} prompts to answer" + (f" ({cfg.regen_samples} answers each)" if
         cfg.regen_samples > 1 else "") + f" ({counts['already_done']} already in {path.name}; "
         f"{counts['excluded_eval_overlap']} dropped as eval overlaps, {counts['too_long']} longer than "
@@ -313,13 +313,15 @@ def _next_round(cfg: TrainConfig, done: dict, todo: list[dict], ranks: int, elap
     return batch, None
 
 
-def _samples(cfg: TrainConfig, pid: str, temperature: float) -> list[tuple[str, float, int]]:
+def _samples(cfg: TrainConfig, pid: str, temperature: float,
+             first_seed: int | None = None) -> list[tuple[str, float, int]]:
     """(row id, temperature, seed) of each answer to prompt ``pid``: the first as the prompt asks, with the seed
-    every earlier run gave it (so --regen_samples 1 writes the bytes it always did); each further one at T=1 with
-    a seed of its own and the id ``pid#k``."""
+    every earlier run gave it (``first_seed``: the prompt file's order; else the corpus' hash), so --regen_samples
+    1 writes the bytes it always did; each further one at T=1 with a seed of its own and the id ``pid#k``."""
     def seed(key: str) -> int:
         return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
-    return [(pid, temperature, seed(f"{cfg.seed}:{pid}"))] + [
+    first = seed(f"{cfg.seed}:{pid}") if first_seed is None else first_seed
+    return [(pid, temperature, first)] + [
         (f"{pid}#{k}", 1.0, seed(f"{cfg.seed}:{pid}#{k}")) for k in range(1, cfg.regen_samples)]
 
 
