@@ -132,8 +132,10 @@ def test_invariant_tile_keeps_block_k_and_widens_from_rows_wide(elem):
     assert G.invariant_config(1, 4096, 4096, False, 2, 132) == G.Config(64, pick.block_n, pick.block_k, 4, 4)
     assert G.invariant_config(1024, 4096, 4096, False, 2, 132) == G.Config(128, 32, 256, 8, 2)   # Qwen3-8B o_proj
     assert G.invariant_config(1024, 576, 576, False, 2, 132) == G.Config(128, 128, 128, 8, 2)    # SmolLM2 o_proj
-    # float32 at BLOCK_K 256: no 128-row tile fits, the 64-row tile stays
-    assert G.invariant_config(1024, 4096, 4096, False, 4, 132).block_m == 64
+    assert G.invariant_config(1024, 1536, 576, True, 2, 132) == G.Config(128, 64, 128, 8, 2)     # SmolLM2 gate_up
+    # no 128-row tile fits at BLOCK_K 256 for the 8B gate_up (bf16) or float32: the 64-row tile stays
+    assert G.invariant_config(1024, 12288, 4096, True, 2, 132) == G.invariant_config(1, 12288, 4096, True, 2, 132)
+    assert G.invariant_config(1024, 4096, 4096, False, 4, 132) == G.invariant_config(1, 4096, 4096, False, 4, 132)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
