@@ -24,8 +24,9 @@ project a token to the same bits. The rest of the tile may grow with the row cou
 bits do not depend on it: at a fixed BLOCK_K, BLOCK_M 16..128, BLOCK_N 16..128, the warps and the stages left all
 of 1,024 rows' bits unchanged on an H200 (tests/gpu/test_gemm_tile_bits_cuda.py, its result in
 benchmarks/results/gemm_tile_bits_h200.log). So below ROWS_WIDE rows the tile is the decode tile at 64 rows, and
-from ROWS_WIDE on it is 128 rows by as many columns as shared memory allows, which reads each weight tile once per
-128 rows rather than once per 64 (a verify of 64 x 16 rows ran 3.8x the default path's time with the 64-row tile).
+from ROWS_WIDE on it is 128 rows by as many columns as shared memory allows (where 128 rows fit at all), which
+reads each weight tile once per 128 rows rather than once per 64 (a verify of 64 x 16 rows ran 3.8x the default
+path's time with the 64-row tile).
 Rows past M are masked, so a row's result does not depend on its place in the tile either. Triton's CPU
 interpreter does change the bits with the tile: there the tests pin the rule, on a GPU the bits.
 
@@ -121,8 +122,8 @@ def _invariant_tile(wide: bool, N: int, K: int, gated: bool, elem: int, sms: int
     """Narrow: pick_config's decode tile for one row tile (BLOCK_N from N and the SM count, BLOCK_K from K) with
     BLOCK_M fixed at INVARIANT_BLOCK_M (BLOCK_N halved where 64 rows would not fit MAX_SMEM). Wide: the narrow
     tile's BLOCK_K, WIDE_BLOCK_M rows on 8 warps and the widest BLOCK_N (from the narrow one's up to 128 and N's
-    power of two) whose tiles fit SMEM_BUDGET in 2 stages; where no 128-row tile fits (float32 at BLOCK_K 256),
-    64 rows and the widest BLOCK_N that fits."""
+    power of two) whose tiles fit SMEM_BUDGET in 2 stages; where no 128-row tile fits (at BLOCK_K 256: float32, and
+    bf16 gate_up and lm_head at the 8B shapes), 64 rows and the widest BLOCK_N that fits."""
     c = pick_config(1, N, K, gated, elem, sms)
     block_n = c.block_n
     # pick_config sizes its columns for 16 rows: at 64 rows, float32 and BLOCK_K 256 a gated or lm_head tile of
