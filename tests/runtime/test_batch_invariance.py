@@ -81,12 +81,84 @@ def test_invariant_tile_is_a_function_of_n_and_k():
     G = kernels("gemm")
     for N, K in ((576, 576), (49152, 576), (6144, 4096), (4096, 12288), (151936, 4096)):
         for gated in (False, True):
-            c = G.invariant_config(N, K, gated, 2, 132)
+            c = G.invariant_config(1, N, K, gated, 2, 132)
             G.check_config(c, gated, 2)
             assert c.block_m == G.INVARIANT_BLOCK_M
             # the decode tile's columns and K step: a batch-1 AR step keeps the SM coverage it was tuned for
             d = G.pick_config(1, N, K, gated, 2, 132)
             assert (c.block_n, c.block_k) == (d.block_n, d.block_k)
+
+
+# (name, hidden, intermediate, vocab, q heads x head_dim, kv heads x head_dim) of the public configs
+MODEL_SHAPES = [("smollm2-135m", 576, 1536, 49152, 9 * 64, 3 * 64),
+                ("qwen3-8b", 4096, 12288, 151936, 32 * 128, 8 * 128),
+                ("llama-3.1-8b", 4096, 14336, 128256, 32 * 128, 8 * 128)]
+
+
+def _model_gemms():
+    """(model, N, K, gated) of a decoder layer's GEMMs and its lm_head."""
+    for name, hidden, inter, vocab, q, kv in MODEL_SHAPES:
+        for N, K, gated in ((q + 2 * kv, hidden, False), (hidden, q, False), (inter, hidden, True),
+                            (hidden, inter, False), (vocab, hidden, False)):
+            yield name, N, K, gated
+
+
+@pytest.mark.parametrize("elem", [2, 4])
+def test_invariant_tile_keeps_block_k_and_widens_from_rows_wide(elem):
+    """The rule the GPU fact (tests/gpu/test_gemm_tile_bits_cuda.py: only BLOCK_K moves a row's bits) allows: one
+    BLOCK_K for every M; below ROWS_WIDE rows the 64-row decode tile; from ROWS_WIDE on 128 rows on 8 warps and
+    at least the narrow tile's columns where that fits the shared-memory budget, else (float32 at BLOCK_K 256) 64
+    rows; every tile launchable (check_config) at the real shapes, and the tile a function of M >= ROWS_WIDE."""
+    G = kernels("gemm")
+    for sms in (132, 4):
+        for model, N, K, gated in _model_gemms():
+            tiles = {M: G.invariant_config(M, N, K, gated, elem, sms)
+                     for M in (1, 2, 16, 17, 64, 65, 128, G.ROWS_WIDE - 1, G.ROWS_WIDE, 300, 1024, 8192)}
+            where = f"{model} N={N} K={K} gated={gated} elem={elem} sms={sms}"
+            narrow, wide = tiles[1], tiles[G.ROWS_WIDE]
+            for M, c in tiles.items():
+                G.check_config(c, gated, elem)
+                assert c.block_k == narrow.block_k, where
+                assert c == (narrow if M < G.ROWS_WIDE else wide), (where, M)
+            assert narrow.block_m == G.INVARIANT_BLOCK_M and narrow.num_warps == 4, where
+            assert narrow.block_n <= wide.block_n <= max(128, narrow.block_n), where
+            assert wide.smem(gated, elem) <= G.SMEM_BUDGET or wide == narrow, where
+            fits128 = G.Config(128, narrow.block_n, narrow.block_k, 8, 2).smem(gated, elem) <= G.SMEM_BUDGET
+            assert (wide.block_m, wide.num_warps) == ((128, 8) if fits128 else (64, 4)), where
+            # the widest columns that fit: twice as many would not (or pass 128 / N's power of two)
+            if wide.block_n < min(128, G.pow2(N)) and wide != narrow:
+                assert G.Config(wide.block_m, 2 * wide.block_n, wide.block_k, 4, 2).smem(gated, elem) > G.SMEM_BUDGET
+    pick = G.pick_config(1, 4096, 4096, False, 2, 132)
+    assert G.invariant_config(1, 4096, 4096, False, 2, 132) == G.Config(64, pick.block_n, pick.block_k, 4, 4)
+    assert G.invariant_config(1024, 4096, 4096, False, 2, 132) == G.Config(128, 32, 256, 8, 2)   # Qwen3-8B o_proj
+    assert G.invariant_config(1024, 576, 576, False, 2, 132) == G.Config(128, 128, 128, 8, 2)    # SmolLM2 o_proj
+    assert G.invariant_config(1024, 1536, 576, True, 2, 132) == G.Config(128, 64, 128, 8, 2)     # SmolLM2 gate_up
+    # no 128-row tile fits at BLOCK_K 256 for the 8B gate_up (bf16) or float32: the 64-row tile stays
+    assert G.invariant_config(1024, 12288, 4096, True, 2, 132) == G.invariant_config(1, 12288, 4096, True, 2, 132)
+    assert G.invariant_config(1024, 4096, 4096, False, 4, 132) == G.invariant_config(1, 4096, 4096, False, 4, 132)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_wide_invariant_tile_computes_the_gemm(dtype):
+    """M = 300 >= ROWS_WIDE runs the wide tile (128 rows, two full row tiles and a masked one) against float64,
+    with the bias, the residual and the gate_up epilogues; the column count is not a multiple of its BLOCK_N."""
+    G = kernels("gemm")
+    g = torch.Generator().manual_seed(1)
+    M, K, N = 300, 96, 80
+    x = torch.randn(M, K, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(N, K, generator=g) / 10).to(DEVICE, dtype)
+    b, r = torch.randn(N, generator=g).to(DEVICE, dtype), torch.randn(M, N, generator=g).to(DEVICE, dtype)
+    elem = x.element_size()
+    for gated in (False, True):
+        cols = N // 2 if gated else N
+        c = G.invariant_config(M, cols, K, gated, elem, G.num_sms(x.device))
+        assert c.block_m == 128 and c.block_k == G.invariant_config(1, cols, K, gated, elem, 4).block_k
+        assert cols % c.block_n
+    x64, w64 = x.double(), w.double()
+    assert rel(G.linear(x, w, b, invariant=True), F.linear(x64, w64, b.double())) < TOL[dtype]
+    assert rel(G.linear(x, w, None, r, invariant=True), F.linear(x64, w64) + r.double()) < TOL[dtype]
+    y = F.linear(x64, w64)
+    assert rel(G.gate_up_silu(x, w, invariant=True), F.silu(y[:, :N // 2]) * y[:, N // 2:]) < TOL[dtype]
 
 
 def test_routing_takes_every_row_count_in_the_invariant_mode():
@@ -303,9 +375,9 @@ for H, add in ((576, False), (576, True), (4096, True), (5120, False)):
                                               "out_ptr": "*bf16", "eps": "fp32"}.get(n, "i32") for n in k.arg_names}
     triton.compile(ASTSource(k, sig, consts), target=target, options={"num_warps": N._warps(H)})
 k = G._gemm_kernel
-for N_, K_, gated in ((576, 576, False), (1536, 576, True), (6144, 4096, False), (12288, 4096, True),
-                      (151936, 4096, False)):
-    cfg = G.invariant_config(N_, K_, gated, 2, 132)
+GEMMS = ((576, 576, False), (1536, 576, True), (6144, 4096, False), (12288, 4096, True), (151936, 4096, False))
+for N_, K_, gated, M_ in [(*shape, m) for shape in GEMMS for m in (1, G.ROWS_WIDE)]:   # the narrow and the wide tile
+    cfg = G.invariant_config(M_, N_, K_, gated, 2, 132)
     consts = G.constexprs(cfg, N_, K_, gated, False, not gated, __import__("torch").bfloat16)
     sig = {n: "constexpr" if n in consts else {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "r_ptr": "*bf16",
                                               "out_ptr": "*bf16"}.get(n, "i32") for n in k.arg_names}
@@ -316,7 +388,7 @@ for N_, K_, gated in ((576, 576, False), (1536, 576, True), (6144, 4096, False),
 
 
 def test_invariant_kernels_compile_for_the_h100():
-    """The batch-invariant launches (attention's chunk loop and merge, the norm, the GEMM's fixed tiles at the
-    real shapes) compiled to sm_90 cubins: the interpreter accepts code the compiler refuses."""
+    """The batch-invariant launches (attention's chunk loop and merge, the norm, the GEMM's narrow and wide tiles at
+    the real shapes) compiled to sm_90 cubins: the interpreter accepts code the compiler refuses."""
     kernels("gemm")
     compile_for_h100(INVARIANT_SM90)

@@ -131,17 +131,21 @@ def test_pick_config_is_valid_at_the_real_shapes(M, N, K, gated):
 
 
 def test_kernels_compile_for_the_h100(tmp_path):
-    """Triton's compiler and ptxas (no GPU needed) build every config gemm_bench tries, and pick_config's, at
-    Qwen3-8B shapes for sm_90, within the H100's shared memory and without register spills."""
+    """Triton's compiler and ptxas (no GPU needed) build every config gemm_bench tries, pick_config's and the
+    batch-invariant mode's (its wide tile from 256 rows), at Qwen3-8B shapes for sm_90, within the H100's shared
+    memory and without register spills."""
     kernels()
     import json
     out = tmp_path / "cc.json"
-    compile_for_h100(["-m", "trtllm_dflash.bench.gemm", "--compile_only", "90", "--models", "qwen3-8b", "--M", "1,64",
+    compile_for_h100(["-m", "trtllm_dflash.bench.gemm", "--compile_only", "90", "--models", "qwen3-8b", "--M", "1,64,256",
                       "--out", str(out)],
                      timeout=600)
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) >= 4 * 2 * 4 and all(r["stack"] == 0 for r in rows)
     assert all(r["pipelined"] for r in rows if r["default"])   # the default tiles stream weights through cp.async
+    wide = [r for r in rows if r["invariant"] and r["M"] == 256]
+    assert any(r["config"].startswith("m128") for r in wide)
+    assert all(r["pipelined"] and r["wgmma"] for r in wide), wide
 
 
 def test_routing_rule():

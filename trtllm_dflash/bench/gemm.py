@@ -14,16 +14,18 @@ totalling >= 256 MB, so weights stream from HBM rather than from the 50 MB L2; t
 Bandwidth = bytes that must move (weight + x + out, + residual) / time, and its fraction of the copy bandwidth
 measured in the same run. In the runtime the unfused residual add rides in the next add + RMSNorm kernel, so for
 qkv / o_proj / down the baseline that counts is cuBLAS alone; for gate_up it is cuBLAS + silu_mul.
-``triton_invariant`` is the batch-invariant mode's tile (invariant_config, the same at every M; absent where it is
-the default). The summary's ``best`` is the fastest config per shape, ``default`` pick_config's: where best beats default
-clearly, pick_config should be changed; where cuBLAS beats the best Triton config at some M, GEMM_MAX_ROWS (or a
-per-shape rule) should route that M to cuBLAS. A config that fails to compile is recorded under "errors".
+``triton_invariant`` is the batch-invariant mode's tile (invariant_config: one BLOCK_K for every M, 64 rows below
+ROWS_WIDE and the wide 128-row tile from there on, so ``--M 1,16,64,256,1024`` shows both; absent where it is the
+default; the row's ``invariant_config`` names it). The summary's ``best`` is the fastest config per shape,
+``default`` pick_config's: where best beats default clearly, pick_config should be changed; where cuBLAS beats the
+best Triton config at some M, GEMM_MAX_ROWS (or a per-shape rule) should route that M to cuBLAS. A config that fails
+to compile is recorded under "errors".
 
 ``--compile_only 90`` needs no GPU: it compiles the kernel for sm_90 with Triton's own compiler and ptxas at every
-shape and config above (specialized as a launch would be: 16-byte-aligned pointers, ints divisible by 16 marked so)
-and reports shared memory, registers and spills (cuobjdump), whether the loads are pipelined (cp.async) and whether
-tl.dot became wgmma; a config over the 227 KB of shared memory a block may use on an H100 is an error (it would
-fail at launch).
+shape and config above, the batch-invariant tile included (specialized as a launch would be: 16-byte-aligned
+pointers, ints divisible by 16 marked so) and reports shared memory, registers and spills (cuobjdump), whether the
+loads are pipelined (cp.async) and whether tl.dot became wgmma; a config over the 227 KB of shared memory a block
+may use on an H100 is an error (it would fail at launch).
 """
 from __future__ import annotations
 
@@ -95,8 +97,8 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
         variants["cublas_epilogue"] = lambda: [F.linear(x, w) + r for w in ws]
     default = G.pick_config(M, N, K, gated, elem, G.num_sms(dev))
     configs = {"default": default, **{label(c): c for c in candidates(G, M, args.smoke) if c != default}}
-    # the batch-invariant tile (RuntimeConfig.batch_invariant): the same at every M, so its cost shows against default
-    invariant = G.invariant_config(N, K, gated, elem, G.num_sms(dev))
+    # the batch-invariant tile (RuntimeConfig.batch_invariant): its cost against default at this M
+    invariant = G.invariant_config(M, N, K, gated, elem, G.num_sms(dev))
     if invariant != default:
         configs = {k: c for k, c in configs.items() if c != invariant or k == "default"} | {"invariant": invariant}
     for key, c in configs.items():
@@ -107,7 +109,7 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
     want = F.silu(y64[:, :N]) * y64[:, N:] if gated else y64 + (r.double() if r is not None else 0)
     got = triton(default)()[0]
     row = {"model": model, "gemm": name, "epilogue": epilogue, "M": M, "N": N, "K": K, "weight_copies": copies,
-           "bytes": moved, "default_config": label(default),
+           "bytes": moved, "default_config": label(default), "invariant_config": label(invariant),
            "default_rel_err_vs_f64": ((got.double() - want).norm() / want.norm()).item(), "us": {}}
     for key, fn in variants.items():
         try:
@@ -127,8 +129,9 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
         row["best_speedup_vs_baseline"] = base / tri[best] if base else None
     print(f"{model:14s} {name:13s} M={M:3d} N={N:6d} K={K:6d}  " + "  ".join(
         f"{k}={v:.1f}us({row['bw_fraction'][k]:.0%})" for k, v in row["us"].items()
-        if k in ("cublas", "cublas_epilogue", "triton_default") or k == f"triton_{row.get('best')}")
-        + f"  best={row.get('best')} err={row['default_rel_err_vs_f64']:.1e}", flush=True)
+        if k in ("cublas", "cublas_epilogue", "triton_default", "triton_invariant")
+        or k == f"triton_{row.get('best')}")
+        + f"  best={row.get('best')} invariant={label(invariant)} err={row['default_rel_err_vs_f64']:.1e}", flush=True)
     return row
 
 
@@ -169,7 +172,9 @@ def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> Non
         for name, K, N, epilogue in gemms(cfg):
             for M in ms:
                 default = G.pick_config(M, N, K, epilogue == "silu_mul", 2, 132)
-                for c in [default, *(c for c in candidates(G, M, smoke=False) if c != default)]:
+                invariant = G.invariant_config(M, N, K, epilogue == "silu_mul", 2, 132)
+                tried = [default, *(c for c in candidates(G, M, smoke=False) if c != default)]
+                for c in tried + ([invariant] if invariant not in tried else []):
                     key = (c, epilogue, N % c.block_n == 0 and K % c.block_k == 0, M == 1)
                     tag = f"{model}/{name}/M{M}/{label(c)}"
                     if key not in done:
@@ -178,14 +183,15 @@ def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> Non
                         except Exception as err:   # noqa: BLE001 - recorded, the others still compile
                             done[key] = {"error": repr(err)[:500]}
                     row = {"model": model, "gemm": name, "M": M, "config": label(c), "default": c == default,
-                           **done[key]}
+                           "invariant": c == invariant, **done[key]}
                     result["rows"].append(row)
                     if "error" in row:
                         result["errors"][tag] = row["error"]
                     elif row["shared"] > G.MAX_SMEM:
                         result["errors"][tag] = f"{row['shared']} bytes of shared memory > {G.MAX_SMEM}"
                     print(f"{tag}: " + " ".join(f"{k}={v}" for k, v in done[key].items())
-                          + (" (default)" if c == default else ""), flush=True)
+                          + (" (default)" if c == default else "") + (" (invariant)" if c == invariant else ""),
+                          flush=True)
 
 
 def summarize(rows: list[dict]) -> dict:

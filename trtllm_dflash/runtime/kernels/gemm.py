@@ -18,10 +18,17 @@ Two inner products: ``tl.dot`` tiles (BLOCK_M >= 16, tensor cores; rows past M a
 BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows, any power-of-two BLOCK_N).
 
 Batch-invariant mode (RuntimeConfig.batch_invariant, ``invariant=True``): every M, prefill's thousands of rows
-included, runs in this kernel with one tile (invariant_config: BLOCK_M = INVARIANT_BLOCK_M, BLOCK_N and BLOCK_K
-from N and K alone), so a row's K order, instruction shape and warp layout are the same whoever shares its
-launch: an AR step, a DFlash verify of 16 rows and a prefill chunk project a token to the same bits. Rows past M
-are masked, so a row's result does not depend on its place in the tile either.
+included, runs in this kernel with one BLOCK_K (invariant_config, from N and K alone), so a row's float32
+accumulation walks K in the same order whoever shares its launch: an AR step, a DFlash verify and a prefill chunk
+project a token to the same bits. The rest of the tile may grow with the row count because, on the GPU, a row's
+bits do not depend on it: at a fixed BLOCK_K, BLOCK_M 16..128, BLOCK_N 16..128, the warps and the stages left all
+of 1,024 rows' bits unchanged on an H200 (tests/gpu/test_gemm_tile_bits_cuda.py, its result in
+benchmarks/results/gemm_tile_bits_h200.log). So below ROWS_WIDE rows the tile is the decode tile at 64 rows, and
+from ROWS_WIDE on it is 128 rows by as many columns as shared memory allows (where 128 rows fit at all), which
+reads each weight tile once per 128 rows rather than once per 64 (a verify of 64 x 16 rows ran 3.8x the default
+path's time with the 64-row tile).
+Rows past M are masked, so a row's result does not depend on its place in the tile either. Triton's CPU
+interpreter does change the bits with the tile: there the tests pin the rule, on a GPU the bits.
 
 CUDA-graph safe: the grid and the config are functions of the shapes only (pick_config), no autotuning and no
 host syncs. Under ``TRITON_INTERPRET=1`` (set before this module is imported) the kernels run on CPU tensors,
@@ -86,21 +93,54 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
     return Config(block_m, block_n, block_k, 4, stages)
 
 
-# BLOCK_M of the batch-invariant tile. 64: one tl.dot tile for a batch-64 AR step (the weights are read once, as
-# cuBLAS's) and Hopper's wgmma minimum; the padded rows of a batch-1 AR step cost tensor-core work on a
-# bandwidth-bound GEMM (trtllm_dflash/bench/gemm.py times it as triton_invariant).
+# BLOCK_M of the batch-invariant tile below ROWS_WIDE rows. 64: one tl.dot tile for a batch-64 AR step (the
+# weights are read once, as cuBLAS's) and Hopper's wgmma minimum; the padded rows of a batch-1 AR step cost
+# tensor-core work on a bandwidth-bound GEMM (trtllm_dflash/bench/gemm.py times it as triton_invariant). From
+# ROWS_WIDE rows on (prefill chunks, large verifies) the tile widens to 128 rows and BLOCK_N as wide as fits: only
+# BLOCK_K decides a row's bits on the GPU (module docstring), so the wide tile keeps BLOCK_K and with it the bits.
 INVARIANT_BLOCK_M = 64
+WIDE_BLOCK_M = 128
+ROWS_WIDE = 256   # 4+ row tiles of 64: the weight re-reads outweigh the decode tile's SM coverage
+
+
+def _stages(block_m: int, block_n: int, block_k: int, gated: bool, elem: int) -> int:
+    """The most pipeline stages (2..4) whose tiles fit SMEM_BUDGET (2 if none do)."""
+    stages = 4
+    while stages > 2 and Config(block_m, block_n, block_k, 4, stages).smem(gated, elem) > SMEM_BUDGET:
+        stages -= 1
+    return stages
+
+
+def invariant_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
+    """The batch-invariant tile for M rows of [M, K] x [N, K]^T: a function of M >= ROWS_WIDE, N and K only (so a
+    CUDA graph captured per batch size keeps its tile), with one BLOCK_K for every M."""
+    return _invariant_tile(M >= ROWS_WIDE, N, K, gated, elem, sms)
 
 
 @functools.cache
-def invariant_config(N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
-    """The batch-invariant tile for [*, K] x [N, K]^T: pick_config's decode tile for one row tile (BLOCK_N from N and
-    the SM count, BLOCK_K from K) with BLOCK_M fixed at INVARIANT_BLOCK_M: a function of N and K only, never of M."""
+def _invariant_tile(wide: bool, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
+    """Narrow: pick_config's decode tile for one row tile (BLOCK_N from N and the SM count, BLOCK_K from K) with
+    BLOCK_M fixed at INVARIANT_BLOCK_M (BLOCK_N halved where 64 rows would not fit MAX_SMEM). Wide: the narrow
+    tile's BLOCK_K, WIDE_BLOCK_M rows on 8 warps and the widest BLOCK_N (from the narrow one's up to 128 and N's
+    power of two) whose tiles fit SMEM_BUDGET in 2 stages; where no 128-row tile fits (at BLOCK_K 256: float32, and
+    bf16 gate_up and lm_head at the 8B shapes), 64 rows and the widest BLOCK_N that fits."""
     c = pick_config(1, N, K, gated, elem, sms)
-    stages = c.num_stages
-    while stages > 2 and Config(INVARIANT_BLOCK_M, c.block_n, c.block_k, 4, stages).smem(gated, elem) > SMEM_BUDGET:
-        stages -= 1
-    return Config(INVARIANT_BLOCK_M, c.block_n, c.block_k, 4, stages)
+    block_n = c.block_n
+    # pick_config sizes its columns for 16 rows: at 64 rows, float32 and BLOCK_K 256 a gated or lm_head tile of
+    # 32+ columns would not fit a block's shared memory even in 2 stages (check_config refuses it at launch)
+    while block_n > 16 and Config(INVARIANT_BLOCK_M, block_n, c.block_k, 4, 2).smem(gated, elem) > MAX_SMEM:
+        block_n //= 2
+    narrow = Config(INVARIANT_BLOCK_M, block_n, c.block_k, 4,
+                    _stages(INVARIANT_BLOCK_M, block_n, c.block_k, gated, elem))
+    if not wide:
+        return narrow
+    widest = min(128, max(16, pow2(N)))
+    for block_m, warps in ((WIDE_BLOCK_M, 8), (INVARIANT_BLOCK_M, 4)):
+        for block_n in (128, 64, 32, 16):
+            if (narrow.block_n <= block_n <= widest
+                    and Config(block_m, block_n, c.block_k, warps, 2).smem(gated, elem) <= SMEM_BUDGET):
+                return Config(block_m, block_n, c.block_k, warps, _stages(block_m, block_n, c.block_k, gated, elem))
+    return narrow
 
 
 @functools.cache
@@ -189,7 +229,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated
     elem = x.element_size()
     if cfg is None:
         sms = num_sms(x.device)
-        cfg = invariant_config(N, K, gated, elem, sms) if invariant else pick_config(M, N, K, gated, elem, sms)
+        cfg = invariant_config(M, N, K, gated, elem, sms) if invariant else pick_config(M, N, K, gated, elem, sms)
     check_config(cfg, gated, elem)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     r2 = out
@@ -211,7 +251,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            residual: torch.Tensor | None = None, cfg: Config | None = None, invariant: bool = False) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) (+ residual [..., N]) -> [..., N] in x's dtype (F.linear's
     layout; float32 accumulation, one rounding at the end). ``cfg`` None = pick_config, or invariant_config with
-    ``invariant`` (the batch-invariant tile, the same for every M)."""
+    ``invariant`` (the batch-invariant tile: one BLOCK_K for every M)."""
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias {tuple(bias.shape)} must be [{weight.shape[0]}]")
     return _launch(x, weight, bias, residual, weight.shape[0], False, cfg, invariant)
