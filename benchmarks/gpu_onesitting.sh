@@ -118,7 +118,8 @@ READY=$([[ -f $TARGET_OK && ( -f $WORK/.imports_ok || ${SMOKE:-0} == 1 ) ]] && e
 # 4. regenerate: this run's share of REGEN_S (no shard starts that would end past the run's time limit)
 if [[ $READY == 1 && $REGEN_DONE == 0 && $(left) -gt $((LOAD_S + 30)) ]]; then
   say "regen: up to $(( $(left) - 20 )) s in this run, $REGEN_S s in all, on ${NGPU:-1} GPU(s)"
-  REGEN_S=$(( $(left) - 20 )) sub regen bash benchmarks/train_smollm2_gpu.sh "$BIG_RUN" --big regen_shards
+  # the shards are packed for another host only when BACKUP asks for them (four GPUs make more than one pack holds)
+  PACK_REGEN=${BACKUP:-0} REGEN_S=$(( $(left) - 20 )) sub regen bash benchmarks/train_smollm2_gpu.sh "$BIG_RUN" --big regen_shards
   if [[ ${BACKUP:-0} == 1 ]]; then cp "$WORK"/regen/regen-part*.tar "$WORK"/regen/manifest.json "$BACK"/ 2>/dev/null || true; fi
   rm -f "$WORK"/regen/regen-part*.tar
   state

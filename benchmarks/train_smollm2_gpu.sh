@@ -10,7 +10,9 @@
 #   benchmarks/train_smollm2_gpu.sh RUN_DIR --big STAGE # the 10x drafter, one stage per time-limited run:
 #       stash | regen_shards | train_big | ckpt_pull | eval_big  (benchmarks/TRAINING_PLAN.md; files -> $OUT)
 #       CORPUS (a python -m trtllm_dflash.training.corpus folder), PRESET (paper | modelopt), REGEN_S, TRAIN_S,
-#       MAX_STEPS, PART, TRAIN_EXTRA (more dflash-train flags, the same on every run of a training run); SMOKE=1 runs the same commands with tiny settings on the CPU
+#       MAX_STEPS, PART, TRAIN_EXTRA (more dflash-train flags, the same on every run of a training run), PACK_REGEN
+#       (1: regen_shards packs the shards it made into OUT for another host); SMOKE=1 runs the same commands with
+#       tiny settings on the CPU
 #       NGPU (default: the GPUs nvidia-smi lists): with 2 or more, regen_shards and train_big start one rank per
 #       GPU (python -m torch.distributed.run --standalone --nproc_per_node $NGPU, i.e. torchrun): shard k of a
 #       round to GPU k, each GPU a slice of every global batch (--batch_size is the global batch), rank 0 writes
@@ -68,10 +70,11 @@ if [[ $MODE == --big ]]; then
     stash)         # a run packed by trtllm_dflash.training.bundle (the folder IN) -> the run on this host
       "${BUNDLE[@]}" unpack "${IN:?set IN, the folder of bundle files}" --run "$OUT" ;;
     regen_shards)  # whole shards until REGEN_S; what this stage made -> tar files + the manifest in OUT
+      # (PACK_REGEN=0: the shards stay in the run only, for a host that also trains on them)
       mkdir -p "$OUT/data"
       cp "$OUT/data/manifest.json" "$BACK/.before.json" 2>/dev/null || echo '{"shards": {}}' > "$BACK/.before.json"
       "${DFT[@]}" --stages regenerate --regen_time_budget_s "${REGEN_S:-480}"
-      "${BUNDLE[@]}" regen --run "$OUT" --before "$BACK/.before.json" --out "$BACK"
+      if [[ ${PACK_REGEN:-1} == 1 ]]; then "${BUNDLE[@]}" regen --run "$OUT" --before "$BACK/.before.json" --out "$BACK"; fi
       rm -f "$BACK/.before.json" ;;
     train_big)     # TRAIN_S of training from the last checkpoint; export once the schedule is done
       "${DFT[@]}" --stages train,export --stop_after_s "${TRAIN_S:-420}"

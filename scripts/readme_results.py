@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DRAFTER_RUN = "train_smollm2_v3_h200x4"   # the run that made the shipped SmolLM2 drafter (v3)
+DRAFTER_RUN = "train_smollm2_v4_h200x4"   # the run that made the shipped SmolLM2 drafter (v4)
 # Results files record the command that made them; the scripts they name have since become modules of the package.
 MOVED = {"step_bench": "step", "engine_load": "load", "gemm_bench": "gemm", "fp8_gemm_bench": "fp8_gemm",
          "sample_bench": "sample", "mxfp4_bench": "mxfp4", "gpt_oss_kernels_bench": "gpt_oss_kernels", "tp_bench": "tp"}
@@ -228,10 +228,10 @@ def render_headline(results: Path) -> str:
 
     def tau():
         d, name = _load(results, "acceptance_smollm2.json"), DRAFTER_RUN + "/summary.json"
-        v2 = _load(results, "acceptance_smollm2_v2.json")
+        before = _load(results, "acceptance_smollm2_v3.json")
         return (f"{d['humaneval']['tau_greedy']:.2f} tokens per step (greedy, block {d['humaneval']['block_size']}; "
-                f"MT-Bench {d['mtbench']['tau_greedy']:.2f}; the v2 drafter, `acceptance_smollm2_v2.json`: "
-                f"{v2['humaneval']['tau_greedy']:.2f} / {v2['mtbench']['tau_greedy']:.2f})",
+                f"MT-Bench {d['mtbench']['tau_greedy']:.2f}; the v3 drafter, `acceptance_smollm2_v3.json`: "
+                f"{before['humaneval']['tau_greedy']:.2f} / {before['mtbench']['tau_greedy']:.2f})",
                 provenance_note(_load(results, name), name))
 
     def gpt_oss():
@@ -272,9 +272,10 @@ def render_headline(results: Path) -> str:
                 f"{min(s['min_adaptive_over_ar_inprocess'], s['min_adaptive_over_ar_openai']):.2f}x, {sets})"), \
             provenance_note(d, name)
 
-    row("SmolLM2-135M + the shipped drafter, one H200, in-process, HumanEval: DFlash (adaptive policy) over AR, "
-        "tokens/s per user", e2e)
-    row("how the shipped drafter (v3) was made", drafter_run)
+    e2e_name = "e2e_smollm2_h200.json"
+    row(f"SmolLM2-135M + {smollm2_drafter(results, _load(results, e2e_name), 'drafter', e2e_name)}, one H200, in-process, "
+        "HumanEval: DFlash (adaptive policy) over AR, tokens/s per user", e2e)
+    row(f"how the shipped drafter ({list(DRAFTER_RUNS)[-1]}) was made", drafter_run)
     row("gpt-oss-120b decode step at batch 1, one H100 (MXFP4 experts, Triton kernels)", gpt_oss)
     return "\n".join([*_table_head("measured", "figure", "source"), *rows]) + "\n"
 
@@ -410,7 +411,7 @@ def render_sweep_v3(results: Path) -> str:
 
 
 def render_e2e(results: Path) -> str:
-    """End to end with the shipped drafter (benchmarks/e2e_smollm2.sh): AR vs DFlash vs adaptive per dataset and
+    """End to end with a shipped drafter (benchmarks/e2e_smollm2.sh): AR vs DFlash vs adaptive per dataset and
     concurrency, in-process and through dflash-openai; tokens/s per user, the ratio to AR under each."""
     name = "e2e_smollm2_h200.json"
     d = _load(results, name)
@@ -422,7 +423,7 @@ def render_e2e(results: Path) -> str:
         at[s["dataset"], path, s["mode"], int(s["concurrency"])] = r["metrics"]["tok_s_user"]
     levels = sorted({k[3] for k in at})
     label = {"ar": "AR", "dflash": "DFlash (block 16)", "adaptive": "DFlash adaptive"}
-    lines = [f"**SmolLM2-135M + the shipped drafter, one {gpu}, 256 new tokens, greedy** (`OUT=DIR bash "
+    lines = [f"**SmolLM2-135M + {smollm2_drafter(results, d, 'drafter', name)}, one {gpu}, 256 new tokens, greedy** (`OUT=DIR bash "
              f"benchmarks/e2e_smollm2.sh`; {provenance_note(d, name)}, rows in `e2e_smollm2_h200.jsonl`). "
              "Tokens/s per user, and over AR on the same path:", ""]
     lines += _table_head("dataset", "path", "mode", *(f"concurrency {c}" for c in levels))
@@ -441,18 +442,24 @@ def render_e2e(results: Path) -> str:
 
 
 # the runs that made each SmolLM2 drafter shipped so far, newest last; their summaries name the shipped file's sha256
-DRAFTER_RUNS = {"v2": "train_smollm2_10x_h200", "v3": DRAFTER_RUN}
+DRAFTER_RUNS = {"v2": "train_smollm2_10x_h200", "v3": "train_smollm2_v3_h200x4", "v4": DRAFTER_RUN}
+# results files written before their tools recorded the checkpoints' digests: the drafter their notes name
+DRAFTER_OF_FILE = {"e2e_smollm2_h200.json": "v3", "e2e_smollm2_h200_v2.json": "v2"}
 
 
-def smollm2_drafter(results: Path, data: dict, key: str = "smollm2_drafter") -> str:
+def smollm2_drafter(results: Path, data: dict, key: str = "smollm2_drafter", file: str | None = None) -> str:
     """Which SmolLM2 drafter a results file measured, by the sha256 its provenance recorded: 'the shipped drafter'
     only while that file is still the one in the package, else its version, so a result made with an earlier
-    drafter does not read as the current one's."""
+    drafter does not read as the current one's. ``file``: the results file's name, for those DRAFTER_OF_FILE
+    names (written before digests were recorded)."""
     sha = (((data.get("provenance") or {}).get("checkpoints") or {}).get(key) or {}).get("files", {}).get(
         "model.safetensors")
     for version, run in reversed(DRAFTER_RUNS.items()):
         if sha and sha == _read(results, run + "/summary.json")["checkpoints"]["drafter_shipped_sha256"]:
             return "the shipped drafter" if run == DRAFTER_RUN else f"the {version} drafter"
+    if not sha and file in DRAFTER_OF_FILE:
+        version = DRAFTER_OF_FILE[file]
+        return "the shipped drafter" if DRAFTER_RUNS[version] == DRAFTER_RUN else f"the {version} drafter"
     return f"a drafter with sha256 {sha[:12]}" if sha else "a drafter the file does not name"
 
 
