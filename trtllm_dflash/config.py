@@ -82,8 +82,9 @@ class RuntimeConfig:
     # tokens do not depend on who shares its batch or how its prompt was chunked. On the Triton kernels: one GEMM
     # tile for every row count (prefill included, no cuBLAS), attention in fixed key chunks merged in key order for
     # any block (prefill included), row-wise Triton norms (runtime/kernels/). On the CPU's torch path in bfloat16 /
-    # float16: matmul attention for prefill as for decode (no SDPA; prefill attention 3-20x slower there, decode
-    # unchanged); float32 on the CPU is left as it is (its BLAS is not row-invariant). Not on the torch path on
+    # float16: matmul attention for prefill as for decode, its two products in float64 (no SDPA, and the CPU's
+    # half-precision batched matmul sums in an order that depends on the batch; prefill attention 3-20x slower there);
+    # float32 on the CPU is left as it is (its BLAS is not row-invariant). Not on the torch path on
     # CUDA (cuBLAS and SDPA pick their tiling by shape), nor gpt-oss's experts. False: the fastest kernels per shape.
     # Off by default until its cost on the GPU is measured (every prefill GEMM leaves cuBLAS for one fixed tile);
     # a deployment turns it on with runtime.batch_invariant in its manifest.

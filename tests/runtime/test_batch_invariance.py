@@ -17,6 +17,7 @@ Engines: tests/runtime/test_bit_exact_engine.py.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -347,6 +348,25 @@ def test_cpu_torch_attention_rows_do_not_depend_on_the_block_or_the_keys():
         for kv_len in (t + 1, 64):
             assert torch.equal(run(q[:, :, t:t + 1], pos[:, t:t + 1], kv_len), full[:, t:t + 1]), (t, kv_len)
 
+
+
+def test_cpu_torch_attention_row_alone_equals_it_in_a_batch():
+    """layers.attend with ``invariant``: a decode row alone == the same row among two other requests' rows. The
+    tensors are the layer-1 attention of test_bit_exact_engine's request 5 at its fourth token (tiny Llama pair,
+    bfloat16), where a request alone and among others first parted on an AVX512-BF16 CPU: there the bfloat16 batched
+    matmul of 6 matrices summed the row's probabilities x values in another order than that of 2, and one output
+    fell on the other side of a bfloat16 rounding edge. Random data rarely sits that close to an edge."""
+    from safetensors import safe_open
+    with safe_open(str(Path(__file__).parent / "data" / "attend_rows_at_a_rounding_edge.safetensors"), "pt") as f:
+        t = {name: f.get_tensor(name) for name in f.keys()}
+        scale, r = float(f.metadata()["scale"]), int(f.metadata()["row"])
+    q, k, v, visible = t["q"], t["k"], t["v"], t["visible"].bool()   # [3, 4, 1, 16], [3, 2, 28, 16] x 2, [3, 1, 2, 28]
+    together = L.attend(q, k, v, visible, scale, invariant=True)
+    alone = L.attend(q[r:r + 1], k[r:r + 1], v[r:r + 1], visible[r:r + 1], scale, invariant=True)
+    assert torch.equal(alone[0], together[r])
+    for other in range(3):   # and every row of the batch against itself alone
+        assert torch.equal(L.attend(q[other:other + 1], k[other:other + 1], v[other:other + 1], visible[other:other + 1],
+                                    scale, invariant=True)[0], together[other])
 
 # ---- compiled for the H100 ---------------------------------------------------------------------------------
 

@@ -163,8 +163,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
     once per KV head rather than once per query head (the GQA expansion would read the cache Hq/Hkv times).
     ``invariant`` (the batch-invariant mode on the CPU): the two matmuls and the masked softmax for every block
     size, never SDPA, whose flash kernel splits the queries and keys by the shapes it is given (a prompt prefilled
-    alone and beside a longer one got different bits); the CPU's bfloat16 matmuls and the row softmax give a row
-    the same bits whatever the rows and masked keys beside it (tests/runtime/test_batch_invariance.py checks it).
+    alone and beside a longer one got different bits). The two matmuls run in float64 and round to q's dtype: the
+    CPU's half-precision batched matmul picks its kernel by the number of matrices (on an AVX512-BF16 CPU a row's
+    [2, 28] @ [28, 16] probabilities x values in a batch of 6 matrices got other bits than in a batch of 2), while
+    in float64 the products of 16-bit values are exact and the sums' rounding error sits ~2^-45 of a bfloat16 step
+    below it, so any kernel, batch or count of masked keys rounds a row to the same bits
+    (tests/runtime/test_batch_invariance.py checks it).
     """
     n, H, T, D = q.shape
     G = H // k.shape[1]
@@ -172,7 +176,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
         q = q.reshape(n, k.shape[1], G * T, D)  # query heads h = kv * G + g are adjacent
     if visible.shape[2] != G * T:
         visible = group_mask(visible, G)
-    if G * T <= _SMALL_QUERY or invariant:  # decode-sized: two batched matmuls beat a flash kernel's 64-row tiles
+    if invariant:
+        scores = (q.double() @ k.double().transpose(-1, -2)).to(q.dtype)       # [n, Hkv, G * T, S]
+        out = (masked_softmax(scores, visible, scale).double() @ v.double()).to(q.dtype)
+    elif G * T <= _SMALL_QUERY:  # decode-sized: two batched matmuls beat a flash kernel's 64-row tiles
         probs = masked_softmax(q @ k.transpose(-1, -2), visible, scale)
         out = probs @ v
     else:
