@@ -621,7 +621,9 @@ def test_a_broken_engine_is_not_ready_and_the_server_restarts(tiny_deployment, t
                 client.collect(client.generate_http(srv.http, client.build_inputs("hi", max_tokens=4)))
             errors.append(str(err.value))
         assert all("engine step failed: RuntimeError: device lost" in e for e in errors), errors
-        deadline = time.monotonic() + 3
+        # the model marks itself broken after the third failure; its Python stub publishes that within a poll or
+        # two, later on a loaded 2-core machine (3 s was once not enough in a full test run beside other jobs)
+        deadline = time.monotonic() + 20
         while _ready(srv) == 200 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _ready(srv) != 200, "a broken engine still reports ready"
