@@ -69,6 +69,14 @@ def dot_block_m(M: int) -> int:
 
 
 @functools.cache   # a pure function of its ints, called per GEMM launch (host time when not graph-replayed)
+def _stages(block_m: int, block_n: int, block_k: int, gated: bool, elem: int) -> int:
+    """The most pipeline stages (2..4) whose tiles fit SMEM_BUDGET (2 if none do)."""
+    stages = 4
+    while stages > 2 and Config(block_m, block_n, block_k, 4, stages).smem(gated, elem) > SMEM_BUDGET:
+        stages -= 1
+    return stages
+
+
 def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
     """The default tile for an [M, K] x [N, K]^T GEMM (N = output columns; I for gate_up_silu) on a GPU with
     ``sms`` SMs: tl.dot rows padded to 16..64; the widest BLOCK_N in (64, 32, 16) that still gives two programs
@@ -87,10 +95,7 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
             block_n = bn
             break
     block_n = min(block_n, max(16, pow2(N)))
-    stages = 4
-    while stages > 2 and Config(block_m, block_n, block_k, 4, stages).smem(gated, elem) > SMEM_BUDGET:
-        stages -= 1
-    return Config(block_m, block_n, block_k, 4, stages)
+    return Config(block_m, block_n, block_k, 4, _stages(block_m, block_n, block_k, gated, elem))
 
 
 # BLOCK_M of the batch-invariant tile below ROWS_WIDE rows. 64: one tl.dot tile for a batch-64 AR step (the
@@ -101,14 +106,6 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
 INVARIANT_BLOCK_M = 64
 WIDE_BLOCK_M = 128
 ROWS_WIDE = 256   # 4+ row tiles of 64: the weight re-reads outweigh the decode tile's SM coverage
-
-
-def _stages(block_m: int, block_n: int, block_k: int, gated: bool, elem: int) -> int:
-    """The most pipeline stages (2..4) whose tiles fit SMEM_BUDGET (2 if none do)."""
-    stages = 4
-    while stages > 2 and Config(block_m, block_n, block_k, 4, stages).smem(gated, elem) > SMEM_BUDGET:
-        stages -= 1
-    return stages
 
 
 def invariant_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
