@@ -31,7 +31,10 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DRAFTER_RUN = "train_smollm2_v4_h200x4"   # the run that made the shipped SmolLM2 drafter (v4)
+# the runs that made each SmolLM2 drafter shipped so far, newest last (the shipped one); their summaries name the
+# shipped file's sha256
+DRAFTER_RUNS = {"v2": "train_smollm2_10x_h200", "v3": "train_smollm2_v3_h200x4", "v4": "train_smollm2_v4_h200x4"}
+DRAFTER_RUN = list(DRAFTER_RUNS.values())[-1]
 # Results files record the command that made them; the scripts they name have since become modules of the package.
 MOVED = {"step_bench": "step", "engine_load": "load", "gemm_bench": "gemm", "fp8_gemm_bench": "fp8_gemm",
          "sample_bench": "sample", "mxfp4_bench": "mxfp4", "gpt_oss_kernels_bench": "gpt_oss_kernels", "tp_bench": "tp"}
@@ -441,8 +444,6 @@ def render_e2e(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-# the runs that made each SmolLM2 drafter shipped so far, newest last; their summaries name the shipped file's sha256
-DRAFTER_RUNS = {"v2": "train_smollm2_10x_h200", "v3": "train_smollm2_v3_h200x4", "v4": DRAFTER_RUN}
 # results files written before their tools recorded the checkpoints' digests: the drafter their notes name
 DRAFTER_OF_FILE = {"e2e_smollm2_h200.json": "v3", "e2e_smollm2_h200_v2.json": "v2"}
 
@@ -454,13 +455,14 @@ def smollm2_drafter(results: Path, data: dict, key: str = "smollm2_drafter", fil
     names (written before digests were recorded)."""
     sha = (((data.get("provenance") or {}).get("checkpoints") or {}).get(key) or {}).get("files", {}).get(
         "model.safetensors")
-    for version, run in reversed(DRAFTER_RUNS.items()):
-        if sha and sha == _read(results, run + "/summary.json")["checkpoints"]["drafter_shipped_sha256"]:
-            return "the shipped drafter" if run == DRAFTER_RUN else f"the {version} drafter"
-    if not sha and file in DRAFTER_OF_FILE:
-        version = DRAFTER_OF_FILE[file]
-        return "the shipped drafter" if DRAFTER_RUNS[version] == DRAFTER_RUN else f"the {version} drafter"
-    return f"a drafter with sha256 {sha[:12]}" if sha else "a drafter the file does not name"
+    if sha:
+        version = next((v for v, run in DRAFTER_RUNS.items()
+                        if sha == _read(results, run + "/summary.json")["checkpoints"]["drafter_shipped_sha256"]), None)
+    else:
+        version = DRAFTER_OF_FILE.get(file)
+    if version is None:
+        return f"a drafter with sha256 {sha[:12]}" if sha else "a drafter the file does not name"
+    return "the shipped drafter" if DRAFTER_RUNS[version] == DRAFTER_RUN else f"the {version} drafter"
 
 
 def render_bit_exact(results: Path) -> str:
