@@ -77,17 +77,18 @@ class RuntimeConfig:
     # AR step at batch 1 from 1.61 to 0.97 ms (SmolLM2-135M), 7.47 to 6.17 ms (Qwen3-8B), 7.06 to 6.03 ms
     # (Llama-3.1-8B), with the same tokens (benchmarks/results/step_bench_h100_v5_torch.json, _v6_*.json).
     kernels: str = "auto"
-    # Batch-invariant numerics (DESIGN.md decision 10): every op of the prefill / decode / verify path computes a row
-    # in an order that depends on that row alone, so greedy DFlash == AR token for token in bfloat16 and a request's
-    # tokens do not depend on who shares its batch or how its prompt was chunked. On the Triton kernels: one GEMM
-    # tile for every row count (prefill included, no cuBLAS), attention in fixed key chunks merged in key order for
-    # any block (prefill included), row-wise Triton norms (runtime/kernels/). On the CPU's torch path in bfloat16 /
-    # float16: matmul attention for prefill as for decode, its two products in float64 (no SDPA, and the CPU's
-    # half-precision batched matmul sums in an order that depends on the batch; prefill attention 3-20x slower there);
-    # float32 on the CPU is left as it is (its BLAS is not row-invariant). Not on the torch path on
-    # CUDA (cuBLAS and SDPA pick their tiling by shape), nor gpt-oss's experts. False: the fastest kernels per shape.
-    # Off by default until its cost on the GPU is measured (every prefill GEMM leaves cuBLAS for one fixed tile);
-    # a deployment turns it on with runtime.batch_invariant in its manifest.
+    # Batch-invariant numerics (DESIGN.md decision 10): every op of the prefill / decode / verify path computes a
+    # row in an order that depends on that row alone, so greedy DFlash == AR token for token in bfloat16 and a
+    # request's tokens do not depend on who shares its batch or how its prompt was chunked. On the Triton kernels:
+    # the Triton GEMM for every row count (prefill included, no cuBLAS; tl.dot tiles, no split-K: kernels/gemm.py),
+    # attention in fixed key chunks merged in key order for any block (prefill included), row-wise Triton norms
+    # (runtime/kernels/). On the CPU's torch path in bfloat16 / float16: matmul attention for prefill as for decode,
+    # its two products in float64 (no SDPA, and the CPU's half-precision batched matmul sums in an order that depends
+    # on the batch; prefill attention 3-20x slower there); float32 on the CPU is left as it is (its BLAS is not
+    # row-invariant). Not on the torch path on CUDA (cuBLAS and SDPA pick their tiling by shape), nor gpt-oss's
+    # experts. False: the fastest kernels per shape. Off by default until its cost on the GPU is measured (every
+    # prefill GEMM leaves cuBLAS for the Triton GEMM); a deployment turns it on with runtime.batch_invariant in its
+    # manifest.
     batch_invariant: bool = False
     # Tensor parallelism's all-reduce (TensorRT-LLM's allreduce_strategy, lower case; runtime/allreduce.py): "oneshot"
     # = messages up to 512 KB (a decode layer's) over CUDA peer memory (PyTorch symmetric memory), larger ones NCCL;

@@ -16,18 +16,18 @@ from tests.runtime.test_batch_invariance import (  # noqa: F401 (collected here,
 pytestmark = pytest.mark.gpu
 
 
-# (name, K, N, gated) and the wide tile at 1,024 rows: Qwen3-8B's o_proj 128 x 32 at BLOCK_K 256 and gate_up_proj
-# 64 x 32 (no 128-row gated tile fits the shared-memory budget at BLOCK_K 256: the 64-row tile stays); SmolLM2's o_proj
-# 128 x 128 and gate_up_proj 128 x 64 at BLOCK_K 128
-PREFILL_GEMMS = [("qwen3-8b/o_proj", 4096, 4096, False), ("qwen3-8b/gate_up", 4096, 12288, True),
+# (name, K, N, gated): at 1,024 rows the compute tile (128 x 128 x 64 for the 8B shapes, 128 x 64 x 64 for SmolLM2's),
+# in launches of 1 and 16 rows pick_config's 16-row tile (BLOCK_K 256 at K >= 2048), of 64 its 64-row tile (BLOCK_K 128)
+PREFILL_GEMMS = [("qwen3-8b/qkv", 4096, 6144, False), ("qwen3-8b/o_proj", 4096, 4096, False),
+                 ("qwen3-8b/gate_up", 4096, 12288, True), ("qwen3-8b/down", 12288, 4096, False),
                  ("smollm2/o_proj", 576, 576, False), ("smollm2/gate_up", 576, 1536, True)]
 
 
 @pytest.mark.parametrize("name,K,N,gated", PREFILL_GEMMS)
 def test_gemm_rows_of_a_prefill_sized_launch_are_those_of_an_ar_step(name, K, N, gated):
-    """1,024 rows in one launch (the wide tile, from ROWS_WIDE rows) give each row the bits it gets alone (an AR
-    step) and in launches of 16 and 64 rows (a verify block; the 64-row tile): the wide tile keeps BLOCK_K, the
-    one tile parameter that moves a row's bits on the GPU (tests/gpu/test_gemm_tile_bits_cuda.py)."""
+    """1,024 rows in one launch (the compute tile, above INVARIANT_DECODE_ROWS rows) give each row the bits it gets
+    alone (an AR step) and in launches of 16 and 64 rows (verify blocks; the decode tiles): no tl.dot tile moves a
+    row's bits on the GPU (tests/gpu/test_gemm_tile_bits_cuda.py), and the invariant mode never takes another."""
     from trtllm_dflash.runtime.kernels import gemm as G
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -36,9 +36,9 @@ def test_gemm_rows_of_a_prefill_sized_launch_are_those_of_an_ar_step(name, K, N,
     x = torch.randn(rows, K, device=dev, generator=g).to(torch.bfloat16)
     w = (torch.randn(2 * N if gated else N, K, device=dev, generator=g) * K ** -0.5).to(torch.bfloat16)
     f = (lambda x: G.gate_up_silu(x, w, invariant=True)) if gated else (lambda x: G.linear(x, w, invariant=True))
-    wide, narrow = (G.invariant_config(m, N, K, gated, 2, G.num_sms(dev)) for m in (rows, 1))
-    assert wide.block_k == narrow.block_k and narrow.block_m == G.INVARIANT_BLOCK_M, name
-    assert wide.block_m == (64 if name == "qwen3-8b/gate_up" else 128), (name, wide)
+    tiles = {m: G.invariant_config(m, N, K, gated, 2, G.num_sms(dev)) for m in (1, 16, 64, rows)}
+    assert tiles[rows].block_m == G.COMPUTE_BLOCK_M and tiles[1] == G.pick_config(1, N, K, gated, 2, G.num_sms(dev))
+    print(f"{name}: invariant tiles by rows per launch {tiles}")
     full = f(x)
     bits = full.view(torch.int16)
     for m in (16, 64):

@@ -14,9 +14,10 @@ totalling >= 256 MB, so weights stream from HBM rather than from the 50 MB L2; t
 Bandwidth = bytes that must move (weight + x + out, + residual) / time, and its fraction of the copy bandwidth
 measured in the same run. In the runtime the unfused residual add rides in the next add + RMSNorm kernel, so for
 qkv / o_proj / down the baseline that counts is cuBLAS alone; for gate_up it is cuBLAS + silu_mul.
-``triton_invariant`` is the batch-invariant mode's tile (invariant_config: one BLOCK_K for every M, 64 rows below
-ROWS_WIDE and the wide 128-row tile from there on, so ``--M 1,16,64,256,1024`` shows both; absent where it is the
-default; the row's ``invariant_config`` names it). The summary's ``best`` is the fastest config per shape,
+``triton_invariant`` is the batch-invariant mode's tile (invariant_config: pick_config's own tile up to
+INVARIANT_DECODE_ROWS rows, so absent there, and the compute tile above, so ``--M 1,16,64,256,1024`` times it at 256
+and 1,024 rows against the default tile; the row's ``invariant_config``, the printed ``triton_invariant[tile]`` and
+``best`` name it). The summary's ``best`` is the fastest config per shape,
 ``default`` pick_config's: where best beats default clearly, pick_config should be changed; where cuBLAS beats the
 best Triton config at some M, GEMM_MAX_ROWS (or a per-shape rule) should route that M to cuBLAS. A config that fails
 to compile is recorded under "errors".
@@ -122,13 +123,16 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
     tri = {k: v for k, v in row["us"].items() if k.startswith("triton_")}
     if tri:
         best = min(tri, key=tri.get)
-        row["best"] = best.removeprefix("triton_").replace("default", label(default))
+        row["best_variant"] = best
+        row["best"] = {"triton_default": label(default), "triton_invariant": label(invariant)}.get(
+            best, best.removeprefix("triton_"))
         row["best_us"] = tri[best]
         base = row["us"].get("cublas_epilogue" if gated else "cublas")
         row["default_speedup_vs_baseline"] = base / tri["triton_default"] if base and "triton_default" in tri else None
         row["best_speedup_vs_baseline"] = base / tri[best] if base else None
-    print(f"{model:14s} {name:13s} M={M:3d} N={N:6d} K={K:6d}  " + "  ".join(
-        f"{k}={v:.1f}us({row['bw_fraction'][k]:.0%})" for k, v in row["us"].items()
+    shown = {"triton_invariant": f"triton_invariant[{label(invariant)}]"}
+    print(f"{model:14s} {name:13s} M={M:4d} N={N:6d} K={K:6d}  " + "  ".join(
+        f"{shown.get(k, k)}={v:.1f}us({row['bw_fraction'][k]:.0%})" for k, v in row["us"].items()
         if k in ("cublas", "cublas_epilogue", "triton_default", "triton_invariant")
         or k == f"triton_{row.get('best')}")
         + f"  best={row.get('best')} invariant={label(invariant)} err={row['default_rel_err_vs_f64']:.1e}", flush=True)
@@ -203,8 +207,7 @@ def summarize(rows: list[dict]) -> dict:
             "default": r["default_config"], "default_us": round(r["us"]["triton_default"], 2),
             "default_bw_fraction": round(r["bw_fraction"]["triton_default"], 3),
             "best": r["best"], "best_us": round(r["best_us"], 2),
-            "best_bw_fraction": round(r["bw_fraction"][f"triton_{r['best']}" if r["best"] != r["default_config"]
-                                                        else "triton_default"], 3),
+            "best_bw_fraction": round(r["bw_fraction"][r["best_variant"]], 3),
             "baseline_us": round(r["us"]["cublas_epilogue" if r["epilogue"] == "silu_mul" else "cublas"], 2),
             "default_speedup_vs_baseline": round(r["default_speedup_vs_baseline"], 3)}
     # the goal: the 8B shapes stream weights at >= 85% of the copy bandwidth at M = 1 (else cuBLAS there)

@@ -18,22 +18,28 @@ Two inner products: ``tl.dot`` tiles (BLOCK_M >= 16, tensor cores; rows past M a
 BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows, any power-of-two BLOCK_N).
 
 Batch-invariant mode (RuntimeConfig.batch_invariant, ``invariant=True``): every M, prefill's thousands of rows
-included, runs in this kernel with one BLOCK_K (invariant_config, from N and K alone), so a row's float32
-accumulation walks K in the same order whoever shares its launch: an AR step, a DFlash verify and a prefill chunk
-project a token to the same bits. The rest of the tile may grow with the row count because, on the GPU, a row's
-bits do not depend on it: at a fixed BLOCK_K, BLOCK_M 16..128, BLOCK_N 16..128, the warps and the stages left all
-of 1,024 rows' bits unchanged on an H200 (tests/gpu/test_gemm_tile_bits_cuda.py, its result in
-benchmarks/results/gemm_tile_bits_h200.log). So below ROWS_WIDE rows the tile is the decode tile at 64 rows, and
-from ROWS_WIDE on it is 128 rows by as many columns as shared memory allows (where 128 rows fit at all), which
-reads each weight tile once per 128 rows rather than once per 64 (a verify of 64 x 16 rows ran 3.8x the default
-path's time with the 64-row tile).
-Rows past M are masked, so a row's result does not depend on its place in the tile either. Triton's CPU
-interpreter does change the bits with the tile: there the tests pin the rule, on a GPU the bits.
+included, runs in this kernel (never cuBLAS, whose tiles and split-K depend on M), so an AR step, a DFlash verify
+and a prefill chunk must project a token to the same bits whatever tile their row count gets. The rule rests on a
+GPU measurement, and the runtime's invariant mode depends on it: on Hopper, every tl.dot tile gives a row the same
+bits, because each one adds the same k16 MMA products into one float32 accumulator in the same K order; BLOCK_M 16
+and 32 (mma.sync) and 64 and 128 (wgmma), BLOCK_N, BLOCK_K 128 vs 256, the warps and the stages changed none of
+1,024 rows' bits on an H200 at K = 4096 (benchmarks/results/gemm_tile_bits_h200.log); the check this rule must pass
+at the real Qwen3-8B and SmolLM2 shapes, over BLOCK_M 16..128, BLOCK_N 16..128 and BLOCK_K 32..256 with this rule's
+own tiles among them, is
+tests/gpu/test_gemm_tile_bits_cuda.py::test_every_dot_tile_gives_a_row_the_bits_of_the_decode_tile. What does change
+the order, and so is never used here for rows that must match: the FMA path (BLOCK_M = 1, a different inner
+product), cuBLAS, and split-K (this kernel has none). So invariant_config is pick_config's decode tile up to
+INVARIANT_DECODE_ROWS rows and a compute-sized tile (128 rows, BLOCK_K 64) above: the invariant mode costs a decode
+step what the default Triton tiles cost. The tile test measures bf16; tests/gpu/test_batch_invariance_cuda.py runs
+the rule's own tiles across row counts in bf16, fp16 and float32 (tl.dot in IEEE precision). Rows past M are masked,
+so a row's result does not depend on its place in the tile either. Triton's CPU interpreter does change the bits
+with the tile (numpy's BLAS): there the tests pin the rule and compare with a tolerance; on a GPU they compare bits.
 
-CUDA-graph safe: the grid and the config are functions of the shapes only (pick_config), no autotuning and no
-host syncs. Under ``TRITON_INTERPRET=1`` (set before this module is imported) the kernels run on CPU tensors,
-which the CPU tests use; the runtime calls them on CUDA tensors only. F.linear (cuBLAS) stays the reference and
-the path for larger M (prefill) and FP8 / float64 weights: the routing rule is models/layers.py uses_gemm_kernel.
+CUDA-graph safe: the grid and the config are functions of the shapes only (pick_config, invariant_config), no
+autotuning and no host syncs. Under ``TRITON_INTERPRET=1`` (set before this module is imported) the kernels run on
+CPU tensors, which the CPU tests use; the runtime calls them on CUDA tensors only. F.linear (cuBLAS) stays the
+reference and the path for larger M (prefill) outside the batch-invariant mode and FP8 / float64 weights: the
+routing rule is models/layers.py uses_gemm_kernel.
 """
 from __future__ import annotations
 
@@ -44,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import num_sms, pow2
+from . import GATED_GEMM_MAX_ROWS, num_sms, pow2
 
 MAX_SMEM = 227 * 1024      # bytes of shared memory one block may use on an H100 (sm_90)
 SMEM_BUDGET = 160 * 1024   # bytes of pipelined tiles per program (below MAX_SMEM: headroom for Triton)
@@ -80,12 +86,12 @@ def _stages(block_m: int, block_n: int, block_k: int, gated: bool, elem: int) ->
 def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
     """The default tile for an [M, K] x [N, K]^T GEMM (N = output columns; I for gate_up_silu) on a GPU with
     ``sms`` SMs: tl.dot rows padded to 16..64; the widest BLOCK_N in (64, 32, 16) that still gives two programs
-    per SM; BLOCK_K 256 for up to 16 rows and K >= 2048 (more bytes in flight per program), else 128 (a small K,
-    e.g. SmolLM2's 576, wastes most of a 256 tile's last step: its lm_head ran 27.0 us at 256, 22.8 at 128,
-    cuBLAS 23.4, H100); as many pipeline stages
-    (<= 4) as fit the shared-memory budget. Every M <= 16 gets the same tiles, so a row's bits do not depend on
-    how many rows share the launch (an AR step and a DFlash verify project a token identically).
-    trtllm_dflash/bench/gemm.py times the alternatives."""
+    per SM (halved while 2 stages of it would not fit a block's shared memory); BLOCK_K 256 for up to 16 rows
+    and K >= 2048 (more bytes in flight per program), else 128 (a small K, e.g. SmolLM2's 576, wastes most of a
+    256 tile's last step: its lm_head ran 27.0 us at 256, 22.8 at 128, cuBLAS 23.4, H100); as many pipeline
+    stages (<= 4) as fit the shared-memory budget. Every M <= 16 gets the same tiles; the batch-invariant mode
+    takes these tiles up to INVARIANT_DECODE_ROWS rows (a row's bits do not depend on the tl.dot tile: module
+    docstring). trtllm_dflash/bench/gemm.py times the alternatives."""
     block_m = dot_block_m(M)
     block_k = min(256 if M <= 16 and K >= 2048 else 128, max(16, pow2(K)))
     m_tiles = -(-M // block_m)
@@ -95,49 +101,38 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
             block_n = bn
             break
     block_n = min(block_n, max(16, pow2(N)))
+    # float32 at BLOCK_K 256 with few SMs (64 columns): a gated tile would not fit a block even in 2 stages, and the
+    # batch-invariant mode takes these tiles for every GPU it runs on
+    while block_n > 16 and Config(block_m, block_n, block_k, 4, 2).smem(gated, elem) > MAX_SMEM:
+        block_n //= 2
     return Config(block_m, block_n, block_k, 4, _stages(block_m, block_n, block_k, gated, elem))
 
 
-# BLOCK_M of the batch-invariant tile below ROWS_WIDE rows. 64: one tl.dot tile for a batch-64 AR step (the
-# weights are read once, as cuBLAS's) and Hopper's wgmma minimum; the padded rows of a batch-1 AR step cost
-# tensor-core work on a bandwidth-bound GEMM (trtllm_dflash/bench/gemm.py times it as triton_invariant). From
-# ROWS_WIDE rows on (prefill chunks, large verifies) the tile widens to 128 rows and BLOCK_N as wide as fits: only
-# BLOCK_K decides a row's bits on the GPU (module docstring), so the wide tile keeps BLOCK_K and with it the bits.
-INVARIANT_BLOCK_M = 64
-WIDE_BLOCK_M = 128
-ROWS_WIDE = 256   # 4+ row tiles of 64: the weight re-reads outweigh the decode tile's SM coverage
-
-
-def invariant_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
-    """The batch-invariant tile for M rows of [M, K] x [N, K]^T: a function of M >= ROWS_WIDE, N and K only (so a
-    CUDA graph captured per batch size keeps its tile), with one BLOCK_K for every M."""
-    return _invariant_tile(M >= ROWS_WIDE, N, K, gated, elem, sms)
+# Rows up to which the batch-invariant mode runs pick_config's decode tiles: GATED_GEMM_MAX_ROWS, the most rows the
+# default path gives the Triton GEMM (gate_up + SiLU), so an AR step or a DFlash verify costs in the invariant mode
+# what the default Triton tiles cost. Above it (prefill chunks, verifies of 9+ requests x 16 tokens) the weight
+# re-reads of 64-row tiles dominate (qkv_proj at 1,024 rows: 2.7x cuBLAS on the default tile, H200): the compute tile.
+INVARIANT_DECODE_ROWS = GATED_GEMM_MAX_ROWS
+COMPUTE_BLOCK_M = 128
+COMPUTE_BLOCK_K = 64   # the K step of Triton's own Hopper matmul configs: a 128 x 128 bf16 tile fits 4 stages (128 KB)
 
 
 @functools.cache
-def _invariant_tile(wide: bool, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
-    """Narrow: pick_config's decode tile for one row tile (BLOCK_N from N and the SM count, BLOCK_K from K) with
-    BLOCK_M fixed at INVARIANT_BLOCK_M (BLOCK_N halved where 64 rows would not fit MAX_SMEM). Wide: the narrow
-    tile's BLOCK_K, WIDE_BLOCK_M rows on 8 warps and the widest BLOCK_N (from the narrow one's up to 128 and N's
-    power of two) whose tiles fit SMEM_BUDGET in 2 stages; where no 128-row tile fits (at BLOCK_K 256: float32, and
-    bf16 gate_up and lm_head at the 8B shapes), 64 rows and the widest BLOCK_N that fits."""
-    c = pick_config(1, N, K, gated, elem, sms)
-    block_n = c.block_n
-    # pick_config sizes its columns for 16 rows: at 64 rows, float32 and BLOCK_K 256 a gated or lm_head tile of
-    # 32+ columns would not fit a block's shared memory even in 2 stages (check_config refuses it at launch)
-    while block_n > 16 and Config(INVARIANT_BLOCK_M, block_n, c.block_k, 4, 2).smem(gated, elem) > MAX_SMEM:
+def invariant_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
+    """The batch-invariant mode's tile for M rows of [M, K] x [N, K]^T, a function of the shapes only (CUDA graphs):
+    pick_config's up to INVARIANT_DECODE_ROWS rows, above them the compute tile: COMPUTE_BLOCK_M rows on 8 warps,
+    BLOCK_K COMPUTE_BLOCK_K, 128 columns where that still gives every SM a program (else 64: a prefill of 256 rows
+    at N = 4096 would leave half the SMs idle), fewer where two stages of it would not fit SMEM_BUDGET (float32
+    gate_up), never more than N's power of two. Always tl.dot (BLOCK_M >= 16) and never split-K: the two things
+    that, on the GPU, change a row's bits (module docstring)."""
+    if M <= INVARIANT_DECODE_ROWS:
+        return pick_config(M, N, K, gated, elem, sms)
+    block_k = min(COMPUTE_BLOCK_K, max(16, pow2(K)))
+    block_n = 128 if -(-M // COMPUTE_BLOCK_M) * -(-N // 128) >= sms else 64
+    block_n = min(block_n, max(16, pow2(N)))
+    while block_n > 16 and Config(COMPUTE_BLOCK_M, block_n, block_k, 8, 2).smem(gated, elem) > SMEM_BUDGET:
         block_n //= 2
-    narrow = Config(INVARIANT_BLOCK_M, block_n, c.block_k, 4,
-                    _stages(INVARIANT_BLOCK_M, block_n, c.block_k, gated, elem))
-    if not wide:
-        return narrow
-    widest = min(128, max(16, pow2(N)))
-    for block_m, warps in ((WIDE_BLOCK_M, 8), (INVARIANT_BLOCK_M, 4)):
-        for block_n in (128, 64, 32, 16):
-            if (narrow.block_n <= block_n <= widest
-                    and Config(block_m, block_n, c.block_k, warps, 2).smem(gated, elem) <= SMEM_BUDGET):
-                return Config(block_m, block_n, c.block_k, warps, _stages(block_m, block_n, c.block_k, gated, elem))
-    return narrow
+    return Config(COMPUTE_BLOCK_M, block_n, block_k, 8, _stages(COMPUTE_BLOCK_M, block_n, block_k, gated, elem))
 
 
 @functools.cache
@@ -248,7 +243,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            residual: torch.Tensor | None = None, cfg: Config | None = None, invariant: bool = False) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) (+ residual [..., N]) -> [..., N] in x's dtype (F.linear's
     layout; float32 accumulation, one rounding at the end). ``cfg`` None = pick_config, or invariant_config with
-    ``invariant`` (the batch-invariant tile: one BLOCK_K for every M)."""
+    ``invariant`` (the batch-invariant mode's tile: always tl.dot, never split-K)."""
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias {tuple(bias.shape)} must be [{weight.shape[0]}]")
     return _launch(x, weight, bias, residual, weight.shape[0], False, cfg, invariant)

@@ -317,7 +317,8 @@ def uses_gemm_kernel(kernels: Kernels, lin: nn.Module, x: torch.Tensor, gated: b
     (an Fp8Linear, which runtime/fp8.py swaps in, keeps its own FP8 GEMM) in a dtype tl.dot takes (bf16, fp16,
     fp32; float64 keeps cuBLAS) and x has at most GEMM_MAX_ROWS rows (GATED_GEMM_MAX_ROWS for the gate_up +
     SiLU kernel; kernels/__init__.py says where the two limits come from). Larger x stays on cuBLAS, except in the
-    batch-invariant mode: there every x runs the Triton GEMM's one tile (cuBLAS picks its tiles by M)."""
+    batch-invariant mode: there every x runs the Triton GEMM's tl.dot tiles (cuBLAS picks its tiles and split-K by
+    M)."""
     rows = GATED_GEMM_MAX_ROWS if gated else GEMM_MAX_ROWS
     return (kernels.triton and type(lin) is nn.Linear and lin.weight.dtype in _GEMM_DTYPES
             and (kernels.batch_invariant or x.numel() <= rows * x.shape[-1]))
