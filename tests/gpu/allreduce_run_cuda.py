@@ -58,6 +58,7 @@ def fused_cases(tp) -> list[dict]:
     return out
 
 
+@torch.no_grad()   # the norm weight is a Parameter: results without autograd history, as the runtime runs
 def main(argv) -> int:
     out_path, size = argv[0], int(argv[1])
     tp = init_tp(size, torch.device("cuda"), allreduce_strategy="oneshot")
