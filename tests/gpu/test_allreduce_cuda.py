@@ -45,6 +45,7 @@ def test_oneshot_all_reduce_equals_nccl(tmp_path, ranks):
         # norm within the norm kernel's rounding, the same on every rank
         for c in rank["fused"]:
             assert c["total_equal"], c
-            assert c["normed_max_abs_diff"] <= (2 ** -6 if "bfloat16" in c["dtype"] else 1e-5), c
+            # one rounding of the largest value (the mean of squares summed in another order): 2 ** -5 at |y| ~ 6
+            assert c["normed_max_abs_diff"] <= (2 ** -7 if "bfloat16" in c["dtype"] else 1e-5) * c["normed_scale"], c
     for i in range(len(res["ranks"][0]["fused"])):
         assert len({r["fused"][i]["normed_sha"] for r in res["ranks"]}) == 1, i

@@ -152,3 +152,49 @@ def test_one_shot_takes_only_whole_4_byte_messages():
     assert not small.handles(torch.zeros(7, dtype=torch.bfloat16))
     assert small.handles(torch.zeros(7, dtype=torch.float32))
     assert not small.handles(torch.zeros(17, dtype=torch.float32))   # past max_bytes
+
+
+def _fused_rank(rank, world, calls, parts, residual, w, ptrs, pads, outs, programs):
+    from trtllm_dflash.runtime.kernels.allreduce_norm import all_reduce_add_rms_norm
+    for c in range(calls):
+        outs[rank, c] = all_reduce_add_rms_norm(parts[c][rank], residual, w, 1e-6, None, ptrs, pads, rank, world,
+                                                programs, sync=True)[0]
+
+
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_fused_kernel_barriers_meet_across_processes(world):
+    """The barriers on: one process per "rank", each running the kernel in Triton's interpreter over buffers and
+    signal pads in memory the processes share (made before the fork, so every process sees them at the same
+    addresses), several calls back to back (a rank may start the next call while a peer still reads this one).
+    Every rank gets every call's sum, and the pads end at 0 as they started; a barrier that let a rank read
+    before its peers wrote, or reuse its buffer while they read, would give a wrong sum or hang here."""
+    pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter check: tests/gpu/test_allreduce_cuda.py runs the barriers across GPUs")
+    import multiprocessing as mp
+    rows, H, calls, programs = 3, 72, 4, 2
+    g = torch.Generator().manual_seed(world)
+    buffers = [torch.zeros(rows * H).share_memory_() for _ in range(world)]
+    pads = [torch.zeros(1024, dtype=torch.int32).share_memory_() for _ in range(world)]
+    outs = torch.zeros(world, calls, rows, H).share_memory_()
+    parts = [[torch.randn(rows, H, generator=g) for _ in range(world)] for _ in range(calls)]
+    residual, w = torch.randn(rows, H, generator=g), torch.rand(H, generator=g) + 0.5
+    ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+    pad_ptrs = torch.tensor([p.data_ptr() for p in pads], dtype=torch.int64)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_fused_rank, args=(r, world, calls, parts, residual, w, ptrs, pad_ptrs, outs,
+                                                   programs)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        p.kill()
+    assert not hung, f"ranks {hung} still waiting at a barrier"
+    assert all(p.exitcode == 0 for p in procs)
+    for c in range(calls):
+        for r in range(world):
+            torch.testing.assert_close(outs[r, c], residual + sum(parts[c]), rtol=1e-6, atol=1e-5)
+    assert all(int(p.abs().sum()) == 0 for p in pads)

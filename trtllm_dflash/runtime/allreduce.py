@@ -36,10 +36,12 @@ STRATEGIES = ("auto", "nccl", "oneshot")
 ONESHOT_MAX_BYTES = 512 * 1024
 # torch's one-shot kernel has no float16 build (NotImplementedError for 'Half' on 2 H200s): float16 stays on NCCL
 _DTYPES = (torch.bfloat16, torch.float32)
-# Rows up to this many take the fused all-reduce + add + RMSNorm kernel. On 2 H200s (bench/tp_allreduce.py, hidden
-# 4096) it matched one-shot + norm at 1 row (8.7 vs 8.8 us) and lost from 2 rows on (12.5 vs 9.8 us at 16): each of its
-# programs pays two barriers of its own, where torch's one-shot kernel pays them once per launch.
-FUSED_MAX_ROWS = 1
+# Rows up to this many take the fused all-reduce + add + RMSNorm kernel: none. It never beat one-shot + the norm
+# kernel (bench/tp_allreduce.py, hidden 4096, bf16): on 2 H200s 9.97 vs 8.72 us at 1 row and within 0.05 us from 2 to
+# 64 rows (its barriers all peers at once); in the Qwen3-8B TP 4 step (4 H200s), with one compare-and-swap loop per
+# peer, 20.1 us a call against 7.7 us for the one-shot kernel alone. It stays for the bench to measure (and for 4+
+# ranks, where its barriers at once are still to be timed).
+FUSED_MAX_ROWS = 0
 
 
 class OneShotAllReduce:

@@ -10,7 +10,7 @@ launches on a few KB. Here each program, on every rank:
 1. writes its rows of this rank's partial into this rank's symmetric buffer;
 2. meets the same program on every peer at a barrier over the signal pads (one slot per program and peer:
    the sender moves the slot on the peer's pad 0 -> 1 with release semantics at system scope, the receiver
-   moves its own 1 -> 0 with acquire semantics, so the pads end as they started);
+   moves its own 1 -> 0 with acquire semantics, so the pads end as they started; all peers at once, _barrier);
 3. sums its rows over the ranks' buffers in float32, in rank order 0, 1, ... (every rank computes the same
    bits, and a row's result depends on nothing but the row), rounds to the model dtype as the all-reduce's
    result is, adds the bias (o_proj's, if any) and the residual, rounded as torch's adds are, and normalises the
@@ -35,25 +35,34 @@ from . import pow2
 
 
 @triton.jit
-def _barrier(signal_pads, pid, RANK: tl.constexpr, WORLD: tl.constexpr):
+def _barrier(signal_pads, pid, RANK: tl.constexpr, WORLD: tl.constexpr, PEERS: tl.constexpr):
+    """Meet program ``pid`` of every rank. One lane per rank (PEERS: WORLD's power of two), so the signals to all
+    peers and the waits for all of them are in flight at once and a barrier costs about one NVLink round trip: one
+    compare-and-swap loop per peer, each waiting for the last, cost ~10 us a call at 4 ranks (two barriers), more than
+    torch's whole one-shot all-reduce (~8 us). A rank signals its own pad too (slot ``pid * WORLD + RANK`` of its own
+    pad is nobody else's), so every lane runs the same code. Polls are plain volatile loads, which every thread may
+    repeat; the writes are masked exchanges, which Triton issues once per lane: a slot is written only after it was
+    seen in the state the write expects (0 before a signal, 1 before taking it), and nobody else writes it between."""
     tl.debug_barrier()   # every thread's stores of this program precede the signal
-    for p in tl.static_range(WORLD):
-        if p != RANK:
-            pad = tl.load(signal_pads + p).to(tl.pointer_type(tl.uint32))
-            while tl.atomic_cas(pad + pid * WORLD + RANK, 0, 1, sem="release", scope="sys") != 0:
-                pass
+    p = tl.arange(0, PEERS)
+    live = p < WORLD
+    pads = tl.load(signal_pads + p, mask=live, other=0).to(tl.pointer_type(tl.uint32))   # [PEERS] every pad
+    out = pads + pid * WORLD + RANK     # [PEERS] this rank's slot in each pad
+    while tl.max(tl.load(out, mask=live, other=0, volatile=True), 0) != 0:
+        pass   # a peer has not taken this rank's previous signal yet
+    tl.atomic_xchg(out, 1, mask=live, sem="release", scope="sys")
     mine = tl.load(signal_pads + RANK).to(tl.pointer_type(tl.uint32))
-    for p in tl.static_range(WORLD):
-        if p != RANK:
-            while tl.atomic_cas(mine + pid * WORLD + p, 1, 0, sem="acquire", scope="sys") != 1:
-                pass
+    inbox = mine + pid * WORLD + p      # [PEERS] each peer's slot in this rank's pad
+    while tl.min(tl.load(inbox, mask=live, other=1, volatile=True), 0) == 0:
+        pass
+    tl.atomic_xchg(inbox, 0, mask=live, sem="acquire", scope="sys")
     tl.debug_barrier()   # no thread reads a peer's rows before the wait is over
 
 
 @triton.jit
 def _all_reduce_add_norm_kernel(x_ptr, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, buffers, signal_pads,
                                 rows, H, eps, s_x, s_r,
-                                RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                                RANK: tl.constexpr, WORLD: tl.constexpr, PEERS: tl.constexpr, BLOCK: tl.constexpr,
                                 BIAS: tl.constexpr, SYNC: tl.constexpr):
     pid = tl.program_id(0)
     progs = tl.num_programs(0)
@@ -65,7 +74,7 @@ def _all_reduce_add_norm_kernel(x_ptr, res_ptr, bias_ptr, w_ptr, total_ptr, out_
         r64 = tl.cast(r, tl.int64)
         tl.store(mine + r64 * H + c, tl.load(x_ptr + r64 * s_x + c, mask=ok, other=0.0), mask=ok)
     if SYNC:
-        _barrier(signal_pads, pid, RANK, WORLD)
+        _barrier(signal_pads, pid, RANK, WORLD, PEERS)
     for r in range(pid, rows, progs):
         r64 = tl.cast(r, tl.int64)
         acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -83,7 +92,7 @@ def _all_reduce_add_norm_kernel(x_ptr, res_ptr, bias_ptr, w_ptr, total_ptr, out_
         y = (tf * inv).to(dtype).to(tl.float32) * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + r64 * H + c, y.to(dtype), mask=ok)
     if SYNC:
-        _barrier(signal_pads, pid, RANK, WORLD)
+        _barrier(signal_pads, pid, RANK, WORLD, PEERS)
 
 
 def _warps(H: int) -> int:
@@ -109,5 +118,5 @@ def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: tor
         _all_reduce_add_norm_kernel[grid](
             x2, r2, bias if bias is not None else weight, weight, total, out, buffers, signal_pads,
             rows, H, float(eps), x2.stride(0), r2.stride(0),
-            RANK=rank, WORLD=world, BLOCK=pow2(H), BIAS=bias is not None, SYNC=sync, num_warps=_warps(H))
+            RANK=rank, WORLD=world, PEERS=pow2(world), BLOCK=pow2(H), BIAS=bias is not None, SYNC=sync, num_warps=_warps(H))
     return total, out
