@@ -445,7 +445,7 @@ def render_e2e(results: Path) -> str:
 
 
 # results files written before their tools recorded the checkpoints' digests: the drafter their notes name
-DRAFTER_OF_FILE = {"e2e_smollm2_h200.json": "v3", "e2e_smollm2_h200_v2.json": "v2"}
+DRAFTER_OF_FILE = {"e2e_smollm2_h200_v3.json": "v3", "e2e_smollm2_h200_v2.json": "v2"}
 
 
 def smollm2_drafter(results: Path, data: dict, key: str = "smollm2_drafter", file: str | None = None) -> str:
