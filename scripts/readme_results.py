@@ -445,7 +445,7 @@ def render_e2e(results: Path) -> str:
 
 
 # results files written before their tools recorded the checkpoints' digests: the drafter their notes name
-DRAFTER_OF_FILE = {"e2e_smollm2_h200.json": "v3", "e2e_smollm2_h200_v2.json": "v2"}
+DRAFTER_OF_FILE = {"e2e_smollm2_h200_v3.json": "v3", "e2e_smollm2_h200_v2.json": "v2"}
 
 
 def smollm2_drafter(results: Path, data: dict, key: str = "smollm2_drafter", file: str | None = None) -> str:
@@ -471,11 +471,12 @@ def render_bit_exact(results: Path) -> str:
     name = "bit_exact_h200.json"
     d = _load(results, name)
     s, cc = d["summary"], _load(results, "cuda_check_bit_exact_h200.json")
+    on = _load(results, "step_bench_bi_on_h200.json")
     sm = s["smollm2_bf16"]
     lines = [f"**Batch-invariant mode** (`RuntimeConfig.batch_invariant`, off by default; `BITEXACT=check|step_on|step_off "
              f"bash benchmarks/kernels_gpu.sh bitexact`, {s['gpu']}; {provenance_note(d, name)}, from "
              f"`cuda_check_bit_exact_h200.json` ({provenance_note(cc, 'cuda_check_bit_exact_h200.json').split(', ')[-1]}) and "
-             f"`step_bench_bi_{{on,off}}_h200.json`): SmolLM2 + {smollm2_drafter(results, cc)} in **bf16**, DFlash == AR greedy on "
+             f"`step_bench_bi_{{on,off}}_h200.json`, {provenance_note(on, 'step_bench_bi_on_h200.json').split(', ')[-1]}): SmolLM2 + {smollm2_drafter(results, cc)} in **bf16**, DFlash == AR greedy on "
              f"{s['bf16_identical_prompts']} of {s['bf16_prompts']} prompts at block 16 (block 8: {sm['dflash_eq_ar_greedy_block8']}, "
              f"block 4: {sm['dflash_eq_ar_greedy_block4']}; 128 tokens), each request alone == in a batch of 8 for AR "
              f"({sm['ar_alone_eq_batch']}/8) and DFlash ({sm['dflash_alone_eq_batch']}/8); tiny Llama / Qwen3 pairs in bf16 "

@@ -26,6 +26,15 @@ def test_one_request_dflash_chunks():
     assert r.itl_token_s() == pytest.approx([0.2 / 3] * 3 + [0.1] + [0.1] * 4)
 
 
+def test_tokens_coalesced_into_the_first_chunk_are_not_decode_time():
+    # a frontend that fell behind sends the prefill token and 5 more at once at 1.0, then 1 token each 0.1 s:
+    # the 5 arrived at TTFT, so TPOT is 0.3 s over the 3 tokens after the first chunk, not over 8
+    r = record(0.0, [(1.0, 6), (1.1, 1), (1.2, 1), (1.3, 1)], done=1.3)
+    assert r.tpot_s == pytest.approx(0.1)
+    m = summarize([r], wall_s=1.3, num_gpus=1)
+    assert m["tok_s_user"] == pytest.approx(10.0)
+
+
 def test_unstreamed_request_has_no_tpot():
     r = record(0.0, [(2.0, 50)])
     assert r.tpot_s is None and r.ttft_s == 2.0 and r.e2e_s == 2.0 and r.itl_chunk_s() == []

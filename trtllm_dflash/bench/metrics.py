@@ -9,11 +9,13 @@ Definitions (the JSONL rows and ``benchmarks/SWEEPS.md`` use exactly these):
 - **chunk**: one streamed response. DFlash commits several tokens per verify step, so a chunk may
   carry several tokens; the first chunk carries the prefill's token.
 - **TTFT**: first chunk - request sent. **E2E**: final response - request sent.
-- **TPOT**: (last token time - first token time) / (output tokens - 1).
+- **TPOT**: (last token time - first token time) / (output tokens - the first chunk's tokens): the tokens that
+  arrived after the first chunk over the time they took (1 token in the first chunk: trtllm-bench's
+  (output tokens - 1); a server that coalesces a request's first tokens into one chunk delivered those at TTFT).
 - **ITL per chunk**: gaps between consecutive chunks of a request (what a user sees stall).
   **ITL per token**: each gap divided by the tokens of the chunk it ends, counted once per token.
-- **tok/s/user** (``tok_s_user``, the x axis): mean over requests of (output tokens - 1) /
-  (last token time - first token time), i.e. 1/TPOT, as trtllm-bench's "per user output speed".
+- **tok/s/user** (``tok_s_user``, the x axis): mean over requests of 1/TPOT, as trtllm-bench's "per user
+  output speed".
   ``tok_s_user_e2e``: mean over requests of output tokens / E2E (trtllm-bench's "per user output
   throughput", benchmark_serving's "user throughput").
 - **total tok/s**: all output tokens / wall time of the level (first send to last final response,
@@ -67,8 +69,8 @@ class RequestRecord:
     @property
     def tpot_s(self) -> float | None:
         """None when there is nothing to divide: one token, or all tokens in one chunk (not streamed)."""
-        n, decode = self.num_output_tokens, self.decode_s
-        return decode / (n - 1) if n > 1 and decode > 0 else None
+        n, decode = self.num_output_tokens - (self.chunk_tokens[0] if self.chunk_tokens else 0), self.decode_s
+        return decode / n if n > 0 and decode > 0 else None
 
     @property
     def decode_s(self) -> float:
@@ -137,7 +139,7 @@ def summarize(records: list[RequestRecord], wall_s: float, num_gpus: int, block_
     ok = [r for r in records if not r.error and r.chunk_times]
     out_tokens = [r.num_output_tokens for r in ok]
     total = sum(out_tokens)
-    decode_speed = [(r.num_output_tokens - 1) / r.decode_s for r in ok if r.tpot_s is not None]
+    decode_speed = [1.0 / r.tpot_s for r in ok if r.tpot_s is not None]
     e2e = [r.e2e_s for r in ok]
     finish: dict[str, int] = {}
     for r in records:

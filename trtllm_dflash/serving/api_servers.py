@@ -4,7 +4,7 @@
 One frontend tops out at what one interpreter can parse, template, detokenize and frame: on an H200 host, served
 AR at concurrency 64 stopped at ~18k request updates/s (SmolLM2, where the engine alone made ~31k tokens/s;
 benchmarks/results/e2e_smollm2_h200_v2.json), about 55 us of frontend CPU per update; with 4 API servers the same
-load kept 0.91x of the engine's tokens/s (e2e_smollm2_h200.json). More API servers scale that
+load kept 0.91x of the engine's tokens/s (e2e_smollm2_h200_v3.json). More API servers scale that
 out, as vLLM's ``--api-server-count`` does: the processes share the listening socket (the kernel hands each new
 connection to one of those accepting on it), each talks to the engine over its own sockets, and the engine keeps
 each frontend's requests apart (engine_core.py routes results by frontend id, and paces itself by the slowest one).
