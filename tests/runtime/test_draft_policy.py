@@ -32,6 +32,19 @@ def test_acceptance_counts_censored_blocks():
     assert full.expected_tokens(8) == pytest.approx(8.0)
 
 
+def test_a_small_block_does_not_fade_what_a_larger_one_observed_further_on():
+    """Steps at block 2 observe draft 1 only: draft 3's evidence (from a block-8 step) must not decay under them,
+    or the policy, reading unobserved drafts as rejected, would price block 4 as block 2 plus cost for ever."""
+    st = AcceptanceStats(8, decay=0.5, prior_weight=2.0)
+    st.observe(8, [7] * 4)              # every draft accepted
+    before = st.rate(3, 0.0)
+    for _ in range(50):
+        st.observe(2, [1] * 4)          # block 2 accepts its one draft
+    assert st.rate(3, 0.0) == before == pytest.approx(4 / 6)
+    assert st.tried[1] < 8              # draft 1 follows the current traffic (decays as it is observed)
+    assert st.expected_tokens(4, 0.0) > st.expected_tokens(2, 0.0) + 0.8   # 2.69 vs 1.80
+
+
 def _costs(per_token_ms: float) -> CostTable:
     # a memory-bound step (5 ms) plus a compute term per verified token
     return CostTable({n: {b: (5 + per_token_ms * n * b) / 1e3 for b in (1, 2, 4, 8, 16)} for n in (1, 4, 16, 64)})

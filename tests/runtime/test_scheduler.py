@@ -70,6 +70,24 @@ def test_budget_bounds_padded_prompt_tokens_per_step():
     assert out.decode_rows == 3   # slot 0 decodes; slots 1 and 2 finish their prompts and decode in this step
 
 
+def test_the_policy_prices_a_step_at_the_rows_it_runs():
+    """Slot 0's request finished, slot 1's still decodes: the step runs over 2 rows (decode_rows, where the engine
+    reports its period), so the policy is asked about batch 2, not about the 1 request decoding."""
+    s = Scheduler(max_batch_size=4, max_num_tokens=64)
+    for _ in range(2):
+        s.add(Sequence([1, 2, 3, 4, 5], SamplingParams()))
+    asked = []
+    out, _, arriving = s.schedule(lambda b: (asked.append(b), (4, "fixed"))[1])
+    assert asked == [2] and out.decode_rows == 2   # both prompts finish and take their first decode together
+    for seq in arriving.values():
+        s.slots[seq.slot] = seq
+        seq.num_prefilled = len(seq.prompt_ids)
+    s.slots[0] = None
+    asked.clear()
+    out, _, _ = s.schedule(lambda b: (asked.append(b), (4, "fixed"))[1])
+    assert out.decode_rows == 2 and asked == [2]
+
+
 def _admit(s: Scheduler) -> list[str]:
     """One schedule() whose admissions take their slots; the admitted requests' clients, in slot order."""
     out, _, arriving = s.schedule(lambda b: (4, "fixed"))

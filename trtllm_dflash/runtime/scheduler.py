@@ -112,7 +112,10 @@ class Scheduler:
                     and i not in admitted and s.decoding]
         prefilling = {i: (s.prompt_ids, s.num_prefilled) for i, s in enumerate(self.slots)
                       if s is not None and s.request_id not in leaving and i not in admitted and not s.decoding}
-        out.block, out.reason = choose_block(len(decoding)) if decoding else (1, "")
+        # the policy prices a step at the rows it runs over (slots 0 .. the last decoding one, the engine's
+        # decode_rows), not the requests decoding: with slot 0 free and slot 1 decoding the step costs 2 rows, and
+        # the engine reports its period at 2 (choosing at 1 read one bucket's costs and fed another's)
+        out.block, out.reason = choose_block(max(decoding) + 1) if decoding else (1, "")
         # The running requests' verify tokens come first; prompts share what is left, oldest slot first
         # (one chunk per request per step), padded to the first chunk's (padded) length: the forward's real cost.
         budget = max(self.max_num_tokens - len(decoding) * out.block, 1)
@@ -137,5 +140,5 @@ class Scheduler:
         rows = decoding + sorted(finishing)
         out.decode_rows = max(rows) + 1 if rows else 0
         if not decoding and finishing:  # the first decode of new requests: the policy decides for them too
-            out.block, out.reason = choose_block(len(finishing))
+            out.block, out.reason = choose_block(out.decode_rows)
         return out, dropped, arriving
