@@ -297,12 +297,16 @@ def render_cpu_parity(results: Path) -> str:
     name = "cpu_generate_parity.json"
     d = _load(results, name)
     now, before = d["trees"]["this"], d["trees"].get("before")
+    other = next(((label, t) for label, t in d["trees"].items() if label not in ("this", "before")), None)
     s, st = now["summary"], now["block1_summary"]
     ran = now["runs"][0]["blocks_ran"]
+    # the other checkout's path is the machine's, not the reader's
+    command = re.sub(r"--tree (\w+)=\S+", r"--tree \1=OTHER_CHECKOUT", as_run_now(d.get("command") or d["provenance"]["command"]))
     text = (f"Measured on a shared {d['machine'].split()[0]}-core CPU machine (smollm2-135m + "
             f"{smollm2_drafter(results, d, 'drafter')}, "
             f"float32), {s['runs']} runs "
-            f"(`{as_run_now(d.get('command') or d['provenance']['command'])}`; {provenance_note(d, name)}): one decode step at block 1 costs "
+            f"(`{command}`; "
+            f"{provenance_note(d, name)}): one decode step at block 1 costs "
             f"{st['median_block1_over_ar_step']:.3f}x an AR step (median; {st['min']:.3f}-{st['max']:.3f})")
     if before is not None:
         text += f", {before['block1_summary']['median_block1_over_ar_step']:.3f}x before the drafter context was batched"
@@ -315,6 +319,11 @@ def render_cpu_parity(results: Path) -> str:
         text += (f" The speed-up the quick start prints (median of its {now['runs'][0]['rounds']} alternated rounds) was "
                  f"{q['median']:.2f}x over the {s['runs']} runs ({q['min']:.2f}-{q['max']:.2f}x: any three runs in a row "
                  f"within {100 * q['max_spread_3_in_a_row']:.0f}% of each other).")
+    if q is not None and other is not None:   # another checkout, run in turn with this one
+        label, t = other
+        oq = t["summary"]["quickstart_speedup"]
+        text += (f" The checkout labelled {label}, run in turn with it: {oq['median']:.2f}x "
+                 f"({oq['min']:.2f}-{oq['max']:.2f}x).")
     return "\n".join(textwrap.wrap(text, 116)) + "\n"
 
 
