@@ -38,7 +38,8 @@
 #                eval_extra.tgz (tau.csv, drafter config.json, loss.png)
 #   SMOKE=1      the same commands on CPU with a tiny corpus/run: seconds to minutes, no GPU (the CPU check)
 # A host without network: OFFLINE_DIR, a folder made by scripts/offline_host.sh with the wheel sets `train`
-# (benchmarks/offline/train.txt) and `triton`, and in models/ the SmolLM2 GGUF (SmolLM2-135M-Instruct.Q4_1.gguf)
+# (benchmarks/offline/train.txt) and `triton` (PART_MB=32 for a copy that limits file sizes: nvidia-pytriton's wheel is
+# 53 MB), and in models/ the SmolLM2 GGUF (SmolLM2-135M-Instruct.Q4_1.gguf)
 # and sharegpt_prompts.jsonl. Work folders: WORK (default ./work): run/, bigrun/, cache/, corpus/.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -11,11 +11,13 @@
 # On the machine with network:
 #   scripts/offline_host.sh wheels DIR SET REQUIREMENT... | -r FILE   pip download SET's wheels for the host
 #       (no dependencies are resolved: list every package; PYTHON_VERSION (3.12) and PLATFORMS (manylinux
-#       x86-64 tags up to glibc 2.35) describe the host)
+#       x86-64 tags up to glibc 2.35) describe the host); PART_MB=N splits a wheel larger than N MB into parts
+#       (recorded, with its sha256, in wheels/SET/SHA256SUMS; `install` joins them), as `add` does for models
 #   scripts/offline_host.sh add DIR FILE [PART_MB]                   FILE -> models/, split into PART_MB parts if
 #       given (for copies that limit the size of a file), its sha256 recorded
 # On the GPU host:
-#   scripts/offline_host.sh install DIR        join split files, check every sha256, install each wheel set once
+#   scripts/offline_host.sh install DIR        join split files (models/ and each wheels/SET/), check every sha256,
+#       install each wheel set once
 #   eval "$(scripts/offline_host.sh env DIR SET...)"   the sets' site dirs first on PYTHONPATH, and
 #       TRTLLM_DFLASH_SMOLLM2_GGUF at models/'s SmolLM2 GGUF if it is there
 #   scripts/offline_host.sh venv DIR SET VENV  a python environment with SET's site first, then the host's packages:
@@ -29,6 +31,35 @@ DIR=${2:-}
 [ -n "$CMD" ] && [ -n "$DIR" ] || die "usage: $0 wheels|add|install|env|venv DIR ... (see the header of $0)"
 PY=${PYTHON:-python3}
 shift 2
+
+store() {   # FILE DEST [PART_MB]: FILE into DEST, whole or in PART_MB parts, its sha256 in DEST/SHA256SUMS
+  local file=$1 dest=$2 part_mb=${3:-} name sum
+  name=$(basename "$file")
+  mkdir -p "$dest"
+  rm -f "$dest/$name.part"[0-9][0-9]
+  if [ -n "$part_mb" ]; then   # a whole copy left from before would win over the new parts at install
+    [ "$file" = "$dest/$name" ] || rm -f "$dest/$name"
+    split -b "${part_mb}M" -d -a 2 "$file" "$dest/$name.part"
+  elif [ "$file" != "$dest/$name" ]; then cp "$file" "$dest/$name"; fi
+  sum=$(sha256sum "$file" | cut -d' ' -f1)
+  touch "$dest/SHA256SUMS"
+  { grep -v "  $name\$" "$dest/SHA256SUMS" || true; echo "$sum  $name"; } > "$dest/SHA256SUMS.new"
+  mv "$dest/SHA256SUMS.new" "$dest/SHA256SUMS"
+}
+
+join_checked() {   # FOLDER: every file SHA256SUMS names, joined from its .partNN pieces if need be, then checked
+  local folder=$1 sum name whole parts
+  [ -f "$folder/SHA256SUMS" ] || return 0
+  while read -r sum name; do
+    whole=$folder/$name
+    parts=("$whole".part[0-9][0-9])
+    if [ ! -f "$whole" ] && [ -e "${parts[0]}" ]; then cat "${parts[@]}" > "$whole.joining" && mv "$whole.joining" "$whole"; fi
+    [ -f "$whole" ] || die "install: ${folder#"$DIR"/}/$name is missing (neither the file nor its .partNN pieces are in $folder)"
+  done < "$folder/SHA256SUMS"
+  (cd "$folder" && sha256sum --quiet -c SHA256SUMS) \
+    || die "install: a file in $folder does not match its sha256 in SHA256SUMS: copy it (or its parts) again"
+  echo "${folder#"$DIR"/}: $(wc -l < "$folder/SHA256SUMS") file(s) checked"
+}
 case $CMD in
   wheels)
     SET=${1:?usage: $0 wheels DIR SET REQUIREMENT... | -r FILE}
@@ -40,36 +71,24 @@ case $CMD in
     mkdir -p "$DIR/wheels/$SET"
     "$PY" -m pip download -q --no-deps --only-binary=:all: --implementation cp \
       --python-version "${PYTHON_VERSION:-3.12}" "${PLAT[@]}" -d "$DIR/wheels/$SET" "$@"
+    if [ -n "${PART_MB:-}" ]; then   # a copy that limits the size of a file: large wheels go in parts
+      for whl in "$DIR/wheels/$SET"/*.whl; do
+        if [ "$(stat -c %s "$whl")" -gt $((PART_MB * 1024 * 1024)) ]; then store "$whl" "$DIR/wheels/$SET" "$PART_MB" && rm "$whl"; fi
+      done
+    fi
     ls "$DIR/wheels/$SET"
     ;;
   add)
     FILE=${1:?usage: $0 add DIR FILE [PART_MB]}
     PART_MB=${2:-}
     [ -f "$FILE" ] || die "add: $FILE is not a file"
-    name=$(basename "$FILE")
-    mkdir -p "$DIR/models"
-    rm -f "$DIR/models/$name" "$DIR/models/$name".part[0-9][0-9]
-    if [ -n "$PART_MB" ]; then split -b "${PART_MB}M" -d -a 2 "$FILE" "$DIR/models/$name.part"
-    else cp "$FILE" "$DIR/models/$name"; fi
-    sum=$(sha256sum "$FILE" | cut -d' ' -f1)
-    touch "$DIR/models/SHA256SUMS"
-    { grep -v "  $name\$" "$DIR/models/SHA256SUMS" || true; echo "$sum  $name"; } > "$DIR/models/SHA256SUMS.new"
-    mv "$DIR/models/SHA256SUMS.new" "$DIR/models/SHA256SUMS"
-    ls -l "$DIR/models/$name"*
+    store "$FILE" "$DIR/models" "$PART_MB"
+    ls -l "$DIR/models/$(basename "$FILE")"*
     ;;
   install)
     [ -d "$DIR" ] || die "install: $DIR does not exist (copy the folder made on the machine with network)"
-    if [ -f "$DIR/models/SHA256SUMS" ]; then
-      while read -r sum name; do
-        whole=$DIR/models/$name
-        parts=("$whole".part[0-9][0-9])
-        if [ ! -f "$whole" ] && [ -e "${parts[0]}" ]; then cat "${parts[@]}" > "$whole.joining" && mv "$whole.joining" "$whole"; fi
-        [ -f "$whole" ] || die "install: models/$name is missing (neither the file nor its .partNN pieces are in $DIR/models)"
-      done < "$DIR/models/SHA256SUMS"
-      (cd "$DIR/models" && sha256sum --quiet -c SHA256SUMS) \
-        || die "install: a file in $DIR/models does not match its sha256 in SHA256SUMS: copy it (or its parts) again"
-      echo "models: $(wc -l < "$DIR/models/SHA256SUMS") file(s) checked"
-    fi
+    join_checked "$DIR/models"
+    for set_dir in "$DIR"/wheels/*/; do [ -d "$set_dir" ] && join_checked "${set_dir%/}"; done
     for set_dir in "$DIR"/wheels/*/; do
       [ -d "$set_dir" ] || continue
       set=$(basename "$set_dir")

@@ -74,6 +74,19 @@ def test_env_points_the_packaged_target_at_the_gguf_that_came_along(tmp_path):
     assert f"export {SMOLLM2_GGUF_ENV}={box / 'models' / SMOLLM2_GGUF_NAME}" in host("env", box, "train").stdout
 
 
+def test_a_wheel_larger_than_part_mb_travels_in_parts_and_installs(tmp_path):
+    big = write_wheel(tmp_path / "src", "bigpkg")
+    with zipfile.ZipFile(big, "a", compression=zipfile.ZIP_STORED) as z:   # 1.5 MB that does not compress
+        z.writestr("bigpkg/blob.bin", os.urandom(3 * 2**19))
+    box = tmp_path / "offline"
+    host("wheels", box, "big", big, PART_MB="1")
+    folder = box / "wheels" / "big"
+    assert sorted(p.name for p in folder.iterdir()) == ["SHA256SUMS", *(f"{big.name}.part0{i}" for i in range(2))]
+    out = host("install", box).stdout
+    assert "wheels/big: 1 file(s) checked" in out and "wheels/big: 1 installed" in out
+    assert (box / "site" / "big" / "bigpkg" / "blob.bin").stat().st_size == 3 * 2**19
+
+
 def test_a_missing_file_is_named(tmp_path):
     box = tmp_path / "offline"
     (box / "models").mkdir(parents=True)
