@@ -9,7 +9,9 @@
 #     <gpu> = h100, h200, ... from nvidia-smi (GPU_TAG= overrides)
 #   DRAFTER: the drafter folder or shipped name [smollm2-135m-dflash]; SMOKE=1: the same on this CPU, 8 tokens,
 #   levels 1 and 2, few requests (-> e2e_smollm2_smoke.json); SERVED=0 skips the dflash-openai half;
-#   API_SERVERS: dflash-openai's --api_server_count [1] (frontend processes on the port, one engine)
+#   API_SERVERS: dflash-openai's --api_server_count [1] (frontend processes on the port, one engine);
+#   GPUS=0,1: the datasets at the same time, the i-th on GPU i of the list (CUDA_VISIBLE_DEVICES) and port PORT + i,
+#   one summary over all (each GPU runs one dataset's whole sweep alone; the host's cores are shared)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT}
@@ -31,7 +33,7 @@ for policy in fixed adaptive; do
   $PY -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" "${GPU[@]}" --backend torch \
     --max_seq_len 2048 --draft_policy $policy --out "$OUT/.deploy_$policy" --force
 done
-PORT=${PORT:-$((20000 + RANDOM % 20000))}
+BASE_PORT=${PORT:-$((20000 + RANDOM % 20000))}
 # dflash-openai in the background for one sweep: started in its own session, waited for, stopped by its group
 served() {   # mode deployment [server flags...]
   local mode=$1 deploy=$2 log=$OUT/openai_$1_$dataset.log; shift 2
@@ -51,7 +53,9 @@ served() {   # mode deployment [server flags...]
   kill -TERM -- -$pid; wait $pid || true
   return $rc
 }
-for dataset in $DATASETS; do
+one_dataset() {   # dataset [port]: its sweeps in-process and served, its Pareto plot
+  local dataset=$1 mode label
+  PORT=${2:-$BASE_PORT}
   rm -f "$OUT/e2e_$dataset.jsonl"
   for mode in ar dflash adaptive; do
     label=$(case $mode in ar) echo AR ;; dflash) echo DFlash ;; *) echo "DFlash adaptive" ;; esac)
@@ -67,8 +71,24 @@ for dataset in $DATASETS; do
   $PY -m trtllm_dflash.bench.plot "$OUT/e2e_$dataset.jsonl" --out_dir "$OUT/plot_$dataset" --baseline AR \
     --title "SmolLM2-135M, $dataset: AR vs DFlash, in-process and through dflash-openai"
   cp "$OUT/plot_$dataset/pareto.png" "$OUT/${NAME}_$dataset.png"
-done
-cat "$OUT"/e2e_*.jsonl > "$OUT/e2e.jsonl"
-$PY -m trtllm_dflash.bench.e2e_summary --sweep "$OUT/e2e.jsonl" --out "$OUT/$NAME.json" \
+}
+if [[ -n ${GPUS:-} ]]; then
+  IFS=, read -ra gpus <<< "$GPUS"
+  read -ra sets <<< "$DATASETS"
+  [[ ${#gpus[@]} -ge ${#sets[@]} ]] || { echo "GPUS=$GPUS: one GPU per dataset ($DATASETS)"; exit 2; }
+  pids=()
+  for i in "${!sets[@]}"; do
+    CUDA_VISIBLE_DEVICES=${gpus[$i]} one_dataset "${sets[$i]}" $((BASE_PORT + i)) > "$OUT/e2e_${sets[$i]}.log" 2>&1 &
+    pids+=($!)
+  done
+  rc=0
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || { rc=$?; echo "${sets[$i]} failed (see $OUT/e2e_${sets[$i]}.log)"; }; done
+  [[ $rc == 0 ]] || exit $rc
+else
+  for dataset in $DATASETS; do one_dataset $dataset; done
+fi
+sweeps=(); for dataset in $DATASETS; do sweeps+=("$OUT/e2e_$dataset.jsonl"); done
+cat "${sweeps[@]}" > "$OUT/e2e.jsonl"
+$PY -m trtllm_dflash.bench.e2e_summary --sweep "${sweeps[@]}" --out "$OUT/$NAME.json" \
   --api_server_count "${API_SERVERS:-1}" --deployment_dir "$OUT/.deploy_fixed"
 rm -rf "$OUT"/.deploy_fixed "$OUT"/.deploy_adaptive

@@ -47,6 +47,20 @@ def test_main_refuses_an_empty_sweep(tmp_path, capsys):
     assert json.loads((tmp_path / "out.json").read_text())["provenance"]["git"]["sha"]
 
 
+def test_sweeps_of_several_datasets_are_joined(tmp_path):
+    files = []
+    for dataset, dflash in (("humaneval", 20.0), ("mtbench", 15.0)):
+        f = tmp_path / f"{dataset}.jsonl"
+        f.write_text("".join(json.dumps(r) + "\n" for r in (_row("engine", dataset, 1, "ar", 10.0),
+                                                            _row("engine", dataset, 1, "dflash", dflash))))
+        files.append(str(f))
+    assert e2e_summary.main(["--sweep", *files, "--out", str(tmp_path / "out.json")]) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert len(out["rows"]) == 4
+    assert out["summary"]["dflash_over_ar_tok_s_b1_humaneval"] == 2.0
+    assert out["summary"]["dflash_over_ar_tok_s_b1_mtbench"] == 1.5
+
+
 def test_served_over_in_process_per_mode_and_the_headline_at_64():
     rows = [_row("engine", "humaneval", 64, "ar", 400.0, tok_s_gpu=30000.0),
             _row("engine", "humaneval", 64, "dflash", 380.0, tok_s_gpu=26000.0),

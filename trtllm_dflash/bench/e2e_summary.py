@@ -68,7 +68,9 @@ def summarize(rows: list[dict], api_server_count: int = 1) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sweep", type=Path, required=True, help="JSONL written by dflash-sweep")
+    p.add_argument("--sweep", type=Path, nargs="+", required=True,
+                   help="JSONL written by dflash-sweep; several (e.g. one per dataset, run on GPUs of their own) are "
+                        "joined")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--api_server_count", type=int, default=1,
                    help="dflash-openai's --api_server_count in the served rows (recorded in the summary)")
@@ -76,10 +78,13 @@ def main(argv=None) -> int:
                    help="the deployment directory the sweep served: the sha256 of its target/ and drafter/ go in the "
                         "provenance, so the file names the checkpoints it measured")
     args = p.parse_args(argv)
-    rows = [json.loads(line) for line in args.sweep.read_text().splitlines() if line.strip()]
-    if not rows:
-        print(f"error: --sweep: {args.sweep} holds no rows. Fix: run the sweep first", file=sys.stderr)
-        return 2
+    rows = []
+    for sweep in args.sweep:
+        got = [json.loads(line) for line in sweep.read_text().splitlines() if line.strip()]
+        if not got:
+            print(f"error: --sweep: {sweep} holds no rows. Fix: run the sweep first", file=sys.stderr)
+            return 2
+        rows += got
     checkpoints = {}
     if args.deployment_dir is not None:
         checkpoints = {role: args.deployment_dir / role for role in ("target", "drafter")}
