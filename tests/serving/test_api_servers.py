@@ -18,6 +18,7 @@ import pytest
 from tests.serving.conftest import terminate
 from tests.serving.test_engine_process import _OpenAI, _alive, _children, _gone
 from trtllm_dflash.serving.api_servers import MetricsBoard
+from trtllm_dflash.serving import metrics as serving_metrics
 from trtllm_dflash.serving.metrics import ServingMetrics, parse
 from trtllm_dflash.serving.record import Result
 
@@ -36,7 +37,11 @@ def _samples(text: str) -> dict:
             if not name.endswith("_sum")}     # sums are of wall times: not comparable between objects
 
 
-def test_render_sums_the_peers_series_as_one_frontend_would(tmp_path):
+def test_render_sums_the_peers_series_as_one_frontend_would(tmp_path, monkeypatch):
+    # a clock that moves 0.1 ms per reading: the latency histograms of `a`/`b` and `both` see the same gaps (with
+    # the wall clock a busy machine put one gap of a request on either side of a bucket's edge in one of them)
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setattr(serving_metrics, "time", SimpleNamespace(monotonic=lambda: 1e-4 * next(ticks)))
     a, b, both = ServingMetrics("m"), ServingMetrics("m"), ServingMetrics("m")
     for metrics, work in ((a, [(4, "length"), (2, "stop")]), (b, [(5, "length")])):
         for tokens, reason in work:
