@@ -27,6 +27,21 @@ def test_ratios_per_path_and_the_worst_adaptive_level():
     assert s["min_adaptive_over_ar_inprocess"] == 0.95 and s["min_adaptive_over_ar_openai"] == 2.125
     assert s["levels"]["humaneval_c1"]["inprocess"]["dflash"]["acceptance_length"] == 3.6
     assert s["dflash_over_ar_tok_s_b1_mtbench"] is None      # not measured: no figure rather than a guess
+    # the grid the rows span: DFlash fixed at 64 and every mode through dflash-openai at 64 have no row
+    assert s["missing"] == ["humaneval_c64 inprocess dflash", "humaneval_c64 openai ar",
+                            "humaneval_c64 openai dflash", "humaneval_c64 openai adaptive"]
+
+
+def test_a_cut_short_run_says_what_it_lacks_and_carries_its_notes(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join(json.dumps(_row(srv, "humaneval", 1, m, 1000.0)) for srv, m in
+                              [("engine", "ar"), ("engine", "dflash"), ("engine", "adaptive"),
+                               ("openai", "ar"), ("openai", "dflash")]) + "\n")
+    out = tmp_path / "s.json"
+    assert e2e_summary.main(["--sweep", str(rows), "--out", str(out), "--note", "stopped by the time limit"]) == 0
+    s = json.loads(out.read_text())["summary"]
+    assert s["missing"] == ["humaneval_c1 openai adaptive"] and s["notes"] == ["stopped by the time limit"]
+    assert s["adaptive_over_ar_tok_s_b1_humaneval_openai"] is None
 
 
 def test_rows_written_before_the_server_setting_count_by_their_backend_setting():

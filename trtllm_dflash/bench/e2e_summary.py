@@ -15,9 +15,15 @@ from pathlib import Path
 from trtllm_dflash.provenance import record
 
 
-def summarize(rows: list[dict], api_server_count: int = 1) -> dict:
+MODES = ("ar", "dflash", "adaptive")
+PATHS = ("inprocess", "openai")
+
+
+def summarize(rows: list[dict], api_server_count: int = 1, notes: list[str] = ()) -> dict:
     """Per (dataset, concurrency): each mode's tokens/s per user and tokens/s, in-process and through dflash-openai,
-    and DFlash / AR in each path; plus the headline ratios at concurrency 1 and the worst adaptive / AR."""
+    and DFlash / AR in each path; plus the headline ratios at concurrency 1 and the worst adaptive / AR.
+    ``missing`` names every (dataset, concurrency, path, mode) of the grid the rows span that has no row, so a run
+    cut short says what it lacks instead of reading as complete."""
     tok = {}
     for r in rows:
         s = r["settings"]
@@ -63,7 +69,10 @@ def summarize(rows: list[dict], api_server_count: int = 1) -> dict:
             # AR sends one token per update: the most frontend work per token
             "openai_over_inprocess_ar_c64_humaneval": served("humaneval_c64"),
             "openai_over_inprocess_ar_c64_mtbench": served("mtbench_c64"),
-            "api_server_count": api_server_count}
+            "api_server_count": api_server_count,
+            "missing": [f"{key} {path} {m}" for key in levels for path in PATHS for m in MODES
+                        if m not in levels[key].get(path, {})],
+            "notes": list(notes)}
 
 
 def main(argv=None) -> int:
@@ -77,6 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--deployment_dir", type=Path, default=None,
                    help="the deployment directory the sweep served: the sha256 of its target/ and drafter/ go in the "
                         "provenance, so the file names the checkpoints it measured")
+    p.add_argument("--note", action="append", default=[], help="a line for the summary's notes (repeatable)")
     args = p.parse_args(argv)
     rows = []
     for sweep in args.sweep:
@@ -93,7 +103,7 @@ def main(argv=None) -> int:
             print(f"error: --deployment_dir: {missing[0]} is not a folder. Fix: pass the dflash-build output the "
                   "sweep served", file=sys.stderr)
             return 2
-    out = {"summary": summarize(rows, args.api_server_count), "rows": rows, "provenance": record(checkpoints=checkpoints)}
+    out = {"summary": summarize(rows, args.api_server_count, args.note), "rows": rows, "provenance": record(checkpoints=checkpoints)}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["summary"], indent=1))
     return 0
