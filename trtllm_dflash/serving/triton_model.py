@@ -198,16 +198,27 @@ class DFlashModel:
         next_check = time.monotonic() + self.period_s
         while not (self._stop.is_set() and self._updates.empty()):
             try:
-                updates = self._updates.get(timeout=self.period_s)
+                item = self._updates.get(timeout=self.period_s)
             except queue.Empty:
-                updates = []
-            if callable(updates):       # after(): everything before it is sent
-                updates()
-                updates = []
+                item = []
+            # Every step queued behind this one joins it, up to an after() callback: a request then gets one
+            # response for all the steps it waited through. Each send crosses the Python stub's IPC into Triton
+            # (~0.1-0.3 ms), so a sender one response per request and step caps the server at a few thousand
+            # responses/s, where sending the backlog at once keeps up with any step rate (at no latency cost
+            # while the sender keeps up: then the queue holds one step).
             touched: dict[ServedRequest, None] = {}
-            for record, result in updates:
-                record.push(result)
-                touched[record] = None
+            callback = None
+            while True:
+                if callable(item):      # after(): run once everything queued before it is sent
+                    callback = item
+                    break
+                for record, result in item:
+                    record.push(result)
+                    touched[record] = None
+                try:
+                    item = self._updates.get_nowait()
+                except queue.Empty:
+                    break
             for record in touched:
                 try:
                     self._respond(record)
@@ -215,6 +226,8 @@ class DFlashModel:
                     self._log(traceback.format_exc(), error=True)
                     if not record.finished:
                         self.runtime.cancel(record)
+            if callback is not None:
+                callback()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + self.period_s
                 self._check_cancelled()
@@ -229,12 +242,12 @@ class DFlashModel:
                 call.echoed = True
                 self._send(call.sender, protocol.text_outputs(record.prompt or ""), final=False)
             if result.finished:
-                if pending:
-                    self._send(call.sender, protocol.text_outputs("".join(pending)), final=False)
-                    pending = []
                 call.done = True
                 self._count(result)
-                self._respond_final(record, result, call.pieces, call.cancelled, call.sender)
+                # streamed text that waited with the final update rides in the final response: one send
+                self._respond_final(record, result, pending if record.streaming else call.pieces, call.cancelled,
+                                    call.sender)
+                pending = []
                 # Triton has released the request: drop our references now, not when the record is collected
                 # (maybe after finalize, with the stub's shared memory gone).
                 call.request = call.sender = None
@@ -261,12 +274,15 @@ class DFlashModel:
 
     def _respond_final(self, record: ServedRequest, result: Result, pieces: list[str], cancelled: bool,
                        sender) -> None:
+        """``pieces``: the text not sent yet (streaming: what waited together with the final update)."""
+        if (result.error or cancelled) and record.streaming and pieces:   # the client still gets what was made
+            self._send(sender, protocol.text_outputs("".join(pieces)), final=False)
         if result.error:
             self._send_error(sender, result.error, "UNAVAILABLE" if self.draining else "INTERNAL")
         elif cancelled:
             self._send_error(sender, "Request cancelled by client", "CANCELLED")
         else:
-            text = result.text if record.streaming else "".join(pieces) + result.text
+            text = "".join(pieces) + result.text
             if record.echo and not record.streaming:
                 text = (record.prompt or "") + text
             self._send(sender, protocol.final_outputs(text, result), final=True)
