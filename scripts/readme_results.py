@@ -422,12 +422,12 @@ def render_sweep_v3(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_e2e(results: Path) -> str:
+def render_e2e(results: Path, name: str = "e2e_smollm2_h200.json") -> str:
     """End to end with a shipped drafter (benchmarks/e2e_smollm2.sh): AR vs DFlash vs adaptive per dataset and
     concurrency, in-process and through dflash-openai; tokens/s per user, the ratio to AR under each."""
-    name = "e2e_smollm2_h200.json"
     d = _load(results, name)
-    gpu = d["provenance"]["device"].get("gpu", "GPU")
+    # the GPU that ran the rows (a summary joined on another machine records that machine's device)
+    gpu = (d["rows"][0].get("provenance") or {}).get("device", {}).get("gpu") or d["provenance"]["device"].get("gpu", "GPU")
     at = {}
     for r in d["rows"]:
         s = r["settings"]
@@ -436,7 +436,7 @@ def render_e2e(results: Path) -> str:
     levels = sorted({k[3] for k in at})
     label = {"ar": "AR", "dflash": "DFlash (block 16)", "adaptive": "DFlash adaptive"}
     lines = [f"**SmolLM2-135M + {smollm2_drafter(results, d, 'drafter', name)}, one {gpu}, 256 new tokens, greedy** (`OUT=DIR bash "
-             f"benchmarks/e2e_smollm2.sh`; {provenance_note(d, name)}, rows in `e2e_smollm2_h200.jsonl`). "
+             f"benchmarks/e2e_smollm2.sh`; {provenance_note(d, name)}, rows in `{name[:-5]}.jsonl`). "
              "Tokens/s per user, and over AR on the same path:", ""]
     lines += _table_head("dataset", "path", "mode", *(f"concurrency {c}" for c in levels))
     for dataset in ("humaneval", "mtbench"):
@@ -449,7 +449,48 @@ def render_e2e(results: Path) -> str:
                     v, ar = at.get((dataset, path, mode, c)), at.get((dataset, path, "ar", c))
                     cells.append("-" if v is None else f"{v:,.0f}" + ("" if mode == "ar" or not ar else f" ({v / ar:.2f}x)"))
                 lines.append(f"| {dataset} | {path} | {label[mode]} | " + " | ".join(cells) + " |")
-    lines += ["", f"Note: {d['note']}"]
+    notes = [d["note"]] if d.get("note") else d["summary"].get("notes", [])
+    missing = d["summary"].get("missing")
+    if missing:
+        notes.append("Not measured in this run: " + ", ".join(missing) + ".")
+    lines += ["", "\n".join(textwrap.wrap("Note: " + _sentences(notes), 115))]
+    return "\n".join(lines) + "\n"
+
+
+def _sentences(notes: list[str]) -> str:
+    return " ".join(n if n.rstrip().endswith(".") else n.rstrip() + "." for n in notes)
+
+
+def render_e2e_h100(results: Path) -> str:
+    return render_e2e(results, "e2e_smollm2_h100.json")
+
+
+def render_sweep_v4(results: Path) -> str:
+    """Issue #31's sweep: AR and DFlash in-process, through dflash-openai and through dflash-serve (Triton)."""
+    name = "sweep_smollm2_h100_v4.summary.json"
+    d = _load(results, name)
+    s = d["summary"]
+    rows = _read(results, "sweep_smollm2_h100_v4.jsonl")
+    at = {(r["label"], r["settings"]["concurrency"]): r["metrics"] for r in rows}
+    levels = sorted({c for _, c in at})
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    gpu = (rows[0].get("provenance") or {}).get("device", {}).get("gpu", "GPU")
+    lines = [f"**SmolLM2-135M + the shipped drafter, HumanEval prompts, 128 new tokens, one {gpu}** (`bash "
+             f"benchmarks/gpu_smollm2.sh sweep4`, git {rows[0]['versions']['git_sha'][:10]}; summary "
+             f"{provenance_note(d, name)}). New tokens/s over all users (tokens/s per user):", "",
+             *_table_head("concurrency", *map(str, levels))]
+    for label in labels:
+        lines.append(f"| {label} | " + " | ".join(
+            "-" if (label, c) not in at else f"{at[(label, c)]['total_tok_s']:,.0f} ({at[(label, c)]['tok_s_user']:,.0f})"
+            for c in levels) + " |")
+    def ratio(key):
+        return "not measured" if s.get(key) is None else f"{s[key]:.2f}"
+    text = (f"Served over in-process at concurrency 64 (DFlash, tokens/s): dflash-openai {ratio('openai_over_inprocess_c64')}, "
+            f"Triton {ratio('triton_over_inprocess_c64')}. AR at concurrency 256: {s['ar_tok_s_c256']:,.0f} tok/s "
+            f"in-process, {s['openai_ar_tok_s_c256']:,.0f} through dflash-openai. DFlash adaptive over AR at equal "
+            f"interactivity: {s['min_adaptive_over_ar_iso_interactivity']:.2f}x to "
+            f"{s['max_adaptive_over_ar_iso_interactivity']:.2f}x. Notes: " + _sentences(s.get("notes", [])))
+    lines += ["", *textwrap.wrap(text, 115)]
     return "\n".join(lines) + "\n"
 
 
@@ -996,6 +1037,8 @@ RENDERERS = {
     "e2e": render_e2e,
     "bit_exact": render_bit_exact,
     "sweep_v3": render_sweep_v3,
+    "e2e_h100": render_e2e_h100,
+    "sweep_v4": render_sweep_v4,
     "step_notes": render_step_notes,
     "layer_ops": render_layer_ops,
     "tp_bench": render_tp_bench,
