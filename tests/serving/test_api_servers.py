@@ -156,3 +156,11 @@ def test_ctrl_c_drains_every_api_server(tiny_deployment, tmp_path):
     assert srv.proc.wait(timeout=30) == 0, srv.log.read_text()[-3000:]
     assert all(_gone(p, 10) for p in procs), [p for p in procs if _alive(p)]
 
+
+
+def test_the_default_count_follows_the_cores(monkeypatch):
+    from trtllm_dflash.serving import openai_server
+
+    for cores, want in ((1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (128, 4)):
+        monkeypatch.setattr(openai_server.os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
+        assert openai_server.default_api_server_count() == want, cores

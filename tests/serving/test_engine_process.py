@@ -211,11 +211,16 @@ def test_greedy_tokens_equal_the_in_process_runtime(tiny_deployment):
 
 
 # ---- through a real dflash-openai (uvicorn) -----------------------------------------------------------------
+def _one_frontend_unless_asked(extra: tuple) -> tuple:
+    """--api_server_count's default follows the machine's cores: these tests count the server's children."""
+    return extra if any(a.startswith("--api_server") for a in extra) else (*extra, "--api_server_count", "1")
+
+
 class _OpenAI:
     def __init__(self, deployment_dir, log, *extra, children: int = 1, own_group: bool = False):
         self.port, self.log = free_port(), log
         cmd = [sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(deployment_dir), "--port", str(self.port),
-               "--served_model_name", "m", *extra]
+               "--served_model_name", "m", *_one_frontend_unless_asked(extra)]
         with open(log, "wb") as fh:
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=TEST_ENV,
                                          start_new_session=own_group)   # own_group: a terminal's process group

@@ -24,7 +24,7 @@ class OpenAIServer:
     def __init__(self, deployment_dir: Path, log: Path, name: str = "smol", *extra: str):
         self.port, self.log = free_port(), log
         cmd = [sys.executable, "-m", "trtllm_dflash.serving.openai_server", str(deployment_dir), "--port", str(self.port),
-               "--served_model_name", name, *extra]
+               "--served_model_name", name, "--api_server_count", "1", *extra]
         with open(log, "wb") as fh:
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=TEST_ENV)
         wait_logged(self.proc, log, "dflash-openai: ready", 180, stop_timeout=30)
