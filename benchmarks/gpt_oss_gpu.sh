@@ -3,6 +3,8 @@
 #   tests  (H100, ~2 min)  GPU tests of the MXFP4 kernels -> gpu_tests_mxfp4_<gpu>.json
 #   mxfp4  (H100, ~2 min)  the expert variants (mma / swap / gemv) at real shapes: their GPU tests, then one MoE layer
 #          timed per variant and tile config, 1..64 tokens, random and concentrated routing -> mxfp4_bench.json
+#   probe  (H100 or H200, ~1 min) where the gemv experts' time goes: the gate_up kernel beside a load-only and a
+#          load + decode twin on the same experts, and a plain copy of the bytes -> $RESULTS/mxfp4_probe_<gpu>.json
 #   20b    (H100, ~4 min)  gpt-oss-20b steps at batch 1, 4, 16, 64 under uniform and skewed routing, MXFP4 kernels vs
 #          bf16 dequantised in the same run, tile sweep, profile -> $RESULTS/gpt_oss_20b_step_<gpu>.json
 #   120b   (H200 or H100, ~4 min) gpt-oss-120b steps, the same batches and routings with MXFP4 kernels (bf16 does not
@@ -35,6 +37,9 @@ for stage in "${stages[@]}"; do
     tests)
       if [ -n "${SMOKE:-}" ]; then $PY -m pytest -q -p no:cacheprovider tests/runtime/test_mxfp4_moe.py 2>&1 | tee "$OUT/tests.log"
       else $PY -m trtllm_dflash.bench.gpu_test_report tests/runtime/test_mxfp4_moe.py --out "$OUT/gpu_tests_mxfp4.json" 2>&1 | tee "$OUT/tests.log"; fi ;;
+    probe)
+      if [ -n "${SMOKE:-}" ]; then $PY -m trtllm_dflash.bench.mxfp4_probe --smoke --out "$OUT/mxfp4_probe_smoke.json"
+      else $PY -m trtllm_dflash.bench.mxfp4_probe --out "$RESULTS/mxfp4_probe_$(gpu_tag).json" 2>&1 | tee "$OUT/probe.log"; fi ;;
     mxfp4)
       if [ -n "${SMOKE:-}" ]; then $PY -m trtllm_dflash.bench.mxfp4 --smoke --out "$OUT/mxfp4_bench_smoke.json"
       else rc=0  # the timings are wanted even when a test fails; the stage still fails afterwards
