@@ -10,6 +10,7 @@
 #   DRAFTER: the drafter folder or shipped name [smollm2-135m-dflash]; SMOKE=1: the same on this CPU, 8 tokens,
 #   levels 1 and 2, few requests (-> e2e_smollm2_smoke.json); SERVED=0 skips the dflash-openai half;
 #   API_SERVERS: dflash-openai's --api_server_count [1] (frontend processes on the port, one engine);
+#   RESUME=1: keep $OUT's rows and run only the sweeps they lack (a run its time limit ended goes on);
 #   GPUS=0,1: the datasets at the same time, the i-th on GPU i of the list (CUDA_VISIBLE_DEVICES) and port PORT + i,
 #   one summary over all (each GPU runs one dataset's whole sweep alone; the host's cores are shared)
 set -euo pipefail
@@ -37,6 +38,7 @@ BASE_PORT=${PORT:-$((20000 + RANDOM % 20000))}
 # dflash-openai in the background for one sweep: started in its own session, waited for, stopped by its group
 served() {   # mode deployment [server flags...]
   local mode=$1 deploy=$2 log=$OUT/openai_$1_$dataset.log; shift 2
+  have "$label via dflash-openai" && return 0
   setsid $PY -m trtllm_dflash.serving.openai_server "$deploy" --port $PORT --served_model_name smollm2 \
     --api_server_count "${API_SERVERS:-1}" "$@" \
     > "$log" 2>&1 &
@@ -53,12 +55,29 @@ served() {   # mode deployment [server flags...]
   kill -TERM -- -$pid; wait $pid || true
   return $rc
 }
+# RESUME=1: a run cut short goes on where it stopped: a sweep whose rows are in the dataset's JSONL at every level
+# is skipped, the rows of one it did not finish are dropped and it runs again
+have() {   # label: true when RESUME=1 and $OUT/e2e_$dataset.jsonl holds it at every level
+  [[ ${RESUME:-0} == 1 && -f $OUT/e2e_$dataset.jsonl ]] || return 1
+  $PY - "$OUT/e2e_$dataset.jsonl" "$1" "$LEVELS" <<'PYEOF'
+import json, sys
+from pathlib import Path
+path, label, levels = Path(sys.argv[1]), sys.argv[2], {int(c) for c in sys.argv[3].split(",")}
+rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+if levels <= {int(r["settings"]["concurrency"]) for r in rows if r["label"] == label}:
+    print(f"RESUME: {label}: every level is in {path.name}, skipped", file=sys.stderr)
+    sys.exit(0)
+path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["label"] != label))
+sys.exit(1)
+PYEOF
+}
 one_dataset() {   # dataset [port]: its sweeps in-process and served, its Pareto plot
   local dataset=$1 mode label
   PORT=${2:-$BASE_PORT}
-  rm -f "$OUT/e2e_$dataset.jsonl"
+  [[ ${RESUME:-0} == 1 ]] || rm -f "$OUT/e2e_$dataset.jsonl"
   for mode in ar dflash adaptive; do
     label=$(case $mode in ar) echo AR ;; dflash) echo DFlash ;; *) echo "DFlash adaptive" ;; esac)
+    have "$label" && continue
     $PY -m trtllm_dflash.bench.sweep --deployment_dir "$OUT/.deploy_fixed" --mode $mode --concurrency $LEVELS \
       --dataset $dataset "${LOAD[@]}" --label "$label" --out "$OUT/e2e_$dataset.jsonl"
   done
