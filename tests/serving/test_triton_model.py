@@ -228,11 +228,17 @@ def test_dflash_serve_alive_is_asked_of_tritonserver_parent():
     assert triton_model._alive(grandparent) and not triton_model._alive(os.getpid())
 
 
-def test_a_slow_sender_sends_each_request_its_backlog_at_once(make_model):
+@pytest.mark.parametrize("acks", [False, True], ids=["in_process", "engine_process_acks"])
+def test_a_slow_sender_sends_each_request_its_backlog_at_once(make_model, acks):
     # Each send crosses the Python stub's IPC into Triton; one response per request and step capped dflash-serve at
     # ~3.5k responses/s on an H100 host (57 tok/s per user for AR at concurrency 64). A sender that lags sends each
-    # request everything it owes in one response: the engine's rate is kept, the text is the same.
+    # request everything it owes in one response: the engine's rate is kept, the text is the same. The engine
+    # process's client (engine_client.py) queues an after() acknowledgement behind every step: the drain must go
+    # past those too (it once stopped at the first, so each response still held one step).
     model, engine = make_model(max_batch_size=8, step_s=0.0005)
+    if acks:
+        deliver, acked = model.deliver, []
+        model.deliver = lambda updates: (deliver(updates), model.after(lambda: acked.append(len(updates))))
     send = model._send
     model._send = lambda *a, **kw: (time.sleep(0.002), send(*a, **kw))   # 2 ms per response, 8 streams
     reqs = [FakeRequest(triton_inputs(f"s{i}-", max_tokens=200, streaming=True)) for i in range(8)]
@@ -243,3 +249,5 @@ def test_a_slow_sender_sends_each_request_its_backlog_at_once(make_model):
     steps = engine.counters["steps"]           # 100 updates of 2 tokens per request
     sends = max(len(r.sender.responses) for r in reqs)
     assert steps >= 100 and sends <= steps / 3, (sends, steps)
+    if acks:      # every acknowledgement ran, once its step was sent
+        assert len(acked) >= steps

@@ -201,20 +201,23 @@ class DFlashModel:
                 item = self._updates.get(timeout=self.period_s)
             except queue.Empty:
                 item = []
-            # Every step queued behind this one joins it, up to an after() callback: a request then gets one
+            # Every step queued behind this one joins it: a request then gets one
             # response for all the steps it waited through. Each send crosses the Python stub's IPC into Triton
             # (~0.1-0.3 ms), so a sender one response per request and step caps the server at a few thousand
             # responses/s, where sending the backlog at once keeps up with any step rate (at no latency cost
             # while the sender keeps up: then the queue holds one step).
             touched: dict[ServedRequest, None] = {}
-            callback = None
+            callbacks = []
             while True:
-                if callable(item):      # after(): run once everything queued before it is sent
-                    callback = item
-                    break
-                for record, result in item:
-                    record.push(result)
-                    touched[record] = None
+                if callable(item):
+                    # after(): run once everything queued before it is sent. The engine process's client asks
+                    # one behind every step (its flow control acknowledges steps once taken in), so the drain goes
+                    # past them, or it would never hold more than the one step
+                    callbacks.append(item)
+                else:
+                    for record, result in item:
+                        record.push(result)
+                        touched[record] = None
                 try:
                     item = self._updates.get_nowait()
                 except queue.Empty:
@@ -226,7 +229,7 @@ class DFlashModel:
                     self._log(traceback.format_exc(), error=True)
                     if not record.finished:
                         self.runtime.cancel(record)
-            if callback is not None:
+            for callback in callbacks:
                 callback()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + self.period_s
