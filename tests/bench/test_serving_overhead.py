@@ -27,6 +27,7 @@ def test_triton_server_overhead_report(tmp_path):
     for key in ("steps_per_s_alone", "steps_per_s_served", "engine_tok_s_alone", "responses_per_s", "tok_s_received",
                 "sent_over_alone", "tokens_per_response", "frontend_cpu_us_per_token", "triton_cpu_us_per_token",
                 "guard_cpu_us_per_token", "engine_cpu_ms_per_step_served", "client_cpu_util", "triton_model_git_blob",
+                "other_cpu_util_alone", "other_cpu_util_served",
                 "provenance"):
         assert key in report, key
     assert report["server"] == "triton" and report["triton_model"] == "under test"

@@ -35,7 +35,9 @@ text they get. Tokens received are counted from that text (the stand-in repeats 
 tokens = characters x tokens/characters of the prompt). CPU: ``triton_cpu_us_per_token`` is tritonserver and
 its python-backend stub (the model's sender and the engine's frontend side run there), ``guard_cpu_us_per_token``
 dflash-serve's own process (the gRPC relay every response crosses), ``frontend_cpu_us_per_token`` both, all
-per token received; the engine process and the clients are counted apart.
+per token received; the engine process and the clients are counted apart. ``other_cpu_util_*``: cores kept busy
+by processes not the bench's during a phase (0 on a quiet machine; the rates of a run with much of it are not
+comparable with another's).
 """
 from __future__ import annotations
 
@@ -169,6 +171,13 @@ def _process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds all cores spent busy since boot (/proc/stat): with our processes' own, what else ran."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 class Runtime:
     """The runtime under test and how to read its engine: in this process (thread) or in its own (process)."""
 
@@ -198,15 +207,20 @@ class Runtime:
         return 0.0 if self.engine_pid is None else _process_cpu_s(self.engine_pid)
 
 
-def measure(rt: Runtime, seconds: float, sent=lambda: 0) -> dict:
+def measure(rt: Runtime, seconds: float, sent=lambda: 0, other_pids=()) -> dict:
     """Engine steps/s, tokens sent to the clients, and CPU time of this process and of the engine process. The
-    CPU time depends little on what else runs on the machine, unlike the rates."""
+    CPU time depends little on what else runs on the machine, unlike the rates; ``other_cpu_util`` says how
+    much else ran (cores busy with processes not ours; ``other_pids``: ours besides this one and the engine)."""
     s0, n0, t0, c0, e0 = rt.steps(), sent(), time.perf_counter(), time.process_time(), rt.engine_cpu_s()
+    m0, o0 = _machine_busy_s(), _cpu_s(list(other_pids))
     time.sleep(seconds)
     c1, e1, steps, n1, t1 = time.process_time(), rt.engine_cpu_s(), rt.steps() - s0, sent(), time.perf_counter()
+    m1, o1 = _machine_busy_s(), _cpu_s(list(other_pids))
+    own = (c1 - c0) + (e1 - e0) + (o1 - o0)
     return {"steps_per_s": steps / (t1 - t0), "cpu_ms_per_step": 1e3 * (c1 - c0) / max(steps, 1),
             "engine_cpu_ms_per_step": 1e3 * (e1 - e0) / max(steps, 1), "cpu_s": c1 - c0, "steps": steps,
-            "tokens_sent": n1 - n0, "tokens_sent_per_s": (n1 - n0) / (t1 - t0)}
+            "tokens_sent": n1 - n0, "tokens_sent_per_s": (n1 - n0) / (t1 - t0),
+            "other_cpu_util": max(0.0, (m1 - m0) - own) / (t1 - t0)}
 
 
 def wait_active(rt: Runtime, n: int, timeout: float = 60) -> None:
@@ -421,7 +435,8 @@ def measure_triton(srv: TritonServed, seconds: float) -> dict:
     def sample():
         pids = srv.pids()
         return {"t": time.perf_counter(), "clients": srv.snap(), "steps": srv.metric("dflash_steps_total"),
-                **{k: _cpu_s(v) for k, v in pids.items()}, "pids": pids}
+                **{k: _cpu_s(v) for k, v in pids.items()}, "pids": pids, "machine": _machine_busy_s(),
+                "self": time.process_time()}
     a = sample()
     time.sleep(seconds)
     b = sample()
@@ -431,7 +446,9 @@ def measure_triton(srv: TritonServed, seconds: float) -> dict:
                 "cpu_util": (y["cpu_s"] - x["cpu_s"]) / max(y["t"] - x["t"], 1e-9),
                 "error_messages": y["error_messages"]}
                for x, y in zip(a["clients"], b["clients"])]
+    own = sum(b[k] - a[k] for k in ("guard", "triton", "engine", "self")) + sum(c["cpu_s"] for c in clients)
     return {"wall_s": wall, "steps": b["steps"] - a["steps"], "clients": clients,
+            "other_cpu_util": max(0.0, b["machine"] - a["machine"] - own) / wall,
             **{f"{k}_cpu_s": b[k] - a[k] for k in ("guard", "triton", "engine")},
             "tree_changed": a["pids"] != b["pids"]}
 
@@ -477,6 +494,7 @@ def serve_triton(args, tokenizer, alone: dict) -> dict:
             "cpu_s_served": {"tritonserver_and_stub": m["triton_cpu_s"], "dflash_serve": m["guard_cpu_s"],
                              "engine": m["engine_cpu_s"], "clients": sum(c["cpu_s"] for c in m["clients"])},
             "client_procs": len(m["clients"]), "client_cpu_util": [c["cpu_util"] for c in m["clients"]],
+            "other_cpu_util_served": m["other_cpu_util"],
             "clients": m["clients"], "tokens_per_char": tokens_per_char, "process_tree_changed": m["tree_changed"],
             "dflash_serve_exit_code": rc, "dflash_serve_log_tail": log_tail if rc else ""}
 
@@ -515,7 +533,8 @@ def main(argv=None) -> int:
               "wait_ms": args.wait_ms, "tokenizer": args.tokenizer, "seconds": args.seconds, "cpus": os.cpu_count(),
               "steps_per_s_alone": alone["steps_per_s"], "engine_tok_s_alone": 2 * args.streams * alone["steps_per_s"],
               "cpu_ms_per_step_alone": alone["cpu_ms_per_step"],
-              "engine_cpu_ms_per_step_alone": alone["engine_cpu_ms_per_step"]}
+              "engine_cpu_ms_per_step_alone": alone["engine_cpu_ms_per_step"],
+              "other_cpu_util_alone": alone["other_cpu_util"]}
     if args.server == "triton":
         served_file = SOURCE_ROOT / "trtllm_dflash" / "serving" / "triton_model.py"
         result = {**common, **serve_triton(args, rt.tokenizer, alone), "grpc_guard": args.grpc_guard,
@@ -549,7 +568,7 @@ def serve_openai(args, alone: dict) -> dict:
         wait_active(rt, args.streams)
         time.sleep(1.0)        # the streams' first tokens are out
         print(f"served: {args.streams} streams running, measuring {args.seconds:g} s", file=sys.stderr, flush=True)
-        served = measure(rt, args.seconds, lambda: openai_app.metrics.counters["generation_tokens"])
+        served = measure(rt, args.seconds, lambda: openai_app.metrics.counters["generation_tokens"], [client.pid])
     finally:
         client.terminate()
         client.wait(timeout=30)
@@ -569,7 +588,7 @@ def serve_openai(args, alone: dict) -> dict:
             "cpu_ms_per_step_served": served["cpu_ms_per_step"],
             "engine_cpu_ms_per_step_served": served["engine_cpu_ms_per_step"],
             "frontend_cpu_us_per_token": 1e6 * frontend_s / max(served["tokens_sent"], 1),
-            "generation_tokens_sent": generated}
+            "generation_tokens_sent": generated, "other_cpu_util_served": served["other_cpu_util"]}
 
 
 if __name__ == "__main__":
