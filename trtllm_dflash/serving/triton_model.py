@@ -190,8 +190,8 @@ class DFlashModel:
         self._updates.put(updates)
 
     def after(self, callback) -> None:
-        """Run ``callback`` on the sender thread once the updates delivered before it are sent (flow control of
-        the engine process: engine_client.py)."""
+        """Run ``callback`` on the sender thread once the updates delivered before it are taken in (pushed into
+        their records; sent in the same round): the engine process's flow control, engine_client.py."""
         self._updates.put(callback)
 
     def _send_loop(self) -> None:
@@ -210,9 +210,9 @@ class DFlashModel:
             callbacks = []
             while True:
                 if callable(item):
-                    # after(): run once everything queued before it is sent. The engine process's client asks
-                    # one behind every step (its flow control acknowledges steps once taken in), so the drain goes
-                    # past them, or it would never hold more than the one step
+                    # after(): the engine process's client asks one behind every step (its flow control
+                    # acknowledges a step once taken in), so the drain goes past them, or it would never hold more
+                    # than the one step
                     callbacks.append(item)
                 else:
                     for record, result in item:
@@ -222,6 +222,11 @@ class DFlashModel:
                     item = self._updates.get_nowait()
                 except queue.Empty:
                     break
+            # Taken in: the steps are in their records, so the engine may go on while they are sent (as
+            # dflash-openai's handoff acknowledges once its loop has dispatched them); what it makes meanwhile
+            # joins the next round's responses, at most MAX_UNACKED steps (engine_core.py) queued here.
+            for callback in callbacks:
+                callback()
             for record in touched:
                 try:
                     self._respond(record)
@@ -229,8 +234,6 @@ class DFlashModel:
                     self._log(traceback.format_exc(), error=True)
                     if not record.finished:
                         self.runtime.cancel(record)
-            for callback in callbacks:
-                callback()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + self.period_s
                 self._check_cancelled()
