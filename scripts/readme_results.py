@@ -461,6 +461,35 @@ def _sentences(notes: list[str]) -> str:
     return " ".join(n if n.rstrip().endswith(".") else n.rstrip() + "." for n in notes)
 
 
+def render_triton_overhead(results: Path) -> str:
+    """bench.serving_overhead --server triton: what dflash-serve delivers of an engine stand-in's tokens, by the
+    Triton model's sender (one response per request and step; drain past the engine's acknowledgements; those
+    acknowledged once taken in), beside dflash-openai."""
+    runs = [("before", "one response per request and step"),
+            ("cb0ed9a", "steps queued behind each other joined, acknowledged after sending"),
+            ("after", "joined, acknowledged once taken in (now)")]
+    lines = ["**Streaming through dflash-serve on a 2-core CPU** (`python -m trtllm_dflash.bench.serving_overhead "
+             "--server triton --streams N --seconds 8 --busy_ms 1.0 --wait_ms 1.0`: an engine stand-in in its own "
+             "process making 2 tokens per request and step, the real dflash-serve, gRPC streaming clients in 2 "
+             "processes; CPU time shared by all of them; `benchmarks/results/serving_overhead_cpu_triton_after_64.json` and "
+             "its siblings, one per row):", "",
+             *_table_head("Triton model's sender", "streams", "tok/s received", "of the engine's alone",
+                          "tokens per response", "frontend CPU us per token")]
+    for tag, what in runs:
+        for n in (16, 64):
+            name = f"serving_overhead_cpu_triton_{tag}_{n}.json"
+            d = _load(results, name)
+            lines.append(f"| {what} | {n} | {d['tok_s_received']:,.0f} | {d['sent_over_alone']:.2f} | "
+                         f"{d['tokens_per_response']:.1f} | {d['frontend_cpu_us_per_token']:.0f} |")
+    o = _load(results, "serving_overhead_cpu_openai_64.json")
+    lines += ["", "\n".join(textwrap.wrap(
+        f"dflash-openai in the same setting at 64 streams: {o['tok_s_sent_served']:,.0f} tok/s, "
+        f"{o['sent_over_alone']:.2f} of the engine's alone, {o['frontend_cpu_us_per_token']:.0f} us of frontend CPU "
+        "per token (`serving_overhead_cpu_openai_64.json`): Triton's python backend and the gRPC relay still cost "
+        "several times more per token.", 115))]
+    return "\n".join(lines) + "\n"
+
+
 def render_e2e_h100(results: Path) -> str:
     return render_e2e(results, "e2e_smollm2_h100.json")
 
@@ -1038,6 +1067,7 @@ RENDERERS = {
     "bit_exact": render_bit_exact,
     "sweep_v3": render_sweep_v3,
     "e2e_h100": render_e2e_h100,
+    "triton_overhead": render_triton_overhead,
     "sweep_v4": render_sweep_v4,
     "step_notes": render_step_notes,
     "layer_ops": render_layer_ops,
