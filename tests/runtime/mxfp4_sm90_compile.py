@@ -8,6 +8,12 @@ Argument types and the 16-divisibility hints are the ones the JIT specialises on
 intermediate 2880, rows of 1440 bytes). Run in its own process: TRITON_INTERPRET must be unset.
 
   python tests/runtime/mxfp4_sm90_compile.py gemv:16:32:256:4 mma:16:64:128:4 swap:16:64:128:4
+
+``--loop`` (gemv configs): the SASS instructions each thread issues per K step of the gemv kernels' main loop, and
+per weight value it decodes there, at 1 token and per further token (the loop over a slot's rows). An SM issues 4
+warp instructions per clock, so at H100 clocks (132 SMs, ~1.75 GHz) N instructions per value cap the weights a
+kernel can stream at ~29.6e12 / N values/s, 2 values per byte: the integer decode's share of the bandwidth limit,
+read without a GPU.
 """
 from __future__ import annotations
 
@@ -32,16 +38,56 @@ TYPES = {  # argument name -> Triton type, for every kernel (the rest are i32)
 DIV16 = {"K", "I", "H", "stride_xm", "stride_we", "stride_wn", "stride_se", "stride_be"}
 
 
-def compile_sm90(kernel, consts: dict, num_warps: int, num_stages: int = 4) -> dict:
+def _cubin(kernel, consts: dict, num_warps: int, num_stages: int = 4) -> bytes:
     sig = {n: "constexpr" if n in consts else TYPES.get(n, "i32") for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if sig[n].startswith("*") or n in DIV16}
-    compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
+    return triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages}).asm["cubin"]
+
+
+def _tool(name: str) -> str:
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def loops(cubin: bytes) -> list[int]:
+    """Instructions in each loop of the kernel's SASS (a backward branch's span), outermost first."""
+    import re
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mxfp4_sm90_{os.getpid()}_loops.cubin"
+    path.write_bytes(cubin)
+    sass = subprocess.run([_tool("cuobjdump"), "-sass", str(path)], capture_output=True, text=True).stdout
+    path.unlink()
+    spans = []
+    for addr, target in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?BRA[^;]*?0x([0-9a-f]+)", sass):
+        a, t = int(addr, 16), int(target, 16)
+        if t < a:
+            spans.append((a - t) // 16 + 1)      # one SASS instruction per 16 bytes on sm_90
+    return sorted(spans, reverse=True)
+
+
+def loop_cost(spec: str) -> list[dict]:
+    """--loop: per gemv kernel, the instructions per thread of its K-step loop and per weight value in it."""
+    _, bm, bn, bk, warps = (int(v) if v.isdigit() else v for v in spec.split(":"))
+    common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "split": 1}
+    rows = []
+    for kernel, consts, tiles in ((M._gemv_gate_up_kernel, common, 2),
+                                  (M._gemv_down_kernel, {**common, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, 1)):
+        spans = loops(_cubin(kernel, consts, warps))
+        values = tiles * bn * bk / (32 * warps)          # weight values a thread decodes per K step
+        k_step, per_row = spans[0], spans[1] if len(spans) > 1 else 0
+        rows.append({"config": spec, "kernel": kernel.__name__, "loop_instructions_1_token": k_step,
+                     "row_loop_instructions": per_row, "weight_values_per_thread": values,
+                     "instructions_per_value_1_token": round(k_step / values, 2),
+                     "instructions_per_value_per_more_token": round(per_row / values, 2),
+                     "h100_issue_bound_tb_per_s_1_token": round(29.6e12 / (k_step / values) / 2 / 1e12, 2)})
+    return rows
+
+
+def compile_sm90(kernel, consts: dict, num_warps: int, num_stages: int = 4) -> dict:
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mxfp4_sm90_{os.getpid()}.cubin"
-    path.write_bytes(compiled.asm["cubin"])
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    usage = subprocess.run([str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True).stdout
+    path.write_bytes(_cubin(kernel, consts, num_warps, num_stages))
+    usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(path)], capture_output=True,
+                           text=True).stdout
     path.unlink()
     line = next((u for u in usage.splitlines() if "REG:" in u), "")
     field = lambda key: int(line.split(key + ":")[1].split()[0]) if key + ":" in line else None  # noqa: E731
@@ -73,6 +119,11 @@ def configs(spec: str):
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: this compiles for the GPU")
+    if sys.argv[1:2] == ["--loop"]:
+        for spec in sys.argv[2:]:
+            for row in loop_cost(spec):
+                print(json.dumps(row), flush=True)
+        raise SystemExit(0)
     for spec in sys.argv[1:]:
         for kernel, consts, warps in configs(spec):
             print(json.dumps({"config": spec, **compile_sm90(kernel, consts, warps),
