@@ -17,7 +17,7 @@ TOOLS = {
     "step": "step", "load": "load", "soak": "soak", "acceptance": "acceptance", "quant_report": "quant_report",
     "cuda_check": "cuda_check", "tp": "tp", "tp_allreduce": "tp_allreduce", "serving_overhead": "serving_overhead",
     "guard_overhead": "guard_overhead", "aiperf_openai": "aiperf_openai", "gemm": "gemm", "fp8_gemm": "fp8_gemm",
-    "sample": "sample", "mxfp4": "mxfp4", "gpt_oss_kernels": "gpt_oss_kernels", "gpt_oss_step": "gpt_oss_step",
+    "sample": "sample", "mxfp4": "mxfp4", "mxfp4_probe": "mxfp4_probe", "gpt_oss_kernels": "gpt_oss_kernels", "gpt_oss_step": "gpt_oss_step",
     "gpt_oss_tp": "gpt_oss_tp", "layer_op_counts": "layer_op_counts", "draft_policy_tables": "draft_policy_tables",
     "cpu_generate_parity": "cpu_generate_parity", "gpu_tests": "gpu_tests", "gpu_test_report": "gpu_test_report",
     "e2e_summary": "e2e_summary", "sweep2_summary": "sweep2_summary", "bit_exact_summary": "bit_exact_summary",
