@@ -122,7 +122,8 @@ def test_serving_builds_the_llm_like_load_llm(fake_trtllm, deployments, tmp_path
     assert (prompt, streaming) == ("Hi", True)
     assert params.kwargs == {"max_tokens": 5, "temperature": 0.0, "ignore_eos": True, "stop": ["\n"],
                              "return_perf_metrics": True}
-    assert r.sender.text() == "Hello!" and len(r.sender.responses) == 3
+    # the runtime's 3 updates: one response each, or fewer when the sender found several queued (it joins them)
+    assert r.sender.text() == "Hello!" and 1 <= len(r.sender.responses) <= 3
     final = r.sender.responses[-1].outputs
     assert final["acceptance_rate"][0] == pytest.approx(0.5) and final["total_draft_tokens"].tolist() == [6]
     model.finalize()
