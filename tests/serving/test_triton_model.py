@@ -55,7 +55,7 @@ def test_concurrent_requests_are_batched(make_model):
 
 
 def test_streaming_sends_pieces_then_final(make_model):
-    model, _ = make_model()
+    model, _ = make_model(step_s=0.02)     # steps far apart: the sender has each one alone (it joins queued ones)
     (r,) = _run(model, FakeRequest(triton_inputs("abc", max_tokens=7, streaming=True)))
     assert len(r.sender.responses) >= 3 and r.sender.text() == "abcabca"
     assert "finish_reason" in r.sender.responses[-1].outputs
