@@ -114,3 +114,23 @@ def test_one_reader_of_a_deployments_manifest():
     assert not hits, "read it with Deployment.open:\n" + "\n".join(hits)
     assert READS_MANIFEST.search("""m = json.load(open(sys.argv[1] + "/manifest.json"))""")
     assert not READS_MANIFEST.search("m = Deployment.open(path).manifest")
+
+
+def test_no_test_module_imports_triton_when_collected():
+    # Triton reads TRITON_INTERPRET once, when first imported; the kernel tests set it when pytest imports them, so
+    # a test module collected before them that imported Triton left every later interpreter test calling compiled
+    # kernels ("Cannot call @triton.jit'd outside of the scope of a kernel": 113 failures in one full run).
+    def imports_triton(node) -> bool:
+        if isinstance(node, ast.Import):
+            return any(a.name.split(".")[0] == "triton" for a in node.names)
+        if isinstance(node, ast.ImportFrom):
+            return (node.module or "").split(".")[0] == "triton"
+        call = getattr(node, "value", None)
+        return (isinstance(node, (ast.Expr, ast.Assign)) and isinstance(call, ast.Call)
+                and getattr(call.func, "attr", "") == "importorskip" and bool(call.args)
+                and str(getattr(call.args[0], "value", "")).split(".")[0] == "triton")
+    hits = [f"{p.relative_to(ROOT)}:{node.lineno}" for p in (ROOT / "tests").rglob("test_*.py")
+            for node in ast.parse(p.read_text()).body if imports_triton(node)]
+    assert not hits, "import Triton inside the tests that use it: " + ", ".join(hits)
+    bad = ast.parse('import pytest\npytest.importorskip("triton")\n').body
+    assert imports_triton(bad[1]) and not imports_triton(bad[0])
