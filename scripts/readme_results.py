@@ -382,14 +382,18 @@ def render_engine_load(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _sweep(results: Path, stem: str):
+    """A sweep's summary file name and contents, its rows, their metrics by (label, concurrency), the levels."""
+    name = f"{stem}.summary.json"
+    d = _load(results, name)
+    rows = _read(results, f"{stem}.jsonl")
+    at = {(r["label"], r["settings"]["concurrency"]): r["metrics"] for r in rows}
+    return name, d, d["summary"], rows, at, sorted({c for _, c in at})
+
+
 def render_sweep_v3(results: Path) -> str:
     """AR vs DFlash fixed vs adaptive on the real SmolLM2 pair, concurrency 1..256 (one H100)."""
-    name = "sweep_smollm2_h100_v3.summary.json"
-    d = _load(results, name)
-    s = d["summary"]
-    rows = _read(results, "sweep_smollm2_h100_v3.jsonl")
-    at = {(r["label"], r["settings"]["concurrency"]): r["metrics"] for r in rows}
-    levels = sorted({c for _, c in at})
+    name, d, s, rows, at, levels = _sweep(results, "sweep_smollm2_h100_v3")
     sha = rows[0]["versions"]["git_sha"][:10]
     lines = [
         f"**SmolLM2-135M + the v1 drafter, in-process, HumanEval prompts, 128 new tokens, one H100** "
@@ -496,12 +500,7 @@ def render_e2e_h100(results: Path) -> str:
 
 def render_sweep_v4(results: Path) -> str:
     """Issue #31's sweep: AR and DFlash in-process, through dflash-openai and through dflash-serve (Triton)."""
-    name = "sweep_smollm2_h100_v4.summary.json"
-    d = _load(results, name)
-    s = d["summary"]
-    rows = _read(results, "sweep_smollm2_h100_v4.jsonl")
-    at = {(r["label"], r["settings"]["concurrency"]): r["metrics"] for r in rows}
-    levels = sorted({c for _, c in at})
+    name, d, s, rows, at, levels = _sweep(results, "sweep_smollm2_h100_v4")
     labels = list(dict.fromkeys(r["label"] for r in rows))
     gpu = (rows[0].get("provenance") or {}).get("device", {}).get("gpu", "GPU")
     lines = [f"**SmolLM2-135M + the shipped drafter, HumanEval prompts, 128 new tokens, one {gpu}** (`bash "

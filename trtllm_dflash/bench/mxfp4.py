@@ -95,6 +95,24 @@ def time_us(fn, iters: int, cuda: bool) -> float:
     return statistics.median(time_ms(graphed(fn), iters, 3, True)) * 1e3
 
 
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    """--iters, --smoke and --out, as this bench and bench/mxfp4_probe.py take them."""
+    p.add_argument("--iters", type=int, default=20, help="graph replays per point (the median is reported)")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU in Triton's interpreter")
+    p.add_argument("--out", required=True)
+
+
+def run_device(args) -> torch.device:
+    """The device a run times on: --smoke picks Triton's interpreter on the CPU (set before any kernel module is
+    imported: triton.jit reads it when it wraps them), else a CUDA GPU, or a one-line exit naming --smoke."""
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU visible; use --smoke for the CPU interpreter run")
+    return torch.device("cuda")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
@@ -102,20 +120,14 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="1,4,10,40,64")
     p.add_argument("--routings", default="random,concentrated")
     p.add_argument("--configs", default=None, help=f"comma list of {', '.join(CONFIGS)} (default: all)")
-    p.add_argument("--iters", type=int, default=20, help="graph replays per point (the median is reported)")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU in Triton's interpreter")
-    p.add_argument("--out", required=True)
+    add_run_flags(p)
     args = p.parse_args(argv)
-    if args.smoke:
-        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are imported
+    device = run_device(args)
+    cuda = device.type == "cuda"
     from trtllm_dflash.provenance import record
     from trtllm_dflash.runtime import mxfp4_moe as mx
     from trtllm_dflash.runtime.models.gpt_oss import SWIGLU_ALPHA
 
-    cuda = not args.smoke
-    if cuda and not torch.cuda.is_available():
-        raise SystemExit("no CUDA GPU visible; use --smoke for the CPU interpreter run")
-    device = torch.device("cuda" if cuda else "cpu")
     shapes = TINY if args.smoke else {m: SHAPES[m] for m in args.models.split(",")}
     table = SMOKE_CONFIGS if args.smoke else CONFIGS
     names = list(table) if args.configs is None else args.configs.split(",")

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from .mxfp4 import SHAPES, TINY, make_experts, routing, time_us
+from .mxfp4 import SHAPES, TINY, add_run_flags, make_experts, routing, run_device, time_us
 
 PARTS = ("copy", "stream", "decode", "gate_up")
 
@@ -76,22 +75,16 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="1,4,10", help="tokens per call (gemv's range: decode and DFlash blocks)")
     p.add_argument("--block_n", type=int, default=None, help="the tile's BLOCK_N (default: default_tiles')")
     p.add_argument("--block_k", type=int, default=None, help="the tile's BLOCK_K (default: default_tiles')")
-    p.add_argument("--iters", type=int, default=20, help="graph replays per point (the median is reported)")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU in Triton's interpreter")
-    p.add_argument("--out", required=True)
+    add_run_flags(p)
     args = p.parse_args(argv)
-    if args.smoke:
-        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are imported
+    device = run_device(args)
+    cuda = device.type == "cuda"
     import dataclasses
 
+    from trtllm_dflash.bench.mxfp4_probe_kernels import probe_kernel as probe
     from trtllm_dflash.provenance import record
     from trtllm_dflash.runtime import mxfp4_moe as mx
 
-    cuda = not args.smoke
-    if cuda and not torch.cuda.is_available():
-        raise SystemExit("no CUDA GPU visible; use --smoke for the CPU interpreter run")
-    device = torch.device("cuda" if cuda else "cpu")
-    from trtllm_dflash.bench.mxfp4_probe_kernels import probe_kernel as probe
     shapes = TINY if args.smoke else {m: SHAPES[m] for m in args.models.split(",")}
     tokens = [1, 3] if args.smoke else [int(t) for t in args.tokens.split(",")]
     ceil = {"copy_bw_bytes_per_s": None}
