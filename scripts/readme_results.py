@@ -494,6 +494,25 @@ def render_triton_overhead(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_mxfp4_loop_cost(results: Path) -> str:
+    """What bounds the MXFP4 gemv experts before any GPU runs: instructions per weight value in their loops."""
+    name = "mxfp4_sm90_loop_cost.json"
+    d = _load(results, name)
+    gu = next(r for r in d["rows"] if r["kernel"] == "_gemv_gate_up_kernel")
+    dn = next(r for r in d["rows"] if r["kernel"] == "_gemv_down_kernel" and r["config"] == gu["config"])
+    text = (f"Why the expert kernels stop near a quarter of the bandwidth: compiled for sm_90 on the CPU "
+            f"(`python tests/runtime/mxfp4_sm90_compile.py --loop {gu['config']} --out FILE`, Triton {d['triton']}; "
+            f"{provenance_note(d, name)}), the default gemv tile's gate_up loop issues "
+            f"{gu['loop_instructions_1_token']} instructions per thread per K step for "
+            f"{gu['weight_values_per_thread']:.0f} weight values: {gu['instructions_per_value_1_token']} per value at "
+            f"1 token (+{gu['instructions_per_value_per_more_token']} per further token), down_proj's "
+            f"{dn['instructions_per_value_1_token']}. At an H100's issue rate that alone caps them at "
+            f"{dn['h100_issue_bound_tb_per_s_1_token']}-{gu['h100_issue_bound_tb_per_s_1_token']} TB/s of weights "
+            "(the copy runs at ~3.0) however the loads are scheduled: the instructions per value (the integer "
+            "decode, then the FMAs), not the memory side, are the first limit.")
+    return "\n".join(textwrap.wrap(text, 115)) + "\n"
+
+
 def render_e2e_h100(results: Path) -> str:
     return render_e2e(results, "e2e_smollm2_h100.json")
 
@@ -1067,6 +1086,7 @@ RENDERERS = {
     "sweep_v3": render_sweep_v3,
     "e2e_h100": render_e2e_h100,
     "triton_overhead": render_triton_overhead,
+    "mxfp4_loop_cost": render_mxfp4_loop_cost,
     "sweep_v4": render_sweep_v4,
     "step_notes": render_step_notes,
     "layer_ops": render_layer_ops,

@@ -120,9 +120,20 @@ if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: this compiles for the GPU")
     if sys.argv[1:2] == ["--loop"]:
-        for spec in sys.argv[2:]:
-            for row in loop_cost(spec):
-                print(json.dumps(row), flush=True)
+        # --loop SPEC... [--out FILE]: the rows on stdout, and with their provenance in FILE
+        args, out = sys.argv[2:], None
+        if "--out" in args:
+            out = Path(args[args.index("--out") + 1])
+            args = args[:args.index("--out")] + args[args.index("--out") + 2:]
+        rows = [row for spec in args for row in loop_cost(spec)]
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        if out is not None:
+            from trtllm_dflash.provenance import record
+            out.write_text(json.dumps({"what": "SASS instructions per weight value in the MXFP4 gemv kernels' loops, "
+                                               "compiled for sm_90 on the CPU (Triton's bundled ptxas, cuobjdump)",
+                                       "triton": triton.__version__, "rows": rows,
+                                       "provenance": record(["mxfp4_sm90_compile.py", *sys.argv[1:]])}, indent=1) + "\n")
         raise SystemExit(0)
     for spec in sys.argv[1:]:
         for kernel, consts, warps in configs(spec):
