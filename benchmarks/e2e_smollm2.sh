@@ -58,18 +58,7 @@ served() {   # mode deployment [server flags...]
 # RESUME=1: a run cut short goes on where it stopped: a sweep whose rows are in the dataset's JSONL at every level
 # is skipped, the rows of one it did not finish are dropped and it runs again
 have() {   # label: true when RESUME=1 and $OUT/e2e_$dataset.jsonl holds it at every level
-  [[ ${RESUME:-0} == 1 && -f $OUT/e2e_$dataset.jsonl ]] || return 1
-  $PY - "$OUT/e2e_$dataset.jsonl" "$1" "$LEVELS" <<'PYEOF'
-import json, sys
-from pathlib import Path
-path, label, levels = Path(sys.argv[1]), sys.argv[2], {int(c) for c in sys.argv[3].split(",")}
-rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-if levels <= {int(r["settings"]["concurrency"]) for r in rows if r["label"] == label}:
-    print(f"RESUME: {label}: every level is in {path.name}, skipped", file=sys.stderr)
-    sys.exit(0)
-path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["label"] != label))
-sys.exit(1)
-PYEOF
+  [[ ${RESUME:-0} == 1 ]] && $PY -m trtllm_dflash.bench.resume "$OUT/e2e_$dataset.jsonl" "$1" "$LEVELS"
 }
 one_dataset() {   # dataset [port]: its sweeps in-process and served, its Pareto plot
   local dataset=$1 mode label

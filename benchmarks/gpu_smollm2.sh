@@ -17,7 +17,8 @@
 #   sweep4  issue #31: sweep3 at concurrency 1,16,64,256, with AR and DFlash through dflash-openai and Triton at every
 #           level too (AR: the same deployment at block_size 1, deploy3ar) -> sweep_smollm2_h100_v4.jsonl +
 #           .summary.json (openai_ar_tok_s_c256, openai_ttft_p50_over_inprocess_c64 besides sweep3's keys); the
-#           servers run the engine in its own process. SMOKE=1: CPU toy
+#           servers run the engine in its own process. SMOKE=1: CPU toy. RESUME=1 (sweep3, sweep4): keep $OUT's rows and
+#           run only the sweeps they lack, so a run its time limit ended goes on in the next
 #   quant   ModelOpt FP8 build on the GPU + dflash-bench quant_report (weight-only vs fp8_gemm) -> quant_*.json
 #   gputests  pytest -m gpu (every gpu-marked module; the real SmolLM2 from prep's cache) -> gpu_tests_h100.json
 #   cudacheck dflash-bench cuda_check --smollm2 (every row, float32 + bf16) -> cuda_check_h100.json
@@ -164,15 +165,19 @@ for p in src.iterdir():
 m = Deployment.open(src).manifest; m['runtime']['block_size'] = 1
 Deployment.write(dst, m); fill_triton(dst, m)" "$RUN/deploy3" "$RUN/deploy3ar"
     fi
-    rm -f "$OUT/$NAME.jsonl"
+    # RESUME=1: keep $OUT's rows and run only the sweeps they lack (one a time limit cut short runs again whole)
+    [ "${RESUME:-0}" = 1 ] || rm -f "$OUT/$NAME.jsonl"
+    have() { [ "${RESUME:-0}" = 1 ] && $PY -m trtllm_dflash.bench.resume "$OUT/$NAME.jsonl" "$1" "$2"; }
     SWEEP=($PY -m trtllm_dflash.bench.sweep --deployment_dir "$RUN/deploy3" "${LOAD[@]}" --out "$OUT/$NAME.jsonl")
     for mode in ar dflash adaptive; do
+      have "$(case $mode in ar) echo AR ;; dflash) echo DFlash ;; *) echo "DFlash adaptive" ;; esac)" $LEVELS && continue
       "${SWEEP[@]}" --mode $mode --concurrency $LEVELS
     done
     NOTES=(); PORT=${PORT:-$((20000 + RANDOM % 20000))}   # the servers listen on PORT, PORT+10..12
     # A server in the background for one sweep at concurrency $MID: started, waited for, stopped by its pid.
     serve_and_sweep() {   # label ready-line sweep-flags... -- server command...
       local label=$1 ready=$2 log=$OUT/$NAME.$1.log; shift 2
+      have "$MLABEL via $label" $SERVED && return 0
       local flags=(); while [ "$1" != -- ]; do flags+=("$1"); shift; done; shift
       setsid "$@" > "$log" 2>&1 &
       local pid=$! t=0 rc=0
