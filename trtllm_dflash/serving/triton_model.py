@@ -201,11 +201,11 @@ class DFlashModel:
                 item = self._updates.get(timeout=self.period_s)
             except queue.Empty:
                 item = []
-            # Every step queued behind this one joins it: a request then gets one
-            # response for all the steps it waited through. Each send crosses the Python stub's IPC into Triton
-            # (~0.1-0.3 ms), so a sender one response per request and step caps the server at a few thousand
-            # responses/s, where sending the backlog at once keeps up with any step rate (at no latency cost
-            # while the sender keeps up: then the queue holds one step).
+            # Every step queued behind this one joins it: a request then gets one response for all the steps it
+            # waited through. Each send crosses the Python stub's IPC into Triton (~0.1-0.3 ms), so one response
+            # per request and step capped the server at a few thousand responses/s; sending the backlog at once
+            # keeps up with the engine (at no latency cost while the sender keeps up: the queue then holds one
+            # step).
             touched: dict[ServedRequest, None] = {}
             callbacks = []
             while True:
