@@ -57,6 +57,7 @@ from pathlib import Path
 
 from trtllm_dflash.testing import FakeEngine
 from trtllm_dflash.provenance import record as provenance
+from trtllm_dflash.serving import procfs
 from trtllm_dflash.serving.record import ServedRequest
 from trtllm_dflash.serving.runtimes import TorchRuntime
 
@@ -273,40 +274,11 @@ def bench_repo(work: Path, args) -> Path:
     return repo
 
 
-def _proc_children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    return children
-
-
-def _descendants(pid: int) -> list[int]:
-    children, out, todo = _proc_children(), [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
-
-
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _cpu_s(pids: list[int]) -> float:
@@ -343,7 +315,8 @@ class TritonServed:
                  "--grpc_port", str(self.grpc), "--metrics_port", str(metrics), "--exit_timeout_secs", "5",
                  "--grpc_guard", args.grpc_guard], stdout=fh, stderr=subprocess.STDOUT)
         self.clients: list[subprocess.Popen] = []
-        self.seen: dict[int, str] = {}          # every pid of the server's tree, to check none outlives it
+        self.seen: dict[int, tuple[str, int]] = {}   # pid -> (command line, start): every process of the server's
+        #                                                 tree, to check none outlives it
 
     def log_tail(self, n: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-n:]
@@ -356,17 +329,19 @@ class TritonServed:
             time.sleep(0.1)
 
     def metric(self, name: str) -> float:
+        """One metric of dflash-serve's /metrics, summed over its labels."""
+        from trtllm_dflash.serving.metrics import parse
+
         text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
-        values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                  if line.startswith(name + "{") or line.startswith(name + " ")]
-        return sum(values)
+        return sum(v for (n, _), v in parse(text).items() if n == name)
 
     def pids(self) -> dict[str, list[int]]:
         """guard: dflash-serve itself; triton: tritonserver and its stubs; engine: the engine process."""
-        tree = _descendants(self.proc.pid)
-        for pid in tree:
-            self.seen.setdefault(pid, _cmdline(pid))
-        engine = [pid for pid in tree if "trtllm_dflash.serving.engine_core" in self.seen[pid]]
+        tree = procfs.descendants(self.proc.pid)
+        for pid, (_, start) in tree.items():
+            self.seen.setdefault(pid, (_cmdline(pid), start))
+        tree.pop(self.proc.pid, None)
+        engine = [pid for pid in tree if "trtllm_dflash.serving.engine_core" in self.seen[pid][0]]
         return {"guard": [self.proc.pid], "triton": [pid for pid in tree if pid not in engine], "engine": engine}
 
     def start_clients(self, ignore_eos: bool) -> None:
@@ -421,13 +396,12 @@ class TritonServed:
                 self.proc.kill()
                 self.proc.wait()
         end = time.monotonic() + 15
-        while any(_alive(pid) for pid in self.seen) and time.monotonic() < end:
+        while any(procfs.alive(pid, start) for pid, (_, start) in self.seen.items()) and time.monotonic() < end:
             time.sleep(0.2)
-        left = [f"{pid} {cmd[:120]}" for pid, cmd in self.seen.items() if _alive(pid) and _cmdline(pid) == cmd]
-        for pid in self.seen:
-            if _alive(pid) and _cmdline(pid) == self.seen[pid]:
-                os.kill(pid, signal.SIGKILL)
-        return left
+        left = [(pid, cmd) for pid, (cmd, start) in self.seen.items() if procfs.alive(pid, start)]
+        for pid, _ in left:
+            os.kill(pid, signal.SIGKILL)
+        return [f"{pid} {cmd[:120]}" for pid, cmd in left]
 
 
 def measure_triton(srv: TritonServed, seconds: float) -> dict:
@@ -480,12 +454,11 @@ def serve_triton(args, tokenizer, alone: dict) -> dict:
     responses = sum(c["responses"] for c in m["clients"])
     tokens = tokens_per_char * sum(c["chars"] for c in m["clients"])
     wall, steps = m["wall_s"], m["steps"]
-    engine_tok_s = 2 * args.streams * alone["steps_per_s"]
     frontend_s = m["guard_cpu_s"] + m["triton_cpu_s"]
     per_token = 1e6 / max(tokens, 1)
     return {"steps_per_s_served": steps / wall, "served_over_alone": steps / wall / alone["steps_per_s"],
             "responses_per_s": responses / wall, "tok_s_received": tokens / wall,
-            "sent_over_alone": tokens / wall / engine_tok_s, "tokens_per_response": tokens / max(responses, 1),
+            "sent_over_alone": tokens / wall / alone["engine_tok_s"], "tokens_per_response": tokens / max(responses, 1),
             "responses_per_request_and_step": responses / max(steps * args.streams, 1),
             "engine_cpu_ms_per_step_served": 1e3 * m["engine_cpu_s"] / max(steps, 1),
             "frontend_cpu_us_per_token": frontend_s * per_token,
@@ -528,10 +501,11 @@ def main(argv=None) -> int:
     wait_active(rt, args.streams)
     print(f"alone: {args.streams} requests running, measuring {args.seconds:g} s", file=sys.stderr, flush=True)
     alone = measure(rt, args.seconds)
+    alone["engine_tok_s"] = 2 * args.streams * alone["steps_per_s"]     # the stand-in commits 2 tokens per row
     rt.backend.shutdown()
     common = {"server": args.server, "engine": args.engine, "streams": args.streams, "busy_ms": args.busy_ms,
               "wait_ms": args.wait_ms, "tokenizer": args.tokenizer, "seconds": args.seconds, "cpus": os.cpu_count(),
-              "steps_per_s_alone": alone["steps_per_s"], "engine_tok_s_alone": 2 * args.streams * alone["steps_per_s"],
+              "steps_per_s_alone": alone["steps_per_s"], "engine_tok_s_alone": alone["engine_tok_s"],
               "cpu_ms_per_step_alone": alone["cpu_ms_per_step"],
               "engine_cpu_ms_per_step_alone": alone["engine_cpu_ms_per_step"],
               "other_cpu_util_alone": alone["other_cpu_util"]}
@@ -580,11 +554,10 @@ def serve_openai(args, alone: dict) -> dict:
     # The frontend's CPU: thread: this process's minus what the engine alone took for the same steps; process:
     # all of this process's. Per token the clients got (a frontend that lags sends fewer than the engine made).
     frontend_s = served["cpu_s"] - (alone["cpu_ms_per_step"] * served["steps"] / 1e3 if args.engine == "thread" else 0.0)
-    engine_tok_s = 2 * args.streams * alone["steps_per_s"]
     return {"steps_per_s_served": served["steps_per_s"],
             "served_over_alone": served["steps_per_s"] / alone["steps_per_s"],
             "tok_s_sent_served": served["tokens_sent_per_s"],
-            "sent_over_alone": served["tokens_sent_per_s"] / engine_tok_s,
+            "sent_over_alone": served["tokens_sent_per_s"] / alone["engine_tok_s"],
             "cpu_ms_per_step_served": served["cpu_ms_per_step"],
             "engine_cpu_ms_per_step_served": served["engine_cpu_ms_per_step"],
             "frontend_cpu_us_per_token": 1e6 * frontend_s / max(served["tokens_sent"], 1),

@@ -70,6 +70,7 @@ from trtllm_dflash.deployment import Deployment
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving import client
 from trtllm_dflash.serving.launch import free_loopback_port
+from trtllm_dflash.serving.procfs import alive, descendants
 
 MODEL = "tensorrt_llm"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
@@ -192,45 +193,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------------------------------
 # the server under test: dflash-serve, its process tree, its metrics
-
-
-def _proc_table() -> dict[int, tuple[int, str, int]]:
-    """pid -> (ppid, comm, start time in clock ticks), from /proc."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        rest = stat[stat.rindex(")") + 2:].split()
-        table[int(entry)] = (int(rest[1]), comm, int(rest[19]))
-    return table
-
-
-def descendants(root: int) -> dict[int, tuple[str, int]]:
-    """The process tree under ``root`` (itself included): pid -> (comm, start time)."""
-    table = _proc_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    out, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in table:
-            out[pid] = (table[pid][1], table[pid][2])
-            todo += children.get(pid, [])
-    return out
-
-
-def alive(pid: int, start: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return int(stat[stat.rindex(")") + 2:].split()[19]) == start and stat[stat.rindex(")") + 2] != "Z"
 
 
 def rss_bytes(pid: int) -> int:

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What /proc says about the server's processes: a process's state and parent, the python backend's
-shared-memory regions a process maps (dflash-serve and the engine process remove the ones a killed
-tritonserver or stub leaves in /dev/shm)."""
+"""What /proc says about the server's processes: a process's state and parent, a process tree (the benchmarks
+check none of it outlives its server), the python backend's shared-memory regions a process maps (dflash-serve
+and the engine process remove the ones a killed tritonserver or stub leaves in /dev/shm)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 BACKEND_SHM = "/dev/shm/triton_python_backend"
@@ -37,3 +38,43 @@ def group_regions(pgid: int) -> set[Path]:
             if st is not None and st[2] == pgid:
                 found |= backend_regions(int(proc.name))
     return found
+
+
+def _proc_table() -> dict[int, tuple[int, str, int]]:
+    """pid -> (ppid, comm, start time in clock ticks), from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1:text.rindex(")")]
+        rest = text[text.rindex(")") + 2:].split()
+        table[int(entry)] = (int(rest[1]), comm, int(rest[19]))
+    return table
+
+
+def descendants(root: int) -> dict[int, tuple[str, int]]:
+    """The process tree under ``root`` (itself included): pid -> (comm, start time)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in table:
+            out[pid] = (table[pid][1], table[pid][2])
+            todo += children.get(pid, [])
+    return out
+
+
+def alive(pid: int, start: int) -> bool:
+    """The process ``pid`` still runs and is the one that started at ``start`` (not a reuse of its pid)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return int(text[text.rindex(")") + 2:].split()[19]) == start and text[text.rindex(")") + 2] != "Z"
