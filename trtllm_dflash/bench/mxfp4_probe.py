@@ -32,40 +32,31 @@ PARTS = ("copy", "stream", "decode", "gate_up")
 
 def part_fn(part: str, x, ids, weights, w, tiles, probe):
     """(a callable running one part on this call's routed experts: the gate_up half of fused_experts' gemv path,
-    the K split it runs with, the tensor it writes)."""
-    import triton
-
+    launched as mxfp4_moe.gemv_gate_up_grid lays it out; the K split it runs with; the tensor it writes)."""
     from trtllm_dflash.runtime import mxfp4_moe as mx
-    from trtllm_dflash.runtime.kernels import num_sms, pow2
+    from trtllm_dflash.runtime.kernels import num_sms
     from trtllm_dflash.runtime.kernels.arrival import tile_counters
     from trtllm_dflash.runtime.models.gpt_oss import SWIGLU_ALPHA
 
     (N, k), (E, two_i, G, _), H = ids.shape, w["gu_blocks"].shape, x.shape[1]
     I, P, dev = two_i // 2, N * k, x.device
-    slots, n_gu = min(E, P), triton.cdiv(I, tiles.block_n)
-    split = mx.split_for(tiles, slots * n_gu, triton.cdiv(H, tiles.block_k), num_sms(dev))
-    EB, PB = pow2(max(E, 2)), pow2(max(tiles.block_m * k, 16))
+    grid, launch = mx.gemv_gate_up_grid(E, k, P, I, H, tiles, num_sms(dev))
     ids_flat = ids.reshape(-1).contiguous()
     gu_b, gu_s = w["gu_blocks"].view(E, two_i, G * 16), w["gu_scales"]
-    launch = dict(BM=tiles.block_m, BN=tiles.block_n, BK=tiles.block_k, EB=EB, PB=PB, num_warps=tiles.num_warps,
-                  num_stages=tiles.num_stages)
-    grid = (slots, n_gu, split)
     if part == "copy":
         n_bytes = len(ids.unique()) * (gu_b[0].numel() + gu_s[0].numel())
         src = torch.empty(n_bytes, dtype=torch.uint8, device=dev)
         dst = torch.empty_like(src)
-        return (lambda: dst.copy_(src)), split, dst
+        return (lambda: dst.copy_(src)), grid[2], dst
     if part in ("stream", "decode"):
-        out = torch.zeros(slots * n_gu * split, dtype=torch.int32, device=dev)   # slots past the used ones write nothing
+        out = torch.zeros(grid[0] * grid[1] * grid[2], dtype=torch.int32, device=dev)   # unused slots write nothing
         return (lambda: probe[grid](ids_flat, gu_b, gu_s, out, P, E, H, I, gu_b.stride(0), gu_b.stride(1),
-                                    gu_s.stride(0), gu_s.stride(1), split, DECODE=part == "decode", **launch)), split, out
+                                    gu_s.stride(0), gu_s.stride(1), grid[2], DECODE=part == "decode",
+                                    **launch)), grid[2], out
     act = torch.empty(P, I, dtype=x.dtype, device=dev)
-    part_buf = torch.empty(split, P, 2, I, dtype=torch.float32, device=dev) if split > 1 else act
-    cnt = tile_counters(dev, slots * n_gu)
-    return (lambda: mx._gemv_gate_up_kernel[grid](
-        x, ids_flat, gu_b, gu_s, w["gu_bias"], act, part_buf, cnt, P, 0, E, H, I, k, 7.0, float(SWIGLU_ALPHA),
-        x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_s.stride(0), gu_s.stride(1), w["gu_bias"].stride(0), split,
-        **launch)), split, act
+    cnt = tile_counters(dev, grid[0] * grid[1])
+    return (lambda: mx.gemv_gate_up(x, ids_flat, k, w["gu_blocks"], gu_s, w["gu_bias"], 0, 7.0, SWIGLU_ALPHA, act,
+                                    cnt, grid, launch)), grid[2], act
 
 
 def main(argv=None) -> int:

@@ -596,30 +596,44 @@ def route(ids: torch.Tensor, first: int, num_local: int, block_m: int):
     return sorted_ids, block_expert, num_blocks, max_blocks
 
 
+def gemv_gate_up_grid(E: int, k: int, P: int, I: int, H: int, t: TileConfig, sms: int) -> tuple[tuple, dict]:
+    """The gemv gate_up launch for P (token, expert) pairs of top-k routing over E local experts: its grid
+    (expert slots, I / BN, K split) and launch constants. EB and PB depend on the tile config alone (tokens <=
+    block_m), so one compiled kernel serves every token count. bench/mxfp4_probe.py launches its twins with it."""
+    slots, n_gu = min(E, P), triton.cdiv(I, t.block_n)     # slots: the distinct local experts a call can touch
+    split = split_for(t, slots * n_gu, triton.cdiv(H, t.block_k), sms)
+    return (slots, n_gu, split), dict(BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=pow2(max(E, 2)),
+                                      PB=pow2(max(t.block_m * k, 16)), num_warps=t.num_warps, num_stages=t.num_stages)
+
+
+def gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, alpha, act, cnt, grid, launch) -> None:
+    """act [P, I] (row = pair id) = SwiGLU(x's pair rows @ gate_up) + bias, one launch of grid / launch
+    (gemv_gate_up_grid); cnt: its tiles' arrival counters (slots x I / BN)."""
+    (E, two_i, G, _), H, I, P = gu_blocks.shape, x.shape[1], act.shape[1], act.shape[0]
+    part = torch.empty(grid[2], P, 2, I, dtype=torch.float32, device=x.device) if grid[2] > 1 else act
+    gu_b = gu_blocks.view(E, two_i, G * 16)
+    _gemv_gate_up_kernel[grid](
+        x, ids_flat, gu_b, gu_scales, gu_bias, act, part, cnt, P, first, E, H, I, k, float(limit), float(alpha),
+        x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_scales.stride(0), gu_scales.stride(1), gu_bias.stride(0),
+        grid[2], **launch)
+
+
 def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first, limit, alpha,
                   t: TileConfig, act_dtype: torch.dtype) -> torch.Tensor:
     """The gemv variant: two kernels (gate_up + SwiGLU, down + k-sum), no route kernel, no separate reduction."""
-    (N, k), (E, two_i, G, _), H = ids.shape, gu_blocks.shape, x.shape[1]
+    (N, k), (E, two_i, _, _), H = ids.shape, gu_blocks.shape, x.shape[1]
     I, P, dev, sms = two_i // 2, N * k, x.device, num_sms(x.device)
     if N > t.block_m:
         raise ValueError(f"gemv keeps each expert's pairs in one block, so tokens per call ({N}) must be <= block_m "
                          f"({t.block_m}); use a larger block_m or the mma variant (default_tiles does)")
-    slots = min(E, P)                       # distinct local experts a call can touch
-    # fixed per tile config (tokens <= block_m), so one compiled kernel serves every token count
-    EB, PB, TB = pow2(max(E, 2)), pow2(max(t.block_m * k, 16)), t.block_m
+    grid_gu, launch = gemv_gate_up_grid(E, k, P, I, H, t, sms)
+    (slots, n_gu, _), EB, PB, TB = grid_gu, launch["EB"], launch["PB"], t.block_m
     ids_flat, rw = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
-    n_gu, n_dn = triton.cdiv(I, t.block_n), triton.cdiv(H, t.block_n)
-    split_gu = split_for(t, slots * n_gu, triton.cdiv(H, t.block_k), sms)
+    n_dn = triton.cdiv(H, t.block_n)
     split_dn = split_for(t, slots * n_dn, triton.cdiv(I, t.block_k), sms)
     cnt = tile_counters(dev, slots * n_gu + n_dn)
     act = torch.empty(P, I, dtype=act_dtype, device=dev)                                    # row = pair id
-    part = torch.empty(split_gu, P, 2, I, dtype=torch.float32, device=dev) if split_gu > 1 else act
-    gu_b = gu_blocks.view(E, two_i, G * 16)
-    _gemv_gate_up_kernel[(slots, n_gu, split_gu)](
-        x, ids_flat, gu_b, gu_scales, gu_bias, act, part, cnt, P, first, E, H, I, k, float(limit), float(alpha),
-        x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_scales.stride(0), gu_scales.stride(1), gu_bias.stride(0),
-        split_gu, BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, num_warps=t.num_warps,
-        num_stages=t.num_stages)
+    gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, alpha, act, cnt, grid_gu, launch)
     dn_b = dn_blocks.view(E, H, -1)
     bias = dn_bias if dn_bias is not None else gu_bias  # a valid pointer; unread when HAS_BIAS is False
     part = torch.empty(split_dn, P, H, dtype=torch.float32, device=dev)
