@@ -382,6 +382,12 @@ def render_engine_load(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rows_gpu(rows: list[dict]) -> str | None:
+    """The GPU that ran a sweep's rows, from their own provenance (a summary joined on another machine records that
+    machine's device)."""
+    return (rows[0].get("provenance") or {}).get("device", {}).get("gpu")
+
+
 def _sweep(results: Path, stem: str):
     """A sweep's summary file name and contents, its rows, their metrics by (label, concurrency), the levels."""
     name = f"{stem}.summary.json"
@@ -430,8 +436,7 @@ def render_e2e(results: Path, name: str = "e2e_smollm2_h200.json") -> str:
     """End to end with a shipped drafter (benchmarks/e2e_smollm2.sh): AR vs DFlash vs adaptive per dataset and
     concurrency, in-process and through dflash-openai; tokens/s per user, the ratio to AR under each."""
     d = _load(results, name)
-    # the GPU that ran the rows (a summary joined on another machine records that machine's device)
-    gpu = (d["rows"][0].get("provenance") or {}).get("device", {}).get("gpu") or d["provenance"]["device"].get("gpu", "GPU")
+    gpu = rows_gpu(d["rows"]) or d["provenance"]["device"].get("gpu", "GPU")
     at = {}
     for r in d["rows"]:
         s = r["settings"]
@@ -521,7 +526,7 @@ def render_sweep_v4(results: Path) -> str:
     """Issue #31's sweep: AR and DFlash in-process, through dflash-openai and through dflash-serve (Triton)."""
     name, d, s, rows, at, levels = _sweep(results, "sweep_smollm2_h100_v4")
     labels = list(dict.fromkeys(r["label"] for r in rows))
-    gpu = (rows[0].get("provenance") or {}).get("device", {}).get("gpu", "GPU")
+    gpu = rows_gpu(rows) or "GPU"
     lines = [f"**SmolLM2-135M + the shipped drafter, HumanEval prompts, 128 new tokens, one {gpu}** (`bash "
              f"benchmarks/gpu_smollm2.sh sweep4`, git {rows[0]['versions']['git_sha'][:10]}; summary "
              f"{provenance_note(d, name)}). New tokens/s over all users (tokens/s per user):", "",
