@@ -9,7 +9,8 @@
 #     <gpu> = h100, h200, ... from nvidia-smi (GPU_TAG= overrides)
 #   DRAFTER: the drafter folder or shipped name [smollm2-135m-dflash]; SMOKE=1: the same on this CPU, 8 tokens,
 #   levels 1 and 2, few requests (-> e2e_smollm2_smoke.json); SERVED=0 skips the dflash-openai half;
-#   API_SERVERS: dflash-openai's --api_server_count [1] (frontend processes on the port, one engine);
+#   API_SERVERS: dflash-openai's --api_server_count [its default: one per 4 cores, 1 to 4] (frontend processes on
+#   the port, one engine);
 #   RESUME=1: keep $OUT's rows and run only the sweeps they lack (a run its time limit ended goes on);
 #   GPUS=0,1: the datasets at the same time, the i-th on GPU i of the list (CUDA_VISIBLE_DEVICES) and port PORT + i,
 #   one summary over all (each GPU runs one dataset's whole sweep alone; the host's cores are shared)
@@ -29,6 +30,8 @@ else
   DATASETS=${DATASETS:-humaneval mtbench}
 fi
 PY=${PYTHON:-python3}
+# the servers' frontend count, also recorded in the summary: dflash-openai's own default unless set
+API_SERVERS=${API_SERVERS:-$($PY -c "from trtllm_dflash.serving.openai_server import default_api_server_count as n; print(n())")}
 # two deployments of the same pair: the policy is the deployment's when served (AR = either with no drafting)
 for policy in fixed adaptive; do
   $PY -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" "${GPU[@]}" --backend torch \
@@ -40,7 +43,7 @@ served() {   # mode deployment [server flags...]
   local mode=$1 deploy=$2 log=$OUT/openai_$1_$dataset.log; shift 2
   have "$label via dflash-openai" && return 0
   setsid $PY -m trtllm_dflash.serving.openai_server "$deploy" --port $PORT --served_model_name smollm2 \
-    --api_server_count "${API_SERVERS:-1}" "$@" \
+    --api_server_count "$API_SERVERS" "$@" \
     > "$log" 2>&1 &
   local pid=$! t=0 rc=0
   until grep -q "dflash-openai: ready" "$log"; do
@@ -98,5 +101,5 @@ fi
 sweeps=(); for dataset in $DATASETS; do sweeps+=("$OUT/e2e_$dataset.jsonl"); done
 cat "${sweeps[@]}" > "$OUT/e2e.jsonl"
 $PY -m trtllm_dflash.bench.e2e_summary --sweep "${sweeps[@]}" --out "$OUT/$NAME.json" \
-  --api_server_count "${API_SERVERS:-1}" --deployment_dir "$OUT/.deploy_fixed"
+  --api_server_count "$API_SERVERS" --deployment_dir "$OUT/.deploy_fixed"
 rm -rf "$OUT"/.deploy_fixed "$OUT"/.deploy_adaptive
