@@ -46,17 +46,21 @@ def _cubin(kernel, consts: dict, num_warps: int, num_stages: int = 4) -> bytes:
                           options={"num_warps": num_warps, "num_stages": num_stages}).asm["cubin"]
 
 
-def _tool(name: str) -> str:
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """What Triton's bundled cuobjdump prints for a cubin (``-sass``, ``--dump-resource-usage``)."""
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mxfp4_sm90_{os.getpid()}.cubin"
+    path.write_bytes(cubin)
+    try:
+        tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        return subprocess.run([str(tool), flag, str(path)], capture_output=True, text=True).stdout
+    finally:
+        path.unlink()
 
 
 def loops(cubin: bytes) -> list[int]:
     """Instructions in each loop of the kernel's SASS (a backward branch's span), outermost first."""
     import re
-    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mxfp4_sm90_{os.getpid()}_loops.cubin"
-    path.write_bytes(cubin)
-    sass = subprocess.run([_tool("cuobjdump"), "-sass", str(path)], capture_output=True, text=True).stdout
-    path.unlink()
+    sass = cuobjdump(cubin, "-sass")
     spans = []
     for addr, target in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?BRA[^;]*?0x([0-9a-f]+)", sass):
         a, t = int(addr, 16), int(target, 16)
@@ -84,11 +88,7 @@ def loop_cost(spec: str) -> list[dict]:
 
 
 def compile_sm90(kernel, consts: dict, num_warps: int, num_stages: int = 4) -> dict:
-    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mxfp4_sm90_{os.getpid()}.cubin"
-    path.write_bytes(_cubin(kernel, consts, num_warps, num_stages))
-    usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(path)], capture_output=True,
-                           text=True).stdout
-    path.unlink()
+    usage = cuobjdump(_cubin(kernel, consts, num_warps, num_stages), "--dump-resource-usage")
     line = next((u for u in usage.splitlines() if "REG:" in u), "")
     field = lambda key: int(line.split(key + ":")[1].split()[0]) if key + ":" in line else None  # noqa: E731
     return {"kernel": kernel.__name__, "regs": field("REG"), "stack": field("STACK")}

@@ -19,7 +19,7 @@ MODES = ("ar", "dflash", "adaptive")
 PATHS = ("inprocess", "openai")
 
 
-def summarize(rows: list[dict], api_server_count: int = 1, notes: list[str] = ()) -> dict:
+def summarize(rows: list[dict], api_server_count: int = 1, notes: tuple[str, ...] | list[str] = ()) -> dict:
     """Per (dataset, concurrency): each mode's tokens/s per user and tokens/s, in-process and through dflash-openai,
     and DFlash / AR in each path; plus the headline ratios at concurrency 1 and the worst adaptive / AR.
     ``missing`` names every (dataset, concurrency, path, mode) of the grid the rows span that has no row, so a run
