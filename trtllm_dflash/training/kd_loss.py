@@ -5,14 +5,16 @@ batch ever exists.
 ModelOpt's DFlash forward applies the target's lm_head to every draft query (batch x anchors x block_size rows),
 gathers the target's logits for each row, and takes softmax, log_softmax, their product and an argmax over the
 full vocabulary: several [rows, vocab] float32 tensors (SmolLM2 at batch 64: 131k x 49k), kept for backward. Here
-each chunk of rows goes through lm_head, the teacher softmax and the draft log_softmax and is dropped again; the
-gradient w.r.t. the draft's hidden states (``(w_i / norm) * (softmax(z_i) - p_i) @ W``) is computed in the same
-pass, so backward only scales it. Rows of weight 0 (each block's anchor, masked blocks and tokens) add nothing
-to the loss, its gradient or the accuracy, so they are skipped.
+each chunk of rows goes through lm_head and a logsumexp and is dropped again; the teacher side is folded into one
+expected embedding per distinct target position (see ``_FusedLinearKD``), and the gradient w.r.t. the draft's
+hidden states (``(w_i / norm) * (softmax(z_i) W - p_i W)``) is computed in the same pass, so backward only scales
+it. Rows of weight 0 (each block's anchor, masked blocks and tokens) add nothing to the loss, its gradient or the
+accuracy, so they are skipped.
 
-Numerics follow ModelOpt's path: the matmul runs in the autocast dtype when autocast is on (bfloat16 on CUDA)
-and in the inputs' dtype otherwise; softmax and log_softmax run in float32 under CUDA autocast (its float32
-list), in the logits' dtype otherwise; the argmax is taken on the matmul's output.
+Numerics follow ModelOpt's path where it matters: lm_head runs in the autocast dtype when autocast is on (bfloat16
+on CUDA) and in the inputs' dtype otherwise; the softmaxes and the logsumexp run in float32 under CUDA autocast
+(its float32 list), in the logits' dtype otherwise; the argmax is taken on lm_head's output. The products with
+W that make the teacher's expected embeddings and the gradient, and the cross term, run in float32 (TF32 on CUDA).
 
 ``install(model)`` puts it into a converted ModelOpt model without editing ModelOpt: the model's class becomes a
 subclass whose training forward hands the draft's hidden states (not logits) to ``_compute_loss``, which builds
@@ -42,7 +44,14 @@ def _autocast_dtype(device: torch.device) -> torch.dtype | None:
 
 class _FusedLinearKD(torch.autograd.Function):
     """sum_i w_i * -(softmax(t_i) . log_softmax(h_i W^T)) / norm, and how many argmax(h_i W^T) == target_i
-    among the rows of ``counted``."""
+    among the rows of ``counted``.
+
+    Since a teacher distribution p sums to 1, -(p . log_softmax(z)) = logsumexp(z) - p . z, and p . (h W^T) =
+    h . (p W). So each distinct teacher row is softmaxed once, into its expected embedding e = p W ([H], not
+    [V]; ~7 draft rows share one at block 16), and a draft row needs only its logsumexp and h . e; its gradient
+    is (softmax(z) W - e) scaled by its weight. The two products with W and the cross term run in float32 (TF32
+    on CUDA: the difference softmax(z) W - e must not lose the small gradient of a well-fitted row to bfloat16
+    rounding)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, teacher, teacher_index, row_weight, norm, targets, counted, chunk_rows):
@@ -56,27 +65,33 @@ class _FusedLinearKD(torch.autograd.Function):
         soft_dtype = torch.float32 if upcast else mm_dtype          # the draft's softmax
         teacher_dtype = torch.float32 if upcast else teacher.dtype  # the target's
         out_dtype = torch.promote_types(torch.promote_types(soft_dtype, teacher_dtype), row_weight.dtype)
+        acc = torch.float64 if mm_dtype == torch.float64 else torch.float32
         # the loss's dtype, as autograd scales ModelOpt's rows (1 / norm, then times the row's weight)
         scale = row_weight.to(out_dtype) * (1 / norm.to(out_dtype))
-        w_mm = weight.to(mm_dtype)
+        w_mm, w_acc = weight.to(mm_dtype), weight.to(acc)
         loss = torch.zeros((), dtype=torch.float64, device=hidden.device)
         correct = torch.zeros((), dtype=torch.long, device=hidden.device)
         grad = torch.zeros_like(hidden)
-        with torch.autocast(hidden.device.type, enabled=False):
+        distinct, which = torch.unique(teacher_index, return_inverse=True)
+        with torch.autocast(hidden.device.type, enabled=False), _tf32(hidden.device):
+            e = torch.empty(len(distinct), weight.shape[1], dtype=acc, device=hidden.device)   # [T, H]
+            for start in range(0, len(distinct), chunk_rows):
+                t = slice(start, start + chunk_rows)
+                e[t] = torch.softmax(teacher[distinct[t]].to(teacher_dtype), dim=-1).to(acc) @ w_acc
             for start in range(0, hidden.shape[0], chunk_rows):
                 rows = slice(start, start + chunk_rows)
-                z = hidden[rows].to(mm_dtype) @ w_mm.T
+                h = hidden[rows].to(mm_dtype)                                  # [n, H]
+                z = h @ w_mm.T                                                 # [n, V]
                 correct += ((z.argmax(dim=-1) == targets[rows]) & counted[rows]).sum()
-                p = torch.softmax(teacher[teacher_index[rows]].to(teacher_dtype), dim=-1)
-                log_q = torch.log_softmax(z.to(soft_dtype), dim=-1)
-                del z
-                kd = -(p * log_q).sum(dim=-1)
+                z = z.to(soft_dtype)
+                lse = torch.logsumexp(z, dim=-1, keepdim=True)                 # [n, 1]
+                e_rows = e[which[rows]]                                        # [n, H]
+                kd = lse.squeeze(-1).to(acc) - (h.to(acc) * e_rows).sum(dim=-1)
                 loss += (kd * row_weight[rows]).sum().double()
-                # d kd_i / d z_i = softmax(z_i) * sum(p_i) - p_i; sum(p_i) = 1 to rounding, and two passes over
-                # [rows, vocab] fewer
-                dz = log_q.exp_().sub_(p).mul_(scale[rows].unsqueeze(-1))
-                del p, log_q
-                grad[rows] = (dz.to(mm_dtype) @ w_mm).to(hidden.dtype)
+                q = z.sub_(lse).exp_().to(acc)                                 # softmax(z), in z's memory
+                del z
+                grad[rows] = ((q @ w_acc).sub_(e_rows).mul_(scale[rows].unsqueeze(-1))).to(hidden.dtype)
+                del q
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(correct)
         return (loss / norm.double()).to(out_dtype), correct
@@ -85,6 +100,20 @@ class _FusedLinearKD(torch.autograd.Function):
     def backward(ctx, grad_loss, grad_correct):
         (grad,) = ctx.saved_tensors
         return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None, None, None
+
+
+@contextlib.contextmanager
+def _tf32(device: torch.device):
+    """float32 matmuls as TF32 on CUDA for the duration (fp32 accumulation and output, tensor-core speed)."""
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def fused_kd(hidden: torch.Tensor, weight: torch.Tensor, teacher: torch.Tensor, teacher_index: torch.Tensor,
