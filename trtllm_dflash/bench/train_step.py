@@ -127,13 +127,20 @@ def top_kernels(prof, steps: int, limit: int, cuda: bool) -> list[dict]:
     return rows[:limit]
 
 
+def device_busy_ms(prof, steps: int) -> float:
+    """Kernel time per step, all kernels summed: far below the step time means the GPU waits on the host."""
+    from torch.autograd import DeviceType
+    total = sum(getattr(e, "self_device_time_total", 0) for e in prof.key_averages() if e.device_type == DeviceType.CUDA)
+    return round(total / 1e3 / steps, 2)
+
+
 def measure(model, opt, params, autocast, clock: PhaseClock, device, batch: int, vocab: int, args) -> dict:
     """Warm-up, timed steps by phase, and (--profile) the top kernels of two more steps at one batch size."""
     from trtllm_dflash.training.batches import BatchStream
 
     data = synthetic(batch * (args.steps + 4), vocab, args.mask_token_id, args.prompt_tokens,
                      args.response_tokens, args.max_new_tokens, seed=batch)
-    stream = BatchStream(data, batch, args.block_size, seed=0)
+    stream = BatchStream(data, batch, args.block_size, seed=0, pad_multiple=args.pad_multiple)
     to_dev = (lambda i: {k: v if k == "sample_ids" else v.to(device, non_blocking=True)
                          for k, v in stream.batch(i).items()})
     if device.type == "cuda":
@@ -141,17 +148,18 @@ def measure(model, opt, params, autocast, clock: PhaseClock, device, batch: int,
     for i in range(2):
         step(model, opt, params, to_dev(i), autocast, clock, 1.0)
     sums, tokens, lengths = dict.fromkeys(PHASES, 0.0), 0, []
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for i in range(2, 2 + args.steps):
         b = to_dev(i)
         lengths.append(int(b["input_ids"].shape[1]))
         tokens += step(model, opt, params, b, autocast, clock, 1.0)
         for k, v in clock.phases().items():   # synchronizes: the wall clock below includes the host gaps
             sums[k] += v
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     row = {"batch": batch, "steps": args.steps, "s_per_step": round(wall / args.steps, 4),
            "tokens_per_s": round(tokens / wall, 1), "tokens_per_step": round(tokens / args.steps),
-           "padded_len_mean": round(sum(lengths) / len(lengths), 1),
+           "padded_len_mean": round(sum(lengths) / len(lengths), 1), "distinct_lengths": len(set(lengths)),
+           "host_cpu_s_per_step": round(cpu / args.steps, 4),
            "phase_ms": {k: round(v / args.steps, 2) for k, v in sums.items()}}
     row["phase_sum_ms"] = round(sum(row["phase_ms"].values()), 2)
     row["host_gap_ms"] = round(row["s_per_step"] * 1e3 - row["phase_sum_ms"], 2)
@@ -166,6 +174,8 @@ def measure(model, opt, params, autocast, clock: PhaseClock, device, batch: int,
             if device.type == "cuda":
                 torch.cuda.synchronize()
         row["top_kernels"] = top_kernels(prof, 2, args.top, device.type == "cuda")
+        if device.type == "cuda":
+            row["device_busy_ms"] = device_busy_ms(prof, 2)
     return row
 
 
@@ -189,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--response_tokens", type=int, default=282,
                    help="mean response length (the v4 data: 54.9 M tokens over 194,475 answers)")
     p.add_argument("--max_new_tokens", type=int, default=384, help="response cap, as the regeneration's")
+    p.add_argument("--pad_multiple", type=int, default=None,
+                   help="pad each batch to a multiple of this many tokens (default: the block size, as dflash-train)")
+    p.add_argument("--sdpa", choices=("default", "no_cudnn"), default="default",
+                   help="no_cudnn: turn PyTorch's cuDNN attention backend off (flash / memory-efficient instead)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the target trunk and the draft module")
     p.add_argument("--profile", action="store_true", help="torch.profiler over 2 more steps: the top kernels")
     p.add_argument("--top", type=int, default=25, help="kernels listed with --profile")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -212,7 +227,12 @@ def main(argv: list[str] | None = None) -> int:
                       init_drafter=args.init_drafter, max_seq_len=4096,
                       target_layer_ids=tuple(args.target_layer_ids) if args.target_layer_ids else None)
     torch.manual_seed(0)
+    if args.sdpa == "no_cudnn":
+        torch.backends.cuda.enable_cudnn_sdp(False)
     model, mo_cfg = modelopt_model.build(cfg, target_dir, args.mask_token_id, device)
+    if args.compile:
+        model.get_submodule(model.base_model_prefix).compile(dynamic=True)
+        model.dflash_module.compile(dynamic=True)
     anchors.install(model)
     params = modelopt_model.trainable(model)
     opt = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)

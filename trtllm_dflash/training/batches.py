@@ -51,12 +51,14 @@ def examples(rows: list[dict], max_seq_len: int) -> tuple[list[Example], dict]:
 
 class BatchStream:
     def __init__(self, data: list[Example], batch_size: int, block_size: int, seed: int, pad_id: int = 0,
-                 rank: int = 0, ranks: int = 1):
+                 rank: int = 0, ranks: int = 1, pad_multiple: int | None = None):
         if batch_size % ranks:
             raise DFlashError("--batch_size", f"{batch_size} does not split over {ranks} ranks",
                               f"pass a multiple of {ranks} (the global batch: each rank takes an equal slice)")
         self.data, self.batch_size, self.block_size, self.seed, self.pad_id = data, batch_size, block_size, seed, pad_id
         self.rank, self.ranks = rank, ranks
+        # padded lengths are multiples of this (a multiple of the block size): fewer distinct shapes per run
+        self.pad_multiple = -(-(pad_multiple or block_size) // block_size) * block_size
         self._perms: dict[int, list[int]] = {}
 
     def _index(self, g: int) -> int:
@@ -76,7 +78,8 @@ class BatchStream:
         gs = [step * self.batch_size + self.rank * per + j for j in range(per)]
         items = [self.data[self._index(g)] for g in gs]
         B = self.block_size
-        L = -(-(max(len(e.input_ids) for e in items) + B - 1) // B) * B
+        M = self.pad_multiple
+        L = -(-(max(len(e.input_ids) for e in items) + B - 1) // M) * M
         ids = torch.full((len(items), L), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(items), L), dtype=torch.long)
         labels = torch.full((len(items), L), IGNORE, dtype=torch.long)
