@@ -259,6 +259,11 @@ def test_batches_are_padded_for_late_anchors_and_reproducible():
     assert torch.equal((b["labels"] != -100), b["attention_mask"].bool() & (b["labels"] == b["input_ids"]))
     again = batches.BatchStream(data, batch_size=3, block_size=8, seed=1).batch(1)
     assert all(torch.equal(b[k], again[k]) for k in b)
+    # a coarser pad multiple (rounded up to whole blocks) changes only the padding
+    coarse = batches.BatchStream(data, batch_size=3, block_size=8, seed=1, pad_multiple=30).batch(1)
+    n = b["input_ids"].shape[1]
+    assert n == 24 and coarse["input_ids"].shape[1] == 32 and torch.equal(coarse["input_ids"][:, :n], b["input_ids"])
+    assert not coarse["attention_mask"][:, n:].any() and (coarse["labels"][:, n:] == -100).all()
 
 
 class FakeTokenizer:

@@ -73,6 +73,7 @@ class _FusedLinearKD(torch.autograd.Function):
         correct = torch.zeros((), dtype=torch.long, device=hidden.device)
         grad = torch.zeros_like(hidden)
         distinct, which = torch.unique(teacher_index, return_inverse=True)
+        kernels = _kernels(hidden.device, soft_dtype, acc)
         with torch.autocast(hidden.device.type, enabled=False), _tf32(hidden.device):
             e = torch.empty(len(distinct), weight.shape[1], dtype=acc, device=hidden.device)   # [T, H]
             for start in range(0, len(distinct), chunk_rows):
@@ -82,14 +83,19 @@ class _FusedLinearKD(torch.autograd.Function):
                 rows = slice(start, start + chunk_rows)
                 h = hidden[rows].to(mm_dtype)                                  # [n, H]
                 z = h @ w_mm.T                                                 # [n, V]
-                correct += ((z.argmax(dim=-1) == targets[rows]) & counted[rows]).sum()
-                z = z.to(soft_dtype)
-                lse = torch.logsumexp(z, dim=-1, keepdim=True)                 # [n, 1]
-                e_rows = e[which[rows]]                                        # [n, H]
-                kd = lse.squeeze(-1).to(acc) - (h.to(acc) * e_rows).sum(dim=-1)
-                loss += (kd * row_weight[rows]).sum().double()
-                q = z.sub_(lse).exp_().to(acc)                                 # softmax(z), in z's memory
+                if kernels is not None:   # one read of z for logsumexp + argmax, one more for the softmax
+                    lse, top = kernels.row_stats(z)                            # [n], [n]
+                    q = kernels.softmax(z, lse)                                # [n, V] float32
+                else:
+                    top = z.argmax(dim=-1)
+                    z = z.to(soft_dtype)
+                    lse = torch.logsumexp(z, dim=-1)
+                    q = z.sub_(lse.unsqueeze(-1)).exp_().to(acc)               # softmax(z), in z's memory
                 del z
+                correct += ((top == targets[rows]) & counted[rows]).sum()
+                e_rows = e[which[rows]]                                        # [n, H]
+                kd = lse.to(acc) - (h.to(acc) * e_rows).sum(dim=-1)
+                loss += (kd * row_weight[rows]).sum().double()
                 grad[rows] = ((q @ w_acc).sub_(e_rows).mul_(scale[rows].unsqueeze(-1))).to(hidden.dtype)
                 del q
         ctx.save_for_backward(grad)
@@ -100,6 +106,15 @@ class _FusedLinearKD(torch.autograd.Function):
     def backward(ctx, grad_loss, grad_correct):
         (grad,) = ctx.saved_tensors
         return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None, None, None
+
+
+def _kernels(device: torch.device, soft_dtype: torch.dtype, acc: torch.dtype):
+    """kd_kernels (Triton) for the passes over each chunk's logits on CUDA with a float32 softmax (autocast);
+    None: the torch ops (the CPU, float64)."""
+    if device.type == "cuda" and soft_dtype == torch.float32 and acc == torch.float32:
+        from . import kd_kernels
+        return kd_kernels
+    return None
 
 
 @contextlib.contextmanager
