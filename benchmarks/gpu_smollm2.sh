@@ -232,12 +232,14 @@ Deployment.write(dst, m); fill_triton(dst, m)" "$RUN/deploy3" "$RUN/deploy3ar"
     if [ -z "${SMOKE:-}" ]; then
       triton_overlay || exit 1
       python3 -I -c "import sys, numpy, torch; print('soak python', sys.executable, sys.version.split()[0], 'numpy', numpy.__version__, numpy.__file__, 'torch', torch.__version__)"
-      GPU=h100 BATCH=64 NAME=soak_smollm2_h100 SOAK=(--streams 64 --duration_s 180 --kills 20)
+      GPU=h100 BATCH=64 NAME=soak_smollm2_h100${BI:+_bi} SOAK=(--streams 64 --duration_s 180 --kills 20)
     else
       GPU=cpu BATCH=8 NAME=soak_smollm2_smoke SOAK=(--streams 8 --duration_s 30 --kills 2 --fault_every_s 5 --prompts 4 --max_tokens 16)
     fi
+    # BI=1: the batch-invariant mode on (dflash-build --batch_invariant): the soak's greedy-under-load check is then
+    # the bit-exactness of answers under a 64-stream load against the same prompt alone
     python3 -m trtllm_dflash.build --target smollm2-135m --drafter "$DRAFTER" --gpu $GPU --backend torch --force \
-      --max_batch_size $BATCH --max_seq_len 2048 --out "$RUN/soak_deploy"
+      --max_batch_size $BATCH --max_seq_len 2048 ${BI:+--batch_invariant} --out "$RUN/soak_deploy"
     python3 -m trtllm_dflash.bench.soak --deployment_dir "$RUN/soak_deploy" --out "${OUT:-/tmp}/$NAME.json" --sigterm "${SOAK[@]}"
     ;;
   stash|regen_shards|train_big|ckpt_pull|eval_big)

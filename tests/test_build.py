@@ -658,6 +658,23 @@ def test_the_deployment_names_its_draft_policy(ckpt, tmp_path, capsys):
         "draft_policy fixed (auto)") == 1
 
 
+def test_batch_invariant_goes_into_the_manifest_and_the_engine(ckpt, tmp_path, capsys):
+    from trtllm_dflash.runtime.engine import Engine
+
+    out = tmp_path / "bi"
+    rc, stdout, err = run(tiny_args(ckpt, out, "llama", "z-lab", "--gpu", "cpu", "--draft_policy", "fixed",
+                                    "--dtype", "bfloat16", "--batch_invariant"), capsys)
+    assert rc == 0, err
+    assert Deployment.open(out).manifest["runtime"]["batch_invariant"] is True and "batch_invariant" in stdout
+    assert Engine.from_deployment(out).cfg.batch_invariant is True
+    plain = tmp_path / "plain"
+    assert run(tiny_args(ckpt, plain, "llama", "z-lab", "--gpu", "cpu", "--draft_policy", "fixed"), capsys)[0] == 0
+    assert "batch_invariant" not in Deployment.open(plain).manifest["runtime"]
+    rc, _, err = run(["--target", "qwen3-8b", "--gpu", "h100", "--backend", "trtllm", "--batch_invariant",
+                      "--dry_run", "--no_preset"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "batch_invariant" in err and "--backend torch" in err
+
+
 def test_a_mistyped_target_is_a_target_error_with_the_closest_short_name(capsys):
     rc, _, err = run(["--target", "smolm2-135m", "--dry_run"], capsys)
     assert rc == 2 and err.count("\n") == 1 and err.startswith("error: target: 'smolm2-135m' is not a short name")

@@ -55,6 +55,7 @@ class BuildConfig:
     # --draft_policy help in build.py)
     draft_policy: str = "auto"
     use_rejection_sampling: bool = False    # TensorRT-LLM's rejection sampler for sampled requests (prototype)
+    batch_invariant: bool = False           # our torch runtime: RuntimeConfig.batch_invariant (bit-exact bf16)
     enable_block_reuse: bool = False        # prefix-cache reuse; DFlash then recomputes a context tail
     context_recompute_tail: int | None = None   # prompt tokens recomputed on a cache hit; None = 32 with reuse
     presharded: bool = False                # torch backend: write ranks/rank{r}.safetensors
@@ -90,6 +91,9 @@ class BuildConfig:
             raise DFlashError("draft_acceptance_rate", f"must be in (0, 1), got {self.draft_acceptance_rate!r}",
                               "pass e.g. 0.7 (the chance a draft is accepted given the previous one was)")
         _choice("draft_policy", self.draft_policy, DRAFT_POLICIES)
+        if self.batch_invariant and self.backend != "torch":
+            raise DFlashError("batch_invariant", "is our torch runtime's setting (TensorRT-LLM has none)",
+                              "drop --batch_invariant, or use --backend torch")
         if self.draft_policy == "adaptive" and self.backend != "torch":
             raise DFlashError("draft_policy", "is our torch runtime's setting; TensorRT-LLM's is draft_len_schedule",
                               "drop --draft_policy, or use --backend torch")
