@@ -38,3 +38,13 @@ def test_the_step_by_phase_on_a_tiny_target(tmp_path):
         assert r["phase_sum_ms"] <= r["s_per_step"] * 1e3 * 1.01 and r["tokens_per_s"] > 0
         assert r["padded_len_mean"] == 64 and r["distinct_lengths"] == 1
         assert 0 < len(r["top_kernels"]) <= 5
+
+
+def test_plot_of_earlier_results(tmp_path):
+    row = {"batch": 64, "tokens_per_s": 1000.0, "phase_ms": dict.fromkeys(train_step.PHASES, 10.0)}
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"device": "cpu", "rows": [row, {"batch": 128,
+                                                                                        "error": "out of memory"}]}))
+    png = tmp_path / "p.png"
+    assert train_step.main(["--plot", f"first={tmp_path / 'a.json'}", str(tmp_path / "b.json"), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -20,6 +20,7 @@ sequence from [x/2, 3x/2] of ``--prompt_tokens`` / ``--response_tokens`` (respon
 the token ids are random (the step's cost does not depend on them).
 
   python -m trtllm_dflash.bench.train_step --out /tmp/train_step.json            # one GPU, SmolLM2, ~1 min
+  python -m trtllm_dflash.bench.train_step --plot before=A.json after=B.json --out phases.png   # stacked phases
   python -m trtllm_dflash.bench.train_step --target DIR --device cpu --batch 2 --steps 2 --num_layers 2 \\
       --block_size 8 --num_anchors 8 --prompt_tokens 16 --response_tokens 16 --out /tmp/t.json   # CPU smoke
 """
@@ -179,6 +180,32 @@ def measure(model, opt, params, autocast, clock: PhaseClock, device, batch: int,
     return row
 
 
+def plot_phases(runs: dict[str, dict], out: Path) -> None:
+    """One stacked bar per (run, batch): the phases' ms per step, tokens/s above the bar."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [(f"{label}\nbatch {r['batch']}", r) for label, d in runs.items() for r in d["rows"] if "phase_ms" in r]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(bars), 4.2))
+    bottom = [0.0] * len(bars)
+    for phase in PHASES:
+        vals = [r["phase_ms"][phase] for _, r in bars]
+        ax.bar(range(len(bars)), vals, bottom=bottom, label=phase)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, (_, r) in enumerate(bars):
+        ax.text(i, bottom[i], f"{r['tokens_per_s'] / 1e3:.1f}k tok/s", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(bars)), [name for name, _ in bars], fontsize=8)
+    ax.set_ylabel("ms per optimizer step")
+    devices = sorted({d.get("device", "?") for d in runs.values()})
+    ax.set_title(f"dflash-train step by phase ({', '.join(devices)})", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trtllm_dflash.bench.train_step",
                                 description=__doc__.split("\n\n")[0],
@@ -207,12 +234,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="torch.profiler over 2 more steps: the top kernels")
     p.add_argument("--top", type=int, default=25, help="kernels listed with --profile")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--out", type=Path, required=True, help="results JSON")
+    p.add_argument("--plot", nargs="+", metavar="LABEL=JSON", default=None,
+                   help="draw earlier results (stacked phases per batch) into --out (.png) instead of measuring")
+    p.add_argument("--out", type=Path, required=True, help="results JSON (with --plot: the PNG)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.plot:
+        runs = {}
+        for item in args.plot:
+            label, _, path = item.rpartition("=")
+            runs[label or Path(path).stem] = json.loads(Path(path).read_text())
+        plot_phases(runs, args.out)
+        print(f"wrote {args.out}")
+        return 0
     from trtllm_dflash.checkpoints import hf
     from trtllm_dflash.provenance import record
     from trtllm_dflash.training import anchors, kd_loss, modelopt_model
