@@ -232,7 +232,7 @@ Deployment.write(dst, m); fill_triton(dst, m)" "$RUN/deploy3" "$RUN/deploy3ar"
     if [ -z "${SMOKE:-}" ]; then
       triton_overlay || exit 1
       python3 -I -c "import sys, numpy, torch; print('soak python', sys.executable, sys.version.split()[0], 'numpy', numpy.__version__, numpy.__file__, 'torch', torch.__version__)"
-      GPU=h100 BATCH=64 NAME=soak_smollm2_h100${BI:+_bi} SOAK=(--streams 64 --duration_s 180 --kills 20)
+      GPU=h100 BATCH=64 NAME=soak_smollm2_h100${BI:+_bi} SOAK=(--streams 64 --duration_s ${SOAK_DURATION_S:-180} --kills 20)
     else
       GPU=cpu BATCH=8 NAME=soak_smollm2_smoke SOAK=(--streams 8 --duration_s 30 --kills 2 --fault_every_s 5 --prompts 4 --max_tokens 16)
     fi
