@@ -100,6 +100,11 @@ def test_checks_fail_on_wrong_answers_errors_and_metric_disagreement():
     assert _evaluate([_outcome()], {"length": 1, "cancelled": 1}, faults=[kill])["metrics_agree"]["pass"]
     assert _evaluate([_outcome()], {"length": 1}, faults=[kill])["metrics_agree"]["pass"]
     assert not _evaluate([_outcome()], {"length": 1, "cancelled": 2}, faults=[kill])["metrics_agree"]["pass"]
+    # ... or finished before its cancellation landed: an ordinary finish the client never saw (seen on an H100)
+    late = _evaluate([_outcome()], {"length": 2}, faults=[kill])["metrics_agree"]
+    assert late["pass"] and late["finished_after_give_up"] == {"length": 1}
+    assert not _evaluate([_outcome()], {"length": 2, "cancelled": 1}, faults=[kill])["metrics_agree"]["pass"]
+    assert not _evaluate([_outcome(), _outcome()], {"length": 1, "cancelled": 1}, faults=[kill])["metrics_agree"]["pass"]
     assert not _evaluate([_outcome()], {"length": 1}, rss={"growth": 0.2})["rss_bounded"]["pass"]
 
 
