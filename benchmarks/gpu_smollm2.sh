@@ -176,7 +176,7 @@ Deployment.write(dst, m); fill_triton(dst, m)" "$RUN/deploy3" "$RUN/deploy3ar"
     NOTES=(); PORT=${PORT:-$((20000 + RANDOM % 20000))}   # the servers listen on PORT, PORT+10..12
     # A server in the background for one sweep at concurrency $MID: started, waited for, stopped by its pid.
     serve_and_sweep() {   # label ready-line sweep-flags... -- server command...
-      local label=$1 ready=$2 log=$OUT/$NAME.$1.log; shift 2
+      local label=$1 ready=$2 log=$OUT/$NAME.$1.${MLABEL// /_}.log; shift 2   # one log per server and mode
       have "$MLABEL via $label" $SERVED && return 0
       local flags=(); while [ "$1" != -- ]; do flags+=("$1"); shift; done; shift
       setsid "$@" > "$log" 2>&1 &
@@ -195,7 +195,7 @@ Deployment.write(dst, m); fill_triton(dst, m)" "$RUN/deploy3" "$RUN/deploy3ar"
       if [ $MODE = ar ]; then D=deploy3ar MLABEL=AR; else D=deploy3 MLABEL=DFlash; fi
       serve_and_sweep dflash-openai "dflash-openai: ready" --server openai --url 127.0.0.1:$((PORT + 0)) -- \
         $PY -m trtllm_dflash.serving.openai_server "$RUN/$D" --port $((PORT + 0)) --served_model_name deploy3 \
-        || NOTES+=(--note "dflash-openai $MODE: the run failed (see $NAME.dflash-openai.log)")
+        || NOTES+=(--note "dflash-openai $MODE: the run failed (see $NAME.dflash-openai.$MLABEL.log)")
     done
     if [ "${SMOKE:-0}" = 1 ] || (triton_overlay >/dev/null); then
       for MODE in "${SERVED_MODES[@]}"; do

@@ -129,7 +129,10 @@ def _checked(name: str, data):
 
 
 def _read(results: Path, name: str):
-    """A results file's JSON (a .jsonl file: the list of its rows)."""
+    """A results file's JSON (a .jsonl file: the list of its rows; .json.gz: gzipped, for the large reports)."""
+    if name.endswith(".json.gz"):
+        import gzip
+        return json.loads(gzip.decompress((results / name).read_bytes()))
     text = (results / name).read_text()
     if name.endswith(".jsonl"):
         return [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -145,11 +148,12 @@ def owners(results: Path, quoted: str) -> list[str]:
     """The JSON files that give a quoted results path its provenance: the file itself; for a folder or a file in
     one (a plot, a table), the run file beside the folder (``D.jsonl`` / ``D.json``) or else the JSON files in it."""
     path = results / quoted
-    if path.suffix in (".json", ".jsonl"):
+    if path.suffix in (".json", ".jsonl") or quoted.endswith(".json.gz"):
         return [quoted]
     top = quoted.split("/")[0]
     beside = [f"{top}{ext}" for ext in (".jsonl", ".json") if (results / f"{top}{ext}").is_file()]
-    inside = sorted(str(f.relative_to(results)) for f in (results / top).glob("*.json"))
+    inside = sorted(str(f.relative_to(results)) for pattern in ("*.json", "*.json.gz")
+                    for f in (results / top).glob(pattern))
     return beside[:1] or inside
 
 
@@ -523,8 +527,11 @@ def render_e2e_h100(results: Path) -> str:
 
 
 def render_sweep_v4(results: Path) -> str:
-    """Issue #31's sweep: AR and DFlash in-process, through dflash-openai and through dflash-serve (Triton)."""
-    name, d, s, rows, at, levels = _sweep(results, "sweep_smollm2_h100_v4")
+    """Issue #31's sweep (gpu_smollm2.sh sweep4, its latest run): AR and DFlash in-process, through dflash-openai and
+    through dflash-serve (Triton); the run before it for comparison."""
+    name, d, s, rows, at, levels = _sweep(results, "sweep_smollm2_h100_v5")
+    before_name = "sweep_smollm2_h100_v4.summary.json"
+    before = _load(results, before_name)["summary"]
     labels = list(dict.fromkeys(r["label"] for r in rows))
     gpu = rows_gpu(rows) or "GPU"
     lines = [f"**SmolLM2-135M + the shipped drafter, HumanEval prompts, 128 new tokens, one {gpu}** (`bash "
@@ -542,7 +549,14 @@ def render_sweep_v4(results: Path) -> str:
             f"in-process, {s['openai_ar_tok_s_c256']:,.0f} through dflash-openai. DFlash adaptive over AR at equal "
             f"interactivity: {s['min_adaptive_over_ar_iso_interactivity']:.2f}x to "
             f"{s['max_adaptive_over_ar_iso_interactivity']:.2f}x. Notes: " + _sentences(s.get("notes", [])))
-    lines += ["", *textwrap.wrap(text, 115)]
+    prev = (f"The same sweep before the Triton sender joined queued steps and before dflash-openai's API servers "
+            f"followed the cores ({provenance_note(_load(results, before_name), before_name)}, one API "
+            f"server): dflash-openai {before['openai_over_inprocess_c64']:.2f}, Triton "
+            f"{before['triton_over_inprocess_c64']:.2f}, AR at 256 through dflash-openai "
+            f"{before['openai_ar_tok_s_c256']:,.0f} tok/s, dflash-openai's TTFT p50 at 64 "
+            f"{before['openai_ttft_p50_over_inprocess_c64']:.1f}x in-process's (now "
+            f"{s['openai_ttft_p50_over_inprocess_c64']:.1f}x).")
+    lines += ["", *textwrap.wrap(text, 115), "", *textwrap.wrap(prev, 115)]
     return "\n".join(lines) + "\n"
 
 
@@ -583,7 +597,7 @@ def render_bit_exact(results: Path) -> str:
              f"block 4: {sm['dflash_eq_ar_greedy_block4']}; 128 tokens), each request alone == in a batch of 8 for AR "
              f"({sm['ar_alone_eq_batch']}/8) and DFlash ({sm['dflash_alone_eq_batch']}/8); tiny Llama / Qwen3 pairs in bf16 "
              f"{s['tiny_bf16_identical']} of {s['tiny_bf16_runs']} (greedy and seeded sampling). Under a 64-stream load: "
-             + ("not measured yet" if s["load_equals_alone_fraction"] is None
+             + (_soak_under_load(results) if s["load_equals_alone_fraction"] is None
                 else f"{100 * s['load_equals_alone_fraction']:.1f}% of greedy answers == alone") + ".", "",
              "What the mode costs a decode step (ms, same GPU, mode on / off):", ""]
     lines += _table_head("model", "mode", "batch", "off", "on", "on / off")
@@ -593,6 +607,21 @@ def render_bit_exact(results: Path) -> str:
     lines += ["", f"Worst: AR {s['ar_step_cost_ratio']:.2f}x, DFlash {s['dflash_step_cost_ratio']:.2f}x the step with the "
               "mode off, so it stays off by default until its kernels cost no more than the others."]
     return "\n".join(lines) + "\n"
+
+
+def _soak_under_load(results: Path) -> str:
+    """Greedy answers under the soak's load == the same prompt alone, mode on and off (gpu_smollm2.sh soak, BI=1)."""
+    runs = {}
+    for mode in ("on", "off"):
+        name = f"soak_batch_invariant_h100/soak_bi_{mode}.json.gz"
+        d = _load(results, name)
+        g = d["checks"]["greedy_equals_solo"]
+        runs[mode] = (g["compared"] - g["wrong"], g["compared"], d["summary"]["requests_per_s"], d, name)
+    on, off = runs["on"], runs["off"]
+    return (f"{on[0]:,} of {on[1]:,} greedy answers == the same prompt alone with the mode on, {off[0]:,} of {off[1]:,} "
+            f"with it off ({on[3]['provenance']['device'].get('gpu') or 'GPU'}, dflash-serve, 64 streams, "
+            f"{on[2]:.0f} vs {off[2]:.0f} requests/s; `benchmarks/results/soak_batch_invariant_h100/`, "
+            f"{provenance_note(on[3], on[4])})")
 
 
 def render_step_notes(results: Path) -> str:

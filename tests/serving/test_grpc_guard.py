@@ -105,3 +105,17 @@ def test_peer_addresses_name_clients_as_the_http_guard_does():
     assert _address("ipv4:127.0.0.2") == "127.0.0.2"
     assert _address("ipv6:%5B::1%5D") == "::1"
     assert _address("unix:/tmp/x.sock") == "unix:/tmp/x.sock"
+
+
+def test_call_bounds_follow_the_engine_slots():
+    # one client address (a gateway, a load generator) may drive every slot of a 256-slot engine
+    big = GrpcLimits.for_slots(256, max_message_bytes=1 << 20)
+    assert big.max_client_rpcs == 272 and big.max_rpcs == 544 and big.max_message_bytes == 1 << 20
+    assert GrpcLimits.for_slots(8) == GrpcLimits() == GrpcLimits.for_slots(None)
+
+
+def test_dflash_serve_reads_the_slots_from_the_deployment(tmp_path, tiny_deployment):
+    from trtllm_dflash.deployment import Deployment
+    from trtllm_dflash.serving.server import engine_slots
+    assert engine_slots(tmp_path) is None          # a bare model repository: the default bounds
+    assert engine_slots(tiny_deployment) == Deployment.open(tiny_deployment).manifest["runtime"]["max_batch_size"]

@@ -99,6 +99,7 @@ class TritonClient:
                     t, result, error = responses.get(timeout=self.timeout)
                     if error is not None:
                         rec.error = str(error)
+                        self._drop_stream()
                         break
                     if result.get_response().id == rid:   # else: late, of an earlier request that timed out
                         self._read(result, t, rec, pieces)
@@ -108,9 +109,27 @@ class TritonClient:
             rec.error = f"no response within {self.timeout:.0f} s"
         except Exception as err:  # noqa: BLE001 - a failed request is a counted error, not a crashed sweep
             rec.error = f"{type(err).__name__}: {err}"
+            self._drop_stream()
         for (t, _), n in zip(pieces, chunk_token_counts(self.tokenizer, [p for _, p in pieces])):
             rec.add_chunk(t, n)
         return rec
+
+    def _drop_stream(self) -> None:
+        """Close this thread's client after an error: tritonclient refuses every later request on a stream that
+        reported one ("no longer in valid state"), so without a fresh stream one failure would fail the thread's
+        remaining requests too and the sweep would count them as the server's errors."""
+        client = getattr(self._local, "client", None)
+        if client is None:
+            return
+        del self._local.client, self._local.responses
+        with self._lock:
+            self._clients = [c for c in self._clients if c is not client]
+        try:
+            if self.decoupled:
+                client.stop_stream(cancel_requests=True)
+            client.close()
+        except Exception:  # noqa: BLE001 - a broken stream may fail to close; the next request opens a new one
+            pass
 
     @staticmethod
     def _read(result, t: float, rec: RequestRecord, pieces: list) -> None:

@@ -68,6 +68,15 @@ class GrpcLimits:
     idle_stream_s: float = 60.0     # a stream with nothing outstanding and no message for this long ends
     evict_idle_s: float = 1.0       # idle this long, it may end early to make room for a new call
 
+    @classmethod
+    def for_slots(cls, max_batch_size: int | None, **kw) -> "GrpcLimits":
+        """Call bounds for an engine of ``max_batch_size`` slots: one client address may hold a call for every
+        slot and 16 more (streams ending or idle), since a gateway or a load generator sends all its users from
+        one address (the H100 sweep at concurrency 256 from one host had 514 of 1,280 requests refused at the
+        fixed 128); all clients together twice that. Never below the defaults."""
+        client = max(cls.max_client_rpcs, (max_batch_size or 0) + 16)
+        return cls(max_client_rpcs=client, max_rpcs=max(cls.max_rpcs, 2 * client), **kw)
+
 
 def is_final(response: bytes) -> bool:
     """Whether a ModelStreamInfer response ends its request: an error, or Triton's

@@ -80,7 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grpc_guard", choices=("true", "false"), default="true",
                    help="true: a gRPC relay listens on --grpc_port and passes calls to Triton on a private Unix "
                         "socket, refusing messages over --max_grpc_message_bytes (Triton 2.51 takes up to 2 GiB) "
-                        "and bounding calls per client and in total; false: Triton listens on --grpc_port itself")
+                        "and bounding calls per client address (the deployment's max_batch_size + 16, at least 128) "
+                        "and in total (twice that); false: Triton listens on --grpc_port itself")
     p.add_argument("--max_grpc_message_bytes", type=int, default=GrpcLimits.max_message_bytes,
                    help="with --grpc_guard true: the largest gRPC message relayed to Triton")
     p.add_argument("--grpc_idle_stream_s", type=float, default=GrpcLimits.idle_stream_s,
@@ -105,6 +106,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.decoupled_mode is not None and not args.fill:
         p.error("--decoupled_mode needs --fill (DIR/triton was filled by dflash-build with its own mode)")
     return args
+
+
+def engine_slots(path: Path) -> int | None:
+    """The deployment's max_batch_size (the engine's request slots); None for a bare model repository."""
+    if not Deployment.is_deployment(path):
+        return None
+    return Deployment.open(path).manifest.get("runtime", {}).get("max_batch_size")
 
 
 def resolve_repo(path: Path, fill: bool, decoupled_mode: bool, workdir: Path) -> Path:
@@ -448,11 +456,13 @@ def main(argv: list[str] | None = None) -> int:
             if grpc_guarded:
                 # Triton binds "unix:PATH" + ":" + port: the socket file's name ends in ":1"
                 grpc_guard = GrpcGuard(args.host, args.grpc_port, f"{grpc_sock}:1", ADMIN_HEADER,
-                                       GrpcLimits(max_message_bytes=args.max_grpc_message_bytes,
-                                                  idle_stream_s=args.grpc_idle_stream_s,
-                                                  max_bytes_in_flight=args.max_grpc_bytes_in_flight,
-                                                  max_client_bytes_in_flight=max(args.max_grpc_message_bytes,
-                                                                                 args.max_grpc_bytes_in_flight // 2)))
+                                       GrpcLimits.for_slots(engine_slots(args.deployment_dir),
+                                                            max_message_bytes=args.max_grpc_message_bytes,
+                                                            idle_stream_s=args.grpc_idle_stream_s,
+                                                            max_bytes_in_flight=args.max_grpc_bytes_in_flight,
+                                                            max_client_bytes_in_flight=max(
+                                                                args.max_grpc_message_bytes,
+                                                                args.max_grpc_bytes_in_flight // 2)))
                 grpc_guard.start()
                 print(f"dflash-serve: gRPC guard on {args.host}:{args.grpc_port} -> Triton on {grpc_sock}:1",
                       flush=True)
