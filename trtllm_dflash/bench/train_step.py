@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from trtllm_dflash.checkpoints import hf
     from trtllm_dflash.provenance import record
-    from trtllm_dflash.training import anchors, kd_loss, modelopt_model
+    from trtllm_dflash.training import anchors, modelopt_model
     from trtllm_dflash.training.loop import autocast_for
     from trtllm_dflash.training.settings import TrainConfig
     from trtllm_dflash.training.target import resolve_target
