@@ -522,6 +522,26 @@ def render_mxfp4_loop_cost(results: Path) -> str:
     return "\n".join(textwrap.wrap(text, 115)) + "\n"
 
 
+def render_train_step(results: Path) -> str:
+    """dflash-train's step before / after the KD loss change, same H100, same call (bench/train_step.py)."""
+    runs = {k: _load(results, f"train_step_h100/{k}.json") for k in ("before", "after")}
+    rows = {k: {r["batch"]: r for r in d["rows"] if "phase_ms" in r} for k, d in runs.items()}
+    parts = []
+    for b in sorted(rows["after"]):
+        x, y = rows["before"][b], rows["after"][b]
+        parts.append(f"batch {b} per GPU {x['s_per_step'] * 1e3:,.0f} -> {y['s_per_step'] * 1e3:,.0f} ms "
+                     f"({x['tokens_per_s'] / 1e3:.1f}k -> {y['tokens_per_s'] / 1e3:.1f}k supervised tok/s)")
+    b = min(rows["after"])
+    ph = rows["after"][b]["phase_ms"]
+    text = (f"The training step on one {runs['after']['device']} (`python -m trtllm_dflash.bench.train_step`, "
+            f"`benchmarks/results/train_step_h100/`, {provenance_note(runs['after'], 'train_step_h100/after.json')}): "
+            f"with the KD loss folded into one expected embedding per target position and its passes over the logits "
+            f"in Triton, {'; '.join(parts)}, against the loss of 167fc13 in the same call. At batch {b} the step is "
+            f"now the target's forward {ph['target']:.0f} ms, the draft's forward {ph['draft']:.0f} and backward "
+            f"{ph['backward']:.0f}, the loss {ph['loss']:.0f}, anchors and mask {ph['prepare']:.0f}.")
+    return "\n".join(textwrap.wrap(text, 115)) + "\n"
+
+
 def render_e2e_h100(results: Path) -> str:
     return render_e2e(results, "e2e_smollm2_h100.json")
 
@@ -1122,6 +1142,7 @@ RENDERERS = {
     "triton_overhead": render_triton_overhead,
     "mxfp4_loop_cost": render_mxfp4_loop_cost,
     "sweep_v4": render_sweep_v4,
+    "train_step": render_train_step,
     "step_notes": render_step_notes,
     "layer_ops": render_layer_ops,
     "tp_bench": render_tp_bench,
