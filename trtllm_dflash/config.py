@@ -86,9 +86,12 @@ class RuntimeConfig:
     # its two products in float64 (no SDPA, and the CPU's half-precision batched matmul sums in an order that depends
     # on the batch; prefill attention 3-20x slower there); float32 on the CPU is left as it is (its BLAS is not
     # row-invariant). Not on the torch path on CUDA (cuBLAS and SDPA pick their tiling by shape), nor gpt-oss's
-    # experts. False: the fastest kernels per shape. Off by default until its cost on the GPU is measured (every
-    # prefill GEMM leaves cuBLAS for the Triton GEMM); a deployment turns it on with runtime.batch_invariant in its
-    # manifest.
+    # experts. False: the fastest kernels per shape. Off by default for its cost at larger batches: a decode step
+    # 1.01-1.05x at batch 1 but 1.38x at batch 64 on an H200 (Qwen3-8B shapes; every prefill GEMM leaves cuBLAS for
+    # the Triton GEMM; benchmarks/results/bit_exact_h200.json). What it buys, measured: under a 64-stream load on an
+    # H100 every greedy answer equalled the same request alone (21,945 of 21,945; 44% differed with it off:
+    # benchmarks/results/soak_batch_invariant_h100/). A deployment turns it on with dflash-build --batch_invariant
+    # (runtime.batch_invariant in its manifest).
     batch_invariant: bool = False
     # Tensor parallelism's all-reduce (TensorRT-LLM's allreduce_strategy, lower case; runtime/allreduce.py): "oneshot"
     # = messages up to 512 KB (a decode layer's) over CUDA peer memory (PyTorch symmetric memory), larger ones NCCL;
