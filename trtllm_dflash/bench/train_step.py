@@ -116,7 +116,7 @@ def step(model, opt, params, batch: dict, autocast, clock: PhaseClock, grad_clip
 
 
 def top_kernels(prof, steps: int, limit: int, cuda: bool) -> list[dict]:
-    """The ops with the most self time (device time on CUDA: the kernels), in ms per step."""
+    """The ops with the most self time (on CUDA: the kernels' GPU time), in ms per step."""
     rows = []
     for e in prof.key_averages():
         t = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)) if cuda \
