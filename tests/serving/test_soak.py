@@ -50,6 +50,8 @@ def test_short_soak_with_faults_and_sigterm(tiny_deployment, tmp_path):
     assert report["sigterm"]["streams"] == 16 and report["sigterm"]["orphans"] == []
     assert report["provenance"]["checkpoints"]["target"]["sha256"]
     assert len(report["rss_samples"]) >= 10 and out.with_suffix(".png").stat().st_size > 10_000
+    log = tmp_path / "soak.dflash-serve.log"    # the server's log beside the report
+    assert report["server"]["log"] == str(log) and "dflash-serve: ready" in log.read_text()
 
 
 @pytest.mark.slow
@@ -138,3 +140,14 @@ def test_help_and_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         soak.parse_args(["--engine", str(tmp_path), "--out", str(tmp_path / "x.json")])
     assert "has no manifest.json" in capsys.readouterr().err
+
+
+def test_the_servers_logs_are_kept_beside_the_report(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "r" / "soak_x.json"
+    work.mkdir()
+    out.parent.mkdir()
+    (work / "dflash-serve.log").write_text("0123456789")
+    (work / "notes.txt").write_text("not a log")
+    kept = soak.keep_logs(work, out, max_bytes=4)
+    assert kept == {"dflash-serve.log": str(out.parent / "soak_x.dflash-serve.log")}
+    assert (out.parent / "soak_x.dflash-serve.log").read_text() == "6789"     # the end of a long log

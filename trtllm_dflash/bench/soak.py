@@ -1502,6 +1502,19 @@ def _interrupt(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def keep_logs(work: Path, out: Path, max_bytes: int = 8 << 20) -> dict[str, str]:
+    """The servers' logs (the last ``max_bytes`` of each) beside the report as ``<report stem>.<log name>``:
+    the run's temporary folder is not where anyone looks once a run went wrong. {log name: kept path}."""
+    kept = {}
+    for log in sorted(work.glob("*.log")):
+        dst = out.with_name(f"{out.stem}.{log.name}")
+        with open(log, "rb") as src:
+            src.seek(max(0, log.stat().st_size - max_bytes))
+            dst.write_bytes(src.read())
+        kept[log.name] = str(dst)
+    return kept
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Ctrl-C or SIGTERM (also when started in the background, where SIGINT is ignored) unwinds through the
@@ -1585,6 +1598,7 @@ def main(argv: list[str] | None = None) -> int:
         for pid, (_, start) in srv.tree().items():   # anything of ours still running after a failure
             if alive(pid, start):
                 os.kill(pid, signal.SIGKILL)
+        kept = keep_logs(work, args.out)   # also when a time limit or Ctrl-C ended the run: what the servers said
 
     rss = rss_growth(sampler.samples, phases["load"][0], phases.get("kills", phases["load"])[1], args.warmup)
     checks = evaluate(args, solo, outcomes, faults, kills, idle, finished_delta, rss, alive_before_sigterm, sig)
@@ -1608,7 +1622,7 @@ def main(argv: list[str] | None = None) -> int:
                        "target": deployment.target.get("source"), "drafter": deployment.drafter.get("source")},
         "machine": {"cpus": os.cpu_count(), "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg(),
                     "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
-        "server": {"ready_s": round(srv.ready_s, 2), "log": str(srv.log)},
+        "server": {"ready_s": round(srv.ready_s, 2), "log": kept.get(srv.log.name, str(srv.log)), "logs": kept},
         "phases_s": phases,
         "summary": summary,
         "checks": checks,
