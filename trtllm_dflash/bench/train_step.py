@@ -3,7 +3,8 @@
 per-sample anchors, bf16 autocast, AdamW) on synthetic batches of the lengths the regenerated data has, timed by
 phase with CUDA events, and the top kernels from torch.profiler.
 
-Phases of one optimizer step (the forward's boundaries come from hooks on the target trunk and the draft module):
+Phases of one optimizer step, training.loop.train_step itself (hooks on the model, the target trunk, the draft module
+and the optimizer mark the boundaries):
 
   target     the frozen target's forward (all its layers, hidden states of the tapped ones, the logits the KD
              loss distils);
@@ -12,8 +13,8 @@ Phases of one optimizer step (the forward's boundaries come from hooks on the ta
   draft      the draft module's forward;
   loss       the rest of the forward: the KD loss (fused: lm_head per row chunk, and the gradient w.r.t. the draft's
              hidden states in the same pass);
-  backward   back-propagation through the draft;
-  optimizer  gradient clipping and AdamW.
+  backward   the loss's finiteness check, back-propagation through the draft, gradient clipping;
+  optimizer  AdamW.
 
 Tokens/s counts supervised response tokens, as dflash-train's batch probe and loss.csv do. Lengths are drawn per
 sequence from [x/2, 3x/2] of ``--prompt_tokens`` / ``--response_tokens`` (responses capped at ``--max_new_tokens``);
@@ -55,17 +56,21 @@ def synthetic(n: int, vocab: int, avoid: int, prompt: int, response: int, cap: i
 
 
 class PhaseClock:
-    """CUDA events (perf_counter on the CPU) at the forward's boundaries, from hooks on the target trunk and the
-    draft module; ``mark`` adds the step's own boundaries."""
+    """CUDA events (perf_counter on the CPU) at a training step's boundaries, from hooks: the whole model's
+    forward, the target trunk's, the draft module's, and the optimizer's step."""
 
-    def __init__(self, model, device: torch.device):
+    def __init__(self, model, opt, device: torch.device):
         self.cuda = device.type == "cuda"
         self.marks: dict[str, object] = {}
-        trunk = model.get_submodule(model.base_model_prefix) if getattr(model, "base_model_prefix", "") else model.model
-        self.handles = [trunk.register_forward_pre_hook(lambda *a: self.mark("target_start")),
+        trunk, draft = model.get_submodule(model.base_model_prefix), model.dflash_module
+        self.handles = [model.register_forward_pre_hook(lambda *a: self.mark("start")),
+                        trunk.register_forward_pre_hook(lambda *a: self.mark("target_start")),
                         trunk.register_forward_hook(lambda *a: self.mark("target_end")),
-                        model.dflash_module.register_forward_pre_hook(lambda *a: self.mark("draft_start")),
-                        model.dflash_module.register_forward_hook(lambda *a: self.mark("draft_end"))]
+                        draft.register_forward_pre_hook(lambda *a: self.mark("draft_start")),
+                        draft.register_forward_hook(lambda *a: self.mark("draft_end")),
+                        model.register_forward_hook(lambda *a: self.mark("forward_end")),
+                        opt.register_step_pre_hook(lambda *a: self.mark("backward_end")),
+                        opt.register_step_post_hook(lambda *a: self.mark("end"))]
 
     def mark(self, name: str) -> None:
         if self.cuda:
@@ -94,33 +99,11 @@ class PhaseClock:
             h.remove()
 
 
-def step(model, opt, params, batch: dict, autocast, clock: PhaseClock, grad_clip: float) -> int:
-    """One optimizer step as training.loop.train_step runs it on one rank, with the clock's marks between the
-    parts; returns the supervised tokens."""
-    from trtllm_dflash.training import anchors
-    from trtllm_dflash.training.batches import IGNORE
-
-    anchors.set_samples(model, batch.pop("sample_ids"))
-    tokens = int((batch["labels"] != IGNORE).sum())
-    clock.mark("start")
-    with autocast:
-        result = model(**batch)
-    clock.mark("forward_end")
-    result.loss.backward()
-    clock.mark("backward_end")
-    torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    clock.mark("end")
-    return tokens
-
-
 def top_kernels(prof, steps: int, limit: int, cuda: bool) -> list[dict]:
     """The ops with the most self time (on CUDA: the kernels' GPU time), in ms per step."""
     rows = []
     for e in prof.key_averages():
-        t = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)) if cuda \
-            else e.self_cpu_time_total
+        t = e.self_device_time_total if cuda else e.self_cpu_time_total
         if t and e.key and not e.key.startswith("ProfilerStep"):
             rows.append({"name": e.key[:160], "ms_per_step": round(t / 1e3 / steps, 3),
                          "calls_per_step": round(e.count / steps, 1)})
@@ -131,13 +114,17 @@ def top_kernels(prof, steps: int, limit: int, cuda: bool) -> list[dict]:
 def device_busy_ms(prof, steps: int) -> float:
     """Kernel time per step, all kernels summed: far below the step time means the GPU waits on the host."""
     from torch.autograd import DeviceType
-    total = sum(getattr(e, "self_device_time_total", 0) for e in prof.key_averages() if e.device_type == DeviceType.CUDA)
+    total = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == DeviceType.CUDA)
     return round(total / 1e3 / steps, 2)
 
 
 def measure(model, opt, params, autocast, clock: PhaseClock, device, batch: int, vocab: int, args) -> dict:
     """Warm-up, timed steps by phase, and (--profile) the top kernels of two more steps at one batch size."""
     from trtllm_dflash.training.batches import BatchStream
+    from trtllm_dflash.training.loop import train_step
+
+    def step(i: int, b: dict | None = None) -> int:   # the supervised tokens of step i's batch
+        return train_step(model, opt, params, b or to_dev(i), 1.0, autocast, i)["tokens"]
 
     data = synthetic(batch * (args.steps + 4), vocab, args.mask_token_id, args.prompt_tokens,
                      args.response_tokens, args.max_new_tokens, seed=batch)
@@ -147,13 +134,13 @@ def measure(model, opt, params, autocast, clock: PhaseClock, device, batch: int,
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for i in range(2):
-        step(model, opt, params, to_dev(i), autocast, clock, 1.0)
+        step(i)
     sums, tokens, lengths = dict.fromkeys(PHASES, 0.0), 0, []
     t0, cpu0 = time.perf_counter(), time.process_time()
     for i in range(2, 2 + args.steps):
         b = to_dev(i)
         lengths.append(int(b["input_ids"].shape[1]))
-        tokens += step(model, opt, params, b, autocast, clock, 1.0)
+        tokens += step(i, b)
         for k, v in clock.phases().items():   # synchronizes: the wall clock below includes the host gaps
             sums[k] += v
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -171,7 +158,7 @@ def measure(model, opt, params, autocast, clock: PhaseClock, device, batch: int,
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=acts) as prof:
             for i in range(2 + args.steps, 4 + args.steps):
-                step(model, opt, params, to_dev(i), autocast, clock, 1.0)
+                step(i)
             if device.type == "cuda":
                 torch.cuda.synchronize()
         row["top_kernels"] = top_kernels(prof, 2, args.top, device.type == "cuda")
@@ -230,7 +217,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pad each batch to a multiple of this many tokens (default: the block size, as dflash-train)")
     p.add_argument("--sdpa", choices=("default", "no_cudnn"), default="default",
                    help="no_cudnn: turn PyTorch's cuDNN attention backend off (flash / memory-efficient instead)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the target trunk and the draft module")
     p.add_argument("--profile", action="store_true", help="torch.profiler over 2 more steps: the top kernels")
     p.add_argument("--top", type=int, default=25, help="kernels listed with --profile")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -267,9 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.sdpa == "no_cudnn":
         torch.backends.cuda.enable_cudnn_sdp(False)
     model, mo_cfg = modelopt_model.build(cfg, target_dir, args.mask_token_id, device)
-    if args.compile:
-        model.get_submodule(model.base_model_prefix).compile(dynamic=True)
-        model.dflash_module.compile(dynamic=True)
     anchors.install(model)
     params = modelopt_model.trainable(model)
     opt = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
@@ -283,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "settings": {k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out)},
            "draft_parameters": sum(p.numel() for p in model.dflash_module.parameters()), "rows": []}
-    clock = PhaseClock(model, device)
+    clock = PhaseClock(model, opt, device)
     model.train()
     for batch in sizes:
         try:
