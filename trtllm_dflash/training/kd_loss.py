@@ -73,7 +73,7 @@ class _FusedLinearKD(torch.autograd.Function):
         correct = torch.zeros((), dtype=torch.long, device=hidden.device)
         grad = torch.zeros_like(hidden)
         distinct, which = torch.unique(teacher_index, return_inverse=True)
-        kernels = _kernels(hidden.device, soft_dtype, acc)
+        kernels = _kernels(hidden.device, soft_dtype)
         with torch.autocast(hidden.device.type, enabled=False), _tf32(hidden.device):
             e = torch.empty(len(distinct), weight.shape[1], dtype=acc, device=hidden.device)   # [T, H]
             for start in range(0, len(distinct), chunk_rows):
@@ -108,10 +108,10 @@ class _FusedLinearKD(torch.autograd.Function):
         return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None, None, None
 
 
-def _kernels(device: torch.device, soft_dtype: torch.dtype, acc: torch.dtype):
+def _kernels(device: torch.device, soft_dtype: torch.dtype):
     """kd_kernels (Triton) for the passes over each chunk's logits on CUDA with a float32 softmax (autocast);
     None: the torch ops (the CPU, float64)."""
-    if device.type == "cuda" and soft_dtype == torch.float32 and acc == torch.float32:
+    if device.type == "cuda" and soft_dtype == torch.float32:
         from . import kd_kernels
         return kd_kernels
     return None
