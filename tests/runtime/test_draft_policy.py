@@ -106,6 +106,49 @@ def test_observed_step_periods_correct_a_table_that_priced_drafting_too_dear():
     assert pol.observed_costs() == {1: {1: [0.8, 4], 16: [1.05, 4]}}
 
 
+def test_a_drafting_block_the_table_prices_too_dear_is_timed_once_and_then_chosen():
+    """The H100 case (SmolLM2, HumanEval, concurrency 1): the table priced block 16 well over block 4, so the policy ran
+    block 4 and never timed 16, which really cost what 4 did (fixed block 16 ran 1.94x AR, the policy 1.83x). Once a
+    drafting cost is observed, an untimed block that would win even at that cost runs its timed samples, once."""
+    table = CostTable({1: {1: 1.0e-3, 2: 1.10e-3, 4: 1.12e-3, 8: 1.60e-3, 16: 1.75e-3}})
+    real = {1: 0.95e-3, 2: 1.10e-3, 4: 1.15e-3, 8: 1.16e-3, 16: 1.17e-3}
+    pol = AdaptivePolicy(16, table)
+    for _ in range(100):
+        pol.observe(16, [1, 2, 0, 4, 1, 6, 2, 9])   # ~2.4 tokens a block-16 step, a tail beyond draft 4
+    picks = []
+    for _ in range(60):
+        block, reason = pol.choose(1)
+        picks.append((block, reason))
+        pol.observe_cost(1, block, real[block])
+    blocks = [b for b, _ in picks]
+    assert blocks[:4] == [4] * 4                           # the table's choice, until its cost is observed
+    explored = [r for _, r in picks if r.startswith("explore")]
+    assert explored and all(r.startswith("explore block 16") for r in explored[:4])
+    assert len(explored) == 4                               # its timed samples (min_cost_samples), no more
+    assert blocks[-20:].count(16) >= 19                     # then the timed costs decide: block 16
+    assert pol.observed_costs()[1][16][1] >= 4
+
+
+def test_exploring_stops_where_the_block_is_never_timed_or_adds_nothing():
+    table = CostTable({1: {1: 1.0e-3, 2: 1.10e-3, 4: 1.12e-3, 8: 1.60e-3, 16: 1.75e-3}})
+    pol = AdaptivePolicy(16, table)
+    for _ in range(100):
+        pol.observe(16, [1, 2, 0, 4, 1, 6, 2, 9])
+    for _ in range(4):
+        pol.observe_cost(1, 4, 1.15e-3)
+    # block 16's steps are never timed (say every step also prefills): it runs EXPLORE_STEPS steps, then no more
+    picks = [pol.choose(1)[0] for _ in range(100)]
+    from trtllm_dflash.runtime.draft_policy import EXPLORE_STEPS
+    assert picks.count(16) == EXPLORE_STEPS and picks[-30:].count(16) == 0
+    # drafts past 2 never accepted: the larger blocks add no expected tokens and are not worth timing
+    flat = AdaptivePolicy(16, table)
+    for _ in range(100):
+        flat.observe(16, [2, 0, 1, 2])
+    for _ in range(4):
+        flat.observe_cost(1, 4, 1.15e-3)
+    assert all(not flat.choose(1)[1].startswith("explore") for _ in range(50))
+
+
 def test_engine_reports_the_periods_of_steady_decode_steps_only(tiny_pair):
     """A step is timed when it was queued behind the previous one, prefills nothing, and is not a drafting step
     right after block-1 steps (it first appends their drafter context)."""
