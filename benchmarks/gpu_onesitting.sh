@@ -15,8 +15,9 @@
 #   e2e       E2E=1: benchmarks/e2e_smollm2.sh with the new pair (AR vs DFlash fixed vs adaptive, ~3 min: E2E_S)
 # Each run writes to OUT: onesitting.log, onesitting_state.tgz (status.json, loss.csv, tau.csv, report.json,
 # batch_probe.json, the regen manifest and the run's settings), the drafter once exported, and once evaluated
-# acceptance_big.json and e2e_smollm2_h100.json (E2E=1). status.json's "next" says what the next run does. BACKUP=1
-# also copies the shards this run regenerated to OUT (the multi-host path of benchmarks/TRAINING_PLAN.md).
+# acceptance_big.json (+ .meta.json) and e2e_smollm2_h100.json (E2E=1). status.json's "next" says what the next
+# run does. BACKUP=1 also copies the shards this run regenerated to OUT (the multi-host path of
+# benchmarks/TRAINING_PLAN.md).
 # A host without network: OFFLINE_DIR (scripts/offline_host.sh) with the wheel set `train`
 # (benchmarks/offline/train.txt) and the SmolLM2 GGUF in models/.
 #
@@ -182,7 +183,7 @@ runf=($(cd "$BIG_RUN" && ls loss.csv tau.csv report.json batch_probe.json train_
           data/regenerate.json loss.png 2>/dev/null || true))
 tar czf "$BACK/onesitting_state.tgz" -C "$WORK" "${logs[@]}" ${runf[0]:+-C "$BIG_RUN" "${runf[@]}"}
 if [[ $EVALUATED == 1 ]]; then
-  cp "$WORK"/eval/acceptance_big.json "$WORK"/eval/model-*-of-*.safetensors \
+  cp "$WORK"/eval/acceptance_big.json "$WORK"/eval/acceptance_big.meta.json "$WORK"/eval/model-*-of-*.safetensors \
     "$WORK"/eval/model.safetensors.index.json "$BACK"/
   # eval_extra.tgz (tau.csv, drafter config.json, the acceptance table) joins the state tarball
   mkdir -p "$WORK/x" && tar xzf "$WORK/eval/eval_extra.tgz" -C "$WORK/x"
