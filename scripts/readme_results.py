@@ -33,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # the runs that made each SmolLM2 drafter shipped so far, newest last (the shipped one); their summaries name the
 # shipped file's sha256
-DRAFTER_RUNS = {"v2": "train_smollm2_10x_h200", "v3": "train_smollm2_v3_h200x4", "v4": "train_smollm2_v4_h200x4"}
+DRAFTER_RUNS = {"v2": "train_smollm2_10x_h200", "v3": "train_smollm2_v3_h200x4", "v4": "train_smollm2_v4_h200x4",
+                "v5": "train_smollm2_v5_h200x2"}
 DRAFTER_RUN = list(DRAFTER_RUNS.values())[-1]
 # Results files record the command that made them; the scripts they name have since become modules of the package.
 MOVED = {"step_bench": "step", "engine_load": "load", "gemm_bench": "gemm", "fp8_gemm_bench": "fp8_gemm",
@@ -235,9 +236,10 @@ def render_headline(results: Path) -> str:
 
     def tau():
         d, name = _load(results, "acceptance_smollm2.json"), DRAFTER_RUN + "/summary.json"
-        before = _load(results, "acceptance_smollm2_v3.json")
+        prev = list(DRAFTER_RUNS)[-2]   # the drafter the shipped one replaced
+        before = _load(results, f"acceptance_smollm2_{prev}.json")
         return (f"{d['humaneval']['tau_greedy']:.2f} tokens per step (greedy, block {d['humaneval']['block_size']}; "
-                f"MT-Bench {d['mtbench']['tau_greedy']:.2f}; the v3 drafter, `acceptance_smollm2_v3.json`: "
+                f"MT-Bench {d['mtbench']['tau_greedy']:.2f}; the {prev} drafter, `acceptance_smollm2_{prev}.json`: "
                 f"{before['humaneval']['tau_greedy']:.2f} / {before['mtbench']['tau_greedy']:.2f})",
                 provenance_note(_load(results, name), name))
 
@@ -291,8 +293,9 @@ def render_quickstart_tau(results: Path) -> str:
     """The shipped drafter's greedy acceptance on HumanEval and MT-Bench."""
     d, name = _load(results, "acceptance_smollm2.json"), DRAFTER_RUN + "/summary.json"
     he, mt = d["humaneval"], d["mtbench"]
+    gpu = _load(results, "acceptance_smollm2.meta.json")["device"].replace("NVIDIA ", "").split()[0]
     return (f"Its greedy acceptance on all HumanEval and MT-Bench first turns is {he['tau_greedy']:.2f} tokens per step "
-            f"on HumanEval and {mt['tau_greedy']:.2f} on MT-Bench (block {he['block_size']}, H200 bf16; "
+            f"on HumanEval and {mt['tau_greedy']:.2f} on MT-Bench (block {he['block_size']}, {gpu} bf16; "
             f"{provenance_note(_load(results, name), name)}).\n")
 
 
