@@ -242,7 +242,8 @@ class AdaptivePolicy:
             explore = self.unobserved_worth_timing(batch, rates[best])
             if explore is not None:
                 block, floor = explore
-                self._explored[self.costs.bucket(batch), block] += 1
+                key = (self.costs.bucket(batch), block)
+                self._explored[key] = self._explored.get(key, 0) + 1
                 return block, (f"explore block {block}: its cost at batch {batch} is not observed yet, and at the "
                                f"cheapest drafting step observed there ({1e3 * floor:.2f} ms) it would beat block "
                                f"{best} ({rates[best]:.0f} tok/s per row)")
@@ -262,7 +263,7 @@ class AdaptivePolicy:
         if floor is None:
             return None
         for b in reversed(self.blocks[1:]):
-            if b in seen or self._explored.setdefault((n, b), 0) >= EXPLORE_STEPS:
+            if b in seen or self._explored.get((n, b), 0) >= EXPLORE_STEPS:
                 continue
             if self.stats.expected_tokens(b, 0.0) / floor > EXPLORE_MARGIN * best_rate:
                 return b, floor
