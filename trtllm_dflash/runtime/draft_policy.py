@@ -37,11 +37,14 @@ the second is), and while drafting wins, one step in ``1 / probe_budget`` runs b
 The ratios *between drafting blocks* need the same care: a block the policy never runs is never timed, so a table
 that prices it too dear keeps it unchosen for good. On an H100 (SmolLM2, HumanEval, concurrency 1) the policy ran
 block 4 for 503 of 572 steps and block 16 never, while the fixed block 16 ran 1.94x AR to the policy's 1.83x: a
-real block-16 step there cost what a block-4 step did. So while drafting wins, a drafting block whose cost is not
-yet observed at this batch size is tried for ``min_cost_samples`` timed steps when it would beat the current choice
-even at the cheapest drafting cost observed there (more drafts per step at no more cost: an optimistic bound, as
-a larger block can cost less than a smaller one). That happens at most once per block and batch size
-(``EXPLORE_STEPS`` caps it where steps are rarely timed), and the timed steps then decide.
+real block-16 step there cost what a block-4 step did. The same holds for acceptance: a policy that only ever ran
+block 2 has no evidence about drafts 2-15, so it counts them rejected and block 2 stays best (a CPU quick start whose
+cost table was measured under load ran block 2 for 173 steps at 1.57x, where runs that reached blocks 8 and 16
+printed 2.0-2.2x). So while drafting wins, a drafting block whose cost is not yet observed at this batch size is
+tried for ``min_cost_samples`` timed steps when it would beat the current choice at the cheapest drafting cost
+observed there with its draft positions counted at the optimistic prior where they lack evidence (optimistic on
+both counts: a larger block can cost less than a smaller one). That happens at most once per block and batch size
+(``EXPLORE_STEPS`` caps it where steps are rarely timed), and the evidence then decides.
 """
 from __future__ import annotations
 
@@ -255,8 +258,9 @@ class AdaptivePolicy:
 
     def unobserved_worth_timing(self, batch: int, best_rate: float) -> tuple[int, float] | None:
         """(block, the cheapest observed drafting cost) for the largest drafting block whose cost is not observed at
-        this batch size and that would beat ``best_rate`` at that cost; None when no such block is left (or no
-        drafting cost is observed here yet, so there is no bound to be optimistic with)."""
+        this batch size and that would beat ``best_rate`` at that cost with the optimistic prior's acceptance where
+        it has no evidence; None when no such block is left (or no drafting cost is observed here yet, so there is
+        no bound to be optimistic with)."""
         n = self.costs.bucket(batch)
         seen = self._usable.get(n, {})
         floor = min((c for b, c in seen.items() if b > 1), default=None)
@@ -265,7 +269,7 @@ class AdaptivePolicy:
         for b in reversed(self.blocks[1:]):
             if b in seen or self._explored.get((n, b), 0) >= EXPLORE_STEPS:
                 continue
-            if self.stats.expected_tokens(b, 0.0) / floor > EXPLORE_MARGIN * best_rate:
+            if self.stats.expected_tokens(b, None) / floor > EXPLORE_MARGIN * best_rate:
                 return b, floor
         return None
 
