@@ -309,6 +309,7 @@ def render_cpu_parity(results: Path) -> str:
     ran = now["runs"][0]["blocks_ran"]
     # the other checkout's path is the machine's, not the reader's
     command = re.sub(r"--tree (\w+)=\S+", r"--tree \1=OTHER_CHECKOUT", as_run_now(d.get("command") or d["provenance"]["command"]))
+    command = re.sub(r" --note .*?(?= --out )", "", command)   # the machine's note: free text, said elsewhere
     text = (f"Measured on a shared {d['machine'].split()[0]}-core CPU machine (smollm2-135m + "
             f"{smollm2_drafter(results, d, 'drafter')}, "
             f"float32), {s['runs']} runs "
