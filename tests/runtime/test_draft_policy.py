@@ -11,8 +11,8 @@ import torch
 from tests.runtime.test_engine import eager_graph_paths, prompts
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
 from trtllm_dflash.draft_schedule import draft_len_schedule
-from trtllm_dflash.runtime.draft_policy import (AcceptanceStats, AdaptivePolicy, CostTable, FixedPolicy,
-                                                candidate_blocks)
+from trtllm_dflash.runtime.draft_policy import (EXPLORE_STEPS, AcceptanceStats, AdaptivePolicy, CostTable,
+                                                FixedPolicy, candidate_blocks)
 from trtllm_dflash.runtime.engine import Engine
 
 
@@ -138,7 +138,6 @@ def test_exploring_stops_where_the_block_is_never_timed_or_adds_nothing():
         pol.observe_cost(1, 4, 1.15e-3)
     # block 16's steps are never timed (say every step also prefills): it runs EXPLORE_STEPS steps, then no more
     picks = [pol.choose(1)[0] for _ in range(100)]
-    from trtllm_dflash.runtime.draft_policy import EXPLORE_STEPS
     assert picks.count(16) == EXPLORE_STEPS and picks[-30:].count(16) == 0
     # drafts past 2 never accepted: the larger blocks add no expected tokens and are not worth timing
     flat = AdaptivePolicy(16, table)
@@ -159,7 +158,7 @@ def test_a_policy_that_only_ran_block_2_still_tries_the_larger_blocks():
     pol = AdaptivePolicy(16, table)
     picks = []
     for _ in range(120):
-        block, reason = pol.choose(2)
+        block, _ = pol.choose(2)
         picks.append(block)
         if block > 1:
             pol.observe(block, [min(a, block - 1) for a in accept[block]][:2])
