@@ -141,6 +141,10 @@ def test_two_ranks_regenerate_every_shard_once_like_one_then_probe_and_train(tmp
     _launch("mpiexec", base[:-4] + ["--num_prompts", "9"] + train_args + ["--out", tmp_path / "two"])
     one, two = (json.loads((tmp_path / d / "data" / regenerate.MANIFEST).read_text())["shards"] for d in ("one", "two"))
     assert sorted(one) == sorted(two) and len(two) == 3
+    for d in ("one", "two"):   # results files: the code, versions and target that made them
+        for f in (regenerate.MANIFEST, regenerate.DONE_FILE):
+            prov = json.loads((tmp_path / d / "data" / f).read_text())["provenance"]
+            assert prov["git"]["source"] and list(prov["checkpoints"]) == ["target"], (d, f)
     assert {k: v["sha256"] for k, v in one.items()} == {k: v["sha256"] for k, v in two.items()}
     assert [two[k]["rank"] for k in sorted(two)] == [0, 1, 0] and all(v["tokens_per_s"] > 0 for v in two.values())
     assert sorted(p.name for p in (tmp_path / "two" / "data" / "shards").iterdir()) == sorted(

@@ -31,6 +31,7 @@ from ..checkpoints.manifest import sha256_file
 from ..config import RuntimeConfig, SamplingParams
 from ..data import apply_chat_template
 from ..errors import DFlashError
+from .. import provenance
 from . import corpus, parallel, prompts
 from .parallel import SINGLE, DataParallel
 from .settings import TrainConfig
@@ -221,6 +222,8 @@ def run_shards(cfg: TrainConfig, target_dir: Path, log=print, dp: DataParallel =
     done["corpus"] = {"path": str(Path(cfg.data).absolute()), "settings": source["settings"],
                       "manifest_counts": source["counts"]}
     done["settings"] = _settings(cfg)
+    # this call's code, versions and target: the manifest and regenerate.json are results files too
+    done["provenance"] = provenance.record(checkpoints={"target": target_dir}) if dp.is_main else None
     for name, entry in done["shards"].items():
         want = next((s["sha256"] for s in source["shards"] if s["name"] == name), None)
         if entry["prompt_sha256"] != want:
@@ -288,7 +291,8 @@ def run_shards(cfg: TrainConfig, target_dir: Path, log=print, dp: DataParallel =
         if counts["rows"] == 0:
             raise DFlashError("--data", "no prompt was regenerated", "check --num_prompts and --max_prompt_len")
         dp.on_main((out / DONE_FILE).write_text, json.dumps({"settings": _settings(cfg), "counts": counts,
-                                                             "shards": [s["name"] for s in plan]}, indent=2) + "\n")
+                                                             "shards": [s["name"] for s in plan],
+                                                             "provenance": done["provenance"]}, indent=2) + "\n")
     return counts
 
 
