@@ -125,11 +125,14 @@ class TritonClient:
         with self._lock:
             self._clients = [c for c in self._clients if c is not client]
         try:
-            if self.decoupled:
-                client.stop_stream(cancel_requests=True)
-            client.close()
+            self._shut(client, cancel_requests=True)
         except Exception:  # noqa: BLE001 - a broken stream may fail to close; the next request opens a new one
             pass
+
+    def _shut(self, client, cancel_requests: bool = False) -> None:
+        if self.decoupled:
+            client.stop_stream(cancel_requests=cancel_requests)
+        client.close()
 
     @staticmethod
     def _read(result, t: float, rec: RequestRecord, pieces: list) -> None:
@@ -149,9 +152,7 @@ class TritonClient:
         with self._lock:
             clients, self._clients = self._clients, []
         for c in clients:
-            if self.decoupled:
-                c.stop_stream()
-            c.close()
+            self._shut(c)
 
 
 class OpenAIClient:
