@@ -266,8 +266,10 @@ def render_headline(results: Path) -> str:
                 f"DFlash == AR on {checks[0]} of {checks[1]} prompts (float32)", provenance_note(d, name))
 
     row("SmolLM2-135M + the shipped drafter: HumanEval acceptance (tau)", tau)
+    e2e_name = "e2e_smollm2_h100.json"    # the GPU issue #30's goal names; the H200 runs are in their own section
+
     def e2e():
-        name = "e2e_smollm2_h200.json"
+        name = e2e_name
         d = _load(results, name)
         lv, s = d["summary"]["levels"], d["summary"]
         cells = [f"{lv[f'humaneval_c{c}']['inprocess']['adaptive_over_ar']:.2f}x at concurrency {c} "
@@ -281,8 +283,7 @@ def render_headline(results: Path) -> str:
                 f"{min(s['min_adaptive_over_ar_inprocess'], s['min_adaptive_over_ar_openai']):.2f}x, {sets})"), \
             provenance_note(d, name)
 
-    e2e_name = "e2e_smollm2_h200.json"
-    row(f"SmolLM2-135M + {smollm2_drafter(results, _load(results, e2e_name), 'drafter', e2e_name)}, one H200, in-process, "
+    row(f"SmolLM2-135M + {smollm2_drafter(results, _load(results, e2e_name), 'drafter', e2e_name)}, one H100, in-process, "
         "HumanEval: DFlash (adaptive policy) over AR, tokens/s per user", e2e)
     row(f"how the shipped drafter ({list(DRAFTER_RUNS)[-1]}) was made", drafter_run)
     row("gpt-oss-120b decode step at batch 1, one H100 (MXFP4 experts, Triton kernels)", gpt_oss)
