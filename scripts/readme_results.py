@@ -630,8 +630,27 @@ def render_bit_exact(results: Path) -> str:
         lines.append(f"| {r['model']} | {r['mode']} | {r['batch']} | {r['off_ms']:.2f} | {r['on_ms']:.2f} | "
                      f"{r['ratio']:.2f}x |")
     lines += ["", f"Worst: AR {s['ar_step_cost_ratio']:.2f}x, DFlash {s['dflash_step_cost_ratio']:.2f}x the step with the "
-              "mode off, so it stays off by default until its kernels cost no more than the others."]
+              "mode off, so it stays off by default until its kernels cost no more than the others. "
+              + _bi_sweep(results)]
     return "\n".join(lines) + "\n"
+
+
+def _bi_sweep(results: Path) -> str:
+    """The mode's cost end to end: dflash-sweep on two deployments of the SmolLM2 pair, built with and without
+    --batch_invariant, same prompts (batch_invariant_sweep_h100.jsonl)."""
+    name = "batch_invariant_sweep_h100.jsonl"
+    rows = [json.loads(line) for line in (results / name).read_text().splitlines() if line.strip()]
+    at = {(r["settings"]["mode"], r["label"].endswith("=on"), r["settings"]["concurrency"]): r for r in rows}
+    cells = []
+    for mode, label in (("ar", "AR"), ("dflash", "DFlash")):
+        for c in sorted({k[2] for k in at}):
+            off, on = at[(mode, False, c)]["metrics"], at[(mode, True, c)]["metrics"]
+            cells.append(f"{label} at concurrency {c} {off['total_tok_s']:,.0f} -> {on['total_tok_s']:,.0f} "
+                         f"({on['total_tok_s'] / off['total_tok_s']:.2f}x)")
+    r0 = rows[0]
+    return (f"End to end on the SmolLM2 pair ({r0['settings']['gpu_name']}, dflash-sweep, {r0['settings']['dataset']}, "
+            f"{r0['settings']['max_new_tokens']} new tokens, tokens/s over all users, off -> on): " + "; ".join(cells)
+            + f" (`benchmarks/results/{name}`, git {r0['versions']['git_sha'][:10]}).")
 
 
 def _soak_under_load(results: Path) -> str:
