@@ -184,6 +184,61 @@ def test_several_frontends_share_one_engine_and_get_only_their_own_results():
 
 
 @pytest.mark.slow
+class _HeldHandoff:
+    """A frontend that takes every step in but acknowledges only when told (a sender busy sending)."""
+
+    def __init__(self):
+        self.steps, self.held = 0, []
+
+    def deliver(self, updates):
+        self.steps += 1
+        for record, result in updates:
+            record.push(result)
+
+    def after(self, callback):
+        self.held.append(callback)
+
+    def release(self):
+        held, self.held = self.held, []
+        for callback in held:
+            callback()
+
+
+def _settled(handoff: _HeldHandoff, quiet_s: float = 0.5, timeout: float = 30) -> int:
+    """Steps delivered once no more arrive for ``quiet_s``."""
+    deadline, seen, since = time.monotonic() + timeout, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        if handoff.steps != seen:
+            seen, since = handoff.steps, time.monotonic()
+        elif time.monotonic() - since > quiet_s:
+            return seen
+        time.sleep(0.02)
+    raise AssertionError("the engine never paused for the unacknowledged frontend")
+
+
+def test_the_engine_runs_at_most_max_unacked_steps_ahead_of_a_frontend():
+    """Flow control: a frontend still sending runs its engine MAX_UNACKED steps ahead, no more (bounded memory and
+    latency), and acknowledging lets it go on at once. The bound is what lets a frontend that pays per response
+    (Triton's python stub) keep up by sending fewer, larger responses while the engine keeps stepping."""
+    from trtllm_dflash.serving.engine_core import MAX_UNACKED
+
+    engine = _fake()
+    handoff = _HeldHandoff()
+    try:
+        record = ServedRequest(prompt="ab", max_tokens=4 * MAX_UNACKED + 20, streaming=True)
+        record.handoff = handoff
+        engine.submit(record)
+        assert _settled(handoff) == MAX_UNACKED          # the prefill's step counts like any other
+        handoff.release()
+        assert _settled(handoff) == 2 * MAX_UNACKED
+        while not record.finished:
+            handoff.release()
+            time.sleep(0.02)
+        assert sum(len(r.token_ids) for r in record.results(timeout=0)) == 4 * MAX_UNACKED + 20
+    finally:
+        engine.shutdown()
+
+
 def test_greedy_tokens_equal_the_in_process_runtime(tiny_deployment):
     from trtllm_dflash.deployment import Deployment
     from trtllm_dflash.serving.runtimes import TorchRuntime

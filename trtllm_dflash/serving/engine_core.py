@@ -47,8 +47,13 @@ IDLE_POLL_MS = 50
 # the engine does not step while one has MAX_UNACKED steps it has not taken in yet. Without it an engine that runs
 # faster than a frontend can decode and send (64 streams on a busy CPU) filled the frontend's memory and queues
 # without bound, and every client's latency with them; with it the engine runs at the pace of its slowest frontend,
-# a few steps ahead: the frontend's own step (decode, SSE) overlaps the engine's next ones.
-MAX_UNACKED = 4
+# a few steps ahead: the frontend's own step (decode, SSE) overlaps the engine's next ones. Why 16 and not 4: a
+# frontend that pays per response (Triton's python stub, ~0.1-0.3 ms per send) spends a round on one response per
+# running request whatever each carries, so at 64 streams a round outlasts 4 steps and the engine idled through
+# the rest of it; 16 steps let it keep stepping while the round's responses grow instead (Triton, 64 streams,
+# 2.5 ms steps on 2 cores: 0.40 of the engine alone at 4, 0.62 at 8, 0.79 at 16, 0.75 at 32; dflash-openai 0.99 at
+# 4 and 16; benchmarks/results/serving_overhead_cpu_triton_unacked_*.json).
+MAX_UNACKED = 16
 # An attached frontend that takes nothing in for this long is gone: its requests are cancelled, the engine goes on.
 FRONTEND_SILENCE_S = 30.0
 
