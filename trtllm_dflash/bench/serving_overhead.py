@@ -57,7 +57,7 @@ from pathlib import Path
 
 from trtllm_dflash.testing import FakeEngine
 from trtllm_dflash.provenance import record as provenance
-from trtllm_dflash.serving import procfs
+from trtllm_dflash.serving import engine_core, procfs
 from trtllm_dflash.serving.record import ServedRequest
 from trtllm_dflash.serving.runtimes import TorchRuntime
 
@@ -501,6 +501,9 @@ def main(argv=None) -> int:
     wait_active(rt, args.streams)
     print(f"alone: {args.streams} requests running, measuring {args.seconds:g} s", file=sys.stderr, flush=True)
     alone = measure(rt, args.seconds)
+    if not alone["steps"]:
+        raise SystemExit(f"error: the engine reported no step in {args.seconds:g} s alone (its counters came late: a "
+                         "machine this busy cannot time serving). Fix: run again on a quieter machine")
     alone["engine_tok_s"] = 2 * args.streams * alone["steps_per_s"]     # the stand-in commits 2 tokens per row
     rt.backend.shutdown()
     common = {"server": args.server, "engine": args.engine, "streams": args.streams, "busy_ms": args.busy_ms,
@@ -508,7 +511,9 @@ def main(argv=None) -> int:
               "steps_per_s_alone": alone["steps_per_s"], "engine_tok_s_alone": alone["engine_tok_s"],
               "cpu_ms_per_step_alone": alone["cpu_ms_per_step"],
               "engine_cpu_ms_per_step_alone": alone["engine_cpu_ms_per_step"],
-              "other_cpu_util_alone": alone["other_cpu_util"]}
+              "other_cpu_util_alone": alone["other_cpu_util"],
+              # how far the engine process may run ahead of a frontend (engine_core.py); the thread engine has none
+              "max_unacked": engine_core.MAX_UNACKED if args.engine == "process" else None}
     if args.server == "triton":
         served_file = SOURCE_ROOT / "trtllm_dflash" / "serving" / "triton_model.py"
         result = {**common, **serve_triton(args, rt.tokenizer, alone), "grpc_guard": args.grpc_guard,
