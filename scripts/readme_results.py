@@ -485,7 +485,7 @@ def render_triton_overhead(results: Path) -> str:
     acknowledged once taken in), beside dflash-openai."""
     runs = [("before", "one response per request and step"),
             ("cb0ed9a", "steps queued behind each other joined, acknowledged after sending"),
-            ("after", "joined, acknowledged once taken in (now)")]
+            ("after", "joined, acknowledged once taken in (engine 4 steps ahead at most)")]
     lines = ["**Streaming through dflash-serve on a 2-core CPU** (`python -m trtllm_dflash.bench.serving_overhead "
              "--server triton --streams N --seconds 8 --busy_ms 1.0 --wait_ms 1.0`: an engine stand-in in its own "
              "process making 2 tokens per request and step, the real dflash-serve, gRPC streaming clients in 2 "
@@ -505,7 +505,32 @@ def render_triton_overhead(results: Path) -> str:
         f"{o['sent_over_alone']:.2f} of the engine's alone, {o['frontend_cpu_us_per_token']:.0f} us of frontend CPU "
         "per token (`serving_overhead_cpu_openai_64.json`): Triton's python backend and the gRPC relay still cost "
         "several times more per token.", 115))]
+    lines += ["", *_unacked_rows(results)]
     return "\n".join(lines) + "\n"
+
+
+def _unacked_rows(results: Path) -> list[str]:
+    """How far the engine process may run ahead of a frontend (engine_core.MAX_UNACKED) against what dflash-serve
+    delivers at 64 streams, on this 2-core CPU and on a one-H100 host's 16 cores (serving_overhead_*_unacked_*)."""
+    runs = [("2-core CPU", f"serving_overhead_cpu_triton_unacked_{u}.json") for u in (4, 8, 16, 32)]
+    runs += [("16-core H100 host", f"serving_overhead_h100host_triton_unacked_{u}.json") for u in (4, 16)]
+    rows = [(where, name, _load(results, name)) for where, name in runs]
+    d0 = rows[0][2]
+    lines = ["\n".join(textwrap.wrap(
+        f"How far the engine may run ahead of a frontend that has not taken its steps in (`engine_core.MAX_UNACKED`, "
+        f"now 16): Triton's sender pays per response, so its round of one response per running request outlasted 4 "
+        f"steps and the engine waited out the rest (`--streams 64 --busy_ms {d0['busy_ms']} --wait_ms "
+        f"{d0['wait_ms']}`: steps that leave the interpreter free most of the time, as a GPU's do; "
+        f"`benchmarks/results/serving_overhead_cpu_triton_unacked_16.json` and its siblings, one per row, with "
+        f"`--tokenizer smollm2`; on the H100 host `serving_overhead_h100host_triton_unacked_16.json` and its sibling, "
+        f"`--tokenizer chars`):", 115)), "",
+        *_table_head("machine", "steps ahead at most", "tok/s received", "of the engine's alone",
+                     "tokens per response", "frontend CPU us per token")]
+    for where, name, d in rows:
+        lines.append(f"| {where} | {name.rsplit('_', 1)[1][:-5]} | {d['tok_s_received']:,.0f} | "
+                     f"{d['sent_over_alone']:.2f} | {d['tokens_per_response']:.1f} | "
+                     f"{d['frontend_cpu_us_per_token']:.0f} |")
+    return lines
 
 
 def render_mxfp4_loop_cost(results: Path) -> str:

@@ -52,7 +52,8 @@ IDLE_POLL_MS = 50
 # running request whatever each carries, so at 64 streams a round outlasts 4 steps and the engine idled through
 # the rest of it; 16 steps let it keep stepping while the round's responses grow instead (Triton, 64 streams,
 # 2.8 ms steps on 2 cores: 0.47 of the engine alone at 4, 0.52 at 8, 0.80 at 16, 0.71 at 32; dflash-openai 1.01 at
-# 4, 1.02 at 16; benchmarks/results/serving_overhead_cpu_{triton,openai}_unacked_*.json).
+# 4, 1.02 at 16; on a one-H100 host's 16 cores, Triton 0.81 at 4, 1.06 at 16;
+# benchmarks/results/serving_overhead_{cpu,h100host}_*_unacked_*.json).
 MAX_UNACKED = 16
 # An attached frontend that takes nothing in for this long is gone: its requests are cancelled, the engine goes on.
 FRONTEND_SILENCE_S = 30.0
