@@ -183,7 +183,6 @@ def test_several_frontends_share_one_engine_and_get_only_their_own_results():
     assert owner.proc.returncode == 0
 
 
-@pytest.mark.slow
 class _HeldHandoff:
     """A frontend that takes every step in but acknowledges only when told (a sender busy sending)."""
 
@@ -239,6 +238,7 @@ def test_the_engine_runs_at_most_max_unacked_steps_ahead_of_a_frontend():
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_greedy_tokens_equal_the_in_process_runtime(tiny_deployment):
     from trtllm_dflash.deployment import Deployment
     from trtllm_dflash.serving.runtimes import TorchRuntime
