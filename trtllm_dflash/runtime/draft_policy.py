@@ -45,6 +45,14 @@ tried for ``min_cost_samples`` timed steps when it would beat the current choice
 observed there with its draft positions counted at the optimistic prior where they lack evidence (optimistic on
 both counts: a larger block can cost less than a smaller one). That happens at most once per block and batch size
 (``EXPLORE_STEPS`` caps it where steps are rarely timed), and the evidence then decides.
+
+An observed cost also goes stale: a block timed during a burst of load on a shared CPU keeps that price while another
+block is chosen, since nothing times it again (a quick start ran block 16 at batch 2 for its last three rounds at
+1.52x where its other runs printed 1.96-2.16x; the start-up table had blocks 4 and 8 at two thirds of block 16's
+cost). So while drafting wins, once per ``1 / probe_budget`` drafting steps (half-way between the block-1 probes)
+the drafting block next best at the lower of its observed and start-up prices, if that rate is within
+``REFRESH_WITHIN`` of the best, runs ``min_cost_samples`` steps whose periods replace its old mean: a close
+contender's price is never older than that.
 """
 from __future__ import annotations
 
@@ -64,6 +72,10 @@ PROBE_COST_SLACK = 1.25
 # observed drafting cost: a block that adds no expected tokens (its extra positions never accepted) is not worth timing.
 EXPLORE_MARGIN = 1.02
 EXPLORE_STEPS = 16   # steps an unobserved block may run to collect its timed samples, once per block and batch size
+# A drafting block whose rate at its lower price (observed or start-up table) is at least this share of the best one's
+# is re-timed now and then: that close, its real price could make it the best; one further behind costs more to
+# re-time than it can win.
+REFRESH_WITHIN = 0.9
 
 
 def candidate_blocks(block_size: int) -> list[int]:
@@ -196,6 +208,7 @@ class AdaptivePolicy:
         self.ar_probe_every = math.ceil(1 / probe_budget)   # while drafting wins: one block-1 step in this many
         self._probe_next = 0   # a probe's second step (its block), chosen with the first
         self._explored: dict[tuple[int, int], int] = {}   # (bucket, block) -> steps run to time it
+        self._refresh: tuple[int, int] = (0, 0)   # (block, steps left) of a re-timing under way
 
     def probe(self, batch: int) -> tuple[int, int]:
         """(block, steps between probes) at this batch size: the largest drafting block within PROBE_COST_SLACK of
@@ -218,6 +231,11 @@ class AdaptivePolicy:
         if self._probe_next:
             block, self._probe_next = self._probe_next, 0
             return block, f"probe at block {block}: its second step (timed: the first appended the AR steps' context)"
+        if self._refresh[1]:
+            block, left = self._refresh
+            self._refresh = (block, left - 1)
+            self._draft_steps += 1     # drafting steps all the same: the AR probes keep their pace
+            return block, f"refresh block {block}: re-timing its step ({left} more)"
         rates = self.rates(batch)
         best = max(rates, key=rates.get)
         hopeful = self.rates(batch, prior_rate=None)
@@ -242,6 +260,16 @@ class AdaptivePolicy:
                 self._draft_steps = 0
                 return 1, (f"probe at block 1: refresh the AR step's cost (one step per {self.ar_probe_every} "
                            "drafting steps)")
+            if self._draft_steps == self.ar_probe_every // 2:
+                runner = self.stale_contender(batch, rates, best)
+                if runner is not None:
+                    n = self.costs.bucket(batch)
+                    mean, _ = self._observed[n, runner]
+                    self._observed[n, runner] = (mean, 0)     # the next samples replace the old mean
+                    self._refresh = (runner, self.min_cost_samples - 1)
+                    return runner, (f"refresh block {runner}: {rates[runner]:.0f} tok/s per row at a price timed "
+                                    f"earlier vs {rates[best]:.0f} at block {best}; re-timing it "
+                                    f"({self.min_cost_samples} steps per {self.ar_probe_every} drafting steps)")
             explore = self.unobserved_worth_timing(batch, rates[best])
             if explore is not None:
                 block, floor = explore
@@ -255,6 +283,19 @@ class AdaptivePolicy:
                       f"{1e3 * self.costs.cost(batch, best):.1f} ms = {rates[best]:.0f} tok/s per row at block {best}"
                       + (f" vs {rates[full]:.0f} at block {full}" if best != full else "")
                       + (f" vs {rates[1]:.0f} at block 1 (AR)" if best != 1 else ""))
+
+    def stale_contender(self, batch: int, rates: dict[int, float], best: int) -> int | None:
+        """The drafting block other than ``best`` whose cost is observed at this batch size and whose rate at the
+        lower of its two prices (observed, start-up table) is the highest, if that rate is within REFRESH_WITHIN of
+        the best's: the one whose price is worth timing again. The lower price, because a price timed during a
+        burst is exactly what makes a block look far behind."""
+        seen = self._usable.get(self.costs.bucket(batch), {})
+        hopeful = {b: self.stats.expected_tokens(b, 0.0) / min(c, self.measured.cost(batch, b))
+                   for b, c in seen.items() if b > 1 and b != best}
+        if not hopeful:
+            return None
+        runner = max(hopeful, key=hopeful.get)
+        return runner if hopeful[runner] >= REFRESH_WITHIN * rates[best] else None
 
     def unobserved_worth_timing(self, batch: int, best_rate: float) -> tuple[int, float] | None:
         """(block, the cheapest observed drafting cost) for the largest drafting block whose cost is not observed at
