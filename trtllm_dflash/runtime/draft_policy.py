@@ -47,9 +47,9 @@ both counts: a larger block can cost less than a smaller one). That happens at m
 (``EXPLORE_STEPS`` caps it where steps are rarely timed), and the evidence then decides.
 
 An observed cost also goes stale: a block timed during a burst of load on a shared CPU keeps that price while another
-block is chosen, since nothing times it again (a quick start ran block 16 at batch 2 for its last three rounds at
-1.52x where its other runs printed 1.96-2.16x; the start-up table had blocks 4 and 8 at two thirds of block 16's
-cost). So while drafting wins, once per ``1 / probe_budget`` drafting steps (half-way between the block-1 probes)
+block is chosen, since nothing times it again (a quick start printed 1.52x where its other runs printed 1.96-2.16x:
+its last three rounds ran at ~1.5x with block 16 the choice at batch 2, where the start-up table had blocks 4 and 8
+at two thirds of block 16's cost). So while drafting wins, once per ``1 / probe_budget`` drafting steps (half-way between the block-1 probes)
 the drafting block next best at the lower of its observed and start-up prices, if that rate is within
 ``REFRESH_WITHIN`` of the best, runs ``min_cost_samples`` steps whose periods replace its old mean: a close
 contender's price is never older than that.
@@ -235,7 +235,7 @@ class AdaptivePolicy:
             block, left = self._refresh
             self._refresh = (block, left - 1)
             self._draft_steps += 1     # drafting steps all the same: the AR probes keep their pace
-            return block, f"refresh block {block}: re-timing its step ({left} more)"
+            return block, f"refresh block {block}: re-timing its step ({left - 1} more)"
         rates = self.rates(batch)
         best = max(rates, key=rates.get)
         hopeful = self.rates(batch, prior_rate=None)
