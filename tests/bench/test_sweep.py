@@ -55,6 +55,7 @@ def test_engine_ar_and_dflash_rows(tiny_engine_dir, tmp_path, capsys):
     # same engine, same prompts: AR is block_size 1 (acceptance exactly 1), DFlash the manifest's block 8
     assert ar["settings"]["block_size"] == 1 and ar["metrics"]["acceptance_histogram"] == {"1": 70}
     assert df["settings"]["block_size"] == 8 and df["metrics"]["acceptance_rate"] is not None
+    assert ar["settings"]["batch_invariant"] is False     # the deployment's numerics mode, so two builds compare
     assert ar["metrics"]["tokens_per_chunk_mean"] == 1.0
     assert plot.main([str(out), "--out_dir", str(tmp_path)]) == 0
     assert (tmp_path / "pareto.png").stat().st_size > 10_000

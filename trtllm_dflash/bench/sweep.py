@@ -155,7 +155,7 @@ def open_engine(args, deployment) -> Target:
     settings = {**_pair(deployment.manifest), "block_size": engine.block_size, "tp_size": engine.tp.size, "gpu_name": gpu,
                 "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
                 "max_batch_size": engine.cfg.max_batch_size, "max_seq_len": engine.cfg.max_seq_len,
-                "draft_policy": type(engine.policy).__name__}
+                "draft_policy": type(engine.policy).__name__, "batch_invariant": engine.cfg.batch_invariant}
 
     def run(items, concurrency, params, on_done):
         before = dict(engine.block_counts)
@@ -198,7 +198,8 @@ def open_endpoint(args, m: dict) -> Target:
     settings = {**_pair(m), "target": _pair(m)["target"] or tok_source, "url": args.url, "model": client.model,
                 "block_size": block, "tp_size": args.tp_size or int(m.get("tp_size", 1)), "gpu_name": None,
                 "device": None, "dtype": runtime.get("dtype"), "max_batch_size": mbs,
-                "max_seq_len": runtime.get("max_seq_len"), "draft_policy": runtime.get("draft_policy")}
+                "max_seq_len": runtime.get("max_seq_len"), "draft_policy": runtime.get("draft_policy"),
+                "batch_invariant": bool(runtime.get("batch_invariant", False))}
 
     def run(items, concurrency, params, on_done):
         return drivers.run_threaded_level(client.send, items, concurrency, on_done)
