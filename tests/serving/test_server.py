@@ -154,6 +154,12 @@ def test_serving_leaves_the_deployment_as_built(tiny_server, tiny_deployment, re
 
 
 @pytest.mark.slow
+def test_the_stub_hands_the_gil_over_at_the_short_interval(tiny_server):
+    # Triton's stub runs model.py's initialize: each response_sender.send() there gives the GIL up and must get it
+    # back from the engine client's receiver thread; at Python's default 5 ms a send waited out the whole period.
+    assert "GIL switch interval 0.1 ms" in tiny_server.log_text()
+
+
 def test_concurrent_requests_are_batched_and_unchanged(tiny_server, reference):
     alone = [client.collect(client.generate_http(tiny_server.http, client.build_inputs(p, max_tokens=MAX_TOKENS)))
              ["text_output"] for p in PROMPTS]

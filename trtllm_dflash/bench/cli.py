@@ -21,7 +21,7 @@ TOOLS = {
     "gpt_oss_tp": "gpt_oss_tp", "layer_op_counts": "layer_op_counts", "draft_policy_tables": "draft_policy_tables",
     "cpu_generate_parity": "cpu_generate_parity", "gpu_tests": "gpu_tests", "gpu_test_report": "gpu_test_report",
     "e2e_summary": "e2e_summary", "sweep2_summary": "sweep2_summary", "bit_exact_summary": "bit_exact_summary",
-    "tp_scaling": "tp_scaling", "resume": "resume", "train_step": "train_step",
+    "tp_scaling": "tp_scaling", "resume": "resume", "train_step": "train_step", "triton_send_rate": "triton_send_rate",
 }
 
 

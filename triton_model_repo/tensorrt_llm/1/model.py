@@ -20,6 +20,7 @@ class TritonPythonModel:
         return triton_model.auto_complete(auto_complete_model_config, HERE / "model.yaml")
 
     def initialize(self, args):
+        triton_model.tune_stub_interpreter()
         self.model = triton_model.DFlashModel(pb_utils, HERE, json.loads(args["model_config"]))
 
     def execute(self, requests):
