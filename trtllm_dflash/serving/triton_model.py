@@ -46,8 +46,8 @@ SUPERVISOR_PID_ENV = "DFLASH_SERVE_PID"
 # Triton takes the response over, and must get it back before the next send; while another thread of this process
 # works (the engine client's receiver taking in a backlog of steps) the default made every send wait out the whole
 # 5 ms. `python -m trtllm_dflash.bench.triton_send_rate` (benchmarks/results/triton_send_rate_cpu.json, tritonserver
-# 2.51, 2-core CPU): one sender alone 4,638 sends/s; beside a thread busy all the time 169 at 5 ms, 660 at 1 ms,
-# 1,615 at 0.2 ms, 1,907 at 0.1 ms; beside one busy 10% of the time in 0.2 ms stretches, no difference.
+# 2.51, 2-core CPU): one sender alone 5,098 sends/s; beside a thread busy all the time 187 at 5 ms, 670 at 1 ms,
+# 1,611 at 0.2 ms, 1,996 at 0.1 ms; beside one busy 10% of the time in 0.2 ms stretches, no clear difference.
 STUB_SWITCH_INTERVAL_S = 1e-4
 
 
