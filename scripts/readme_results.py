@@ -153,6 +153,8 @@ def owners(results: Path, quoted: str) -> list[str]:
     if path.suffix in (".json", ".jsonl") or quoted.endswith(".json.gz"):
         return [quoted]
     top = quoted.split("/")[0]
+    if (results / top).is_file():       # a plot beside its run file: X.png -> X.json
+        top = Path(top).stem
     beside = [f"{top}{ext}" for ext in (".jsonl", ".json") if (results / f"{top}{ext}").is_file()]
     inside = sorted(str(f.relative_to(results)) for pattern in ("*.json", "*.json.gz")
                     for f in (results / top).glob(pattern))
@@ -525,8 +527,39 @@ def render_triton_overhead(results: Path) -> str:
         f"{o['sent_over_alone']:.2f} of the engine's alone, {o['frontend_cpu_us_per_token']:.0f} us of frontend CPU "
         "per token (`serving_overhead_cpu_openai_64.json`): Triton's python backend and the gRPC relay still cost "
         "several times more per token.", 115))]
-    lines += ["", *_unacked_rows(results)]
+    lines += ["", *_unacked_rows(results), "", *_send_rate_rows(results)]
     return "\n".join(lines) + "\n"
+
+
+def _send_rate_rows(results: Path) -> list[str]:
+    """Responses/s through Triton in the GPU sweep at MAX_UNACKED 16, and what the stub's GIL switch interval does
+    to the python backend's send rate (bench/triton_send_rate.py)."""
+    name = "sweep_smollm2_h200_v5_unacked16"
+    rows = [json.loads(line) for line in (results / f"{name}.jsonl").read_text().splitlines() if line.strip()]
+    summ = json.loads((results / f"{name}.summary.json").read_text())["summary"]
+    triton = [r for r in rows if r["label"] == "AR via Triton"]
+    rate = lambda r: r["metrics"]["tok_s_gpu"] / r["metrics"]["tokens_per_chunk_mean"]   # noqa: E731 - responses/s
+    cells = ", ".join(f"{rate(r):,.0f} at {r['settings']['concurrency']}" for r in triton)
+    sr = _load(results, "triton_send_rate_cpu.json")
+    busy = {r["interval_ms"]: r for r in sr["rows"] if r["busy_fraction"] == 1.0}
+    lines = ["\n".join(textwrap.wrap(
+        f"On a GPU (`bash benchmarks/gpu_smollm2.sh sweep4`, {rows[0]['settings']['gpu_name']}, one GPU of a two-GPU "
+        f"host whose other GPU ran tests meanwhile; MAX_UNACKED 16; `benchmarks/results/{name}.jsonl`): DFlash through "
+        f"Triton at concurrency 64 {summ['triton_over_inprocess_c64']:.2f} of in-process, AR through Triton "
+        f"{summ['triton_ar_tok_s_c256']:,.0f} tok/s at 256. Responses/s through Triton (AR) stopped growing past "
+        f"concurrency 16 ({cells}), and the engine slowed with them where a sender that pays per response would "
+        "have joined more tokens into each. The likely cause, measured alone: `response_sender.send` lets the GIL go "
+        "while Triton takes the response over and must get it back for the next one, and with another thread of the "
+        "stub working (the engine client's receiver) it waited out Python's whole 5 ms switch interval. The stub now "
+        f"hands the GIL over every {sr['summary']['stub_switch_interval_ms']:g} ms "
+        f"(`python -m trtllm_dflash.bench.triton_send_rate`, real tritonserver, "
+        f"{provenance_note(sr, 'triton_send_rate_cpu.json')}, {sr['cpus']} CPUs): one sender alone "
+        f"{sr['summary']['sends_per_s_alone']:,.0f} sends/s; beside a thread busy all the time "
+        + ", ".join(f"{busy[ms]['sends_per_s']:,.0f} at {ms:g} ms" for ms in sorted(busy, reverse=True))
+        + ". The GPU sweep above ran before this change; whether it lifts the GPU figures is still to be measured.",
+        115)),
+        "", "![Triton python backend send rate](benchmarks/results/triton_send_rate_cpu.png)"]
+    return lines
 
 
 def _unacked_rows(results: Path) -> list[str]:
@@ -676,8 +709,23 @@ def render_bit_exact(results: Path) -> str:
                      f"{r['ratio']:.2f}x |")
     lines += ["", f"Worst: AR {s['ar_step_cost_ratio']:.2f}x, DFlash {s['dflash_step_cost_ratio']:.2f}x the step with the "
               "mode off, so it stays off by default until its kernels cost no more than the others. "
-              + _bi_sweep(results)]
+              + _bi_sweep(results) + " " + _bi_check_h100(results)]
     return "\n".join(lines) + "\n"
+
+
+def _bi_check_h100(results: Path) -> str:
+    """The mode's exactness checks on an H100 (cuda_check --smollm2 --batch_invariant on): the step costs there
+    have not been measured yet, so no bit_exact_h100.json."""
+    name = "cuda_check_bit_exact_h100.json"
+    d = _load(results, name)
+    bf16 = next(r for r in d["smollm2"] if r["dtype"] == "bfloat16")
+    tiny = [r for r in d["tiny"] if r["dtype"] == "bfloat16"]
+    return (f"On an {d['gpu']} ({name}, {provenance_note(d, name).split(', ')[-1]}): SmolLM2 bf16 DFlash == AR on "
+            f"{bf16['dflash_eq_ar_greedy']}/{bf16['n_prompts']} prompts at block 16 ({bf16['dflash_eq_ar_greedy_block8']} "
+            f"at 8, {bf16['dflash_eq_ar_greedy_block4']} at 4), alone == batched {bf16['ar_alone_eq_batch']}/8 AR and "
+            f"{bf16['dflash_alone_eq_batch']}/8 DFlash; tiny pairs in bf16 "
+            f"{sum(r['dflash_eq_ar_greedy'] for r in tiny)}/{sum(r['n'] for r in tiny)} greedy; the step costs on "
+            "that GPU are still to be measured.")
 
 
 def _bi_sweep(results: Path) -> str:
@@ -929,7 +977,7 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("gpu_tests_engine_h200.json", "gpu_tests_allreduce_h200x2.json", "gpu_tests_kernels_h200.json",
+    files = ("gpu_tests_policy_h100.json", "gpu_tests_engine_h200.json", "gpu_tests_allreduce_h200x2.json", "gpu_tests_kernels_h200.json",
              "gpu_tests_smollm2_h200.json",
              "gpu_tests_kernels_a_h100.json", "gpu_tests_kernels_b_h100.json", "gpu_tests_sample_h100.json",
              "gpu_tests_smollm2_kernels_h100.json")

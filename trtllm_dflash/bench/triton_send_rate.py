@@ -25,7 +25,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from trtllm_dflash.provenance import record
