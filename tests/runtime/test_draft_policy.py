@@ -416,3 +416,24 @@ def test_a_contender_timed_during_a_burst_is_timed_again():
     # drafts 8-15 nearly always accepted: block 8 is far behind block 16 even at its table price, never re-timed
     far = policy([15, 15, 15, 14], stale_8=330e-3)
     assert not any(far.choose(2)[1].startswith("refresh") for _ in range(120))
+
+
+def test_one_stalled_step_does_not_price_a_block_out():
+    """A CPU quick start priced block 16 at seconds a step at batch 2 (its table: 176 ms) from one period that spanned
+    something other than a step, and never timed it again. A period over STALL_FACTOR times the price the choice
+    reads is left out; STALL_RUN of them in a row are a new price and count."""
+    from trtllm_dflash.runtime.draft_policy import STALL_FACTOR, STALL_RUN
+    table = CostTable({2: {1: 127e-3, 2: 150e-3, 4: 160e-3, 8: 170e-3, 16: 176e-3}})
+    pol = AdaptivePolicy(16, table)
+    for seconds in (180e-3, 175e-3, 3.2, 178e-3, 176e-3):     # one stall among the block's steady periods
+        pol.observe_cost(2, 16, seconds)
+    assert pol.stalls_refused == 1
+    assert pol.observed_costs()[2][16] == [pytest.approx(177.25, abs=0.01), 4]
+    assert pol.costs.seconds[2][16] == pytest.approx(177.25e-3)
+    # the machine really got slower: the periods keep coming at 5x and are taken once STALL_RUN arrive in a row
+    slow = STALL_FACTOR * 1.25 * 177e-3
+    for i in range(STALL_RUN):
+        pol.observe_cost(2, 16, slow)
+    assert pol.stalls_refused == 1 + (STALL_RUN - 1)   # the stall before, then all but the last of the run
+    assert pol.observed_costs()[2][16][1] == 5
+    assert pol.costs.seconds[2][16] > 177.25e-3

@@ -52,7 +52,8 @@ its last three rounds ran at ~1.5x with block 16 the choice at batch 2, where th
 at two thirds of block 16's cost). So while drafting wins, once per ``1 / probe_budget`` drafting steps (half-way between the block-1 probes)
 the drafting block next best at the lower of its observed and start-up prices, if that rate is within
 ``REFRESH_WITHIN`` of the best, runs ``min_cost_samples`` steps whose periods replace its old mean: a close
-contender's price is never older than that.
+contender's price is never older than that. Nor does one stall set a price: a period several times what the choice
+reads for its block is left out unless such periods keep coming (``STALL_FACTOR``, ``STALL_RUN``).
 """
 from __future__ import annotations
 
@@ -76,6 +77,10 @@ EXPLORE_STEPS = 16   # steps an unobserved block may run to collect its timed sa
 # is re-timed now and then: that close, its real price could make it the best; one further behind costs more to
 # re-time than it can win.
 REFRESH_WITHIN = 0.9
+# A step period this many times the price the choice reads for its block is a stall (a burst of load, a one-off
+# cost of a new shape), not a price, and is not counted, unless STALL_RUN come in a row: then the price has changed.
+STALL_FACTOR = 4.0
+STALL_RUN = 3
 
 
 def candidate_blocks(block_size: int) -> list[int]:
@@ -209,6 +214,8 @@ class AdaptivePolicy:
         self._probe_next = 0   # a probe's second step (its block), chosen with the first
         self._explored: dict[tuple[int, int], int] = {}   # (bucket, block) -> steps run to time it
         self._refresh: tuple[int, int] = (0, 0)   # (block, steps left) of a re-timing under way
+        self._stalls: dict[tuple[int, int], int] = {}   # (bucket, block) -> stall-sized periods in a row
+        self.stalls_refused = 0
 
     def probe(self, batch: int) -> tuple[int, int]:
         """(block, steps between probes) at this batch size: the largest drafting block within PROBE_COST_SLACK of
@@ -320,10 +327,20 @@ class AdaptivePolicy:
     def observe_cost(self, batch: int, block: int, seconds: float) -> None:
         """One step's real period at this batch and block (the engine's wall time between two results while the
         device ran back to back): a running mean per (batch bucket, block) that replaces the start-up table's entry
-        from the ``min_cost_samples``-th sample on; the bucket's other entries follow at the observed scale."""
+        from the ``min_cost_samples``-th sample on; the bucket's other entries follow at the observed scale. A period
+        over STALL_FACTOR times the price the choice reads is left out unless STALL_RUN such come in a row (one such
+        sample among four once priced block 16 at seconds a step on a CPU quick start, where the table said 176 ms, and
+        nothing timed it again)."""
         n = self.costs.bucket(batch)
         if block not in self.costs.seconds[n] or seconds <= 0:
             return
+        if seconds > STALL_FACTOR * self.costs.seconds[n][block]:
+            run = self._stalls.get((n, block), 0) + 1
+            self._stalls[n, block] = run
+            if run < STALL_RUN:
+                self.stalls_refused += 1
+                return
+        self._stalls.pop((n, block), None)
         mean, k = self._observed.get((n, block), (seconds, 0))
         w = min(self.cost_decay, k / (k + 1))   # a plain mean over the first samples, then exponential
         self._observed[n, block] = (w * mean + (1 - w) * seconds, k + 1)
