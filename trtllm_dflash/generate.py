@@ -156,6 +156,15 @@ def _measure_costs(engine, mode: str, prompts: list[list[int]]) -> None:
     engine.measure_adaptive_policy(f"[{mode}]", context=max(map(len, prompts)), max_batch=len(prompts))
 
 
+def _choice_note(args, engine, adaptive: bool) -> str:
+    """Why the engine ran the blocks it ran: the adaptive policy's last choice (and the step periods it left out as
+    stalls), or why the block was fixed."""
+    if not adaptive:
+        return f"fixed: {_fixed_reason(args, engine)}"
+    stalls = engine.policy.stalls_refused
+    return f"adaptive; last choice: {engine.last_reason}" + (f"; {stalls} stalled step period(s) left out" if stalls else "")
+
+
 def _fixed_reason(args, engine) -> str:
     """Why the block stayed fixed: the one cause that applies, not a list of flags the user may not have passed."""
     if args.block_size is not None:
@@ -193,8 +202,7 @@ def run_mode(args, mode: str, texts: list[str], workdir: Path, last: bool = True
           f"tp={engine.tp.size} load={load_s:.1f}s", file=sys.stderr)
     if mode == "dflash":
         ran = ", ".join(f"block {b}: {k} steps" for b, k in sorted(engine.block_counts.items()))
-        why = f"adaptive; last choice: {engine.last_reason}" if adaptive else f"fixed: {_fixed_reason(args, engine)}"
-        print(f"[{mode}] ran {ran} ({why})", file=sys.stderr)
+        print(f"[{mode}] ran {ran} ({_choice_note(args, engine, adaptive)})", file=sys.stderr)
     return _rows(mode, engine, texts, reqs, wall)
 
 
@@ -262,8 +270,7 @@ def compare_modes(args, texts: list[str], workdir: Path) -> dict:
         print(f"[{mode}] block_size={e.block_size} device={e.device} dtype={str(e.dtype)[6:]} tp={e.tp.size} "
               f"load={load[mode]:.1f}s", file=sys.stderr)
     ran = ", ".join(f"block {b}: {k} steps" for b, k in sorted(df.block_counts.items()))
-    why = f"adaptive; last choice: {df.last_reason}" if adaptive else f"fixed: {_fixed_reason(args, df)}"
-    print(f"[dflash] ran {ran} over {args.rounds} round(s) ({why})", file=sys.stderr)
+    print(f"[dflash] ran {ran} over {args.rounds} round(s) ({_choice_note(args, df, adaptive)})", file=sys.stderr)
     ratios = [a / max(d, 1e-9) for a, d in zip(walls["ar"], walls["dflash"])]
     rounds = {"ar_wall_s": walls["ar"], "dflash_wall_s": walls["dflash"], "speedup": ratios,
               "median_speedup": statistics.median(ratios)}
