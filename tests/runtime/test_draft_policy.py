@@ -183,6 +183,22 @@ def test_engine_reports_the_periods_of_steady_decode_steps_only(tiny_pair):
     assert {b for _, b, _ in timed} == {1, 4} and len(timed) <= steady < len(ran) - 1
 
 
+def test_the_gap_between_two_generate_calls_is_not_a_step_period(tiny_pair):
+    """generate() can return with a step in flight; the next call reads it after the caller's own work (the quick start
+    runs an AR round in between): that read-to-read time must not reach the policy as the step's price."""
+    import time
+    df = Engine.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(max_seq_len=256, max_batch_size=4))
+    pattern = Pattern([4])
+    df.policy = pattern
+    timed = []
+    pattern.observe_cost = lambda n, b, s: timed.append(s)
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    df.generate(prompts(2), params)
+    time.sleep(0.5)
+    df.generate(prompts(2), params)
+    assert timed and max(timed) < 0.5, max(timed)
+
+
 def test_measured_cost_table(tiny_pair):
     df = Engine.from_dirs(tiny_pair[0], tiny_pair[1], RuntimeConfig(max_seq_len=128, max_batch_size=2))
     pol = df.use_adaptive_policy(context=32)

@@ -166,6 +166,10 @@ class Engine:
         reqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
         while not all(r.done for r in reqs):
             self.step()
+        # A step may still be in flight (a finished row runs once more); the next call reads it after whatever the
+        # caller did meanwhile, so its read-to-read period is no price (the quick start reported the AR round between
+        # two DFlash rounds as one block-16 step of seconds).
+        self._last_read = None
         return reqs
 
     def metrics(self) -> dict:
