@@ -556,7 +556,7 @@ def _send_rate_rows(results: Path) -> list[str]:
         f"Triton at concurrency 64 {summ['triton_over_inprocess_c64']:.2f} of in-process, AR through Triton "
         f"{summ['triton_ar_tok_s_c256']:,.0f} tok/s at 256. Responses/s through Triton (AR) stopped growing past "
         f"concurrency 16 ({cells}), and the engine slowed with them where a sender that pays per response would "
-        "have joined more tokens into each. The likely cause, measured alone: `response_sender.send` lets the GIL go "
+        "have joined more tokens into each. A candidate cause, measured alone: `response_sender.send` lets the GIL go "
         "while Triton takes the response over and must get it back for the next one, and with another thread of the "
         "stub working (the engine client's receiver) it waited out Python's whole 5 ms switch interval. The stub now "
         f"hands the GIL over every {sr['summary']['stub_switch_interval_ms']:g} ms "
@@ -564,7 +564,10 @@ def _send_rate_rows(results: Path) -> list[str]:
         f"{provenance_note(sr, 'triton_send_rate_cpu.json')}, {sr['cpus']} CPUs): one sender alone "
         f"{sr['summary']['sends_per_s_alone']:,.0f} sends/s; beside a thread busy all the time "
         + ", ".join(f"{busy[ms]['sends_per_s']:,.0f} at {ms:g} ms" for ms in sorted(busy, reverse=True))
-        + ". The GPU sweep above ran before this change; whether it lifts the GPU figures is still to be measured.",
+        + f"; beside one busy {next(r['busy_fraction'] for r in sr['rows'] if 0 < r['busy_fraction'] < 1):.0%} of the "
+        "time in short stretches it makes no clear difference, so it matters where the receiver is busy most of the "
+        "time (a backlog of steps). The GPU sweep above ran before this change; whether it lifts the GPU figures is "
+        "still to be measured.",
         115)),
         "", "![Triton python backend send rate](benchmarks/results/triton_send_rate_cpu.png)"]
     return lines

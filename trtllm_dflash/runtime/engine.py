@@ -168,7 +168,7 @@ class Engine:
             self.step()
         # A step may still be in flight (a finished row runs once more); the next call reads it after whatever the
         # caller did meanwhile, so its read-to-read period is no price (the quick start reported the AR round between
-        # two DFlash rounds as one block-16 step of seconds).
+        # two DFlash rounds as one step of seconds).
         self._last_read = None
         return reqs
 
