@@ -543,8 +543,7 @@ def _send_rate_rows(results: Path) -> list[str]:
     """Responses/s through Triton in the GPU sweep at MAX_UNACKED 16, and what the stub's GIL switch interval does
     to the python backend's send rate (bench/triton_send_rate.py)."""
     name = "sweep_smollm2_h200_v5_unacked16"
-    rows = [json.loads(line) for line in (results / f"{name}.jsonl").read_text().splitlines() if line.strip()]
-    summ = json.loads((results / f"{name}.summary.json").read_text())["summary"]
+    _, _, summ, rows, _, _ = _sweep(results, name)
     triton = [r for r in rows if r["label"] == "AR via Triton"]
     rate = lambda r: r["metrics"]["tok_s_gpu"] / r["metrics"]["tokens_per_chunk_mean"]   # noqa: E731 - responses/s
     cells = ", ".join(f"{rate(r):,.0f} at {r['settings']['concurrency']}" for r in triton)
@@ -733,8 +732,8 @@ def _bi_check_h100(results: Path) -> str:
     tiny = [r for r in d["tiny"] if r["dtype"] == "bfloat16"]
     return (f"On an {d['gpu']} ({name}, {provenance_note(d, name).split(', ')[-1]}): SmolLM2 bf16 DFlash == AR on "
             f"{bf16['dflash_eq_ar_greedy']}/{bf16['n_prompts']} prompts at block 16 ({bf16['dflash_eq_ar_greedy_block8']} "
-            f"at 8, {bf16['dflash_eq_ar_greedy_block4']} at 4), alone == batched {bf16['ar_alone_eq_batch']}/8 AR and "
-            f"{bf16['dflash_alone_eq_batch']}/8 DFlash; tiny pairs in bf16 "
+            f"at 8, {bf16['dflash_eq_ar_greedy_block4']} at 4), alone == batched {bf16['ar_alone_eq_batch']}/"
+            f"{bf16['n_prompts']} AR and {bf16['dflash_alone_eq_batch']}/{bf16['n_prompts']} DFlash; tiny pairs in bf16 "
             f"{sum(r['dflash_eq_ar_greedy'] for r in tiny)}/{sum(r['n'] for r in tiny)} greedy; the step costs on "
             "that GPU are still to be measured.")
 
@@ -988,8 +987,8 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("gpu_tests_policy_h100.json", "gpu_tests_engine_h200.json", "gpu_tests_allreduce_h200x2.json", "gpu_tests_kernels_h200.json",
-             "gpu_tests_smollm2_h200.json",
+    files = ("gpu_tests_policy_h100.json", "gpu_tests_engine_h200.json", "gpu_tests_allreduce_h200x2.json",
+             "gpu_tests_kernels_h200.json", "gpu_tests_smollm2_h200.json",
              "gpu_tests_kernels_a_h100.json", "gpu_tests_kernels_b_h100.json", "gpu_tests_sample_h100.json",
              "gpu_tests_smollm2_kernels_h100.json")
     lines = ["**GPU tests of the decode kernels and the engine** (`python -m trtllm_dflash.bench.gpu_test_report`, "
