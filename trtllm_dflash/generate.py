@@ -162,7 +162,8 @@ def _choice_note(args, engine, adaptive: bool) -> str:
     if not adaptive:
         return f"fixed: {_fixed_reason(args, engine)}"
     stalls = engine.policy.stalls_refused
-    return f"adaptive; last choice: {engine.last_reason}" + (f"; {stalls} stalled step period(s) left out" if stalls else "")
+    left_out = f"; {stalls} stalled step period(s) left out" if stalls else ""
+    return f"adaptive; last choice: {engine.last_reason}{left_out}"
 
 
 def _fixed_reason(args, engine) -> str:

@@ -49,11 +49,13 @@ both counts: a larger block can cost less than a smaller one). That happens at m
 An observed cost also goes stale: a block timed during a burst of load on a shared CPU keeps that price while another
 block is chosen, since nothing times it again (a quick start printed 1.52x where its other runs printed 1.96-2.16x:
 its last three rounds ran at ~1.5x with block 16 the choice at batch 2, where the start-up table had blocks 4 and 8
-at two thirds of block 16's cost). So while drafting wins, once per ``1 / probe_budget`` drafting steps (half-way between the block-1 probes)
-the drafting block next best at the lower of its observed and start-up prices, if that rate is within
-``REFRESH_WITHIN`` of the best, runs ``min_cost_samples`` steps whose periods replace its old mean: a close
-contender's price is never older than that. Nor does one stall set a price: a period several times what the choice
-reads for its block is left out unless such periods keep coming (``STALL_FACTOR``, ``STALL_RUN``).
+at two thirds of block 16's cost). So while drafting wins, once per ``1 / probe_budget`` drafting steps (half-way
+between the block-1 probes) the drafting block next best at the lower of its observed and start-up prices, if that
+rate is within ``REFRESH_WITHIN`` of the best, runs ``min_cost_samples`` steps whose periods replace its old mean: a
+close contender's price is never older than that. Nor does one period that spans more than a step set a price (every
+quick start had three, its AR rounds read as DFlash steps, until ``Engine.generate`` stopped leaving a step to be
+timed across its caller's work): a period several times what the choice reads for its block is left out unless such
+periods keep coming (``STALL_FACTOR``, ``STALL_RUN``).
 """
 from __future__ import annotations
 
@@ -77,8 +79,8 @@ EXPLORE_STEPS = 16   # steps an unobserved block may run to collect its timed sa
 # is re-timed now and then: that close, its real price could make it the best; one further behind costs more to
 # re-time than it can win.
 REFRESH_WITHIN = 0.9
-# A step period this many times the price the choice reads for its block is a stall (a burst of load, a one-off
-# cost of a new shape), not a price, and is not counted, unless STALL_RUN come in a row: then the price has changed.
+# A step period this many times the price the choice reads for its block spans more than the step (a stall, a gap the
+# engine's timing did not see), and is not counted, unless STALL_RUN come in a row: then the price has changed.
 STALL_FACTOR = 4.0
 STALL_RUN = 3
 
@@ -328,9 +330,9 @@ class AdaptivePolicy:
         """One step's real period at this batch and block (the engine's wall time between two results while the
         device ran back to back): a running mean per (batch bucket, block) that replaces the start-up table's entry
         from the ``min_cost_samples``-th sample on; the bucket's other entries follow at the observed scale. A period
-        over STALL_FACTOR times the price the choice reads is left out unless STALL_RUN such come in a row (one such
-        sample among four once priced block 16 at seconds a step on a CPU quick start, where the table said 176 ms, and
-        nothing timed it again)."""
+        over STALL_FACTOR times the price the choice reads is left out unless STALL_RUN such come in a row: one such
+        sample once priced block 16 at seconds a step on a CPU quick start (the table: 176 ms), and nothing timed it
+        again. Its source, the step Engine.generate left in flight, is gone; this guards against the next one."""
         n = self.costs.bucket(batch)
         if block not in self.costs.seconds[n] or seconds <= 0:
             return

@@ -51,11 +51,10 @@ SUPERVISOR_PID_ENV = "DFLASH_SERVE_PID"
 STUB_SWITCH_INTERVAL_S = 1e-4
 
 
-def tune_stub_interpreter() -> float:
+def tune_stub_interpreter() -> None:
     """For Triton's python-backend stub process only (model.py's initialize): it runs nothing but this model, so
-    the process-wide setting is ours to make. Returns the interval set."""
+    the process-wide setting is ours to make (the model's start-up line logs it)."""
     sys.setswitchinterval(STUB_SWITCH_INTERVAL_S)
-    return sys.getswitchinterval()
 
 
 # model.yaml's key for the deployment; repositories filled by earlier versions say engine_dir
