@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import queue
-import socket
 import subprocess
 import sys
 import tempfile
@@ -89,12 +88,6 @@ class TritonPythonModel:
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_case(client, case: dict) -> dict:
     import numpy as np
     import tritonclient.grpc as grpcclient
@@ -129,6 +122,7 @@ def main(argv=None) -> int:
 
     import tritonclient.grpc as grpcclient
     from trtllm_dflash.serving import server, triton_model
+    from trtllm_dflash.serving.launch import free_loopback_port
     from trtllm_dflash.serving.triton_env import find_tritonserver
 
     binary = find_tritonserver()
@@ -141,7 +135,7 @@ def main(argv=None) -> int:
         (repo / MODEL_NAME / "1").mkdir(parents=True)
         (repo / MODEL_NAME / "config.pbtxt").write_text(CONFIG)
         (repo / MODEL_NAME / "1" / "model.py").write_text(MODEL)
-        http, grpc_port, metrics = free_port(), free_port(), free_port()
+        http, grpc_port, metrics = free_loopback_port(), free_loopback_port(), free_loopback_port()
         cmd = server.build_cmd(binary, repo, "127.0.0.1", http, grpc_port, metrics, exit_timeout_secs=5)
         log = open(Path(tmp) / "tritonserver.log", "w")
         proc = server.start(cmd, server.server_env(binary), stdout=log)
