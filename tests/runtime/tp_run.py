@@ -16,23 +16,28 @@ PARAMS = [SamplingParams(max_new_tokens=24, ignore_eos=True),
           SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=0.8, top_k=10, seed=5)]
 
 
-def run(target, drafter, tp_size, block_size=None, ep_size=1, prompts=PROMPTS, params=PARAMS, dtype="auto"):
+def run(target, drafter, tp_size, block_size=None, ep_size=1, prompts=PROMPTS, params=PARAMS, dtype="auto",
+        done=lambda tokens: None):
+    """Rank 0's tokens (None on the other ranks). ``done(tokens)`` runs on rank 0 before shutdown releases the other
+    ranks: a rank 0 still writing after they had left was now and then found with its file missing or empty."""
     eng = Engine.from_dirs(target, drafter, RuntimeConfig(max_seq_len=128, max_batch_size=2, block_size=block_size,
                                                           dtype=dtype), tp_size=tp_size, ep_size=ep_size)
     if eng.tp.rank != 0:
         eng.follow()
         return None
     out = [r.output_ids for r in eng.generate(prompts, params)]
+    done(out)
     eng.shutdown()
     return out
 
 
 def main(argv, key="dflash", **workload) -> int:
     target, drafter, out_path, tp = argv[0], argv[1], argv[2], int(argv[3])
-    tokens = run(target, drafter, tp, ep_size=int(argv[4]) if len(argv) > 4 else 1, **workload)
-    if tokens is not None:
+
+    def write(tokens):
         with open(out_path, "w") as f:
             json.dump({key: tokens}, f)
+    run(target, drafter, tp, ep_size=int(argv[4]) if len(argv) > 4 else 1, done=write, **workload)
     return 0
 
 
