@@ -987,7 +987,8 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("gpu_tests_generate_h200.json", "gpu_tests_policy_h100.json", "gpu_tests_engine_h200.json", "gpu_tests_allreduce_h200x2.json",
+    files = ("gpu_tests_generate_h200.json", "gpu_tests_policy_h100.json", "gpu_tests_engine_h200.json",
+             "gpu_tests_allreduce_h200x2.json",
              "gpu_tests_kernels_h200.json", "gpu_tests_smollm2_h200.json",
              "gpu_tests_kernels_a_h100.json", "gpu_tests_kernels_b_h100.json", "gpu_tests_sample_h100.json",
              "gpu_tests_smollm2_kernels_h100.json")
