@@ -449,8 +449,9 @@ if engine.tp.rank != 0:
     engine.follow()
 else:
     reqs = engine.generate([[1, 5, 9, 13], [1, 7, 7, 2, 40, 41]], SamplingParams(max_new_tokens=24, ignore_eos=True))
+    with open(out, "w") as fh:   # written before shutdown releases the other ranks (a rank's exit ends the job)
+        json.dump([r.output_ids for r in reqs], fh)
     engine.shutdown()
-    json.dump([r.output_ids for r in reqs], open(out, "w"))
 sys.exit(exit_code(lambda argv: 0))  # leave a TP job the way the console scripts do
 """
 

@@ -14,10 +14,9 @@ class DFlashError(ValueError):
 def exit_code(main, argv=None) -> int:
     """Run a command's ``main(argv)``; a DFlashError becomes one line on stderr and exit code 2.
 
-    A rank of a multi-process (mpirun) job leaves right here with that code: torch.distributed's C++
+    A rank of a multi-process (mpirun) job leaves right here with that code (leave_job): torch.distributed's C++
     threads can abort the interpreter's own teardown ("terminate called without an active exception",
     seen about once in 20 runs with gloo), which mpirun would report as a failed job."""
-    import os
     import sys
     try:
         rc = main(argv) or 0
@@ -25,10 +24,24 @@ def exit_code(main, argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         rc = 2
     if _is_rank_of_a_job():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
+        leave_job(rc)
     return rc
+
+
+def leave_job(rc: int) -> None:
+    """End this rank of a multi-process job with ``rc`` through os._exit, once every rank of a tensor-parallel
+    group still open has got here. MPICH's hydra ends the whole job as soon as one rank leaves this way, and still
+    exits 0: a follower leaving first cut off rank 0 while it wrote its results (the file missing or empty, now
+    and then). So the output is flushed first, and ranks that succeeded wait for each other; a failed one leaves
+    at once (the others may be stuck in a collective it never reaches, and ending the job is what it wants)."""
+    import os
+    import sys
+    sys.stdout.flush()
+    sys.stderr.flush()
+    dist = sys.modules.get("torch.distributed")  # a command that never imported torch has no group to wait on
+    if rc == 0 and dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    os._exit(rc)
 
 
 def _is_rank_of_a_job() -> bool:

@@ -177,15 +177,17 @@ def _fixed_reason(args, engine) -> str:
     return "the deployment's draft_policy fixed"
 
 
-def run_mode(args, mode: str, texts: list[str], workdir: Path, last: bool = True) -> list[dict]:
-    """One mode's engine and generate(). ``last`` False keeps the tensor-parallel group for the next mode: MPI
-    agrees the rendezvous once per process (it is finalised after), so a second group could not be formed."""
+def run_mode(args, mode: str, texts: list[str], workdir: Path) -> list[dict]:
+    """One mode's engine and generate(). The tensor-parallel group outlives the engine: MPI agrees the rendezvous
+    once per process (it is finalised after), so the next mode could not form a group of its own; and the ranks
+    leave it together in errors.exit_code, once rank 0 has printed and written its results (a follower released
+    here would exit, and MPICH's hydra then ended rank 0 mid-write with exit code 0)."""
     block = 1 if mode == "ar" else args.block_size
     t0 = time.perf_counter()
     engine = _engine(args, block, workdir)
     load_s = time.perf_counter() - t0
     if engine.tp.rank != 0:
-        engine.follow(close=last)
+        engine.follow(close=False)
         return []
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
@@ -198,7 +200,7 @@ def run_mode(args, mode: str, texts: list[str], workdir: Path, last: bool = True
     t0 = time.perf_counter()
     reqs = engine.generate(prompts, params)
     wall = time.perf_counter() - t0
-    engine.shutdown(close=last)
+    engine.shutdown(close=False)
     print(f"[{mode}] block_size={engine.block_size} device={engine.device} dtype={str(engine.dtype)[6:]} "
           f"tp={engine.tp.size} load={load_s:.1f}s", file=sys.stderr)
     if mode == "dflash":
@@ -288,7 +290,7 @@ def main(argv=None) -> int:
         if args.mode == "both" and (args.tp_size or 1) == 1:
             results = compare_modes(args, texts, Path(work))
         else:   # ranks of a tensor-parallel group follow one engine at a time: one generation per mode
-            results = {m: run_mode(args, m, texts, Path(work), last=m == modes[-1]) for m in modes}
+            results = {m: run_mode(args, m, texts, Path(work)) for m in modes}
     if not any(results[m] for m in modes):
         return 0  # ranks > 0
     for i, text in enumerate(texts):

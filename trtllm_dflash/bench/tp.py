@@ -32,6 +32,7 @@ from trtllm_dflash.bench.tp_flags import add_rank_engine_flags
 from trtllm_dflash.checkpoints.drafter_init import random_drafter_weights
 from trtllm_dflash.checkpoints.resolve import KNOWN_MODELS, PUBLIC_CONFIGS
 from trtllm_dflash.config import RuntimeConfig, SamplingParams
+from trtllm_dflash.errors import leave_job
 from trtllm_dflash.provenance import record
 from trtllm_dflash.runtime.distributed import launcher_rank_and_size
 from trtllm_dflash.runtime.engine import Engine
@@ -151,10 +152,10 @@ def main(argv=None) -> int:
         res["rows"] = rows
         res["allreduce_rows"] = allreduce_rows
         Path(args.out).write_text(json.dumps(res, indent=1))
-    # The first H200x2 run wrote its results and then hung in the final NCCL barrier; a benchmark has
-    # nothing left to release, so leave without the group teardown.
-    sys.stdout.flush()
-    os._exit(0)
+    # The first H200x2 run wrote its results and then hung in tp.close() (an NCCL barrier, then the group's
+    # destroy); a benchmark has nothing left to release, so leave without the teardown, but only once rank 0 has
+    # written: a rank leaving first ends the whole job (leave_job). tp_allreduce.py ends on such a barrier too.
+    leave_job(0)
 
 
 if __name__ == "__main__":
