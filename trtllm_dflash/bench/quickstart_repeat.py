@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The quick start, several times in a row: does the DFlash/AR speed-up it prints hold from one run to the next?
 
-    python -m trtllm_dflash.bench.quickstart_repeat --runs 4 --out benchmarks/results/quickstart_repeat_cpu_v6.json
+    python -m trtllm_dflash.bench.quickstart_repeat --runs 5 --out benchmarks/results/quickstart_repeat_cpu_v6.json
 
 Each run is a fresh `dflash-generate` process with the arguments of `scripts/quickstart.sh` (the README's main
 job: SmolLM2-135M and the shipped drafter on the CPU, both modes warmed up, then 5 alternated rounds), one after
@@ -62,8 +62,12 @@ def run_once(extra: list[str], timeout_s: float) -> tuple[dict, str, float]:
     with tempfile.TemporaryDirectory(prefix="quickstart-repeat-") as tmp:
         out = Path(tmp) / "run.json"
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", GENERATE, *QUICKSTART_ARGS, *extra, "--json", str(out)],
-                              capture_output=True, text=True, timeout=timeout_s)
+        try:
+            proc = subprocess.run([sys.executable, "-c", GENERATE, *QUICKSTART_ARGS, *extra, "--json", str(out)],
+                                  capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            sys.exit(f"quickstart_repeat: a run outlasted --timeout_s {timeout_s:g}: raise it, or look at what else "
+                     "is running on this machine")
         took = time.perf_counter() - t0
         if proc.returncode != 0 or not out.is_file():
             sys.exit(f"quickstart_repeat: dflash-generate exited {proc.returncode}:\n{proc.stderr[-2000:]}")
