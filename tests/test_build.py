@@ -446,13 +446,12 @@ else:
     engine = Engine.from_dirs(sys.argv[4], sys.argv[5], RuntimeConfig(max_batch_size=8, max_seq_len=512,
                               block_size=16), tp_size=tp)
 if engine.tp.rank != 0:
-    engine.follow()
+    engine.follow(close=False)
 else:
     reqs = engine.generate([[1, 5, 9, 13], [1, 7, 7, 2, 40, 41]], SamplingParams(max_new_tokens=24, ignore_eos=True))
-    with open(out, "w") as fh:   # written before shutdown releases the other ranks (a rank's exit ends the job)
-        json.dump([r.output_ids for r in reqs], fh)
-    engine.shutdown()
-sys.exit(exit_code(lambda argv: 0))  # leave a TP job the way the console scripts do
+    engine.shutdown(close=False)
+    json.dump([r.output_ids for r in reqs], open(out, "w"))
+sys.exit(exit_code(lambda argv: 0))  # leave a TP job the way the console scripts do: together, once rank 0 wrote
 """
 
 

@@ -33,7 +33,9 @@ def leave_job(rc: int) -> None:
     group still open has got here. MPICH's hydra ends the whole job as soon as one rank leaves this way, and still
     exits 0: a follower leaving first cut off rank 0 while it wrote its results (the file missing or empty, now
     and then). So the output is flushed first, and ranks that succeeded wait for each other; a failed one leaves
-    at once (the others may be stuck in a collective it never reaches, and ending the job is what it wants)."""
+    at once (the others may be stuck in a collective it never reaches, and ending the job is what it wants). The
+    wait needs the group still open: a command that writes after its engine's shutdown passes ``close=False``
+    there (and to the followers' ``follow``), as dflash-generate does."""
     import os
     import sys
     sys.stdout.flush()

@@ -28,8 +28,9 @@ from trtllm_dflash.provenance import record
 QUICKSTART_ARGS = ["--target", "smollm2-135m", "--drafter", "smollm2-135m-dflash", "--mode", "both",
                    "--max_new_tokens", "64", "--prompt", "What is the capital of France?",
                    "--prompt", "Write a Python function that returns the sum of a list."]
-RAN = re.compile(r"^\[dflash\] ran (.*) over \d+ round\(s\) \((.*)\)$", re.M)
 GENERATE = "import sys; from trtllm_dflash.cli import generate_main; sys.exit(generate_main())"   # dflash-generate
+# generate's stderr line on what the adaptive policy ran, and the stalls its note adds
+RAN = re.compile(r"^\[dflash\] ran (.*) over \d+ round\(s\) \((.*)\)$", re.M)
 STALLS = re.compile(r"; (\d+) stalled step period\(s\) left out")
 
 
