@@ -269,10 +269,7 @@ def render_headline(results: Path) -> str:
                 f"DFlash == AR on {checks[0]} of {checks[1]} prompts (float32)", provenance_note(d, name))
 
     row("SmolLM2-135M + the shipped drafter: HumanEval acceptance (tau)", tau)
-    e2e_name = "e2e_smollm2_h100.json"    # the GPU issue #30's goal names; the H200 runs are in their own section
-
-    def e2e():
-        name = e2e_name
+    def e2e(name):
         d = _load(results, name)
         lv, s = d["summary"]["levels"], d["summary"]
         cells = [f"{lv[f'humaneval_c{c}']['inprocess']['adaptive_over_ar']:.2f}x at concurrency {c} "
@@ -286,8 +283,12 @@ def render_headline(results: Path) -> str:
                 f"{min(s['min_adaptive_over_ar_inprocess'], s['min_adaptive_over_ar_openai']):.2f}x, {sets})"), \
             provenance_note(d, name)
 
-    row(f"SmolLM2-135M + {smollm2_drafter(results, _load(results, e2e_name), 'drafter', e2e_name)}, one H100, in-process, "
-        "HumanEval: DFlash (adaptive policy) over AR, tokens/s per user", e2e)
+    # the shipped drafter's run (one H200); the v5 drafter's on the H100 has its own section further down
+    for name in ("e2e_smollm2_h200.json",):
+        d = _load(results, name)
+        gpu = (rows_gpu(d["rows"]) or d["provenance"]["device"].get("gpu", "GPU")).replace("NVIDIA ", "").split()[0]
+        row(f"SmolLM2-135M + {smollm2_drafter(results, d, 'drafter', name)}, one {gpu}, in-process, "
+            "HumanEval: DFlash (adaptive policy) over AR, tokens/s per user", lambda name=name: e2e(name))
     row(f"how the shipped drafter ({list(DRAFTER_RUNS)[-1]}) was made", drafter_run)
     row("gpt-oss-120b decode step at batch 1, one H100 (MXFP4 experts, Triton kernels)", gpt_oss)
     return "\n".join([*_table_head("measured", "figure", "source"), *rows]) + "\n"
@@ -484,7 +485,7 @@ def render_sweep_v3(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_e2e(results: Path, name: str = "e2e_smollm2_h200.json") -> str:
+def render_e2e(results: Path, name: str = "e2e_smollm2_h200.json", before: str | None = "e2e_smollm2_h200_v4.json") -> str:
     """End to end with a shipped drafter (benchmarks/e2e_smollm2.sh): AR vs DFlash vs adaptive per dataset and
     concurrency, in-process and through dflash-openai; tokens/s per user, the ratio to AR under each."""
     d = _load(results, name)
@@ -514,6 +515,16 @@ def render_e2e(results: Path, name: str = "e2e_smollm2_h200.json") -> str:
     missing = d["summary"].get("missing")
     if missing:
         notes.append("Not measured in this run: " + ", ".join(missing) + ".")
+    if before:   # the drafter this run's replaced, same recipe and kind of GPU
+        b = _load(results, before)["summary"]
+        notes.append(f"With {smollm2_drafter(results, _load(results, before), 'drafter', before)} (`{before}`), "
+                     f"DFlash block 16 over AR at concurrency 1: HumanEval {b['dflash_over_ar_tok_s_b1_humaneval']:.2f}x "
+                     f"in-process, {b['dflash_over_ar_tok_s_b1_humaneval_openai']:.2f}x through dflash-openai; "
+                     f"MT-Bench {b['dflash_over_ar_tok_s_b1_mtbench']:.2f}x / {b['dflash_over_ar_tok_s_b1_mtbench_openai']:.2f}x "
+                     f"(now {d['summary']['dflash_over_ar_tok_s_b1_humaneval']:.2f}x / "
+                     f"{d['summary']['dflash_over_ar_tok_s_b1_humaneval_openai']:.2f}x and "
+                     f"{d['summary']['dflash_over_ar_tok_s_b1_mtbench']:.2f}x / "
+                     f"{d['summary']['dflash_over_ar_tok_s_b1_mtbench_openai']:.2f}x)")
     lines += ["", "\n".join(textwrap.wrap("Note: " + _sentences(notes), 115))]
     return "\n".join(lines) + "\n"
 
@@ -649,7 +660,7 @@ def render_train_step(results: Path) -> str:
 
 
 def render_e2e_h100(results: Path) -> str:
-    return render_e2e(results, "e2e_smollm2_h100.json")
+    return render_e2e(results, "e2e_smollm2_h100.json", before=None)
 
 
 def render_sweep_v4(results: Path) -> str:
