@@ -3,6 +3,7 @@
 TensorRT-LLM command lines for the same concurrency list)."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -77,3 +78,23 @@ def test_sweeps_md_commands_parse():
     for cmd in commands:
         (sweep if cmd[0] == "dflash-sweep" else plot).parse_args(cmd[1:])
     assert "sweep_mpirun.sh" in text and "trtllm_bench.sh" in text
+
+
+@pytest.mark.mpi
+def test_tp_sweep_smoke_runs_every_tp_size_through_mpiexec(tmp_path):
+    """benchmarks/tp_sweep.sh SMOKE=1: a random Qwen3-shaped pair written to disk, dflash-build at TP 1 and 2, the
+    sweep under mpiexec (gloo) for AR and DFlash, the summary's TP 2 / TP 1 ratios."""
+    env = {**os.environ, "SMOKE": "1", "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"),
+           "MPIRUN": str(MPIEXEC), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    run = subprocess.run(["bash", str(REPO / "benchmarks" / "tp_sweep.sh")], env=env, capture_output=True, text=True,
+                         timeout=600, cwd=REPO)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = read_rows(tmp_path / "out" / "tp_sweep_smoke.jsonl")
+    assert sorted({(r["label"], r["settings"]["tp_size"]) for r in rows}) == [
+        ("AR TP 1", 1), ("AR TP 2", 2), ("DFlash TP 1", 1), ("DFlash TP 2", 2)]
+    assert all(r["metrics"]["num_errors"] == 0 for r in rows)
+    summary = json.loads((tmp_path / "out" / "tp_sweep_smoke.json").read_text())["summary"]
+    assert set(summary["ratios"]) == {"tp2_over_tp1_ar_user_c1", "tp2_over_tp1_ar_gpu_c2",
+                                      "tp2_over_tp1_dflash_user_c1", "tp2_over_tp1_dflash_gpu_c2"}
+    assert (tmp_path / "out" / "tp_sweep_smoke.png").stat().st_size > 0
