@@ -26,7 +26,8 @@ if [[ ${SMOKE:-0} == 1 ]]; then
   MPI=(${MPIRUN:-mpiexec} ${MPI_FLAGS:-})
 else
   PY=${PYTHON:-python3}
-  GPU=${GPU_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|b300' | tr A-Z a-z)}
+  GPU=${GPU_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|b300' |
+                   tr A-Z a-z)}
   NAME=tp_sweep_${GPU:-gpu}; TP_SIZES=${TP_SIZES:-1 2 4}; LEVELS=${LEVELS:-1,4,16,64}
   PAIR=(); LOAD=(--input_len "${INPUT_LEN:-512}" --max_new_tokens "${NEW:-128}")
   MPI=(${MPIRUN:-mpirun} ${MPI_FLAGS:---allow-run-as-root})
@@ -39,7 +40,9 @@ for tp in $TP_SIZES; do
     > "$OUT/build_tp$tp.log"
   for mode in ar dflash; do
     label="$(case $mode in ar) echo AR ;; *) echo DFlash ;; esac) TP $tp"
-    if [[ ${RESUME:-0} == 1 ]] && $PY -m trtllm_dflash.bench.resume "$OUT/$NAME.jsonl" "$label" "$LEVELS"; then continue; fi
+    if [[ ${RESUME:-0} == 1 ]] && $PY -m trtllm_dflash.bench.resume "$OUT/$NAME.jsonl" "$label" "$LEVELS"; then
+      continue
+    fi
     "${MPI[@]}" -n "$tp" $PY -m trtllm_dflash.bench.sweep --deployment_dir "$WORK/deploy_tp$tp" --mode $mode \
       --concurrency "$LEVELS" --dataset random "${LOAD[@]}" --ignore_eos --label "$label" --out "$OUT/$NAME.jsonl"
   done

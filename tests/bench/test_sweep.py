@@ -262,3 +262,48 @@ def test_tp2_engine_sweep_under_mpiexec(tiny_target_with_tokenizer, tmp_path):
         check_row(row, row["settings"]["concurrency"])
         assert row["settings"]["tp_size"] == row["settings"]["num_gpus"] == 2
         assert row["metrics"]["tok_s_gpu"] == pytest.approx(row["metrics"]["total_tok_s"] / 2)
+
+
+def test_openai_endpoint_over_client_processes(tmp_path, smollm2_dir):
+    """--client_processes 3: three spawned clients share the level, each with its own HTTP client and tokenizer;
+    still a closed loop of 3 in flight, every request once with its own seed, one row."""
+    FakeOpenAI.bodies, FakeOpenAI.peak, FakeOpenAI.live = [], 0, 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    out = tmp_path / "procs.jsonl"
+    try:
+        assert sweep.main(["--server", "openai", "--url", f"127.0.0.1:{server.server_port}", "--tokenizer",
+                           str(smollm2_dir), "--client_processes", "3", "--block_size", "4", "--concurrency", "3",
+                           "--num_requests", "9", "--warmup", "0", "--max_new_tokens", "6", "--ignore_eos",
+                           "--dataset", "random", "--input_len", "16", "--seed", "100", "--out", str(out)]) == 0
+    finally:
+        server.shutdown()
+    (row,) = read_rows(out)
+    check_row(row, 3)
+    assert row["settings"]["client_processes"] == 3 and row["metrics"]["num_requests"] == 9
+    assert row["metrics"]["num_errors"] == 0 and row["metrics"]["osl"]["mean"] == 6.0
+    assert FakeOpenAI.peak <= 3 and sorted(b["seed"] for b in FakeOpenAI.bodies) == list(range(100, 109))
+
+
+def test_client_processes_auto_and_refusals(tmp_path, monkeypatch):
+    from trtllm_dflash.bench import drivers
+    monkeypatch.setattr(drivers.os, "cpu_count", lambda: 16)
+    assert [drivers.client_processes(0, c) for c in (1, 32, 33, 64, 256)] == [1, 1, 2, 2, 4]
+    assert drivers.client_processes(3, 1) == 3
+    monkeypatch.setattr(drivers.os, "cpu_count", lambda: 2)
+    assert drivers.client_processes(0, 256) == 1
+    with pytest.raises(DFlashError, match="--client_processes"):
+        sweep.parse_args(["--client_processes", "-1", "--out", str(tmp_path / "x.jsonl")])
+
+
+def test_a_client_process_that_cannot_start_fails_the_level_with_its_reason(smollm2_dir):
+    import functools
+    from trtllm_dflash.bench import drivers
+    from trtllm_dflash.bench.endpoints import open_client
+    from trtllm_dflash.bench.workload import WorkItem
+    make = functools.partial(open_client, "openai", "127.0.0.1:9", str(smollm2_dir), max_tokens=4, temperature=0.0,
+                             seed=0, ignore_eos=True)   # port 9: nothing listens, so listing the models fails
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match="client process . of 2 failed: DFlashError: --url: cannot list models"):
+        drivers.run_process_level(make, [WorkItem((1, 2), "hi")] * 4, 2, 2)
+    assert time.perf_counter() - t0 < 120   # the other process is released from the start barrier, no hang

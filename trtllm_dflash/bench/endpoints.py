@@ -224,3 +224,11 @@ class OpenAIClient:
 
     def close(self) -> None:
         pass
+
+
+def open_client(server: str, url: str, tokenizer_source: str, **kw):
+    """A client for ``server`` (triton | openai) with its own tokenizer: what each client process of
+    ``drivers.run_process_level`` builds for itself."""
+    from transformers import AutoTokenizer
+    cls = TritonClient if server == "triton" else OpenAIClient
+    return cls(url, AutoTokenizer.from_pretrained(tokenizer_source), **kw)

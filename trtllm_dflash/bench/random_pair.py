@@ -79,14 +79,16 @@ def write_target(cfg: dict, out: Path, dtype: torch.dtype, device: str, shard_by
             del shard
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
-    (out / "config.json").write_text(json.dumps(dict(cfg, torch_dtype=str(dtype).removeprefix("torch.")), indent=2) + "\n")
+    cfg = dict(cfg, torch_dtype=str(dtype).removeprefix("torch."))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return out
 
 
 def write_drafter(cfg: dict, target_hidden: int, out: Path, dtype: torch.dtype) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     weights = random_drafter_weights(cfg, target_hidden, seed=0, dtype=dtype)
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(dict(cfg, torch_dtype=str(dtype).removeprefix("torch."),
                                                      dflash_trained=False), indent=2) + "\n")
     return out

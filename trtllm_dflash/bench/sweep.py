@@ -14,6 +14,7 @@ is the same engine with block_size 1 (``--mode ar``), never a separate code path
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import shlex
@@ -86,9 +87,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--no_streaming", dest="streaming", action="store_false", help="one response per request")
     g.add_argument("--timeout_s", "--timeout", type=float, default=600.0,
                    help="endpoints: seconds to wait for a response (--timeout still parses)")
+    g.add_argument("--client_processes", type=int, default=0,
+                   help="endpoints: client processes sharing each level's requests in flight (one Python process "
+                        "reading every stream can be the limit before the server is); 0 = auto: one per 32 in "
+                        "flight, at most a quarter of this machine's cores")
     p.add_argument("--out", type=Path, required=True, help="JSONL file; one row per level is appended")
     args = p.parse_args(argv)
     args.levels = parse_concurrency(args.concurrency)
+    if args.client_processes < 0:
+        raise DFlashError("--client_processes", f"{args.client_processes} is negative", "pass 0 (auto) or a count")
     return args
 
 
@@ -189,11 +196,13 @@ def open_endpoint(args, m: dict) -> Target:
         raise DFlashError("--concurrency", f"{max(args.levels)} > the deployment's max_batch_size {mbs}: requests "
                           "would wait in the server's queue", f"rebuild with dflash-build --max_batch_size "
                           f"{max(args.levels)}, or lower --concurrency")
-    from .endpoints import OpenAIClient, TritonClient
+    from .endpoints import OpenAIClient, TritonClient, open_client
     cls = TritonClient if args.server == "triton" else OpenAIClient
-    kw = {"model": args.model} if args.model else {}
-    client = cls(args.url, tokenizer, max_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                 ignore_eos=args.ignore_eos, streaming=args.streaming, timeout=args.timeout_s, **kw)
+    kw = dict({"model": args.model} if args.model else {}, max_tokens=args.max_new_tokens,
+              temperature=args.temperature, seed=args.seed, ignore_eos=args.ignore_eos, streaming=args.streaming,
+              timeout=args.timeout_s)
+    client = cls(args.url, tokenizer, **kw)
+    kw["model"] = client.model   # the client processes ask no more
     block = args.block_size or (1 if args.mode == "ar" else runtime.get("block_size"))
     settings = {**_pair(m), "target": _pair(m)["target"] or tok_source, "url": args.url, "model": client.model,
                 "block_size": block, "tp_size": args.tp_size or int(m.get("tp_size", 1)), "gpu_name": None,
@@ -202,7 +211,11 @@ def open_endpoint(args, m: dict) -> Target:
                 "batch_invariant": bool(runtime.get("batch_invariant", False))}
 
     def run(items, concurrency, params, on_done):
-        return drivers.run_threaded_level(client.send, items, concurrency, on_done)
+        processes = drivers.client_processes(args.client_processes, concurrency)
+        if processes == 1:
+            return drivers.run_threaded_level(client.send, items, concurrency, on_done)
+        make_client = functools.partial(open_client, args.server, args.url, str(tok_source), **kw)
+        return drivers.run_process_level(make_client, items, concurrency, processes, on_done)
 
     return Target(run, tokenizer, len(tokenizer), block, runtime.get("max_seq_len"), settings, close=client.close)
 
@@ -287,6 +300,8 @@ def make_row(args, label: str, concurrency: int, target: Target, metrics: dict, 
                 "concurrency": concurrency, "dataset": args.dataset, "num_requests": n, "warmup": w,
                 "input_len": args.input_len, "max_new_tokens": args.max_new_tokens, "ignore_eos": args.ignore_eos,
                 "temperature": args.temperature, "seed": args.seed, "streaming": args.streaming,
+                "client_processes": (None if args.server == "engine" else
+                                     drivers.client_processes(args.client_processes, concurrency)),
                 **target.settings, **extra}
     settings["num_gpus"] = settings["tp_size"]
     return {"schema": SCHEMA, "label": label, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
