@@ -110,9 +110,8 @@ def run_process_level(make_client: Callable[[], object], items: list[WorkItem], 
     ``close()``; picklable: the processes are spawned, so no socket or gRPC channel crosses a fork). They start
     sending together (a barrier after their clients are up); the wall time runs from the first send to the last response of any of them.
 
-    Why: one Python process that reads every stream's chunks under one interpreter lock caps what it can see. A
-    stand-in server sending one chunk per stream every 2 ms (64 streams, 32k chunks/s) was read at 24.9k tok/s by
-    one client process and at 29.9k by four (a 2-core machine)."""
+    Why: one Python process that reads every stream's chunks under one interpreter lock caps what it can see
+    (``bench/client_capacity.py``: a stand-in server of known pace, read by one and by several processes)."""
     processes = max(1, min(processes, concurrency, len(items)))
     ctx = multiprocessing.get_context("spawn")
     results, start = ctx.Queue(), ctx.Barrier(processes, timeout=600)
