@@ -284,11 +284,11 @@ def render_headline(results: Path) -> str:
             provenance_note(d, name)
 
     # the shipped drafter's run (one H200); the v5 drafter's on the H100 has its own section further down
-    for name in ("e2e_smollm2_h200.json",):
-        d = _load(results, name)
-        gpu = (rows_gpu(d["rows"]) or d["provenance"]["device"].get("gpu", "GPU")).replace("NVIDIA ", "").split()[0]
-        row(f"SmolLM2-135M + {smollm2_drafter(results, d, 'drafter', name)}, one {gpu}, in-process, "
-            "HumanEval: DFlash (adaptive policy) over AR, tokens/s per user", lambda name=name: e2e(name))
+    e2e_name = "e2e_smollm2_h200.json"
+    d = _load(results, e2e_name)
+    gpu = (rows_gpu(d["rows"]) or d["provenance"]["device"].get("gpu", "GPU")).replace("NVIDIA ", "").split()[0]
+    row(f"SmolLM2-135M + {smollm2_drafter(results, d, 'drafter', e2e_name)}, one {gpu}, in-process, "
+        "HumanEval: DFlash (adaptive policy) over AR, tokens/s per user", lambda: e2e(e2e_name))
     row(f"how the shipped drafter ({list(DRAFTER_RUNS)[-1]}) was made", drafter_run)
     row("gpt-oss-120b decode step at batch 1, one H100 (MXFP4 experts, Triton kernels)", gpt_oss)
     return "\n".join([*_table_head("measured", "figure", "source"), *rows]) + "\n"
@@ -485,7 +485,8 @@ def render_sweep_v3(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_e2e(results: Path, name: str = "e2e_smollm2_h200.json", before: str | None = "e2e_smollm2_h200_v4.json") -> str:
+def render_e2e(results: Path, name: str = "e2e_smollm2_h200.json",
+               before: str | None = "e2e_smollm2_h200_v4.json") -> str:
     """End to end with a shipped drafter (benchmarks/e2e_smollm2.sh): AR vs DFlash vs adaptive per dataset and
     concurrency, in-process and through dflash-openai; tokens/s per user, the ratio to AR under each."""
     d = _load(results, name)
@@ -516,15 +517,14 @@ def render_e2e(results: Path, name: str = "e2e_smollm2_h200.json", before: str |
     if missing:
         notes.append("Not measured in this run: " + ", ".join(missing) + ".")
     if before:   # the drafter this run's replaced, same recipe and kind of GPU
-        b = _load(results, before)["summary"]
-        notes.append(f"With {smollm2_drafter(results, _load(results, before), 'drafter', before)} (`{before}`), "
-                     f"DFlash block 16 over AR at concurrency 1: HumanEval {b['dflash_over_ar_tok_s_b1_humaneval']:.2f}x "
-                     f"in-process, {b['dflash_over_ar_tok_s_b1_humaneval_openai']:.2f}x through dflash-openai; "
-                     f"MT-Bench {b['dflash_over_ar_tok_s_b1_mtbench']:.2f}x / {b['dflash_over_ar_tok_s_b1_mtbench_openai']:.2f}x "
-                     f"(now {d['summary']['dflash_over_ar_tok_s_b1_humaneval']:.2f}x / "
-                     f"{d['summary']['dflash_over_ar_tok_s_b1_humaneval_openai']:.2f}x and "
-                     f"{d['summary']['dflash_over_ar_tok_s_b1_mtbench']:.2f}x / "
-                     f"{d['summary']['dflash_over_ar_tok_s_b1_mtbench_openai']:.2f}x)")
+        old, b, s = _load(results, before), _load(results, before)["summary"], d["summary"]
+
+        def pairs(x):
+            return (f"HumanEval {x['dflash_over_ar_tok_s_b1_humaneval']:.2f}x / "
+                    f"{x['dflash_over_ar_tok_s_b1_humaneval_openai']:.2f}x, MT-Bench "
+                    f"{x['dflash_over_ar_tok_s_b1_mtbench']:.2f}x / {x['dflash_over_ar_tok_s_b1_mtbench_openai']:.2f}x")
+        notes.append(f"With {smollm2_drafter(results, old, 'drafter', before)} (`{before}`), DFlash block 16 over "
+                     f"AR at concurrency 1, in-process / through dflash-openai: {pairs(b)} (now {pairs(s)})")
     lines += ["", "\n".join(textwrap.wrap("Note: " + _sentences(notes), 115))]
     return "\n".join(lines) + "\n"
 

@@ -289,7 +289,7 @@ def test_client_processes_auto_and_refusals(tmp_path, monkeypatch):
     from trtllm_dflash.bench import drivers
     monkeypatch.setattr(drivers.os, "cpu_count", lambda: 16)
     assert [drivers.client_processes(0, c) for c in (1, 32, 33, 64, 256)] == [1, 1, 2, 2, 4]
-    assert drivers.client_processes(3, 1) == 3
+    assert drivers.client_processes(3, 8) == 3 and drivers.client_processes(3, 2) == 2   # never more than in flight
     monkeypatch.setattr(drivers.os, "cpu_count", lambda: 2)
     assert drivers.client_processes(0, 256) == 1
     with pytest.raises(DFlashError, match="--client_processes"):

@@ -96,10 +96,11 @@ def run_threaded_level(send: Callable[[int, WorkItem], RequestRecord], items: li
 
 
 def client_processes(setting: int, concurrency: int) -> int:
-    """Client processes for a level: ``setting`` when > 0; 0 = auto: one per 32 requests in flight, at most a
-    quarter of this machine's cores (so the client leaves the server most of them), at least one."""
+    """Client processes for a level: ``setting`` when > 0 (no more than the requests in flight); 0 = auto: one per
+    32 requests in flight, at most a quarter of this machine's cores (so the client leaves the server most of
+    them), at least one."""
     if setting > 0:
-        return setting
+        return min(setting, concurrency)
     return max(1, min(math.ceil(concurrency / 32), (os.cpu_count() or 1) // 4))
 
 
@@ -108,7 +109,8 @@ def run_process_level(make_client: Callable[[], object], items: list[WorkItem], 
     """``run_threaded_level`` over ``processes`` client processes, each with its share of the requests in flight
     and of the items, each with its own client from ``make_client()`` (``send(i, item) -> RequestRecord`` and
     ``close()``; picklable: the processes are spawned, so no socket or gRPC channel crosses a fork). They start
-    sending together (a barrier after their clients are up); the wall time runs from the first send to the last response of any of them.
+    sending together (a barrier after their clients are up); the wall time runs from the first send to the last
+    response of any of them.
 
     Why: one Python process that reads every stream's chunks under one interpreter lock caps what it can see
     (``bench/client_capacity.py``: a stand-in server of known pace, read by one and by several processes)."""

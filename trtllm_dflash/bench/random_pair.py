@@ -7,8 +7,8 @@ sharding, the servers) without the real weights.
 
 writes ``OUT/target`` (config.json, model-0000K-of-0000N.safetensors + model.safetensors.index.json, bf16) and
 ``OUT/drafter`` (the model's public DFlash drafter config, random weights). Each target tensor is drawn from its
-own seed (crc32 of its name), as ``bench.tp`` draws its in-memory shards, so the two benchmarks measure the same
-weights. Acceptance with a random drafter is ~1: the figures are step costs and the serving path, not speed-ups.
+own seed (crc32 of its name), as ``bench.tp`` draws its in-memory shards: drawn on a GPU (the default there), the
+target's weights are the ones that benchmark measures. Acceptance with a random drafter is ~1: the figures are step costs and the serving path, not speed-ups.
 ``--smoke`` writes the same architecture at tiny widths (bench.step's ``shrink``) for a CPU check.
 """
 from __future__ import annotations
@@ -41,7 +41,8 @@ def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
 
 
 def random_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
-    """Norm weights 1, the rest N(0, 0.02) from the tensor's own seed (the same draw as bench.tp's shards)."""
+    """Norm weights 1, the rest N(0, 0.02) from the tensor's own seed (bench.tp's draw when ``device`` is CUDA;
+    the CPU generator gives other numbers for the same seed)."""
     if name.endswith("norm.weight"):
         return torch.ones(shape, dtype=dtype, device=device)
     g = torch.Generator(device).manual_seed(zlib.crc32(name.encode()))
