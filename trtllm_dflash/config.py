@@ -85,8 +85,10 @@ class RuntimeConfig:
     # (runtime/kernels/). On the CPU's torch path in bfloat16 / float16: matmul attention for prefill as for decode,
     # its two products in float64 (no SDPA, and the CPU's half-precision batched matmul sums in an order that depends
     # on the batch; prefill attention 3-20x slower there); float32 on the CPU is left as it is (its BLAS is not
-    # row-invariant). Not on the torch path on CUDA (cuBLAS and SDPA pick their tiling by shape), nor gpt-oss's
-    # experts. False: the fastest kernels per shape. Off by default for its cost at larger batches: a decode step
+    # row-invariant). gpt-oss's MXFP4 experts (mxfp4_moe='triton'): one tile for every token count
+    # (mxfp4_moe.invariant_tiles: the mma variant, no split-K) and the router on the Triton GEMM; checked in Triton's
+    # interpreter, not yet on a GPU. Not on the torch path on CUDA (cuBLAS and SDPA pick their tiling by shape; the
+    # dequantised experts are such a path). False: the fastest kernels per shape. Off by default for its cost at larger batches: a decode step
     # 1.01-1.05x at batch 1 but 1.38x at batch 64 on an H200 (Qwen3-8B shapes; every prefill GEMM leaves cuBLAS for
     # the Triton GEMM; benchmarks/results/bit_exact_h200.json). What it buys, measured: under a 64-stream load on an
     # H100 every greedy answer equalled the same request alone (21,945 of 21,945; 44% differed with it off:

@@ -118,6 +118,38 @@ def test_variants_in_the_interpreter(name, N, ep):
     assert all(int(c.abs().sum()) == 0 for c in arrival._counters.values())
 
 
+def _one_token_in_batches(dev, dtype, E_all, k, H, I, sizes, tiles=None):
+    """Token 0's output, computed alone and as row 0 of batches of ``sizes`` tokens (the others random, so they
+    share its experts or not), under the batch-invariant mode: every result as bits, and the float64 reference."""
+    w = random_experts(E_all, H, I, dev, seed=7)
+    g = torch.Generator(dev).manual_seed(8)
+    x = torch.randn(max(sizes), H, device=dev, generator=g).to(dtype)
+    ids, weights = routing(max(sizes), k, E_all, dev, seed=9)
+    from trtllm_dflash.runtime import mxfp4_moe
+    outs = [mxfp4_moe.fused_experts(x[:n], ids[:n], weights[:n], w["gu_blocks"], w["gu_scales"], w["gu_bias"],
+                                    w["dn_blocks"], w["dn_scales"], w["dn_bias"], first=0, num_experts=E_all,
+                                    limit=LIMIT, alpha=SWIGLU_ALPHA, tiles=tiles, invariant=True)[0]
+            for n in sizes]
+    return outs, reference(x[:1], ids[:1], weights[:1], w, 0)[0]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_batch_invariant_tiles_give_a_token_the_same_bits_in_any_batch():
+    """RuntimeConfig.batch_invariant on the MXFP4 experts: one tile for every token count (invariant_tiles), so a
+    token's output does not depend on how many tokens share the call or their experts; still the float64 result."""
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter runs only where no GPU is visible (the gpu test below covers CUDA)")
+    triton_or_skip()
+    from trtllm_dflash.runtime import mxfp4_moe
+    t = mxfp4_moe.invariant_tiles(torch.device("cpu"))
+    assert (t.variant, t.block_m, t.split_k, t.dot_scaled) == ("mma", 16, 1, False)
+    outs, ref = _one_token_in_batches(torch.device("cpu"), torch.float32, 4, 2, 64, 96, [1, 2, 5, 21])
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    assert rel(outs[0][None], ref[None]) < 1e-5
+    # the default rule's tiles change with the token count: gemv alone, mma with split-K at 21 tokens
+    assert mxfp4_moe.default_tiles(1, 2, 4).variant == "gemv" and mxfp4_moe.default_tiles(21, 2, 4).variant == "mma"
+
+
 @pytest.mark.usefixtures("one_torch_thread")
 def test_routing_trace_drives_the_kernels_in_a_step():
     """gpt_oss_step's routing traces on the MXFP4 backend: a 4-request AR step of the tiny target (gemv) runs
@@ -365,3 +397,15 @@ def test_the_gemv_loop_cost_is_read_off_the_hopper_sass():
         # the row loop sits inside the K-step loop; every value costs at least its FMA and decode
         assert 0 < r["row_loop_instructions"] < r["loop_instructions_1_token"]
         assert 2 < r["instructions_per_value_1_token"] < 64 and r["h100_issue_bound_tb_per_s_1_token"] > 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("model", list(SHAPES))
+def test_batch_invariant_tiles_on_the_gpu(model):
+    """The same on CUDA in bf16 at gpt-oss shapes: one token alone, in a decode batch, a DFlash block's worth and a
+    prefill chunk's: the same bits, within 1e-2 of float64 (the module docstring's tolerance)."""
+    (E, H, I), k = SHAPES[model], 4   # gpt-oss routes each token to 4 experts
+    outs, ref = _one_token_in_batches(torch.device("cuda"), torch.bfloat16, E, k, H, I, [1, 4, 16, 64, 300])
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    assert rel(outs[0].double()[None], ref[None]) < 1e-2

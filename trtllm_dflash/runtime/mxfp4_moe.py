@@ -119,6 +119,23 @@ def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     return TileConfig(block_m=16 if per_expert <= 16 else 32 if per_expert <= 48 else 64)
 
 
+def invariant_tiles(device: torch.device) -> TileConfig:
+    """The batch-invariant mode's tiles (RuntimeConfig.batch_invariant), one for every token count: a pair row's
+    result may depend on nothing but its own token and expert. default_tiles' rule changes the variant (gemv's FMA
+    order against mma's tl.dot), block_m and the split of K with the call's token count, and each of those changes
+    a row's float32 sums. Here: the mma variant at block_m 16 (a pair's row block holds whichever other pairs share
+    its expert; tl.dot computes each row alike whatever the others are), no split of K (one float32 sum per output
+    in K order), so the [N * k, H] pair rows are rounded to x's dtype and the k rows of a token summed in slot
+    order, at every size. The cost is the decode sizes' speed (gemv and split-K are what make them fast).
+    ``dot_scaled`` on CUDA only (Triton's interpreter runs the explicit E2M1 decode)."""
+    return _invariant_tiles(device.type == "cuda")
+
+
+@functools.cache
+def _invariant_tiles(dot_scaled: bool) -> TileConfig:
+    return TileConfig(variant="mma", block_m=16, block_n=64, block_k=128, split_k=1, dot_scaled=dot_scaled)
+
+
 @triton.jit
 def _route_kernel(ids_ptr, P, first, num_local, sorted_ptr, block_expert_ptr, num_blocks_ptr,
                   BM: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr):
@@ -650,16 +667,18 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                   gu_blocks: torch.Tensor, gu_scales: torch.Tensor, gu_bias: torch.Tensor,
                   dn_blocks: torch.Tensor, dn_scales: torch.Tensor, dn_bias: torch.Tensor | None,
                   first: int, num_experts: int, limit: float, alpha: float,
-                  tiles: TileConfig | None = None) -> torch.Tensor:
+                  tiles: TileConfig | None = None, invariant: bool = False) -> torch.Tensor:
     """x [N, H]; ids, weights [N, k] (global expert ids, routing weights) -> this rank's partial sum [N, H].
 
     gu_blocks [E, 2I, H/32, 16] / gu_scales [E, 2I, H/32] (rows gate0, up0, gate1, ...), gu_bias [E, 2I];
     dn_blocks [E, H, I/32, 16] / dn_scales [E, H, I/32], dn_bias [E, H] or None (added by another rank).
-    Pairs routed to experts outside [first, first + E) contribute 0 (expert parallelism over ``num_experts``)."""
+    Pairs routed to experts outside [first, first + E) contribute 0 (expert parallelism over ``num_experts``).
+    ``invariant``: the batch-invariant mode's tiles (invariant_tiles) unless ``tiles`` names others."""
     N, k = ids.shape
     E, two_i, G, _ = gu_blocks.shape
     H, I = x.shape[1], two_i // 2
-    t = tiles or default_tiles(N, k, E)   # checked when it was made (TileConfig.__post_init__)
+    # checked when it was made (TileConfig.__post_init__)
+    t = tiles or (invariant_tiles(x.device) if invariant else default_tiles(N, k, E))
     mode = VARIANTS.index(t.variant)
     # MMA operand / activation type: bf16 on CUDA; float32 in Triton's CPU interpreter (numpy has no bf16)
     cdt, act_dtype = (tl.bfloat16, torch.bfloat16) if x.device.type == "cuda" else (tl.float32, torch.float32)

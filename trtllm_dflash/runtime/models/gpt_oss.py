@@ -223,9 +223,10 @@ class Mxfp4Experts(nn.Module):
     [E, rows, K / 32] E8M0, rows = outputs; gate_up rows interleaved gate0, up0, ...) and run by the fused
     Triton kernels of runtime/mxfp4_moe.py (CUDA only). Same interface and result as Experts (bf16 rounding)."""
 
-    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int):
+    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, invariant: bool = False):
         super().__init__()
         self._layout = (c, tp, ep_size)
+        self.invariant = invariant   # Kernels.batch_invariant: mxfp4_moe.invariant_tiles at every token count
         ep_rank, moe_tp, moe_rank = expert_layout(tp.size, tp.rank, ep_size)
         self.num_local, self.limit, self.num_experts = c.num_experts // ep_size, c.swiglu_limit, c.num_experts
         self.first = ep_rank * self.num_local
@@ -252,7 +253,8 @@ class Mxfp4Experts(nn.Module):
         return mxfp4_moe.fused_experts(
             x, experts, weights, self.gate_up_proj_blocks, self.gate_up_proj_scales, self.gate_up_proj_bias,
             self.down_proj_blocks, self.down_proj_scales, self.down_proj_bias if self.moe_rank == 0 else None,
-            first=self.first, num_experts=self.num_experts, limit=self.limit, alpha=SWIGLU_ALPHA)
+            first=self.first, num_experts=self.num_experts, limit=self.limit, alpha=SWIGLU_ALPHA,
+            invariant=self.invariant)
 
     def dequantized(self, dtype: torch.dtype) -> Experts:
         """The same experts as an Experts module in ``dtype`` on the same device: the reference path."""
@@ -270,22 +272,29 @@ MOE_KERNELS = {"dequant": Experts, "triton": Mxfp4Experts}
 
 
 class MoE(nn.Module):
-    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, moe_kernel: str = "dequant"):
+    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, moe_kernel: str = "dequant",
+                 kernels: Kernels = TORCH):
         super().__init__()
         self.router = nn.Linear(c.hidden_size, c.num_experts, bias=True)  # replicated
-        self.experts = MOE_KERNELS[moe_kernel](c, tp, ep_size)
-        self.top_k, self.tp = c.experts_per_token, tp
+        # the batch-invariant mode reaches the MXFP4 kernel's tiles; the dequantised experts are torch matmuls,
+        # invariant where the rest of the torch path is (half precision on the CPU), not on CUDA
+        self.experts = (Mxfp4Experts(c, tp, ep_size, invariant=kernels.batch_invariant) if moe_kernel == "triton"
+                        else MOE_KERNELS[moe_kernel](c, tp, ep_size))
+        self.top_k, self.tp, self.kernels = c.experts_per_token, tp, kernels
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """x [..., hidden] -> [..., hidden]. ``fused``: the router's top-k + softmax in one Triton kernel after its
         GEMM (kernels/router.py): the same ids and weights up to the weights' last rounding."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])                                          # [N, hidden]
+        # In the batch-invariant mode the router's GEMM is the Triton GEMM's fixed tile too: cuBLAS picks its
+        # tiles by the row count, and a last-bit change of a logit can swap a near-tie expert.
+        logits = project(self.kernels, self.router, x) if self.kernels.batch_invariant else self.router(x)
         if fused:
             from ..kernels import router
-            top_ids, weights = router.topk_softmax(self.router(x), self.top_k)   # [N, k] int64, [N, k]
+            top_ids, weights = router.topk_softmax(logits, self.top_k)       # [N, k] int64, [N, k]
         else:
-            top_logits, top_ids = self.router(x).topk(self.top_k, dim=-1)    # [N, k]
+            top_logits, top_ids = logits.topk(self.top_k, dim=-1)            # [N, k]
             weights = torch.softmax(top_logits, dim=-1)                      # softmax over the k chosen only
         return self.tp.all_reduce(self.experts(x, top_ids, weights)).view(shape)
 
@@ -297,7 +306,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
         self.self_attn = Attention(c, tp, sliding, kernels)
         self.post_attention_layernorm = GptOssRMSNorm(c.hidden_size, c.rms_norm_eps, kernels)
-        self.mlp = MoE(c, tp, ep_size, moe_kernel)
+        self.mlp = MoE(c, tp, ep_size, moe_kernel, kernels)
 
     def forward(self, h, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
                 next_norm: GptOssRMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
