@@ -4,6 +4,7 @@ prints and writes parses into the run's figures."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -41,7 +42,10 @@ def test_a_real_run_parses(pair, tmp_path, capsys):
     assert run["printed_median_speedup"] == sorted(run["round_speedups"])[1]
     assert run["blocks_ran"] and run["blocks_ran"].startswith("block ")       # the adaptive policy's line was found
     assert run["last_choice"] and "last choice" not in run["last_choice"]
-    assert run["stalled_periods_left_out"] == 0
+    # how many periods the policy left out depends on the machine's load (a busy CPU stalls steps): the parse
+    # must agree with the line dflash-generate printed, whatever the count
+    said = re.search(r"(\d+) stalled step period", stderr)
+    assert run["stalled_periods_left_out"] == (int(said.group(1)) if said else 0)
 
 
 def test_stalls_and_the_worst_three_in_a_row():
