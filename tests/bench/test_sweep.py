@@ -3,6 +3,7 @@
 endpoint (a local fake trtllm-serve), a real Triton server on the demo deployment, and TP ranks under mpiexec."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -162,21 +163,29 @@ class FakeOpenAI(BaseHTTPRequestHandler):
             leave()
 
 
-def test_openai_endpoint_closed_loop(tmp_path, smollm2_dir):
+@contextlib.contextmanager
+def fake_openai():
+    """FakeOpenAI on a free port, its record of requests emptied: yields host:port."""
+    FakeOpenAI.bodies, FakeOpenAI.peak, FakeOpenAI.live = [], 0, 0
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    out = tmp_path / "openai.jsonl"
     try:
-        assert sweep.main(["--server", "openai", "--url", f"127.0.0.1:{server.server_port}", "--tokenizer",
+        yield f"127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+
+
+def test_openai_endpoint_closed_loop(tmp_path, smollm2_dir):
+    out = tmp_path / "openai.jsonl"
+    with fake_openai() as url:
+        assert sweep.main(["--server", "openai", "--url", url, "--tokenizer",
                            str(smollm2_dir), "--label", "EAGLE-3", "--tp_size", "2", "--block_size", "4",
                            "--concurrency", "3", "--num_requests", "9", "--warmup", "0", "--max_new_tokens", "9",
                            "--ignore_eos", "--dataset", "random", "--input_len", "16", "--out", str(out)]) == 0
         one = tmp_path / "unstreamed.jsonl"
-        assert sweep.main(["--server", "openai", "--url", f"127.0.0.1:{server.server_port}", "--tokenizer",
+        assert sweep.main(["--server", "openai", "--url", url, "--tokenizer",
                            str(smollm2_dir), "--no_streaming", "--concurrency", "2", "--num_requests", "2",
                            "--warmup", "0", "--max_new_tokens", "5", "--out", str(one)]) == 0
-    finally:
-        server.shutdown()
     (unstreamed,) = read_rows(one)
     m = unstreamed["metrics"]
     assert m["osl"]["mean"] == 5.0 and m["tok_s_user"] is None and m["tok_s_user_e2e"] > 0   # no TPOT without a stream
@@ -267,17 +276,12 @@ def test_tp2_engine_sweep_under_mpiexec(tiny_target_with_tokenizer, tmp_path):
 def test_openai_endpoint_over_client_processes(tmp_path, smollm2_dir):
     """--client_processes 3: three spawned clients share the level, each with its own HTTP client and tokenizer;
     still a closed loop of 3 in flight, every request once with its own seed, one row."""
-    FakeOpenAI.bodies, FakeOpenAI.peak, FakeOpenAI.live = [], 0, 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     out = tmp_path / "procs.jsonl"
-    try:
-        assert sweep.main(["--server", "openai", "--url", f"127.0.0.1:{server.server_port}", "--tokenizer",
+    with fake_openai() as url:
+        assert sweep.main(["--server", "openai", "--url", url, "--tokenizer",
                            str(smollm2_dir), "--client_processes", "3", "--block_size", "4", "--concurrency", "3",
                            "--num_requests", "9", "--warmup", "0", "--max_new_tokens", "6", "--ignore_eos",
                            "--dataset", "random", "--input_len", "16", "--seed", "100", "--out", str(out)]) == 0
-    finally:
-        server.shutdown()
     (row,) = read_rows(out)
     check_row(row, 3)
     assert row["settings"]["client_processes"] == 3 and row["metrics"]["num_requests"] == 9
