@@ -25,7 +25,7 @@ from trtllm_dflash.bench import drivers
 from trtllm_dflash.bench.endpoints import OpenAIClient
 from trtllm_dflash.bench.metrics import summarize
 from trtllm_dflash.bench.workload import WorkItem
-from trtllm_dflash.errors import exit_code
+from trtllm_dflash.errors import DFlashError, exit_code
 from trtllm_dflash.provenance import record
 from trtllm_dflash.serving.launch import free_loopback_port
 
@@ -107,12 +107,16 @@ def main(argv=None) -> int:
                                                                                     args.tokens), daemon=True)
     server.start()
     make = _PacedClient(f"127.0.0.1:{port}", args.tokens)
-    for _ in range(100):   # up when it lists its model
+    for _ in range(300):   # up when it lists its model
         try:
             make()
             break
-        except Exception:  # noqa: BLE001 - not listening yet
+        except DFlashError:   # not listening yet
             time.sleep(0.1)
+    else:
+        server.kill()
+        raise DFlashError("stand-in server", f"not listening on 127.0.0.1:{port} after 30 s",
+                          "check that this machine allows loopback sockets, then run it again")
     rows = []
     try:
         for c in levels:
