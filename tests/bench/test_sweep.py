@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -273,15 +274,25 @@ def test_tp2_engine_sweep_under_mpiexec(tiny_target_with_tokenizer, tmp_path):
         assert row["metrics"]["tok_s_gpu"] == pytest.approx(row["metrics"]["total_tok_s"] / 2)
 
 
+def _in_a_process_of_its_own(args: list[str]) -> subprocess.CompletedProcess:
+    """python ARGS in a child process: spawning client processes starts multiprocessing's resource tracker, a
+    child that lives as long as its parent, which must not be this test process (tests elsewhere check that a
+    server leaves this process no children)."""
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
 def test_openai_endpoint_over_client_processes(tmp_path, smollm2_dir):
     """--client_processes 3: three spawned clients share the level, each with its own HTTP client and tokenizer;
     still a closed loop of 3 in flight, every request once with its own seed, one row."""
     out = tmp_path / "procs.jsonl"
     with fake_openai() as url:
-        assert sweep.main(["--server", "openai", "--url", url, "--tokenizer",
-                           str(smollm2_dir), "--client_processes", "3", "--block_size", "4", "--concurrency", "3",
-                           "--num_requests", "9", "--warmup", "0", "--max_new_tokens", "6", "--ignore_eos",
-                           "--dataset", "random", "--input_len", "16", "--seed", "100", "--out", str(out)]) == 0
+        run = _in_a_process_of_its_own([
+            "-m", "trtllm_dflash.bench.sweep", "--server", "openai", "--url", url, "--tokenizer", str(smollm2_dir),
+            "--client_processes", "3", "--block_size", "4", "--concurrency", "3", "--num_requests", "9", "--warmup",
+            "0", "--max_new_tokens", "6", "--ignore_eos", "--dataset", "random", "--input_len", "16", "--seed", "100",
+            "--out", str(out)])
+    assert run.returncode == 0, run.stderr[-3000:]
     (row,) = read_rows(out)
     check_row(row, 3)
     assert row["settings"]["client_processes"] == 3 and row["metrics"]["num_requests"] == 9
@@ -301,13 +312,21 @@ def test_client_processes_auto_and_refusals(tmp_path, monkeypatch):
 
 
 def test_a_client_process_that_cannot_start_fails_the_level_with_its_reason(smollm2_dir):
-    import functools
-    from trtllm_dflash.bench import drivers
-    from trtllm_dflash.bench.endpoints import open_client
-    from trtllm_dflash.bench.workload import WorkItem
-    make = functools.partial(open_client, "openai", "127.0.0.1:9", str(smollm2_dir), max_tokens=4, temperature=0.0,
-                             seed=0, ignore_eos=True)   # port 9: nothing listens, so listing the models fails
+    script = f"""
+import functools
+from trtllm_dflash.bench import drivers
+from trtllm_dflash.bench.endpoints import open_client
+from trtllm_dflash.bench.workload import WorkItem
+# port 9: nothing listens, so listing the models fails
+make = functools.partial(open_client, "openai", "127.0.0.1:9", {str(smollm2_dir)!r}, max_tokens=4, temperature=0.0,
+                         seed=0, ignore_eos=True)
+try:
+    drivers.run_process_level(make, [WorkItem((1, 2), "hi")] * 4, 2, 2)
+except RuntimeError as err:
+    print(err)
+"""
     t0 = time.perf_counter()
-    with pytest.raises(RuntimeError, match="client process . of 2 failed: DFlashError: --url: cannot list models"):
-        drivers.run_process_level(make, [WorkItem((1, 2), "hi")] * 4, 2, 2)
+    run = _in_a_process_of_its_own(["-c", script])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"client process . of 2 failed: DFlashError: --url: cannot list models", run.stdout), run.stdout
     assert time.perf_counter() - t0 < 120   # the other process is released from the start barrier, no hang
