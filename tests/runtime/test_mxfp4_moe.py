@@ -141,7 +141,7 @@ def test_batch_invariant_tiles_give_a_token_the_same_bits_in_any_batch():
         pytest.skip("the interpreter runs only where no GPU is visible (the gpu test below covers CUDA)")
     triton_or_skip()
     from trtllm_dflash.runtime import mxfp4_moe
-    t = mxfp4_moe.invariant_tiles(torch.device("cpu"))
+    t = mxfp4_moe.invariant_tiles(cuda=False)
     assert (t.variant, t.block_m, t.split_k, t.dot_scaled) == ("mma", 16, 1, False)
     outs, ref = _one_token_in_batches(torch.device("cpu"), torch.float32, 4, 2, 64, 96, [1, 2, 5, 21])
     assert all(torch.equal(o, outs[0]) for o in outs[1:])

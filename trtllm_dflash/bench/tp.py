@@ -18,13 +18,13 @@ import json
 import os
 import sys
 import tempfile
-import zlib
 from pathlib import Path
 
 import torch
 
 
 from trtllm_dflash import model_config
+from trtllm_dflash.bench import random_pair
 from trtllm_dflash.bench.step import profile_steps, target_config, time_engine
 from trtllm_dflash.bench.tp_allreduce import measure, parse_size
 from trtllm_dflash.bench.tp_flags import add_rank_engine_flags
@@ -64,16 +64,11 @@ def kv_heads(cfg: dict) -> int:
 def shards_8b(name: str, tp, work: Path, max_seq: int, kernels: Kernels):
     """This rank's shard of random target + drafter weights (identical full weights on every rank), built with
     ``kernels`` (Kernels.choose of the engine's RuntimeConfig)."""
-    import transformers
     tcfg, dcfg = target_config(name), dict(PUBLIC_CONFIGS[KNOWN_MODELS[name].drafter])
-    hf_cfg = transformers.AutoConfig.for_model(tcfg["model_type"], **{k: v for k, v in tcfg.items() if k != "model_type"})
-    with torch.device("meta"):
-        meta = transformers.AutoModelForCausalLM.from_config(hf_cfg)
     pre = {}
-    for pname, p in meta.named_parameters():
-        g = torch.Generator("cuda").manual_seed(zlib.crc32(pname.encode()))
-        full = (torch.ones(p.shape, dtype=torch.bfloat16, device="cuda") if pname.endswith("norm.weight") else
-                torch.empty(p.shape, dtype=torch.bfloat16, device="cuda").normal_(0, 0.02, generator=g))
+    # the same per-tensor draws as the random checkpoints random_pair writes to disk (for benchmarks that load one)
+    for pname, shape in random_pair.tensor_shapes(tcfg).items():
+        full = random_pair.random_tensor(pname, shape, torch.bfloat16, "cuda")
         pre[f"target.{pname}"] = slice_for_rank(pname, full, tp.size, tp.rank,
                                                 num_kv_heads=kv_heads(tcfg)).clone()
         del full

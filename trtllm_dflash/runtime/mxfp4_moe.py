@@ -119,7 +119,8 @@ def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     return TileConfig(block_m=16 if per_expert <= 16 else 32 if per_expert <= 48 else 64)
 
 
-def invariant_tiles(device: torch.device) -> TileConfig:
+@functools.cache   # a pure function of a bool (TileConfig is frozen), called per MoE layer per step
+def invariant_tiles(cuda: bool) -> TileConfig:
     """The batch-invariant mode's tiles (RuntimeConfig.batch_invariant), one for every token count: a pair row's
     result may depend on nothing but its own token and expert. default_tiles' rule changes the variant (gemv's FMA
     order against mma's tl.dot), block_m and the split of K with the call's token count, and each of those changes
@@ -127,13 +128,8 @@ def invariant_tiles(device: torch.device) -> TileConfig:
     its expert; tl.dot computes each row alike whatever the others are), no split of K (one float32 sum per output
     in K order), so the [N * k, H] pair rows are rounded to x's dtype and the k rows of a token summed in slot
     order, at every size. The cost is the decode sizes' speed (gemv and split-K are what make them fast).
-    ``dot_scaled`` on CUDA only (Triton's interpreter runs the explicit E2M1 decode)."""
-    return _invariant_tiles(device.type == "cuda")
-
-
-@functools.cache
-def _invariant_tiles(dot_scaled: bool) -> TileConfig:
-    return TileConfig(variant="mma", block_m=16, block_n=64, block_k=128, split_k=1, dot_scaled=dot_scaled)
+    ``cuda``: tl.dot_scaled there; Triton's interpreter runs the explicit E2M1 decode."""
+    return TileConfig(variant="mma", block_m=16, block_n=64, block_k=128, split_k=1, dot_scaled=cuda)
 
 
 @triton.jit
@@ -678,7 +674,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     E, two_i, G, _ = gu_blocks.shape
     H, I = x.shape[1], two_i // 2
     # checked when it was made (TileConfig.__post_init__)
-    t = tiles or (invariant_tiles(x.device) if invariant else default_tiles(N, k, E))
+    t = tiles or (invariant_tiles(x.device.type == "cuda") if invariant else default_tiles(N, k, E))
     mode = VARIANTS.index(t.variant)
     # MMA operand / activation type: bf16 on CUDA; float32 in Triton's CPU interpreter (numpy has no bf16)
     cdt, act_dtype = (tl.bfloat16, torch.bfloat16) if x.device.type == "cuda" else (tl.float32, torch.float32)

@@ -181,9 +181,11 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.T
 
 
 class Experts(nn.Module):
-    """This rank's experts ([first, first + num_local)) and intermediate channels, in the HF layout."""
+    """This rank's experts ([first, first + num_local)) and intermediate channels, in the HF layout. Torch
+    matmuls: batch-invariant where the torch path is (half precision on the CPU), not on CUDA, whatever
+    ``invariant`` says (taken for the same interface as Mxfp4Experts)."""
 
-    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int):
+    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, invariant: bool = False):
         super().__init__()
         ep_rank, moe_tp, moe_rank = expert_layout(tp.size, tp.rank, ep_size)
         self.num_local, self.limit = c.num_experts // ep_size, c.swiglu_limit
@@ -276,10 +278,7 @@ class MoE(nn.Module):
                  kernels: Kernels = TORCH):
         super().__init__()
         self.router = nn.Linear(c.hidden_size, c.num_experts, bias=True)  # replicated
-        # the batch-invariant mode reaches the MXFP4 kernel's tiles; the dequantised experts are torch matmuls,
-        # invariant where the rest of the torch path is (half precision on the CPU), not on CUDA
-        self.experts = (Mxfp4Experts(c, tp, ep_size, invariant=kernels.batch_invariant) if moe_kernel == "triton"
-                        else MOE_KERNELS[moe_kernel](c, tp, ep_size))
+        self.experts = MOE_KERNELS[moe_kernel](c, tp, ep_size, invariant=kernels.batch_invariant)
         self.top_k, self.tp, self.kernels = c.experts_per_token, tp, kernels
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
