@@ -204,6 +204,11 @@ def provenance_note(data: dict, name: str) -> str:
     raise NoCommit(name, "records no commit")
 
 
+def commit_of(data: dict, name: str) -> str:
+    """provenance_note without the file: the commit, and the dirty tree's diff where it was dirty."""
+    return provenance_note(data, name).split(", ", 1)[1]
+
+
 def _ms(x: float) -> str:
     return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
 
@@ -328,7 +333,7 @@ def render_quickstart_repeat(results: Path) -> str:
              f"stall ({'/'.join(map(str, sorted(stalls)))} a run), five runs printed {span(g['stall_rule']['summary'])}; "
              f"with the cause gone, six more printed {span(g['gap_fixed']['summary'])}, DFlash == AR in "
              f"{g['gap_fixed']['summary']['runs_with_dflash_equal_ar']} of {len(g['gap_fixed']['runs'])} "
-             f"(`benchmarks/results/quickstart_repeat_cpu_gap.json`, {provenance_note(g, 'quickstart_repeat_cpu_gap.json').split(', ')[-1]}).")
+             f"(`benchmarks/results/quickstart_repeat_cpu_gap.json`, {commit_of(g, 'quickstart_repeat_cpu_gap.json')}).")
     name = "quickstart_repeat_cpu_v6.json"
     q = _load(results, name)
     text += (f" With {smollm2_drafter(results, q, 'drafter', name)}, {len(q['runs'])} quick starts in a row "
@@ -729,8 +734,8 @@ def render_bit_exact(results: Path) -> str:
     sm = s["smollm2_bf16"]
     lines = [f"**Batch-invariant mode** (`RuntimeConfig.batch_invariant`, off by default; `BITEXACT=check|step_on|step_off "
              f"bash benchmarks/kernels_gpu.sh bitexact`, {s['gpu']}; {provenance_note(d, name)}, from "
-             f"`cuda_check_bit_exact_h200.json` ({provenance_note(cc, 'cuda_check_bit_exact_h200.json').split(', ')[-1]}) and "
-             f"`step_bench_bi_{{on,off}}_h200.json`, {provenance_note(on, 'step_bench_bi_on_h200.json').split(', ')[-1]}): SmolLM2 + {smollm2_drafter(results, cc)} in **bf16**, DFlash == AR greedy on "
+             f"`cuda_check_bit_exact_h200.json` ({commit_of(cc, 'cuda_check_bit_exact_h200.json')}) and "
+             f"`step_bench_bi_{{on,off}}_h200.json`, {commit_of(on, 'step_bench_bi_on_h200.json')}): SmolLM2 + {smollm2_drafter(results, cc)} in **bf16**, DFlash == AR greedy on "
              f"{s['bf16_identical_prompts']} of {s['bf16_prompts']} prompts at block 16 (block 8: {sm['dflash_eq_ar_greedy_block8']}, "
              f"block 4: {sm['dflash_eq_ar_greedy_block4']}; 128 tokens), each request alone == in a batch of 8 for AR "
              f"({sm['ar_alone_eq_batch']}/8) and DFlash ({sm['dflash_alone_eq_batch']}/8); tiny Llama / Qwen3 pairs in bf16 "
@@ -755,7 +760,7 @@ def _bi_check_h100(results: Path) -> str:
     d = _load(results, name)
     bf16 = next(r for r in d["smollm2"] if r["dtype"] == "bfloat16")
     tiny = [r for r in d["tiny"] if r["dtype"] == "bfloat16"]
-    return (f"On an {d['gpu']} ({name}, {provenance_note(d, name).split(', ')[-1]}): SmolLM2 bf16 DFlash == AR on "
+    return (f"On an {d['gpu']} ({name}, {commit_of(d, name)}): SmolLM2 bf16 DFlash == AR on "
             f"{bf16['dflash_eq_ar_greedy']}/{bf16['n_prompts']} prompts at block 16 ({bf16['dflash_eq_ar_greedy_block8']} "
             f"at 8, {bf16['dflash_eq_ar_greedy_block4']} at 4), alone == batched {bf16['ar_alone_eq_batch']}/"
             f"{bf16['n_prompts']} AR and {bf16['dflash_alone_eq_batch']}/{bf16['n_prompts']} DFlash; tiny pairs in bf16 "
@@ -1012,7 +1017,7 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("gpu_tests_generate_h200.json", "gpu_tests_policy_h100.json", "gpu_tests_engine_h200.json",
+    files = ("gpu_tests_moe_invariant_h200.json", "gpu_tests_generate_h200.json", "gpu_tests_policy_h100.json", "gpu_tests_engine_h200.json",
              "gpu_tests_allreduce_h200x2.json",
              "gpu_tests_kernels_h200.json", "gpu_tests_smollm2_h200.json",
              "gpu_tests_kernels_a_h100.json", "gpu_tests_kernels_b_h100.json", "gpu_tests_sample_h100.json",
