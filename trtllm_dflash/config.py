@@ -98,9 +98,10 @@ class RuntimeConfig:
     # Tensor parallelism's all-reduce (TensorRT-LLM's allreduce_strategy, lower case; runtime/allreduce.py): "oneshot"
     # = messages up to 512 KB (a decode layer's) over CUDA peer memory (PyTorch symmetric memory), larger ones NCCL;
     # "nccl" = every message on NCCL; "auto" = oneshot where the GPUs map each other's memory, else NCCL. An explicit
-    # "oneshot" that cannot run (CPU / gloo, no peer access) is an error naming this field. NCCL by default until
-    # the one-shot path's tokens and time are measured on GPUs (tests/gpu/test_allreduce_cuda.py, bench.tp_allreduce).
-    allreduce_strategy: str = "nccl"
+    # "oneshot" that cannot run (CPU / gloo, no peer access) is an error naming this field. auto by default, as
+    # TensorRT-LLM's AUTO: on 2 and 4 H200s the one-shot call took 6.4-8.6 us where NCCL took 15-28 us up to 64 KB,
+    # and the tokens equal NCCL's (tests/gpu/test_allreduce_cuda.py; benchmarks/results/tp_h200x4/).
+    allreduce_strategy: str = "auto"
     # The old name of ``kernels`` (it switches far more than attention), still accepted because deployment
     # directories and scripts written before the rename carry it; it warns, and disagreeing with kernels is an error.
     attention_kernel: InitVar[str | None] = None

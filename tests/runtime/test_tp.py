@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.runtime import tp_run
+from trtllm_dflash.runtime import distributed
 from trtllm_dflash.runtime.shard import shard_dim, slice_for_rank
 
 HERE = Path(__file__).parent
@@ -22,6 +23,18 @@ def mpiexec() -> str:
     found = str(exe) if exe.exists() else shutil.which("mpiexec")
     assert found, "mpiexec not found: pip install 'trtllm-dflash[mpi]' (mpi4py + mpich)"
     return found
+
+
+def test_the_steps_travel_over_the_host_group(monkeypatch):
+    """Rank 0's SchedulerOutput goes over TPGroup.host (gloo: host memory and sockets), not the default group, whose
+    NCCL broadcast of an object queues behind the step the GPU runs and makes the other ranks wait on their GPU."""
+    seen = []
+    monkeypatch.setattr(distributed.dist, "broadcast_object_list",
+                        lambda box, src, group=None: seen.append((src, group)))
+    host = object()
+    distributed.TPGroup(0, 2, host=host).broadcast_object("step")
+    assert seen == [(0, host)]
+    assert distributed.TPGroup(0, 1).broadcast_object("step") == "step" and len(seen) == 1   # one process: no call
 
 
 @pytest.mark.mpi

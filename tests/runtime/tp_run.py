@@ -21,6 +21,8 @@ def run(target, drafter, tp_size, block_size=None, ep_size=1, prompts=PROMPTS, p
     has written (errors.leave_job), as the console scripts' do."""
     eng = Engine.from_dirs(target, drafter, RuntimeConfig(max_seq_len=128, max_batch_size=2, block_size=block_size,
                                                           dtype=dtype), tp_size=tp_size, ep_size=ep_size)
+    # every step's schedule travels over the host (gloo) group init_tp made beside the default one
+    assert tp_size == 1 or eng.tp.host is not None, "no host group: the steps would go over the default group"
     if eng.tp.rank != 0:
         eng.follow(close=False)
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from trtllm_dflash.config import RuntimeConfig
 from trtllm_dflash.runtime.allreduce import STRATEGIES
 from trtllm_dflash.runtime.kernels import SETTINGS
 
@@ -15,6 +16,6 @@ def add_rank_engine_flags(p: argparse.ArgumentParser, engines: str) -> None:
     p.add_argument("--kernels", "--attention_kernel", choices=SETTINGS, default="auto",
                    help=f"RuntimeConfig.kernels of {engines} (auto: the Triton decode kernels on CUDA, as one GPU "
                         "runs them; the torch path on the CPU)")
-    p.add_argument("--allreduce_strategy", choices=STRATEGIES, default="nccl",
+    p.add_argument("--allreduce_strategy", choices=STRATEGIES, default=RuntimeConfig.allreduce_strategy,
                    help=f"RuntimeConfig.allreduce_strategy of {engines} (auto: the one-shot all-reduce over peer "
                         "memory for decode-sized messages where the GPUs map each other's memory, NCCL otherwise)")
