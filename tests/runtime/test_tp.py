@@ -198,3 +198,43 @@ def test_rank_tensors_reads_a_ranks_slices_from_safetensors_and_pickle_alike(tmp
     presharded = {"target.a": sd["layers.0.input_layernorm.weight"], "drafter.a": torch.zeros(1)}
     got = rank_tensors(tmp_path / "missing", 2, 1, presharded=presharded, prefix="target.")
     assert list(got) == ["a"] and got["a"] is presharded["target.a"]
+
+
+# Rank 0 sends one step, then its process ends without a word; rank 1 waits in the host group for the next one.
+_DIES = """
+import os, sys, time, torch
+from trtllm_dflash.runtime.distributed import init_tp
+tp = init_tp(2, torch.device("cpu"))
+if tp.rank == 0:
+    tp.broadcast_object("step 1")
+    time.sleep(0.5)
+    os._exit(3)
+assert tp.broadcast_object(None) == "step 1"
+t0 = time.monotonic()
+try:
+    tp.broadcast_object(None)
+except RuntimeError as err:
+    print(f"waited {time.monotonic() - t0:.1f} s: {err}")
+    sys.exit(0)
+sys.exit("the wait ended without an error")
+"""
+
+
+def test_a_rank_that_dies_ends_the_others_wait_for_the_next_step(tmp_path):
+    """The host group waits for an idle server's next step for days, so rank 0's death must end the wait itself:
+    its closed sockets do, at once."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "dies.py"
+    script.write_text(_DIES)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent.parent), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert procs[0].returncode == 3, outs[0]
+    assert procs[1].returncode == 0, outs[1]
+    waited = float(outs[1][0].split()[1])
+    assert waited < 30, outs[1][0]
