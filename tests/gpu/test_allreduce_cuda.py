@@ -28,7 +28,10 @@ def test_oneshot_all_reduce_equals_nccl(tmp_path, ranks):
     if torch.cuda.device_count() < ranks:
         pytest.skip(f"needs {ranks} GPUs")
     out = tmp_path / "allreduce.json"
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # Open MPI refuses to start ranks as root (GPU hosts run the tests as root) unless both variables say so;
+    # MPICH ignores them
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     proc = subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, str(HERE / "allreduce_run_cuda.py"), str(out),
                            str(ranks)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
