@@ -860,7 +860,33 @@ def render_tp_bench(results: Path) -> str:
                f"{r['qwen3-8b_tp4_over_tp1_ar_b64']:.2f} at 64, DFlash {r['qwen3-8b_tp4_over_tp1_dflash_b1']:.2f} and "
                f"{r['qwen3-8b_tp4_over_tp1_dflash_b64']:.2f}." if "qwen3-8b_tp4_over_tp1_ar_b1" in r else "")
             + " Where a rank's step goes (GEMMs, all-reduces, attention, the gaps between kernels), from the profiler: "
-            "`benchmarks/results/tp_h200x4/README.md`.\n")
+            "`benchmarks/results/tp_h200x4/README.md`. " + _tp_host_group(results) + "\n")
+
+
+def _tp_host_group(results: Path) -> str:
+    """TP 2 with the steps' schedule over the host group against over NCCL (same 2x H200 machine), and the served
+    TP sweep's AR rows."""
+    folder, sweep_name = "tp_h200x2_host_group", "tp_sweep_h200x2/tp_sweep_h200.json"
+    after, before = (_load(results, f"{folder}/{f}") for f in ("tp_scaling.json", "tp_scaling_nccl_object.json"))
+    a, b = after["summary"]["ratios"], before["summary"]["ratios"]
+    runs = {f: _load(results, f"{folder}/{f}") for f in ("tp1.json", "tp2_nccl_object.json", "tp2_host_group.json")}
+    step = {(f, r["mode"], r["batch"]): r for f, run in runs.items() for r in run["rows"]}
+    ar_new, ar_old = step[("tp2_host_group.json", "ar", 1)], step[("tp2_nccl_object.json", "ar", 1)]
+    sw = _load(results, sweep_name)
+    ar = sw["summary"]["by_mode"]["ar"]
+    return (f"With rank 0's schedule sent to the other ranks over a host (gloo) group instead of NCCL "
+            f"(`benchmarks/results/{folder}/`, {commit_of(runs['tp2_host_group.json'], folder + '/tp2_host_group.json')}; "
+            f"2x H200, one machine): TP 2 AR step at batch 1 {ar_old['step_ms']:.2f} -> {ar_new['step_ms']:.2f} ms "
+            f"(idle GPU per step {ar_old['profile']['host_gap_ms_per_step']:.2f} -> "
+            f"{ar_new['profile']['host_gap_ms_per_step']:.2f} ms), TP 2 over TP 1 AR {b['qwen3-8b_tp2_over_tp1_ar_b1']:.2f} "
+            f"-> {a['qwen3-8b_tp2_over_tp1_ar_b1']:.2f} at batch 1 and {b['qwen3-8b_tp2_over_tp1_ar_b64']:.2f} -> "
+            f"{a['qwen3-8b_tp2_over_tp1_ar_b64']:.2f} at 64, DFlash {b['qwen3-8b_tp2_over_tp1_dflash_b1']:.2f} -> "
+            f"{a['qwen3-8b_tp2_over_tp1_dflash_b1']:.2f} and {b['qwen3-8b_tp2_over_tp1_dflash_b64']:.2f} -> "
+            f"{a['qwen3-8b_tp2_over_tp1_dflash_b64']:.2f}. Served (`benchmarks/tp_sweep.sh`, dflash-sweep under mpirun, "
+            f"`benchmarks/results/{sweep_name}`): AR at TP 2 {ar['tp2']['c1']['tok_s_user']:.0f} tok/s per user at "
+            f"concurrency 1 against {ar['tp1']['c1']['tok_s_user']:.0f} at TP 1 "
+            f"({sw['summary']['ratios']['tp2_over_tp1_ar_user_c1']:.2f}x), per GPU at 64 "
+            f"{sw['summary']['ratios']['tp2_over_tp1_ar_gpu_c64']:.2f}x; DFlash at TP 2 not yet run there.")
 
 
 def render_tp_allreduce(results: Path) -> str:
