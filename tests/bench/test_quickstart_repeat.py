@@ -20,7 +20,17 @@ def test_the_arguments_are_the_quick_start_scripts():
     text = (ROOT / "scripts" / "quickstart.sh").read_text().replace("\\\n", " ")
     (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("dflash-generate ")]
     words = shlex.split(line.replace('"${DRAFTER:-smollm2-135m-dflash}"', "smollm2-135m-dflash"))
-    assert words[1:-1] == qr.QUICKSTART_ARGS and words[-1] == "$@"
+    assert words[1:-3] == qr.QUICKSTART_ARGS and words[-3:] == ["--dtype", "$DTYPE", "$@"]
+    assert "quickstart_dtype()" in text   # the script's dtype is the one quickstart_repeat runs
+
+
+def test_the_quick_start_dtype_follows_the_cpus_bf16_hardware():
+    amx = "processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+    avx512 = "processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16\n"
+    assert qr.quickstart_dtype(amx) == "bfloat16"
+    assert qr.quickstart_dtype(avx512) == "float32" and qr.quickstart_dtype("") == "float32"
+    assert qr.dtype_args(["--dtype", "float16"]) == [] and qr.dtype_args(["--dtype=float32"]) == []
+    assert qr.dtype_args([]) == ["--dtype", qr.quickstart_dtype()]
 
 
 @pytest.fixture(scope="module")

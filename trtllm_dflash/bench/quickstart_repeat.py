@@ -24,10 +24,27 @@ from pathlib import Path
 
 from trtllm_dflash.provenance import record
 
-# scripts/quickstart.sh's dflash-generate arguments (a test keeps the two the same)
+# scripts/quickstart.sh's dflash-generate arguments before its --dtype (a test keeps the two the same)
 QUICKSTART_ARGS = ["--target", "smollm2-135m", "--drafter", "smollm2-135m-dflash", "--mode", "both",
                    "--max_new_tokens", "64", "--prompt", "What is the capital of France?",
                    "--prompt", "Write a Python function that returns the sum of a list."]
+
+
+def quickstart_dtype(cpuinfo: str | None = None) -> str:
+    """The dtype the quick start runs both modes in on this CPU: bfloat16 where the CPU multiplies bf16 in hardware
+    (the amx_bf16 flag: Xeon Sapphire Rapids and later), float32 elsewhere. On a 2-core Xeon with AMX a block-16
+    verify step cost 3.4x an AR step in float32 (16-row float32 GEMMs run near the cores' FLOP rate, 1-row ones at
+    the memory's), so the adaptive policy rightly ran AR and DFlash printed ~1x; in bf16 the same step cost 1.4x and
+    DFlash printed 2.3x, both modes faster than in float32, the tokens the same as AR's
+    (benchmarks/results/quickstart_repeat_cpu_dtype.json). vLLM's CPU backend takes bf16 on such CPUs too. Elsewhere
+    bf16 matmuls are emulated and float32 stays. ``cpuinfo``: /proc/cpuinfo's text (read here when None)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:   # not Linux: no flags to read
+            cpuinfo = ""
+    flags = {word for line in cpuinfo.splitlines() if line.startswith("flags") for word in line.split()}
+    return "bfloat16" if "amx_bf16" in flags else "float32"
 GENERATE = "import sys; from trtllm_dflash.cli import generate_main; sys.exit(generate_main())"   # dflash-generate
 # generate's stderr line on what the adaptive policy ran, and the stalls its note adds
 RAN = re.compile(r"^\[dflash\] ran (.*) over \d+ round\(s\) \((.*)\)$", re.M)
@@ -59,12 +76,18 @@ def summarize(runs: list[dict]) -> dict:
             "runs_with_dflash_equal_ar": sum(r["dflash_equals_ar"] for r in runs)}
 
 
+def dtype_args(extra: list[str]) -> list[str]:
+    """The quick start's --dtype, unless the extra arguments name one."""
+    return [] if any(a == "--dtype" or a.startswith("--dtype=") for a in extra) else ["--dtype", quickstart_dtype()]
+
+
 def run_once(extra: list[str], timeout_s: float) -> tuple[dict, str, float]:
     with tempfile.TemporaryDirectory(prefix="quickstart-repeat-") as tmp:
         out = Path(tmp) / "run.json"
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run([sys.executable, "-c", GENERATE, *QUICKSTART_ARGS, *extra, "--json", str(out)],
+            proc = subprocess.run([sys.executable, "-c", GENERATE, *QUICKSTART_ARGS, *dtype_args(extra), *extra,
+                                   "--json", str(out)],
                                   capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             sys.exit(f"quickstart_repeat: a run outlasted --timeout_s {timeout_s:g}: raise it, or look at what else "
@@ -96,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(runs)
     drafter = shipped_drafter_dir("smollm2-135m-dflash")
     doc = {"what": "the quick start (scripts/quickstart.sh's dflash-generate) run several times in a row",
-           "quickstart_args": QUICKSTART_ARGS + args.extra, "machine": args.machine, "runs": runs,
+           "quickstart_args": QUICKSTART_ARGS + dtype_args(args.extra) + args.extra, "machine": args.machine,
+           "runs": runs,
            "summary": summary, "provenance": record(checkpoints={"drafter": drafter})}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"quickstart_repeat: {summary['printed_median_speedups']}; worst three in a row "
