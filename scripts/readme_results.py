@@ -346,7 +346,32 @@ def render_quickstart_repeat(results: Path) -> str:
     text += (f" The best three in a row are within {100 * (best - 1):.0f}%; in {first_lowest} of the {len(q['runs'])} "
              f"runs the first timed round has the lowest ratio (not yet explained; a candidate: the policy's early "
              f"probes of blocks it has not priced).")
-    return "\n".join(textwrap.wrap(text, 115)) + "\n"
+    return "\n".join(textwrap.wrap(text + " " + _quickstart_dtype(results), 115)) + "\n"
+
+
+def _quickstart_dtype(results: Path) -> str:
+    """The quick start in bf16 and in float32 on one CPU with AMX-BF16 (quickstart_repeat.quickstart_dtype)."""
+    runs = {dt: _load(results, f"quickstart_repeat_cpu_{dt}.json") for dt in ("bf16", "fp32")}
+
+    def wall(d, mode):
+        return statistics.median(x for r in d["runs"] for x in r[f"{mode}_wall_s"])
+
+    def block1_share(d) -> float:   # "block 1: 310 steps, block 2: 10 steps" per run
+        counts = [(int(b), int(n)) for r in d["runs"] for b, n in re.findall(r"block (\d+): (\d+) steps", r["blocks_ran"])]
+        return sum(n for b, n in counts if b == 1) / sum(n for _, n in counts)
+
+    b, f = runs["bf16"], runs["fp32"]
+    sb, sf = b["summary"], f["summary"]
+    return (f"On a CPU with AMX-BF16 the quick start now runs both modes in bf16 (where bf16 matmuls are emulated it "
+            f"stays in float32): on 2 shared cores of such a Xeon (`benchmarks/results/quickstart_repeat_cpu_bf16.json`, "
+            f"{commit_of(b, 'quickstart_repeat_cpu_bf16.json')}) three quick starts in a row printed "
+            f"{sb['min']:.2f}-{sb['max']:.2f}x, DFlash == AR in {sb['runs_with_dflash_equal_ar']} of {len(b['runs'])} "
+            f"(median round: AR {wall(b, 'ar'):.2f} s, DFlash {wall(b, 'dflash'):.2f} s); in float32 on the same "
+            f"machine (`quickstart_repeat_cpu_fp32.json`) {sf['min']:.2f}-{sf['max']:.2f}x (AR {wall(f, 'ar'):.2f} s, "
+            f"DFlash {wall(f, 'dflash'):.2f} s): there drafting does not pay in float32 (a 16-row float32 step is "
+            f"compute-bound), so the policy ran block 1 on {100 * block1_share(f):.0f}% of its steps and DFlash stays just below "
+            f"AR (the goal is never below). bf16 AR is the slower AR there, so bf16 DFlash is "
+            f"{wall(f, 'ar') / wall(b, 'dflash'):.2f}x the faster AR (float32).")
 
 
 def render_cpu_parity(results: Path) -> str:

@@ -32,12 +32,13 @@ QUICKSTART_ARGS = ["--target", "smollm2-135m", "--drafter", "smollm2-135m-dflash
 
 def quickstart_dtype(cpuinfo: str | None = None) -> str:
     """The dtype the quick start runs both modes in on this CPU: bfloat16 where the CPU multiplies bf16 in hardware
-    (the amx_bf16 flag: Xeon Sapphire Rapids and later), float32 elsewhere. On a 2-core Xeon with AMX a block-16
-    verify step cost 3.4x an AR step in float32 (16-row float32 GEMMs run near the cores' FLOP rate, 1-row ones at
-    the memory's), so the adaptive policy rightly ran AR and DFlash printed ~1x; in bf16 the same step cost 1.4x and
-    DFlash printed 2.3x, both modes faster than in float32, the tokens the same as AR's
-    (benchmarks/results/quickstart_repeat_cpu_dtype.json). vLLM's CPU backend takes bf16 on such CPUs too. Elsewhere
-    bf16 matmuls are emulated and float32 stays. ``cpuinfo``: /proc/cpuinfo's text (read here when None)."""
+    (the amx_bf16 flag: Xeon Sapphire Rapids and later), float32 elsewhere. On a 2-core Xeon with AMX the adaptive
+    policy's start-up cost table priced a block-16 step at 3.4x an AR step in float32 (16 rows of float32 GEMM are
+    compute-bound there, one row is memory-bound), so it rightly ran AR and the quick start printed 0.95x; in bf16
+    it priced the step at 1.4x and the quick start printed 2.2x with AR's tokens (benchmarks/results/quickstart_repeat_cpu_bf16.json and _fp32.json).
+    bf16 AR was slower there than float32 AR (4.45 vs 3.45 s a round), so bf16 DFlash is 1.67x the faster AR: the
+    fastest way to these tokens on that CPU. vLLM's CPU backend takes bf16 on such CPUs too. Elsewhere bf16 matmuls
+    are emulated and float32 stays. ``cpuinfo``: /proc/cpuinfo's text (read here when None)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
