@@ -132,10 +132,11 @@ _HOST_GROUP: dict[str, object] = {}
 def host_group():
     """The gloo group over the default group's ranks that carries rank 0's SchedulerOutput each step. On NCCL a
     broadcast of a pickled object is GPU work queued behind the step in flight, and the receiving ranks wait on
-    the device (torch reads the object's size back) before they can launch the next step: measured on 2 and 4
-    H200s, the GPUs idled 0.4-0.8 ms per step between steps that one GPU runs back to back. Over gloo the ranks
+    the device (torch reads the object's size back) before they can launch the next step. Over gloo the ranks
     receive the next step while the device still runs this one, as rank 0 schedules it (SGLang broadcasts its
-    requests over a CPU group for the same reason). A collective: every rank calls it at the same point."""
+    requests over a CPU group for the same reason): on 2 H200s the GPU's idle time per TP 2 step went from 0.89 to
+    0.29 ms and the AR step at batch 1 from 4.70 to 4.02 ms (benchmarks/results/tp_h200x2_host_group/). A
+    collective: every rank calls it at the same point."""
     if "group" not in _HOST_GROUP:
         _HOST_GROUP["group"] = dist.new_group(backend="gloo", timeout=HOST_GROUP_TIMEOUT)
     return _HOST_GROUP["group"]
