@@ -87,10 +87,11 @@ class RuntimeConfig:
     # on the batch; prefill attention 3-20x slower there); float32 on the CPU is left as it is (its BLAS is not
     # row-invariant). gpt-oss's MXFP4 experts (mxfp4_moe='triton'): one tile for every token count
     # (mxfp4_moe.invariant_tiles: the mma variant, no split-K) and the router on the Triton GEMM; checked in Triton's
-    # interpreter, not yet on a GPU. Not on the torch path on CUDA (cuBLAS and SDPA pick their tiling by shape; the
-    # dequantised experts are such a path). False: the fastest kernels per shape. Off by default for its cost at
-    # larger batches: a decode step 1.01-1.05x at batch 1 but 1.38x at batch 64 on an H200 (Qwen3-8B shapes; every
-    # prefill GEMM leaves cuBLAS for the Triton GEMM; benchmarks/results/bit_exact_h200.json). What it buys, measured: under a 64-stream load on an
+    # interpreter and on an H200 (benchmarks/results/gpu_tests_moe_invariant_h200.json). Not on the torch path on
+    # CUDA (cuBLAS and SDPA pick their tiling by shape; the dequantised experts are such a path). False: the fastest
+    # kernels per shape. Off by default for its cost at larger batches: a decode step 1.01-1.05x at batch 1 but 1.38x
+    # at batch 64 on an H200 (Qwen3-8B shapes; every prefill GEMM leaves cuBLAS for the Triton GEMM;
+    # benchmarks/results/bit_exact_h200.json). What it buys, measured: under a 64-stream load on an
     # H100 every greedy answer equalled the same request alone (21,945 of 21,945; 44% differed with it off:
     # benchmarks/results/soak_batch_invariant_h100/). A deployment turns it on with dflash-build --batch_invariant
     # (runtime.batch_invariant in its manifest).

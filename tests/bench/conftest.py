@@ -4,6 +4,9 @@ untrained drafter) for fast in-process sweeps, and the real SmolLM2 demo deploym
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,14 @@ import pytest
 from tests.serving.conftest import make_deployment, tiny_target_with_tokenizer  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def in_a_process_of_its_own(args: list[str]) -> subprocess.CompletedProcess:
+    """python ARGS in a child process: spawning client processes starts multiprocessing's resource tracker, a
+    child that lives as long as its parent, which must not be the test process (tests elsewhere check that a
+    server leaves the test process no children)."""
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 @pytest.fixture(scope="session")

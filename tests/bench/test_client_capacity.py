@@ -4,21 +4,17 @@ whose pace is known."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-from tests.bench.conftest import REPO
+from tests.bench.conftest import in_a_process_of_its_own
 
 
 def test_rows_for_every_level_and_process_count_and_the_pace_is_never_beaten(tmp_path):
     """Run as a command: its spawned processes start multiprocessing's resource tracker, a child that lives as long
     as its parent (not this test process, whose children other tests count)."""
     out = tmp_path / "cap.json"
-    run = subprocess.run([sys.executable, "-m", "trtllm_dflash.bench.client_capacity", "--concurrency", "2,4",
-                          "--client_processes", "1,2", "--step_ms", "5", "--tokens", "12", "--requests", "2",
-                          "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    run = in_a_process_of_its_own(["-m", "trtllm_dflash.bench.client_capacity", "--concurrency", "2,4",
+                                   "--client_processes", "1,2", "--step_ms", "5", "--tokens", "12", "--requests", "2",
+                                   "--out", str(out)])
     assert run.returncode == 0, run.stderr[-3000:]
     d = json.loads(out.read_text())
     assert [(r["concurrency"], r["client_processes"]) for r in d["rows"]] == [(2, 1), (2, 2), (4, 1), (4, 2)]

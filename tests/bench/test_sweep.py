@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench.conftest import REPO, check_row, read_rows
+from tests.bench.conftest import REPO, check_row, in_a_process_of_its_own, read_rows
 from trtllm_dflash.bench import plot, sweep
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.provenance import checkpoint_digest
@@ -274,20 +274,12 @@ def test_tp2_engine_sweep_under_mpiexec(tiny_target_with_tokenizer, tmp_path):
         assert row["metrics"]["tok_s_gpu"] == pytest.approx(row["metrics"]["total_tok_s"] / 2)
 
 
-def _in_a_process_of_its_own(args: list[str]) -> subprocess.CompletedProcess:
-    """python ARGS in a child process: spawning client processes starts multiprocessing's resource tracker, a
-    child that lives as long as its parent, which must not be this test process (tests elsewhere check that a
-    server leaves this process no children)."""
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-
-
 def test_openai_endpoint_over_client_processes(tmp_path, smollm2_dir):
     """--client_processes 3: three spawned clients share the level, each with its own HTTP client and tokenizer;
     still a closed loop of 3 in flight, every request once with its own seed, one row."""
     out = tmp_path / "procs.jsonl"
     with fake_openai() as url:
-        run = _in_a_process_of_its_own([
+        run = in_a_process_of_its_own([
             "-m", "trtllm_dflash.bench.sweep", "--server", "openai", "--url", url, "--tokenizer", str(smollm2_dir),
             "--client_processes", "3", "--block_size", "4", "--concurrency", "3", "--num_requests", "9", "--warmup",
             "0", "--max_new_tokens", "6", "--ignore_eos", "--dataset", "random", "--input_len", "16", "--seed", "100",
@@ -326,7 +318,7 @@ except RuntimeError as err:
     print(err)
 """
     t0 = time.perf_counter()
-    run = _in_a_process_of_its_own(["-c", script])
+    run = in_a_process_of_its_own(["-c", script])
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"client process . of 2 failed: DFlashError: --url: cannot list models", run.stdout), run.stdout
     assert time.perf_counter() - t0 < 120   # the other process is released from the start barrier, no hang

@@ -35,9 +35,9 @@ def quickstart_dtype(cpuinfo: str | None = None) -> str:
     (the amx_bf16 flag: Xeon Sapphire Rapids and later), float32 elsewhere. On a 2-core Xeon with AMX the adaptive
     policy's start-up cost table priced a block-16 step at 3.4x an AR step in float32 (16 rows of float32 GEMM are
     compute-bound there, one row is memory-bound), so it rightly ran AR and the quick start printed 0.95x; in bf16
-    it priced the step at 1.4x and the quick start printed 2.2x with AR's tokens (benchmarks/results/quickstart_repeat_cpu_bf16.json and _fp32.json).
-    bf16 AR was slower there than float32 AR (4.45 vs 3.45 s a round), so bf16 DFlash is 1.67x the faster AR: the
-    fastest way to these tokens on that CPU. vLLM's CPU backend takes bf16 on such CPUs too. Elsewhere bf16 matmuls
+    it priced the step at 1.4x and the quick start printed 2.2x with AR's tokens
+    (benchmarks/results/quickstart_repeat_cpu_bf16.json and _fp32.json). bf16 AR was slower there than float32 AR
+    (4.45 vs 3.45 s a round), so bf16 DFlash is ~1.7x the faster AR: the fastest way to these tokens on that CPU. vLLM's CPU backend takes bf16 on such CPUs too. Elsewhere bf16 matmuls
     are emulated and float32 stays. ``cpuinfo``: /proc/cpuinfo's text (read here when None)."""
     if cpuinfo is None:
         try:
@@ -46,6 +46,8 @@ def quickstart_dtype(cpuinfo: str | None = None) -> str:
             cpuinfo = ""
     flags = {word for line in cpuinfo.splitlines() if line.startswith("flags") for word in line.split()}
     return "bfloat16" if "amx_bf16" in flags else "float32"
+
+
 GENERATE = "import sys; from trtllm_dflash.cli import generate_main; sys.exit(generate_main())"   # dflash-generate
 # generate's stderr line on what the adaptive policy ran, and the stalls its note adds
 RAN = re.compile(r"^\[dflash\] ran (.*) over \d+ round\(s\) \((.*)\)$", re.M)
@@ -121,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     drafter = shipped_drafter_dir("smollm2-135m-dflash")
     doc = {"what": "the quick start (scripts/quickstart.sh's dflash-generate) run several times in a row",
            "quickstart_args": QUICKSTART_ARGS + dtype_args(args.extra) + args.extra, "machine": args.machine,
-           "runs": runs,
-           "summary": summary, "provenance": record(checkpoints={"drafter": drafter})}
+           "runs": runs, "summary": summary, "provenance": record(checkpoints={"drafter": drafter})}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"quickstart_repeat: {summary['printed_median_speedups']}; worst three in a row "
           f"{summary['worst_three_in_a_row_spread']}; wrote {args.out}")

@@ -8,7 +8,8 @@ sharding, the servers) without the real weights.
 writes ``OUT/target`` (config.json, model-0000K-of-0000N.safetensors + model.safetensors.index.json, bf16) and
 ``OUT/drafter`` (the model's public DFlash drafter config, random weights). Each target tensor is drawn from its
 own seed (crc32 of its name): ``bench.tp`` draws its in-memory shards with the same ``random_tensor`` on the GPU, so
-drawn on a GPU (the default there) the target's weights are the ones that benchmark measures. Acceptance with a random drafter is ~1: the figures are step costs and the serving path, not speed-ups.
+drawn on a GPU (the default there) the target's weights are the ones that benchmark measures. Acceptance with a
+random drafter is ~1: the figures are step costs and the serving path, not speed-ups.
 ``--smoke`` writes the same architecture at tiny widths (bench.step's ``shrink``) for a CPU check.
 """
 from __future__ import annotations

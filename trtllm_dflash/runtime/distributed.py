@@ -4,6 +4,7 @@ same way TensorRT-LLM's ranks do; the rendezvous port is agreed over MPI, or giv
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 from dataclasses import dataclass
 
@@ -106,7 +107,7 @@ class TPGroup:
             dist.barrier()
             self.small_all_reduce = self.host = None
             forget()   # its buffers belong to this group
-            _HOST_GROUP.clear()   # destroyed with the default group below
+            host_group.cache_clear()   # destroyed with the default group below
             dist.destroy_process_group()
             self.store = None  # the store's server thread (rank 0) is joined here, while Python still runs
 
@@ -126,9 +127,9 @@ def broadcast_object(obj, group=None):
 # request comes, so not torch's 30 minutes. A rank whose process ends closes its sockets, which ends the others'
 # waits at once with an error.
 HOST_GROUP_TIMEOUT = datetime.timedelta(days=30)
-_HOST_GROUP: dict[str, object] = {}
 
 
+@functools.cache   # one per process group; close() clears it with the group
 def host_group():
     """The gloo group over the default group's ranks that carries rank 0's SchedulerOutput each step. On NCCL a
     broadcast of a pickled object is GPU work queued behind the step in flight, and the receiving ranks wait on
@@ -137,9 +138,7 @@ def host_group():
     requests over a CPU group for the same reason): on 2 H200s the GPU's idle time per TP 2 step went from 0.89 to
     0.29 ms and the AR step at batch 1 from 4.70 to 4.02 ms (benchmarks/results/tp_h200x2_host_group/). A
     collective: every rank calls it at the same point."""
-    if "group" not in _HOST_GROUP:
-        _HOST_GROUP["group"] = dist.new_group(backend="gloo", timeout=HOST_GROUP_TIMEOUT)
-    return _HOST_GROUP["group"]
+    return dist.new_group(backend="gloo", timeout=HOST_GROUP_TIMEOUT)
 
 
 def init_tp(tp_size: int, device: torch.device, timeout_s: float | None = None,
