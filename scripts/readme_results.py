@@ -357,7 +357,8 @@ def _quickstart_dtype(results: Path) -> str:
         return statistics.median(x for r in d["runs"] for x in r[f"{mode}_wall_s"])
 
     def block1_share(d) -> float:   # "block 1: 310 steps, block 2: 10 steps" per run
-        counts = [(int(b), int(n)) for r in d["runs"] for b, n in re.findall(r"block (\d+): (\d+) steps", r["blocks_ran"])]
+        counts = [(int(b), int(n)) for r in d["runs"]
+                  for b, n in re.findall(r"block (\d+): (\d+) steps", r["blocks_ran"])]
         return sum(n for b, n in counts if b == 1) / sum(n for _, n in counts)
 
     b, f = runs["bf16"], runs["fp32"]
@@ -369,8 +370,8 @@ def _quickstart_dtype(results: Path) -> str:
             f"(median round: AR {wall(b, 'ar'):.2f} s, DFlash {wall(b, 'dflash'):.2f} s); in float32 on the same "
             f"machine (`quickstart_repeat_cpu_fp32.json`) {sf['min']:.2f}-{sf['max']:.2f}x (AR {wall(f, 'ar'):.2f} s, "
             f"DFlash {wall(f, 'dflash'):.2f} s): there drafting does not pay in float32 (a 16-row float32 step is "
-            f"compute-bound), so the policy ran block 1 on {100 * block1_share(f):.0f}% of its steps and DFlash stays just below "
-            f"AR (the goal is never below). bf16 AR is the slower AR there, so bf16 DFlash is "
+            f"compute-bound), so the policy ran block 1 on {100 * block1_share(f):.0f}% of its steps and DFlash "
+            f"stays just below AR (the goal is never below). bf16 AR is the slower AR there, so bf16 DFlash is "
             f"{wall(f, 'ar') / wall(b, 'dflash'):.2f}x the faster AR (float32).")
 
 
@@ -894,11 +895,10 @@ def _tp_host_group(results: Path) -> str:
     folder, sweep_name = "tp_h200x2_host_group", "tp_sweep_h200x2/tp_sweep_h200.json"
     after, before = (_load(results, f"{folder}/{f}") for f in ("tp_scaling.json", "tp_scaling_nccl_object.json"))
     a, b = after["summary"]["ratios"], before["summary"]["ratios"]
-    runs = {f: _load(results, f"{folder}/{f}") for f in ("tp1.json", "tp2_nccl_object.json", "tp2_host_group.json")}
-    step = {(f, r["mode"], r["batch"]): r for f, run in runs.items() for r in run["rows"]}
-    ar_new, ar_old = step[("tp2_host_group.json", "ar", 1)], step[("tp2_nccl_object.json", "ar", 1)]
+    runs = {f: _load(results, f"{folder}/{f}") for f in ("tp2_nccl_object.json", "tp2_host_group.json")}
+    ar_old, ar_new = (next(r for r in run["rows"] if (r["mode"], r["batch"]) == ("ar", 1)) for run in runs.values())
     sw = _load(results, sweep_name)
-    ar = sw["summary"]["by_mode"]["ar"]
+    ar, dflash_tp2 = sw["summary"]["by_mode"]["ar"], sw["summary"]["by_mode"]["dflash"].get("tp2")
     return (f"With rank 0's schedule sent to the other ranks over a host (gloo) group instead of NCCL "
             f"(`benchmarks/results/{folder}/`, {commit_of(runs['tp2_host_group.json'], folder + '/tp2_host_group.json')}; "
             f"2x H200, one machine): TP 2 AR step at batch 1 {ar_old['step_ms']:.2f} -> {ar_new['step_ms']:.2f} ms "
@@ -911,7 +911,8 @@ def _tp_host_group(results: Path) -> str:
             f"`benchmarks/results/{sweep_name}`): AR at TP 2 {ar['tp2']['c1']['tok_s_user']:.0f} tok/s per user at "
             f"concurrency 1 against {ar['tp1']['c1']['tok_s_user']:.0f} at TP 1 "
             f"({sw['summary']['ratios']['tp2_over_tp1_ar_user_c1']:.2f}x), per GPU at 64 "
-            f"{sw['summary']['ratios']['tp2_over_tp1_ar_gpu_c64']:.2f}x; DFlash at TP 2 not yet run there.")
+            f"{sw['summary']['ratios']['tp2_over_tp1_ar_gpu_c64']:.2f}x"
+            + ("." if dflash_tp2 else "; DFlash at TP 2 not yet run there."))
 
 
 def render_tp_allreduce(results: Path) -> str:
@@ -1068,7 +1069,8 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("gpu_tests_moe_invariant_h200.json", "gpu_tests_generate_h200.json", "gpu_tests_policy_h100.json", "gpu_tests_engine_h200.json",
+    files = ("tp_h200x2_host_group/gpu_tests_tp_host_group_h200x2.json", "gpu_tests_moe_invariant_h200.json",
+             "gpu_tests_generate_h200.json", "gpu_tests_policy_h100.json", "gpu_tests_engine_h200.json",
              "gpu_tests_allreduce_h200x2.json",
              "gpu_tests_kernels_h200.json", "gpu_tests_smollm2_h200.json",
              "gpu_tests_kernels_a_h100.json", "gpu_tests_kernels_b_h100.json", "gpu_tests_sample_h100.json",
