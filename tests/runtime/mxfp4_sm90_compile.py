@@ -72,7 +72,7 @@ def loops(cubin: bytes) -> list[int]:
 def loop_cost(spec: str) -> list[dict]:
     """--loop: per gemv kernel, the instructions per thread of its K-step loop and per weight value in it."""
     _, bm, bn, bk, warps = (int(v) if v.isdigit() else v for v in spec.split(":"))
-    common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "split": 1}
+    common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "split": 1, "ASM": True}
     rows = []
     for kernel, consts, tiles in ((M._gemv_gate_up_kernel, common, 2),
                                   (M._gemv_down_kernel, {**common, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, 1)):
@@ -100,7 +100,7 @@ def configs(spec: str):
     variant, bm, bn, bk, warps = spec.split(":")
     bm, bn, bk, warps = int(bm), int(bn), int(bk), int(warps)
     if variant == "gemv":
-        common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4}
+        common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "ASM": True}
         for one in ({"split": 1}, {}):
             yield M._gemv_gate_up_kernel, {**common, **one}, warps
             yield M._gemv_down_kernel, {**common, **one, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, warps

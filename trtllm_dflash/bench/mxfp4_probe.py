@@ -4,7 +4,7 @@ only part of its work, with its grid, tiles and loads, on the same routed expert
 
   stream   the gate and up weight tiles and scales of every chosen expert, loaded as the kernel loads them
            (``_gemv_load``, one step prefetched), folded with an integer xor: the memory side alone;
-  decode   the same, and each tile decoded to float32 (``_gemv_dequant``) and summed: + the integer decode;
+  decode   the same, and each tile decoded to float32 (``_gemv_decode``) and summed: + the integer decode;
   gate_up  the real kernel (decode + the FMAs with each token's row + SwiGLU), as fused_experts launches it;
   copy     torch's copy of as many contiguous bytes: what the HBM gives a plain stream.
 
@@ -52,8 +52,8 @@ def part_fn(part: str, x, ids, weights, w, tiles, probe):
         out = torch.zeros(grid[0] * grid[1] * grid[2], dtype=torch.int32, device=dev)   # unused slots write nothing
         return (lambda: probe[grid](ids_flat, gu_b, gu_s, out, P, E, H, I, gu_b.stride(0), gu_b.stride(1),
                                     gu_s.stride(0), gu_s.stride(1), grid[2], DECODE=part == "decode",
-                                    **launch)), grid[2], out
-    act = torch.empty(P, I, dtype=x.dtype, device=dev)
+                                    ASM=dev.type == "cuda", **launch)), grid[2], out
+    act = torch.empty(P, I, dtype=torch.float32, device=dev)   # as fused_experts' gemv path allocates it
     cnt = tile_counters(dev, grid[0] * grid[1])
     return (lambda: mx.gemv_gate_up(x, ids_flat, k, w["gu_blocks"], gu_s, w["gu_bias"], 0, 7.0, SWIGLU_ALPHA, act,
                                     cnt, grid, launch)), grid[2], act

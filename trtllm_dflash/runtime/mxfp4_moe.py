@@ -272,26 +272,48 @@ def _gemv_load(w_rows, s_rows, w_ok, k0, k_end, BK: tl.constexpr):
     return w, s
 
 
-@triton.jit
-def _gemv_dequant(w, s):
-    """w [G, BN, 4] int32 words + s [G, BN] E8M0 -> the 8 values of every word, v0..v7 [G, BN, 4] float32, scaled.
-    A word's bytes b0..b3 hold its inputs 0..7 as (b0 lo, b0 hi, b1 lo, ...); spreading b0 / b1 (b2 / b3) to the
-    two 16-bit halves decodes inputs (0, 2), (1, 3), (4, 6), (5, 7) two at a time. Once per K step, whatever the
-    number of rows; the scale multiply runs on the FP pipe beside the integer decode that bounds this step."""
-    sc = _scale_x2p14(s.to(tl.int32))[:, :, None]                                  # [G, BN, 1]
-    t01 = (w & 0xFF) | ((w & 0xFF00) << 8)                                        # b0 in bits 0..7, b1 in 16..23
-    t23 = ((w >> 16) & 0xFF) | ((w >> 8) & 0xFF0000)                               # b2, b3
-    v0, v2 = _f16_halves(_e2m1x2_f16(t01))
-    v1, v3 = _f16_halves(_e2m1x2_f16(t01 >> 4))
-    v4, v6 = _f16_halves(_e2m1x2_f16(t23))
-    v5, v7 = _f16_halves(_e2m1x2_f16(t23 >> 4))
-    return v0 * sc, v1 * sc, v2 * sc, v3 * sc, v4 * sc, v5 * sc, v6 * sc, v7 * sc
+# One int32 word of an MXFP4 row holds inputs 8w .. 8w + 7 as nibbles 0..7. Nibbles j and j + 4 sit 16 bits
+# apart, so one shift and two masks place both at once as the fp16 pattern of their E2M1 value x 2^-14
+# (``_e2m1x2_f16``'s placement); cvt.f32.f16 widens each half exactly. 15 integer ops and 8 conversions per
+# word (~2.9 per value), where Triton's own lowering of the same tl ops spends ~4.6 on shifts, byte shuffles and
+# the 16-bit truncations.
+_E2M1X8_F32 = tl.constexpr("""
+{
+.reg .b32 a, b, p;
+.reg .b16 l, h;
+shl.b32 a, $8, 9; shl.b32 b, $8, 12; and.b32 a, a, 0x0E000E00; lop3.b32 p, a, b, 0x80008000, 0xF8;
+mov.b32 {l, h}, p; cvt.f32.f16 $0, l; cvt.f32.f16 $4, h;
+shl.b32 a, $8, 5; shl.b32 b, $8, 8; and.b32 a, a, 0x0E000E00; lop3.b32 p, a, b, 0x80008000, 0xF8;
+mov.b32 {l, h}, p; cvt.f32.f16 $1, l; cvt.f32.f16 $5, h;
+shl.b32 a, $8, 1; shl.b32 b, $8, 4; and.b32 a, a, 0x0E000E00; lop3.b32 p, a, b, 0x80008000, 0xF8;
+mov.b32 {l, h}, p; cvt.f32.f16 $2, l; cvt.f32.f16 $6, h;
+shr.b32 a, $8, 3; and.b32 a, a, 0x0E000E00; lop3.b32 p, a, $8, 0x80008000, 0xF8;
+mov.b32 {l, h}, p; cvt.f32.f16 $3, l; cvt.f32.f16 $7, h;
+}
+""")
 
 
 @triton.jit
-def _gemv_row(v, x3):
-    """One row: sum over inputs of dequant(W) * x -> [BN]. v: ``_gemv_dequant``'s 8 tensors [G, BN, 4];
-    x3 [G, 4, 8] float32 (each word's 8 inputs, in order), split in registers into the 8 [G, 4] slices."""
+def _gemv_decode(w, ASM: tl.constexpr):
+    """w [G, BN, 4] int32 words -> v0..v7 [G, BN, 4] float32: nibble j of every word (input 8 * word + j) as its
+    E2M1 value x 2^-14, unscaled (the caller applies each group's scale to the group's sum). ASM: the PTX above
+    (CUDA); else the same values from tl ops (Triton's CPU interpreter runs no inline assembly)."""
+    if ASM:
+        v = tl.inline_asm_elementwise(_E2M1X8_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [w],
+                                      dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+    else:
+        v0, v4 = _f16_halves(_e2m1x2_f16(w))
+        v1, v5 = _f16_halves(_e2m1x2_f16(w >> 4))
+        v2, v6 = _f16_halves(_e2m1x2_f16(w >> 8))
+        v3, v7 = _f16_halves(_e2m1x2_f16(w >> 12))
+        v = (v0, v1, v2, v3, v4, v5, v6, v7)
+    return v
+
+
+@triton.jit
+def _gemv_group_sums(v, x3):
+    """One row's sum over each scale group: v (``_gemv_decode``) [G, BN, 4] x8, x3 [G, 4, 8] float32 (each word's 8
+    inputs in order) -> [G, BN], split in registers into the 8 [G, 4] slices (one FMA chain per group and row)."""
     G: tl.constexpr = x3.shape[0]
     x_e, x_o = tl.split(tl.reshape(x3, [G, 4, 4, 2]))                            # inputs 0,2,4,6 / 1,3,5,7
     x_04, x_26 = tl.split(tl.reshape(x_e, [G, 4, 2, 2]))
@@ -302,28 +324,33 @@ def _gemv_row(v, x3):
     x3_, x7 = tl.split(x_37)
     acc = v[0] * x0[:, None, :] + v[1] * x1[:, None, :] + v[2] * x2[:, None, :] + v[3] * x3_[:, None, :]
     acc += v[4] * x4[:, None, :] + v[5] * x5[:, None, :] + v[6] * x6[:, None, :] + v[7] * x7[:, None, :]
-    return tl.sum(tl.sum(acc, axis=2), axis=0)
+    return tl.sum(acc, axis=2)
 
 
 @triton.jit
 def _gemv_fma(acc_a, acc_b, wa, sa, wb, sb, a_ptr, a_off, nvalid, k0, k_end,
-              TWO: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
-    """acc_a [BM, BN] += A[rows, k0:k0+BK] @ dequant(wa, sa), and the same for b when TWO (gate and up share
-    each row of A), without the MMA: the tiles are decoded once, then each of the first ``nvalid`` rows (a_off
-    [BM]: element offsets from a_ptr) is loaded once and FMA'd with them; padding rows cost nothing."""
+              TWO: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
+    """acc_a [BM, BN] += A[rows, k0:k0+BK] @ dequant(wa, sa), and the same for b when TWO (gate and up share each
+    row of A), without the MMA: the tiles are decoded once, then each of the first ``nvalid`` rows (a_off [BM]:
+    element offsets from a_ptr) is loaded once and FMA'd with them; padding rows cost nothing. Each scale group's
+    sum is scaled once (one multiply per 32 values, not one per value)."""
     g = k0 // 32 + tl.arange(0, BK // 32)
     kx = (g * 32)[:, None, None] + (tl.arange(0, 4) * 8)[None, :, None] + tl.arange(0, 8)[None, None, :]
     km = (g < k_end // 32)[:, None, None]
-    va = _gemv_dequant(wa, sa)
+    va = _gemv_decode(wa, ASM)
+    sca = _scale_x2p14(sa.to(tl.int32))                                          # [G, BN]
     if TWO:
-        vb = _gemv_dequant(wb, sb)
+        vb = _gemv_decode(wb, ASM)
+        scb = _scale_x2p14(sb.to(tl.int32))
     ar = tl.arange(0, BM)
     for r in range(nvalid):
         off = tl.sum(tl.where(ar == r, a_off, 0), axis=0)                         # row r's offset (a scalar)
         x3 = tl.load(a_ptr + off + kx, mask=km, other=0.0).to(tl.float32)        # [G, 4, 8]
-        acc_a = tl.where((ar == r)[:, None], acc_a + _gemv_row(va, x3)[None, :], acc_a)
+        row_a = tl.sum(_gemv_group_sums(va, x3) * sca, axis=0)                    # [BN]
+        acc_a = tl.where((ar == r)[:, None], acc_a + row_a[None, :], acc_a)
         if TWO:
-            acc_b = tl.where((ar == r)[:, None], acc_b + _gemv_row(vb, x3)[None, :], acc_b)
+            row_b = tl.sum(_gemv_group_sums(vb, x3) * scb, axis=0)
+            acc_b = tl.where((ar == r)[:, None], acc_b + row_b[None, :], acc_b)
     return acc_a, acc_b
 
 
@@ -513,7 +540,7 @@ def _gemv_pairs(ids_ptr, P, first, num_local, slot, BM: tl.constexpr, EB: tl.con
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, cnt_ptr, P, first, num_local,
                          K, I, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
                          split, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EB: tl.constexpr,
-                         PB: tl.constexpr):
+                         PB: tl.constexpr, ASM: tl.constexpr):
     """grid (min(E, P) expert slots, I / BN, split) -> act [P, I] (row = pair id). ``split`` is a runtime
     argument (not a constexpr): one compiled kernel serves every token count."""
     slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -540,7 +567,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
     for k0 in range(k_lo, k_hi, BK):
         wg_next, sg_next = _gemv_load(wg_rows, sg_rows, cm, k0 + BK, k_hi, BK)
         wu_next, su_next = _gemv_load(wu_rows, su_rows, cm, k0 + BK, k_hi, BK)
-        acc_g, acc_u = _gemv_fma(acc_g, acc_u, wg, sg, wu, su, x_ptr, a_off, count, k0, k_hi, True, BM, BK)
+        acc_g, acc_u = _gemv_fma(acc_g, acc_u, wg, sg, wu, su, x_ptr, a_off, count, k0, k_hi, True, BM, BK, ASM)
         wg, sg, wu, su = wg_next, sg_next, wu_next, su_next
     rows = tl.where(valid, pairs, 0)
     m = valid[:, None] & cm[None, :]
@@ -563,7 +590,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
 def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, out_ptr, cnt_ptr, N, P, first,
                       num_local, K, H, stride_we, stride_wn, stride_se, stride_sn, stride_be, split,
                       TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr):
+                      BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr, ASM: tl.constexpr):
     """grid (min(E, P) expert slots, H / BN, split) -> out [N, H]: float32 partials [split, P, H] per pair; the
     program that completes a feature tile (all slots x slices) sums the k pairs of every token into out."""
     slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -582,7 +609,7 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
         w, s = _gemv_load(w_rows, s_rows, nm, k_lo, k_hi, BK)
         for k0 in range(k_lo, k_hi, BK):  # prefetch one step ahead, as in the gate_up kernel
             w_next, s_next = _gemv_load(w_rows, s_rows, nm, k0 + BK, k_hi, BK)
-            acc, _ = _gemv_fma(acc, acc, w, s, w, s, act_ptr, a_off, count, k0, k_hi, False, BM, BK)
+            acc, _ = _gemv_fma(acc, acc, w, s, w, s, act_ptr, a_off, count, k0, k_hi, False, BM, BK, ASM)
             w, s = w_next, s_next
         rows = tl.where(valid, pairs, 0)
         tl.store(part_ptr + (pid_k * P + rows[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
@@ -628,11 +655,11 @@ def gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, al
     _gemv_gate_up_kernel[grid](
         x, ids_flat, gu_b, gu_scales, gu_bias, act, part, cnt, P, first, E, H, I, k, float(limit), float(alpha),
         x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_scales.stride(0), gu_scales.stride(1), gu_bias.stride(0),
-        grid[2], **launch)
+        grid[2], ASM=x.device.type == "cuda", **launch)
 
 
 def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first, limit, alpha,
-                  t: TileConfig, act_dtype: torch.dtype) -> torch.Tensor:
+                  t: TileConfig) -> torch.Tensor:
     """The gemv variant: two kernels (gate_up + SwiGLU, down + k-sum), no route kernel, no separate reduction."""
     (N, k), (E, two_i, _, _), H = ids.shape, gu_blocks.shape, x.shape[1]
     I, P, dev, sms = two_i // 2, N * k, x.device, num_sms(x.device)
@@ -645,7 +672,8 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
     n_dn = triton.cdiv(H, t.block_n)
     split_dn = split_for(t, slots * n_dn, triton.cdiv(I, t.block_k), sms)
     cnt = tile_counters(dev, slots * n_gu + n_dn)
-    act = torch.empty(P, I, dtype=act_dtype, device=dev)                                    # row = pair id
+    # float32: the down kernel's FMAs take it as it is (a bf16 act costs a conversion per value and token there)
+    act = torch.empty(P, I, dtype=torch.float32, device=dev)                                # row = pair id
     gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, alpha, act, cnt, grid_gu, launch)
     dn_b = dn_blocks.view(E, H, -1)
     bias = dn_bias if dn_bias is not None else gu_bias  # a valid pointer; unread when HAS_BIAS is False
@@ -655,7 +683,7 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
         act, ids_flat, rw, dn_b, dn_scales, bias, part, out, cnt[slots * n_gu:], N, P, first, E, I, H,
         dn_b.stride(0), dn_b.stride(1), dn_scales.stride(0), dn_scales.stride(1), bias.stride(0), split_dn, TOPK=k,
         HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, TB=TB,
-        num_warps=t.num_warps, num_stages=t.num_stages)
+        ASM=dev.type == "cuda", num_warps=t.num_warps, num_stages=t.num_stages)
     return out
 
 
@@ -681,7 +709,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     x = x.contiguous()
     if t.variant == "gemv":
         return _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first,
-                             limit, alpha, t, act_dtype)
+                             limit, alpha, t)
     sorted_ids, block_expert, num_blocks, max_blocks = route(ids, first, E, t.block_m)
     R, sms, dev = max_blocks * t.block_m, num_sms(x.device), x.device
     # programs that do work: at most one row block per chosen expert at decode sizes
