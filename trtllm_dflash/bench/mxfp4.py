@@ -42,6 +42,12 @@ CONFIGS = {
     "gemv_n16_k256": dict(variant="gemv", block_m=16, block_n=16, block_k=256),
     "gemv_n32_k256_split1": dict(variant="gemv", block_m=16, block_n=32, block_k=256, split_k=1),
     "gemv_n32_k256_w8": dict(variant="gemv", block_m=16, block_n=32, block_k=256, num_warps=8),
+    "gemv_n16_k256_split1": dict(variant="gemv", block_m=16, block_n=16, block_k=256, split_k=1),
+    "gemv_n16_k128": dict(variant="gemv", block_m=16, block_n=16, block_k=128),
+    "gemv_n32_k128": dict(variant="gemv", block_m=16, block_n=32, block_k=128),
+    "gemv_n32_k128_split1": dict(variant="gemv", block_m=16, block_n=32, block_k=128, split_k=1),
+    "gemv_n16_k128_split1": dict(variant="gemv", block_m=16, block_n=16, block_k=128, split_k=1),
+    "gemv_n16_k256_w2": dict(variant="gemv", block_m=16, block_n=16, block_k=256, num_warps=2),
     "swap_n64_k128": dict(variant="swap", block_m=16, block_n=64, block_k=128),
     "swap_n128_k128_w8": dict(variant="swap", block_m=16, block_n=128, block_k=128, num_warps=8),
 }
