@@ -912,7 +912,12 @@ def _tp_host_group(results: Path) -> str:
             f"concurrency 1 against {ar['tp1']['c1']['tok_s_user']:.0f} at TP 1 "
             f"({sw['summary']['ratios']['tp2_over_tp1_ar_user_c1']:.2f}x), per GPU at 64 "
             f"{sw['summary']['ratios']['tp2_over_tp1_ar_gpu_c64']:.2f}x"
-            + ("." if dflash_tp2 else "; DFlash at TP 2 not yet run there."))
+            + (f"; DFlash (random drafter: the cost of a verify step, ~1 token accepted) at TP 2 "
+               f"{dflash_tp2['c1']['tok_s_user']:.0f} tok/s per user at concurrency 1 against "
+               f"{sw['summary']['by_mode']['dflash']['tp1']['c1']['tok_s_user']:.0f} at TP 1 "
+               f"({sw['summary']['ratios']['tp2_over_tp1_dflash_user_c1']:.2f}x), per GPU at 64 "
+               f"{sw['summary']['ratios']['tp2_over_tp1_dflash_gpu_c64']:.2f}x." if dflash_tp2
+               else "; DFlash at TP 2 not yet run there."))
 
 
 def render_tp_allreduce(results: Path) -> str:
