@@ -1074,7 +1074,8 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("tp_h200x2_host_group/gpu_tests_tp_host_group_h200x2.json", "gpu_tests_moe_invariant_h200.json",
+    files = ("tp_h200x2_host_group/gpu_tests_tp_host_group_h200x2.json", "gpu_tests_mxfp4_decode_h200.json",
+             "gpu_tests_moe_invariant_h200.json",
              "gpu_tests_generate_h200.json", "gpu_tests_policy_h100.json", "gpu_tests_engine_h200.json",
              "gpu_tests_allreduce_h200x2.json",
              "gpu_tests_kernels_h200.json", "gpu_tests_smollm2_h200.json",
