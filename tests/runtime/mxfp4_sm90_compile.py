@@ -38,8 +38,13 @@ TYPES = {  # argument name -> Triton type, for every kernel (the rest are i32)
 DIV16 = {"K", "I", "H", "stride_xm", "stride_we", "stride_wn", "stride_se", "stride_be"}
 
 
+# the gemv path's act buffer is float32 (fused_experts allocates it so: the down kernel FMAs it as it is)
+KERNEL_TYPES = {"_gemv_down_kernel": {"act_ptr": "*fp32"}, "_gemv_gate_up_kernel": {"act_ptr": "*fp32"}}
+
+
 def _cubin(kernel, consts: dict, num_warps: int, num_stages: int = 4) -> bytes:
-    sig = {n: "constexpr" if n in consts else TYPES.get(n, "i32") for n in kernel.arg_names}
+    types = {**TYPES, **KERNEL_TYPES.get(kernel.__name__, {})}
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if sig[n].startswith("*") or n in DIV16}
     return triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
