@@ -81,14 +81,19 @@ def loop_cost(spec: str) -> list[dict]:
     rows = []
     for kernel, consts, tiles in ((M._gemv_gate_up_kernel, common, 2),
                                   (M._gemv_down_kernel, {**common, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, 1)):
-        spans = loops(_cubin(kernel, consts, warps))
+        cubin = _cubin(kernel, consts, warps)
+        spans = loops(cubin)
+        usage = cuobjdump(cubin, "--dump-resource-usage")
+        regs = int(usage.split("REG:")[1].split()[0])
         values = tiles * bn * bk / (32 * warps)          # weight values a thread decodes per K step
         k_step, per_row = spans[0], spans[1] if len(spans) > 1 else 0
         rows.append({"config": spec, "kernel": kernel.__name__, "loop_instructions_1_token": k_step,
                      "row_loop_instructions": per_row, "weight_values_per_thread": values,
                      "instructions_per_value_1_token": round(k_step / values, 2),
                      "instructions_per_value_per_more_token": round(per_row / values, 2),
-                     "h100_issue_bound_tb_per_s_1_token": round(29.6e12 / (k_step / values) / 2 / 1e12, 2)})
+                     "h100_issue_bound_tb_per_s_1_token": round(29.6e12 / (k_step / values) / 2 / 1e12, 2),
+                     # 64K registers per SM: how many of these programs fit on one SM at a time
+                     "registers_per_thread": regs, "programs_per_sm_by_registers": 65536 // (regs * 32 * warps)})
     return rows
 
 

@@ -397,6 +397,7 @@ def test_the_gemv_loop_cost_is_read_off_the_hopper_sass():
         # the row loop sits inside the K-step loop; every value costs at least its FMA and decode
         assert 0 < r["row_loop_instructions"] < r["loop_instructions_1_token"]
         assert 2 < r["instructions_per_value_1_token"] < 64 and r["h100_issue_bound_tb_per_s_1_token"] > 0
+        assert 0 < r["registers_per_thread"] <= 255 and r["programs_per_sm_by_registers"] >= 1   # sm_90: <= 255
 
 
 @pytest.mark.gpu
