@@ -657,16 +657,21 @@ def render_mxfp4_loop_cost(results: Path) -> str:
     d = _load(results, name)
     gu = next(r for r in d["rows"] if r["kernel"] == "_gemv_gate_up_kernel")
     dn = next(r for r in d["rows"] if r["kernel"] == "_gemv_down_kernel" and r["config"] == gu["config"])
-    text = (f"Why the expert kernels stop near a quarter of the bandwidth: compiled for sm_90 on the CPU "
+    old = {r["kernel"]: r for r in d["before"]["rows"]}
+    text = (f"The gemv experts' instruction cost, compiled for sm_90 on the CPU "
             f"(`python tests/runtime/mxfp4_sm90_compile.py --loop {gu['config']} --out FILE`, Triton {d['triton']}; "
-            f"{provenance_note(d, name)}), the default gemv tile's gate_up loop issues "
+            f"{provenance_note(d, name)}): the default gemv tile's gate_up loop issues "
             f"{gu['loop_instructions_1_token']} instructions per thread per K step for "
-            f"{gu['weight_values_per_thread']:.0f} weight values: {gu['instructions_per_value_1_token']} per value at "
+            f"{gu['weight_values_per_thread']:.0f} weight values, {gu['instructions_per_value_1_token']} per value at "
             f"1 token (+{gu['instructions_per_value_per_more_token']} per further token), down_proj's "
-            f"{dn['instructions_per_value_1_token']}. At an H100's issue rate that alone caps them at "
-            f"{dn['h100_issue_bound_tb_per_s_1_token']}-{gu['h100_issue_bound_tb_per_s_1_token']} TB/s of weights "
-            "(the copy runs at ~3.0) however the loads are scheduled: the instructions per value (the integer "
-            "decode, then the FMAs), not the memory side, are the first limit.")
+            f"{dn['instructions_per_value_1_token']}; before the PTX E2M1 decode and the per-group scale "
+            f"{old['_gemv_gate_up_kernel']['instructions_per_value_1_token']} and "
+            f"{old['_gemv_down_kernel']['instructions_per_value_1_token']} (the file's `before`). At an H100's issue "
+            f"rate that caps them at {dn['h100_issue_bound_tb_per_s_1_token']}-{gu['h100_issue_bound_tb_per_s_1_token']} "
+            "TB/s of weights. The measured kernels stay far under that (`benchmarks/results/mxfp4_decode_h200/`), "
+            "so the issue rate is no longer their first limit (gate_up holds "
+            f"{gu['registers_per_thread']} registers per thread: {gu['programs_per_sm_by_registers']} of its programs "
+            "per SM at a time; what was tried there, in that folder's README).")
     return "\n".join(textwrap.wrap(text, 115)) + "\n"
 
 
@@ -1191,7 +1196,9 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
     files = (("gpt-oss-20b", "H100", "before", "gpt_oss_20b_step_h100_mxfp4.json"),
              ("gpt-oss-20b", "H100", "after", "gpt_oss_20b_step_h100_v2.json"),
              ("gpt-oss-120b", "H200", "before", "gpt_oss_120b_step_h200.json"),
-             ("gpt-oss-120b", "H100", "after", "gpt_oss_120b_step_h100.json"))
+             ("gpt-oss-120b", "H100", "after", "gpt_oss_120b_step_h100.json"),
+             ("gpt-oss-120b", "H200", "after (A/B base)", "mxfp4_decode_h200/gpt_oss_120b_step_prev_h200.json"),
+             ("gpt-oss-120b", "H200", "+ PTX E2M1 decode", "mxfp4_decode_h200/gpt_oss_120b_step_h200.json"))
     lines = _table_head("target, GPU", "decode kernels", "AR step b=1 (roofline)", "DFlash step b=1 (roofline)",
                         "break-even tokens b=1", "kernels per AR step", "experts: us per distinct expert AR / DFlash")
     notes = []
@@ -1213,8 +1220,10 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
     proj = ", ".join(f"{k} {v:.2f}x" for k, v in s120["projection_end_to_end_speedup_b1"].items())
     return ("\n".join(lines) + "\n\nRandom weights at the real shapes, ctx 1024, CUDA graphs; roofline = bytes that must cross "
             "HBM in the step (the distinct experts its tokens chose, at MXFP4 size; random routing is near the worst "
-            "case) over the copy bandwidth measured in the same run. The 120b rows ran on different GPUs (H200 4.3 "
-            "TB/s before, H100 3.0 TB/s after): compare their roofline fractions, not their times. *Projection*, not "
+            "case) over the copy bandwidth measured in the same run. The first two 120b rows ran on different GPUs "
+            "(H200 4.3 TB/s before, H100 3.0 TB/s after): compare their roofline fractions, not their times; the last "
+            "two are one A/B on one H200, minutes apart (`benchmarks/results/mxfp4_decode_h200/README.md`). "
+            "*Projection*, not "
             "a measurement: z-lab's published gpt-oss-120b acceptance (block 10) x AR step / DFlash step at batch 1 "
             f"(H100, after) gives {proj} end to end. Sources: {'; '.join(notes)}.\n")
 
