@@ -62,36 +62,52 @@ def cuobjdump(cubin: bytes, flag: str) -> str:
         path.unlink()
 
 
-def loops(cubin: bytes) -> list[int]:
-    """Instructions in each loop of the kernel's SASS (a backward branch's span), outermost first."""
+def loops(cubin: bytes) -> list[tuple[int, int]]:
+    """Each loop of the kernel's SASS as (first, last) instruction address (a backward branch's span)."""
     import re
     sass = cuobjdump(cubin, "-sass")
     spans = []
     for addr, target in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?BRA[^;]*?0x([0-9a-f]+)", sass):
         a, t = int(addr, 16), int(target, 16)
         if t < a:
-            spans.append((a - t) // 16 + 1)      # one SASS instruction per 16 bytes on sm_90
-    return sorted(spans, reverse=True)
+            spans.append((t, a))
+    return spans
+
+
+def size(span: tuple[int, int]) -> int:
+    return (span[1] - span[0]) // 16 + 1          # one SASS instruction per 16 bytes on sm_90
+
+
+def gemv_loops(spans: list[tuple[int, int]]) -> tuple[int, int, int]:
+    """(one-pair K loop, many-pair K loop, its per-row loop) in instructions. _gemv_k_loop compiles to two K
+    loops side by side: the one-pair path's holds no loop, the other holds the loop over an expert's pairs."""
+    inside = lambda s, o: o != s and o[0] <= s[0] and s[1] <= o[1]  # noqa: E731
+    outer = [s for s in spans if not any(inside(s, o) for o in spans)]
+    many = next(s for s in outer if any(inside(i, s) for i in spans))
+    one = next((s for s in outer if s != many and not any(inside(i, s) for i in spans)), many)
+    row = max((i for i in spans if inside(i, many)), key=size)
+    return size(one), size(many), size(row)
 
 
 def loop_cost(spec: str) -> list[dict]:
-    """--loop: per gemv kernel, the instructions per thread of its K-step loop and per weight value in it."""
+    """--loop: per gemv kernel, the instructions per thread of its K-step loops and per weight value in them: the
+    one-pair path (1 token, or any expert with one pair), and the many-pair path's K step and per-row cost."""
     _, bm, bn, bk, warps = (int(v) if v.isdigit() else v for v in spec.split(":"))
     common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "split": 1, "ASM": True}
     rows = []
     for kernel, consts, tiles in ((M._gemv_gate_up_kernel, common, 2),
                                   (M._gemv_down_kernel, {**common, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, 1)):
         cubin = _cubin(kernel, consts, warps)
-        spans = loops(cubin)
+        one, many, per_row = gemv_loops(loops(cubin))
         usage = cuobjdump(cubin, "--dump-resource-usage")
         regs = int(usage.split("REG:")[1].split()[0])
         values = tiles * bn * bk / (32 * warps)          # weight values a thread decodes per K step
-        k_step, per_row = spans[0], spans[1] if len(spans) > 1 else 0
-        rows.append({"config": spec, "kernel": kernel.__name__, "loop_instructions_1_token": k_step,
+        rows.append({"config": spec, "kernel": kernel.__name__, "loop_instructions_1_token": one,
+                     "many_pair_loop_instructions": many,   # its K step with one pass of the row loop
                      "row_loop_instructions": per_row, "weight_values_per_thread": values,
-                     "instructions_per_value_1_token": round(k_step / values, 2),
+                     "instructions_per_value_1_token": round(one / values, 2),
                      "instructions_per_value_per_more_token": round(per_row / values, 2),
-                     "h100_issue_bound_tb_per_s_1_token": round(29.6e12 / (k_step / values) / 2 / 1e12, 2),
+                     "h100_issue_bound_tb_per_s_1_token": round(29.6e12 / (one / values) / 2 / 1e12, 2),
                      # 64K registers per SM: how many of these programs fit on one SM at a time
                      "registers_per_thread": regs, "programs_per_sm_by_registers": 65536 // (regs * 32 * warps)})
     return rows

@@ -328,15 +328,21 @@ def _gemv_group_sums(v, x3):
 
 
 @triton.jit
+def _gemv_x(a_ptr, off, k0, k_end, BK: tl.constexpr):
+    """One row's inputs k0 .. k0 + BK from element offset ``off`` of a_ptr as float32 [G, 4, 8] (scale group, word,
+    input in the word), zeros past k_end."""
+    g = k0 // 32 + tl.arange(0, BK // 32)
+    kx = (g * 32)[:, None, None] + (tl.arange(0, 4) * 8)[None, :, None] + tl.arange(0, 8)[None, None, :]
+    return tl.load(a_ptr + off + kx, mask=(g < k_end // 32)[:, None, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _gemv_fma(acc_a, acc_b, wa, sa, wb, sb, a_ptr, a_off, nvalid, k0, k_end,
               TWO: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
     """acc_a [BM, BN] += A[rows, k0:k0+BK] @ dequant(wa, sa), and the same for b when TWO (gate and up share each
     row of A), without the MMA: the tiles are decoded once, then each of the first ``nvalid`` rows (a_off [BM]:
     element offsets from a_ptr) is loaded once and FMA'd with them; padding rows cost nothing. Each scale group's
     sum is scaled once (one multiply per 32 values, not one per value)."""
-    g = k0 // 32 + tl.arange(0, BK // 32)
-    kx = (g * 32)[:, None, None] + (tl.arange(0, 4) * 8)[None, :, None] + tl.arange(0, 8)[None, None, :]
-    km = (g < k_end // 32)[:, None, None]
     va = _gemv_decode(wa, ASM)
     sca = _scale_x2p14(sa.to(tl.int32))                                          # [G, BN]
     if TWO:
@@ -344,13 +350,53 @@ def _gemv_fma(acc_a, acc_b, wa, sa, wb, sb, a_ptr, a_off, nvalid, k0, k_end,
         scb = _scale_x2p14(sb.to(tl.int32))
     ar = tl.arange(0, BM)
     for r in range(nvalid):
-        off = tl.sum(tl.where(ar == r, a_off, 0), axis=0)                         # row r's offset (a scalar)
-        x3 = tl.load(a_ptr + off + kx, mask=km, other=0.0).to(tl.float32)        # [G, 4, 8]
+        x3 = _gemv_x(a_ptr, tl.sum(tl.where(ar == r, a_off, 0), axis=0), k0, k_end, BK)   # row r's inputs
         row_a = tl.sum(_gemv_group_sums(va, x3) * sca, axis=0)                    # [BN]
         acc_a = tl.where((ar == r)[:, None], acc_a + row_a[None, :], acc_a)
         if TWO:
             row_b = tl.sum(_gemv_group_sums(vb, x3) * scb, axis=0)
             acc_b = tl.where((ar == r)[:, None], acc_b + row_b[None, :], acc_b)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _gemv_k_loop(a_ptr, a_off, count, wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k_lo, k_hi,
+                 TWO: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
+    """-> acc_a, acc_b [BM, BN]: inputs k_lo .. k_hi of the first ``count`` rows times the weight tiles (b when
+    TWO), the next step's tiles requested before this step's FMAs. A call that gives this expert one pair (every
+    expert of a batch-1 step) keeps that row's sums per scale group until the slice ends: no reduction across lanes
+    and no row select per K step."""
+    ar = tl.arange(0, BM)
+    wa, sa = _gemv_load(wa_rows, sa_rows, w_ok, k_lo, k_hi, BK)
+    wb, sb = wa, sa
+    if TWO:
+        wb, sb = _gemv_load(wb_rows, sb_rows, w_ok, k_lo, k_hi, BK)
+    if count == 1:
+        off = tl.sum(tl.where(ar == 0, a_off, 0), axis=0)
+        ga = tl.zeros([BK // 32, BN], dtype=tl.float32)
+        gb = tl.zeros([BK // 32, BN], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            wa_next, sa_next = _gemv_load(wa_rows, sa_rows, w_ok, k0 + BK, k_hi, BK)
+            wb_next, sb_next = wa_next, sa_next
+            if TWO:
+                wb_next, sb_next = _gemv_load(wb_rows, sb_rows, w_ok, k0 + BK, k_hi, BK)
+            x3 = _gemv_x(a_ptr, off, k0, k_hi, BK)
+            ga += _gemv_group_sums(_gemv_decode(wa, ASM), x3) * _scale_x2p14(sa.to(tl.int32))
+            if TWO:
+                gb += _gemv_group_sums(_gemv_decode(wb, ASM), x3) * _scale_x2p14(sb.to(tl.int32))
+            wa, sa, wb, sb = wa_next, sa_next, wb_next, sb_next
+        acc_a = tl.where((ar == 0)[:, None], tl.sum(ga, axis=0)[None, :], 0.0)
+        acc_b = tl.where((ar == 0)[:, None], tl.sum(gb, axis=0)[None, :], 0.0)
+    else:
+        acc_a = tl.zeros([BM, BN], dtype=tl.float32)
+        acc_b = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            wa_next, sa_next = _gemv_load(wa_rows, sa_rows, w_ok, k0 + BK, k_hi, BK)
+            wb_next, sb_next = wa_next, sa_next
+            if TWO:
+                wb_next, sb_next = _gemv_load(wb_rows, sb_rows, w_ok, k0 + BK, k_hi, BK)
+            acc_a, acc_b = _gemv_fma(acc_a, acc_b, wa, sa, wb, sb, a_ptr, a_off, count, k0, k_hi, TWO, BM, BK, ASM)
+            wa, sa, wb, sb = wa_next, sa_next, wb_next, sb_next
     return acc_a, acc_b
 
 
@@ -556,19 +602,11 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
     wu_rows = w_ptr + e * stride_we + u_rows * stride_wn
     sg_rows = s_ptr + e * stride_se + g_rows * stride_sn
     su_rows = s_ptr + e * stride_se + u_rows * stride_sn
-    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
     k_len = tl.cdiv(tl.cdiv(K, BK), split) * BK
     k_lo = pid_k * k_len
     k_hi = tl.minimum(k_lo + k_len, K)
-    # the next step's gate and up tiles are requested before this step's FMAs: two tiles in flight per program
-    wg, sg = _gemv_load(wg_rows, sg_rows, cm, k_lo, k_hi, BK)
-    wu, su = _gemv_load(wu_rows, su_rows, cm, k_lo, k_hi, BK)
-    for k0 in range(k_lo, k_hi, BK):
-        wg_next, sg_next = _gemv_load(wg_rows, sg_rows, cm, k0 + BK, k_hi, BK)
-        wu_next, su_next = _gemv_load(wu_rows, su_rows, cm, k0 + BK, k_hi, BK)
-        acc_g, acc_u = _gemv_fma(acc_g, acc_u, wg, sg, wu, su, x_ptr, a_off, count, k0, k_hi, True, BM, BK, ASM)
-        wg, sg, wu, su = wg_next, sg_next, wu_next, su_next
+    acc_g, acc_u = _gemv_k_loop(x_ptr, a_off, count, wg_rows, sg_rows, wu_rows, su_rows, cm, k_lo, k_hi, True,
+                                BM, BN, BK, ASM)
     rows = tl.where(valid, pairs, 0)
     m = valid[:, None] & cm[None, :]
     finish = split == 1
@@ -602,15 +640,11 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
         a_off = tl.where(valid, pairs * K, -1)                                  # act rows = pair ids
         w_rows = w_ptr + e * stride_we + n.to(tl.int64) * stride_wn
         s_rows = s_ptr + e * stride_se + n.to(tl.int64) * stride_sn
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
         k_len = tl.cdiv(tl.cdiv(K, BK), split) * BK
         k_lo = pid_k * k_len
         k_hi = tl.minimum(k_lo + k_len, K)
-        w, s = _gemv_load(w_rows, s_rows, nm, k_lo, k_hi, BK)
-        for k0 in range(k_lo, k_hi, BK):  # prefetch one step ahead, as in the gate_up kernel
-            w_next, s_next = _gemv_load(w_rows, s_rows, nm, k0 + BK, k_hi, BK)
-            acc, _ = _gemv_fma(acc, acc, w, s, w, s, act_ptr, a_off, count, k0, k_hi, False, BM, BK, ASM)
-            w, s = w_next, s_next
+        acc, _ = _gemv_k_loop(act_ptr, a_off, count, w_rows, s_rows, w_rows, s_rows, nm, k_lo, k_hi, False,
+                              BM, BN, BK, ASM)
         rows = tl.where(valid, pairs, 0)
         tl.store(part_ptr + (pid_k * P + rows[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
         if last_arrival(cnt_ptr + pid_n, used * split):
