@@ -1079,7 +1079,8 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("tp_h200x2_host_group/gpu_tests_tp_host_group_h200x2.json", "gpu_tests_mxfp4_decode_h200.json",
+    files = ("mxfp4_decode_h200/one_pair/gpu_tests_mxfp4_one_pair_h200.json",
+             "tp_h200x2_host_group/gpu_tests_tp_host_group_h200x2.json", "gpu_tests_mxfp4_decode_h200.json",
              "gpu_tests_moe_invariant_h200.json",
              "gpu_tests_generate_h200.json", "gpu_tests_policy_h100.json", "gpu_tests_engine_h200.json",
              "gpu_tests_allreduce_h200x2.json",
@@ -1198,7 +1199,8 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
              ("gpt-oss-120b", "H200", "before", "gpt_oss_120b_step_h200.json"),
              ("gpt-oss-120b", "H100", "after", "gpt_oss_120b_step_h100.json"),
              ("gpt-oss-120b", "H200", "after (A/B base)", "mxfp4_decode_h200/gpt_oss_120b_step_prev_h200.json"),
-             ("gpt-oss-120b", "H200", "+ PTX E2M1 decode", "mxfp4_decode_h200/gpt_oss_120b_step_h200.json"))
+             ("gpt-oss-120b", "H200", "+ PTX E2M1 decode", "mxfp4_decode_h200/gpt_oss_120b_step_h200.json"),
+             ("gpt-oss-120b", "H200", "+ one-pair K loop", "mxfp4_decode_h200/one_pair/gpt_oss_120b_step_h200.json"))
     lines = _table_head("target, GPU", "decode kernels", "AR step b=1 (roofline)", "DFlash step b=1 (roofline)",
                         "break-even tokens b=1", "kernels per AR step", "experts: us per distinct expert AR / DFlash")
     notes = []
@@ -1221,8 +1223,9 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
     return ("\n".join(lines) + "\n\nRandom weights at the real shapes, ctx 1024, CUDA graphs; roofline = bytes that must cross "
             "HBM in the step (the distinct experts its tokens chose, at MXFP4 size; random routing is near the worst "
             "case) over the copy bandwidth measured in the same run. The first two 120b rows ran on different GPUs "
-            "(H200 4.3 TB/s before, H100 3.0 TB/s after): compare their roofline fractions, not their times; the last "
-            "two are one A/B on one H200, minutes apart (`benchmarks/results/mxfp4_decode_h200/README.md`). "
+            "(H200 4.3 TB/s before, H100 3.0 TB/s after): compare their roofline fractions, not their times; the "
+            "next two are one A/B on one H200, minutes apart, the last ran on another H200 of the same kind "
+            "(`benchmarks/results/mxfp4_decode_h200/README.md`). "
             "*Projection*, not "
             "a measurement: z-lab's published gpt-oss-120b acceptance (block 10) x AR step / DFlash step at batch 1 "
             f"(H100, after) gives {proj} end to end. Sources: {'; '.join(notes)}.\n")
