@@ -9,8 +9,9 @@ intermediate 2880, rows of 1440 bytes). Run in its own process: TRITON_INTERPRET
 
   python tests/runtime/mxfp4_sm90_compile.py gemv:16:32:256:4 mma:16:64:128:4 swap:16:64:128:4
 
-``--loop`` (gemv configs): the SASS instructions each thread issues per K step of the gemv kernels' main loop, and
-per weight value it decodes there, at 1 token and per further token (the loop over a slot's rows). An SM issues 4
+``--loop`` (gemv configs): the SASS instructions each thread issues per K step of the gemv kernels' K loops, and
+per weight value it decodes there: the one-pair loop (1 token), and the many-pair loop's step and its loop over a
+slot's rows (per further token); with the registers per thread. An SM issues 4
 warp instructions per clock, so at H100 clocks (132 SMs, ~1.75 GHz) N instructions per value cap the weights a
 kernel can stream at ~29.6e12 / N values/s, 2 values per byte: the integer decode's share of the bandwidth limit,
 read without a GPU.

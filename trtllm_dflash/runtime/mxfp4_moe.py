@@ -32,8 +32,9 @@ Weights are dequantised in registers, never to memory. Three variants of the GEM
   mma   x @ W with tl.dot on BM >= 16 pair rows: ``tl.dot_scaled`` (Triton's own E2M1 upcast) or an explicit
         bit-level E2M1 decode + tl.dot (``dot_scaled=False``: the variant Triton's CPU interpreter runs);
   swap  W @ x^T: the same, with the weight's output rows as the MMA's M operand and the pair rows as its N;
-  gemv  decode (~2-3 integer ops per E2M1 value, ``_e2m1x2_f16``) and FMA in registers, one valid pair row at a
-        time: no 16-row MMA tile to fill, padding rows skipped; for calls of up to GEMV_MAX_TOKENS tokens.
+  gemv  decode (inline PTX, ~2.9 instructions per E2M1 value, ``_gemv_decode``) and FMA in registers, one valid
+        pair row at a time, each scale group's sum scaled once: no 16-row MMA tile to fill, padding rows skipped;
+        an expert with one pair runs a K loop of its own (``_gemv_k_loop``); for up to GEMV_MAX_TOKENS tokens.
 mma / swap: blocks past the used count return at once, so the grid can be sized for the worst case:
 min(E, N * k) + ceil(N * k / BM) blocks. gemv: slots past the call's distinct experts return at once.
 """
@@ -275,8 +276,8 @@ def _gemv_load(w_rows, s_rows, w_ok, k0, k_end, BK: tl.constexpr):
 # One int32 word of an MXFP4 row holds inputs 8w .. 8w + 7 as nibbles 0..7. Nibbles j and j + 4 sit 16 bits
 # apart, so one shift and two masks place both at once as the fp16 pattern of their E2M1 value x 2^-14
 # (``_e2m1x2_f16``'s placement); cvt.f32.f16 widens each half exactly. 15 integer ops and 8 conversions per
-# word (~2.9 per value), where Triton's own lowering of the same tl ops spends ~4.6 on shifts, byte shuffles and
-# the 16-bit truncations.
+# word (~2.9 per value), fewer than Triton's lowering of the same tl ops (which adds byte shuffles and 16-bit
+# truncations; benchmarks/results/mxfp4_sm90_loop_cost.json has the counts before and after).
 _E2M1X8_F32 = tl.constexpr("""
 {
 .reg .b32 a, b, p;
@@ -360,6 +361,16 @@ def _gemv_fma(acc_a, acc_b, wa, sa, wb, sb, a_ptr, a_off, nvalid, k0, k_end,
 
 
 @triton.jit
+def _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k0, k_end, TWO: tl.constexpr, BK: tl.constexpr):
+    """One K step's tiles: a's words and scales, and b's when TWO (else a's again)."""
+    wa, sa = _gemv_load(wa_rows, sa_rows, w_ok, k0, k_end, BK)
+    wb, sb = wa, sa
+    if TWO:
+        wb, sb = _gemv_load(wb_rows, sb_rows, w_ok, k0, k_end, BK)
+    return wa, sa, wb, sb
+
+
+@triton.jit
 def _gemv_k_loop(a_ptr, a_off, count, wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k_lo, k_hi,
                  TWO: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
     """-> acc_a, acc_b [BM, BN]: inputs k_lo .. k_hi of the first ``count`` rows times the weight tiles (b when
@@ -367,36 +378,27 @@ def _gemv_k_loop(a_ptr, a_off, count, wa_rows, sa_rows, wb_rows, sb_rows, w_ok, 
     expert of a batch-1 step) keeps that row's sums per scale group until the slice ends: no reduction across lanes
     and no row select per K step."""
     ar = tl.arange(0, BM)
-    wa, sa = _gemv_load(wa_rows, sa_rows, w_ok, k_lo, k_hi, BK)
-    wb, sb = wa, sa
-    if TWO:
-        wb, sb = _gemv_load(wb_rows, sb_rows, w_ok, k_lo, k_hi, BK)
+    wa, sa, wb, sb = _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k_lo, k_hi, TWO, BK)
     if count == 1:
         off = tl.sum(tl.where(ar == 0, a_off, 0), axis=0)
         ga = tl.zeros([BK // 32, BN], dtype=tl.float32)
         gb = tl.zeros([BK // 32, BN], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BK):
-            wa_next, sa_next = _gemv_load(wa_rows, sa_rows, w_ok, k0 + BK, k_hi, BK)
-            wb_next, sb_next = wa_next, sa_next
-            if TWO:
-                wb_next, sb_next = _gemv_load(wb_rows, sb_rows, w_ok, k0 + BK, k_hi, BK)
+            nxt = _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k0 + BK, k_hi, TWO, BK)
             x3 = _gemv_x(a_ptr, off, k0, k_hi, BK)
             ga += _gemv_group_sums(_gemv_decode(wa, ASM), x3) * _scale_x2p14(sa.to(tl.int32))
             if TWO:
                 gb += _gemv_group_sums(_gemv_decode(wb, ASM), x3) * _scale_x2p14(sb.to(tl.int32))
-            wa, sa, wb, sb = wa_next, sa_next, wb_next, sb_next
+            wa, sa, wb, sb = nxt
         acc_a = tl.where((ar == 0)[:, None], tl.sum(ga, axis=0)[None, :], 0.0)
         acc_b = tl.where((ar == 0)[:, None], tl.sum(gb, axis=0)[None, :], 0.0)
     else:
         acc_a = tl.zeros([BM, BN], dtype=tl.float32)
         acc_b = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BK):
-            wa_next, sa_next = _gemv_load(wa_rows, sa_rows, w_ok, k0 + BK, k_hi, BK)
-            wb_next, sb_next = wa_next, sa_next
-            if TWO:
-                wb_next, sb_next = _gemv_load(wb_rows, sb_rows, w_ok, k0 + BK, k_hi, BK)
+            nxt = _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k0 + BK, k_hi, TWO, BK)
             acc_a, acc_b = _gemv_fma(acc_a, acc_b, wa, sa, wb, sb, a_ptr, a_off, count, k0, k_hi, TWO, BM, BK, ASM)
-            wa, sa, wb, sb = wa_next, sa_next, wb_next, sb_next
+            wa, sa, wb, sb = nxt
     return acc_a, acc_b
 
 
