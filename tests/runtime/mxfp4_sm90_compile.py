@@ -85,7 +85,7 @@ def gemv_loops(spans: list[tuple[int, int]]) -> tuple[int, int, int]:
     inside = lambda s, o: o != s and o[0] <= s[0] and s[1] <= o[1]  # noqa: E731
     outer = [s for s in spans if not any(inside(s, o) for o in spans)]
     many = next(s for s in outer if any(inside(i, s) for i in spans))
-    one = next((s for s in outer if s != many and not any(inside(i, s) for i in spans)), many)
+    one = next(s for s in outer if s != many and not any(inside(i, s) for i in spans))   # absent: the layout changed
     row = max((i for i in spans if inside(i, many)), key=size)
     return size(one), size(many), size(row)
 

@@ -37,8 +37,9 @@ def quickstart_dtype(cpuinfo: str | None = None) -> str:
     compute-bound there, one row is memory-bound), so it rightly ran AR and the quick start printed 0.95x; in bf16
     it priced the step at 1.4x and the quick start printed 2.2x with AR's tokens
     (benchmarks/results/quickstart_repeat_cpu_bf16.json and _fp32.json). bf16 AR was slower there than float32 AR
-    (4.45 vs 3.45 s a round), so bf16 DFlash is ~1.7x the faster AR: the fastest way to these tokens on that CPU. vLLM's CPU backend takes bf16 on such CPUs too. Elsewhere bf16 matmuls
-    are emulated and float32 stays. ``cpuinfo``: /proc/cpuinfo's text (read here when None)."""
+    (4.45 vs 3.45 s a round), so bf16 DFlash is ~1.7x the faster AR: the fastest way to these tokens on that CPU.
+    Elsewhere bf16 matmuls are emulated and float32 stays. ``cpuinfo``: /proc/cpuinfo's text (read here when
+    None)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -84,13 +85,12 @@ def dtype_args(extra: list[str]) -> list[str]:
     return [] if any(a == "--dtype" or a.startswith("--dtype=") for a in extra) else ["--dtype", quickstart_dtype()]
 
 
-def run_once(extra: list[str], timeout_s: float) -> tuple[dict, str, float]:
+def run_once(generate_args: list[str], timeout_s: float) -> tuple[dict, str, float]:
     with tempfile.TemporaryDirectory(prefix="quickstart-repeat-") as tmp:
         out = Path(tmp) / "run.json"
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run([sys.executable, "-c", GENERATE, *QUICKSTART_ARGS, *dtype_args(extra), *extra,
-                                   "--json", str(out)],
+            proc = subprocess.run([sys.executable, "-c", GENERATE, *generate_args, "--json", str(out)],
                                   capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             sys.exit(f"quickstart_repeat: a run outlasted --timeout_s {timeout_s:g}: raise it, or look at what else "
@@ -113,16 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         p.error("--runs: must be >= 1")
     from trtllm_dflash.checkpoints.resolve import shipped_drafter_dir
+    generate_args = QUICKSTART_ARGS + dtype_args(args.extra) + args.extra   # the same for every run
     runs = []
     for i in range(args.runs):
-        results, stderr, took = run_once(args.extra, args.timeout_s)
+        results, stderr, took = run_once(generate_args, args.timeout_s)
         runs.append({**parse_run(results, stderr), "run_s": round(took, 1)})
         print(f"quickstart_repeat: run {i + 1}/{args.runs}: printed {runs[-1]['printed_median_speedup']:.2f}x, "
               f"DFlash == AR: {runs[-1]['dflash_equals_ar']}, {took:.0f} s", flush=True)
     summary = summarize(runs)
     drafter = shipped_drafter_dir("smollm2-135m-dflash")
     doc = {"what": "the quick start (scripts/quickstart.sh's dflash-generate) run several times in a row",
-           "quickstart_args": QUICKSTART_ARGS + dtype_args(args.extra) + args.extra, "machine": args.machine,
+           "quickstart_args": generate_args, "machine": args.machine,
            "runs": runs, "summary": summary, "provenance": record(checkpoints={"drafter": drafter})}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"quickstart_repeat: {summary['printed_median_speedups']}; worst three in a row "
