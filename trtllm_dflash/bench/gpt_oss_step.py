@@ -336,28 +336,73 @@ def moe_layer_vs_flashinfer(target, fm, routings, shapes, iters: int, ceil: dict
     return rows
 
 
-def tile_sweep(target, device, token_counts, iters: int, sweep_decode: bool = False) -> list[dict]:
-    """Layer 0's fused experts under a few tile shapes (dot_scaled vs the explicit decode, BN, BK, warps)."""
+# tile shapes each variant is timed under: (block_n, block_k, num_warps)
+SWEEP_SHAPES = {"mma": ((64, 128, 4), (128, 128, 8), (64, 256, 8), (128, 64, 4)),
+                "gemv": ((32, 256, 4), (64, 128, 4), (32, 128, 4), (64, 256, 8))}
+
+
+def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = False) -> list:
+    """The TileConfigs tile_sweep times for a call of ``tokens``: default_tiles' variant under SWEEP_SHAPES, and
+    where gemv can take the call (tokens <= GEMV_BLOCK_M) the other of gemv / mma too, so a DFlash block's size
+    shows which variant should take it (default_tiles sends it to mma above GEMV_MAX_TOKENS)."""
+    from trtllm_dflash.runtime import mxfp4_moe
+    base = mxfp4_moe.default_tiles(tokens, top_k, num_experts)
+    variants = [base.variant]
+    if tokens <= mxfp4_moe.GEMV_BLOCK_M:
+        variants.append("mma" if base.variant == "gemv" else "gemv")
+    out = []
+    for variant in variants:
+        t0 = base if variant == base.variant else dataclasses.replace(
+            base, variant=variant, block_m=mxfp4_moe.GEMV_BLOCK_M if variant == "gemv" else 16,
+            split_k=1 if variant == "gemv" else None)
+        for ds in ((True, False) if sweep_decode and variant != "gemv" else (t0.dot_scaled,)):
+            for bn, bk, warps in SWEEP_SHAPES[variant]:
+                out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, dot_scaled=ds))
+    return out
+
+
+def best_variants(rows: list[dict]) -> list[dict]:
+    """Per routing and token count, the fastest timed tile of each variant, and gemv's time over mma's."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        if "ms" not in r:
+            continue
+        key = (r.get("routing", "uniform"), r["tokens"])
+        entry = best.setdefault(key, {"routing": key[0], "tokens": key[1], "distinct_experts": r.get("distinct_experts")})
+        if r["ms"] < entry.get(f"{r['variant']}_ms", float("inf")):
+            entry[f"{r['variant']}_ms"] = r["ms"]
+            entry[f"{r['variant']}_tiles"] = {k: r[k] for k in ("block_m", "block_n", "block_k", "num_warps", "dot_scaled")}
+    for entry in best.values():
+        if "gemv_ms" in entry and "mma_ms" in entry:
+            entry["gemv_over_mma"] = round(entry["gemv_ms"] / entry["mma_ms"], 3)
+    return list(best.values())
+
+
+def tile_sweep(target, device, token_counts, iters: int, routings=(Routing(),), sweep_decode: bool = False) -> list[dict]:
+    """Layer 0's fused experts under the tiles sweep_tiles names, for each routing (layer 0 of its trace for one
+    request of ``tokens`` positions: a DFlash block's tokens share experts under skewed routing)."""
     from trtllm_dflash.runtime import mxfp4_moe
     mx = target.layers[0].mlp.experts
+    c = target.config
     rows = []
-    for N in token_counts:
-        x, ids, w = moe_inputs(target, N, device)
-        base = mxfp4_moe.default_tiles(N, ids.shape[1], mx.num_local)
-        for ds in ((True, False) if sweep_decode else (True,)):
-            for bn, bk, warps in ((64, 128, 4), (128, 128, 8), (64, 256, 8), (128, 64, 4)):
-                t = dataclasses.replace(base, block_n=bn, block_k=bk, num_warps=warps, dot_scaled=ds)
+    for routing in routings:
+        for N in token_counts:
+            x, _, w = moe_inputs(target, N, device)
+            ids = routing.trace(1, 1, N, c.num_experts, c.experts_per_token)[0].to(device)
+            distinct = ids.unique().numel()
+            for t in sweep_tiles(N, ids.shape[1], mx.num_local, sweep_decode):
                 fn = lambda t=t: mxfp4_moe.fused_experts(  # noqa: E731
                     x, ids, w, mx.gate_up_proj_blocks, mx.gate_up_proj_scales, mx.gate_up_proj_bias,
                     mx.down_proj_blocks, mx.down_proj_scales, mx.down_proj_bias, first=0, num_experts=mx.num_experts,
                     limit=mx.limit, alpha=1.702, tiles=t)
+                row = {"routing": routing.name, "tokens": N, "distinct_experts": distinct, **dataclasses.asdict(t)}
                 try:
                     ms = statistics.median(time_ms(graphed(fn), iters, 3, True))
                 except Exception as err:  # noqa: BLE001  a tile the compiler refuses is a row, not a crash
-                    rows.append({"tokens": N, **dataclasses.asdict(t), "error": str(err).splitlines()[0][:200]})
+                    rows.append({**row, "error": str(err).splitlines()[0][:200]})
                     continue
-                rows.append({"tokens": N, **dataclasses.asdict(t), "ms": round(ms, 4)})
-                print(f"tiles N={N:4d} {t}: {ms:.4f} ms", flush=True)
+                rows.append({**row, "ms": round(ms, 4)})
+                print(f"tiles {routing.name} N={N:4d} ({distinct} experts) {t}: {ms:.4f} ms", flush=True)
     return rows
 
 
@@ -518,7 +563,8 @@ def main(argv=None) -> int:
             except RuntimeError as err:
                 record["grouped_mm_error"] = str(err).splitlines()[0]
     if cuda and args.tile_sweep and backend == "triton":
-        record["tile_sweep"] = tile_sweep(target, device, [1, blocks[0], 64 * blocks[0]], args.iters)
+        record["tile_sweep"] = tile_sweep(target, device, [1, blocks[0], 64 * blocks[0]], args.iters, routings)
+        record["tile_sweep_best"] = best_variants(record["tile_sweep"])
 
     def timed_rows(label: str, routing: str) -> None:
         modes = (["eager"] if not cuda or args.eager else []) + (["graph"] if cuda else [])

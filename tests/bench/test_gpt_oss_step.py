@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: Apache-2.0
+"""gpt_oss_step's tile sweep plan and its summary (the timing itself needs CUDA: tests/gpu and the GPU run)."""
+from __future__ import annotations
+
+from trtllm_dflash.bench.gpt_oss_step import SWEEP_SHAPES, best_variants, sweep_tiles
+from trtllm_dflash.runtime import mxfp4_moe
+
+
+def test_a_dflash_block_is_timed_under_both_variants_and_a_prefill_under_mma_only():
+    """120b's shapes: 128 experts, top 4. A block of 10 goes to mma by default_tiles' rule; the sweep times gemv
+    beside it (gemv can take up to GEMV_BLOCK_M tokens), one tile per shape, each a valid TileConfig."""
+    for tokens, want in ((1, {"gemv", "mma"}), (10, {"gemv", "mma"}), (mxfp4_moe.GEMV_BLOCK_M, {"gemv", "mma"}),
+                         (640, {"mma"})):
+        tiles = sweep_tiles(tokens, 4, 128)
+        assert {t.variant for t in tiles} == want, tokens
+        for t in tiles:
+            t.check()
+            assert t.variant != "gemv" or (t.block_m >= tokens and t.split_k == 1)
+        for v in want:
+            assert sorted((t.block_n, t.block_k, t.num_warps) for t in tiles if t.variant == v) == sorted(SWEEP_SHAPES[v])
+    default = mxfp4_moe.default_tiles(10, 4, 128)
+    assert default.variant == "mma" and any(t == default for t in sweep_tiles(10, 4, 128))
+
+
+def test_the_decode_switch_doubles_mma_tiles_only():
+    tiles = sweep_tiles(10, 4, 128, sweep_decode=True)
+    assert len([t for t in tiles if t.variant == "mma"]) == 2 * len(SWEEP_SHAPES["mma"])
+    assert len([t for t in tiles if t.variant == "gemv"]) == len(SWEEP_SHAPES["gemv"])
+
+
+def test_best_variants_keeps_each_variants_fastest_tile_per_routing_and_size():
+    def row(routing, tokens, variant, bn, ms, **extra):
+        return {"routing": routing, "tokens": tokens, "distinct_experts": 34, "variant": variant, "block_m": 16,
+                "block_n": bn, "block_k": 128, "num_warps": 4, "dot_scaled": True, "ms": ms, **extra}
+    rows = [row("uniform", 10, "mma", 64, 0.60), row("uniform", 10, "mma", 128, 0.76),
+            row("uniform", 10, "gemv", 32, 0.45), row("uniform", 10, "gemv", 64, 0.50),
+            row("skewed", 10, "mma", 64, 0.30), row("skewed", 10, "gemv", 32, 0.40),
+            {"routing": "skewed", "tokens": 10, "variant": "gemv", "error": "out of resources"},
+            row("uniform", 640, "mma", 64, 2.8)]
+    best = {(b["routing"], b["tokens"]): b for b in best_variants(rows)}
+    assert best[("uniform", 10)]["gemv_ms"] == 0.45 and best[("uniform", 10)]["mma_ms"] == 0.60
+    assert best[("uniform", 10)]["gemv_over_mma"] == 0.75 and best[("uniform", 10)]["gemv_tiles"]["block_n"] == 32
+    assert best[("skewed", 10)]["gemv_over_mma"] == 1.333
+    assert "gemv_over_mma" not in best[("uniform", 640)] and best[("uniform", 640)]["mma_ms"] == 2.8
