@@ -76,3 +76,15 @@ def random_cache(slots: int, Hkv: int, S: int, d: int, dtype, kv_len: int, g: to
     cache.v.copy_(torch.randn(cache.v.shape, generator=g))
     cache.k[..., kv_len:, :] = 1e4
     return cache
+
+
+ERROR_MARKS = ("Traceback", "Error", "error:", "Killed", "BAD TERMINATION", "signal", "Abort", "terminate called")
+
+
+def job_failure(proc, tail: int = 2000) -> str:
+    """What a failed mpiexec job said: its exit code, every line of any rank that looks like an error (a rank's
+    traceback can sit far above the launcher's cleanup messages that end the output), then the output's end."""
+    text = (proc.stdout or "") + (proc.stderr or "")
+    marked = [ln for ln in text.splitlines() if any(m in ln for m in ERROR_MARKS)]
+    return (f"exit code {proc.returncode}\n-- lines that look like errors ({len(marked)}):\n" + "\n".join(marked[:60])
+            + f"\n-- the last {tail} characters:\n" + text[-tail:])

@@ -19,7 +19,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests.runtime.compare import rel
+from tests.runtime.compare import job_failure, rel
 from tests.runtime.oracle import PeriodicOracle
 from tests.runtime.test_tp import mpiexec
 from trtllm_dflash.testing import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
@@ -228,7 +228,7 @@ def test_tp2_and_ep2_under_mpiexec_equal_tp1(tiny, drafters, tmp_path):
         cmd = [mpiexec(), "-n", "2", sys.executable, str(HERE / "gpt_oss_tp_run.py"), str(target), str(drafter),
                str(out), "2", str(ep)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        assert proc.returncode == 0, job_failure(proc)
         assert json.loads(out.read_text())["tokens"] == expected, f"tp 2, ep {ep}"
 
 
@@ -244,7 +244,7 @@ def test_tp4_over_2_kv_heads_replicates_them_and_equals_tp1(tiny, drafters, tmp_
            str(out), "4", "1"]
     proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, job_failure(proc)
     assert json.loads(out.read_text())["tokens"] == expected
 
 
