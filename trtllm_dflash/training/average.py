@@ -10,9 +10,9 @@ token), only acceptance.
   python -m trtllm_dflash.training.average --drafters smollm2-135m-dflash runs/v7/drafter --out runs/soup
 
 The drafters must share config.json (but for the fields below that do not shape the weights) and every tensor's
-name, shape and dtype; the mean is taken in float64 and cast back. The output folder is new: config.json, one
-model.safetensors and ``average.json`` (the sources with their sha256 and the weights); it appears whole or not at
-all.
+name, shape and dtype; the mean is taken in float64 and cast back. The output folder is new: config.json (whose
+``dflash_training`` lists the sources, their weights, sha256 and training records) and one model.safetensors; it
+appears whole or not at all.
 """
 from __future__ import annotations
 
@@ -103,21 +103,17 @@ def average(drafters: list[str], out: Path, weights: list[float] | None = None) 
     _same_config(configs, drafters)
     sds = [load_state_dict(d) for d in dirs]
     mean = average_state_dicts(sds, w, drafters)
-    sources = [{"drafter": spec, "weight": wt, "files": {f.name: sha256_file(f) for f in weight_files(d)}}
-               for spec, wt, d in zip(drafters, w, dirs)]
+    # the first drafter's config; its training record becomes the list of what was averaged, with their digests
+    config = dict(configs[0])
+    config["dflash_training"] = {"tool": "python -m trtllm_dflash.training.average", "averaged": [
+        {"drafter": spec, "weight": wt, "files": {f.name: sha256_file(f) for f in weight_files(d)},
+         "dflash_training": cfg.get("dflash_training")} for spec, wt, d, cfg in zip(drafters, w, dirs, configs)]}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        # the first drafter's config; its training record becomes the list of what was averaged
-        config = dict(configs[0])
-        config["dflash_training"] = {"tool": "python -m trtllm_dflash.training.average",
-                                     "averaged": [{"drafter": spec, "weight": wt, "dflash_training": cfg.get("dflash_training")}
-                                                  for spec, wt, cfg in zip(drafters, w, configs)]}
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         written = save_state_dict(mean, tmp)
-        record = {"tool": "python -m trtllm_dflash.training.average", "sources": sources,
-                  "tensors": len(mean), "model.safetensors": sha256_file(written)}
-        (tmp / "average.json").write_text(json.dumps(record, indent=2) + "\n")
+        record = {**config["dflash_training"], "tensors": len(mean), "model.safetensors": sha256_file(written)}
         if out.exists():
             out.rmdir()
         tmp.rename(out)
