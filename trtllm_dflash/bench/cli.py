@@ -14,7 +14,8 @@ from pathlib import Path
 
 # short name -> module under trtllm_dflash.bench (the modules' own names where they are already short)
 TOOLS = {
-    "step": "step", "load": "load", "soak": "soak", "acceptance": "acceptance", "quant_report": "quant_report",
+    "step": "step", "load": "load", "soak": "soak", "acceptance": "acceptance", "acceptance_compare": "acceptance_compare",
+    "quant_report": "quant_report",
     "cuda_check": "cuda_check", "tp": "tp", "tp_allreduce": "tp_allreduce", "serving_overhead": "serving_overhead",
     "guard_overhead": "guard_overhead", "aiperf_openai": "aiperf_openai", "gemm": "gemm", "fp8_gemm": "fp8_gemm",
     "sample": "sample", "mxfp4": "mxfp4", "mxfp4_probe": "mxfp4_probe", "gpt_oss_kernels": "gpt_oss_kernels", "gpt_oss_step": "gpt_oss_step",
