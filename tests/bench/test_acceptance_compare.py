@@ -61,3 +61,10 @@ def test_cli_writes_json_and_table_and_a_missing_file_is_one_line(tmp_path, caps
     assert saved["greedy"]["humaneval"]["b_higher"] == 2 and (tmp_path / "cmp.md").is_file()
     assert exit_code(main, [str(tmp_path / "none.json"), str(b)]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_a_file_without_results_is_refused_not_compared_as_empty():
+    meta = {"command": "python -m trtllm_dflash.bench.acceptance ...", "timings_s": {}}
+    with pytest.raises(DFlashError) as err:
+        compare(meta, run([[101, 50]]), "a.meta.json", "b.json", 16)
+    assert err.value.field == "a.meta.json" and "no dataset results" in str(err.value)

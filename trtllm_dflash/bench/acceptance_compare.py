@@ -42,6 +42,8 @@ def bootstrap_ci(diffs: list[float], draws: int = 2000, seed: int = 0) -> tuple[
 
 def compare(a: dict, b: dict, a_name: str, b_name: str, block_size: int) -> dict:
     datasets = [d for d in a if isinstance(a[d], dict) and "block_sizes" in a[d]]
+    if not datasets:
+        raise DFlashError(a_name, "holds no dataset results with block sizes", "pass an acceptance JSON, not its .meta.json")
     missing = [d for d in datasets if d not in b]
     if missing:
         raise DFlashError(b_name, f"has no {missing[0]} results", "compare runs over the same datasets")
