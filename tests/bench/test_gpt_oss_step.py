@@ -16,7 +16,7 @@ from trtllm_dflash.runtime import mxfp4_moe  # noqa: E402
 
 
 def test_a_dflash_block_is_timed_under_both_variants_and_a_prefill_under_mma_only():
-    """120b's shapes: 128 experts, top 4. A block of 10 goes to mma by default_tiles' rule; the sweep times gemv
+    """120b's shapes: 128 experts, top 4. A block of 10 goes to gemv by default_tiles' rule; the sweep times mma
     beside it (gemv can take up to GEMV_BLOCK_M tokens), one tile per shape, each a valid TileConfig."""
     for tokens, want in ((1, {"gemv", "mma"}), (10, {"gemv", "mma"}), (mxfp4_moe.GEMV_BLOCK_M, {"gemv", "mma"}),
                          (640, {"mma"})):
@@ -28,7 +28,7 @@ def test_a_dflash_block_is_timed_under_both_variants_and_a_prefill_under_mma_onl
         for v in want:
             assert sorted((t.block_n, t.block_k, t.num_warps) for t in tiles if t.variant == v) == sorted(SWEEP_SHAPES[v])
     default = mxfp4_moe.default_tiles(10, 4, 128)
-    assert default.variant == "mma" and any(t == default for t in sweep_tiles(10, 4, 128))
+    assert default.variant == "gemv" and any(t == default for t in sweep_tiles(10, 4, 128))
 
 
 def test_the_decode_switch_doubles_mma_tiles_only():

@@ -53,7 +53,7 @@ from .kernels.arrival import last_arrival, tile_counters
 
 VARIANTS = ("mma", "swap", "gemv")
 _MMA, _SWAP = tl.constexpr(0), tl.constexpr(1)   # MODE of the routed kernels: VARIANTS.index(variant)
-GEMV_MAX_TOKENS = 4    # default_tiles' rule: GEMV up to this many tokens per call (see there)
+GEMV_MAX_TOKENS = 16   # default_tiles' rule: GEMV up to this many tokens per call (see there)
 GEMV_BLOCK_M = 16      # gemv's row block: one compiled kernel for every token count up to it
 
 
@@ -106,12 +106,14 @@ def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     Rule: tokens <= GEMV_MAX_TOKENS -> gemv (block_m GEMV_BLOCK_M, no split-K). A token's top-k experts are
     distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one row block and its
     weights are read once per call whatever the routing; padding rows are skipped, so one block_m serves every
-    token count (one compiled kernel). gemv's FMA work grows with the pairs per expert, so it wins only while
-    they are few. Measured on an H100 (trtllm_dflash/bench/mxfp4.py, one gpt-oss-20b MoE layer, graph replay):
-    1 token 59-63 us vs the mma path's 96 us (no split-K: 63 vs 71 us split); 4 tokens 152-181 vs 171-253 us;
-    10 tokens 330 vs 398 us with random routing but 271 vs 178 us when the tokens share 8 experts (a verify
-    block's tokens often do), so DFlash blocks go to mma. Above that, the mma variant with BM grown by pairs
-    per expert (verify / prefill sizes, where the 16-row tl.dot tile is full).
+    token count (one compiled kernel). gemv's FMA work grows with the pairs per expert, so it wins while they
+    are few, and a DFlash verify block (8-16 tokens) spreads over many experts with one or two pairs each.
+    Measured on an H200 (bench/gpt_oss_step.py --tile_sweep, one gpt-oss-120b MoE layer, graph replay, these
+    tiles): 1 token 0.048 ms vs the mma path's 0.103; 10 tokens under uniform routing (36 distinct experts) 0.334
+    vs 0.632 ms, under the skewed routing (17 experts, ~2.4 pairs each) 0.327 vs 0.311 ms. So every call that
+    fits one gemv row block goes to gemv (on the H100 earlier, before gemv's one-pair K loop, 10 tokens sharing 8
+    experts had gone 271 vs 178 us the other way). Above it, the mma variant with BM grown by pairs per expert
+    (verify batches and prefill, where the 16-row tl.dot tile is full).
     block_n 32 x block_k 256: 128 contiguous bytes (one cache line) per weight row per step, 8 KB of gate + up
     weights per step and program."""
     if tokens <= GEMV_MAX_TOKENS:
