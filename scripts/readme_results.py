@@ -1202,7 +1202,8 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
              ("gpt-oss-120b", "H100", "after", "gpt_oss_120b_step_h100.json"),
              ("gpt-oss-120b", "H200", "after (A/B base)", "mxfp4_decode_h200/gpt_oss_120b_step_prev_h200.json"),
              ("gpt-oss-120b", "H200", "+ PTX E2M1 decode", "mxfp4_decode_h200/gpt_oss_120b_step_h200.json"),
-             ("gpt-oss-120b", "H200", "+ one-pair K loop", "mxfp4_decode_h200/one_pair/gpt_oss_120b_step_h200.json"))
+             ("gpt-oss-120b", "H200", "+ one-pair K loop", "mxfp4_decode_h200/one_pair/gpt_oss_120b_step_h200.json"),
+             ("gpt-oss-120b", "H200", "+ verify block on gemv", "mxfp4_decode_h200/gemv_block/gpt_oss_120b_step_h200.json"))
     lines = _table_head("target, GPU", "decode kernels", "AR step b=1 (roofline)", "DFlash step b=1 (roofline)",
                         "break-even tokens b=1", "kernels per AR step", "experts: us per distinct expert AR / DFlash")
     notes = []
@@ -1221,13 +1222,17 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
                      f"{s['break_even_tokens_b1']:.1f} | {'—' if kernels is None else f'{kernels:.0f}'} | {per_expert} |")
         notes.append(provenance_note(d, name))
     s120 = _load(results, files[3][3])["summary"]
+    last_file = _load(results, files[-1][3])
+    last, skew = last_file["summary"], last_file["routing"]["skewed"]
     proj = ", ".join(f"{k} {v:.2f}x" for k, v in s120["projection_end_to_end_speedup_b1"].items())
     return ("\n".join(lines) + "\n\nRandom weights at the real shapes, ctx 1024, CUDA graphs; roofline = bytes that must cross "
             "HBM in the step (the distinct experts its tokens chose, at MXFP4 size; random routing is near the worst "
             "case) over the copy bandwidth measured in the same run. The first two 120b rows ran on different GPUs "
             "(H200 4.3 TB/s before, H100 3.0 TB/s after): compare their roofline fractions, not their times; the "
-            "next two are one A/B on one H200, minutes apart, the last ran on another H200 of the same kind "
+            "next two are one A/B on one H200, minutes apart, the last two ran on other H200s of the same kind "
             "(`benchmarks/results/mxfp4_decode_h200/README.md`). "
+            f"Under the skewed routing of the last row's file (Zipf {skew['zipf']}, reuse {skew['reuse']}) the DFlash "
+            f"step is {_ms(last['dflash_b1_step_ms_skewed'])} ms, break-even {last['break_even_tokens_b1_skewed']:.1f}. "
             "*Projection*, not "
             "a measurement: z-lab's published gpt-oss-120b acceptance (block 10) x AR step / DFlash step at batch 1 "
             f"(H100, after) gives {proj} end to end. Sources: {'; '.join(notes)}.\n")
