@@ -2,6 +2,7 @@
 """acceptance_compare: per-prompt pairing of two acceptance runs, its interval and its refusals."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -57,6 +58,9 @@ def test_cli_writes_json_and_table_and_a_missing_file_is_one_line(tmp_path, caps
     b.write_text(json.dumps(run([[101, 40], [201, 64]])))
     assert main([str(a), str(b), "--out", str(tmp_path / "cmp.json")]) == 0
     assert "| humaneval | 2 |" in capsys.readouterr().out
+    written = json.loads((tmp_path / "cmp.json").read_text())
+    assert written["provenance"]["git"]["sha"] and written["provenance"]["inputs_sha256"]["b"] == hashlib.sha256(
+        b.read_bytes()).hexdigest()
     saved = json.loads((tmp_path / "cmp.json").read_text())
     assert saved["greedy"]["humaneval"]["b_higher"] == 2 and (tmp_path / "cmp.md").is_file()
     assert exit_code(main, [str(tmp_path / "none.json"), str(b)]) == 2

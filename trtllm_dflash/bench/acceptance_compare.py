@@ -12,12 +12,14 @@ length differs between the runs (bf16 rounding can change a greedy token on the 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import statistics
 import sys
 from pathlib import Path
 
+from .. import provenance
 from ..errors import DFlashError, exit_code
 from .acceptance import request_tau
 
@@ -104,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"a": a.a, "b": a.b, "block_size": a.block_size, "greedy": result}, indent=2) + "\n")
+        # the inputs' digests tie the comparison to the two runs it read; the record, to the code that paired them
+        inputs = {"a": a.a, "b": a.b}
+        record = provenance.record()
+        record["inputs_sha256"] = {k: hashlib.sha256(Path(v).read_bytes()).hexdigest() for k, v in inputs.items()}
+        out.write_text(json.dumps({**inputs, "block_size": a.block_size, "greedy": result, "provenance": record},
+                                  indent=2) + "\n")
         out.with_suffix(".md").write_text(table + "\n")
     return 0
 
