@@ -94,7 +94,8 @@ def loop_cost(spec: str) -> list[dict]:
     """--loop: per gemv kernel, the instructions per thread of its K-step loops and per weight value in them: the
     one-pair path (1 token, or any expert with one pair), and the many-pair path's K step and per-row cost."""
     _, bm, bn, bk, warps = (int(v) if v.isdigit() else v for v in spec.split(":"))
-    common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "split": 1, "ASM": True}
+    common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "split": 1, "ASM": True, "MMA_FROM": 0,
+              "CDT": tl.bfloat16}
     rows = []
     for kernel, consts, tiles in ((M._gemv_gate_up_kernel, common, 2),
                                   (M._gemv_down_kernel, {**common, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, 1)):
@@ -122,12 +123,16 @@ def compile_sm90(kernel, consts: dict, num_warps: int, num_stages: int = 4) -> d
 
 
 def configs(spec: str):
-    """variant:block_m:block_n:block_k:num_warps -> [(kernel, constexprs, num_warps)] as fused_experts launches them
-    (gemv: split 1 and a runtime split; mma / swap: split 1 and 2, dot_scaled both ways)."""
-    variant, bm, bn, bk, warps = spec.split(":")
+    """variant:block_m:block_n:block_k:num_warps[:mmaN] -> [(kernel, constexprs, num_warps)] as fused_experts
+    launches them (gemv: split 1 and a runtime split, ``mmaN``: TileConfig.mma_from = N; mma / swap: split 1 and 2,
+    dot_scaled both ways)."""
+    variant, bm, bn, bk, warps, *hybrid = spec.split(":")
     bm, bn, bk, warps = int(bm), int(bn), int(bk), int(warps)
     if variant == "gemv":
-        common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "ASM": True}
+        # MMA_FROM N: experts with N+ pairs on the MMA tile step (dot_scaled, bf16 operands, as on CUDA); 0 as
+        # fused_experts passes it by default (a constexpr: left out, the signature would make it a runtime i32)
+        common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "ASM": True,
+                  "MMA_FROM": int(hybrid[0].removeprefix("mma")) if hybrid else 0, "CDT": tl.bfloat16}
         for one in ({"split": 1}, {}):
             yield M._gemv_gate_up_kernel, {**common, **one}, warps
             yield M._gemv_down_kernel, {**common, **one, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, warps

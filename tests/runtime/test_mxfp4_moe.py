@@ -87,6 +87,9 @@ def triton_or_skip():
 CPU_TILES = {  # every variant, uneven K slices (I = 96 over BK = 64: a partial tile), blocks smaller than an expert
     "gemv_bm8": dict(variant="gemv", block_m=8, block_n=16, block_k=32, split_k=1),
     "gemv_bm8_split3": dict(variant="gemv", block_m=8, block_n=32, block_k=64, split_k=3),
+    # experts with 2+ pairs on the MMA tile step, the rest on gemv's loops (N = 5: every expert has several)
+    "gemv_mma2": dict(variant="gemv", block_m=16, block_n=16, block_k=32, split_k=1, mma_from=2),
+    "gemv_mma3_split3": dict(variant="gemv", block_m=16, block_n=32, block_k=64, split_k=3, mma_from=3),
     "mma_split2": dict(variant="mma", block_m=16, block_n=16, block_k=64, dot_scaled=False, split_k=2),
     "swap": dict(variant="swap", block_m=16, block_n=16, block_k=32, dot_scaled=False, split_k=1),
 }
@@ -209,7 +212,9 @@ def test_default_tiles_rule_and_checks():
         t = mxfp4_moe.default_tiles(tokens, 4, 32 if tokens > 1000 else 128)
         assert (t.variant, t.block_m) == ("mma", bm)
     for bad in (dict(variant="mma", block_m=8), dict(variant="swap", block_n=8), dict(variant="gemv", block_m=1),
-                dict(variant="gemv", block_k=16), dict(variant="gemv", block_n=48), dict(variant="fast")):
+                dict(variant="gemv", block_k=16), dict(variant="gemv", block_n=48), dict(variant="fast"),
+                dict(variant="mma", mma_from=2), dict(variant="gemv", mma_from=1),
+                dict(variant="gemv", block_m=8, mma_from=2), dict(variant="gemv", mma_from=-1)):
         with pytest.raises(ValueError, match="variant is one of"):
             mxfp4_moe.TileConfig(**bad).check()
 
@@ -219,6 +224,7 @@ SHAPES = {"gpt-oss-20b": (32, 2880, 2880), "gpt-oss-120b": (128, 2880, 2880)}  #
 GPU_TILES = {
     "default": None,  # default_tiles' choice for the token count
     "gemv": dict(variant="gemv", block_m=64, block_n=32, block_k=256),
+    "gemv_mma2": dict(variant="gemv", block_m=64, block_n=32, block_k=256, mma_from=2),
     "mma": dict(variant="mma", block_m=16),
     "swap": dict(variant="swap", block_m=16),
 }
@@ -275,10 +281,14 @@ def test_kernel_matches_float64_and_bf16_dequant(N, ep, tiles):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("variant", ["default", "mma", "swap", "gemv"])
+@pytest.mark.parametrize("variant", ["default", "mma", "swap", "gemv", "gemv_mma2"])
 def test_kernel_under_cuda_graph_replays_new_routing(variant):
+    """gemv_mma2: which experts take the MMA step is decided on the device per call, so a replay with new routing
+    switches them (8 tokens x 4 of 16 experts: some experts get one pair, others several)."""
     from trtllm_dflash.runtime import mxfp4_moe
-    tiles = None if variant == "default" else mxfp4_moe.TileConfig(variant=variant, block_m=16 if variant != "gemv" else 8)
+    tiles = {"default": None, "gemv": mxfp4_moe.TileConfig(variant="gemv", block_m=8),
+             "gemv_mma2": mxfp4_moe.TileConfig(variant="gemv", block_m=16, block_n=32, mma_from=2)}.get(
+        variant, mxfp4_moe.TileConfig(variant=variant, block_m=16))
     dev, E, k, H, I, N = torch.device("cuda"), 16, 4, 256, 128, 8
     w = random_experts(E, H, I, dev)
     ids, weights = routing(N, k, E, dev, 1)
@@ -375,9 +385,9 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     t = mxfp4_moe.default_tiles(1, 4, 32)
     gemv = f"gemv:{t.block_m}:{t.block_n}:{t.block_k}:{t.num_warps}"
     script = Path(__file__).with_name("mxfp4_sm90_compile.py")
-    stdout = compile_for_h100([str(script), gemv, "mma:16:64:128:4", "swap:16:64:128:4"], timeout=600)
+    stdout = compile_for_h100([str(script), gemv, f"{gemv}:mma2", "mma:16:64:128:4", "swap:16:64:128:4"], timeout=900)
     rows = [json.loads(line) for line in stdout.splitlines()]
-    assert len(rows) == 4 + 2 * 11
+    assert len(rows) == 2 * 4 + 2 * 11   # gemv alone and with mma_from 2 (its tile step on the MMA: dot_scaled)
     assert all(r["stack"] == 0 for r in rows if r["config"] == gemv)
 
 

@@ -341,6 +341,9 @@ SWEEP_SHAPES = {"mma": ((64, 128, 4), (128, 128, 8), (64, 256, 8), (128, 64, 4))
                 "gemv": ((32, 256, 4), (64, 128, 4), (32, 128, 4), (64, 256, 8))}
 
 
+MMA_FROM = (2, 3)   # TileConfig.mma_from values the sweep times on gemv's first shape (each a variant of its own)
+
+
 def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = False) -> list:
     """The TileConfigs tile_sweep times for a call of ``tokens``: default_tiles' variant under SWEEP_SHAPES, and
     where gemv can take the call (tokens <= GEMV_BLOCK_M) the other of gemv / mma too, so a DFlash block's size
@@ -358,6 +361,9 @@ def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = 
         for ds in ((True, False) if sweep_decode and variant != "gemv" else (t0.dot_scaled,)):
             for bn, bk, warps in SWEEP_SHAPES[variant]:
                 out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, dot_scaled=ds))
+        if variant == "gemv" and tokens > 1:   # experts with several pairs on the tensor cores, the rest on gemv
+            bn, bk, warps = SWEEP_SHAPES["gemv"][0]
+            out += [dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, mma_from=m) for m in MMA_FROM]
     return out
 
 
@@ -369,12 +375,16 @@ def best_variants(rows: list[dict]) -> list[dict]:
             continue
         key = (r.get("routing", "uniform"), r["tokens"])
         entry = best.setdefault(key, {"routing": key[0], "tokens": key[1], "distinct_experts": r.get("distinct_experts")})
-        if r["ms"] < entry.get(f"{r['variant']}_ms", float("inf")):
-            entry[f"{r['variant']}_ms"] = r["ms"]
-            entry[f"{r['variant']}_tiles"] = {k: r[k] for k in ("block_m", "block_n", "block_k", "num_warps", "dot_scaled")}
+        variant = r["variant"] + (f"_mma{r['mma_from']}" if r.get("mma_from") else "")   # gemv_mma2: see MMA_FROM
+        if r["ms"] < entry.get(f"{variant}_ms", float("inf")):
+            entry[f"{variant}_ms"] = r["ms"]
+            entry[f"{variant}_tiles"] = {k: r[k] for k in ("block_m", "block_n", "block_k", "num_warps", "dot_scaled")}
     for entry in best.values():
         if "gemv_ms" in entry and "mma_ms" in entry:
             entry["gemv_over_mma"] = round(entry["gemv_ms"] / entry["mma_ms"], 3)
+        for m in MMA_FROM:
+            if f"gemv_mma{m}_ms" in entry and "gemv_ms" in entry:
+                entry[f"gemv_mma{m}_over_gemv"] = round(entry[f"gemv_mma{m}_ms"] / entry["gemv_ms"], 3)
     return list(best.values())
 
 

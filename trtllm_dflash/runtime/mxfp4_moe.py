@@ -35,6 +35,8 @@ Weights are dequantised in registers, never to memory. Three variants of the GEM
   gemv  decode (inline PTX, ~2.9 instructions per E2M1 value, ``_gemv_decode``) and FMA in registers, one valid
         pair row at a time, each scale group's sum scaled once: no 16-row MMA tile to fill, padding rows skipped;
         an expert with one pair runs a K loop of its own (``_gemv_k_loop``); for up to GEMV_MAX_TOKENS tokens.
+        With TileConfig.mma_from, an expert the call gives that many pairs or more runs the mma step instead,
+        chosen per expert on the device (one launch either way).
 mma / swap: blocks past the used count return at once, so the grid can be sized for the worst case:
 min(E, N * k) + ceil(N * k / BM) blocks. gemv: slots past the call's distinct experts return at once.
 """
@@ -75,6 +77,11 @@ class TileConfig:
     dot_scaled: bool = True
     split_k: int | None = None   # K slices per output tile (None: enough programs to fill the GPU, see split_for)
     variant: str = "mma"
+    # gemv only: an expert given at least this many pairs by the call runs its K loop on the tensor cores (the mma
+    # variant's tile step over its <= block_m pair rows) while experts with fewer keep gemv's FMA loops: the choice
+    # is made per expert on the device, from the call's routing (0: never; a verify block under skewed routing
+    # gives some experts several pairs, where gemv's FMA work per decoded weight grows with them)
+    mma_from: int = 0
 
     def __post_init__(self):
         self.check()   # once per config (default_tiles' are cached), not per call
@@ -83,9 +90,12 @@ class TileConfig:
         is_pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731
         mma = self.variant in ("mma", "swap")
         if (self.variant not in VARIANTS or not (is_pow2(self.block_m) and is_pow2(self.block_n) and is_pow2(self.block_k))
-                or self.block_k < 32 or self.block_m < (16 if mma else 2) or self.block_n < (16 if mma else 1)):
+                or self.block_k < 32 or self.block_m < (16 if mma else 2) or self.block_n < (16 if mma else 1)
+                or self.mma_from < 0 or (self.mma_from and (self.variant != "gemv" or self.mma_from < 2
+                                                            or self.block_m < 16 or self.block_n < 16))):
             raise ValueError(f"{self}: variant is one of {VARIANTS}; block_m/n/k are powers of two, block_k >= 32, "
-                             "and mma/swap need block_m, block_n >= 16 (tl.dot), gemv block_m >= 2")
+                             "and mma/swap need block_m, block_n >= 16 (tl.dot), gemv block_m >= 2; mma_from is 0 "
+                             "or, for gemv with block_m, block_n >= 16, a pair count >= 2")
 
 
 def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
@@ -374,11 +384,13 @@ def _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k0, k_end, TWO: tl.con
 
 @triton.jit
 def _gemv_k_loop(a_ptr, a_off, count, wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k_lo, k_hi,
-                 TWO: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
+                 TWO: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr,
+                 MMA_FROM: tl.constexpr, CDT: tl.constexpr):
     """-> acc_a, acc_b [BM, BN]: inputs k_lo .. k_hi of the first ``count`` rows times the weight tiles (b when
     TWO), the next step's tiles requested before this step's FMAs. A call that gives this expert one pair (every
     expert of a batch-1 step) keeps that row's sums per scale group until the slice ends: no reduction across lanes
-    and no row select per K step."""
+    and no row select per K step. MMA_FROM > 0: an expert with at least that many pairs runs the mma variant's
+    tile step instead (tl.dot over its pair rows, the padding rows masked; dot_scaled where ASM, i.e. on CUDA)."""
     ar = tl.arange(0, BM)
     wa, sa, wb, sb = _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k_lo, k_hi, TWO, BK)
     if count == 1:
@@ -394,13 +406,34 @@ def _gemv_k_loop(a_ptr, a_off, count, wa_rows, sa_rows, wb_rows, sb_rows, w_ok, 
             wa, sa, wb, sb = nxt
         acc_a = tl.where((ar == 0)[:, None], tl.sum(ga, axis=0)[None, :], 0.0)
         acc_b = tl.where((ar == 0)[:, None], tl.sum(gb, axis=0)[None, :], 0.0)
+    elif MMA_FROM > 0:   # a constexpr test first: without the MMA step the kernel compiles as it did before it
+        if count >= MMA_FROM:   # masks at k_hi: the slice's end, like the FMA loop's
+            acc_a = tl.zeros([BM, BN], dtype=tl.float32)
+            acc_b = tl.zeros([BM, BN], dtype=tl.float32)
+            for k0 in range(k_lo, k_hi, BK):
+                acc_a = _mx_tile(acc_a, a_ptr, a_off, wa_rows, sa_rows, w_ok, k0, k_hi, BK, _MMA, ASM, CDT)
+                if TWO:
+                    acc_b = _mx_tile(acc_b, a_ptr, a_off, wb_rows, sb_rows, w_ok, k0, k_hi, BK, _MMA, ASM, CDT)
+        else:
+            acc_a, acc_b = _gemv_rows_loop(a_ptr, a_off, count, wa, sa, wb, sb, wa_rows, sa_rows, wb_rows, sb_rows,
+                                           w_ok, k_lo, k_hi, TWO, BM, BN, BK, ASM)
     else:
-        acc_a = tl.zeros([BM, BN], dtype=tl.float32)
-        acc_b = tl.zeros([BM, BN], dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BK):
-            nxt = _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k0 + BK, k_hi, TWO, BK)
-            acc_a, acc_b = _gemv_fma(acc_a, acc_b, wa, sa, wb, sb, a_ptr, a_off, count, k0, k_hi, TWO, BM, BK, ASM)
-            wa, sa, wb, sb = nxt
+        acc_a, acc_b = _gemv_rows_loop(a_ptr, a_off, count, wa, sa, wb, sb, wa_rows, sa_rows, wb_rows, sb_rows,
+                                       w_ok, k_lo, k_hi, TWO, BM, BN, BK, ASM)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _gemv_rows_loop(a_ptr, a_off, count, wa, sa, wb, sb, wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k_lo, k_hi,
+                    TWO: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
+    """The K loop over an expert's ``count`` (> 1) pair rows on FMAs: wa .. sb are the first step's tiles, each
+    next step's requested before this step's FMAs."""
+    acc_a = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_b = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        nxt = _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k0 + BK, k_hi, TWO, BK)
+        acc_a, acc_b = _gemv_fma(acc_a, acc_b, wa, sa, wb, sb, a_ptr, a_off, count, k0, k_hi, TWO, BM, BK, ASM)
+        wa, sa, wb, sb = nxt
     return acc_a, acc_b
 
 
@@ -590,7 +623,8 @@ def _gemv_pairs(ids_ptr, P, first, num_local, slot, BM: tl.constexpr, EB: tl.con
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, cnt_ptr, P, first, num_local,
                          K, I, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
                          split, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EB: tl.constexpr,
-                         PB: tl.constexpr, ASM: tl.constexpr):
+                         PB: tl.constexpr, ASM: tl.constexpr, MMA_FROM: tl.constexpr = 0,
+                         CDT: tl.constexpr = tl.float32):
     """grid (min(E, P) expert slots, I / BN, split) -> act [P, I] (row = pair id). ``split`` is a runtime
     argument (not a constexpr): one compiled kernel serves every token count."""
     slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -610,7 +644,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
     k_lo = pid_k * k_len
     k_hi = tl.minimum(k_lo + k_len, K)
     acc_g, acc_u = _gemv_k_loop(x_ptr, a_off, count, wg_rows, sg_rows, wu_rows, su_rows, cm, k_lo, k_hi, True,
-                                BM, BN, BK, ASM)
+                                BM, BN, BK, ASM, MMA_FROM, CDT)
     rows = tl.where(valid, pairs, 0)
     m = valid[:, None] & cm[None, :]
     finish = split == 1
@@ -632,7 +666,8 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
 def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, out_ptr, cnt_ptr, N, P, first,
                       num_local, K, H, stride_we, stride_wn, stride_se, stride_sn, stride_be, split,
                       TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr, ASM: tl.constexpr):
+                      BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr, ASM: tl.constexpr,
+                      MMA_FROM: tl.constexpr = 0, CDT: tl.constexpr = tl.float32):
     """grid (min(E, P) expert slots, H / BN, split) -> out [N, H]: float32 partials [split, P, H] per pair; the
     program that completes a feature tile (all slots x slices) sums the k pairs of every token into out."""
     slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -648,7 +683,7 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
         k_lo = pid_k * k_len
         k_hi = tl.minimum(k_lo + k_len, K)
         acc, _ = _gemv_k_loop(act_ptr, a_off, count, w_rows, s_rows, w_rows, s_rows, nm, k_lo, k_hi, False,
-                              BM, BN, BK, ASM)
+                              BM, BN, BK, ASM, MMA_FROM, CDT)
         rows = tl.where(valid, pairs, 0)
         tl.store(part_ptr + (pid_k * P + rows[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
         if last_arrival(cnt_ptr + pid_n, used * split):
@@ -659,6 +694,11 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
         t = tl.arange(0, TB)
         tl.store(out_ptr + t.to(tl.int64)[:, None] * H + n[None, :], tl.zeros([TB, BN], dtype=tl.float32).to(
             out_ptr.dtype.element_ty), mask=(t < N)[:, None] & nm[None, :])
+
+
+def _mma_dtype(device: torch.device):
+    """The MMA operand / activation type: bf16 on CUDA; float32 in Triton's CPU interpreter (numpy has no bf16)."""
+    return tl.bfloat16 if device.type == "cuda" else tl.float32
 
 
 def route(ids: torch.Tensor, first: int, num_local: int, block_m: int):
@@ -684,16 +724,17 @@ def gemv_gate_up_grid(E: int, k: int, P: int, I: int, H: int, t: TileConfig, sms
                                       PB=pow2(max(t.block_m * k, 16)), num_warps=t.num_warps, num_stages=t.num_stages)
 
 
-def gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, alpha, act, cnt, grid, launch) -> None:
+def gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, alpha, act, cnt, grid, launch,
+                 mma_from: int = 0) -> None:
     """act [P, I] (row = pair id) = SwiGLU(x's pair rows @ gate_up) + bias, one launch of grid / launch
-    (gemv_gate_up_grid); cnt: its tiles' arrival counters (slots x I / BN)."""
+    (gemv_gate_up_grid); cnt: its tiles' arrival counters (slots x I / BN); mma_from: TileConfig.mma_from."""
     (E, two_i, G, _), H, I, P = gu_blocks.shape, x.shape[1], act.shape[1], act.shape[0]
     part = torch.empty(grid[2], P, 2, I, dtype=torch.float32, device=x.device) if grid[2] > 1 else act
     gu_b = gu_blocks.view(E, two_i, G * 16)
     _gemv_gate_up_kernel[grid](
         x, ids_flat, gu_b, gu_scales, gu_bias, act, part, cnt, P, first, E, H, I, k, float(limit), float(alpha),
         x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_scales.stride(0), gu_scales.stride(1), gu_bias.stride(0),
-        grid[2], ASM=x.device.type == "cuda", **launch)
+        grid[2], ASM=x.device.type == "cuda", MMA_FROM=mma_from, CDT=_mma_dtype(x.device), **launch)
 
 
 def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first, limit, alpha,
@@ -712,7 +753,8 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
     cnt = tile_counters(dev, slots * n_gu + n_dn)
     # float32: the down kernel's FMAs take it as it is (a bf16 act costs a conversion per value and token there)
     act = torch.empty(P, I, dtype=torch.float32, device=dev)                                # row = pair id
-    gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, alpha, act, cnt, grid_gu, launch)
+    gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, alpha, act, cnt, grid_gu, launch,
+                 t.mma_from)
     dn_b = dn_blocks.view(E, H, -1)
     bias = dn_bias if dn_bias is not None else gu_bias  # a valid pointer; unread when HAS_BIAS is False
     part = torch.empty(split_dn, P, H, dtype=torch.float32, device=dev)
@@ -721,7 +763,8 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
         act, ids_flat, rw, dn_b, dn_scales, bias, part, out, cnt[slots * n_gu:], N, P, first, E, I, H,
         dn_b.stride(0), dn_b.stride(1), dn_scales.stride(0), dn_scales.stride(1), bias.stride(0), split_dn, TOPK=k,
         HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, TB=TB,
-        ASM=dev.type == "cuda", num_warps=t.num_warps, num_stages=t.num_stages)
+        ASM=dev.type == "cuda", MMA_FROM=t.mma_from, CDT=_mma_dtype(dev), num_warps=t.num_warps,
+        num_stages=t.num_stages)
     return out
 
 
@@ -742,8 +785,8 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     # checked when it was made (TileConfig.__post_init__)
     t = tiles or (invariant_tiles(x.device.type == "cuda") if invariant else default_tiles(N, k, E))
     mode = VARIANTS.index(t.variant)
-    # MMA operand / activation type: bf16 on CUDA; float32 in Triton's CPU interpreter (numpy has no bf16)
-    cdt, act_dtype = (tl.bfloat16, torch.bfloat16) if x.device.type == "cuda" else (tl.float32, torch.float32)
+    cdt = _mma_dtype(x.device)
+    act_dtype = torch.bfloat16 if x.device.type == "cuda" else torch.float32
     x = x.contiguous()
     if t.variant == "gemv":
         return _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first,
