@@ -77,6 +77,7 @@ def main(argv=None) -> int:
     report = {"provenance": record(["python", "-m", "trtllm_dflash.bench.gpu_test_report", *(argv if argv is not None else sys.argv[1:])]),
               "pytest_command": " ".join(["python", "-m", "pytest", *cmd[3:]]), "returncode": returncode,
               "summary": summary.strip("= "), "tests": per_test, "output_tail": out[-4000:]}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)   # a fresh results folder on the GPU host, say
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     return returncode
 
