@@ -623,8 +623,7 @@ def _gemv_pairs(ids_ptr, P, first, num_local, slot, BM: tl.constexpr, EB: tl.con
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, cnt_ptr, P, first, num_local,
                          K, I, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
                          split, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EB: tl.constexpr,
-                         PB: tl.constexpr, ASM: tl.constexpr, MMA_FROM: tl.constexpr = 0,
-                         CDT: tl.constexpr = tl.float32):
+                         PB: tl.constexpr, ASM: tl.constexpr, MMA_FROM: tl.constexpr, CDT: tl.constexpr):
     """grid (min(E, P) expert slots, I / BN, split) -> act [P, I] (row = pair id). ``split`` is a runtime
     argument (not a constexpr): one compiled kernel serves every token count."""
     slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -667,7 +666,7 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
                       num_local, K, H, stride_we, stride_wn, stride_se, stride_sn, stride_be, split,
                       TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr, ASM: tl.constexpr,
-                      MMA_FROM: tl.constexpr = 0, CDT: tl.constexpr = tl.float32):
+                      MMA_FROM: tl.constexpr, CDT: tl.constexpr):
     """grid (min(E, P) expert slots, H / BN, split) -> out [N, H]: float32 partials [split, P, H] per pair; the
     program that completes a feature tile (all slots x slices) sums the k pairs of every token into out."""
     slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
