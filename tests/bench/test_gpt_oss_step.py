@@ -11,33 +11,36 @@ if not torch.cuda.is_available():
     # decorates the kernels, and the kernel tests that run later in this process need it
     os.environ["TRITON_INTERPRET"] = "1"
 
-from trtllm_dflash.bench.gpt_oss_step import MMA_FROM, SWEEP_SHAPES, best_variants, sweep_tiles  # noqa: E402
+from trtllm_dflash.bench.gpt_oss_step import SWEEP_SHAPES, best_variants, sweep_tiles  # noqa: E402
 from trtllm_dflash.runtime import mxfp4_moe  # noqa: E402
 
 
-def test_a_dflash_block_is_timed_under_both_variants_and_a_prefill_under_mma_only():
-    """120b's shapes: 128 experts, top 4. A block of 10 goes to gemv by default_tiles' rule; the sweep times mma
-    beside it (gemv can take up to GEMV_BLOCK_M tokens), one tile per shape, each a valid TileConfig."""
-    for tokens, want in ((1, {"gemv", "mma"}), (10, {"gemv", "mma"}), (mxfp4_moe.GEMV_BLOCK_M, {"gemv", "mma"}),
-                         (640, {"mma"})):
+def test_a_dflash_block_is_timed_under_every_variant_and_a_prefill_under_mma_only():
+    """120b's shapes: 128 experts, top 4. A block of 10 goes to tc by default_tiles' rule; the sweep times gemv
+    and mma beside it (tc and gemv can take up to GEMV_BLOCK_M tokens), one tile per shape, each a valid
+    TileConfig; tc's first shape also with the automatic K split (the default's)."""
+    for tokens, want in ((1, {"tc", "gemv", "mma"}), (10, {"tc", "gemv", "mma"}),
+                         (mxfp4_moe.GEMV_BLOCK_M, {"tc", "gemv", "mma"}), (640, {"mma"})):
         tiles = sweep_tiles(tokens, 4, 128)
         assert {t.variant for t in tiles} == want, tokens
+        assert len(set(tiles)) == len(tiles)
         for t in tiles:
             t.check()
-            assert t.variant != "gemv" or (t.block_m >= tokens and t.split_k == 1)
+            assert t.variant not in ("gemv", "tc") or t.block_m >= tokens
+            assert t.variant != "gemv" or t.split_k == 1
         for v in want:
-            shapes = [(t.block_n, t.block_k, t.num_warps) for t in tiles if t.variant == v and not t.mma_from]
-            assert sorted(shapes) == sorted(SWEEP_SHAPES[v])
-        # gemv's first shape again with each MMA_FROM, where a call can give an expert several pairs
-        assert [t.mma_from for t in tiles if t.mma_from] == (list(MMA_FROM) if tokens > 1 and "gemv" in want else [])
+            shapes = [(t.block_n, t.block_k, t.num_warps) for t in tiles if t.variant == v and t.split_k != None]  # noqa: E711
+            assert sorted(set(shapes)) == sorted(SWEEP_SHAPES[v]) or v == "mma"
+        if "tc" in want:
+            assert [t.split_k for t in tiles if t.variant == "tc"].count(None) == 1
     default = mxfp4_moe.default_tiles(10, 4, 128)
-    assert default.variant == "gemv" and any(t == default for t in sweep_tiles(10, 4, 128))
+    assert default.variant == "tc" and any(t == default for t in sweep_tiles(10, 4, 128))
 
 
 def test_the_decode_switch_doubles_mma_tiles_only():
     tiles = sweep_tiles(10, 4, 128, sweep_decode=True)
     assert len([t for t in tiles if t.variant == "mma"]) == 2 * len(SWEEP_SHAPES["mma"])
-    assert len([t for t in tiles if t.variant == "gemv" and not t.mma_from]) == len(SWEEP_SHAPES["gemv"])
+    assert len([t for t in tiles if t.variant == "gemv"]) == len(SWEEP_SHAPES["gemv"])
 
 
 def test_best_variants_keeps_each_variants_fastest_tile_per_routing_and_size():
@@ -47,13 +50,13 @@ def test_best_variants_keeps_each_variants_fastest_tile_per_routing_and_size():
     rows = [row("uniform", 10, "mma", 64, 0.60), row("uniform", 10, "mma", 128, 0.76),
             row("uniform", 10, "gemv", 32, 0.45), row("uniform", 10, "gemv", 64, 0.50),
             row("skewed", 10, "mma", 64, 0.30), row("skewed", 10, "gemv", 32, 0.40),
-            row("skewed", 10, "gemv", 32, 0.32, mma_from=2), row("skewed", 10, "gemv", 32, 0.36, mma_from=3),
+            row("skewed", 10, "tc", 64, 0.20), row("skewed", 10, "tc", 32, 0.24),
             {"routing": "skewed", "tokens": 10, "variant": "gemv", "error": "out of resources"},
             row("uniform", 640, "mma", 64, 2.8)]
     best = {(b["routing"], b["tokens"]): b for b in best_variants(rows)}
     assert best[("uniform", 10)]["gemv_ms"] == 0.45 and best[("uniform", 10)]["mma_ms"] == 0.60
     assert best[("uniform", 10)]["gemv_over_mma"] == 0.75 and best[("uniform", 10)]["gemv_tiles"]["block_n"] == 32
-    assert best[("skewed", 10)]["gemv_over_mma"] == 1.333   # the mma_from rows are variants of their own
-    assert best[("skewed", 10)]["gemv_mma2_ms"] == 0.32 and best[("skewed", 10)]["gemv_mma2_over_gemv"] == 0.8
-    assert best[("skewed", 10)]["gemv_mma3_over_gemv"] == 0.9 and "gemv_mma2_ms" not in best[("uniform", 10)]
+    assert best[("skewed", 10)]["gemv_over_mma"] == 1.333
+    assert best[("skewed", 10)]["tc_ms"] == 0.20 and best[("skewed", 10)]["tc_over_gemv"] == 0.5
+    assert best[("skewed", 10)]["tc_over_mma"] == 0.667 and "tc_ms" not in best[("uniform", 10)]
     assert "gemv_over_mma" not in best[("uniform", 640)] and best[("uniform", 640)]["mma_ms"] == 2.8

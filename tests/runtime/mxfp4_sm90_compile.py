@@ -7,7 +7,7 @@ its registers and spill stack (cuobjdump) for the occupancy a tile config gets.
 Argument types and the 16-divisibility hints are the ones the JIT specialises on at gpt-oss shapes (hidden and
 intermediate 2880, rows of 1440 bytes). Run in its own process: TRITON_INTERPRET must be unset.
 
-  python tests/runtime/mxfp4_sm90_compile.py gemv:16:32:256:4 mma:16:64:128:4 swap:16:64:128:4
+  python tests/runtime/mxfp4_sm90_compile.py tc:16:64:128:4 gemv:16:32:256:4 mma:16:64:128:4 swap:16:64:128:4
 
 ``--loop`` (gemv configs): the SASS instructions each thread issues per K step of the gemv kernels' K loops, and
 per weight value it decodes there: the one-pair loop (1 token), and the many-pair loop's step and its loop over a
@@ -39,12 +39,13 @@ TYPES = {  # argument name -> Triton type, for every kernel (the rest are i32)
 DIV16 = {"K", "I", "H", "stride_xm", "stride_we", "stride_wn", "stride_se", "stride_be"}
 
 
-# the gemv path's act buffer is float32 (fused_experts allocates it so: the down kernel FMAs it as it is)
+# the gemv path's act buffer is float32 (fused_experts allocates it so: the down kernel FMAs it as it is); tc's
+# is bf16 (the down kernel's MMA operand)
 KERNEL_TYPES = {"_gemv_down_kernel": {"act_ptr": "*fp32"}, "_gemv_gate_up_kernel": {"act_ptr": "*fp32"}}
 
 
 def _cubin(kernel, consts: dict, num_warps: int, num_stages: int = 4) -> bytes:
-    types = {**TYPES, **KERNEL_TYPES.get(kernel.__name__, {})}
+    types = {**TYPES, **({} if consts.get("TC") else KERNEL_TYPES.get(kernel.__name__, {}))}
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if sig[n].startswith("*") or n in DIV16}
@@ -95,7 +96,7 @@ def loop_cost(spec: str) -> list[dict]:
     one-pair path (1 token, or any expert with one pair), and the many-pair path's K step and per-row cost."""
     _, bm, bn, bk, warps = (int(v) if v.isdigit() else v for v in spec.split(":"))
     common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "split": 1, "ASM": True, "MMA_FROM": 0,
-              "CDT": tl.bfloat16}
+              "CDT": tl.bfloat16, "TC": False}
     rows = []
     for kernel, consts, tiles in ((M._gemv_gate_up_kernel, common, 2),
                                   (M._gemv_down_kernel, {**common, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, 1)):
@@ -124,18 +125,20 @@ def compile_sm90(kernel, consts: dict, num_warps: int, num_stages: int = 4) -> d
 
 def configs(spec: str):
     """variant:block_m:block_n:block_k:num_warps[:mmaN] -> [(kernel, constexprs, num_warps)] as fused_experts
-    launches them (gemv: split 1 and a runtime split, ``mmaN``: TileConfig.mma_from = N; mma / swap: split 1 and 2,
-    dot_scaled both ways)."""
+    launches them (gemv / tc: split 1 and a runtime split, ``mmaN``: TileConfig.mma_from = N; tc with 3 stages as
+    default_tiles gives it; mma / swap: split 1 and 2, dot_scaled both ways)."""
     variant, bm, bn, bk, warps, *hybrid = spec.split(":")
     bm, bn, bk, warps = int(bm), int(bn), int(bk), int(warps)
-    if variant == "gemv":
+    if variant in ("gemv", "tc"):
         # MMA_FROM N: experts with N+ pairs on the MMA tile step (dot_scaled, bf16 operands, as on CUDA); 0 as
         # fused_experts passes it by default (a constexpr: left out, the signature would make it a runtime i32)
         common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "ASM": True,
-                  "MMA_FROM": int(hybrid[0].removeprefix("mma")) if hybrid else 0, "CDT": tl.bfloat16}
+                  "MMA_FROM": int(hybrid[0].removeprefix("mma")) if hybrid else 0, "CDT": tl.bfloat16,
+                  "TC": variant == "tc"}
+        stages = 3 if variant == "tc" else 4
         for one in ({"split": 1}, {}):
-            yield M._gemv_gate_up_kernel, {**common, **one}, warps
-            yield M._gemv_down_kernel, {**common, **one, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, warps
+            yield M._gemv_gate_up_kernel, {**common, **one}, warps, stages
+            yield M._gemv_down_kernel, {**common, **one, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, warps, stages
         return
     mode = M.VARIANTS.index(variant)
     for ds in (True, False):
@@ -168,6 +171,6 @@ if __name__ == "__main__":
                                        "provenance": record(["mxfp4_sm90_compile.py", *sys.argv[1:]])}, indent=1) + "\n")
         raise SystemExit(0)
     for spec in sys.argv[1:]:
-        for kernel, consts, warps in configs(spec):
-            print(json.dumps({"config": spec, **compile_sm90(kernel, consts, warps),
+        for kernel, consts, warps, *stages in configs(spec):
+            print(json.dumps({"config": spec, **compile_sm90(kernel, consts, warps, *stages),
                               "constexprs": {k: str(v) for k, v in consts.items()}}), flush=True)

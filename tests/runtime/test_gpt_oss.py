@@ -201,6 +201,25 @@ def test_dflash_greedy_equals_ar_and_transformers(tiny, drafters):
         assert r.output_ids == PeriodicOracle.truth[tuple(p)] and max(r.stats.acceptance_lengths) == 5
 
 
+def test_an_mxfp4_scale_beyond_what_the_kernels_decode_is_refused_on_load(tiny):
+    """E8M0 scale bytes above models/mxfp4.MAX_SCALE (2^65; 255 is E8M0's NaN), kept packed for the MXFP4 kernels,
+    are a corrupt checkpoint: one line naming the tensor, before any weight reaches a kernel."""
+    from trtllm_dflash.errors import DFlashError
+    from trtllm_dflash.runtime.distributed import TPGroup
+    from trtllm_dflash.runtime.models import gpt_oss, mxfp4, target_family
+    cfg = target_config(json.loads((tiny["mxfp4"] / "config.json").read_text()))
+    with torch.device("meta"):   # the experts kept packed, as on a GPU (the check runs before any kernel)
+        model = target_family(cfg).build(cfg, TPGroup(0, 1), 64, (), device=torch.device("cuda"), mxfp4_moe="triton")
+    assert type(model.layers[0].mlp.experts).__name__ == "Mxfp4Experts"
+    sd = load_file(str(tiny["mxfp4"] / "model.safetensors"))
+    name = next(n for n in sd if n.endswith("down_proj_scales"))
+    sd[name][0, 0, 0] = mxfp4.MAX_SCALE + 1
+    with pytest.raises(DFlashError, match="down_proj_scales.*above 192"):
+        gpt_oss.checkpoint_to_module(dict(sd), model, "cpu", torch.float32)
+    sd[name][0, 0, 0] = mxfp4.MAX_SCALE
+    gpt_oss.checkpoint_to_module(dict(sd), model, "cpu", torch.float32)   # the largest decoded scale loads
+
+
 # ---- parallelism -----------------------------------------------------------------------------------
 def test_shard_rules_for_gpt_oss_tensors():
     assert shard.shard_dim("model.layers.0.self_attn.sinks") == 0

@@ -90,6 +90,9 @@ CPU_TILES = {  # every variant, uneven K slices (I = 96 over BK = 64: a partial 
     # experts with 2+ pairs on the MMA tile step, the rest on gemv's loops (N = 5: every expert has several)
     "gemv_mma2": dict(variant="gemv", block_m=16, block_n=16, block_k=32, split_k=1, mma_from=2),
     "gemv_mma3_split3": dict(variant="gemv", block_m=16, block_n=32, block_k=64, split_k=3, mma_from=3),
+    # the tensor-core step: 2 BN = 32 gate / up rows, a partial last K tile, and K split in 3 uneven slices
+    "tc": dict(variant="tc", block_m=16, block_n=16, block_k=64, split_k=1),
+    "tc_split3": dict(variant="tc", block_m=16, block_n=16, block_k=32, split_k=3),
     "mma_split2": dict(variant="mma", block_m=16, block_n=16, block_k=64, dot_scaled=False, split_k=2),
     "swap": dict(variant="swap", block_m=16, block_n=16, block_k=32, dot_scaled=False, split_k=1),
 }
@@ -149,8 +152,8 @@ def test_batch_invariant_tiles_give_a_token_the_same_bits_in_any_batch():
     outs, ref = _one_token_in_batches(torch.device("cpu"), torch.float32, 4, 2, 64, 96, [1, 2, 5, 21])
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
     assert rel(outs[0][None], ref[None]) < 1e-5
-    # the default rule's tiles change with the token count: gemv alone, mma with split-K at 21 tokens
-    assert mxfp4_moe.default_tiles(1, 2, 4).variant == "gemv" and mxfp4_moe.default_tiles(21, 2, 4).variant == "mma"
+    # the default rule's tiles change with the token count: tc alone, mma with split-K at 21 tokens
+    assert mxfp4_moe.default_tiles(1, 2, 4).variant == "tc" and mxfp4_moe.default_tiles(21, 2, 4).variant == "mma"
 
 
 @pytest.mark.usefixtures("one_torch_thread")
@@ -204,9 +207,9 @@ def test_gemv_with_no_local_pair_gives_zeros_and_rejects_too_many_tokens():
 def test_default_tiles_rule_and_checks():
     triton_or_skip()
     from trtllm_dflash.runtime import mxfp4_moe
-    for tokens in range(1, mxfp4_moe.GEMV_MAX_TOKENS + 1):  # every expert's pairs fit one gemv block
+    for tokens in range(1, mxfp4_moe.GEMV_MAX_TOKENS + 1):  # every expert's pairs fit one tc block
         t = mxfp4_moe.default_tiles(tokens, 4, 128)
-        assert t.variant == "gemv" and t.block_m >= tokens and t.block_m & (t.block_m - 1) == 0
+        assert t.variant == "tc" and t.block_m >= tokens and t.block_m & (t.block_m - 1) == 0
         t.check()
     for tokens, bm in ((mxfp4_moe.GEMV_MAX_TOKENS + 1, 16), (40, 16), (64, 16), (640, 32), (4096, 64)):
         t = mxfp4_moe.default_tiles(tokens, 4, 32 if tokens > 1000 else 128)
@@ -214,7 +217,8 @@ def test_default_tiles_rule_and_checks():
     for bad in (dict(variant="mma", block_m=8), dict(variant="swap", block_n=8), dict(variant="gemv", block_m=1),
                 dict(variant="gemv", block_k=16), dict(variant="gemv", block_n=48), dict(variant="fast"),
                 dict(variant="mma", mma_from=2), dict(variant="gemv", mma_from=1),
-                dict(variant="gemv", block_m=8, mma_from=2), dict(variant="gemv", mma_from=-1)):
+                dict(variant="gemv", block_m=8, mma_from=2), dict(variant="gemv", mma_from=-1),
+                dict(variant="tc", block_m=8), dict(variant="tc", block_n=8), dict(variant="tc", mma_from=2)):
         with pytest.raises(ValueError, match="variant is one of"):
             mxfp4_moe.TileConfig(**bad).check()
 
@@ -225,6 +229,7 @@ GPU_TILES = {
     "default": None,  # default_tiles' choice for the token count
     "gemv": dict(variant="gemv", block_m=64, block_n=32, block_k=256),
     "gemv_mma2": dict(variant="gemv", block_m=64, block_n=32, block_k=256, mma_from=2),
+    "tc": dict(variant="tc", block_m=64, block_n=64, block_k=128),
     "mma": dict(variant="mma", block_m=16),
     "swap": dict(variant="swap", block_m=16),
 }
@@ -281,14 +286,16 @@ def test_kernel_matches_float64_and_bf16_dequant(N, ep, tiles):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("variant", ["default", "mma", "swap", "gemv", "gemv_mma2"])
+@pytest.mark.parametrize("variant", ["default", "mma", "swap", "gemv", "gemv_mma2", "tc_split"])
 def test_kernel_under_cuda_graph_replays_new_routing(variant):
     """gemv_mma2: which experts take the MMA step is decided on the device per call, so a replay with new routing
     switches them (8 tokens x 4 of 16 experts: some experts get one pair, others several)."""
     from trtllm_dflash.runtime import mxfp4_moe
-    tiles = {"default": None, "gemv": mxfp4_moe.TileConfig(variant="gemv", block_m=8),
-             "gemv_mma2": mxfp4_moe.TileConfig(variant="gemv", block_m=16, block_n=32, mma_from=2)}.get(
-        variant, mxfp4_moe.TileConfig(variant=variant, block_m=16))
+    tiles = {"default": None, "mma": mxfp4_moe.TileConfig(variant="mma", block_m=16),
+             "swap": mxfp4_moe.TileConfig(variant="swap", block_m=16),
+             "gemv": mxfp4_moe.TileConfig(variant="gemv", block_m=8),
+             "gemv_mma2": mxfp4_moe.TileConfig(variant="gemv", block_m=16, block_n=32, mma_from=2),
+             "tc_split": mxfp4_moe.TileConfig(variant="tc", block_m=16, block_n=32, block_k=64, split_k=2)}[variant]
     dev, E, k, H, I, N = torch.device("cuda"), 16, 4, 256, 128, 8
     w = random_experts(E, H, I, dev)
     ids, weights = routing(N, k, E, dev, 1)
@@ -383,12 +390,19 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     from tests.runtime.compare import compile_for_h100
     from trtllm_dflash.runtime import mxfp4_moe
     t = mxfp4_moe.default_tiles(1, 4, 32)
-    gemv = f"gemv:{t.block_m}:{t.block_n}:{t.block_k}:{t.num_warps}"
+    assert t.variant == "tc"
+    tc = f"tc:{t.block_m}:{t.block_n}:{t.block_k}:{t.num_warps}"
+    gemv = "gemv:16:32:256:4"
     script = Path(__file__).with_name("mxfp4_sm90_compile.py")
-    stdout = compile_for_h100([str(script), gemv, f"{gemv}:mma2", "mma:16:64:128:4", "swap:16:64:128:4"], timeout=900)
+    stdout = compile_for_h100([str(script), tc, gemv, f"{gemv}:mma2", "mma:16:64:128:4", "swap:16:64:128:4"],
+                              timeout=900)
     rows = [json.loads(line) for line in stdout.splitlines()]
-    assert len(rows) == 2 * 4 + 2 * 11   # gemv alone and with mma_from 2 (its tile step on the MMA: dot_scaled)
-    assert all(r["stack"] == 0 for r in rows if r["config"] == gemv)
+    assert len(rows) == 3 * 4 + 2 * 11   # tc, gemv alone and with mma_from 2 (its tile step on the MMA: dot_scaled)
+    assert all(r["stack"] == 0 for r in rows if r["config"] in (tc, gemv))
+    # the tensor-core step's point: fewer registers than gemv's FMA loops, so more programs per SM
+    regs = {(r["config"], r["kernel"]): r["regs"] for r in rows if r["constexprs"].get("split") == "1"}
+    for kernel in ("_gemv_gate_up_kernel", "_gemv_down_kernel"):
+        assert regs[(tc, kernel)] < regs[(gemv, kernel)]
 
 
 def test_the_gemv_loop_cost_is_read_off_the_hopper_sass():

@@ -338,53 +338,55 @@ def moe_layer_vs_flashinfer(target, fm, routings, shapes, iters: int, ceil: dict
 
 # tile shapes each variant is timed under: (block_n, block_k, num_warps)
 SWEEP_SHAPES = {"mma": ((64, 128, 4), (128, 128, 8), (64, 256, 8), (128, 64, 4)),
-                "gemv": ((32, 256, 4), (64, 128, 4), (32, 128, 4), (64, 256, 8))}
-
-
-MMA_FROM = (2, 3)   # TileConfig.mma_from values the sweep times on gemv's first shape (each a variant of its own)
+                "gemv": ((32, 256, 4), (64, 128, 4), (32, 128, 4), (64, 256, 8)),
+                "tc": ((64, 128, 4), (32, 128, 4), (64, 64, 4), (64, 256, 8))}
+PAIR_VARIANTS = ("tc", "gemv")   # the variants that hold an expert's pairs in one row block (tokens <= GEMV_BLOCK_M)
 
 
 def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = False) -> list:
     """The TileConfigs tile_sweep times for a call of ``tokens``: default_tiles' variant under SWEEP_SHAPES, and
-    where gemv can take the call (tokens <= GEMV_BLOCK_M) the other of gemv / mma too, so a DFlash block's size
-    shows which variant should take it (default_tiles sends it to mma above GEMV_MAX_TOKENS)."""
+    where the pair-block variants can take the call (tokens <= GEMV_BLOCK_M) every one of tc / gemv / mma, so a
+    DFlash block's size shows which variant should take it (default_tiles sends it to mma above GEMV_MAX_TOKENS).
+    tc and gemv tiles run without a K split except tc's first shape, which is timed with the automatic split too."""
     from trtllm_dflash.runtime import mxfp4_moe
     base = mxfp4_moe.default_tiles(tokens, top_k, num_experts)
     variants = [base.variant]
     if tokens <= mxfp4_moe.GEMV_BLOCK_M:
-        variants.append("mma" if base.variant == "gemv" else "gemv")
+        variants += [v for v in (*PAIR_VARIANTS, "mma") if v != base.variant]
     out = []
     for variant in variants:
+        pairs = variant in PAIR_VARIANTS
         t0 = base if variant == base.variant else dataclasses.replace(
-            base, variant=variant, block_m=mxfp4_moe.GEMV_BLOCK_M if variant == "gemv" else 16,
-            split_k=1 if variant == "gemv" else None)
-        for ds in ((True, False) if sweep_decode and variant != "gemv" else (t0.dot_scaled,)):
+            base, variant=variant, block_m=mxfp4_moe.GEMV_BLOCK_M if pairs else 16, split_k=1 if pairs else None,
+            mma_from=0)
+        for ds in ((True, False) if sweep_decode and not pairs else (t0.dot_scaled,)):
             for bn, bk, warps in SWEEP_SHAPES[variant]:
-                out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, dot_scaled=ds))
-        if variant == "gemv" and tokens > 1:   # experts with several pairs on the tensor cores, the rest on gemv
-            bn, bk, warps = SWEEP_SHAPES["gemv"][0]
-            out += [dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, mma_from=m) for m in MMA_FROM]
-    return out
+                out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, dot_scaled=ds,
+                                               split_k=1 if pairs else t0.split_k))
+        if variant == "tc":
+            bn, bk, warps = SWEEP_SHAPES["tc"][0]
+            out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, split_k=None))
+    return list(dict.fromkeys(out))   # the default's own tile may repeat one above
 
 
 def best_variants(rows: list[dict]) -> list[dict]:
-    """Per routing and token count, the fastest timed tile of each variant, and gemv's time over mma's."""
+    """Per routing and token count, the fastest timed tile of each variant, and gemv's and tc's times over mma's
+    and tc's over gemv's."""
     best: dict[tuple, dict] = {}
     for r in rows:
         if "ms" not in r:
             continue
         key = (r.get("routing", "uniform"), r["tokens"])
         entry = best.setdefault(key, {"routing": key[0], "tokens": key[1], "distinct_experts": r.get("distinct_experts")})
-        variant = r["variant"] + (f"_mma{r['mma_from']}" if r.get("mma_from") else "")   # gemv_mma2: see MMA_FROM
+        variant = r["variant"]
         if r["ms"] < entry.get(f"{variant}_ms", float("inf")):
             entry[f"{variant}_ms"] = r["ms"]
-            entry[f"{variant}_tiles"] = {k: r[k] for k in ("block_m", "block_n", "block_k", "num_warps", "dot_scaled")}
+            entry[f"{variant}_tiles"] = {k: r.get(k) for k in ("block_m", "block_n", "block_k", "num_warps",
+                                                               "dot_scaled", "split_k")}
     for entry in best.values():
-        if "gemv_ms" in entry and "mma_ms" in entry:
-            entry["gemv_over_mma"] = round(entry["gemv_ms"] / entry["mma_ms"], 3)
-        for m in MMA_FROM:
-            if f"gemv_mma{m}_ms" in entry and "gemv_ms" in entry:
-                entry[f"gemv_mma{m}_over_gemv"] = round(entry[f"gemv_mma{m}_ms"] / entry["gemv_ms"], 3)
+        for a, b in (("gemv", "mma"), ("tc", "mma"), ("tc", "gemv")):
+            if f"{a}_ms" in entry and f"{b}_ms" in entry:
+                entry[f"{a}_over_{b}"] = round(entry[f"{a}_ms"] / entry[f"{b}_ms"], 3)
     return list(best.values())
 
 

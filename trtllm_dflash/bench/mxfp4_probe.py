@@ -64,8 +64,8 @@ def main(argv=None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--models", default=",".join(SHAPES))
     p.add_argument("--tokens", default="1,4,10", help="tokens per call (gemv's range: decode and DFlash blocks)")
-    p.add_argument("--block_n", type=int, default=None, help="the tile's BLOCK_N (default: default_tiles')")
-    p.add_argument("--block_k", type=int, default=None, help="the tile's BLOCK_K (default: default_tiles')")
+    p.add_argument("--block_n", type=int, default=32, help="the gemv tile's BLOCK_N (its default before tc)")
+    p.add_argument("--block_k", type=int, default=256, help="the gemv tile's BLOCK_K (its default before tc)")
     add_run_flags(p)
     args = p.parse_args(argv)
     device = run_device(args)
@@ -94,10 +94,8 @@ def main(argv=None) -> int:
         for N in tokens:
             ids, weights = routing("random", N, E, k, device, seed=N)
             x = torch.randn(N, H, device=device).to(torch.bfloat16 if cuda else torch.float32)
-            tiles = mx.default_tiles(N, k, E)
-            if tiles.variant != "gemv" or args.block_n or args.block_k:
-                tiles = dataclasses.replace(tiles, variant="gemv", block_m=max(16, 1 << (N - 1).bit_length()),
-                                            block_n=args.block_n or tiles.block_n, block_k=args.block_k or tiles.block_k)
+            tiles = mx.TileConfig(variant="gemv", block_m=max(16, 1 << (N - 1).bit_length()), block_n=args.block_n,
+                                  block_k=args.block_k, split_k=1)
             distinct = int(ids.unique().numel())
             row = {"model": model, "tokens": N, "distinct_experts": distinct, "gate_up_bytes": distinct * gu_bytes,
                    "tiles": dataclasses.asdict(tiles)}

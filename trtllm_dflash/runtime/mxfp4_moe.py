@@ -18,7 +18,7 @@ mma / swap (any token count), 3 kernels per MoE layer (+ 2 reductions at decode 
   to keep HBM busy; the float32 partial sums are then reduced in a fixed order by ``_swiglu_kernel`` (+ bias,
   SwiGLU) and ``_combine_kernel`` (+ bias, x routing weight, sum over the k rows).
 
-gemv (up to block_m tokens per call: decode and DFlash blocks), 2 kernels per MoE layer:
+gemv / tc (up to block_m tokens per call: decode and DFlash blocks), 2 kernels per MoE layer:
   gate_up   grid (min(E, N * k) expert slots, I / BN, split): each program finds its slot's expert and that
             expert's pairs itself from the call's expert ids (``_gemv_pairs``: no route kernel, no sorted array),
             so every distinct expert's weights are read once; SwiGLU epilogue into act [N * k, I].
@@ -32,13 +32,16 @@ Weights are dequantised in registers, never to memory. Three variants of the GEM
   mma   x @ W with tl.dot on BM >= 16 pair rows: ``tl.dot_scaled`` (Triton's own E2M1 upcast) or an explicit
         bit-level E2M1 decode + tl.dot (``dot_scaled=False``: the variant Triton's CPU interpreter runs);
   swap  W @ x^T: the same, with the weight's output rows as the MMA's M operand and the pair rows as its N;
+  tc    the gemv kernels' grid and pairs, the K step on the tensor cores: the weight tile decoded in PTX straight
+        to bf16 with its scale (``_tc_decode``: ~2.4 instructions per value, no conversion), one tl.dot against the
+        expert's pair rows (N side, up to block_m: any pair count costs the same). Scales up to E8M0 192 (2^65).
   gemv  decode (inline PTX, ~2.9 instructions per E2M1 value, ``_gemv_decode``) and FMA in registers, one valid
         pair row at a time, each scale group's sum scaled once: no 16-row MMA tile to fill, padding rows skipped;
         an expert with one pair runs a K loop of its own (``_gemv_k_loop``); for up to GEMV_MAX_TOKENS tokens.
         With TileConfig.mma_from, an expert the call gives that many pairs or more runs the mma step instead,
         chosen per expert on the device (one launch either way).
 mma / swap: blocks past the used count return at once, so the grid can be sized for the worst case:
-min(E, N * k) + ceil(N * k / BM) blocks. gemv: slots past the call's distinct experts return at once.
+min(E, N * k) + ceil(N * k / BM) blocks. gemv / tc: slots past the call's distinct experts return at once.
 """
 from __future__ import annotations
 
@@ -53,10 +56,10 @@ from .kernels import num_sms, pow2
 from .kernels.arrival import last_arrival, tile_counters
 
 
-VARIANTS = ("mma", "swap", "gemv")
+VARIANTS = ("mma", "swap", "gemv", "tc")
 _MMA, _SWAP = tl.constexpr(0), tl.constexpr(1)   # MODE of the routed kernels: VARIANTS.index(variant)
-GEMV_MAX_TOKENS = 16   # default_tiles' rule: GEMV up to this many tokens per call (see there)
-GEMV_BLOCK_M = 16      # gemv's row block: one compiled kernel for every token count up to it
+GEMV_MAX_TOKENS = 16   # default_tiles' rule: tc (gemv's grid) up to this many tokens per call (see there)
+GEMV_BLOCK_M = 16      # tc / gemv's pair block: one compiled kernel for every token count up to it
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,9 @@ class TileConfig:
       swap  W @ x^T: the BN weight rows are the MMA's M side, the BM (>= 16) pair rows its N side;
       gemv  no MMA: the weight tile is decoded in registers once and FMA'd with each valid pair row in turn;
             BM (a power of two >= 2) must be >= the call's tokens, so each expert's pairs are one block (a clear
-            error otherwise); padding rows cost nothing, so a large BM costs only registers.
+            error otherwise); padding rows cost nothing, so a large BM costs only registers;
+      tc    gemv's grid and pair blocks, the weight tile decoded to bf16 and multiplied on the tensor cores
+            (W @ pairs^T: BN gate / up channels = 2 BN rows in gate_up, BN rows in down; BM >= 16 pair columns).
     ``dot_scaled`` (mma, swap): Triton's tl.dot_scaled upcast, or the explicit E2M1 decode + tl.dot (the path
     Triton's CPU interpreter runs); gemv always decodes explicitly."""
     block_m: int = 16      # pair rows per program
@@ -88,7 +93,7 @@ class TileConfig:
 
     def check(self) -> None:
         is_pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731
-        mma = self.variant in ("mma", "swap")
+        mma = self.variant in ("mma", "swap", "tc")
         if (self.variant not in VARIANTS or not (is_pow2(self.block_m) and is_pow2(self.block_n) and is_pow2(self.block_k))
                 or self.block_k < 32 or self.block_m < (16 if mma else 2) or self.block_n < (16 if mma else 1)
                 or self.mma_from < 0 or (self.mma_from and (self.variant != "gemv" or self.mma_from < 2
@@ -113,21 +118,19 @@ def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
 def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     """The variant and tiles for a call of ``tokens`` tokens x ``top_k`` experts over ``num_experts`` local ones.
 
-    Rule: tokens <= GEMV_MAX_TOKENS -> gemv (block_m GEMV_BLOCK_M, no split-K). A token's top-k experts are
-    distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one row block and its
-    weights are read once per call whatever the routing; padding rows are skipped, so one block_m serves every
-    token count (one compiled kernel). gemv's FMA work grows with the pairs per expert, so it wins while they
-    are few, and a DFlash verify block (8-16 tokens) spreads over many experts with one or two pairs each.
-    Measured on an H200 (bench/gpt_oss_step.py --tile_sweep, one gpt-oss-120b MoE layer, graph replay, these
-    tiles): 1 token 0.048 ms vs the mma path's 0.103; 10 tokens under uniform routing (36 distinct experts) 0.334
-    vs 0.632 ms, under the skewed routing (17 experts, ~2.4 pairs each) 0.327 vs 0.311 ms. So every call that
-    fits one gemv row block goes to gemv (on the H100 earlier, before gemv's one-pair K loop, 10 tokens sharing 8
-    experts had gone 271 vs 178 us the other way). Above it, the mma variant with BM grown by pairs per expert
-    (verify batches and prefill, where the 16-row tl.dot tile is full).
-    block_n 32 x block_k 256: 128 contiguous bytes (one cache line) per weight row per step, 8 KB of gate + up
-    weights per step and program."""
+    Rule: tokens <= GEMV_MAX_TOKENS -> tc (block_m GEMV_BLOCK_M, K split for a full GPU). A token's top-k experts
+    are distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one pair block and its
+    weights are read once per call whatever the routing, and one compiled kernel serves every token count. tc
+    decodes each weight once into the tensor cores' operand (~2.4 instructions per value, where gemv spends ~5.3
+    on decode, conversion and FMAs, and more per extra pair), so neither the pairs per expert (a verify block
+    under skewed routing) nor the instruction issue bounds it, and its kernels hold fewer registers (sm_90: 164 /
+    96 against gemv's 243 / 157), so more programs share an SM. Above GEMV_MAX_TOKENS, the mma variant with BM
+    grown by pairs per expert (verify batches and prefill, where the 16-row tl.dot tile is full).
+    Before tc (bench/gpt_oss_step.py --tile_sweep on an H200, one gpt-oss-120b MoE layer): gemv took 1 token in
+    0.045 ms against mma's 0.101, a 10-token block under uniform routing in 0.334 against 0.632 ms, but under
+    skewed routing 0.322 against 0.309 (its FMA work grows with the pairs)."""
     if tokens <= GEMV_MAX_TOKENS:
-        return TileConfig(variant="gemv", block_m=GEMV_BLOCK_M, block_n=32, block_k=256, split_k=1)
+        return TileConfig(variant="tc", block_m=GEMV_BLOCK_M, block_n=64, block_k=128, num_warps=4, num_stages=3)
     per_expert = tokens * top_k / max(1, num_experts)
     return TileConfig(block_m=16 if per_expert <= 16 else 32 if per_expert <= 48 else 64)
 
@@ -437,6 +440,91 @@ def _gemv_rows_loop(a_ptr, a_off, count, wa, sa, wb, sb, wa_rows, sa_rows, wb_ro
     return acc_a, acc_b
 
 
+# The tc variant's decode: one int32 word (inputs 8w .. 8w + 7 as nibbles 0..7) and a bf16x2 multiplier m (2^(s - 65)
+# in both halves) -> its 8 values as bf16, E2M1 x 2^(s - 191). Nibbles j and j + 4 sit 16 bits apart, so one shift
+# and two masks place both at the bottom of a bf16 (value x 2^-126; code 1 = 0.5 becomes the bf16 subnormal 2^-127)
+# and one packed multiply by m scales both, exactly (bf16 ops keep subnormals): 15 integer ops and 4 multiplies per
+# word. The caller multiplies x by 2^64 to match (the weights' 2^-64 keeps scales up to s = 192 in bf16's range).
+_E2M1X8_BF16 = tl.constexpr("""
+{
+.reg .b32 a, b, p, q, z;
+mov.b32 z, 0x80008000;
+shl.b32 a, $8, 6; shl.b32 b, $8, 12; and.b32 a, a, 0x01C001C0; lop3.b32 p, a, b, 0x80008000, 0xF8;
+fma.rn.bf16x2 q, p, $9, z; mov.b32 {$0, $4}, q;
+shl.b32 a, $8, 2; shl.b32 b, $8, 8; and.b32 a, a, 0x01C001C0; lop3.b32 p, a, b, 0x80008000, 0xF8;
+fma.rn.bf16x2 q, p, $9, z; mov.b32 {$1, $5}, q;
+shr.b32 a, $8, 2; shl.b32 b, $8, 4; and.b32 a, a, 0x01C001C0; lop3.b32 p, a, b, 0x80008000, 0xF8;
+fma.rn.bf16x2 q, p, $9, z; mov.b32 {$2, $6}, q;
+shr.b32 a, $8, 6; and.b32 a, a, 0x01C001C0; lop3.b32 p, a, $8, 0x80008000, 0xF8;
+fma.rn.bf16x2 q, p, $9, z; mov.b32 {$3, $7}, q;
+}
+""")
+TC_X_SCALE = 2.0 ** 64   # the tc variant's x multiplier (its weights carry 2^-64)
+
+
+@triton.jit
+def _tc_decode(w, s, ASM: tl.constexpr):
+    """w [R, W] int32 words, s [R, W] int32 E8M0 scale of each word's group -> 8 tensors [R, W] (nibble i of each
+    word: input 8 * word + i) of E2M1 x 2^(s - 191): bf16 from the PTX above (CUDA), float32 from tl ops (Triton's
+    CPU interpreter runs no inline assembly; the values are the same)."""
+    if ASM:
+        m = (s + 62) << 7                                                          # bf16 bits of 2^(s - 65)
+        v = tl.inline_asm_elementwise(_E2M1X8_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, m | (m << 16)],
+                                      dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    else:
+        f = tl.where(s > 64, ((s - 64) << 23).to(tl.float32, bitcast=True), 0.0)  # 2^(s - 191) (below: ~0)
+        v = (_e2m1_scaled(w & 15, f), _e2m1_scaled((w >> 4) & 15, f), _e2m1_scaled((w >> 8) & 15, f),
+             _e2m1_scaled((w >> 12) & 15, f), _e2m1_scaled((w >> 16) & 15, f), _e2m1_scaled((w >> 20) & 15, f),
+             _e2m1_scaled((w >> 24) & 15, f), _e2m1_scaled((w >> 28) & 15, f))
+    return v
+
+
+@triton.jit
+def _join8(v):
+    """8 tensors [R, W] -> [R, W, 2, 2, 2], registers in the order v[0] .. v[7] (join's new axis is the fastest in
+    registers, so a thread's 8 values of a word are contiguous: 16-byte stores on the way to the MMA); its flat
+    position 4a + 2b + c within a word holds v[4c + 2b + a] (the 3-bit reversal, which x's tile repeats)."""
+    return tl.join(tl.join(tl.join(v[0], v[1]), tl.join(v[2], v[3])), tl.join(tl.join(v[4], v[5]), tl.join(v[6], v[7])))
+
+
+@triton.jit
+def _tc_k_loop(a_ptr, a_off, w_rows, s_rows, w_ok, k_lo, k_hi, R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+               ASM: tl.constexpr, CDT: tl.constexpr, SCALED_A: tl.constexpr):
+    """-> acc [R, BM] float32: weight rows w_rows / s_rows [R] (byte / scale row starts, w_ok their mask) times the
+    BM pair rows of A (a_off [BM] element offsets from a_ptr, -1 padding) over inputs k_lo .. k_hi (multiples of
+    32), on the tensor cores: each step decodes the [R, BK] weight tile to scaled bf16 (``_tc_decode``) and runs one
+    tl.dot against the pairs' inputs, loaded in the tile's k order and times TC_X_SCALE (SCALED_A: A holds them so
+    already, in CDT: the gate_up kernel's act). Any pair count up to BM costs the same (the MMA's N side)."""
+    W: tl.constexpr = BK // 8
+    G: tl.constexpr = BK // 32
+    words = w_rows.to(tl.pointer_type(tl.int32))                                  # row starts are 16-byte aligned
+    wd = tl.arange(0, W)
+    g = tl.arange(0, G)
+    kk = tl.arange(0, BK)
+    a_ok = a_off >= 0
+    # A's rows start at multiples of 32 elements (its row stride is the K of one of the two GEMMs): 16-byte loads
+    a_row = a_ptr + tl.multiple_of(tl.where(a_ok, a_off, 0), 32)
+    # whole scale groups (K is a multiple of 32, slices of BK): the masks at k_hi then hold for a group's 16 bytes
+    # of weights and its 32 inputs alike, and the loads stay vectorised
+    k_lo = tl.multiple_of(k_lo, 32)
+    k_hi = tl.multiple_of(k_hi, 32)
+    acc = tl.zeros([R, BM], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        w = tl.load(words[:, None] + (k0 // 8 + wd)[None, :],
+                    mask=w_ok[:, None] & (k0 + 32 * (wd // 4) < k_hi)[None, :], other=0)   # [R, W]
+        s = tl.load(s_rows[:, None] + (k0 // 32 + g)[None, :], mask=w_ok[:, None] & (k0 + 32 * g < k_hi)[None, :],
+                    other=0).to(tl.int32)                                         # [R, G]
+        s = tl.reshape(tl.broadcast_to(s[:, :, None], [R, G, 4]), [R, W])         # each word's group scale
+        a = tl.reshape(_join8(_tc_decode(w, s, ASM)), [R, BK])
+        x = tl.load(a_row[:, None] + (k0 + kk)[None, :], mask=a_ok[:, None] & (k0 + 32 * (kk // 32) < k_hi)[None, :],
+                    other=0.0)
+        x = tl.reshape(tl.permute(tl.reshape(x, [BM, W, 2, 2, 2]), (0, 1, 4, 3, 2)), [BM, BK])   # _join8's order
+        if not SCALED_A:
+            x = (x.to(tl.float32) * 18446744073709551616.0).to(CDT)              # x TC_X_SCALE
+        acc = tl.dot(a.to(CDT), tl.trans(x), acc)
+    return acc
+
+
 @triton.jit
 def _acc_zeros(BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr):
     if MODE == _SWAP:
@@ -492,12 +580,13 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, sorted_ptr, block_expert_ptr, nu
 
 
 @triton.jit
-def _swiglu_store(acc_g, acc_u, bias_ptr, g_rows, u_rows, cm, valid, act_ptr, out_rows, c, I, limit, alpha):
+def _swiglu_store(acc_g, acc_u, bias_ptr, g_rows, u_rows, cm, valid, act_ptr, out_rows, c, I, limit, alpha,
+                  out_scale=1.0):
     gate = acc_g + tl.load(bias_ptr + g_rows, mask=cm, other=0.0).to(tl.float32)[None, :]
     up = acc_u + tl.load(bias_ptr + u_rows, mask=cm, other=0.0).to(tl.float32)[None, :]
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
-    act = (up + 1.0) * gate * tl.sigmoid(gate * alpha)
+    act = (up + 1.0) * gate * tl.sigmoid(gate * alpha) * out_scale
     tl.store(act_ptr + out_rows[:, None] * I + c[None, :], act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & cm[None, :])
 
 
@@ -623,9 +712,11 @@ def _gemv_pairs(ids_ptr, P, first, num_local, slot, BM: tl.constexpr, EB: tl.con
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, cnt_ptr, P, first, num_local,
                          K, I, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
                          split, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EB: tl.constexpr,
-                         PB: tl.constexpr, ASM: tl.constexpr, MMA_FROM: tl.constexpr, CDT: tl.constexpr):
+                         PB: tl.constexpr, ASM: tl.constexpr, MMA_FROM: tl.constexpr, CDT: tl.constexpr,
+                         TC: tl.constexpr):
     """grid (min(E, P) expert slots, I / BN, split) -> act [P, I] (row = pair id). ``split`` is a runtime
-    argument (not a constexpr): one compiled kernel serves every token count."""
+    argument (not a constexpr): one compiled kernel serves every token count. TC: the K loop on the tensor cores
+    (``_tc_k_loop`` over the 2 * BN interleaved gate / up rows), else gemv's FMA loops."""
     slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     e, used, pairs, count = _gemv_pairs(ids_ptr, P, first, num_local, slot, BM, EB, PB)
     if slot >= used:
@@ -642,8 +733,15 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
     k_len = tl.cdiv(tl.cdiv(K, BK), split) * BK
     k_lo = pid_k * k_len
     k_hi = tl.minimum(k_lo + k_len, K)
-    acc_g, acc_u = _gemv_k_loop(x_ptr, a_off, count, wg_rows, sg_rows, wu_rows, su_rows, cm, k_lo, k_hi, True,
-                                BM, BN, BK, ASM, MMA_FROM, CDT)
+    if TC:
+        r = pid_n * 2 * BN + tl.arange(0, 2 * BN)                                  # gate / up rows 2c, 2c + 1
+        acc = _tc_k_loop(x_ptr, a_off, w_ptr + e * stride_we + r * stride_wn, s_ptr + e * stride_se + r * stride_sn,
+                         r < 2 * I, k_lo, k_hi, 2 * BN, BM, BK, ASM, CDT, False)  # [2 BN, BM]
+        acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, [BN, 2, BM]), (0, 2, 1)))
+        acc_g, acc_u = tl.trans(acc_g), tl.trans(acc_u)                           # [BM, BN]
+    else:
+        acc_g, acc_u = _gemv_k_loop(x_ptr, a_off, count, wg_rows, sg_rows, wu_rows, su_rows, cm, k_lo, k_hi, True,
+                                    BM, BN, BK, ASM, MMA_FROM, CDT)
     rows = tl.where(valid, pairs, 0)
     m = valid[:, None] & cm[None, :]
     finish = split == 1
@@ -657,8 +755,9 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
             acc_g, acc_u = _gate_up_partials(part_ptr, rows, m, c, P, I, BM, BN, split)
             tl.store(tile, 0)
     if finish:  # one call site: Triton 3.6 fails to compile this store in two branches at some tile shapes
+        # tc: act is the down kernel's MMA operand, stored as bf16 already times TC_X_SCALE
         _swiglu_store(acc_g, acc_u, b_ptr + e * stride_be, g_rows, u_rows, cm, valid, act_ptr, rows, c, I,
-                      limit, alpha)
+                      limit, alpha, 18446744073709551616.0 if TC else 1.0)
 
 
 @triton.jit
@@ -666,9 +765,10 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
                       num_local, K, H, stride_we, stride_wn, stride_se, stride_sn, stride_be, split,
                       TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr, ASM: tl.constexpr,
-                      MMA_FROM: tl.constexpr, CDT: tl.constexpr):
+                      MMA_FROM: tl.constexpr, CDT: tl.constexpr, TC: tl.constexpr):
     """grid (min(E, P) expert slots, H / BN, split) -> out [N, H]: float32 partials [split, P, H] per pair; the
-    program that completes a feature tile (all slots x slices) sums the k pairs of every token into out."""
+    program that completes a feature tile (all slots x slices) sums the k pairs of every token into out. TC: the K
+    loop on the tensor cores (``_tc_k_loop``), else gemv's FMA loops."""
     slot, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     e, used, pairs, count = _gemv_pairs(ids_ptr, P, first, num_local, slot, BM, EB, PB)
     n = pid_n * BN + tl.arange(0, BN)
@@ -681,8 +781,11 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
         k_len = tl.cdiv(tl.cdiv(K, BK), split) * BK
         k_lo = pid_k * k_len
         k_hi = tl.minimum(k_lo + k_len, K)
-        acc, _ = _gemv_k_loop(act_ptr, a_off, count, w_rows, s_rows, w_rows, s_rows, nm, k_lo, k_hi, False,
-                              BM, BN, BK, ASM, MMA_FROM, CDT)
+        if TC:
+            acc = tl.trans(_tc_k_loop(act_ptr, a_off, w_rows, s_rows, nm, k_lo, k_hi, BN, BM, BK, ASM, CDT, True))
+        else:
+            acc, _ = _gemv_k_loop(act_ptr, a_off, count, w_rows, s_rows, w_rows, s_rows, nm, k_lo, k_hi, False,
+                                  BM, BN, BK, ASM, MMA_FROM, CDT)
         rows = tl.where(valid, pairs, 0)
         tl.store(part_ptr + (pid_k * P + rows[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
         if last_arrival(cnt_ptr + pid_n, used * split):
@@ -724,7 +827,7 @@ def gemv_gate_up_grid(E: int, k: int, P: int, I: int, H: int, t: TileConfig, sms
 
 
 def gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, alpha, act, cnt, grid, launch,
-                 mma_from: int = 0) -> None:
+                 mma_from: int = 0, tc: bool = False) -> None:
     """act [P, I] (row = pair id) = SwiGLU(x's pair rows @ gate_up) + bias, one launch of grid / launch
     (gemv_gate_up_grid); cnt: its tiles' arrival counters (slots x I / BN); mma_from: TileConfig.mma_from."""
     (E, two_i, G, _), H, I, P = gu_blocks.shape, x.shape[1], act.shape[1], act.shape[0]
@@ -733,7 +836,7 @@ def gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, al
     _gemv_gate_up_kernel[grid](
         x, ids_flat, gu_b, gu_scales, gu_bias, act, part, cnt, P, first, E, H, I, k, float(limit), float(alpha),
         x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_scales.stride(0), gu_scales.stride(1), gu_bias.stride(0),
-        grid[2], ASM=x.device.type == "cuda", MMA_FROM=mma_from, CDT=_mma_dtype(x.device), **launch)
+        grid[2], ASM=x.device.type == "cuda", MMA_FROM=mma_from, CDT=_mma_dtype(x.device), TC=tc, **launch)
 
 
 def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first, limit, alpha,
@@ -750,10 +853,12 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
     n_dn = triton.cdiv(H, t.block_n)
     split_dn = split_for(t, slots * n_dn, triton.cdiv(I, t.block_k), sms)
     cnt = tile_counters(dev, slots * n_gu + n_dn)
-    # float32: the down kernel's FMAs take it as it is (a bf16 act costs a conversion per value and token there)
-    act = torch.empty(P, I, dtype=torch.float32, device=dev)                                # row = pair id
+    # gemv: float32, the down kernel's FMAs take it as it is (a bf16 act costs a conversion per value and token
+    # there); tc: the MMA operand type, times TC_X_SCALE (stored so by the gate_up kernel)
+    act = torch.empty(P, I, dtype=torch.float32 if t.variant == "gemv" or dev.type != "cuda" else torch.bfloat16,
+                      device=dev)                                                           # row = pair id
     gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, alpha, act, cnt, grid_gu, launch,
-                 t.mma_from)
+                 t.mma_from, t.variant == "tc")
     dn_b = dn_blocks.view(E, H, -1)
     bias = dn_bias if dn_bias is not None else gu_bias  # a valid pointer; unread when HAS_BIAS is False
     part = torch.empty(split_dn, P, H, dtype=torch.float32, device=dev)
@@ -762,7 +867,7 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
         act, ids_flat, rw, dn_b, dn_scales, bias, part, out, cnt[slots * n_gu:], N, P, first, E, I, H,
         dn_b.stride(0), dn_b.stride(1), dn_scales.stride(0), dn_scales.stride(1), bias.stride(0), split_dn, TOPK=k,
         HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, TB=TB,
-        ASM=dev.type == "cuda", MMA_FROM=t.mma_from, CDT=_mma_dtype(dev), num_warps=t.num_warps,
+        ASM=dev.type == "cuda", MMA_FROM=t.mma_from, CDT=_mma_dtype(dev), TC=t.variant == "tc", num_warps=t.num_warps,
         num_stages=t.num_stages)
     return out
 
@@ -787,7 +892,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     cdt = _mma_dtype(x.device)
     act_dtype = torch.bfloat16 if x.device.type == "cuda" else torch.float32
     x = x.contiguous()
-    if t.variant == "gemv":
+    if t.variant in ("gemv", "tc"):
         return _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first,
                              limit, alpha, t)
     sorted_ids, block_expert, num_blocks, max_blocks = route(ids, first, E, t.block_m)

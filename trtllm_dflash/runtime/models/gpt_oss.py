@@ -394,6 +394,11 @@ def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, devi
                 continue
             missing_tensors(sd, [f"{e}{proj}_blocks", f"{e}{proj}_scales"], "checkpoint (MXFP4 experts)")
             if isinstance(experts, Mxfp4Experts):  # kept packed: shard.py already read this rank's rows/groups
+                top = int(sd[f"{e}{proj}_scales"].max()) if sd[f"{e}{proj}_scales"].numel() else 0
+                if top > mxfp4.MAX_SCALE:
+                    raise DFlashError(f"checkpoint: tensor model.{e}{proj}_scales", f"holds the E8M0 scale {top} "
+                                      f"(2^{top - 127}), above {mxfp4.MAX_SCALE}, which the MXFP4 kernels do not "
+                                      "decode", "the scales are corrupt: re-export it, or use mxfp4_moe='dequant'")
                 continue
             w = mxfp4.dequantize(sd.pop(f"{e}{proj}_blocks"), sd.pop(f"{e}{proj}_scales"), dtype, device)
             if proj == "down_proj" and w.shape[1] == model.config.intermediate_size != experts.inter:

@@ -17,6 +17,9 @@ from ...errors import DFlashError
 # The 16 E2M1 codes: sign bit 3, then exponent/mantissa bits.
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 GROUP = 32  # values per scale
+# the largest E8M0 scale byte the Triton kernels decode (runtime/mxfp4_moe.py's tc variant keeps 2^(s - 65) in
+# bf16): 2^65 per group, far above any trained weight's (gpt-oss's are ~2^-8); 255 is E8M0's NaN
+MAX_SCALE = 192
 KERNELS = ("auto", "triton", "dequant")
 
 
