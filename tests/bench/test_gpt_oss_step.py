@@ -16,9 +16,10 @@ from trtllm_dflash.runtime import mxfp4_moe  # noqa: E402
 
 
 def test_a_dflash_block_is_timed_under_every_variant_and_a_prefill_under_mma_only():
-    """120b's shapes: 128 experts, top 4. A block of 10 goes to tc by default_tiles' rule; the sweep times gemv
-    and mma beside it (tc and gemv can take up to GEMV_BLOCK_M tokens), one tile per shape, each a valid
-    TileConfig; tc's first shape also with the automatic K split (the default's)."""
+    """120b's shapes: 128 experts, top 4. A block of 10 goes to gemv + tc's step (mma_from 2) by default_tiles'
+    rule; the sweep times tc and mma beside it (tc and gemv can take up to GEMV_BLOCK_M tokens), one tile per
+    shape, each a valid TileConfig; tc's first shape also with the automatic K split, gemv's first two with
+    mma_from 2 (the default among them)."""
     for tokens, want in ((1, {"tc", "gemv", "mma"}), (10, {"tc", "gemv", "mma"}),
                          (mxfp4_moe.GEMV_BLOCK_M, {"tc", "gemv", "mma"}), (640, {"mma"})):
         tiles = sweep_tiles(tokens, 4, 128)
@@ -29,18 +30,20 @@ def test_a_dflash_block_is_timed_under_every_variant_and_a_prefill_under_mma_onl
             assert t.variant not in ("gemv", "tc") or t.block_m >= tokens
             assert t.variant != "gemv" or t.split_k == 1
         for v in want:
-            shapes = [(t.block_n, t.block_k, t.num_warps) for t in tiles if t.variant == v and t.split_k != None]  # noqa: E711
+            shapes = [(t.block_n, t.block_k, t.num_warps) for t in tiles
+                      if t.variant == v and t.split_k != None and not t.mma_from]  # noqa: E711
             assert sorted(set(shapes)) == sorted(SWEEP_SHAPES[v]) or v == "mma"
         if "tc" in want:
             assert [t.split_k for t in tiles if t.variant == "tc"].count(None) == 1
+            assert [(t.block_n, t.block_k) for t in tiles if t.mma_from == 2] == [s[:2] for s in SWEEP_SHAPES["gemv"][:2]]
     default = mxfp4_moe.default_tiles(10, 4, 128)
-    assert default.variant == "tc" and any(t == default for t in sweep_tiles(10, 4, 128))
+    assert (default.variant, default.mma_from) == ("gemv", 2) and any(t == default for t in sweep_tiles(10, 4, 128))
 
 
 def test_the_decode_switch_doubles_mma_tiles_only():
     tiles = sweep_tiles(10, 4, 128, sweep_decode=True)
     assert len([t for t in tiles if t.variant == "mma"]) == 2 * len(SWEEP_SHAPES["mma"])
-    assert len([t for t in tiles if t.variant == "gemv"]) == len(SWEEP_SHAPES["gemv"])
+    assert len([t for t in tiles if t.variant == "gemv" and not t.mma_from]) == len(SWEEP_SHAPES["gemv"])
 
 
 def test_best_variants_keeps_each_variants_fastest_tile_per_routing_and_size():
@@ -51,6 +54,7 @@ def test_best_variants_keeps_each_variants_fastest_tile_per_routing_and_size():
             row("uniform", 10, "gemv", 32, 0.45), row("uniform", 10, "gemv", 64, 0.50),
             row("skewed", 10, "mma", 64, 0.30), row("skewed", 10, "gemv", 32, 0.40),
             row("skewed", 10, "tc", 64, 0.20), row("skewed", 10, "tc", 32, 0.24),
+            row("skewed", 10, "gemv", 32, 0.25, mma_from=2),
             {"routing": "skewed", "tokens": 10, "variant": "gemv", "error": "out of resources"},
             row("uniform", 640, "mma", 64, 2.8)]
     best = {(b["routing"], b["tokens"]): b for b in best_variants(rows)}
@@ -59,4 +63,5 @@ def test_best_variants_keeps_each_variants_fastest_tile_per_routing_and_size():
     assert best[("skewed", 10)]["gemv_over_mma"] == 1.333
     assert best[("skewed", 10)]["tc_ms"] == 0.20 and best[("skewed", 10)]["tc_over_gemv"] == 0.5
     assert best[("skewed", 10)]["tc_over_mma"] == 0.667 and "tc_ms" not in best[("uniform", 10)]
+    assert best[("skewed", 10)]["gemv_ms"] == 0.40 and best[("skewed", 10)]["gemv_mma2_over_gemv"] == 0.625
     assert "gemv_over_mma" not in best[("uniform", 640)] and best[("uniform", 640)]["mma_ms"] == 2.8

@@ -87,7 +87,7 @@ def triton_or_skip():
 CPU_TILES = {  # every variant, uneven K slices (I = 96 over BK = 64: a partial tile), blocks smaller than an expert
     "gemv_bm8": dict(variant="gemv", block_m=8, block_n=16, block_k=32, split_k=1),
     "gemv_bm8_split3": dict(variant="gemv", block_m=8, block_n=32, block_k=64, split_k=3),
-    # experts with 2+ pairs on the MMA tile step, the rest on gemv's loops (N = 5: every expert has several)
+    # experts with 2+ pairs on tc's tensor-core step, the rest on gemv's loops (N = 5: every expert has several)
     "gemv_mma2": dict(variant="gemv", block_m=16, block_n=16, block_k=32, split_k=1, mma_from=2),
     "gemv_mma3_split3": dict(variant="gemv", block_m=16, block_n=32, block_k=64, split_k=3, mma_from=3),
     # the tensor-core step: 2 BN = 32 gate / up rows, a partial last K tile, and K split in 3 uneven slices
@@ -152,8 +152,8 @@ def test_batch_invariant_tiles_give_a_token_the_same_bits_in_any_batch():
     outs, ref = _one_token_in_batches(torch.device("cpu"), torch.float32, 4, 2, 64, 96, [1, 2, 5, 21])
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
     assert rel(outs[0][None], ref[None]) < 1e-5
-    # the default rule's tiles change with the token count: tc alone, mma with split-K at 21 tokens
-    assert mxfp4_moe.default_tiles(1, 2, 4).variant == "tc" and mxfp4_moe.default_tiles(21, 2, 4).variant == "mma"
+    # the default rule's tiles change with the token count: gemv alone, mma with split-K at 21 tokens
+    assert mxfp4_moe.default_tiles(1, 2, 4).variant == "gemv" and mxfp4_moe.default_tiles(21, 2, 4).variant == "mma"
 
 
 @pytest.mark.usefixtures("one_torch_thread")
@@ -207,9 +207,9 @@ def test_gemv_with_no_local_pair_gives_zeros_and_rejects_too_many_tokens():
 def test_default_tiles_rule_and_checks():
     triton_or_skip()
     from trtllm_dflash.runtime import mxfp4_moe
-    for tokens in range(1, mxfp4_moe.GEMV_MAX_TOKENS + 1):  # every expert's pairs fit one tc block
+    for tokens in range(1, mxfp4_moe.GEMV_MAX_TOKENS + 1):  # every expert's pairs fit one gemv block
         t = mxfp4_moe.default_tiles(tokens, 4, 128)
-        assert t.variant == "tc" and t.block_m >= tokens and t.block_m & (t.block_m - 1) == 0
+        assert (t.variant, t.mma_from) == ("gemv", 2) and t.block_m >= tokens and t.block_m & (t.block_m - 1) == 0
         t.check()
     for tokens, bm in ((mxfp4_moe.GEMV_MAX_TOKENS + 1, 16), (40, 16), (64, 16), (640, 32), (4096, 64)):
         t = mxfp4_moe.default_tiles(tokens, 4, 32 if tokens > 1000 else 128)
@@ -390,15 +390,15 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     from tests.runtime.compare import compile_for_h100
     from trtllm_dflash.runtime import mxfp4_moe
     t = mxfp4_moe.default_tiles(1, 4, 32)
-    assert t.variant == "tc"
-    tc = f"tc:{t.block_m}:{t.block_n}:{t.block_k}:{t.num_warps}"
-    gemv = "gemv:16:32:256:4"
+    assert (t.variant, t.mma_from) == ("gemv", 2)
+    gemv = f"gemv:{t.block_m}:{t.block_n}:{t.block_k}:{t.num_warps}"
+    tc = "tc:16:64:128:4"
     script = Path(__file__).with_name("mxfp4_sm90_compile.py")
     stdout = compile_for_h100([str(script), tc, gemv, f"{gemv}:mma2", "mma:16:64:128:4", "swap:16:64:128:4"],
                               timeout=900)
     rows = [json.loads(line) for line in stdout.splitlines()]
     assert len(rows) == 3 * 4 + 2 * 11   # tc, gemv alone and with mma_from 2 (its tile step on the MMA: dot_scaled)
-    assert all(r["stack"] == 0 for r in rows if r["config"] in (tc, gemv))
+    assert all(r["stack"] == 0 for r in rows if r["config"] in (tc, gemv) or r["constexprs"].get("split") == "1")
     # the tensor-core step's point: fewer registers than gemv's FMA loops, so more programs per SM
     regs = {(r["config"], r["kernel"]): r["regs"] for r in rows if r["constexprs"].get("split") == "1"}
     for kernel in ("_gemv_gate_up_kernel", "_gemv_down_kernel"):

@@ -356,7 +356,7 @@ def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = 
     out = []
     for variant in variants:
         pairs = variant in PAIR_VARIANTS
-        t0 = base if variant == base.variant else dataclasses.replace(
+        t0 = dataclasses.replace(base, mma_from=0) if variant == base.variant else dataclasses.replace(
             base, variant=variant, block_m=mxfp4_moe.GEMV_BLOCK_M if pairs else 16, split_k=1 if pairs else None,
             mma_from=0)
         for ds in ((True, False) if sweep_decode and not pairs else (t0.dot_scaled,)):
@@ -366,25 +366,28 @@ def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = 
         if variant == "tc":
             bn, bk, warps = SWEEP_SHAPES["tc"][0]
             out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, split_k=None))
+        if variant == "gemv":   # experts given 2+ pairs on tc's tensor-core step, the others on gemv's FMA loops
+            for bn, bk, warps in SWEEP_SHAPES["gemv"][:2]:
+                out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, split_k=1, mma_from=2))
     return list(dict.fromkeys(out))   # the default's own tile may repeat one above
 
 
 def best_variants(rows: list[dict]) -> list[dict]:
-    """Per routing and token count, the fastest timed tile of each variant, and gemv's and tc's times over mma's
-    and tc's over gemv's."""
+    """Per routing and token count, the fastest timed tile of each variant (gemv with mma_from 2 as gemv_mma2), and
+    their times over each other's."""
     best: dict[tuple, dict] = {}
     for r in rows:
         if "ms" not in r:
             continue
         key = (r.get("routing", "uniform"), r["tokens"])
         entry = best.setdefault(key, {"routing": key[0], "tokens": key[1], "distinct_experts": r.get("distinct_experts")})
-        variant = r["variant"]
+        variant = r["variant"] + (f"_mma{r['mma_from']}" if r.get("mma_from") else "")   # gemv_mma2: the hybrid
         if r["ms"] < entry.get(f"{variant}_ms", float("inf")):
             entry[f"{variant}_ms"] = r["ms"]
             entry[f"{variant}_tiles"] = {k: r.get(k) for k in ("block_m", "block_n", "block_k", "num_warps",
                                                                "dot_scaled", "split_k")}
     for entry in best.values():
-        for a, b in (("gemv", "mma"), ("tc", "mma"), ("tc", "gemv")):
+        for a, b in (("gemv", "mma"), ("tc", "mma"), ("tc", "gemv"), ("gemv_mma2", "gemv"), ("gemv_mma2", "tc")):
             if f"{a}_ms" in entry and f"{b}_ms" in entry:
                 entry[f"{a}_over_{b}"] = round(entry[f"{a}_ms"] / entry[f"{b}_ms"], 3)
     return list(best.values())

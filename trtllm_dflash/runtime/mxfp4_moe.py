@@ -38,8 +38,8 @@ Weights are dequantised in registers, never to memory. Three variants of the GEM
   gemv  decode (inline PTX, ~2.9 instructions per E2M1 value, ``_gemv_decode``) and FMA in registers, one valid
         pair row at a time, each scale group's sum scaled once: no 16-row MMA tile to fill, padding rows skipped;
         an expert with one pair runs a K loop of its own (``_gemv_k_loop``); for up to GEMV_MAX_TOKENS tokens.
-        With TileConfig.mma_from, an expert the call gives that many pairs or more runs the mma step instead,
-        chosen per expert on the device (one launch either way).
+        With TileConfig.mma_from, an expert the call gives that many pairs or more runs tc's step instead,
+        chosen per expert on the device (one launch either way): default_tiles' choice, from 2 pairs.
 mma / swap: blocks past the used count return at once, so the grid can be sized for the worst case:
 min(E, N * k) + ceil(N * k / BM) blocks. gemv / tc: slots past the call's distinct experts return at once.
 """
@@ -58,7 +58,7 @@ from .kernels.arrival import last_arrival, tile_counters
 
 VARIANTS = ("mma", "swap", "gemv", "tc")
 _MMA, _SWAP = tl.constexpr(0), tl.constexpr(1)   # MODE of the routed kernels: VARIANTS.index(variant)
-GEMV_MAX_TOKENS = 16   # default_tiles' rule: tc (gemv's grid) up to this many tokens per call (see there)
+GEMV_MAX_TOKENS = 16   # default_tiles' rule: gemv (+ tc's step) up to this many tokens per call (see there)
 GEMV_BLOCK_M = 16      # tc / gemv's pair block: one compiled kernel for every token count up to it
 
 
@@ -82,10 +82,10 @@ class TileConfig:
     dot_scaled: bool = True
     split_k: int | None = None   # K slices per output tile (None: enough programs to fill the GPU, see split_for)
     variant: str = "mma"
-    # gemv only: an expert given at least this many pairs by the call runs its K loop on the tensor cores (the mma
-    # variant's tile step over its <= block_m pair rows) while experts with fewer keep gemv's FMA loops: the choice
-    # is made per expert on the device, from the call's routing (0: never; a verify block under skewed routing
-    # gives some experts several pairs, where gemv's FMA work per decoded weight grows with them)
+    # gemv only: an expert given at least this many pairs by the call runs its K loop on the tensor cores (the tc
+    # variant's step over its <= block_m pair rows) while experts with fewer keep gemv's FMA loops: the choice is
+    # made per expert on the device, from the call's routing (0: never; a verify block under skewed routing gives
+    # some experts several pairs, where gemv's FMA work per decoded weight grows with them)
     mma_from: int = 0
 
     def __post_init__(self):
@@ -118,19 +118,18 @@ def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
 def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     """The variant and tiles for a call of ``tokens`` tokens x ``top_k`` experts over ``num_experts`` local ones.
 
-    Rule: tokens <= GEMV_MAX_TOKENS -> tc (block_m GEMV_BLOCK_M, K split for a full GPU). A token's top-k experts
-    are distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one pair block and its
-    weights are read once per call whatever the routing, and one compiled kernel serves every token count. tc
-    decodes each weight once into the tensor cores' operand (~2.4 instructions per value, where gemv spends ~5.3
-    on decode, conversion and FMAs, and more per extra pair), so neither the pairs per expert (a verify block
-    under skewed routing) nor the instruction issue bounds it, and its kernels hold fewer registers (sm_90: 164 /
-    96 against gemv's 243 / 157), so more programs share an SM. Above GEMV_MAX_TOKENS, the mma variant with BM
-    grown by pairs per expert (verify batches and prefill, where the 16-row tl.dot tile is full).
-    Before tc (bench/gpt_oss_step.py --tile_sweep on an H200, one gpt-oss-120b MoE layer): gemv took 1 token in
-    0.045 ms against mma's 0.101, a 10-token block under uniform routing in 0.334 against 0.632 ms, but under
-    skewed routing 0.322 against 0.309 (its FMA work grows with the pairs)."""
+    Rule: tokens <= GEMV_MAX_TOKENS -> gemv with mma_from 2 (block_m GEMV_BLOCK_M, no K split). A token's top-k
+    experts are distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one pair block and
+    its weights are read once per call whatever the routing, and one compiled kernel serves every token count. An
+    expert the call gives one pair (all of a batch-1 step's, most of a verify block's under uniform routing) runs
+    gemv's one-pair FMA loop; one given 2+ (a verify block under skewed routing shares experts) runs tc's
+    tensor-core step, whose cost does not grow with the pairs. Measured on an H200 (bench/gpt_oss_step.py
+    --tile_sweep, one gpt-oss-120b MoE layer, graph replays): 1 token gemv 0.044 ms, tc 0.066, mma 0.098; 10 tokens
+    uniform (36 experts) gemv 0.331, tc 0.389, mma 0.631; skewed (17 experts, ~2.4 pairs each) gemv 0.323, tc
+    0.218, mma 0.300. Above GEMV_MAX_TOKENS, the mma variant with BM grown by pairs per expert (verify batches and
+    prefill, where the 16-row tl.dot tile is full)."""
     if tokens <= GEMV_MAX_TOKENS:
-        return TileConfig(variant="tc", block_m=GEMV_BLOCK_M, block_n=64, block_k=128, num_warps=4, num_stages=3)
+        return TileConfig(variant="gemv", block_m=GEMV_BLOCK_M, block_n=32, block_k=256, split_k=1, mma_from=2)
     per_expert = tokens * top_k / max(1, num_experts)
     return TileConfig(block_m=16 if per_expert <= 16 else 32 if per_expert <= 48 else 64)
 
@@ -387,13 +386,11 @@ def _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k0, k_end, TWO: tl.con
 
 @triton.jit
 def _gemv_k_loop(a_ptr, a_off, count, wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k_lo, k_hi,
-                 TWO: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr,
-                 MMA_FROM: tl.constexpr, CDT: tl.constexpr):
+                 TWO: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
     """-> acc_a, acc_b [BM, BN]: inputs k_lo .. k_hi of the first ``count`` rows times the weight tiles (b when
     TWO), the next step's tiles requested before this step's FMAs. A call that gives this expert one pair (every
     expert of a batch-1 step) keeps that row's sums per scale group until the slice ends: no reduction across lanes
-    and no row select per K step. MMA_FROM > 0: an expert with at least that many pairs runs the mma variant's
-    tile step instead (tl.dot over its pair rows, the padding rows masked; dot_scaled where ASM, i.e. on CUDA)."""
+    and no row select per K step."""
     ar = tl.arange(0, BM)
     wa, sa, wb, sb = _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k_lo, k_hi, TWO, BK)
     if count == 1:
@@ -409,17 +406,6 @@ def _gemv_k_loop(a_ptr, a_off, count, wa_rows, sa_rows, wb_rows, sb_rows, w_ok, 
             wa, sa, wb, sb = nxt
         acc_a = tl.where((ar == 0)[:, None], tl.sum(ga, axis=0)[None, :], 0.0)
         acc_b = tl.where((ar == 0)[:, None], tl.sum(gb, axis=0)[None, :], 0.0)
-    elif MMA_FROM > 0:   # a constexpr test first: without the MMA step the kernel compiles as it did before it
-        if count >= MMA_FROM:   # masks at k_hi: the slice's end, like the FMA loop's
-            acc_a = tl.zeros([BM, BN], dtype=tl.float32)
-            acc_b = tl.zeros([BM, BN], dtype=tl.float32)
-            for k0 in range(k_lo, k_hi, BK):
-                acc_a = _mx_tile(acc_a, a_ptr, a_off, wa_rows, sa_rows, w_ok, k0, k_hi, BK, _MMA, ASM, CDT)
-                if TWO:
-                    acc_b = _mx_tile(acc_b, a_ptr, a_off, wb_rows, sb_rows, w_ok, k0, k_hi, BK, _MMA, ASM, CDT)
-        else:
-            acc_a, acc_b = _gemv_rows_loop(a_ptr, a_off, count, wa, sa, wb, sb, wa_rows, sa_rows, wb_rows, sb_rows,
-                                           w_ok, k_lo, k_hi, TWO, BM, BN, BK, ASM)
     else:
         acc_a, acc_b = _gemv_rows_loop(a_ptr, a_off, count, wa, sa, wb, sb, wa_rows, sa_rows, wb_rows, sb_rows,
                                        w_ok, k_lo, k_hi, TWO, BM, BN, BK, ASM)
@@ -523,6 +509,15 @@ def _tc_k_loop(a_ptr, a_off, w_rows, s_rows, w_ok, k_lo, k_hi, R: tl.constexpr, 
             x = (x.to(tl.float32) * 18446744073709551616.0).to(CDT)              # x TC_X_SCALE
         acc = tl.dot(a.to(CDT), tl.trans(x), acc)
     return acc
+
+
+@triton.jit
+def _tc_gate_up(x_ptr, a_off, w_rows, s_rows, w_ok, k_lo, k_hi, BN: tl.constexpr, BM: tl.constexpr,
+                BK: tl.constexpr, ASM: tl.constexpr, CDT: tl.constexpr):
+    """``_tc_k_loop`` over 2 BN interleaved gate / up rows (w_rows, s_rows [2 BN]) -> acc_g, acc_u [BM, BN]."""
+    acc = _tc_k_loop(x_ptr, a_off, w_rows, s_rows, w_ok, k_lo, k_hi, 2 * BN, BM, BK, ASM, CDT, False)  # [2 BN, BM]
+    acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, [BN, 2, BM]), (0, 2, 1)))
+    return tl.trans(acc_g), tl.trans(acc_u)
 
 
 @triton.jit
@@ -733,15 +728,19 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
     k_len = tl.cdiv(tl.cdiv(K, BK), split) * BK
     k_lo = pid_k * k_len
     k_hi = tl.minimum(k_lo + k_len, K)
+    r = pid_n * 2 * BN + tl.arange(0, 2 * BN)                                      # gate / up rows 2c, 2c + 1
+    wr, sr = w_ptr + e * stride_we + r * stride_wn, s_ptr + e * stride_se + r * stride_sn
     if TC:
-        r = pid_n * 2 * BN + tl.arange(0, 2 * BN)                                  # gate / up rows 2c, 2c + 1
-        acc = _tc_k_loop(x_ptr, a_off, w_ptr + e * stride_we + r * stride_wn, s_ptr + e * stride_se + r * stride_sn,
-                         r < 2 * I, k_lo, k_hi, 2 * BN, BM, BK, ASM, CDT, False)  # [2 BN, BM]
-        acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, [BN, 2, BM]), (0, 2, 1)))
-        acc_g, acc_u = tl.trans(acc_g), tl.trans(acc_u)                           # [BM, BN]
+        acc_g, acc_u = _tc_gate_up(x_ptr, a_off, wr, sr, r < 2 * I, k_lo, k_hi, BN, BM, BK, ASM, CDT)
+    elif MMA_FROM > 0:   # a constexpr test first: without it the kernel compiles as gemv alone
+        if count >= MMA_FROM:
+            acc_g, acc_u = _tc_gate_up(x_ptr, a_off, wr, sr, r < 2 * I, k_lo, k_hi, BN, BM, BK, ASM, CDT)
+        else:
+            acc_g, acc_u = _gemv_k_loop(x_ptr, a_off, count, wg_rows, sg_rows, wu_rows, su_rows, cm, k_lo, k_hi,
+                                        True, BM, BN, BK, ASM)
     else:
         acc_g, acc_u = _gemv_k_loop(x_ptr, a_off, count, wg_rows, sg_rows, wu_rows, su_rows, cm, k_lo, k_hi, True,
-                                    BM, BN, BK, ASM, MMA_FROM, CDT)
+                                    BM, BN, BK, ASM)
     rows = tl.where(valid, pairs, 0)
     m = valid[:, None] & cm[None, :]
     finish = split == 1
@@ -783,9 +782,16 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
         k_hi = tl.minimum(k_lo + k_len, K)
         if TC:
             acc = tl.trans(_tc_k_loop(act_ptr, a_off, w_rows, s_rows, nm, k_lo, k_hi, BN, BM, BK, ASM, CDT, True))
+        elif MMA_FROM > 0:   # act is gemv's float32 here, not yet times TC_X_SCALE
+            if count >= MMA_FROM:
+                acc = tl.trans(_tc_k_loop(act_ptr, a_off, w_rows, s_rows, nm, k_lo, k_hi, BN, BM, BK, ASM, CDT,
+                                          False))
+            else:
+                acc, _ = _gemv_k_loop(act_ptr, a_off, count, w_rows, s_rows, w_rows, s_rows, nm, k_lo, k_hi, False,
+                                      BM, BN, BK, ASM)
         else:
             acc, _ = _gemv_k_loop(act_ptr, a_off, count, w_rows, s_rows, w_rows, s_rows, nm, k_lo, k_hi, False,
-                                  BM, BN, BK, ASM, MMA_FROM, CDT)
+                                  BM, BN, BK, ASM)
         rows = tl.where(valid, pairs, 0)
         tl.store(part_ptr + (pid_k * P + rows[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
         if last_arrival(cnt_ptr + pid_n, used * split):
