@@ -16,10 +16,9 @@ from trtllm_dflash.runtime import mxfp4_moe  # noqa: E402
 
 
 def test_a_dflash_block_is_timed_under_every_variant_and_a_prefill_under_mma_only():
-    """120b's shapes: 128 experts, top 4. A block of 10 goes to gemv + tc's step (mma_from 2) by default_tiles'
-    rule; the sweep times tc and mma beside it (tc and gemv can take up to GEMV_BLOCK_M tokens), one tile per
-    shape, each a valid TileConfig; tc's first shape also with the automatic K split, gemv's first two with
-    mma_from 2 (the default among them)."""
+    """120b's shapes: 128 experts, top 4. A block of 10 goes to gemv by default_tiles' rule; the sweep times tc
+    and mma beside it (tc and gemv can take up to GEMV_BLOCK_M tokens), one tile per shape, each a valid
+    TileConfig; tc's first shape also with the automatic K split, gemv's first two with mma_from 2 (the hybrid)."""
     for tokens, want in ((1, {"tc", "gemv", "mma"}), (10, {"tc", "gemv", "mma"}),
                          (mxfp4_moe.GEMV_BLOCK_M, {"tc", "gemv", "mma"}), (640, {"mma"})):
         tiles = sweep_tiles(tokens, 4, 128)
@@ -37,7 +36,7 @@ def test_a_dflash_block_is_timed_under_every_variant_and_a_prefill_under_mma_onl
             assert [t.split_k for t in tiles if t.variant == "tc"].count(None) == 1
             assert [(t.block_n, t.block_k) for t in tiles if t.mma_from == 2] == [s[:2] for s in SWEEP_SHAPES["gemv"][:2]]
     default = mxfp4_moe.default_tiles(10, 4, 128)
-    assert (default.variant, default.mma_from) == ("gemv", 2) and any(t == default for t in sweep_tiles(10, 4, 128))
+    assert (default.variant, default.mma_from) == ("gemv", 0) and any(t == default for t in sweep_tiles(10, 4, 128))
 
 
 def test_the_decode_switch_doubles_mma_tiles_only():

@@ -209,7 +209,7 @@ def test_default_tiles_rule_and_checks():
     from trtllm_dflash.runtime import mxfp4_moe
     for tokens in range(1, mxfp4_moe.GEMV_MAX_TOKENS + 1):  # every expert's pairs fit one gemv block
         t = mxfp4_moe.default_tiles(tokens, 4, 128)
-        assert (t.variant, t.mma_from) == ("gemv", 2) and t.block_m >= tokens and t.block_m & (t.block_m - 1) == 0
+        assert (t.variant, t.mma_from) == ("gemv", 0) and t.block_m >= tokens and t.block_m & (t.block_m - 1) == 0
         t.check()
     for tokens, bm in ((mxfp4_moe.GEMV_MAX_TOKENS + 1, 16), (40, 16), (64, 16), (640, 32), (4096, 64)):
         t = mxfp4_moe.default_tiles(tokens, 4, 32 if tokens > 1000 else 128)
@@ -390,7 +390,7 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     from tests.runtime.compare import compile_for_h100
     from trtllm_dflash.runtime import mxfp4_moe
     t = mxfp4_moe.default_tiles(1, 4, 32)
-    assert (t.variant, t.mma_from) == ("gemv", 2)
+    assert (t.variant, t.mma_from) == ("gemv", 0)
     gemv = f"gemv:{t.block_m}:{t.block_n}:{t.block_k}:{t.num_warps}"
     tc = "tc:16:64:128:4"
     script = Path(__file__).with_name("mxfp4_sm90_compile.py")

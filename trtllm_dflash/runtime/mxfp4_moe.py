@@ -39,7 +39,7 @@ Weights are dequantised in registers, never to memory. Three variants of the GEM
         pair row at a time, each scale group's sum scaled once: no 16-row MMA tile to fill, padding rows skipped;
         an expert with one pair runs a K loop of its own (``_gemv_k_loop``); for up to GEMV_MAX_TOKENS tokens.
         With TileConfig.mma_from, an expert the call gives that many pairs or more runs tc's step instead,
-        chosen per expert on the device (one launch either way): default_tiles' choice, from 2 pairs.
+        chosen per expert on the device (one launch either way).
 mma / swap: blocks past the used count return at once, so the grid can be sized for the worst case:
 min(E, N * k) + ceil(N * k / BM) blocks. gemv / tc: slots past the call's distinct experts return at once.
 """
@@ -58,7 +58,7 @@ from .kernels.arrival import last_arrival, tile_counters
 
 VARIANTS = ("mma", "swap", "gemv", "tc")
 _MMA, _SWAP = tl.constexpr(0), tl.constexpr(1)   # MODE of the routed kernels: VARIANTS.index(variant)
-GEMV_MAX_TOKENS = 16   # default_tiles' rule: gemv (+ tc's step) up to this many tokens per call (see there)
+GEMV_MAX_TOKENS = 16   # default_tiles' rule: GEMV up to this many tokens per call (see there)
 GEMV_BLOCK_M = 16      # tc / gemv's pair block: one compiled kernel for every token count up to it
 
 
@@ -118,18 +118,19 @@ def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
 def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     """The variant and tiles for a call of ``tokens`` tokens x ``top_k`` experts over ``num_experts`` local ones.
 
-    Rule: tokens <= GEMV_MAX_TOKENS -> gemv with mma_from 2 (block_m GEMV_BLOCK_M, no K split). A token's top-k
-    experts are distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one pair block and
-    its weights are read once per call whatever the routing, and one compiled kernel serves every token count. An
-    expert the call gives one pair (all of a batch-1 step's, most of a verify block's under uniform routing) runs
-    gemv's one-pair FMA loop; one given 2+ (a verify block under skewed routing shares experts) runs tc's
-    tensor-core step, whose cost does not grow with the pairs. Measured on an H200 (bench/gpt_oss_step.py
-    --tile_sweep, one gpt-oss-120b MoE layer, graph replays): 1 token gemv 0.044 ms, tc 0.066, mma 0.098; 10 tokens
-    uniform (36 experts) gemv 0.331, tc 0.389, mma 0.631; skewed (17 experts, ~2.4 pairs each) gemv 0.323, tc
-    0.218, mma 0.300. Above GEMV_MAX_TOKENS, the mma variant with BM grown by pairs per expert (verify batches and
-    prefill, where the 16-row tl.dot tile is full)."""
+    Rule: tokens <= GEMV_MAX_TOKENS -> gemv (block_m GEMV_BLOCK_M, no K split). A token's top-k experts are
+    distinct, so no expert gets more than ``tokens`` pairs: each distinct expert is one pair block and its weights
+    are read once per call whatever the routing, and one compiled kernel serves every token count. Above
+    GEMV_MAX_TOKENS, the mma variant with BM grown by pairs per expert (verify batches and prefill, where the
+    16-row tl.dot tile is full).
+    Measured on an H200 (bench/gpt_oss_step.py --tile_sweep, one gpt-oss-120b MoE layer, graph replays, best
+    tile of each): 1 token gemv 0.044 ms, the hybrid (mma_from 2) 0.049, tc 0.069, mma 0.102; 10 tokens under
+    uniform routing (36 experts, ~1.1 pairs each) gemv 0.332, hybrid 0.395, tc 0.389, mma 0.638; under skewed
+    routing (17 experts, ~2.4 pairs each) gemv 0.325, hybrid 0.235, tc 0.223, mma 0.311. tc's step wins where
+    experts share a block's tokens, gemv's one-pair loop where they do not, and the hybrid that has both builds
+    gemv's loop slower (1.10-1.19x): gemv stays the default, the uniform block being the documented worst case."""
     if tokens <= GEMV_MAX_TOKENS:
-        return TileConfig(variant="gemv", block_m=GEMV_BLOCK_M, block_n=32, block_k=256, split_k=1, mma_from=2)
+        return TileConfig(variant="gemv", block_m=GEMV_BLOCK_M, block_n=32, block_k=256, split_k=1)
     per_expert = tokens * top_k / max(1, num_experts)
     return TileConfig(block_m=16 if per_expert <= 16 else 32 if per_expert <= 48 else 64)
 
