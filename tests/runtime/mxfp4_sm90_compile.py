@@ -19,6 +19,7 @@ read without a GPU.
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -66,7 +67,6 @@ def cuobjdump(cubin: bytes, flag: str) -> str:
 
 def loops(cubin: bytes) -> list[tuple[int, int]]:
     """Each loop of the kernel's SASS as (first, last) instruction address (a backward branch's span)."""
-    import re
     sass = cuobjdump(cubin, "-sass")
     spans = []
     for addr, target in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?BRA[^;]*?0x([0-9a-f]+)", sass):
@@ -91,9 +91,32 @@ def gemv_loops(spans: list[tuple[int, int]]) -> tuple[int, int, int]:
     return size(one), size(many), size(row)
 
 
+def tc_loop_cost(spec: str) -> list[dict]:
+    """--loop for a tc spec: per kernel, its K-step loop (the kernel's largest: tc has no per-row loop) in
+    instructions per thread and per weight value, any pair count up to block_m alike (the MMA's N side)."""
+    _, bm, bn, bk, warps = (int(v) if v.isdigit() else v for v in spec.split(":"))
+    common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "split": 1, "ASM": True, "MMA_FROM": 0,
+              "CDT": tl.bfloat16, "TC": True}
+    rows = []
+    for kernel, consts, weight_rows in ((M._gemv_gate_up_kernel, common, 2 * bn),
+                                        (M._gemv_down_kernel, {**common, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, bn)):
+        cubin = _cubin(kernel, consts, warps, 3)
+        step = max(size(s) for s in loops(cubin))
+        usage = cuobjdump(cubin, "--dump-resource-usage")
+        regs = int(usage.split("REG:")[1].split()[0])
+        values = weight_rows * bk / (32 * warps)
+        rows.append({"config": spec, "kernel": kernel.__name__, "loop_instructions": step,
+                     "weight_values_per_thread": values, "instructions_per_value": round(step / values, 2),
+                     "mma_instructions": len(re.findall(r"\bHG?MMA\.", cuobjdump(cubin, "-sass"))),   # wgmma, mma.sync
+                     "registers_per_thread": regs, "programs_per_sm_by_registers": 65536 // (regs * 32 * warps)})
+    return rows
+
+
 def loop_cost(spec: str) -> list[dict]:
     """--loop: per gemv kernel, the instructions per thread of its K-step loops and per weight value in them: the
     one-pair path (1 token, or any expert with one pair), and the many-pair path's K step and per-row cost."""
+    if spec.startswith("tc:"):
+        return tc_loop_cost(spec)
     _, bm, bn, bk, warps = (int(v) if v.isdigit() else v for v in spec.split(":"))
     common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "split": 1, "ASM": True, "MMA_FROM": 0,
               "CDT": tl.bfloat16, "TC": False}
@@ -130,7 +153,7 @@ def configs(spec: str):
     variant, bm, bn, bk, warps, *hybrid = spec.split(":")
     bm, bn, bk, warps = int(bm), int(bn), int(bk), int(warps)
     if variant in ("gemv", "tc"):
-        # MMA_FROM N: experts with N+ pairs on the MMA tile step (dot_scaled, bf16 operands, as on CUDA); 0 as
+        # MMA_FROM N: experts with N+ pairs on tc's tensor-core step (bf16 operands, as on CUDA); 0 as
         # fused_experts passes it by default (a constexpr: left out, the signature would make it a runtime i32)
         common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "ASM": True,
                   "MMA_FROM": int(hybrid[0].removeprefix("mma")) if hybrid else 0, "CDT": tl.bfloat16,
@@ -165,7 +188,7 @@ if __name__ == "__main__":
             print(json.dumps(row), flush=True)
         if out is not None:
             from trtllm_dflash.provenance import record
-            out.write_text(json.dumps({"what": "SASS instructions per weight value in the MXFP4 gemv kernels' loops, "
+            out.write_text(json.dumps({"what": "SASS instructions per weight value in the MXFP4 gemv / tc kernels' loops, "
                                                "compiled for sm_90 on the CPU (Triton's bundled ptxas, cuobjdump)",
                                        "triton": triton.__version__, "rows": rows,
                                        "provenance": record(["mxfp4_sm90_compile.py", *sys.argv[1:]])}, indent=1) + "\n")
