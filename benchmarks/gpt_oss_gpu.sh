@@ -11,7 +11,8 @@
 #          fit: one MoE layer both ways), profile -> $RESULTS/gpt_oss_120b_step_<gpu>.json (h200, h100)
 #   flashinfer (H100 or H200, ~3 min + FlashInfer's first-use compile) one MoE layer of gpt-oss-120b on our MXFP4
 #          kernels and on flashinfer-python's fused MoE (needs it installed), both routings, every batch x block shape
-#          -> $RESULTS/gpt_oss_120b_vs_flashinfer_<gpu>.json
+#          -> $RESULTS/gpt_oss_120b_vs_flashinfer_<gpu>.json. On a host without network: the wheel set of
+#          benchmarks/offline/flashinfer.txt (scripts/offline_host.sh wheels DIR flashinfer -r ..., install, env)
 #   tp2    (2x H200, ~3 min) gpt-oss-120b TP 2 with EP 2 and EP 1 under mpirun (NCCL, CUDA graphs): tiny tokens == TP 1,
 #          AR / DFlash (block 10) steps at batch 1 and 64, per-rank roofline, all-reduces per step, TP 1 reference
 # SMOKE=1 runs the CPU paths instead (tiny shapes, no kernels). OUT: logs and test JSON (default /tmp/gpt_oss_gpu);
