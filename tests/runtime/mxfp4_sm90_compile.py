@@ -91,51 +91,48 @@ def gemv_loops(spans: list[tuple[int, int]]) -> tuple[int, int, int]:
     return size(one), size(many), size(row)
 
 
-def tc_loop_cost(spec: str) -> list[dict]:
-    """--loop for a tc spec: per kernel, its K-step loop (the kernel's largest: tc has no per-row loop) in
-    instructions per thread and per weight value, any pair count up to block_m alike (the MMA's N side)."""
-    _, bm, bn, bk, warps = (int(v) if v.isdigit() else v for v in spec.split(":"))
-    common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "split": 1, "ASM": True, "MMA_FROM": 0,
-              "CDT": tl.bfloat16, "TC": True}
-    rows = []
-    for kernel, consts, weight_rows in ((M._gemv_gate_up_kernel, common, 2 * bn),
-                                        (M._gemv_down_kernel, {**common, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, bn)):
-        cubin = _cubin(kernel, consts, warps, 3)
-        step = max(size(s) for s in loops(cubin))
-        usage = cuobjdump(cubin, "--dump-resource-usage")
-        regs = int(usage.split("REG:")[1].split()[0])
-        values = weight_rows * bk / (32 * warps)
-        rows.append({"config": spec, "kernel": kernel.__name__, "loop_instructions": step,
-                     "weight_values_per_thread": values, "instructions_per_value": round(step / values, 2),
-                     "mma_instructions": len(re.findall(r"\bHG?MMA\.", cuobjdump(cubin, "-sass"))),   # wgmma, mma.sync
-                     "registers_per_thread": regs, "programs_per_sm_by_registers": 65536 // (regs * 32 * warps)})
-    return rows
+def gemv_kernels(bm: int, bn: int, bk: int, tc: bool, mma_from: int = 0, split: dict | None = None):
+    """The gemv kernels as _gemv_experts launches them: [(kernel, constexprs, weight rows a program reads)];
+    ``split``: {"split": 1} for an unsplit build, {} for the runtime split."""
+    common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "ASM": True, "MMA_FROM": mma_from,
+              "CDT": tl.bfloat16, "TC": tc, **({"split": 1} if split is None else split)}
+    return [(M._gemv_gate_up_kernel, common, 2 * bn),
+            (M._gemv_down_kernel, {**common, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, bn)]
+
+
+def registers(cubin: bytes) -> int:
+    return int(cuobjdump(cubin, "--dump-resource-usage").split("REG:")[1].split()[0])
 
 
 def loop_cost(spec: str) -> list[dict]:
     """--loop: per gemv kernel, the instructions per thread of its K-step loops and per weight value in them: the
-    one-pair path (1 token, or any expert with one pair), and the many-pair path's K step and per-row cost."""
-    if spec.startswith("tc:"):
-        return tc_loop_cost(spec)
-    _, bm, bn, bk, warps = (int(v) if v.isdigit() else v for v in spec.split(":"))
-    common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "split": 1, "ASM": True, "MMA_FROM": 0,
-              "CDT": tl.bfloat16, "TC": False}
+    one-pair path (1 token, or any expert with one pair), and the many-pair path's K step and per-row cost; for a
+    tc spec its K-step loop (the kernel's largest: tc has no per-row loop), any pair count up to block_m alike
+    (the MMA's N side)."""
+    variant, bm, bn, bk, warps = (int(v) if v.isdigit() else v for v in spec.split(":"))
+    tc = variant == "tc"
     rows = []
-    for kernel, consts, tiles in ((M._gemv_gate_up_kernel, common, 2),
-                                  (M._gemv_down_kernel, {**common, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, 1)):
-        cubin = _cubin(kernel, consts, warps)
+    for kernel, consts, weight_rows in gemv_kernels(bm, bn, bk, tc):
+        cubin = _cubin(kernel, consts, warps, 3 if tc else 4)
+        regs = registers(cubin)
+        values = weight_rows * bk / (32 * warps)          # weight values a thread decodes per K step
+        # 64K registers per SM: how many of these programs fit on one SM at a time
+        occupancy = {"registers_per_thread": regs, "programs_per_sm_by_registers": 65536 // (regs * 32 * warps)}
+        if tc:
+            step = max(size(s) for s in loops(cubin))
+            rows.append({"config": spec, "kernel": kernel.__name__, "loop_instructions": step,
+                         "weight_values_per_thread": values, "instructions_per_value": round(step / values, 2),
+                         "mma_instructions": len(re.findall(r"\bHG?MMA\.", cuobjdump(cubin, "-sass"))),  # wgmma, mma.sync
+                         **occupancy})
+            continue
         one, many, per_row = gemv_loops(loops(cubin))
-        usage = cuobjdump(cubin, "--dump-resource-usage")
-        regs = int(usage.split("REG:")[1].split()[0])
-        values = tiles * bn * bk / (32 * warps)          # weight values a thread decodes per K step
         rows.append({"config": spec, "kernel": kernel.__name__, "loop_instructions_1_token": one,
                      "many_pair_loop_instructions": many,   # its K step with one pass of the row loop
                      "row_loop_instructions": per_row, "weight_values_per_thread": values,
                      "instructions_per_value_1_token": round(one / values, 2),
                      "instructions_per_value_per_more_token": round(per_row / values, 2),
                      "h100_issue_bound_tb_per_s_1_token": round(29.6e12 / (one / values) / 2 / 1e12, 2),
-                     # 64K registers per SM: how many of these programs fit on one SM at a time
-                     "registers_per_thread": regs, "programs_per_sm_by_registers": 65536 // (regs * 32 * warps)})
+                     **occupancy})
     return rows
 
 
@@ -148,20 +145,18 @@ def compile_sm90(kernel, consts: dict, num_warps: int, num_stages: int = 4) -> d
 
 def configs(spec: str):
     """variant:block_m:block_n:block_k:num_warps[:mmaN] -> [(kernel, constexprs, num_warps)] as fused_experts
-    launches them (gemv / tc: split 1 and a runtime split, ``mmaN``: TileConfig.mma_from = N; tc with 3 stages as
-    default_tiles gives it; mma / swap: split 1 and 2, dot_scaled both ways)."""
+    launches them (gemv / tc: split 1 and a runtime split, ``mmaN``: TileConfig.mma_from = N; mma / swap: split 1
+    and 2, dot_scaled both ways)."""
     variant, bm, bn, bk, warps, *hybrid = spec.split(":")
     bm, bn, bk, warps = int(bm), int(bn), int(bk), int(warps)
     if variant in ("gemv", "tc"):
-        # MMA_FROM N: experts with N+ pairs on tc's tensor-core step (bf16 operands, as on CUDA); 0 as
-        # fused_experts passes it by default (a constexpr: left out, the signature would make it a runtime i32)
-        common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "ASM": True,
-                  "MMA_FROM": int(hybrid[0].removeprefix("mma")) if hybrid else 0, "CDT": tl.bfloat16,
-                  "TC": variant == "tc"}
-        stages = 3 if variant == "tc" else 4
-        for one in ({"split": 1}, {}):
-            yield M._gemv_gate_up_kernel, {**common, **one}, warps, stages
-            yield M._gemv_down_kernel, {**common, **one, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, warps, stages
+        # mmaN: experts with N+ pairs on tc's tensor-core step (bf16 operands, as on CUDA); 0 as fused_experts
+        # passes it by default (a constexpr: left out, the signature would make it a runtime i32). tc with the 3
+        # stages it was measured with
+        for split in ({"split": 1}, {}):
+            for kernel, consts, _ in gemv_kernels(bm, bn, bk, variant == "tc",
+                                                  int(hybrid[0].removeprefix("mma")) if hybrid else 0, split):
+                yield kernel, consts, warps, 3 if variant == "tc" else 4
         return
     mode = M.VARIANTS.index(variant)
     for ds in (True, False):

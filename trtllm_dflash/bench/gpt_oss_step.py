@@ -356,19 +356,18 @@ def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = 
     out = []
     for variant in variants:
         pairs = variant in PAIR_VARIANTS
-        t0 = dataclasses.replace(base, mma_from=0) if variant == base.variant else dataclasses.replace(
-            base, variant=variant, block_m=mxfp4_moe.GEMV_BLOCK_M if pairs else 16, split_k=1 if pairs else None,
-            mma_from=0)
+        t0 = base if variant == base.variant else dataclasses.replace(
+            base, variant=variant, block_m=mxfp4_moe.GEMV_BLOCK_M if pairs else 16)
+        t0 = dataclasses.replace(t0, split_k=1 if pairs else None, mma_from=0)
         for ds in ((True, False) if sweep_decode and not pairs else (t0.dot_scaled,)):
             for bn, bk, warps in SWEEP_SHAPES[variant]:
-                out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, dot_scaled=ds,
-                                               split_k=1 if pairs else t0.split_k))
+                out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, dot_scaled=ds))
         if variant == "tc":
             bn, bk, warps = SWEEP_SHAPES["tc"][0]
             out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, split_k=None))
         if variant == "gemv":   # experts given 2+ pairs on tc's tensor-core step, the others on gemv's FMA loops
             for bn, bk, warps in SWEEP_SHAPES["gemv"][:2]:
-                out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, split_k=1, mma_from=2))
+                out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, mma_from=2))
     return list(dict.fromkeys(out))   # the default's own tile may repeat one above
 
 

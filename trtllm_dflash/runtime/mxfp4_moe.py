@@ -446,7 +446,7 @@ shr.b32 a, $8, 6; and.b32 a, a, 0x01C001C0; lop3.b32 p, a, $8, 0x80008000, 0xF8;
 fma.rn.bf16x2 q, p, $9, z; mov.b32 {$3, $7}, q;
 }
 """)
-TC_X_SCALE = 2.0 ** 64   # the tc variant's x multiplier (its weights carry 2^-64)
+TC_X_SCALE = tl.constexpr(2.0 ** 64)   # the tc variant's x multiplier (its weights carry 2^-64)
 
 
 @triton.jit
@@ -507,7 +507,7 @@ def _tc_k_loop(a_ptr, a_off, w_rows, s_rows, w_ok, k_lo, k_hi, R: tl.constexpr, 
                     other=0.0)
         x = tl.reshape(tl.permute(tl.reshape(x, [BM, W, 2, 2, 2]), (0, 1, 4, 3, 2)), [BM, BK])   # _join8's order
         if not SCALED_A:
-            x = (x.to(tl.float32) * 18446744073709551616.0).to(CDT)              # x TC_X_SCALE
+            x = (x.to(tl.float32) * TC_X_SCALE).to(CDT)
         acc = tl.dot(a.to(CDT), tl.trans(x), acc)
     return acc
 
@@ -731,14 +731,9 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
     k_hi = tl.minimum(k_lo + k_len, K)
     r = pid_n * 2 * BN + tl.arange(0, 2 * BN)                                      # gate / up rows 2c, 2c + 1
     wr, sr = w_ptr + e * stride_we + r * stride_wn, s_ptr + e * stride_se + r * stride_sn
-    if TC:
+    # MMA_FROM 0 is a constexpr False on the left of `and`: the plain gemv kernel builds without the branch
+    if TC or (MMA_FROM > 0 and count >= MMA_FROM):
         acc_g, acc_u = _tc_gate_up(x_ptr, a_off, wr, sr, r < 2 * I, k_lo, k_hi, BN, BM, BK, ASM, CDT)
-    elif MMA_FROM > 0:   # a constexpr test first: without it the kernel compiles as gemv alone
-        if count >= MMA_FROM:
-            acc_g, acc_u = _tc_gate_up(x_ptr, a_off, wr, sr, r < 2 * I, k_lo, k_hi, BN, BM, BK, ASM, CDT)
-        else:
-            acc_g, acc_u = _gemv_k_loop(x_ptr, a_off, count, wg_rows, sg_rows, wu_rows, su_rows, cm, k_lo, k_hi,
-                                        True, BM, BN, BK, ASM)
     else:
         acc_g, acc_u = _gemv_k_loop(x_ptr, a_off, count, wg_rows, sg_rows, wu_rows, su_rows, cm, k_lo, k_hi, True,
                                     BM, BN, BK, ASM)
@@ -757,7 +752,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
     if finish:  # one call site: Triton 3.6 fails to compile this store in two branches at some tile shapes
         # tc: act is the down kernel's MMA operand, stored as bf16 already times TC_X_SCALE
         _swiglu_store(acc_g, acc_u, b_ptr + e * stride_be, g_rows, u_rows, cm, valid, act_ptr, rows, c, I,
-                      limit, alpha, 18446744073709551616.0 if TC else 1.0)
+                      limit, alpha, TC_X_SCALE if TC else 1.0)
 
 
 @triton.jit
@@ -781,15 +776,8 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
         k_len = tl.cdiv(tl.cdiv(K, BK), split) * BK
         k_lo = pid_k * k_len
         k_hi = tl.minimum(k_lo + k_len, K)
-        if TC:
-            acc = tl.trans(_tc_k_loop(act_ptr, a_off, w_rows, s_rows, nm, k_lo, k_hi, BN, BM, BK, ASM, CDT, True))
-        elif MMA_FROM > 0:   # act is gemv's float32 here, not yet times TC_X_SCALE
-            if count >= MMA_FROM:
-                acc = tl.trans(_tc_k_loop(act_ptr, a_off, w_rows, s_rows, nm, k_lo, k_hi, BN, BM, BK, ASM, CDT,
-                                          False))
-            else:
-                acc, _ = _gemv_k_loop(act_ptr, a_off, count, w_rows, s_rows, w_rows, s_rows, nm, k_lo, k_hi, False,
-                                      BM, BN, BK, ASM)
+        if TC or (MMA_FROM > 0 and count >= MMA_FROM):   # the hybrid's act is gemv's: float32, not yet scaled
+            acc = tl.trans(_tc_k_loop(act_ptr, a_off, w_rows, s_rows, nm, k_lo, k_hi, BN, BM, BK, ASM, CDT, TC))
         else:
             acc, _ = _gemv_k_loop(act_ptr, a_off, count, w_rows, s_rows, w_rows, s_rows, nm, k_lo, k_hi, False,
                                   BM, BN, BK, ASM)
@@ -836,7 +824,8 @@ def gemv_gate_up_grid(E: int, k: int, P: int, I: int, H: int, t: TileConfig, sms
 def gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, alpha, act, cnt, grid, launch,
                  mma_from: int = 0, tc: bool = False) -> None:
     """act [P, I] (row = pair id) = SwiGLU(x's pair rows @ gate_up) + bias, one launch of grid / launch
-    (gemv_gate_up_grid); cnt: its tiles' arrival counters (slots x I / BN); mma_from: TileConfig.mma_from."""
+    (gemv_gate_up_grid); cnt: its tiles' arrival counters (slots x I / BN); mma_from: TileConfig.mma_from; tc:
+    the tc variant (act then bf16, times TC_X_SCALE)."""
     (E, two_i, G, _), H, I, P = gu_blocks.shape, x.shape[1], act.shape[1], act.shape[0]
     part = torch.empty(grid[2], P, 2, I, dtype=torch.float32, device=x.device) if grid[2] > 1 else act
     gu_b = gu_blocks.view(E, two_i, G * 16)

@@ -394,7 +394,8 @@ def checkpoint_to_module(raw: dict[str, torch.Tensor], model: GptOssTarget, devi
                 continue
             missing_tensors(sd, [f"{e}{proj}_blocks", f"{e}{proj}_scales"], "checkpoint (MXFP4 experts)")
             if isinstance(experts, Mxfp4Experts):  # kept packed: shard.py already read this rank's rows/groups
-                top = int(sd[f"{e}{proj}_scales"].max()) if sd[f"{e}{proj}_scales"].numel() else 0
+                scales = sd[f"{e}{proj}_scales"]
+                top = int(scales.max()) if scales.numel() else 0
                 if top > mxfp4.MAX_SCALE:
                     raise DFlashError(f"checkpoint: tensor model.{e}{proj}_scales", f"holds the E8M0 scale {top} "
                                       f"(2^{top - 127}), above {mxfp4.MAX_SCALE}, which the MXFP4 kernels do not "
