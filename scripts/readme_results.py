@@ -1083,7 +1083,7 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("mxfp4_decode_h200/tc/gpu_tests_mxfp4_tc_h200.json", "mxfp4_decode_h200/tc/gpu_tests_mxfp4_b5fed6f_h200.json",
+    files = ("mxfp4_decode_h200/tc/gpu_tests_mxfp4_head_h200.json", "mxfp4_decode_h200/tc/gpu_tests_mxfp4_tc_h200.json", "mxfp4_decode_h200/tc/gpu_tests_mxfp4_b5fed6f_h200.json",
              "mxfp4_decode_h200/gemv_block/gpu_tests_mxfp4_gemv_block_h200.json",
              "mxfp4_decode_h200/one_pair/gpu_tests_mxfp4_gpt_oss_h200.json",
              "mxfp4_decode_h200/one_pair/gpu_tests_mxfp4_one_pair_h200.json",
