@@ -13,6 +13,9 @@
 #          kernels and on flashinfer-python's fused MoE (needs it installed), both routings, every batch x block shape
 #          -> $RESULTS/gpt_oss_120b_vs_flashinfer_<gpu>.json. On a host without network: the wheel set of
 #          benchmarks/offline/flashinfer.txt (scripts/offline_host.sh wheels DIR flashinfer -r ..., install, env)
+#   triton_kernels (H100 or H200, ~3 min) the same on the Triton MoE kernels vLLM runs gpt-oss on (triton_kernels,
+#          importable: scripts/triton_kernels_wheel.sh DIR makes its wheel, offline_host.sh install / env DIR
+#          triton_kernels put it on PYTHONPATH) -> $RESULTS/gpt_oss_120b_vs_triton_kernels_<gpu>.json
 #   tp2    (2x H200, ~3 min) gpt-oss-120b TP 2 with EP 2 and EP 1 under mpirun (NCCL, CUDA graphs): tiny tokens == TP 1,
 #          AR / DFlash (block 10) steps at batch 1 and 64, per-rank roofline, all-reduces per step, TP 1 reference
 # SMOKE=1 runs the CPU paths instead (tiny shapes, no kernels). OUT: logs and test JSON (default /tmp/gpt_oss_gpu);
@@ -62,16 +65,16 @@ for stage in "${stages[@]}"; do
       else tag=$(gpu_tag)
            $PY -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-120b --batch_sizes 1,4,16,64 --blocks 10 --iters 15 --compare_layers 1 \
              "${ROUTING[@]}" --tile_sweep --profile --out "$RESULTS/gpt_oss_120b_step_$tag.json" 2>&1 | tee "$OUT/120b.log"; fi ;;
-    flashinfer)
-      if [ -n "${SMOKE:-}" ]; then $PY -m pytest -q -p no:cacheprovider tests/bench/test_flashinfer_moe.py 2>&1 | tee "$OUT/flashinfer.log"
+    flashinfer|triton_kernels)
+      if [ -n "${SMOKE:-}" ]; then $PY -m pytest -q -p no:cacheprovider "tests/bench/test_${stage}_moe.py" 2>&1 | tee "$OUT/$stage.log"
       else tag=$(gpu_tag)
            $PY -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-120b --batch_sizes 1,4,16,64 --blocks 10 --iters 15 \
-             "${ROUTING[@]}" --compare flashinfer --out "$RESULTS/gpt_oss_120b_vs_flashinfer_$tag.json" 2>&1 | tee "$OUT/flashinfer.log"; fi ;;
+             "${ROUTING[@]}" --compare "$stage" --out "$RESULTS/gpt_oss_120b_vs_${stage}_$tag.json" 2>&1 | tee "$OUT/$stage.log"; fi ;;
     tp2)
       if [ -n "${SMOKE:-}" ]; then ${MPIRUN:-mpiexec} -n 2 $PY -m trtllm_dflash.bench.gpt_oss_tp --tiny --device cpu --iters 2 --warmup 1 --ctx 32 \
              --out "$OUT/gpt_oss_tp2_smoke.json" 2>&1 | tee "$OUT/tp2.log"
       else ${MPIRUN:-mpirun --allow-run-as-root} -n 2 $PY -m trtllm_dflash.bench.gpt_oss_tp --target gpt-oss-120b --ep_sizes 2,1 --batch_sizes 1,64 \
              --block_size 10 --iters 10 --out "$OUT/gpt_oss_120b_tp2_h200x2.json" 2>&1 | tee "$OUT/tp2.log"; fi ;;
-    *) echo "unknown stage $stage (tests, mxfp4, 20b, 120b, flashinfer, tp2)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests, mxfp4, 20b, 120b, flashinfer, triton_kernels, tp2)" >&2; exit 2 ;;
   esac
 done

@@ -15,6 +15,8 @@
 #       (recorded, with its sha256, in wheels/SET/SHA256SUMS; `install` joins them), as `add` does for models
 #   scripts/offline_host.sh add DIR FILE [PART_MB]                   FILE -> models/, split into PART_MB parts if
 #       given (for copies that limit the size of a file), its sha256 recorded
+#   scripts/offline_host.sh wheel DIR SET FILE.whl                    a wheel built here (not on PyPI) -> wheels/SET/,
+#       its sha256 recorded (scripts/triton_kernels_wheel.sh uses it)
 # On the GPU host:
 #   scripts/offline_host.sh install DIR        join split files (models/ and each wheels/SET/), check every sha256,
 #       install each wheel set once
@@ -28,7 +30,7 @@ set -euo pipefail
 die() { echo "error: $*" >&2; exit 2; }
 CMD=${1:-}
 DIR=${2:-}
-[ -n "$CMD" ] && [ -n "$DIR" ] || die "usage: $0 wheels|add|install|env|venv DIR ... (see the header of $0)"
+[ -n "$CMD" ] && [ -n "$DIR" ] || die "usage: $0 wheels|add|wheel|install|env|venv DIR ... (see the header of $0)"
 PY=${PYTHON:-python3}
 shift 2
 
@@ -85,6 +87,14 @@ case $CMD in
     store "$FILE" "$DIR/models" "$PART_MB"
     ls -l "$DIR/models/$(basename "$FILE")"*
     ;;
+  wheel)
+    SET=${1:?usage: $0 wheel DIR SET FILE.whl}
+    FILE=${2:?usage: $0 wheel DIR SET FILE.whl}
+    case $FILE in *.whl) ;; *) die "wheel: $FILE is not a .whl file" ;; esac
+    [ -f "$FILE" ] || die "wheel: $FILE is not a file"
+    store "$FILE" "$DIR/wheels/$SET"
+    ls -l "$DIR/wheels/$SET/$(basename "$FILE")"
+    ;;
   install)
     [ -d "$DIR" ] || die "install: $DIR does not exist (copy the folder made on the machine with network)"
     join_checked "$DIR/models"
@@ -137,5 +147,5 @@ case $CMD in
     } > "$VENV/lib/python$PYV/site-packages/offline_host.pth"
     echo "$VENV/bin/python3"
     ;;
-  *) die "unknown command $CMD (wheels, add, install, env, venv)" ;;
+  *) die "unknown command $CMD (wheels, add, wheel, install, env, venv)" ;;
 esac

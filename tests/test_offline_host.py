@@ -87,6 +87,18 @@ def test_a_wheel_larger_than_part_mb_travels_in_parts_and_installs(tmp_path):
     assert (box / "site" / "big" / "bigpkg" / "blob.bin").stat().st_size == 3 * 2**19
 
 
+def test_a_wheel_built_here_joins_a_set_checked_and_installs(tmp_path):
+    built = write_wheel(tmp_path / "build", "localpkg")
+    box = tmp_path / "offline"
+    host("wheel", box, "local", built)
+    folder = box / "wheels" / "local"
+    assert (folder / "SHA256SUMS").read_text() == f"{hashlib.sha256(built.read_bytes()).hexdigest()}  {built.name}\n"
+    out = host("install", box).stdout
+    assert "wheels/local: 1 file(s) checked" in out and (box / "site" / "local" / "localpkg" / "__init__.py").exists()
+    bad = host("wheel", box, "local", tmp_path / "notes.txt", check=False)
+    assert bad.returncode == 2 and "is not a .whl file" in bad.stderr
+
+
 def test_a_missing_file_is_named(tmp_path):
     box = tmp_path / "offline"
     (box / "models").mkdir(parents=True)

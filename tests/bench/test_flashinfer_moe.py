@@ -95,6 +95,6 @@ def test_library_present_but_no_hopper_stops_the_run(monkeypatch):
 def test_a_layer_flashinfer_refuses_is_an_error_row_not_a_lost_run():
     from trtllm_dflash.bench.routing_trace import Routing
     target, _ = gpt_oss_step.build("gpt-oss-20b", True, torch.device("cpu"), torch.float32, 32, "triton")
-    rows = gpt_oss_step.moe_layer_vs_flashinfer(target, object(), [Routing()], [(1, 1)], 2, None)
+    rows = gpt_oss_step.moe_layer_vs_library(target, "flashinfer", object(), [Routing()], [(1, 1)], 2, None)
     assert rows == [{"error": "setup: ValueError: --compare flashinfer: its MXFP4 x bf16 MoE runs on Hopper (sm90) "
                               "only, not on cpu (compute capability None); leave --compare off here"}]

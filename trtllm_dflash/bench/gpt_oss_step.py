@@ -23,8 +23,9 @@ top-k slot of a block position repeat the previous position's expert (``--routin
 the uniform numbers under the goals' names and the skewed ones with a ``_skewed`` suffix.
 
 ``--compare flashinfer`` times layer 0's experts on flashinfer-python's fused MoE (MXFP4 weights x bf16, Hopper;
-bench/flashinfer_moe.py) next to ours, same bytes and routing traces, at every row's shape (a missing library
-stops the run before anything is built).
+bench/flashinfer_moe.py) next to ours, ``--compare triton_kernels`` on the Triton MoE kernels vLLM runs gpt-oss on
+(bench/triton_kernels_moe.py); same bytes and routing traces, at every row's shape (a missing library stops the
+run before anything is built).
 
 Shapes: the public openai/gpt-oss-20b / -120b configs (hidden 2880, 64/8 heads of 64, top-4, intermediate
 2880, vocab 201088, window 128, YaRN; 24 layers x 32 experts / 36 layers x 128 experts) and the z-lab
@@ -49,7 +50,7 @@ from pathlib import Path
 import torch
 
 
-from trtllm_dflash.bench import flashinfer_moe
+from trtllm_dflash.bench import flashinfer_moe, triton_kernels_moe
 from trtllm_dflash.bench import step as step_bench
 from trtllm_dflash.bench.routing_trace import Routing, TraceRouter
 from trtllm_dflash.bench.step import ceilings, graphed
@@ -295,16 +296,17 @@ def moe_layer_times(target, device, token_counts, iters: int) -> list[dict]:
     return rows
 
 
-def moe_layer_vs_flashinfer(target, fm, routings, shapes, iters: int, ceil: dict | None) -> list[dict]:
-    """Layer 0's experts on our MXFP4 kernels and on FlashInfer's fused MoE (bench/flashinfer_moe.py), the same
-    MXFP4 bytes and each routing's trace for layer 0 at every (batch, block) shape, CUDA-graphed. Per row: both
-    times, the bandwidth fraction each reaches on the bytes of the distinct experts (ours: unpadded), and the
-    norm-relative difference of their outputs (both round to bf16: ~1e-2 when they agree, O(1) when not)."""
+def moe_layer_vs_library(target, name: str, lib, routings, shapes, iters: int, ceil: dict | None) -> list[dict]:
+    """Layer 0's experts on our MXFP4 kernels and on a library's MoE (LIBRARIES[name]: FlashInfer's fused MoE or
+    the triton_kernels vLLM runs), the same MXFP4 bytes and each routing's trace for layer 0 at every (batch,
+    block) shape, CUDA-graphed. Per row: both times, the bandwidth fraction each reaches on the bytes of the
+    distinct experts (each its own bytes per expert), and the norm-relative difference of their outputs (both
+    round to bf16: ~1e-2 when they agree, O(1) when not)."""
     mx = target.layers[0].mlp.experts
     try:
-        fi = flashinfer_moe.FlashInferExperts(mx, fm)
+        theirs = LIBRARIES[name].experts(mx, lib)
     except Exception as err:  # noqa: BLE001  the library refusing our layout is a result; the step rows stay
-        print(f"flashinfer setup failed: {err}", flush=True)
+        print(f"{name} setup failed: {err}", flush=True)
         return [{"error": f"setup: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"}]
     c, dev = target.config, mx.gate_up_proj_blocks.device
     bw, ours_bytes = (ceil or {}).get("copy_bw_bytes_per_s"), expert_bytes(mx)
@@ -318,22 +320,35 @@ def moe_layer_vs_flashinfer(target, fm, routings, shapes, iters: int, ceil: dict
                      "distinct_experts": ids.unique().numel()}
                 try:
                     ref = mx(x, ids, w).double()
-                    r["rel_diff"] = round(((fi(x, ids, w).double() - ref).norm() / ref.norm()).item(), 5)
-                    for name, fn in (("ours_ms", mx), ("flashinfer_ms", fi)):
-                        r[name] = round(statistics.median(time_ms(graphed(lambda f=fn: f(x, ids, w)), iters, 3, True)), 4)
+                    r["rel_diff"] = round(((theirs(x, ids, w).double() - ref).norm() / ref.norm()).item(), 5)
+                    for key, fn in (("ours_ms", mx), (f"{name}_ms", theirs)):
+                        r[key] = round(statistics.median(time_ms(graphed(lambda f=fn: f(x, ids, w)), iters, 3, True)), 4)
                         torch.cuda.empty_cache()
                 except Exception as err:  # noqa: BLE001  a row that fails is reported, never hidden
                     r["error"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
                     rows.append(r)
                     continue
                 if bw:
-                    for name, size in (("ours", ours_bytes), ("flashinfer", fi.bytes_per_expert)):
-                        r[f"{name}_bandwidth_fraction"] = round(r["distinct_experts"] * size / (r[f"{name}_ms"] * 1e-3) / bw, 3)
-                r["flashinfer_bytes_per_expert"], r["ours_bytes_per_expert"] = fi.bytes_per_expert, ours_bytes
+                    for who, size in (("ours", ours_bytes), (name, theirs.bytes_per_expert)):
+                        r[f"{who}_bandwidth_fraction"] = round(r["distinct_experts"] * size / (r[f"{who}_ms"] * 1e-3) / bw, 3)
+                r[f"{name}_bytes_per_expert"], r["ours_bytes_per_expert"] = theirs.bytes_per_expert, ours_bytes
+                r[f"{name}_over_ours"] = round(r[f"{name}_ms"] / r["ours_ms"], 3)
                 rows.append(r)
-                print(f"moe layer {routing.name:7s} n={n:3d} B={B:2d}: ours {r['ours_ms']:.4f} ms  flashinfer "
-                      f"{r['flashinfer_ms']:.4f} ms  rel diff {r['rel_diff']:.2e}", flush=True)
+                print(f"moe layer {routing.name:7s} n={n:3d} B={B:2d}: ours {r['ours_ms']:.4f} ms  {name} "
+                      f"{r[f'{name}_ms']:.4f} ms  rel diff {r['rel_diff']:.2e}", flush=True)
     return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """A library ``--compare`` times one MoE layer on: its module (load() -> the handle, or a one-line SystemExit;
+    check_device(dev) -> ValueError off its GPUs) and its experts class (experts, handle) -> callable."""
+    module: object
+    experts: type
+
+
+LIBRARIES = {"flashinfer": Library(flashinfer_moe, flashinfer_moe.FlashInferExperts),
+             "triton_kernels": Library(triton_kernels_moe, triton_kernels_moe.TritonKernelsExperts)}
 
 
 # tile shapes each variant is timed under: (block_n, block_k, num_warps)
@@ -501,9 +516,10 @@ def main(argv=None) -> int:
                    help="re-time every row with the experts dequantised to bf16 (needs 4x the expert memory)")
     p.add_argument("--compare_layers", type=int, default=0,
                    help="time one MoE layer MXFP4 vs bf16 at the rows' token counts (when the full bf16 model does not fit)")
-    p.add_argument("--compare", choices=("flashinfer",), default=None,
-                   help="time one MoE layer on our MXFP4 kernels and on flashinfer-python's fused MoE (Hopper), same "
-                        "experts and routing traces, at the rows' token counts")
+    p.add_argument("--compare", choices=("flashinfer", "triton_kernels"), default=None,
+                   help="time one MoE layer on our MXFP4 kernels and on a library's (flashinfer-python's fused MoE, or "
+                        "the triton_kernels vLLM runs gpt-oss on; Hopper), same experts and routing traces, at the "
+                        "rows' token counts")
     p.add_argument("--tile_sweep", action="store_true", help="time the kernels under a few tile shapes")
     p.add_argument("--profile", action="store_true", help="top kernels of the b=1 AR and DFlash steps")
     p.add_argument("--routing", default="uniform",
@@ -536,13 +552,13 @@ def main(argv=None) -> int:
         routings = [Routing.parse(name, args.routing_zipf, args.routing_reuse, args.routing_seed) for name in names]
     except ValueError as err:
         raise SystemExit(f"gpt_oss_step: {err}") from None
-    if args.compare == "flashinfer":
-        flashinfer = flashinfer_moe.load()   # before the model is built: a missing library costs nothing
+    if args.compare:
+        library = LIBRARIES[args.compare].module.load()   # before the model is built: a missing library costs nothing
         if backend != "triton":
-            raise SystemExit("--compare flashinfer compares against the MXFP4 kernels: run it with --experts triton "
-                             "on a CUDA GPU")
+            raise SystemExit(f"--compare {args.compare} compares against the MXFP4 kernels: run it with --experts "
+                             "triton on a CUDA GPU")
         try:
-            flashinfer_moe.check_device(device)
+            LIBRARIES[args.compare].module.check_device(device)
         except ValueError as err:
             raise SystemExit(str(err)) from None
     t0 = time.perf_counter()
@@ -632,9 +648,9 @@ def main(argv=None) -> int:
     if cuda and args.compare_layers and backend == "triton":
         counts = sorted({n * B for n in batches for B in [1, *blocks]})
         record["moe_layer_mxfp4_vs_bf16"] = moe_layer_times(target, device, counts, args.iters)
-    if args.compare == "flashinfer":
-        record["moe_layer_vs_flashinfer"] = moe_layer_vs_flashinfer(
-            target, flashinfer, routings, [(n, B) for n in batches for B in [1, *blocks]], args.iters, ceil)
+    if args.compare:
+        record[f"moe_layer_vs_{args.compare}"] = moe_layer_vs_library(
+            target, args.compare, library, routings, [(n, B) for n in batches for B in [1, *blocks]], args.iters, ceil)
     if args.compare_dequant and backend == "triton":
         for layer in target.layers:  # the same experts, now bf16: the reference path, timed in the same run
             layer.mlp.experts = layer.mlp.experts.dequantized(dtype)
@@ -647,11 +663,12 @@ def main(argv=None) -> int:
         if row["step"] == "dflash" and ar is not None and "median_ms" in row:
             row["break_even_tokens"] = round(row["median_ms"] / ar["median_ms"], 3)
     record["summary"] = full_summary(record, backend, blocks[0], [r.name for r in routings], bytes_per_expert)
-    if record["summary"] and record.get("moe_layer_vs_flashinfer"):
-        record["summary"]["moe_layer_vs_flashinfer_b1"] = [
-            {k: r.get(k) for k in ("routing", "block_size", "ours_ms", "flashinfer_ms", "ours_bandwidth_fraction",
-                                   "flashinfer_bandwidth_fraction", "rel_diff", "error")}
-            for r in record["moe_layer_vs_flashinfer"] if r.get("batch", 1) == 1]
+    if record["summary"] and record.get(f"moe_layer_vs_{args.compare}"):
+        lib = args.compare
+        record["summary"][f"moe_layer_vs_{lib}_b1"] = [
+            {k: r.get(k) for k in ("routing", "block_size", "ours_ms", f"{lib}_ms", f"{lib}_over_ours",
+                                   "ours_bandwidth_fraction", f"{lib}_bandwidth_fraction", "rel_diff", "error")}
+            for r in record[f"moe_layer_vs_{lib}"] if r.get("batch", 1) == 1]
     if cuda:
         record["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     record["total_s"] = round(time.perf_counter() - t0, 1)

@@ -1,0 +1,120 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Triton MoE kernels vLLM runs gpt-oss on (``triton_kernels``, from triton-lang/triton's
+python/triton_kernels, as vLLM 0.26.0 vendors it) on the same MXFP4 experts as runtime/mxfp4_moe.py: the library
+side of ``gpt_oss_step --compare triton_kernels``.
+
+One MoE layer is two ``matmul_ogs`` calls over routing data built from our own ids and weights
+(``routing_from_bitmatrix``): fc1 gathers each token's rows, adds the bias and applies gpt-oss's SwiGLU to
+adjacent column pairs (gate, linear) in its epilogue; fc2 adds the bias, scales by the router weight and
+scatter-adds into the tokens' rows. The weights are ours, byte for byte: ``matmul_ogs`` wants W as [E, K, N]
+with the MXFP4 axis on K, which is our [E, N, K/2] blocks transposed (the interleaved gate/up rows already are
+its adjacent column pairs), then re-laid out for the GPU by the library's own default layouts
+(``make_default_matmul_mxfp4_w_layout`` / ``..._w_scale_layout``).
+"""
+from __future__ import annotations
+
+import torch
+
+from trtllm_dflash.runtime.models.gpt_oss import SWIGLU_ALPHA
+
+INSTALL = ("pip install a triton_kernels wheel built from triton-lang/triton python/triton_kernels (the copy vLLM "
+           "vendors as vllm/third_party/triton_kernels) on the GPU host")
+SCALE_K_MULTIPLE = 4    # on Hopper vLLM pads each row's scale groups to a multiple of 4 before the layout
+
+
+def load():
+    """The triton_kernels modules this comparison calls, or a one-line SystemExit saying how to get them."""
+    try:
+        import triton_kernels.swiglu as swiglu
+        from triton_kernels import matmul_ogs, routing, tensor
+        from triton_kernels.matmul_ogs_details import opt_flags
+        from triton_kernels.numerics import InFlexData
+        from triton_kernels.tensor_details import layout
+    except ImportError as err:
+        raise SystemExit(f"--compare triton_kernels needs triton_kernels, not importable here ({err}); "
+                         f"{INSTALL}") from None
+    return dict(matmul_ogs=matmul_ogs, routing=routing, tensor=tensor, layout=layout, opt_flags=opt_flags,
+                swiglu=swiglu, InFlexData=InFlexData)
+
+
+def check_device(dev: torch.device) -> None:
+    """Its MXFP4 weight layouts are built for Hopper and later (sm90+)."""
+    cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+    if cap is None or cap < (9, 0):
+        raise ValueError(f"--compare triton_kernels: its MXFP4 x bf16 MoE layouts need Hopper or later (sm90+), not "
+                         f"{dev} (compute capability {cap}); leave --compare off here")
+
+
+def layout(experts) -> dict:
+    """The experts' MXFP4 bytes in matmul_ogs's logical orientation (any device): w1 [E, H/2, 2I] and s1
+    [E, H/32, 2I] (K first; columns the interleaved gate/up pairs as they are), w2 [E, I/2, H], s2 [E, I/32, H],
+    float32 biases b1 [E, 2I] and b2 [E, H]."""
+    E, I = experts.num_local, experts.inter
+    H = experts.down_proj_blocks.shape[1]
+    return {"H": H, "I": I,
+            "w1": experts.gate_up_proj_blocks.reshape(E, 2 * I, H // 2).transpose(1, 2),
+            "s1": experts.gate_up_proj_scales.transpose(1, 2),
+            "w2": experts.down_proj_blocks.reshape(E, H, I // 2).transpose(1, 2),
+            "s2": experts.down_proj_scales.transpose(1, 2),
+            "b1": experts.gate_up_proj_bias.detach().float().contiguous(),
+            "b2": experts.down_proj_bias.detach().float().contiguous()}
+
+
+def bitmatrix_words(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[N, k] expert ids (distinct per row) -> [N, ceil(E/32)] int32 words, bit e % 32 of word e // 32 set: the
+    packed routing mask routing_from_bitmatrix reads. Distinct ids make the sum of the bits their OR."""
+    words = torch.zeros(ids.shape[0], -(-num_experts // 32), dtype=torch.int64, device=ids.device)
+    ids = ids.long()
+    words.scatter_add_(1, ids // 32, torch.ones_like(ids) << (ids % 32))
+    return words.to(torch.int32)     # bit 31 wraps to the sign bit: the same 32 bits
+
+
+class TritonKernelsExperts:
+    """Callable like Mxfp4Experts (x [N, H], ids, weights [N, k] -> [N, H]) on triton_kernels' matmul_ogs, from the
+    experts' own MXFP4 bytes (no requantisation). All experts on this GPU (no expert parallelism)."""
+
+    def __init__(self, experts, tk=None):
+        self.tk = tk = tk if tk is not None else load()
+        dev = experts.gate_up_proj_blocks.device
+        check_device(dev)
+        if experts.num_local != experts.num_experts:
+            raise ValueError("--compare triton_kernels compares whole experts on one GPU; this rank holds "
+                             f"{experts.num_local} of {experts.num_experts}")
+        lay, self.E = layout(experts), experts.num_local
+        self.H = lay["H"]
+        # vLLM's Hopper settings for these kernels: no split-K (its default heuristics split small batches)
+        tk["opt_flags"].update_opt_flags_constraints({"split_k": 1})
+        self.w1, self.pc1, s1 = self._weights(lay["w1"], lay["s1"])
+        self.w2, self.pc2, s2 = self._weights(lay["w2"], lay["s2"])
+        self.b1, self.b2 = lay["b1"], lay["b2"]
+        mo = tk["matmul_ogs"]
+        self.act = mo.FusedActivation(mo.FnSpecs("swiglu", tk["swiglu"].swiglu_fn, ("alpha", "limit")),
+                                      (SWIGLU_ALPHA, float(experts.limit)), 2)
+        self.bytes_per_expert = sum(t.numel() * t.element_size() for t in (
+            lay["w1"], lay["w2"], s1, s2, self.b1, self.b2)) // self.E
+
+    def _weights(self, w: torch.Tensor, s: torch.Tensor):
+        """One weight's values and scales in the library's GPU layouts, its precision config, the padded scales."""
+        tk = self.tk
+        t, lay = tk["tensor"], tk["layout"]
+        pad = -s.shape[1] % SCALE_K_MULTIPLE
+        s = torch.nn.functional.pad(s.transpose(1, 2), (0, pad)).transpose(1, 2)   # pad the K groups
+        value_layout, value_opts = lay.make_default_matmul_mxfp4_w_layout(mx_axis=1)
+        scale_layout, scale_opts = lay.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
+        wq = t.convert_layout(t.wrap_torch_tensor(w, dtype=t.FP4), value_layout, **value_opts)
+        sq = t.convert_layout(t.wrap_torch_tensor(s), scale_layout, **scale_opts)
+        mo = tk["matmul_ogs"]
+        return wq, mo.PrecisionConfig(weight_scale=sq, flex_ctx=mo.FlexCtx(rhs_data=tk["InFlexData"]())), s
+
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        tk, (n, k) = self.tk, ids.shape
+        words = bitmatrix_words(ids, self.E)
+        mask = tk["tensor"].Bitmatrix(words.view(torch.uint32), shape=[n, words.shape[1] * 32],
+                                      shape_max=[n, None], scratchpad=None)
+        routing, gather, scatter = tk["routing"].routing_from_bitmatrix(
+            mask, weights.to(x.dtype), ids.to(torch.int16), self.E, k)
+        mm = tk["matmul_ogs"].matmul_ogs
+        h = mm(x, self.w1, self.b1, routing, gather_indx=gather, precision_config=self.pc1,
+               fused_activation=self.act)                                          # [N k, I]
+        return mm(h, self.w2, self.b2, routing, scatter_indx=scatter, precision_config=self.pc2,
+                  gammas=routing.gate_scal)                                        # [N, H]
