@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import platform
 import statistics
@@ -344,11 +345,13 @@ class Library:
     """A library ``--compare`` times one MoE layer on: its module (load() -> the handle, or a one-line SystemExit;
     check_device(dev) -> ValueError off its GPUs) and its experts class (experts, handle) -> callable."""
     module: object
-    experts: type
+    experts: object
 
 
 LIBRARIES = {"flashinfer": Library(flashinfer_moe, flashinfer_moe.FlashInferExperts),
-             "triton_kernels": Library(triton_kernels_moe, triton_kernels_moe.TritonKernelsExperts)}
+             "triton_kernels": Library(triton_kernels_moe, triton_kernels_moe.TritonKernelsExperts),
+             "triton_kernels_strided": Library(triton_kernels_moe, functools.partial(
+                 triton_kernels_moe.TritonKernelsExperts, strided=True))}
 
 
 # tile shapes each variant is timed under: (block_n, block_k, num_warps)
@@ -516,10 +519,13 @@ def main(argv=None) -> int:
                    help="re-time every row with the experts dequantised to bf16 (needs 4x the expert memory)")
     p.add_argument("--compare_layers", type=int, default=0,
                    help="time one MoE layer MXFP4 vs bf16 at the rows' token counts (when the full bf16 model does not fit)")
-    p.add_argument("--compare", choices=("flashinfer", "triton_kernels"), default=None,
-                   help="time one MoE layer on our MXFP4 kernels and on a library's (flashinfer-python's fused MoE, or "
-                        "the triton_kernels vLLM runs gpt-oss on; Hopper), same experts and routing traces, at the "
-                        "rows' token counts")
+    p.add_argument("--compare", default="",
+                   help="comma list of libraries to time one MoE layer on next to our MXFP4 kernels, same experts and "
+                        "routing traces, at the rows' token counts (Hopper): flashinfer (flashinfer-python's fused "
+                        "MoE), triton_kernels (the Triton MoE kernels vLLM runs gpt-oss on, in their Hopper "
+                        "layouts), triton_kernels_strided (the same kernels on views of our weights)")
+    p.add_argument("--compare_only", action="store_true",
+                   help="with --compare: time only the one MoE layer, not the steps")
     p.add_argument("--tile_sweep", action="store_true", help="time the kernels under a few tile shapes")
     p.add_argument("--profile", action="store_true", help="top kernels of the b=1 AR and DFlash steps")
     p.add_argument("--routing", default="uniform",
@@ -552,13 +558,20 @@ def main(argv=None) -> int:
         routings = [Routing.parse(name, args.routing_zipf, args.routing_reuse, args.routing_seed) for name in names]
     except ValueError as err:
         raise SystemExit(f"gpt_oss_step: {err}") from None
-    if args.compare:
-        library = LIBRARIES[args.compare].module.load()   # before the model is built: a missing library costs nothing
+    compare = [c for c in args.compare.split(",") if c]
+    for lib in compare:
+        if lib not in LIBRARIES:
+            raise SystemExit(f"--compare: unknown library {lib!r}; choose from {', '.join(LIBRARIES)}")
+    if args.compare_only and not compare:
+        raise SystemExit("--compare_only times the libraries of --compare: name at least one")
+    handles = {}
+    for lib in compare:
+        handles[lib] = LIBRARIES[lib].module.load()   # before the model is built: a missing library costs nothing
         if backend != "triton":
-            raise SystemExit(f"--compare {args.compare} compares against the MXFP4 kernels: run it with --experts "
-                             "triton on a CUDA GPU")
+            raise SystemExit(f"--compare {lib} compares against the MXFP4 kernels: run it with --experts triton on a "
+                             "CUDA GPU")
         try:
-            LIBRARIES[args.compare].module.check_device(device)
+            LIBRARIES[lib].module.check_device(device)
         except ValueError as err:
             raise SystemExit(str(err)) from None
     t0 = time.perf_counter()
@@ -644,13 +657,14 @@ def main(argv=None) -> int:
                 steps.router.detach()
                 steps.router = None
 
-    each_routing(backend)
+    if not args.compare_only:
+        each_routing(backend)
     if cuda and args.compare_layers and backend == "triton":
         counts = sorted({n * B for n in batches for B in [1, *blocks]})
         record["moe_layer_mxfp4_vs_bf16"] = moe_layer_times(target, device, counts, args.iters)
-    if args.compare:
-        record[f"moe_layer_vs_{args.compare}"] = moe_layer_vs_library(
-            target, args.compare, library, routings, [(n, B) for n in batches for B in [1, *blocks]], args.iters, ceil)
+    for lib in compare:
+        record[f"moe_layer_vs_{lib}"] = moe_layer_vs_library(
+            target, lib, handles[lib], routings, [(n, B) for n in batches for B in [1, *blocks]], args.iters, ceil)
     if args.compare_dequant and backend == "triton":
         for layer in target.layers:  # the same experts, now bf16: the reference path, timed in the same run
             layer.mlp.experts = layer.mlp.experts.dequantized(dtype)
@@ -663,12 +677,12 @@ def main(argv=None) -> int:
         if row["step"] == "dflash" and ar is not None and "median_ms" in row:
             row["break_even_tokens"] = round(row["median_ms"] / ar["median_ms"], 3)
     record["summary"] = full_summary(record, backend, blocks[0], [r.name for r in routings], bytes_per_expert)
-    if record["summary"] and record.get(f"moe_layer_vs_{args.compare}"):
-        lib = args.compare
-        record["summary"][f"moe_layer_vs_{lib}_b1"] = [
-            {k: r.get(k) for k in ("routing", "block_size", "ours_ms", f"{lib}_ms", f"{lib}_over_ours",
-                                   "ours_bandwidth_fraction", f"{lib}_bandwidth_fraction", "rel_diff", "error")}
-            for r in record[f"moe_layer_vs_{lib}"] if r.get("batch", 1) == 1]
+    for lib in compare:
+        if record["summary"] and record.get(f"moe_layer_vs_{lib}"):
+            record["summary"][f"moe_layer_vs_{lib}_b1"] = [
+                {k: r.get(k) for k in ("routing", "block_size", "ours_ms", f"{lib}_ms", f"{lib}_over_ours",
+                                       "ours_bandwidth_fraction", f"{lib}_bandwidth_fraction", "rel_diff", "error")}
+                for r in record[f"moe_layer_vs_{lib}"] if r.get("batch", 1) == 1]
     if cuda:
         record["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     record["total_s"] = round(time.perf_counter() - t0, 1)

@@ -73,8 +73,11 @@ class TritonKernelsExperts:
     """Callable like Mxfp4Experts (x [N, H], ids, weights [N, k] -> [N, H]) on triton_kernels' matmul_ogs, from the
     experts' own MXFP4 bytes (no requantisation). All experts on this GPU (no expert parallelism)."""
 
-    def __init__(self, experts, tk=None):
+    def __init__(self, experts, tk=None, strided: bool = False):
+        """``strided``: the weights as views of our own tensors in the library's plain strided layout (no copy, no
+        scale padding) in place of its default Hopper layouts (a re-laid-out copy)."""
         self.tk = tk = tk if tk is not None else load()
+        self.strided = strided
         dev = experts.gate_up_proj_blocks.device
         check_device(dev)
         if experts.num_local != experts.num_experts:
@@ -97,12 +100,15 @@ class TritonKernelsExperts:
         """One weight's values and scales in the library's GPU layouts, its precision config, the padded scales."""
         tk = self.tk
         t, lay = tk["tensor"], tk["layout"]
-        pad = -s.shape[1] % SCALE_K_MULTIPLE
-        s = torch.nn.functional.pad(s.transpose(1, 2), (0, pad)).transpose(1, 2)   # pad the K groups
-        value_layout, value_opts = lay.make_default_matmul_mxfp4_w_layout(mx_axis=1)
-        scale_layout, scale_opts = lay.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
-        wq = t.convert_layout(t.wrap_torch_tensor(w, dtype=t.FP4), value_layout, **value_opts)
-        sq = t.convert_layout(t.wrap_torch_tensor(s), scale_layout, **scale_opts)
+        if self.strided:
+            wq, sq = t.wrap_torch_tensor(w, dtype=t.FP4), t.wrap_torch_tensor(s)
+        else:
+            pad = -s.shape[1] % SCALE_K_MULTIPLE
+            s = torch.nn.functional.pad(s.transpose(1, 2), (0, pad)).transpose(1, 2)   # pad the K groups
+            value_layout, value_opts = lay.make_default_matmul_mxfp4_w_layout(mx_axis=1)
+            scale_layout, scale_opts = lay.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
+            wq = t.convert_layout(t.wrap_torch_tensor(w, dtype=t.FP4), value_layout, **value_opts)
+            sq = t.convert_layout(t.wrap_torch_tensor(s), scale_layout, **scale_opts)
         mo = tk["matmul_ogs"]
         return wq, mo.PrecisionConfig(weight_scale=sq, flex_ctx=mo.FlexCtx(rhs_data=tk["InFlexData"]())), s
 
