@@ -21,6 +21,8 @@
 # SMOKE=1 runs the CPU paths instead (tiny shapes, no kernels). OUT: logs and test JSON (default /tmp/gpt_oss_gpu);
 # RESULTS: the step JSON (default benchmarks/results, the files the README's tables and the goals read).
 # Skewed routing: per-layer Zipf popularity ZIPF (default 1.0), per-slot reuse across block positions REUSE (0.5).
+# EXPERTS=triton_kernels: the 20b / 120b steps with RuntimeConfig.mxfp4_moe "triton_kernels" (our kernels at one
+# token, the triton_kernels library from two: importable, sm90+) -> ..._step_triton_kernels_<gpu>.json.
 set -euo pipefail
 OUT=${OUT:-/tmp/gpt_oss_gpu}
 RESULTS=${RESULTS:-benchmarks/results}
@@ -28,6 +30,8 @@ mkdir -p "$OUT" "$RESULTS"
 PY=${PYTHON:-python3}
 # uniform: near the worst case for the experts a block touches; skewed: the parameters stated in the JSON
 ROUTING=(--routing uniform,skewed --routing_zipf "${ZIPF:-1.0}" --routing_reuse "${REUSE:-0.5}")
+EXPERTS_ARGS=() SUFFIX=""
+if [ -n "${EXPERTS:-}" ]; then EXPERTS_ARGS=(--experts "$EXPERTS"); SUFFIX="_$EXPERTS"; fi
 gpu_tag() {  # h100 / h200 / ..., from the first GPU's name ("NVIDIA H100 80GB HBM3" -> h100)
   local name
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -58,15 +62,17 @@ for stage in "${stages[@]}"; do
              "${ROUTING[@]}" --profile --out "$OUT/gpt_oss_20b_step_smoke.json"
       else tag=$(gpu_tag)
            $PY -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-20b --batch_sizes 1,4,16,64 --blocks 8 --iters 15 --compare_dequant \
-             "${ROUTING[@]}" --tile_sweep --profile --out "$RESULTS/gpt_oss_20b_step_$tag.json" 2>&1 | tee "$OUT/20b.log"; fi ;;
+             "${ROUTING[@]}" "${EXPERTS_ARGS[@]}" --tile_sweep --profile --out "$RESULTS/gpt_oss_20b_step${SUFFIX}_$tag.json" 2>&1 | tee "$OUT/20b.log"; fi ;;
     120b)
       if [ -n "${SMOKE:-}" ]; then $PY -m trtllm_dflash.bench.gpt_oss_step --tiny --device cpu --batch_sizes 1,4,16,64 --blocks 10 --iters 2 \
              "${ROUTING[@]}" --profile --out "$OUT/gpt_oss_120b_step_smoke.json"
       else tag=$(gpu_tag)
            $PY -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-120b --batch_sizes 1,4,16,64 --blocks 10 --iters 15 --compare_layers 1 \
-             "${ROUTING[@]}" --tile_sweep --profile --out "$RESULTS/gpt_oss_120b_step_$tag.json" 2>&1 | tee "$OUT/120b.log"; fi ;;
+             "${ROUTING[@]}" "${EXPERTS_ARGS[@]}" --tile_sweep --profile --out "$RESULTS/gpt_oss_120b_step${SUFFIX}_$tag.json" 2>&1 | tee "$OUT/120b.log"; fi ;;
     flashinfer|triton_kernels)
-      if [ -n "${SMOKE:-}" ]; then $PY -m pytest -q -p no:cacheprovider "tests/bench/test_${stage}_moe.py" 2>&1 | tee "$OUT/$stage.log"
+      if [ -n "${SMOKE:-}" ]; then tests=tests/bench/test_flashinfer_moe.py
+             [ "$stage" = flashinfer ] || tests=tests/runtime/test_triton_kernels_moe.py
+             $PY -m pytest -q -p no:cacheprovider "$tests" 2>&1 | tee "$OUT/$stage.log"
       else tag=$(gpu_tag)
            $PY -m trtllm_dflash.bench.gpt_oss_step --target gpt-oss-120b --batch_sizes 1,4,16,64 --blocks 10 --iters 15 \
              "${ROUTING[@]}" --compare "$stage" --out "$RESULTS/gpt_oss_120b_vs_${stage}_$tag.json" 2>&1 | tee "$OUT/$stage.log"; fi ;;

@@ -64,8 +64,11 @@ class RuntimeConfig:
     # (one-line error elsewhere); False always dequantises on load.
     fp8_gemm: bool | None = None
     # gpt-oss MXFP4 experts: "triton" keeps them MXFP4 on the GPU and runs the fused routed-expert kernels
-    # (runtime/mxfp4_moe.py); "dequant" dequantises them to dtype on load (CPU, the reference; 4x the memory);
-    # "auto" = triton for MXFP4 checkpoints on CUDA, else dequant. An explicit choice that cannot run is an error.
+    # (runtime/mxfp4_moe.py); "triton_kernels" the same for one-token steps and the triton_kernels library (the
+    # Triton MoE kernels vLLM runs gpt-oss on; sm90+, importable; twice the experts' memory) for steps of 2+ tokens
+    # (runtime/models/gpt_oss.TritonKernelsExperts); "dequant" dequantises them to dtype on load (CPU, the reference;
+    # 4x the memory); "auto" = triton for MXFP4 checkpoints on CUDA, else dequant. An explicit choice that cannot
+    # run is an error.
     mxfp4_moe: str = "auto"
     # The decode path's kernels (runtime/kernels/, chosen once per model: runtime.kernels.Kernels): "triton" = q/k
     # norm + RoPE + cache write in one kernel,
@@ -122,8 +125,9 @@ class RuntimeConfig:
             raise DFlashError("max_seq_len", f"must be > 1, got {self.max_seq_len}", "pass e.g. 2048")
         if self.block_size is not None and self.block_size < 1:
             raise DFlashError("block_size", f"must be >= 1, got {self.block_size}", "use 1 for AR decoding")
-        if self.mxfp4_moe not in ("auto", "triton", "dequant"):
-            raise DFlashError("mxfp4_moe", f"unknown value {self.mxfp4_moe!r}", "use auto, triton or dequant")
+        if self.mxfp4_moe not in ("auto", "triton", "triton_kernels", "dequant"):
+            raise DFlashError("mxfp4_moe", f"unknown value {self.mxfp4_moe!r}",
+                              "use auto, triton, triton_kernels or dequant")
         if self.kernels not in ("auto", "triton", "torch"):
             raise DFlashError("kernels", f"unknown value {self.kernels!r}", "use auto, triton or torch")
         if self.allreduce_strategy not in ("auto", "nccl", "oneshot"):

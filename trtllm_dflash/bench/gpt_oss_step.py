@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 
-from trtllm_dflash.bench import flashinfer_moe, triton_kernels_moe
+from trtllm_dflash.bench import flashinfer_moe
 from trtllm_dflash.bench import step as step_bench
 from trtllm_dflash.bench.routing_trace import Routing, TraceRouter
 from trtllm_dflash.bench.step import ceilings, graphed
@@ -59,6 +59,8 @@ from trtllm_dflash.bench.step import ceilings, graphed
 from trtllm_dflash.runtime.distributed import TPGroup
 from trtllm_dflash.runtime.kv_cache import KVCache
 from trtllm_dflash.runtime.models.dflash import DFlashDrafter, DrafterConfig
+from trtllm_dflash.runtime import triton_kernels_moe
+from trtllm_dflash.runtime.models import gpt_oss
 from trtllm_dflash.runtime.models.gpt_oss import GptOssConfig, GptOssTarget, _grouped_mm
 from trtllm_dflash.runtime.models.layers import Rotary
 from trtllm_dflash.runtime.kernels import TORCH, Kernels
@@ -129,6 +131,7 @@ def build(target_name: str, tiny: bool, device, dtype, max_positions: int, backe
 
     (target, drafter), (full_t, full_d) = meta(tp, ep_size), meta(TPGroup(), 1)
     target = random_weights(target, device, dtype, 0, full_t, tp.rank)
+    gpt_oss.after_load(target)   # --experts triton_kernels: the library's copy of these weights
     drafter = random_weights(drafter, device, dtype, 1, full_d, tp.rank)
     # RoPE tables are buffers, not weights: rebuild them for real (to_empty left them uninitialised)
     target.rotary = Rotary(tcfg.rope, tcfg.head_dim, max_positions, tcfg.max_position_embeddings).to(device)
@@ -342,16 +345,18 @@ def moe_layer_vs_library(target, name: str, lib, routings, shapes, iters: int, c
 
 @dataclasses.dataclass(frozen=True)
 class Library:
-    """A library ``--compare`` times one MoE layer on: its module (load() -> the handle, or a one-line SystemExit;
-    check_device(dev) -> ValueError off its GPUs) and its experts class (experts, handle) -> callable."""
-    module: object
+    """A library ``--compare`` times one MoE layer on: load() -> its handle (SystemExit or ValueError when it is
+    missing), check_device(dev) (ValueError off its GPUs) and experts(our experts, handle) -> the callable."""
+    load: object
+    check_device: object
     experts: object
 
 
-LIBRARIES = {"flashinfer": Library(flashinfer_moe, flashinfer_moe.FlashInferExperts),
-             "triton_kernels": Library(triton_kernels_moe, triton_kernels_moe.TritonKernelsExperts),
-             "triton_kernels_strided": Library(triton_kernels_moe, functools.partial(
-                 triton_kernels_moe.TritonKernelsExperts, strided=True))}
+_TK = "--compare triton_kernels"
+LIBRARIES = {"flashinfer": Library(flashinfer_moe.load, flashinfer_moe.check_device, flashinfer_moe.FlashInferExperts),
+             **{name: Library(lambda: triton_kernels_moe.load(_TK), lambda dev: triton_kernels_moe.check_device(dev, _TK),
+                              functools.partial(triton_kernels_moe.MatmulOgsExperts, strided=strided, field=_TK))
+                for name, strided in (("triton_kernels", False), ("triton_kernels_strided", True))}}
 
 
 # tile shapes each variant is timed under: (block_n, block_k, num_warps)
@@ -440,7 +445,9 @@ def tile_sweep(target, device, token_counts, iters: int, routings=(Routing(),), 
 
 # runtime/mxfp4_moe.py's kernels: their GPU time per step is the experts' cost (profile_top)
 EXPERT_KERNELS = ("_route_kernel", "_gate_up_kernel", "_swiglu_kernel", "_down_kernel", "_combine_kernel",
-                  "_gemv_gate_up_kernel", "_gemv_down_kernel")
+                  "_gemv_gate_up_kernel", "_gemv_down_kernel",
+                  # --experts triton_kernels: its matmuls and the routing kernels routing_from_bitmatrix launches
+                  "_matmul_ogs", "_p_matmul_ogs", "_sum_bitmatrix", "_combined_routing")
 EXPERTS_MARK = "gpt_oss_step.experts"  # the CPU profile's marker around each experts module call
 
 
@@ -507,8 +514,10 @@ def main(argv=None) -> int:
     p.add_argument("--target", choices=sorted(TARGETS), default="gpt-oss-20b", help="shapes of the target and drafter")
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke test), not the real ones")
-    p.add_argument("--experts", choices=("triton", "dequant"), default=None,
-                   help="MXFP4 kernels or bf16 experts (default: triton on CUDA, dequant on CPU)")
+    p.add_argument("--experts", choices=("triton", "triton_kernels", "dequant"), default=None,
+                   help="our MXFP4 kernels, ours at 1 token and the triton_kernels library from 2 (RuntimeConfig."
+                        "mxfp4_moe; needs it importable, sm90+), or bf16 experts (default: triton on CUDA, dequant "
+                        "on CPU)")
     p.add_argument("--batch_sizes", default="1,2,4,8,16,32,64")
     p.add_argument("--blocks", default="8,10", help="DFlash block sizes (the AR step is always timed)")
     p.add_argument("--ctx", type=int, default=1024, help="tokens already in each request's KV cache")
@@ -548,8 +557,8 @@ def main(argv=None) -> int:
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--device cuda but no CUDA GPU is visible; use --tiny --device cpu for the smoke test")
     backend = args.experts or ("triton" if cuda else "dequant")
-    if backend == "triton" and not cuda:
-        raise SystemExit("--experts triton runs on CUDA only; use --experts dequant on the CPU")
+    if backend != "dequant" and not cuda:
+        raise SystemExit(f"--experts {backend} runs on CUDA only; use --experts dequant on the CPU")
     dtype = torch.bfloat16 if cuda else torch.float32
     batches = [int(b) for b in args.batch_sizes.split(",")]
     blocks = [int(b) for b in args.blocks.split(",")]
@@ -566,12 +575,12 @@ def main(argv=None) -> int:
         raise SystemExit("--compare_only times the libraries of --compare: name at least one")
     handles = {}
     for lib in compare:
-        handles[lib] = LIBRARIES[lib].module.load()   # before the model is built: a missing library costs nothing
-        if backend != "triton":
-            raise SystemExit(f"--compare {lib} compares against the MXFP4 kernels: run it with --experts triton on a "
-                             "CUDA GPU")
-        try:
-            LIBRARIES[lib].module.check_device(device)
+        try:   # before the model is built: a missing library costs nothing
+            handles[lib] = LIBRARIES[lib].load()
+            if backend != "triton":
+                raise SystemExit(f"--compare {lib} compares against the MXFP4 kernels: run it with --experts triton "
+                                 "on a CUDA GPU")
+            LIBRARIES[lib].check_device(device)
         except ValueError as err:
             raise SystemExit(str(err)) from None
     t0 = time.perf_counter()
@@ -598,7 +607,7 @@ def main(argv=None) -> int:
     if cuda:
         record["weights_gib"] = round(torch.cuda.memory_allocated(device) / 2**30, 2)
         record["target_weight_gb"] = round(nbytes(target.parameters()) / 1e9, 2)
-        if backend == "triton":
+        if backend != "dequant":
             record["kernel_vs_bf16_dequant_rel_err"] = check_kernel(target, device)
         else:
             try:
@@ -659,13 +668,13 @@ def main(argv=None) -> int:
 
     if not args.compare_only:
         each_routing(backend)
-    if cuda and args.compare_layers and backend == "triton":
+    if cuda and args.compare_layers and backend != "dequant":
         counts = sorted({n * B for n in batches for B in [1, *blocks]})
         record["moe_layer_mxfp4_vs_bf16"] = moe_layer_times(target, device, counts, args.iters)
     for lib in compare:
         record[f"moe_layer_vs_{lib}"] = moe_layer_vs_library(
             target, lib, handles[lib], routings, [(n, B) for n in batches for B in [1, *blocks]], args.iters, ceil)
-    if args.compare_dequant and backend == "triton":
+    if args.compare_dequant and backend != "dequant":
         for layer in target.layers:  # the same experts, now bf16: the reference path, timed in the same run
             layer.mlp.experts = layer.mlp.experts.dequantized(dtype)
             torch.cuda.empty_cache()
@@ -755,9 +764,9 @@ def summarize(rows: list[dict], backend: str, block: int, layer_rows, routing: s
          "ar_b1_roofline_ms": ar.get("roofline_ms"), "dflash_b1_roofline_ms": df.get("roofline_ms"),
          "break_even_tokens_b1": df["break_even_tokens"]}
     ref = pick("dequant", "ar", 1, 1)
-    s["speedup_vs_bf16_dequant_ar_b1"] = round(ref["median_ms"] / ar["median_ms"], 3) if ref and backend == "triton" else None
+    s["speedup_vs_bf16_dequant_ar_b1"] = round(ref["median_ms"] / ar["median_ms"], 3) if ref and backend != "dequant" else None
     refd = pick("dequant", "dflash", 1, block)
-    s["speedup_vs_bf16_dequant_dflash_b1"] = round(refd["median_ms"] / df["median_ms"], 3) if refd and backend == "triton" else None
+    s["speedup_vs_bf16_dequant_dflash_b1"] = round(refd["median_ms"] / df["median_ms"], 3) if refd and backend != "dequant" else None
     if s["speedup_vs_bf16_dequant_ar_b1"] is None and layer_rows:
         s["bf16_dequant_note"] = ("the bf16-dequantised model does not fit this GPU; moe_layer_mxfp4_vs_bf16 compares "
                                   "one MoE layer both ways")

@@ -33,7 +33,8 @@ def load_target(path: Path, cfg: LlamaConfig | GptOssConfig, tp: TPGroup, device
     instead of the checkpoint.
 
     ``fp8_gemm``: FP8 linears of Llama-family targets become fp8.Fp8Linear (None = where the device runs them).
-    ``mxfp4_moe``: how MoE targets run MXFP4 experts (models/mxfp4.resolve_kernel: auto, triton, dequant).
+    ``mxfp4_moe``: how MoE targets run MXFP4 experts (models/mxfp4.resolve_kernel: auto, triton, triton_kernels,
+    dequant).
     ``kernels``: what its modules run (Kernels.choose)."""
     family = target_family(cfg)
     with torch.device("meta"):
@@ -55,6 +56,8 @@ def load_target(path: Path, cfg: LlamaConfig | GptOssConfig, tp: TPGroup, device
             print(f"[trtllm_dflash] note: fp8_gemm: target {path} has no FP8 linears to run in FP8; "
                   f"it runs in {str(dtype).removeprefix('torch.')}", file=sys.stderr)
     assign_weights(model, sd, f"target {path}", device, dtype)
+    if family.after_load is not None:
+        family.after_load(model)
     model.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, cfg.max_position_embeddings).to(device)
     return model.eval()
 

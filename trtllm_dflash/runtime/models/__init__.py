@@ -25,6 +25,8 @@ class TargetFamily:
     # this rank's HF tensors -> module tensors, dequantised (raw, model, device, dtype, keep_fp8) -> dict;
     # keep_fp8 (fp8_gemm): FP8 linears stay FP8 where the family runs them (runtime/fp8.py)
     to_module: Callable
+    # what the model needs once its weights are in place (model) -> None, or None: nothing
+    after_load: Callable | None = None
 
     def build(self, cfg, tp, max_positions: int, capture: tuple[int, ...], *, device: torch.device,
               ep_size: int = 1, mxfp4_moe: str = "dequant", kernels: Kernels = TORCH):
@@ -39,7 +41,8 @@ class TargetFamily:
 
 
 _LLAMA = TargetFamily(LlamaConfig, llama.LlamaTarget, moe=False, to_module=llama.checkpoint_to_module)
-_GPT_OSS = TargetFamily(GptOssConfig, gpt_oss.GptOssTarget, moe=True, to_module=gpt_oss.checkpoint_to_module)
+_GPT_OSS = TargetFamily(GptOssConfig, gpt_oss.GptOssTarget, moe=True, to_module=gpt_oss.checkpoint_to_module,
+                        after_load=gpt_oss.after_load)
 TARGETS: dict[str, TargetFamily] = {**{a: _LLAMA for a in LLAMA_ARCHITECTURES},
                                     **{a: _GPT_OSS for a in GPT_OSS_ARCHITECTURES}}
 

@@ -17,9 +17,11 @@ softmax one Triton kernel after its GEMM (runtime/kernels/router.py). The torch 
 the reference (eager, HF rounding) and runs where the switch says "torch" (CPU by default).
 
 Weights keep Hugging Face names; q/k/v are fused into ``qkv_proj``. MXFP4 experts (``*_blocks`` +
-``*_scales``, the published checkpoints) run one of two ways, chosen by ``moe_kernel`` (RuntimeConfig.mxfp4_moe):
+``*_scales``, the published checkpoints) run one of three ways, chosen by ``moe_kernel`` (RuntimeConfig.mxfp4_moe):
   "triton":  kept MXFP4 on the GPU (4.25 bits per weight) and run by the fused routed-expert kernels of
              runtime/mxfp4_moe.py (Mxfp4Experts): gpt-oss-120b's weights are ~61 GiB, 20b's ~13 GiB;
+  "triton_kernels": the same for one-token steps, and steps of 2+ tokens (DFlash verify, batched decode) on the
+             triton_kernels library in its own layout (TritonKernelsExperts: twice the experts' memory);
   "dequant": dequantised on load to the model dtype (mxfp4.py; CPU, and the reference), which in bf16 costs
              memory (4.25 -> 16 bits per expert weight):
   gpt-oss-20b:  20.9 B params = 39.0 GiB (experts 35.6 GiB, 9.5 GiB as MXFP4; the checkpoint is 12.8 GiB);
@@ -270,7 +272,48 @@ class Mxfp4Experts(nn.Module):
         return ref.requires_grad_(False)
 
 
-MOE_KERNELS = {"dequant": Experts, "triton": Mxfp4Experts}
+class TritonKernelsExperts(Mxfp4Experts):
+    """Mxfp4Experts whose steps of LIBRARY_MIN_TOKENS tokens or more run on triton_kernels' matmul_ogs (runtime/
+    triton_kernels_moe.py: the Triton MoE kernels vLLM runs gpt-oss on, in their Hopper layouts), and whose
+    one-token steps (batch-1 AR) stay on our gemv kernels, which are faster there. Measured on one gpt-oss-120b
+    MoE layer on an H200 (benchmarks/results/mxfp4_decode_h200/triton_kernels/): 1 token ours 0.049 ms vs 0.074;
+    a block of 10 0.333 vs 0.244 (uniform routing), 0.327 vs 0.150 (skewed); 4 sequences x 10 tokens 1.51 vs 0.53.
+    The price is memory: the library holds its own re-laid-out copy of the experts (``prepare``), so the experts
+    take twice their MXFP4 bytes (120b: 2 x 57 GiB on one GPU; split by tp_size like the rest)."""
+
+    LIBRARY_MIN_TOKENS = 2
+
+    def __init__(self, c: GptOssConfig, tp: TPGroup, ep_size: int, invariant: bool = False):
+        if invariant:
+            raise DFlashError("mxfp4_moe", "'triton_kernels' picks its tiles by the token count, so its results are "
+                              "not batch invariant", "use mxfp4_moe='triton' with batch_invariant")
+        super().__init__(c, tp, ep_size, invariant)
+        self.library = None
+
+    def prepare(self) -> None:
+        """Build the library's copy from the weights now in the parameters: after loading, before any step (never
+        inside a CUDA graph capture, which would record the copy instead of making it)."""
+        from .. import triton_kernels_moe  # imported only where this kernel was chosen
+        self.library = None                # the old copy's memory is free before the new one is made
+        self.library = triton_kernels_moe.MatmulOgsExperts(self)
+
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] < self.LIBRARY_MIN_TOKENS:
+            return super().forward(x, experts, weights)
+        if self.library is None:
+            raise DFlashError("mxfp4_moe", "'triton_kernels' experts ran before their library copy was made",
+                              "call gpt_oss.after_load(model) once the weights are in place")
+        return self.library(x, experts, weights)
+
+
+MOE_KERNELS = {"dequant": Experts, "triton": Mxfp4Experts, "triton_kernels": TritonKernelsExperts}
+
+
+def after_load(model: nn.Module) -> None:
+    """What the experts need once their weights are in place: the library copy of TritonKernelsExperts."""
+    for m in model.modules():
+        if isinstance(m, TritonKernelsExperts):
+            m.prepare()
 
 
 class MoE(nn.Module):

@@ -20,24 +20,26 @@ GROUP = 32  # values per scale
 # the largest E8M0 scale byte the Triton kernels decode (runtime/mxfp4_moe.py's tc variant keeps 2^(s - 65) in
 # bf16): 2^65 per group, far above any trained weight's (gpt-oss's are ~2^-8); 255 is E8M0's NaN
 MAX_SCALE = 192
-KERNELS = ("auto", "triton", "dequant")
+KERNELS = ("auto", "triton", "triton_kernels", "dequant")
 
 
 def resolve_kernel(setting: str, is_mxfp4: bool, device: torch.device) -> str:
-    """RuntimeConfig.mxfp4_moe -> "triton" (experts kept MXFP4, fused kernels) or "dequant" (bf16 on load).
+    """RuntimeConfig.mxfp4_moe -> "triton" (experts kept MXFP4, fused kernels), "triton_kernels" (the same, with
+    steps of 2+ tokens on the triton_kernels library: models/gpt_oss.TritonKernelsExperts) or "dequant" (bf16 on
+    load).
 
-    auto = "triton" for an MXFP4 checkpoint on CUDA, else "dequant"; an explicit "triton" off CUDA or on a
-    checkpoint without MXFP4 experts is an error, never a quiet switch to the other path. ``is_mxfp4``: the
+    auto = "triton" for an MXFP4 checkpoint on CUDA, else "dequant"; an explicit "triton" / "triton_kernels" off
+    CUDA or on a checkpoint without MXFP4 experts is an error, never a quiet switch to the other path. ``is_mxfp4``: the
     checkpoint's experts are MXFP4 (GptOssConfig.mxfp4)."""
     if setting not in KERNELS:
         raise DFlashError("mxfp4_moe", f"unknown value {setting!r}", f"use one of {', '.join(KERNELS)}")
     if setting == "auto":
         return "triton" if is_mxfp4 and device.type == "cuda" else "dequant"
-    if setting == "triton" and device.type != "cuda":
-        raise DFlashError("mxfp4_moe", f"'triton' runs on CUDA GPUs only, not on {device.type}",
+    if setting != "dequant" and device.type != "cuda":
+        raise DFlashError("mxfp4_moe", f"{setting!r} runs on CUDA GPUs only, not on {device.type}",
                           "use mxfp4_moe='dequant' (or 'auto') on this device")
-    if setting == "triton" and not is_mxfp4:
-        raise DFlashError("mxfp4_moe", "'triton' needs a checkpoint with MXFP4 experts (quantization_config."
+    if setting != "dequant" and not is_mxfp4:
+        raise DFlashError("mxfp4_moe", f"{setting!r} needs a checkpoint with MXFP4 experts (quantization_config."
                           "quant_method 'mxfp4'); this one has none", "use mxfp4_moe='dequant' (or 'auto')")
     return setting
 

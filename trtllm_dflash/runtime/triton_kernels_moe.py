@@ -1,29 +1,33 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The Triton MoE kernels vLLM runs gpt-oss on (``triton_kernels``, from triton-lang/triton's
-python/triton_kernels, as vLLM 0.26.0 vendors it) on the same MXFP4 experts as runtime/mxfp4_moe.py: the library
-side of ``gpt_oss_step --compare triton_kernels``.
+"""gpt-oss's MXFP4 experts on ``triton_kernels`` (triton-lang/triton's python/triton_kernels: the Triton MoE kernels
+vLLM runs gpt-oss on, as vLLM 0.26.0 vendors them), from the same bytes as runtime/mxfp4_moe.py.
 
 One MoE layer is two ``matmul_ogs`` calls over routing data built from our own ids and weights
 (``routing_from_bitmatrix``): fc1 gathers each token's rows, adds the bias and applies gpt-oss's SwiGLU to
 adjacent column pairs (gate, linear) in its epilogue; fc2 adds the bias, scales by the router weight and
-scatter-adds into the tokens' rows. The weights are ours, byte for byte: ``matmul_ogs`` wants W as [E, K, N]
-with the MXFP4 axis on K, which is our [E, N, K/2] blocks transposed (the interleaved gate/up rows already are
-its adjacent column pairs), then re-laid out for the GPU by the library's own default layouts
-(``make_default_matmul_mxfp4_w_layout`` / ``..._w_scale_layout``).
+scatter-adds into the tokens' rows. ``matmul_ogs`` wants W as [E, K, N] with the MXFP4 axis on K: our
+[E, N, K/2] blocks transposed (the interleaved gate/up rows already are its adjacent column pairs). On the GPU the
+library re-lays them out in its default Hopper layouts (``make_default_matmul_mxfp4_w_layout`` /
+``..._w_scale_layout``): a second copy of the experts' bytes, which is what makes it fast (on views of our
+tensors in its plain strided layout it measured 2-3x slower on an H200: ``strided=True``).
+
+Used by models/gpt_oss.TritonKernelsExperts (RuntimeConfig.mxfp4_moe = "triton_kernels") and by
+``gpt_oss_step --compare triton_kernels``.
 """
 from __future__ import annotations
 
 import torch
 
-from trtllm_dflash.runtime.models.gpt_oss import SWIGLU_ALPHA
+from ..errors import DFlashError
+from .models.gpt_oss import SWIGLU_ALPHA
 
-INSTALL = ("pip install a triton_kernels wheel built from triton-lang/triton python/triton_kernels (the copy vLLM "
-           "vendors as vllm/third_party/triton_kernels) on the GPU host")
-SCALE_K_MULTIPLE = 4    # on Hopper vLLM pads each row's scale groups to a multiple of 4 before the layout
+INSTALL = ("install a triton_kernels wheel on the GPU host (scripts/triton_kernels_wheel.sh builds one from the copy "
+           "vLLM vendors as vllm/third_party/triton_kernels)")
+SCALE_K_MULTIPLE = 4    # on Hopper vLLM pads each column's scale groups to a multiple of 4 before the layout
 
 
-def load():
-    """The triton_kernels modules this comparison calls, or a one-line SystemExit saying how to get them."""
+def load(field: str = "mxfp4_moe") -> dict:
+    """The triton_kernels modules this path calls; a DFlashError naming ``field`` when they do not import."""
     try:
         import triton_kernels.swiglu as swiglu
         from triton_kernels import matmul_ogs, routing, tensor
@@ -31,33 +35,37 @@ def load():
         from triton_kernels.numerics import InFlexData
         from triton_kernels.tensor_details import layout
     except ImportError as err:
-        raise SystemExit(f"--compare triton_kernels needs triton_kernels, not importable here ({err}); "
-                         f"{INSTALL}") from None
+        raise DFlashError(field, f"'triton_kernels' needs the triton_kernels package, not importable here ({err})",
+                          INSTALL) from None
     return dict(matmul_ogs=matmul_ogs, routing=routing, tensor=tensor, layout=layout, opt_flags=opt_flags,
                 swiglu=swiglu, InFlexData=InFlexData)
 
 
-def check_device(dev: torch.device) -> None:
+def check_device(dev: torch.device, field: str = "mxfp4_moe") -> None:
     """Its MXFP4 weight layouts are built for Hopper and later (sm90+)."""
     cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
     if cap is None or cap < (9, 0):
-        raise ValueError(f"--compare triton_kernels: its MXFP4 x bf16 MoE layouts need Hopper or later (sm90+), not "
-                         f"{dev} (compute capability {cap}); leave --compare off here")
+        raise DFlashError(field, f"'triton_kernels' needs a Hopper or later GPU (sm90+), not {dev} (compute "
+                          f"capability {cap})", "run it on an H100/H200/B200, or use mxfp4_moe='triton'")
 
 
 def layout(experts) -> dict:
-    """The experts' MXFP4 bytes in matmul_ogs's logical orientation (any device): w1 [E, H/2, 2I] and s1
+    """The experts' MXFP4 bytes in matmul_ogs's logical orientation (views, any device): w1 [E, H/2, 2I] and s1
     [E, H/32, 2I] (K first; columns the interleaved gate/up pairs as they are), w2 [E, I/2, H], s2 [E, I/32, H],
-    float32 biases b1 [E, 2I] and b2 [E, H]."""
+    float32 biases b1 [E, 2I] and b2 [E, H] (b2 None on the ranks that do not add it: moe_rank != 0)."""
     E, I = experts.num_local, experts.inter
     H = experts.down_proj_blocks.shape[1]
+    b2 = experts.down_proj_bias.detach().float().contiguous() if experts.moe_rank == 0 else None
     return {"H": H, "I": I,
             "w1": experts.gate_up_proj_blocks.reshape(E, 2 * I, H // 2).transpose(1, 2),
             "s1": experts.gate_up_proj_scales.transpose(1, 2),
             "w2": experts.down_proj_blocks.reshape(E, H, I // 2).transpose(1, 2),
             "s2": experts.down_proj_scales.transpose(1, 2),
-            "b1": experts.gate_up_proj_bias.detach().float().contiguous(),
-            "b2": experts.down_proj_bias.detach().float().contiguous()}
+            "b1": experts.gate_up_proj_bias.detach().float().contiguous(), "b2": b2}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def bitmatrix_words(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -69,23 +77,24 @@ def bitmatrix_words(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     return words.to(torch.int32)     # bit 31 wraps to the sign bit: the same 32 bits
 
 
-class TritonKernelsExperts:
+class MatmulOgsExperts:
     """Callable like Mxfp4Experts (x [N, H], ids, weights [N, k] -> [N, H]) on triton_kernels' matmul_ogs, from the
-    experts' own MXFP4 bytes (no requantisation). All experts on this GPU (no expert parallelism)."""
+    experts' own MXFP4 bytes (no requantisation). Whole experts on this rank (no expert parallelism); with the
+    intermediate dimension split (moe_tp > 1) it returns this rank's partial sum, as Mxfp4Experts does."""
 
-    def __init__(self, experts, tk=None, strided: bool = False):
+    def __init__(self, experts, tk: dict | None = None, strided: bool = False, field: str = "mxfp4_moe"):
         """``strided``: the weights as views of our own tensors in the library's plain strided layout (no copy, no
         scale padding) in place of its default Hopper layouts (a re-laid-out copy)."""
-        self.tk = tk = tk if tk is not None else load()
-        self.strided = strided
-        dev = experts.gate_up_proj_blocks.device
-        check_device(dev)
+        self.tk = tk = tk if tk is not None else load(field)
+        check_device(experts.gate_up_proj_blocks.device, field)
         if experts.num_local != experts.num_experts:
-            raise ValueError("--compare triton_kernels compares whole experts on one GPU; this rank holds "
-                             f"{experts.num_local} of {experts.num_experts}")
-        lay, self.E = layout(experts), experts.num_local
+            raise DFlashError(field, f"'triton_kernels' runs whole experts on each rank; this rank holds "
+                              f"{experts.num_local} of {experts.num_experts} (ep_size > 1)",
+                              "use ep_size 1 (the intermediate dimension may be split), or mxfp4_moe='triton'")
+        self.strided, self.E = strided, experts.num_local
+        lay = layout(experts)
         self.H = lay["H"]
-        # vLLM's Hopper settings for these kernels: no split-K (its default heuristics split small batches)
+        # vLLM's Hopper setting for these kernels: no split-K (its default heuristics split small batches)
         tk["opt_flags"].update_opt_flags_constraints({"split_k": 1})
         self.w1, self.pc1, s1 = self._weights(lay["w1"], lay["s1"])
         self.w2, self.pc2, s2 = self._weights(lay["w2"], lay["s2"])
@@ -93,13 +102,16 @@ class TritonKernelsExperts:
         mo = tk["matmul_ogs"]
         self.act = mo.FusedActivation(mo.FnSpecs("swiglu", tk["swiglu"].swiglu_fn, ("alpha", "limit")),
                                       (SWIGLU_ALPHA, float(experts.limit)), 2)
-        self.bytes_per_expert = sum(t.numel() * t.element_size() for t in (
-            lay["w1"], lay["w2"], s1, s2, self.b1, self.b2)) // self.E
+        biases = [b for b in (self.b1, self.b2) if b is not None]
+        self.bytes_per_expert = sum(_nbytes(t) for t in (lay["w1"], lay["w2"], s1, s2, *biases)) // self.E
+        # device memory it holds beyond our own tensors: float32 biases, and unless strided the re-laid-out copy
+        copies = [] if strided else [q.storage.data for q in (self.w1, self.w2, self.pc1.weight_scale,
+                                                               self.pc2.weight_scale)]
+        self.extra_bytes = sum(_nbytes(t) for t in (*copies, *biases))
 
     def _weights(self, w: torch.Tensor, s: torch.Tensor):
-        """One weight's values and scales in the library's GPU layouts, its precision config, the padded scales."""
-        tk = self.tk
-        t, lay = tk["tensor"], tk["layout"]
+        """One weight's values and scales in the library's layouts, its precision config, the scales it reads."""
+        t, lay, mo = self.tk["tensor"], self.tk["layout"], self.tk["matmul_ogs"]
         if self.strided:
             wq, sq = t.wrap_torch_tensor(w, dtype=t.FP4), t.wrap_torch_tensor(s)
         else:
@@ -109,8 +121,7 @@ class TritonKernelsExperts:
             scale_layout, scale_opts = lay.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
             wq = t.convert_layout(t.wrap_torch_tensor(w, dtype=t.FP4), value_layout, **value_opts)
             sq = t.convert_layout(t.wrap_torch_tensor(s), scale_layout, **scale_opts)
-        mo = tk["matmul_ogs"]
-        return wq, mo.PrecisionConfig(weight_scale=sq, flex_ctx=mo.FlexCtx(rhs_data=tk["InFlexData"]())), s
+        return wq, mo.PrecisionConfig(weight_scale=sq, flex_ctx=mo.FlexCtx(rhs_data=self.tk["InFlexData"]())), s
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         tk, (n, k) = self.tk, ids.shape

@@ -1,0 +1,254 @@
+# SPDX-License-Identifier: Apache-2.0
+"""runtime/triton_kernels_moe.py and mxfp4_moe='triton_kernels' on the CPU: a missing library is a one-line error
+(before the benchmark builds anything); the bytes handed to matmul_ogs (W as [E, K, N], MXFP4 along K, columns the
+interleaved gate/linear pairs) compute our experts under matmul_ogs's documented math (gather, x @ W + bias, SwiGLU
+on adjacent column pairs with alpha, the clamp and +1, then x @ W + bias, times the router weight, scatter-add);
+the routing mask has one bit per (token, expert); TritonKernelsExperts sends one-token steps to our kernels and
+longer ones to the library copy that after_load makes. The library's own kernels run on the GPU only
+(tests/runtime/test_mxfp4_moe.py's gpu tests)."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+import types
+
+import pytest
+import torch
+
+from trtllm_dflash.bench import gpt_oss_step
+from trtllm_dflash.bench.routing_trace import Routing
+from trtllm_dflash.config import RuntimeConfig
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.runtime import triton_kernels_moe
+from trtllm_dflash.runtime.models import gpt_oss, mxfp4
+from trtllm_dflash.runtime.kernels import TORCH
+from trtllm_dflash.runtime.models.gpt_oss import SWIGLU_ALPHA
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+@pytest.fixture
+def no_triton_kernels(monkeypatch):
+    for name in ("triton_kernels", "triton_kernels.swiglu"):
+        monkeypatch.setitem(sys.modules, name, None)   # import raises ImportError, installed or not
+
+
+def test_missing_library_is_a_one_line_error(no_triton_kernels):
+    with pytest.raises(DFlashError) as err:
+        triton_kernels_moe.load()
+    msg = str(err.value)
+    assert msg.startswith("mxfp4_moe: 'triton_kernels' needs the triton_kernels package") and "vllm/third_party" in msg
+    assert "\n" not in msg
+
+
+def test_benchmark_stops_before_building_when_the_library_is_missing(no_triton_kernels, monkeypatch):
+    monkeypatch.setattr(gpt_oss_step, "build", lambda *a, **k: pytest.fail("built the model before the check"))
+    with pytest.raises(SystemExit, match="^--compare triton_kernels: 'triton_kernels' needs the triton_kernels"):
+        gpt_oss_step.main(["--tiny", "--device", "cpu", "--compare", "triton_kernels"])
+
+
+def decode_k_major(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """MXFP4 packed along dim 1 (two K values per byte, low nibble first; one E8M0 scale per 32 K values):
+    w [E, K/2, N] uint8, s [E, K/32, N] uint8 -> [E, K, N] float64. Written from the OCP MX format, not ours."""
+    table = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64)
+    nibbles = torch.stack([w & 0xF, w >> 4], 2).flatten(1, 2).long()            # [E, K, N]
+    scale = torch.pow(2.0, s.double() - 127).repeat_interleave(32, 1)            # [E, K, N]
+    return table[nibbles] * scale
+
+
+def matmul_ogs_math(lay: dict, x, ids, weights, limit: float, swap_pairs: bool = False) -> torch.Tensor:
+    """Two matmul_ogs calls as the library defines them, float64, on the logical layout."""
+    w1, w2 = decode_k_major(lay["w1"], lay["s1"]), decode_k_major(lay["w2"], lay["s2"])   # [E, H, 2I], [E, I, H]
+    out = torch.zeros(x.shape[0], lay["H"], dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for e, w in zip(ids[t].tolist(), weights[t].double().tolist()):
+            h = x[t].double() @ w1[e] + lay["b1"][e].double()
+            gate, linear = (h[1::2], h[0::2]) if swap_pairs else (h[0::2], h[1::2])
+            gate, linear = gate.clamp(max=limit), linear.clamp(-limit, limit)
+            act = gate * torch.sigmoid(SWIGLU_ALPHA * gate) * (linear + 1)
+            out[t] += w * (act @ w2[e] + lay["b2"][e].double())
+    return out
+
+
+def test_layout_under_matmul_ogs_math_is_our_experts():
+    target, _ = gpt_oss_step.build("gpt-oss-20b", True, torch.device("cpu"), torch.float32, 32, "triton")
+    mx = target.layers[0].mlp.experts
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():   # weights large enough that the gates reach the clamp at 7 and the output is theirs
+        mx.gate_up_proj_scales.copy_(torch.randint(124, 128, mx.gate_up_proj_scales.shape, generator=g))
+        mx.down_proj_scales.copy_(torch.randint(118, 122, mx.down_proj_scales.shape, generator=g))
+        mx.gate_up_proj_bias.normal_(0.0, 1.0, generator=g)
+        mx.down_proj_bias.normal_(0.0, 0.05, generator=g)
+    lay = triton_kernels_moe.layout(mx)
+    H = I = 64
+    assert lay["w1"].shape == (4, H // 2, 2 * I) and lay["s1"].shape == (4, H // 32, 2 * I)
+    assert lay["w2"].shape == (4, I // 2, H) and lay["s2"].shape == (4, I // 32, H)
+    assert lay["b1"].dtype == lay["b2"].dtype == torch.float32
+    x = torch.randn(5, H, generator=g)
+    ids = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(5)])
+    weights = torch.softmax(torch.randn(5, 2, generator=g), -1)
+    ours = mx.dequantized(torch.float32)(x, ids, weights).double()
+    theirs = matmul_ogs_math(lay, x, ids, weights, mx.limit)
+    assert ((theirs - ours).norm() / ours.norm()).item() < 1e-5
+    h = x.double() @ decode_k_major(lay["w1"], lay["s1"])[0] + lay["b1"][0].double()
+    assert (h[:, 0::2] > mx.limit).any() and (h[:, 1::2].abs() > mx.limit).any()   # both clamps were exercised
+    # the pairs read the other way round are not our experts: the test can fail
+    wrong = matmul_ogs_math(lay, x, ids, weights, mx.limit, swap_pairs=True)
+    assert ((wrong - ours).norm() / ours.norm()).item() > 0.5
+
+
+def test_routing_mask_has_one_bit_per_token_expert():
+    ids = torch.tensor([[0, 31, 32, 127], [5, 63, 64, 100], [31, 30, 1, 96]])
+    words = triton_kernels_moe.bitmatrix_words(ids, 128)
+    assert words.dtype == torch.int32 and words.shape == (3, 4)
+    bits = words.view(torch.uint8).reshape(3, 4, 4)    # little-endian bytes of each word
+    got = [[w * 32 + b for w in range(4) for b in range(32) if (int(bits[r, w, b // 8]) >> (b % 8)) & 1]
+           for r in range(3)]
+    assert got == [sorted(row) for row in ids.tolist()]
+    assert triton_kernels_moe.bitmatrix_words(torch.tensor([[3, 9]]), 32).shape == (1, 1)
+
+
+def test_no_hopper_stops_the_run_and_a_refused_layer_is_an_error_row(monkeypatch):
+    monkeypatch.setattr(triton_kernels_moe, "load", lambda field: {})
+    monkeypatch.setattr(gpt_oss_step, "build", lambda *a, **k: pytest.fail("built the model before the check"))
+    with pytest.raises(SystemExit, match="^--compare triton_kernels compares against the MXFP4 kernels"):
+        gpt_oss_step.main(["--tiny", "--device", "cpu", "--compare", "triton_kernels"])
+    with pytest.raises(DFlashError, match=r"^mxfp4_moe: 'triton_kernels' needs a Hopper or later GPU \(sm90\+\)"):
+        triton_kernels_moe.check_device(torch.device("cpu"))
+    monkeypatch.undo()
+    target, _ = gpt_oss_step.build("gpt-oss-20b", True, torch.device("cpu"), torch.float32, 32, "triton")
+    rows = gpt_oss_step.moe_layer_vs_library(target, "triton_kernels", {}, [Routing()], [(1, 1)], 2, None)
+    assert rows == [{"error": "setup: DFlashError: --compare triton_kernels: 'triton_kernels' needs a Hopper or later "
+                              "GPU (sm90+), not cpu (compute capability None). Fix: run it on an H100/H200/B200, or "
+                              "use mxfp4_moe='triton'"}]
+
+
+def test_the_setting_is_checked_like_the_other_mxfp4_kernels():
+    assert RuntimeConfig(mxfp4_moe="triton_kernels").mxfp4_moe == "triton_kernels"
+    with pytest.raises(DFlashError, match="use auto, triton, triton_kernels or dequant"):
+        RuntimeConfig(mxfp4_moe="tk")
+    assert mxfp4.resolve_kernel("triton_kernels", True, torch.device("cuda")) == "triton_kernels"
+    with pytest.raises(DFlashError, match="^mxfp4_moe: 'triton_kernels' runs on CUDA GPUs only"):
+        mxfp4.resolve_kernel("triton_kernels", True, torch.device("cpu"))
+    with pytest.raises(DFlashError, match="^mxfp4_moe: 'triton_kernels' needs a checkpoint with MXFP4 experts"):
+        mxfp4.resolve_kernel("triton_kernels", False, torch.device("cuda"))
+    with pytest.raises(DFlashError, match="not batch invariant"):
+        gpt_oss_step.build("gpt-oss-20b", True, torch.device("cpu"), torch.float32, 32, "triton_kernels",
+                           kernels=dataclasses.replace(TORCH, batch_invariant=True))
+
+
+def test_one_token_runs_ours_longer_steps_the_library_copy_after_load_makes(monkeypatch):
+    made = []
+
+    class FakeLibrary:
+        def __init__(self, experts):
+            made.append(experts)
+
+        def __call__(self, x, ids, w):
+            return torch.full_like(x, 2.0)
+
+    monkeypatch.setattr(triton_kernels_moe, "MatmulOgsExperts", FakeLibrary)
+    monkeypatch.setattr(gpt_oss.Mxfp4Experts, "forward", lambda self, x, ids, w: torch.full_like(x, 1.0))
+    target, _ = gpt_oss_step.build("gpt-oss-20b", True, torch.device("cpu"), torch.float32, 32, "triton_kernels")
+    layers = [layer.mlp.experts for layer in target.layers]
+    assert made == layers and all(isinstance(e, gpt_oss.TritonKernelsExperts) for e in layers)   # build -> after_load
+    ex = layers[0]
+    ids, w = torch.tensor([[0, 1]] * 3), torch.full((3, 2), 0.5)
+    assert ex(torch.zeros(1, 64), ids[:1], w[:1]).unique().tolist() == [1.0]      # one token: our kernels
+    assert ex(torch.zeros(3, 64), ids, w).unique().tolist() == [2.0]              # 2+ tokens: the library
+    ex.library = None
+    with pytest.raises(DFlashError, match="ran before their library copy was made"):
+        ex(torch.zeros(3, 64), ids, w)
+
+
+def test_whole_experts_per_rank_only(monkeypatch):
+    monkeypatch.setattr(triton_kernels_moe, "check_device", lambda dev, field: None)
+    target, _ = gpt_oss_step.build("gpt-oss-20b", True, torch.device("cpu"), torch.float32, 32, "triton")
+    ex = target.layers[0].mlp.experts
+    monkeypatch.setattr(ex, "num_local", ex.num_experts // 2)
+    with pytest.raises(DFlashError, match=r"runs whole experts on each rank; this rank holds 2 of 4 \(ep_size > 1\)"):
+        triton_kernels_moe.MatmulOgsExperts(ex, tk={})
+
+
+# ---- GPU (``gpu`` marker, triton_kernels importable): the library's kernels against float64 ------------------
+needs_library = pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("triton_kernels") is None,
+                                   reason="needs a CUDA GPU and triton_kernels (scripts/triton_kernels_wheel.sh)")
+
+
+def experts_on_gpu(E, H, I, moe_rank=0, seed=0):
+    """An Mxfp4Experts-shaped object holding random_experts' tensors (what MatmulOgsExperts reads)."""
+    from tests.runtime.test_mxfp4_moe import LIMIT, random_experts
+    w = random_experts(E, H, I, torch.device("cuda"), seed)
+    ex = types.SimpleNamespace(num_local=E, num_experts=E, inter=I, moe_rank=moe_rank, limit=LIMIT,
+                               gate_up_proj_blocks=w["gu_blocks"], gate_up_proj_scales=w["gu_scales"],
+                               gate_up_proj_bias=w["gu_bias"], down_proj_blocks=w["dn_blocks"],
+                               down_proj_scales=w["dn_scales"], down_proj_bias=w["dn_bias"])
+    return ex, w
+
+
+@pytest.mark.gpu
+@needs_library
+@pytest.mark.parametrize("N", [1, 2, 10, 64, 300])
+@pytest.mark.parametrize("shape", ["gpt-oss-20b", "tp2_rank1"])
+def test_library_matches_float64(N, shape):
+    """gpt-oss-20b's experts (32 x 2880 x 2880), and a TP 2 rank that is not moe rank 0 (intermediate 1440, no
+    down bias): within 1e-2 of the float64 reference, as our kernels are (tests/runtime/test_mxfp4_moe.py)."""
+    from tests.runtime.compare import rel
+    from tests.runtime.test_mxfp4_moe import reference, routing
+    E, H, I, rank = (32, 2880, 2880, 0) if shape == "gpt-oss-20b" else (32, 2880, 1440, 1)
+    ex, w = experts_on_gpu(E, H, I, rank, seed=N)
+    lib = triton_kernels_moe.MatmulOgsExperts(ex)
+    ids, weights = routing(N, 4, E, torch.device("cuda"), seed=N + 1)
+    x = torch.randn(N, H, device="cuda").bfloat16()
+    got = lib(x, ids, weights)
+    want_w = w if rank == 0 else {**w, "dn_bias": torch.zeros_like(w["dn_bias"])}
+    assert got.shape == (N, H) and got.dtype == torch.bfloat16
+    assert rel(got, reference(x, ids, weights, want_w, 0)) < 1e-2
+
+
+@pytest.mark.gpu
+@needs_library
+def test_library_under_cuda_graph_replays_new_routing():
+    from tests.runtime.compare import rel
+    from tests.runtime.test_mxfp4_moe import reference, routing
+    E, H, I, N, dev = 16, 2880, 2880, 10, torch.device("cuda")
+    ex, w = experts_on_gpu(E, H, I)
+    lib = triton_kernels_moe.MatmulOgsExperts(ex)
+    ids, weights = routing(N, 4, E, dev, 1)
+    x = torch.randn(N, H, device=dev).bfloat16()
+    lib(x, ids, weights)   # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = lib(x, ids, weights)
+    for seed in (2, 3):   # new routing and activations in the same buffers: the graph must follow them
+        new_ids, new_w = routing(N, 4, E, dev, seed)
+        ids.copy_(new_ids), weights.copy_(new_w), x.normal_()
+        graph.replay()
+        assert rel(out, reference(x, ids, weights, w, 0)) < 1e-2
+
+
+@pytest.mark.gpu
+@needs_library
+def test_engine_runs_dflash_on_the_library_and_matches_its_float64_greedy(tmp_path):
+    """A small random MXFP4 gpt-oss served by the engine with mxfp4_moe='triton_kernels' in bf16 (the library takes
+    bf16 activations): the engine builds the library copy at load and runs DFlash's verify blocks on it, AR's
+    single tokens on our kernels. The two round differently, so token-for-token equality is the batch-invariant
+    mode's promise (which this setting refuses), not this one's; a wrong library result (a swapped gate/linear
+    pair, a wrong expert) derails every prompt within a few tokens, so 2 of 3 prompts must agree over 20 tokens."""
+    from trtllm_dflash.config import RuntimeConfig, SamplingParams
+    from trtllm_dflash.runtime.engine import Engine
+    from trtllm_dflash.testing import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
+    target = write_tiny_gpt_oss(tmp_path / "t", mxfp4=True, seed=1)
+    drafter = write_gpt_oss_drafter(target, tmp_path / "d")
+    g = torch.Generator().manual_seed(0)
+    ps = [torch.randint(2, VOCAB - 2, (n,), generator=g).tolist() for n in (3, 17, 30)]
+    cfg = dict(max_seq_len=128, max_batch_size=2, device="cuda", dtype="bfloat16", mxfp4_moe="triton_kernels")
+    sp = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    ar = Engine.from_dirs(target, None, RuntimeConfig(block_size=1, **cfg))
+    df = Engine.from_dirs(target, drafter, RuntimeConfig(**cfg))
+    assert type(df.target.layers[0].mlp.experts).__name__ == "TritonKernelsExperts"
+    assert df.target.layers[0].mlp.experts.library is not None
+    out_ar, out_df = ar.generate(ps, sp), df.generate(ps, sp)
+    same = sum(a.output_ids == d.output_ids for a, d in zip(out_ar, out_df))
+    assert same >= 2, [(a.output_ids, d.output_ids) for a, d in zip(out_ar, out_df)]
