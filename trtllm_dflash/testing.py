@@ -78,15 +78,16 @@ def write_tiny_pair_with_tokenizer(root: Path, tokenizer_dir: Path) -> tuple[Pat
     return target, drafter
 
 
-def write_tiny_gpt_oss(out: Path, *, heads=4, kv_heads=2, intermediate=64, mxfp4=False, seed=0) -> Path:
+def write_tiny_gpt_oss(out: Path, *, heads=4, kv_heads=2, intermediate=64, hidden=64, mxfp4=False, seed=0) -> Path:
     """A random 4-layer GptOssForCausalLM (sliding window 8 / full alternating, 4 experts top-2, YaRN) saved by
     transformers. mxfp4=True stores the experts as MXFP4 blocks/scales instead, with the HF reference weights
-    being transformers' own dequantisation of them (so the MXFP4 layout is checked against transformers)."""
+    being transformers' own dequantisation of them (so the MXFP4 layout is checked against transformers).
+    ``hidden``: 64 by default; the triton_kernels experts need their outputs' tiles full (hidden 256)."""
     import transformers
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     cfg = transformers.GptOssConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=intermediate, num_hidden_layers=4, num_attention_heads=heads,
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=4, num_attention_heads=heads,
         num_key_value_heads=kv_heads, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
         sliding_window=GPT_OSS_WINDOW, max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=VOCAB - 2, pad_token_id=0,
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "beta_fast": 32.0,
@@ -101,7 +102,7 @@ def write_tiny_gpt_oss(out: Path, *, heads=4, kv_heads=2, intermediate=64, mxfp4
                 p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.dim() < 2 or "router" in name else 0.2))
         if mxfp4:
             for i, layer in enumerate(model.model.layers):
-                for proj, rows, cols in (("gate_up_proj", 2 * intermediate, 64), ("down_proj", 64, intermediate)):
+                for proj, rows, cols in (("gate_up_proj", 2 * intermediate, hidden), ("down_proj", hidden, intermediate)):
                     b = torch.randint(0, 256, (4, rows, cols // 32, 16), dtype=torch.uint8, generator=g)
                     s = torch.randint(121, 124, (4, rows, cols // 32), dtype=torch.uint8, generator=g)
                     getattr(layer.mlp.experts, proj).copy_(convert_moe_packed_tensors(b, s, dtype=torch.float32))

@@ -98,6 +98,25 @@ def test_layout_under_matmul_ogs_math_is_our_experts():
     assert ((wrong - ours).norm() / ours.norm()).item() > 0.5
 
 
+def test_an_intermediate_size_off_the_library_multiple_is_padded_with_zero_pairs():
+    """A TP-2 rank of gpt-oss holds intermediate 1440, not a multiple of 64: the layout appends zero gate/linear
+    pairs and zero down rows (here 96 -> 128), which contribute nothing: still our experts, within float64 noise."""
+    from tests.runtime.test_mxfp4_moe import reference
+    E, H, I = 4, 64, 96
+    ex, w = experts_on(torch.device("cpu"), E, H, I)
+    lay = triton_kernels_moe.layout(ex)
+    assert lay["Ip"] == 128 and lay["w1"].shape == (E, H // 2, 256) and lay["w2"].shape == (E, 64, H)
+    assert lay["s1"].shape == (E, H // 32, 256) and lay["s2"].shape == (E, 4, H) and lay["b1"].shape == (E, 256)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:2] for _ in range(5)])
+    weights = torch.softmax(torch.randn(5, 2, generator=g), -1)
+    theirs = matmul_ogs_math(lay, x, ids, weights, ex.limit)
+    ours = reference(x, ids, weights, w, 0)
+    assert ((theirs - ours).norm() / ours.norm()).item() < 1e-12
+    assert triton_kernels_moe.layout(experts_on(torch.device("cpu"), E, H, 128)[0])["w1"]._base is not None   # a view
+
+
 def test_routing_mask_has_one_bit_per_token_expert():
     ids = torch.tensor([[0, 31, 32, 127], [5, 63, 64, 100], [31, 30, 1, 96]])
     words = triton_kernels_moe.bitmatrix_words(ids, 128)
@@ -177,9 +196,13 @@ needs_library = pytest.mark.skipif(not torch.cuda.is_available() or importlib.ut
 
 
 def experts_on_gpu(E, H, I, moe_rank=0, seed=0):
+    return experts_on(torch.device("cuda"), E, H, I, moe_rank, seed)
+
+
+def experts_on(device, E, H, I, moe_rank=0, seed=0):
     """An Mxfp4Experts-shaped object holding random_experts' tensors (what MatmulOgsExperts reads)."""
     from tests.runtime.test_mxfp4_moe import LIMIT, random_experts
-    w = random_experts(E, H, I, torch.device("cuda"), seed)
+    w = random_experts(E, H, I, device, seed)
     ex = types.SimpleNamespace(num_local=E, num_experts=E, inter=I, moe_rank=moe_rank, limit=LIMIT,
                                gate_up_proj_blocks=w["gu_blocks"], gate_up_proj_scales=w["gu_scales"],
                                gate_up_proj_bias=w["gu_bias"], down_proj_blocks=w["dn_blocks"],
@@ -192,8 +215,8 @@ def experts_on_gpu(E, H, I, moe_rank=0, seed=0):
 @pytest.mark.parametrize("N", [1, 2, 10, 64, 300])
 @pytest.mark.parametrize("shape", ["gpt-oss-20b", "tp2_rank1"])
 def test_library_matches_float64(N, shape):
-    """gpt-oss-20b's experts (32 x 2880 x 2880), and a TP 2 rank that is not moe rank 0 (intermediate 1440, no
-    down bias): within 1e-2 of the float64 reference, as our kernels are (tests/runtime/test_mxfp4_moe.py)."""
+    """gpt-oss-20b's experts (32 x 2880 x 2880), and a TP 2 rank that is not moe rank 0 (intermediate 1440, padded
+    to 1472; no down bias): within 1e-2 of the float64 reference, as our kernels are (test_mxfp4_moe.py)."""
     from tests.runtime.compare import rel
     from tests.runtime.test_mxfp4_moe import reference, routing
     E, H, I, rank = (32, 2880, 2880, 0) if shape == "gpt-oss-20b" else (32, 2880, 1440, 1)
@@ -239,7 +262,8 @@ def test_engine_runs_dflash_on_the_library_and_matches_its_float64_greedy(tmp_pa
     from trtllm_dflash.config import RuntimeConfig, SamplingParams
     from trtllm_dflash.runtime.engine import Engine
     from trtllm_dflash.testing import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
-    target = write_tiny_gpt_oss(tmp_path / "t", mxfp4=True, seed=1)
+    # hidden 256 and intermediate 128: the library's Hopper kernels take 256-wide output tiles at 8 warps
+    target = write_tiny_gpt_oss(tmp_path / "t", mxfp4=True, seed=1, hidden=256, intermediate=128)
     drafter = write_gpt_oss_drafter(target, tmp_path / "d")
     g = torch.Generator().manual_seed(0)
     ps = [torch.randint(2, VOCAB - 2, (n,), generator=g).tolist() for n in (3, 17, 30)]

@@ -24,6 +24,9 @@ from .models.gpt_oss import SWIGLU_ALPHA
 INSTALL = ("install a triton_kernels wheel on the GPU host (scripts/triton_kernels_wheel.sh builds one from the copy "
            "vLLM vendors as vllm/third_party/triton_kernels)")
 SCALE_K_MULTIPLE = 4    # on Hopper vLLM pads each column's scale groups to a multiple of 4 before the layout
+# vLLM rounds the intermediate size up to a multiple of 64 for these kernels: a TP-2 rank of gpt-oss (1440) read
+# unpadded measured 10% off float64 on an H200; zero columns / rows make the padding contribute nothing
+INTER_MULTIPLE = 64
 
 
 def load(field: str = "mxfp4_moe") -> dict:
@@ -50,18 +53,27 @@ def check_device(dev: torch.device, field: str = "mxfp4_moe") -> None:
 
 
 def layout(experts) -> dict:
-    """The experts' MXFP4 bytes in matmul_ogs's logical orientation (views, any device): w1 [E, H/2, 2I] and s1
-    [E, H/32, 2I] (K first; columns the interleaved gate/up pairs as they are), w2 [E, I/2, H], s2 [E, I/32, H],
-    float32 biases b1 [E, 2I] and b2 [E, H] (b2 None on the ranks that do not add it: moe_rank != 0)."""
+    """The experts' MXFP4 bytes in matmul_ogs's logical orientation (any device): w1 [E, H/2, 2Ip] and s1
+    [E, H/32, 2Ip] (K first; columns the interleaved gate/up pairs as they are), w2 [E, Ip/2, H], s2 [E, Ip/32, H],
+    float32 biases b1 [E, 2Ip] and b2 [E, H] (b2 None on the ranks that do not add it: moe_rank != 0). Ip: the
+    intermediate size I rounded up to INTER_MULTIPLE with zero pairs (views of our tensors where I already is)."""
     E, I = experts.num_local, experts.inter
     H = experts.down_proj_blocks.shape[1]
+    pad = -I % INTER_MULTIPLE
     b2 = experts.down_proj_bias.detach().float().contiguous() if experts.moe_rank == 0 else None
-    return {"H": H, "I": I,
-            "w1": experts.gate_up_proj_blocks.reshape(E, 2 * I, H // 2).transpose(1, 2),
-            "s1": experts.gate_up_proj_scales.transpose(1, 2),
-            "w2": experts.down_proj_blocks.reshape(E, H, I // 2).transpose(1, 2),
-            "s2": experts.down_proj_scales.transpose(1, 2),
-            "b1": experts.gate_up_proj_bias.detach().float().contiguous(), "b2": b2}
+
+    def cols(t: torch.Tensor, n: int) -> torch.Tensor:   # n zero columns after the last dim (a view when n is 0)
+        return torch.nn.functional.pad(t, (0, n)) if n else t
+
+    def rows(t: torch.Tensor, n: int) -> torch.Tensor:   # n zero rows after dim 1
+        return torch.nn.functional.pad(t, (0, 0, 0, n)) if n else t
+
+    return {"H": H, "I": I, "Ip": I + pad,
+            "w1": cols(experts.gate_up_proj_blocks.reshape(E, 2 * I, H // 2).transpose(1, 2), 2 * pad),
+            "s1": cols(experts.gate_up_proj_scales.transpose(1, 2), 2 * pad),
+            "w2": rows(experts.down_proj_blocks.reshape(E, H, I // 2).transpose(1, 2), pad // 2),
+            "s2": rows(experts.down_proj_scales.transpose(1, 2), pad // 32),
+            "b1": cols(experts.gate_up_proj_bias.detach().float(), 2 * pad).contiguous(), "b2": b2}
 
 
 def _nbytes(t: torch.Tensor) -> int:
