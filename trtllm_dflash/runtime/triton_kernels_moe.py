@@ -56,24 +56,23 @@ def layout(experts) -> dict:
     """The experts' MXFP4 bytes in matmul_ogs's logical orientation (any device): w1 [E, H/2, 2Ip] and s1
     [E, H/32, 2Ip] (K first; columns the interleaved gate/up pairs as they are), w2 [E, Ip/2, H], s2 [E, Ip/32, H],
     float32 biases b1 [E, 2Ip] and b2 [E, H] (b2 None on the ranks that do not add it: moe_rank != 0). Ip: the
-    intermediate size I rounded up to INTER_MULTIPLE with zero pairs (views of our tensors where I already is)."""
+    intermediate size I rounded up to INTER_MULTIPLE with zero pairs (views of our tensors where I already is).
+    The packed K stays the stride-1 dimension: the library finds the packed axis by its stride."""
     E, I = experts.num_local, experts.inter
     H = experts.down_proj_blocks.shape[1]
     pad = -I % INTER_MULTIPLE
     b2 = experts.down_proj_bias.detach().float().contiguous() if experts.moe_rank == 0 else None
 
-    def cols(t: torch.Tensor, n: int) -> torch.Tensor:   # n zero columns after the last dim (a view when n is 0)
-        return torch.nn.functional.pad(t, (0, n)) if n else t
+    def zeros_after(t: torch.Tensor, dim: int, n: int) -> torch.Tensor:   # [E, ...]: n zero slices after ``dim``
+        return torch.cat([t, t.new_zeros(*t.shape[:dim], n, *t.shape[dim + 1:])], dim) if n else t
 
-    def rows(t: torch.Tensor, n: int) -> torch.Tensor:   # n zero rows after dim 1
-        return torch.nn.functional.pad(t, (0, 0, 0, n)) if n else t
-
+    # padded in our orientation ([E, outputs, K]), then transposed: K keeps stride 1
     return {"H": H, "I": I, "Ip": I + pad,
-            "w1": cols(experts.gate_up_proj_blocks.reshape(E, 2 * I, H // 2).transpose(1, 2), 2 * pad),
-            "s1": cols(experts.gate_up_proj_scales.transpose(1, 2), 2 * pad),
-            "w2": rows(experts.down_proj_blocks.reshape(E, H, I // 2).transpose(1, 2), pad // 2),
-            "s2": rows(experts.down_proj_scales.transpose(1, 2), pad // 32),
-            "b1": cols(experts.gate_up_proj_bias.detach().float(), 2 * pad).contiguous(), "b2": b2}
+            "w1": zeros_after(experts.gate_up_proj_blocks.reshape(E, 2 * I, H // 2), 1, 2 * pad).transpose(1, 2),
+            "s1": zeros_after(experts.gate_up_proj_scales, 1, 2 * pad).transpose(1, 2),
+            "w2": zeros_after(experts.down_proj_blocks.reshape(E, H, I // 2), 2, pad // 2).transpose(1, 2),
+            "s2": zeros_after(experts.down_proj_scales, 2, pad // 32).transpose(1, 2),
+            "b1": zeros_after(experts.gate_up_proj_bias.detach().float(), 1, 2 * pad).contiguous(), "b2": b2}
 
 
 def _nbytes(t: torch.Tensor) -> int:
