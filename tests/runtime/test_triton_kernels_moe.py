@@ -257,12 +257,14 @@ def test_library_under_cuda_graph_replays_new_routing():
 
 @pytest.mark.gpu
 @needs_library
-def test_engine_serves_dflash_on_the_library(tmp_path, monkeypatch):
+def test_engine_serves_dflash_on_the_library(tmp_path):
     """A small random MXFP4 gpt-oss (hidden 256, intermediate 128: the library's Hopper kernels take 256-wide output
     tiles at 8 warps) served by the engine with mxfp4_moe='triton_kernels' in bf16: the engine makes the library copy
-    at load, prefill and DFlash's verify blocks run on it, AR's single tokens on our kernels. Those two round
-    differently, so AR and DFlash agree on the first token (both prefill on the library) and may part at a bf16
-    near-tie later; with every step on the library (LIBRARY_MIN_TOKENS 1) DFlash equals AR token for token."""
+    at load, prefill and DFlash's verify blocks run on it, AR's single tokens on our kernels; AR and DFlash agree on
+    the first token (both prefill on the library). Token-for-token equality in bf16 is the batch-invariant mode's
+    promise, which this setting refuses: outside it the step's kernels (GEMM tiles, attention splits, the experts)
+    round a row differently with the token count (measured on an H200: even with every expert step on the library,
+    one prompt of three parted at its 10th token), so the library's accuracy is what the float64 tests pin."""
     from trtllm_dflash.config import RuntimeConfig, SamplingParams
     from trtllm_dflash.runtime.engine import Engine
     from trtllm_dflash.testing import VOCAB, write_gpt_oss_drafter, write_tiny_gpt_oss
@@ -272,16 +274,9 @@ def test_engine_serves_dflash_on_the_library(tmp_path, monkeypatch):
     ps = [torch.randint(2, VOCAB - 2, (n,), generator=g).tolist() for n in (3, 17, 30)]
     cfg = dict(max_seq_len=128, max_batch_size=2, device="cuda", dtype="bfloat16", mxfp4_moe="triton_kernels")
     sp = SamplingParams(max_new_tokens=20, ignore_eos=True)
-
-    def both():
-        ar = Engine.from_dirs(target, None, RuntimeConfig(block_size=1, **cfg))
-        df = Engine.from_dirs(target, drafter, RuntimeConfig(**cfg))
-        assert type(df.target.layers[0].mlp.experts).__name__ == "TritonKernelsExperts"
-        assert df.target.layers[0].mlp.experts.library is not None
-        return [o.output_ids for o in ar.generate(ps, sp)], [o.output_ids for o in df.generate(ps, sp)]
-
-    out_ar, out_df = both()
+    ar = Engine.from_dirs(target, None, RuntimeConfig(block_size=1, **cfg))
+    df = Engine.from_dirs(target, drafter, RuntimeConfig(**cfg))
+    assert type(df.target.layers[0].mlp.experts).__name__ == "TritonKernelsExperts"
+    assert df.target.layers[0].mlp.experts.library is not None
+    out_ar, out_df = [o.output_ids for o in ar.generate(ps, sp)], [o.output_ids for o in df.generate(ps, sp)]
     assert all(len(a) == len(d) == 20 and a[0] == d[0] for a, d in zip(out_ar, out_df)), (out_ar, out_df)
-    monkeypatch.setattr(gpt_oss.TritonKernelsExperts, "LIBRARY_MIN_TOKENS", 1)
-    out_ar, out_df = both()
-    assert out_df == out_ar
