@@ -251,12 +251,15 @@ def render_headline(results: Path) -> str:
                 f"{before['humaneval']['tau_greedy']:.2f} / {before['mtbench']['tau_greedy']:.2f})",
                 provenance_note(_load(results, name), name))
 
-    def gpt_oss():
-        name = "gpt_oss_120b_step_h100.json"
-        d = _load(results, name)
-        s = d["summary"]
+    def gpt_oss_triton_kernels():
+        name, base = (f"mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_{e}_h200.json"
+                      for e in ("triton_kernels", "triton"))
+        s, b = _load(results, name)["summary"], _load(results, base)["summary"]
         return (f"AR {_ms(s['ar_b1_step_ms'])} ms, DFlash {_ms(s['dflash_b1_step_ms'])} ms (block {s['block_size']}): "
-                f"DFlash pays above {s['break_even_tokens_b1']:.1f} accepted tokens per step", provenance_note(d, name))
+                f"break-even {s['break_even_tokens_b1']:.1f} accepted tokens per step under uniform routing, "
+                f"{s['break_even_tokens_b1_skewed']:.1f} under skewed (our kernels alone, same run: "
+                f"{b['break_even_tokens_b1']:.1f} / {b['break_even_tokens_b1_skewed']:.1f})",
+                provenance_note(_load(results, name), name))
 
     def drafter_run():
         name = DRAFTER_RUN + "/summary.json"
@@ -297,7 +300,8 @@ def render_headline(results: Path) -> str:
     row(f"SmolLM2-135M + {smollm2_drafter(results, d, 'drafter', e2e_name)}, one {gpu}, in-process, "
         "HumanEval: DFlash (adaptive policy) over AR, tokens/s per user", lambda: e2e(e2e_name))
     row(f"how the shipped drafter ({list(DRAFTER_RUNS)[-1]}) was made", drafter_run)
-    row("gpt-oss-120b decode step at batch 1, one H100 (MXFP4 experts, Triton kernels)", gpt_oss)
+    row("gpt-oss-120b decode step at batch 1, one H200, `mxfp4_moe=\"triton_kernels\"` (our expert kernels at one "
+        "token, vLLM's Triton MoE kernels for the verify block)", gpt_oss_triton_kernels)
     return "\n".join([*_table_head("measured", "figure", "source"), *rows]) + "\n"
 
 
@@ -1083,7 +1087,8 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("mxfp4_decode_h200/tc/gpu_tests_mxfp4_head_h200.json", "mxfp4_decode_h200/tc/gpu_tests_mxfp4_tc_h200.json", "mxfp4_decode_h200/tc/gpu_tests_mxfp4_b5fed6f_h200.json",
+    files = ("mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_h200.json",
+             "mxfp4_decode_h200/tc/gpu_tests_mxfp4_head_h200.json", "mxfp4_decode_h200/tc/gpu_tests_mxfp4_tc_h200.json", "mxfp4_decode_h200/tc/gpu_tests_mxfp4_b5fed6f_h200.json",
              "mxfp4_decode_h200/gemv_block/gpu_tests_mxfp4_gemv_block_h200.json",
              "mxfp4_decode_h200/one_pair/gpu_tests_mxfp4_gpt_oss_h200.json",
              "mxfp4_decode_h200/one_pair/gpu_tests_mxfp4_one_pair_h200.json",
@@ -1224,6 +1229,31 @@ def render_training(results: Path) -> str:
             f"{loss:.2f} and the block accuracy {acc:.3f}.\n")
 
 
+def render_moe_libraries(results: Path) -> str:
+    """One gpt-oss-120b MoE layer on our MXFP4 kernels and on vLLM's Triton MoE kernels (gpt_oss_step --compare)."""
+    name = "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_vs_triton_kernels_layouts_h200.json"
+    d = _load(results, name)
+    hopper, strided = d["moe_layer_vs_triton_kernels"], d["moe_layer_vs_triton_kernels_strided"]
+    lines = _table_head("routing", "sequences x tokens", "distinct experts", "ours ms (of HBM bandwidth)",
+                        "triton_kernels, its Hopper layout", "triton_kernels on our bytes (strided)", "library speed-up")
+    for h, s in zip(hopper, strided):
+        lines.append(f"| {h['routing']} | {h['batch']} x {h['block_size']} | {h['distinct_experts']} | "
+                     f"{h['ours_ms']:.3f} ({_pct(h['ours_bandwidth_fraction'])}) | "
+                     f"{h['triton_kernels_ms']:.3f} ({_pct(h['triton_kernels_bandwidth_fraction'])}) | "
+                     f"{s['triton_kernels_strided_ms']:.3f} ({_pct(s['triton_kernels_strided_bandwidth_fraction'])}) | "
+                     f"{h['ours_ms'] / h['triton_kernels_ms']:.2f}x |")
+    worst = max(max(r["rel_diff"] for r in rows) for rows in (hopper, strided))
+    return ("**One gpt-oss-120b MoE layer, ours vs a library** (`python -m trtllm_dflash.bench.gpt_oss_step --target "
+            "gpt-oss-120b --compare triton_kernels,triton_kernels_strided --compare_only`, the Triton MoE kernels vLLM "
+            "runs gpt-oss on, as vLLM 0.26.0 vendors them; same MXFP4 bytes and routing traces, CUDA graphs, "
+            f"{provenance_note(d, name)}; outputs within {worst:.1e} of each other, norm-relative). The library wins "
+            "from two tokens up and loses at one; on views of our bytes in its plain layout it is 2-3x slower than in "
+            "its own, so `mxfp4_moe=\"triton_kernels\"` pays a second copy of the experts for it. "
+            "FlashInfer's fused MoE (`--compare flashinfer`) is wired but not measured yet: its sm90 MoE module "
+            "JIT-compiles all of its CUTLASS grouped-GEMM instantiations with the host's nvcc on first use.\n\n"
+            + "\n".join(lines) + "\n")
+
+
 def render_gpt_oss_mxfp4(results: Path) -> str:
     """gpt-oss step cost with MXFP4 experts: before the decode kernels (torch attention, 5-kernel experts) and after."""
     files = (("gpt-oss-20b", "H100", "before", "gpt_oss_20b_step_h100_mxfp4.json"),
@@ -1233,13 +1263,16 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
              ("gpt-oss-120b", "H200", "after (A/B base)", "mxfp4_decode_h200/gpt_oss_120b_step_prev_h200.json"),
              ("gpt-oss-120b", "H200", "+ PTX E2M1 decode", "mxfp4_decode_h200/gpt_oss_120b_step_h200.json"),
              ("gpt-oss-120b", "H200", "+ one-pair K loop", "mxfp4_decode_h200/one_pair/gpt_oss_120b_step_h200.json"),
-             ("gpt-oss-120b", "H200", "+ verify block on gemv", "mxfp4_decode_h200/gemv_block/gpt_oss_120b_step_h200.json"))
+             ("gpt-oss-120b", "H200", "+ verify block on gemv", "mxfp4_decode_h200/gemv_block/gpt_oss_120b_step_h200.json"),
+             ("gpt-oss-120b", "H200", "gemv, A/B base", "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_h200.json"),
+             ("gpt-oss-120b", "H200", "+ triton_kernels for 2+ tokens",
+              "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_kernels_h200.json"))
     lines = _table_head("target, GPU", "decode kernels", "AR step b=1 (roofline)", "DFlash step b=1 (roofline)",
                         "break-even tokens b=1", "kernels per AR step", "experts: us per distinct expert AR / DFlash")
     notes = []
 
-    def profile(d, step):
-        return d.get("profile_triton_" + step + "_b1") or {}
+    def profile(d, step):   # gpt_oss_step.profile_key of the run's experts backend
+        return d.get(f"profile_{d.get('experts', 'triton')}_{step}_b1") or {}
 
     for model, gpu, when, name in files:
         d = _load(results, name)
@@ -1259,7 +1292,10 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
             "HBM in the step (the distinct experts its tokens chose, at MXFP4 size; random routing is near the worst "
             "case) over the copy bandwidth measured in the same run. The first two 120b rows ran on different GPUs "
             "(H200 4.3 TB/s before, H100 3.0 TB/s after): compare their roofline fractions, not their times; the "
-            "next two are one A/B on one H200, minutes apart, the last two ran on other H200s of the same kind "
+            "next two are one A/B on one H200, minutes apart, the two after ran on other H200s of the same kind, and the "
+            "last two are one A/B in one run on one H200: `mxfp4_moe=\"triton_kernels\"` runs the steps of 2+ tokens on "
+            "vLLM's Triton MoE kernels (the triton_kernels package, in its Hopper layout: twice the experts' memory) "
+            "and keeps our gemv for one token, where it is faster "
             "(`benchmarks/results/mxfp4_decode_h200/README.md`). "
             f"Under the skewed routing of the last row's file (Zipf {skew['zipf']}, reuse {skew['reuse']}) the DFlash "
             f"step is {_ms(last['dflash_b1_step_ms_skewed'])} ms, break-even {last['break_even_tokens_b1_skewed']:.1f}. "
@@ -1416,6 +1452,7 @@ RENDERERS = {
     "tp_allreduce": render_tp_allreduce,
     "gpt_oss": render_gpt_oss,
     "gpt_oss_mxfp4": render_gpt_oss_mxfp4,
+    "moe_libraries": render_moe_libraries,
     "sweep": render_sweep,
     "sweep_v2": render_sweep_v2,
     "cuda_check": render_cuda_check,
