@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from tests.runtime.compare import clamping_tiny_experts
 from trtllm_dflash.bench import flashinfer_moe, gpt_oss_step
 from trtllm_dflash.runtime.models import mxfp4
 from trtllm_dflash.runtime.models.gpt_oss import SWIGLU_ALPHA
@@ -52,22 +53,12 @@ def flashinfer_math(lay: dict, x, ids, weights, limit: float) -> torch.Tensor:
 
 
 def test_layout_under_flashinfer_math_is_our_experts():
-    target, _ = gpt_oss_step.build("gpt-oss-20b", True, torch.device("cpu"), torch.float32, 32, "triton")
-    mx = target.layers[0].mlp.experts
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():   # weights large enough that the gates reach the clamp at 7 and the output is theirs
-        mx.gate_up_proj_scales.copy_(torch.randint(124, 128, mx.gate_up_proj_scales.shape, generator=g))
-        mx.down_proj_scales.copy_(torch.randint(118, 122, mx.down_proj_scales.shape, generator=g))
-        mx.gate_up_proj_bias.normal_(0.0, 1.0, generator=g)
-        mx.down_proj_bias.normal_(0.0, 0.05, generator=g)
+    mx, x, ids, weights = clamping_tiny_experts()
     lay = flashinfer_moe.layout(mx)
     H, I = 64, 64
     assert (lay["Hp"], lay["Ip"]) == (128, 128)                   # tiny sizes are padded: the padding is tested
     assert lay["w1"].shape == (4, 256, 64) and lay["s1"].shape == (4, 256, 4) and lay["b1"].shape == (4, 256)
     assert lay["w2"].shape == (4, 128, 64) and lay["s2"].shape == (4, 128, 4) and lay["b2"].shape == (4, 128)
-    x = torch.randn(5, H, generator=g)
-    ids = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(5)])
-    weights = torch.softmax(torch.randn(5, 2, generator=g), -1)
     ours = mx.dequantized(torch.float32)(x, ids, weights).double()
     theirs = flashinfer_math(lay, x, ids, weights, mx.limit)
     assert ((theirs - ours).norm() / ours.norm()).item() < 1e-5

@@ -88,3 +88,22 @@ def job_failure(proc, tail: int = 2000) -> str:
     marked = [ln for ln in text.splitlines() if any(m in ln for m in ERROR_MARKS)]
     return (f"exit code {proc.returncode}\n-- lines that look like errors ({len(marked)}):\n" + "\n".join(marked[:60])
             + f"\n-- the last {tail} characters:\n" + text[-tail:])
+
+
+def clamping_tiny_experts():
+    """Layer 0's MXFP4 experts of the tiny gpt-oss-20b (4 experts, hidden = intermediate = 64), with weights large
+    enough that the gates reach the SwiGLU clamp at 7 (so a library's clamp is exercised), and 5 tokens' x, top-2
+    ids and routing weights for them: (experts, x, ids, weights). The library-layout tests' common input."""
+    from trtllm_dflash.bench import gpt_oss_step
+    target, _ = gpt_oss_step.build("gpt-oss-20b", True, torch.device("cpu"), torch.float32, 32, "triton")
+    mx = target.layers[0].mlp.experts
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        mx.gate_up_proj_scales.copy_(torch.randint(124, 128, mx.gate_up_proj_scales.shape, generator=g))
+        mx.down_proj_scales.copy_(torch.randint(118, 122, mx.down_proj_scales.shape, generator=g))
+        mx.gate_up_proj_bias.normal_(0.0, 1.0, generator=g)
+        mx.down_proj_bias.normal_(0.0, 0.05, generator=g)
+    x = torch.randn(5, 64, generator=g)
+    ids = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(5)])
+    weights = torch.softmax(torch.randn(5, 2, generator=g), -1)
+    return mx, x, ids, weights

@@ -16,6 +16,7 @@ import types
 import pytest
 import torch
 
+from tests.runtime.compare import clamping_tiny_experts
 from trtllm_dflash.bench import gpt_oss_step
 from trtllm_dflash.bench.routing_trace import Routing
 from trtllm_dflash.config import RuntimeConfig
@@ -72,22 +73,12 @@ def matmul_ogs_math(lay: dict, x, ids, weights, limit: float, swap_pairs: bool =
 
 
 def test_layout_under_matmul_ogs_math_is_our_experts():
-    target, _ = gpt_oss_step.build("gpt-oss-20b", True, torch.device("cpu"), torch.float32, 32, "triton")
-    mx = target.layers[0].mlp.experts
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():   # weights large enough that the gates reach the clamp at 7 and the output is theirs
-        mx.gate_up_proj_scales.copy_(torch.randint(124, 128, mx.gate_up_proj_scales.shape, generator=g))
-        mx.down_proj_scales.copy_(torch.randint(118, 122, mx.down_proj_scales.shape, generator=g))
-        mx.gate_up_proj_bias.normal_(0.0, 1.0, generator=g)
-        mx.down_proj_bias.normal_(0.0, 0.05, generator=g)
+    mx, x, ids, weights = clamping_tiny_experts()
     lay = triton_kernels_moe.layout(mx)
     H = I = 64
     assert lay["w1"].shape == (4, H // 2, 2 * I) and lay["s1"].shape == (4, H // 32, 2 * I)
     assert lay["w2"].shape == (4, I // 2, H) and lay["s2"].shape == (4, I // 32, H)
     assert lay["b1"].dtype == lay["b2"].dtype == torch.float32
-    x = torch.randn(5, H, generator=g)
-    ids = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(5)])
-    weights = torch.softmax(torch.randn(5, 2, generator=g), -1)
     ours = mx.dequantized(torch.float32)(x, ids, weights).double()
     theirs = matmul_ogs_math(lay, x, ids, weights, mx.limit)
     assert ((theirs - ours).norm() / ours.norm()).item() < 1e-5
