@@ -1248,7 +1248,8 @@ def render_moe_libraries(results: Path) -> str:
             "runs gpt-oss on, as vLLM 0.26.0 vendors them; same MXFP4 bytes and routing traces, CUDA graphs, "
             f"{provenance_note(d, name)}; outputs within {worst:.1e} of each other, norm-relative). The library wins "
             "from two tokens up and loses at one; on views of our bytes in its plain layout it is 2-3x slower than in "
-            "its own, so `mxfp4_moe=\"triton_kernels\"` pays a second copy of the experts for it. "
+            "its own, so `mxfp4_moe=\"triton_kernels\"` (`dflash-build --backend torch --mxfp4_moe triton_kernels`, "
+            "RuntimeConfig) pays a second copy of the experts for it. "
             "FlashInfer's fused MoE (`--compare flashinfer`) is wired but not measured yet: its sm90 MoE module "
             "JIT-compiles all of its CUTLASS grouped-GEMM instantiations with the host's nvcc on first use.\n\n"
             + "\n".join(lines) + "\n")

@@ -527,6 +527,35 @@ def test_gpt_oss_experts_stay_mxfp4_on_every_gpu_backend(tmp_path, capsys, monke
     assert rc == 0 and "memory   per GPU: weights 15.5 GiB" in out, out
 
 
+def test_mxfp4_moe_triton_kernels_counts_the_second_expert_copy_and_reaches_the_manifest(ckpt, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """--mxfp4_moe triton_kernels (torch backend, gpt-oss): the memory check counts the experts twice (the library's
+    copy), the plan says it, the manifest's runtime carries it to RuntimeConfig; elsewhere a one-line error."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    rc, out, err = run(["--target", "gpt-oss-120b", "--gpu", "h200", "--backend", "torch", "--mxfp4_moe",
+                        "triton_kernels", "--dry_run"], capsys)
+    assert rc == 0, err
+    assert "mxfp4_moe triton_kernels" in out and "memory   per GPU: weights 118.9 GiB" in out, out
+    rc, _, err = run(["--target", "gpt-oss-120b", "--gpu", "h100", "--backend", "torch", "--mxfp4_moe",
+                      "triton_kernels", "--dry_run"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "twice (--mxfp4_moe triton_kernels)" in err and "--tp_size 2" in err
+    for args, words in ((["--target", "qwen3-8b", "--gpu", "h100", "--mxfp4_moe", "triton"], "is for gpt-oss"),
+                        (["--target", "gpt-oss-20b", "--gpu", "h100", "--backend", "trtllm", "--mxfp4_moe", "triton"],
+                         "moe_backend"),
+                        (["--target", "gpt-oss-20b", "--gpu", "h100", "--backend", "torch", "--ep", "2", "--tp", "2",
+                          "--mxfp4_moe", "triton_kernels"], "whole experts on each rank")):
+        rc, _, err = run([*args, "--dry_run", "--no_preset"], capsys)
+        assert rc == 2 and err.count("\n") == 1 and err.startswith("error: mxfp4_moe: ") and words in err, err
+    out_dir = tmp_path / "tk"
+    rc, _, err = run(tiny_args(ckpt, out_dir, "gpt_oss", "z-lab", "--gpu", "h100", "--backend", "torch",
+                               "--mxfp4_moe", "triton_kernels"), capsys)
+    assert rc == 0, err
+    dep = Deployment.open(out_dir)
+    assert dep.manifest["runtime"]["mxfp4_moe"] == "triton_kernels"
+    assert dep.runtime_config().mxfp4_moe == "triton_kernels"
+
+
 def test_weights_too_large_for_one_gpu_name_the_tp_size_that_fits():
     from trtllm_dflash.checkpoints import memory_fit, resolve
 

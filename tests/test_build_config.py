@@ -110,6 +110,9 @@ def test_missing_preset_file(tmp_path):
     ({"presharded": True, "backend": "trtllm"}, "presharded"),
     ({"backend": "trtllm", "gpu": "cpu"}, "backend"),
     ({"quant": "int4"}, "quant"),
+    ({"mxfp4_moe": "dequant"}, "mxfp4_moe"),
+    ({"mxfp4_moe": "triton", "backend": "trtllm"}, "mxfp4_moe"),
+    ({"mxfp4_moe": "triton_kernels", "batch_invariant": True}, "mxfp4_moe"),
 ])
 def test_bad_values_name_the_field(kw, field):
     with pytest.raises(DFlashError) as err:

@@ -100,6 +100,13 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
                           "enable_block_reuse are TensorRT-LLM settings", "use --backend trtllm, or drop them")
     attention = trtllm_checks.pick_drafter_attention(gpu, cfg.attention_backend)
     moe = trtllm_checks.pick_moe_backend(gpu, target_cfg, cfg.moe_backend)
+    if cfg.mxfp4_moe != "auto":
+        if target_cfg.get("model_type") != "gpt_oss":
+            raise DFlashError("mxfp4_moe", f"is for gpt-oss's MXFP4 experts; the target is "
+                              f"{target_cfg.get('model_type')!r}", "drop --mxfp4_moe")
+        if gpu.family == "cpu":
+            raise DFlashError("mxfp4_moe", f"{cfg.mxfp4_moe} runs on GPUs (the CPU dequantises the experts)",
+                              "drop --mxfp4_moe for --gpu cpu")
     validation["gpu backends"] = "ok"
     trtllm_checks.check_runtime_sizes(target_cfg, max_seq_len=cfg.max_seq_len, max_batch_size=cfg.max_batch_size,
                                       max_num_tokens=cfg.max_num_tokens, max_draft_len=max_draft_len)
@@ -108,6 +115,7 @@ def make_plan(cfg: bc.BuildConfig, *, dry_run: bool) -> Plan:
     if gpu.family != "cpu":
         fit = memory_fit.check(target_cfg, norm.config, gpu_name=gpu.name, memory_gib=gpu.memory_gib,
                                tp_size=cfg.tp_size, dtype=cfg.dtype, quant=cfg.quant,
+                               expert_copies=2 if cfg.mxfp4_moe == "triton_kernels" else 1,
                                max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len,
                                free_gpu_memory_fraction=cfg.free_gpu_memory_fraction)
         validation["memory"] = "ok" if fit.full_batches >= cfg.max_batch_size else (
@@ -390,7 +398,8 @@ def _manifest(plan: Plan, target: resolve.Resolved, drafter: resolve.Resolved, d
         "runtime": {"max_batch_size": cfg.max_batch_size, "max_seq_len": cfg.max_seq_len,
                     "block_size": plan.max_draft_len + 1, "dtype": cfg.dtype,
                     **({"draft_policy": plan.draft_policy} if plan.draft_policy else {}),
-                    **({"batch_invariant": True} if cfg.batch_invariant else {})},
+                    **({"batch_invariant": True} if cfg.batch_invariant else {}),
+                    **({"mxfp4_moe": cfg.mxfp4_moe} if cfg.mxfp4_moe != "auto" else {})},
         "target": {"path": "target", "source": target.source, "kind": target.kind, "revision": target.revision,
                    "architecture": plan.architecture,
                    "linked": not cfg.copy_target and cfg.quant is None},
@@ -511,7 +520,8 @@ def describe(plan: Plan) -> str:
         + (f"  draft_policy {plan.draft_policy}" + (" (auto)" if cfg.draft_policy == "auto" else "")
            if plan.draft_policy else "") + ("  batch_invariant" if cfg.batch_invariant else ""),
         f"kernels  drafter attention {plan.attention_backend or '-'}  moe {plan.moe_backend or '-'}  "
-        f"target attention {trtllm_checks.TARGET_ATTN_BACKEND if plan.options else '-'}",
+        f"target attention {trtllm_checks.TARGET_ATTN_BACKEND if plan.options else '-'}"
+        + (f"  mxfp4_moe {cfg.mxfp4_moe}" if cfg.mxfp4_moe != "auto" else ""),
         *([f"trtllm   TensorRT-LLM {trtllm.version_range(plan.options)} (schema {trtllm.SCHEMA_VERSION})"
            + (f"  block reuse, recompute tail {cfg.context_recompute_tail}" if cfg.enable_block_reuse else ""),
            *([f"         {trtllm.schedule_line(plan.schedule, plan.schedule_from)}"] if plan.schedule_from else [])]
@@ -608,6 +618,12 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
                    "order that depends on that row alone, so greedy DFlash == AR token for token in bf16 and a "
                    "request's tokens do not depend on its batch; costs 1.01-1.05x at batch 1 and 1.38x at batch 64 "
                    "on an H200 (Qwen3-8B shapes)")
+    g.add_argument("--mxfp4_moe", choices=bc.MXFP4_MOE, **kw("mxfp4_moe"),
+                   help="torch backend, gpt-oss: how the MXFP4 experts run on the GPU. auto = triton = our fused "
+                   "kernels; triton_kernels = ours for one-token steps, vLLM's Triton MoE kernels (the triton_kernels "
+                   "package, sm90+, importable on the serving host) for steps of 2+ tokens, from a second copy of the "
+                   "experts (twice their memory; ep_size 1). gpt-oss-120b on an H200: DFlash step at batch 1, block 10 "
+                   "15.5 -> 12.0 ms, AR unchanged (benchmarks/results/mxfp4_decode_h200/triton_kernels/)")
     g.add_argument("--dtype", choices=bc.DTYPES, **kw("dtype"), help="auto = bf16 on GPU, fp32 on CPU")
     g.add_argument("--max_batch_size", type=int, **kw("max_batch_size"), help="concurrent requests")
     g.add_argument("--max_seq_len", type=int, **kw("max_seq_len"), help="prompt + output tokens per request")

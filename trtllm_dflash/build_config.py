@@ -18,6 +18,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 # ModelOpt PTQ of the target (quantize.py); "none" keeps its weights (the same as leaving quant unset).
 QUANTS = ("fp8", "nvfp4", "none")
 DRAFT_POLICIES = ("auto", "adaptive", "fixed")
+MXFP4_MOE = ("auto", "triton", "triton_kernels")   # RuntimeConfig.mxfp4_moe on GPUs (dequant: CPU / reference only)
 # A preset file may hold one section per stage; dflash-build reads only `build:`.
 STAGE_SECTIONS = ("build", "serve", "sweep")
 
@@ -56,6 +57,7 @@ class BuildConfig:
     draft_policy: str = "auto"
     use_rejection_sampling: bool = False    # TensorRT-LLM's rejection sampler for sampled requests (prototype)
     batch_invariant: bool = False           # our torch runtime: RuntimeConfig.batch_invariant (bit-exact bf16)
+    mxfp4_moe: str = "auto"                 # our torch runtime: RuntimeConfig.mxfp4_moe (gpt-oss MXFP4 experts)
     enable_block_reuse: bool = False        # prefix-cache reuse; DFlash then recomputes a context tail
     context_recompute_tail: int | None = None   # prompt tokens recomputed on a cache hit; None = 32 with reuse
     presharded: bool = False                # torch backend: write ranks/rank{r}.safetensors
@@ -94,6 +96,13 @@ class BuildConfig:
         if self.batch_invariant and self.backend != "torch":
             raise DFlashError("batch_invariant", "is our torch runtime's setting (TensorRT-LLM has none)",
                               "drop --batch_invariant, or use --backend torch")
+        _choice("mxfp4_moe", self.mxfp4_moe, MXFP4_MOE)
+        if self.mxfp4_moe != "auto" and self.backend != "torch":
+            raise DFlashError("mxfp4_moe", "is our torch runtime's setting; TensorRT-LLM's is moe_backend",
+                              "drop --mxfp4_moe, or use --backend torch")
+        if self.mxfp4_moe == "triton_kernels" and (self.ep_size > 1 or self.batch_invariant):
+            raise DFlashError("mxfp4_moe", "triton_kernels runs whole experts on each rank and is not batch invariant",
+                              "use --ep_size 1 without --batch_invariant, or --mxfp4_moe triton")
         if self.draft_policy == "adaptive" and self.backend != "torch":
             raise DFlashError("draft_policy", "is our torch runtime's setting; TensorRT-LLM's is draft_len_schedule",
                               "drop --draft_policy, or use --backend torch")

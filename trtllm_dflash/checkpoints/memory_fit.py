@@ -83,18 +83,20 @@ def kv_bytes_per_token(c: dict, *, tp_size: int, max_seq_len: int, dtype_bits: f
 
 def check(target_cfg: dict, drafter_cfg: dict, *, gpu_name: str, memory_gib: float, tp_size: int,
           dtype: str, quant: str | None, max_batch_size: int, max_seq_len: int,
-          free_gpu_memory_fraction: float) -> Fit:
-    """Raise DFlashError when the weights, or one max_seq_len sequence's KV cache, do not fit."""
+          free_gpu_memory_fraction: float, expert_copies: int = 1) -> Fit:
+    """Raise DFlashError when the weights, or one max_seq_len sequence's KV cache, do not fit. ``expert_copies``:
+    2 where the runtime holds a second copy of the MXFP4 experts (mxfp4_moe="triton_kernels")."""
     bits = DTYPE_BITS[dtype]
     # gpt-oss checkpoints ship their routed experts as MXFP4.
     mxfp4 = target_cfg.get("model_type") == "gpt_oss" and _experts(target_cfg) > 0
-    expert_bits = MXFP4_BITS if mxfp4 else None
+    expert_bits = MXFP4_BITS * expert_copies if mxfp4 else None
     total = (weight_bits(target_cfg, dtype_bits=bits, expert_bits=expert_bits, quant=quant)
              + weight_bits(drafter_cfg, dtype_bits=bits, expert_bits=None, quant=None)) / 8
     per_gpu = total / tp_size / GIB
     if per_gpu > WEIGHT_SHARE * memory_gib:
         need = next((n for n in (2, 4, 8, 16, 32, 64) if total / n / GIB <= WEIGHT_SHARE * memory_gib), 64)
-        how = "MXFP4 experts kept 4-bit" if mxfp4 else f"{quant or str(bits) + '-bit'} weights"
+        how = (("MXFP4 experts kept 4-bit" + (", twice (--mxfp4_moe triton_kernels)" if expert_copies > 1 else ""))
+               if mxfp4 else f"{quant or str(bits) + '-bit'} weights")
         raise DFlashError("memory", f"the weights need {total / GIB:.0f} GiB ({how}), {per_gpu:.0f} GiB per GPU at "
                           f"tp_size {tp_size}; a {gpu_name} has {memory_gib} GiB",
                           f"use --tp_size {need} or more (more GPUs) or a GPU with more memory")
