@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import sys
 import types
 
@@ -25,6 +26,10 @@ from trtllm_dflash.runtime import triton_kernels_moe
 from trtllm_dflash.runtime.models import gpt_oss, mxfp4
 from trtllm_dflash.runtime.kernels import TORCH
 from trtllm_dflash.runtime.models.gpt_oss import SWIGLU_ALPHA
+
+if not torch.cuda.is_available():
+    # before the kernels are imported: triton.jit picks the interpreter when it decorates them
+    os.environ["TRITON_INTERPRET"] = "1"
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -110,15 +115,34 @@ def test_an_intermediate_size_off_the_library_multiple_is_padded_with_zero_pairs
     assert triton_kernels_moe.layout(experts_on(torch.device("cpu"), E, H, 128)[0])["w1"]._base is not None   # a view
 
 
-def test_routing_mask_has_one_bit_per_token_expert():
-    ids = torch.tensor([[0, 31, 32, 127], [5, 63, 64, 100], [31, 30, 1, 96]])
-    words = triton_kernels_moe.bitmatrix_words(ids, 128)
-    assert words.dtype == torch.int32 and words.shape == (3, 4)
-    bits = words.view(torch.uint8).reshape(3, 4, 4)    # little-endian bytes of each word
-    got = [[w * 32 + b for w in range(4) for b in range(32) if (int(bits[r, w, b // 8]) >> (b % 8)) & 1]
-           for r in range(3)]
+def mask_words(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """The packed routing mask in torch: [N, k] distinct ids -> [N, ceil(E/32)] int32, bit e % 32 of word e // 32."""
+    words = torch.zeros(ids.shape[0], -(-num_experts // 32), dtype=torch.int64)
+    ids = ids.long()
+    words.scatter_add_(1, ids // 32, torch.ones_like(ids) << (ids % 32))
+    return words.to(torch.int32)     # bit 31 wraps to the sign bit: the same 32 bits
+
+
+@pytest.mark.parametrize("E", [128, 32, 40])
+def test_routing_pack_kernel_sets_one_bit_per_token_expert(E):
+    """runtime/kernels/moe_routing.py in Triton's interpreter: the mask words against a bit-by-bit reading, the
+    int16 ids and cast weights, and the zeroed histogram buffer (E = 40: a partial last word)."""
+    from trtllm_dflash.runtime.kernels import moe_routing
+    g = torch.Generator().manual_seed(E)
+    k, n = 4, 6
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(n)])
+    ids[0] = torch.tensor([0, 31, 1, E - 1 if E > 32 else 2])      # bit 31: the sign bit of a word
+    # float32 weights that bf16 holds exactly: the cast is checked, not the interpreter's rounding (it truncates)
+    weights = torch.softmax(torch.randn(n, k, generator=g), -1).bfloat16().float()
+    words, ids16, w, sums = moe_routing.pack_routing(ids, weights, E, torch.bfloat16, sums=64)
+    assert torch.equal(words, mask_words(ids, E)) and words.dtype == torch.int32
+    bits = words.view(torch.uint8).reshape(n, -1, 4)               # little-endian bytes of each word
+    got = [[wd * 32 + b for wd in range(words.shape[1]) for b in range(32) if (int(bits[r, wd, b // 8]) >> (b % 8)) & 1]
+           for r in range(n)]
     assert got == [sorted(row) for row in ids.tolist()]
-    assert triton_kernels_moe.bitmatrix_words(torch.tensor([[3, 9]]), 32).shape == (1, 1)
+    assert ids16.dtype == torch.int16 and torch.equal(ids16.long(), ids)
+    assert w.dtype == torch.bfloat16 and torch.equal(w, weights.bfloat16())
+    assert torch.equal(sums, torch.zeros(64, dtype=torch.int32))
 
 
 def test_no_hopper_stops_the_run_and_a_refused_layer_is_an_error_row(monkeypatch):

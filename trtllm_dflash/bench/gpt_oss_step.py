@@ -447,7 +447,8 @@ def tile_sweep(target, device, token_counts, iters: int, routings=(Routing(),), 
 EXPERT_KERNELS = ("_route_kernel", "_gate_up_kernel", "_swiglu_kernel", "_down_kernel", "_combine_kernel",
                   "_gemv_gate_up_kernel", "_gemv_down_kernel",
                   # --experts triton_kernels: its matmuls and the routing kernels routing_from_bitmatrix launches
-                  "_matmul_ogs", "_p_matmul_ogs", "_sum_bitmatrix", "_combined_routing")
+                  "_matmul_ogs", "_p_matmul_ogs", "_sum_bitmatrix", "_combined_routing", "_reduce_grouped",
+                  "_pack_routing_kernel")
 EXPERTS_MARK = "gpt_oss_step.experts"  # the CPU profile's marker around each experts module call
 
 

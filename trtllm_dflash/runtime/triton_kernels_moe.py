@@ -79,15 +79,6 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def bitmatrix_words(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """[N, k] expert ids (distinct per row) -> [N, ceil(E/32)] int32 words, bit e % 32 of word e // 32 set: the
-    packed routing mask routing_from_bitmatrix reads. Distinct ids make the sum of the bits their OR."""
-    words = torch.zeros(ids.shape[0], -(-num_experts // 32), dtype=torch.int64, device=ids.device)
-    ids = ids.long()
-    words.scatter_add_(1, ids // 32, torch.ones_like(ids) << (ids % 32))
-    return words.to(torch.int32)     # bit 31 wraps to the sign bit: the same 32 bits
-
-
 class MatmulOgsExperts:
     """Callable like Mxfp4Experts (x [N, H], ids, weights [N, k] -> [N, H]) on triton_kernels' matmul_ogs, from the
     experts' own MXFP4 bytes (no requantisation). Whole experts on this rank (no expert parallelism); with the
@@ -135,12 +126,12 @@ class MatmulOgsExperts:
         return wq, mo.PrecisionConfig(weight_scale=sq, flex_ctx=mo.FlexCtx(rhs_data=self.tk["InFlexData"]())), s
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        from .kernels import moe_routing
         tk, (n, k) = self.tk, ids.shape
-        words = bitmatrix_words(ids, self.E)
-        mask = tk["tensor"].Bitmatrix(words.view(torch.uint32), shape=[n, words.shape[1] * 32],
-                                      shape_max=[n, None], scratchpad=None)
-        routing, gather, scatter = tk["routing"].routing_from_bitmatrix(
-            mask, weights.to(x.dtype), ids.to(torch.int16), self.E, k)
+        cols = -(-self.E // 32) * 32
+        words, ids16, w, sums = moe_routing.pack_routing(ids, weights, self.E, x.dtype, sums=cols)
+        mask = tk["tensor"].Bitmatrix(words.view(torch.uint32), shape=[n, cols], shape_max=[n, None], scratchpad=sums)
+        routing, gather, scatter = tk["routing"].routing_from_bitmatrix(mask, w, ids16, self.E, k)
         mm = tk["matmul_ogs"].matmul_ogs
         h = mm(x, self.w1, self.b1, routing, gather_indx=gather, precision_config=self.pc1,
                fused_activation=self.act)                                          # [N k, I]
