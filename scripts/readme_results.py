@@ -253,12 +253,12 @@ def render_headline(results: Path) -> str:
 
     def gpt_oss_triton_kernels():
         name, base = (f"mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_{e}_h200.json"
-                      for e in ("triton_kernels", "triton"))
+                      for e in ("triton_kernels_pack", "triton"))
         s, b = _load(results, name)["summary"], _load(results, base)["summary"]
         return (f"AR {_ms(s['ar_b1_step_ms'])} ms, DFlash {_ms(s['dflash_b1_step_ms'])} ms (block {s['block_size']}): "
                 f"break-even {s['break_even_tokens_b1']:.1f} accepted tokens per step under uniform routing, "
-                f"{s['break_even_tokens_b1_skewed']:.1f} under skewed (our kernels alone, same run: "
-                f"{b['break_even_tokens_b1']:.1f} / {b['break_even_tokens_b1_skewed']:.1f})",
+                f"{s['break_even_tokens_b1_skewed']:.1f} under skewed (our kernels alone: "
+                f"{b['break_even_tokens_b1']:.1f} / {b['break_even_tokens_b1_skewed']:.1f}, `{base.split('/')[-1]}`)",
                 provenance_note(_load(results, name), name))
 
     def drafter_run():
@@ -1087,7 +1087,8 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_h200.json",
+    files = ("mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_pack_h200.json",
+             "mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_h200.json",
              "mxfp4_decode_h200/tc/gpu_tests_mxfp4_head_h200.json", "mxfp4_decode_h200/tc/gpu_tests_mxfp4_tc_h200.json", "mxfp4_decode_h200/tc/gpu_tests_mxfp4_b5fed6f_h200.json",
              "mxfp4_decode_h200/gemv_block/gpu_tests_mxfp4_gemv_block_h200.json",
              "mxfp4_decode_h200/one_pair/gpu_tests_mxfp4_gpt_oss_h200.json",
@@ -1267,7 +1268,9 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
              ("gpt-oss-120b", "H200", "+ verify block on gemv", "mxfp4_decode_h200/gemv_block/gpt_oss_120b_step_h200.json"),
              ("gpt-oss-120b", "H200", "gemv, A/B base", "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_h200.json"),
              ("gpt-oss-120b", "H200", "+ triton_kernels for 2+ tokens",
-              "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_kernels_h200.json"))
+              "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_kernels_h200.json"),
+             ("gpt-oss-120b", "H200", "+ routing inputs in one kernel",
+              "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_kernels_pack_h200.json"))
     lines = _table_head("target, GPU", "decode kernels", "AR step b=1 (roofline)", "DFlash step b=1 (roofline)",
                         "break-even tokens b=1", "kernels per AR step", "experts: us per distinct expert AR / DFlash")
     notes = []
@@ -1293,8 +1296,9 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
             "HBM in the step (the distinct experts its tokens chose, at MXFP4 size; random routing is near the worst "
             "case) over the copy bandwidth measured in the same run. The first two 120b rows ran on different GPUs "
             "(H200 4.3 TB/s before, H100 3.0 TB/s after): compare their roofline fractions, not their times; the "
-            "next two are one A/B on one H200, minutes apart, the two after ran on other H200s of the same kind, and the "
-            "last two are one A/B in one run on one H200: `mxfp4_moe=\"triton_kernels\"` runs the steps of 2+ tokens on "
+            "next two are one A/B on one H200, minutes apart, the two after ran on other H200s of the same kind, the "
+            "two after them are one A/B in one run on one H200 and the last ran on another: "
+            "`mxfp4_moe=\"triton_kernels\"` runs the steps of 2+ tokens on "
             "vLLM's Triton MoE kernels (the triton_kernels package, in its Hopper layout: twice the experts' memory) "
             "and keeps our gemv for one token, where it is faster "
             "(`benchmarks/results/mxfp4_decode_h200/README.md`). "
