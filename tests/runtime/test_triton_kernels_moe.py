@@ -295,3 +295,41 @@ def test_engine_serves_dflash_on_the_library(tmp_path):
     assert df.target.layers[0].mlp.experts.library is not None
     out_ar, out_df = [o.output_ids for o in ar.generate(ps, sp)], [o.output_ids for o in df.generate(ps, sp)]
     assert all(len(a) == len(d) == 20 and a[0] == d[0] for a, d in zip(out_ar, out_df)), (out_ar, out_df)
+
+
+def test_flags_parse_and_each_matmul_runs_under_its_own_constraints():
+    Flags = triton_kernels_moe.Flags
+    assert Flags() == Flags.parse("") == Flags({"split_k": 1}, {"split_k": 1}, 8)   # vLLM's Hopper settings
+    f = Flags.parse("fc2.block_k=256+fc2.num_stages=4+fc1.split_k=2+scale_warps=4")
+    assert f == Flags({"split_k": 2}, {"split_k": 1, "block_k": 256, "num_stages": 4}, 4)
+    for bad, words in (("fc2.block_k", "is not KEY=INTEGER"), ("fc3.block_k=1", "names neither"),
+                       ("fc2.block_k=big", "is not KEY=INTEGER")):
+        with pytest.raises(DFlashError, match=words):
+            Flags.parse(bad)
+    seen, current = [], {}
+
+    class OptFlags:   # the library's module-level constraints, as matmul_ogs reads them at launch
+        @staticmethod
+        def reset_opt_flags_constraints():
+            current.clear()
+
+        @staticmethod
+        def update_opt_flags_constraints(c):
+            current.update(c)
+
+    lib = object.__new__(triton_kernels_moe.MatmulOgsExperts)
+    lib.tk, lib.flags = {"opt_flags": OptFlags}, f
+    for which in (f.fc1, f.fc2):
+        lib._constrain(which)
+        seen.append(dict(current))
+    assert seen == [f.fc1, f.fc2]
+
+
+def test_compare_names_take_opt_flags():
+    lib = gpt_oss_step.library("triton_kernels:fc2.block_k=256")
+    assert lib.experts.keywords["flags"] == triton_kernels_moe.Flags(fc2={"split_k": 1, "block_k": 256})
+    assert gpt_oss_step.library("flashinfer") is gpt_oss_step.LIBRARIES["flashinfer"]
+    for name, words in (("flashinfer:fc2.block_k=1", "unknown library"), ("vllm", "unknown library"),
+                        ("triton_kernels:fc9.x=1", "names neither")):
+        with pytest.raises(SystemExit, match=words):
+            gpt_oss_step.library(name)

@@ -308,7 +308,7 @@ def moe_layer_vs_library(target, name: str, lib, routings, shapes, iters: int, c
     round to bf16: ~1e-2 when they agree, O(1) when not)."""
     mx = target.layers[0].mlp.experts
     try:
-        theirs = LIBRARIES[name].experts(mx, lib)
+        theirs = library(name).experts(mx, lib)
     except Exception as err:  # noqa: BLE001  the library refusing our layout is a result; the step rows stay
         print(f"{name} setup failed: {err}", flush=True)
         return [{"error": f"setup: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"}]
@@ -357,6 +357,22 @@ LIBRARIES = {"flashinfer": Library(flashinfer_moe.load, flashinfer_moe.check_dev
              **{name: Library(lambda: triton_kernels_moe.load(_TK), lambda dev: triton_kernels_moe.check_device(dev, _TK),
                               functools.partial(triton_kernels_moe.MatmulOgsExperts, strided=strided, field=_TK))
                 for name, strided in (("triton_kernels", False), ("triton_kernels_strided", True))}}
+
+
+def library(name: str) -> Library:
+    """LIBRARIES[name], or for 'triton_kernels:SPEC' (also _strided) the library under the opt-flag constraints
+    SPEC names (triton_kernels_moe.Flags.parse: 'fc2.block_k=256+scale_warps=4'); SystemExit when unknown."""
+    base, colon, spec = name.partition(":")
+    if base not in LIBRARIES or (colon and not base.startswith("triton_kernels")):
+        raise SystemExit(f"--compare: unknown library {name!r}; choose from {', '.join(LIBRARIES)} (triton_kernels "
+                         "and triton_kernels_strided take ':fc1.FLAG=N+fc2.FLAG=N+scale_warps=N')")
+    if not colon:
+        return LIBRARIES[base]
+    try:
+        flags = triton_kernels_moe.Flags.parse(spec)
+    except ValueError as err:
+        raise SystemExit(f"--compare {name}: {err}") from None
+    return dataclasses.replace(LIBRARIES[base], experts=functools.partial(LIBRARIES[base].experts, flags=flags))
 
 
 # tile shapes each variant is timed under: (block_n, block_k, num_warps)
@@ -533,7 +549,8 @@ def main(argv=None) -> int:
                    help="comma list of libraries to time one MoE layer on next to our MXFP4 kernels, same experts and "
                         "routing traces, at the rows' token counts (Hopper): flashinfer (flashinfer-python's fused "
                         "MoE), triton_kernels (the Triton MoE kernels vLLM runs gpt-oss on, in their Hopper "
-                        "layouts), triton_kernels_strided (the same kernels on views of our weights)")
+                        "layouts), triton_kernels_strided (the same kernels on views of our weights); either takes "
+                        "opt-flag constraints after a colon, e.g. triton_kernels:fc2.block_k=256+fc2.num_stages=4")
     p.add_argument("--compare_only", action="store_true",
                    help="with --compare: time only the one MoE layer, not the steps")
     p.add_argument("--tile_sweep", action="store_true", help="time the kernels under a few tile shapes")
@@ -570,18 +587,17 @@ def main(argv=None) -> int:
         raise SystemExit(f"gpt_oss_step: {err}") from None
     compare = [c for c in args.compare.split(",") if c]
     for lib in compare:
-        if lib not in LIBRARIES:
-            raise SystemExit(f"--compare: unknown library {lib!r}; choose from {', '.join(LIBRARIES)}")
+        library(lib)
     if args.compare_only and not compare:
         raise SystemExit("--compare_only times the libraries of --compare: name at least one")
     handles = {}
     for lib in compare:
         try:   # before the model is built: a missing library costs nothing
-            handles[lib] = LIBRARIES[lib].load()
+            handles[lib] = library(lib).load()
             if backend != "triton":
                 raise SystemExit(f"--compare {lib} compares against the MXFP4 kernels: run it with --experts triton "
                                  "on a CUDA GPU")
-            LIBRARIES[lib].check_device(device)
+            library(lib).check_device(device)
         except ValueError as err:
             raise SystemExit(str(err)) from None
     t0 = time.perf_counter()

@@ -16,6 +16,8 @@ Used by models/gpt_oss.TritonKernelsExperts (RuntimeConfig.mxfp4_moe = "triton_k
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..errors import DFlashError
@@ -79,15 +81,48 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+@dataclasses.dataclass(frozen=True)
+class Flags:
+    """How the two matmuls are tiled: matmul_ogs opt-flag constraints for fc1 (gate_up, SwiGLU fused) and fc2 (down,
+    scatter), in the library's names (on Hopper: block_m, block_k, split_k, num_stages, is_persistent, ...), and the
+    warps its Hopper scale layout is swizzled for (the kernels then run that many). Default: vLLM's Hopper settings
+    (split_k 1, 8 warps)."""
+    fc1: dict = dataclasses.field(default_factory=lambda: {"split_k": 1})
+    fc2: dict = dataclasses.field(default_factory=lambda: {"split_k": 1})
+    scale_warps: int = 8
+
+    @classmethod
+    def parse(cls, spec: str) -> Flags:
+        """'fc2.block_k=256+fc2.num_stages=4+scale_warps=4' -> Flags (vLLM's defaults for what it leaves out)."""
+        out = {"fc1": {"split_k": 1}, "fc2": {"split_k": 1}, "scale_warps": 8}
+        for item in filter(None, spec.split("+")):
+            key, eq, value = item.partition("=")
+            if not eq or not value.lstrip("-").isdigit():
+                raise DFlashError("triton_kernels flags", f"{item!r} is not KEY=INTEGER",
+                                  "write e.g. fc2.block_k=256+scale_warps=4")
+            which, dot, name = key.partition(".")
+            if key == "scale_warps":
+                out["scale_warps"] = int(value)
+            elif dot and which in ("fc1", "fc2") and name:
+                out[which] = {**out[which], name: int(value)}
+            else:
+                raise DFlashError("triton_kernels flags", f"{key!r} names neither fc1.FLAG, fc2.FLAG nor scale_warps",
+                                  "write e.g. fc1.num_stages=4")
+        return cls(out["fc1"], out["fc2"], out["scale_warps"])
+
+
 class MatmulOgsExperts:
     """Callable like Mxfp4Experts (x [N, H], ids, weights [N, k] -> [N, H]) on triton_kernels' matmul_ogs, from the
     experts' own MXFP4 bytes (no requantisation). Whole experts on this rank (no expert parallelism); with the
     intermediate dimension split (moe_tp > 1) it returns this rank's partial sum, as Mxfp4Experts does."""
 
-    def __init__(self, experts, tk: dict | None = None, strided: bool = False, field: str = "mxfp4_moe"):
+    def __init__(self, experts, tk: dict | None = None, strided: bool = False, field: str = "mxfp4_moe",
+                 flags: Flags | None = None):
         """``strided``: the weights as views of our own tensors in the library's plain strided layout (no copy, no
-        scale padding) in place of its default Hopper layouts (a re-laid-out copy)."""
+        scale padding) in place of its default Hopper layouts (a re-laid-out copy). ``flags``: opt-flag
+        constraints for each of the two matmuls and the scales' warp layout (Flags; default: vLLM's settings)."""
         self.tk = tk = tk if tk is not None else load(field)
+        self.flags = flags or Flags()
         check_device(experts.gate_up_proj_blocks.device, field)
         if experts.num_local != experts.num_experts:
             raise DFlashError(field, f"'triton_kernels' runs whole experts on each rank; this rank holds "
@@ -96,8 +131,6 @@ class MatmulOgsExperts:
         self.strided, self.E = strided, experts.num_local
         lay = layout(experts)
         self.H = lay["H"]
-        # vLLM's Hopper setting for these kernels: no split-K (its default heuristics split small batches)
-        tk["opt_flags"].update_opt_flags_constraints({"split_k": 1})
         self.w1, self.pc1, s1 = self._weights(lay["w1"], lay["s1"])
         self.w2, self.pc2, s2 = self._weights(lay["w2"], lay["s2"])
         self.b1, self.b2 = lay["b1"], lay["b2"]
@@ -120,7 +153,8 @@ class MatmulOgsExperts:
             pad = -s.shape[1] % SCALE_K_MULTIPLE
             s = torch.nn.functional.pad(s.transpose(1, 2), (0, pad)).transpose(1, 2)   # pad the K groups
             value_layout, value_opts = lay.make_default_matmul_mxfp4_w_layout(mx_axis=1)
-            scale_layout, scale_opts = lay.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
+            scale_layout, scale_opts = lay.make_default_matmul_mxfp4_w_scale_layout(
+                mx_axis=1, num_warps=self.flags.scale_warps)
             wq = t.convert_layout(t.wrap_torch_tensor(w, dtype=t.FP4), value_layout, **value_opts)
             sq = t.convert_layout(t.wrap_torch_tensor(s), scale_layout, **scale_opts)
         return wq, mo.PrecisionConfig(weight_scale=sq, flex_ctx=mo.FlexCtx(rhs_data=self.tk["InFlexData"]())), s
@@ -133,7 +167,16 @@ class MatmulOgsExperts:
         mask = tk["tensor"].Bitmatrix(words.view(torch.uint32), shape=[n, cols], shape_max=[n, None], scratchpad=sums)
         routing, gather, scatter = tk["routing"].routing_from_bitmatrix(mask, w, ids16, self.E, k)
         mm = tk["matmul_ogs"].matmul_ogs
+        self._constrain(self.flags.fc1)
         h = mm(x, self.w1, self.b1, routing, gather_indx=gather, precision_config=self.pc1,
                fused_activation=self.act)                                          # [N k, I]
+        self._constrain(self.flags.fc2)
         return mm(h, self.w2, self.b2, routing, scatter_indx=scatter, precision_config=self.pc2,
                   gammas=routing.gate_scal)                                        # [N, H]
+
+    def _constrain(self, flags: dict) -> None:
+        """The library reads its opt-flag constraints from one module-level dict when a matmul is launched (or
+        captured): set this matmul's before it."""
+        of = self.tk["opt_flags"]
+        of.reset_opt_flags_constraints()
+        of.update_opt_flags_constraints(flags)
