@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""gpt_oss_step's tile sweep plan and its summary (the timing itself needs CUDA: tests/gpu and the GPU run)."""
+"""gpt_oss_step's tile sweep plan and its summary, and the drafter timed apart in the CPU smoke (the timing itself
+needs CUDA: tests/gpu and the GPU run)."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ if not torch.cuda.is_available():
     # decorates the kernels, and the kernel tests that run later in this process need it
     os.environ["TRITON_INTERPRET"] = "1"
 
+from trtllm_dflash.bench import gpt_oss_step  # noqa: E402
 from trtllm_dflash.bench.gpt_oss_step import SWEEP_SHAPES, best_variants, sweep_tiles  # noqa: E402
 from trtllm_dflash.runtime import mxfp4_moe  # noqa: E402
 
@@ -64,3 +66,29 @@ def test_best_variants_keeps_each_variants_fastest_tile_per_routing_and_size():
     assert best[("skewed", 10)]["tc_over_mma"] == 0.667 and "tc_ms" not in best[("uniform", 10)]
     assert best[("skewed", 10)]["gemv_ms"] == 0.40 and best[("skewed", 10)]["gemv_mma2_over_gemv"] == 0.625
     assert "gemv_over_mma" not in best[("uniform", 640)] and best[("uniform", 640)]["mma_ms"] == 2.8
+
+
+def test_the_verify_non_expert_work_is_the_dflash_steps_minus_its_experts_and_the_drafter():
+    """Deliverable 2 of the gpt-oss issue, from the profiles and the drafter timed alone: DFlash non-expert 5.0 ms,
+    drafter 1.5 -> verify 3.5 against AR's 2.0: 1.75x."""
+    record = {"experts": "triton", "drafter_b1_ms": 1.5,
+              "profile_triton_ar_b1": {"device_ms_per_step": 3.5, "expert_kernels_ms": 1.5},
+              "profile_triton_dflash_b1": {"device_ms_per_step": 15.0, "expert_kernels_ms": 10.0},
+              "profile_triton_dflash_b1_skewed": {"device_ms_per_step": 9.0, "expert_kernels_ms": 4.0}}
+    assert gpt_oss_step.non_expert_split(record, "uniform") == {
+        "ar_b1_non_expert_ms": 2.0, "dflash_b1_non_expert_ms": 5.0, "dflash_b1_drafter_ms": 1.5,
+        "dflash_b1_verify_non_expert_ms": 3.5, "verify_over_ar_non_expert_b1": 1.75}
+    # skewed has no AR profile here: no ratio, never a made-up one
+    assert gpt_oss_step.non_expert_split(record, "skewed") == {"dflash_b1_non_expert_ms": 5.0,
+                                                               "dflash_b1_drafter_ms": 1.5}
+    assert gpt_oss_step.non_expert_split({"experts": "triton"}, "uniform") == {}
+
+
+def test_the_cpu_smoke_times_the_drafter_apart(tmp_path):
+    import json
+    out = tmp_path / "step.json"
+    assert gpt_oss_step.main(["--tiny", "--device", "cpu", "--batch_sizes", "1", "--blocks", "10", "--iters", "1",
+                              "--warmup", "0", "--profile", "--out", str(out)]) == 0
+    s = json.loads(out.read_text())["summary"]
+    assert s["dflash_b1_drafter_ms"] > 0 and s["dflash_b1_verify_non_expert_ms"] == round(
+        s["dflash_b1_non_expert_ms"] - s["dflash_b1_drafter_ms"], 4)

@@ -216,14 +216,23 @@ class Steps:
         if B == 1:
             h, _ = self.target(last[:, None], pos, self.cache, rows, kv_len)
             return self.target.logits(h).argmax(-1)                                      # [n, 1]
-        ids = torch.cat([last[:, None], torch.full((n, B - 1), self.mask_id, device=self.device)], 1)
-        hd = self.drafter(self.target.embed(ids), pos, start, self.draft_cache, rows, kv_len)
-        draft = self.target.logits(hd[:, 1:]).argmax(-1)                                 # [n, B-1]
+        draft = self.draft(n, B)                                                         # [n, B-1]
         h, feats = self.target(torch.cat([last[:, None], draft], 1), pos, self.cache, rows, kv_len)
         t = self.target.logits(h).argmax(-1)                                             # [n, B]
         a = accept(draft, t)                                                             # [n]
         self.drafter.append_context(feats, pos, self.draft_cache, rows)
         return t.gather(1, a[:, None])
+
+
+    @torch.inference_mode()
+    def draft(self, n: int, B: int) -> torch.Tensor:
+        """The drafter's share of a DFlash step, also timed alone: its pass over [last, mask x (B-1)] and the
+        drafts' lm_head argmax (its context write after the verify is not in it)."""
+        rows, start, last = slice(0, n), self.start[:n], self.last[:n]
+        pos = start[:, None] + torch.arange(B, device=self.device)                       # [n, B]
+        ids = torch.cat([last[:, None], torch.full((n, B - 1), self.mask_id, device=self.device)], 1)
+        hd = self.drafter(self.target.embed(ids), pos, start, self.draft_cache, rows, self.ctx + B)
+        return self.target.logits(hd[:, 1:]).argmax(-1)                                  # [n, B-1]
 
 
 def time_ms(fn, iters: int, warmup: int, cuda: bool) -> list[float]:
@@ -685,6 +694,10 @@ def main(argv=None) -> int:
 
     if not args.compare_only:
         each_routing(backend)
+        # the drafter apart (deliverable: the verify's own non-expert cost is the DFlash step's minus this)
+        fn = lambda: steps.draft(1, blocks[0])  # noqa: E731
+        record["drafter_b1_ms"] = round(statistics.median(
+            time_ms(graphed(fn) if cuda else fn, args.iters, args.warmup, cuda)), 4)
     if cuda and args.compare_layers and backend != "dequant":
         counts = sorted({n * B for n in batches for B in [1, *blocks]})
         record["moe_layer_mxfp4_vs_bf16"] = moe_layer_times(target, device, counts, args.iters)
@@ -756,12 +769,30 @@ def full_summary(record: dict, backend: str, block: int, routings: list[str], by
     head = "uniform" if "uniform" in routings else routings[0]
     if not per[head]:
         return {}
-    out = {"gpu": record["device"], "routing": head, **per[head]}
+    out = {"gpu": record["device"], "routing": head, **per[head], **non_expert_split(record, head)}
     for name in routings:
         if name != head:
             out.update({f"{k}_{name}": v for k, v in per[name].items() if isinstance(v, (int, float))})
     out["routings"] = {name: {"params": record["routing"][name],
                               **{k: v for k, v in per[name].items() if not k.endswith("_note")}} for name in routings}
+    return out
+
+
+def non_expert_split(record: dict, routing: str) -> dict:
+    """With --profile: the b=1 steps' device time outside the expert kernels, and the DFlash step's split into the
+    drafter (timed alone) and the verify: ``verify_over_ar_non_expert_b1`` compares the verify's non-expert work
+    (attention, router, norms, GEMMs, lm_head) with AR's."""
+    out = {}
+    for step in ("ar", "dflash"):
+        prof = record.get(profile_key(record["experts"], step, routing))
+        if prof and prof.get("expert_kernels_ms") is not None:
+            out[f"{step}_b1_non_expert_ms"] = round(prof["device_ms_per_step"] - prof["expert_kernels_ms"], 4)
+    if "drafter_b1_ms" in record:
+        out["dflash_b1_drafter_ms"] = record["drafter_b1_ms"]
+        if {"ar_b1_non_expert_ms", "dflash_b1_non_expert_ms"} <= out.keys():
+            verify = out["dflash_b1_non_expert_ms"] - record["drafter_b1_ms"]
+            out["dflash_b1_verify_non_expert_ms"] = round(verify, 4)
+            out["verify_over_ar_non_expert_b1"] = round(verify / out["ar_b1_non_expert_ms"], 3)
     return out
 
 
