@@ -21,8 +21,8 @@
 # SMOKE=1 runs the CPU paths instead (tiny shapes, no kernels). OUT: logs and test JSON (default /tmp/gpt_oss_gpu);
 # RESULTS: the step JSON (default benchmarks/results, the files the README's tables and the goals read).
 # Skewed routing: per-layer Zipf popularity ZIPF (default 1.0), per-slot reuse across block positions REUSE (0.5).
-# EXPERTS=triton_kernels: the 20b / 120b steps with RuntimeConfig.mxfp4_moe "triton_kernels" (our kernels at one
-# token, the triton_kernels library from two: importable, sm90+) -> ..._step_triton_kernels_<gpu>.json.
+# EXPERTS=triton_kernels: the 20b / 120b / tp2 steps with RuntimeConfig.mxfp4_moe "triton_kernels" (our kernels at
+# one token, the triton_kernels library from two: importable, sm90+; tp2 then at ep 1 only) -> ..._triton_kernels_*.json.
 set -euo pipefail
 OUT=${OUT:-/tmp/gpt_oss_gpu}
 RESULTS=${RESULTS:-benchmarks/results}
@@ -79,8 +79,9 @@ for stage in "${stages[@]}"; do
     tp2)
       if [ -n "${SMOKE:-}" ]; then ${MPIRUN:-mpiexec} -n 2 $PY -m trtllm_dflash.bench.gpt_oss_tp --tiny --device cpu --iters 2 --warmup 1 --ctx 32 \
              --out "$OUT/gpt_oss_tp2_smoke.json" 2>&1 | tee "$OUT/tp2.log"
-      else ${MPIRUN:-mpirun --allow-run-as-root} -n 2 $PY -m trtllm_dflash.bench.gpt_oss_tp --target gpt-oss-120b --ep_sizes 2,1 --batch_sizes 1,64 \
-             --block_size 10 --iters 10 --out "$OUT/gpt_oss_120b_tp2_h200x2.json" 2>&1 | tee "$OUT/tp2.log"; fi ;;
+      else eps=2,1; [ -z "${EXPERTS:-}" ] || eps=1   # the library runs whole experts per rank
+           ${MPIRUN:-mpirun --allow-run-as-root} -n 2 $PY -m trtllm_dflash.bench.gpt_oss_tp --target gpt-oss-120b --ep_sizes $eps --batch_sizes 1,64 \
+             "${EXPERTS_ARGS[@]}" --block_size 10 --iters 10 --out "$OUT/gpt_oss_120b_tp2${SUFFIX}_h200x2.json" 2>&1 | tee "$OUT/tp2.log"; fi ;;
     *) echo "unknown stage $stage (tests, mxfp4, 20b, 120b, flashinfer, triton_kernels, tp2)" >&2; exit 2 ;;
   esac
 done

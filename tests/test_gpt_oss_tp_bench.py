@@ -67,6 +67,18 @@ def test_gpt_oss_tp_benchmark_refuses_a_single_rank(tmp_path):
     assert proc.returncode != 0 and "mpirun -n 2" in proc.stderr and not (tmp_path / "x.json").exists()
 
 
+def test_triton_kernels_experts_need_ep_size_1(monkeypatch, tmp_path):
+    from trtllm_dflash.bench import gpt_oss_tp
+    monkeypatch.setattr(gpt_oss_tp, "launcher_rank_and_size", lambda: (0, 2))
+    with pytest.raises(SystemExit, match="^--experts triton_kernels runs whole experts on each rank"):
+        gpt_oss_tp.main(["--tiny", "--device", "cpu", "--experts", "triton_kernels", "--ep_sizes", "2,1",
+                         "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match="^--experts triton_kernels runs on CUDA only"):
+        gpt_oss_tp.main(["--tiny", "--device", "cpu", "--experts", "triton_kernels", "--ep_sizes", "1",
+                         "--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_step_layouts_are_built_with_the_engine_kernels(monkeypatch):
     """bench_config builds every layout's modules with the Kernels main() chose (the Triton decode kernels on CUDA by
     default), not the torch path a bare build() defaults to: a TP row and its TP 1 reference run the same kernels."""

@@ -245,8 +245,10 @@ def main(argv=None) -> int:
     p.add_argument("--target", choices=sorted(TARGETS), default="gpt-oss-120b", help="shapes of the step benchmark")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: gloo, eager, dequantised experts")
     p.add_argument("--tiny", action="store_true", help="tiny step shapes (the CPU smoke test), not the real ones")
-    p.add_argument("--experts", choices=("triton", "dequant"), default=None,
-                   help="experts of the step benchmark: MXFP4 kernels or bf16 (default: triton on CUDA, dequant on CPU)")
+    p.add_argument("--experts", choices=("triton", "triton_kernels", "dequant"), default=None,
+                   help="experts of the step benchmark: our MXFP4 kernels, ours at one token and the triton_kernels "
+                        "library from two (RuntimeConfig.mxfp4_moe; ep size 1 only), or bf16 (default: triton on "
+                        "CUDA, dequant on CPU); the tokens check runs dequant and triton in float32 either way")
     p.add_argument("--ep_sizes", "--ep", default="2,1", type=lambda s: [int(x) for x in s.split(",")],
                    help="expert-parallel sizes to run at TP = the number of ranks (each must divide it)")
     p.add_argument("--batch_sizes", default="1,64", type=lambda s: [int(x) for x in s.split(",")],
@@ -269,6 +271,9 @@ def main(argv=None) -> int:
     bad = [e for e in args.ep_sizes if e < 1 or size % e]
     if bad:
         raise SystemExit(f"--ep_sizes: {bad} do not divide the tp size {size}; use divisors of {size}")
+    if args.experts == "triton_kernels" and max(args.ep_sizes) > 1:
+        raise SystemExit("--experts triton_kernels runs whole experts on each rank (the intermediate size split): "
+                         "use --ep_sizes 1")
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -276,8 +281,8 @@ def main(argv=None) -> int:
     if cuda:
         torch.cuda.set_device(rank % torch.cuda.device_count())
     backend = args.experts or ("triton" if cuda else "dequant")
-    if backend == "triton" and not cuda:
-        raise SystemExit("--experts triton runs on CUDA only; use --experts dequant on the CPU")
+    if backend != "dequant" and not cuda:
+        raise SystemExit(f"--experts {backend} runs on CUDA only; use --experts dequant on the CPU")
     dtype = torch.bfloat16 if cuda else torch.float32
     kernels = Kernels.choose(args.kernels, False, device, dtype)
     t0 = time.perf_counter()
