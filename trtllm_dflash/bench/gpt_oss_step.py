@@ -779,7 +779,7 @@ def full_summary(record: dict, backend: str, block: int, routings: list[str], by
 
 
 def non_expert_split(record: dict, routing: str) -> dict:
-    """With --profile: the b=1 steps' device time outside the expert kernels, and the DFlash step's split into the
+    """With --profile: the b=1 steps' GPU time outside the expert kernels, and the DFlash step's split into the
     drafter (timed alone) and the verify: ``verify_over_ar_non_expert_b1`` compares the verify's non-expert work
     (attention, router, norms, GEMMs, lm_head) with AR's."""
     out = {}
