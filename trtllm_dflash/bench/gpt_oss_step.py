@@ -216,20 +216,20 @@ class Steps:
         if B == 1:
             h, _ = self.target(last[:, None], pos, self.cache, rows, kv_len)
             return self.target.logits(h).argmax(-1)                                      # [n, 1]
-        draft = self.draft(n, B)                                                         # [n, B-1]
+        draft = self.draft(n, B, pos)                                                    # [n, B-1]
         h, feats = self.target(torch.cat([last[:, None], draft], 1), pos, self.cache, rows, kv_len)
         t = self.target.logits(h).argmax(-1)                                             # [n, B]
         a = accept(draft, t)                                                             # [n]
         self.drafter.append_context(feats, pos, self.draft_cache, rows)
         return t.gather(1, a[:, None])
 
-
     @torch.inference_mode()
-    def draft(self, n: int, B: int) -> torch.Tensor:
+    def draft(self, n: int, B: int, pos: torch.Tensor | None = None) -> torch.Tensor:
         """The drafter's share of a DFlash step, also timed alone: its pass over [last, mask x (B-1)] and the
-        drafts' lm_head argmax (its context write after the verify is not in it)."""
+        drafts' lm_head argmax (its context write after the verify is not in it). ``pos``: run()'s positions."""
         rows, start, last = slice(0, n), self.start[:n], self.last[:n]
-        pos = start[:, None] + torch.arange(B, device=self.device)                       # [n, B]
+        if pos is None:
+            pos = start[:, None] + torch.arange(B, device=self.device)                   # [n, B]
         ids = torch.cat([last[:, None], torch.full((n, B - 1), self.mask_id, device=self.device)], 1)
         hd = self.drafter(self.target.embed(ids), pos, start, self.draft_cache, rows, self.ctx + B)
         return self.target.logits(hd[:, 1:]).argmax(-1)                                  # [n, B-1]
@@ -594,19 +594,17 @@ def main(argv=None) -> int:
         routings = [Routing.parse(name, args.routing_zipf, args.routing_reuse, args.routing_seed) for name in names]
     except ValueError as err:
         raise SystemExit(f"gpt_oss_step: {err}") from None
-    compare = [c for c in args.compare.split(",") if c]
-    for lib in compare:
-        library(lib)
+    compare = {c: library(c) for c in args.compare.split(",") if c}
     if args.compare_only and not compare:
         raise SystemExit("--compare_only times the libraries of --compare: name at least one")
     handles = {}
-    for lib in compare:
+    for lib, lib_spec in compare.items():
         try:   # before the model is built: a missing library costs nothing
-            handles[lib] = library(lib).load()
+            handles[lib] = lib_spec.load()
             if backend != "triton":
                 raise SystemExit(f"--compare {lib} compares against the MXFP4 kernels: run it with --experts triton "
                                  "on a CUDA GPU")
-            library(lib).check_device(device)
+            lib_spec.check_device(device)
         except ValueError as err:
             raise SystemExit(str(err)) from None
     t0 = time.perf_counter()

@@ -69,7 +69,7 @@ def layout(experts) -> dict:
         return torch.cat([t, t.new_zeros(*t.shape[:dim], n, *t.shape[dim + 1:])], dim) if n else t
 
     # padded in our orientation ([E, outputs, K]), then transposed: K keeps stride 1
-    return {"H": H, "I": I, "Ip": I + pad,
+    return {"H": H, "Ip": I + pad,
             "w1": zeros_after(experts.gate_up_proj_blocks.reshape(E, 2 * I, H // 2), 1, 2 * pad).transpose(1, 2),
             "s1": zeros_after(experts.gate_up_proj_scales, 1, 2 * pad).transpose(1, 2),
             "w2": zeros_after(experts.down_proj_blocks.reshape(E, H, I // 2), 2, pad // 2).transpose(1, 2),
@@ -94,7 +94,8 @@ class Flags:
     @classmethod
     def parse(cls, spec: str) -> Flags:
         """'fc2.block_k=256+fc2.num_stages=4+scale_warps=4' -> Flags (vLLM's defaults for what it leaves out)."""
-        out = {"fc1": {"split_k": 1}, "fc2": {"split_k": 1}, "scale_warps": 8}
+        base = cls()
+        out = {"fc1": base.fc1, "fc2": base.fc2, "scale_warps": base.scale_warps}
         for item in filter(None, spec.split("+")):
             key, eq, value = item.partition("=")
             if not eq or not value.lstrip("-").isdigit():
@@ -130,7 +131,6 @@ class MatmulOgsExperts:
                               "use ep_size 1 (the intermediate dimension may be split), or mxfp4_moe='triton'")
         self.strided, self.E = strided, experts.num_local
         lay = layout(experts)
-        self.H = lay["H"]
         self.w1, self.pc1, s1 = self._weights(lay["w1"], lay["s1"])
         self.w2, self.pc2, s2 = self._weights(lay["w2"], lay["s2"])
         self.b1, self.b2 = lay["b1"], lay["b2"]
@@ -139,10 +139,6 @@ class MatmulOgsExperts:
                                       (SWIGLU_ALPHA, float(experts.limit)), 2)
         biases = [b for b in (self.b1, self.b2) if b is not None]
         self.bytes_per_expert = sum(_nbytes(t) for t in (lay["w1"], lay["w2"], s1, s2, *biases)) // self.E
-        # device memory it holds beyond our own tensors: float32 biases, and unless strided the re-laid-out copy
-        copies = [] if strided else [q.storage.data for q in (self.w1, self.w2, self.pc1.weight_scale,
-                                                               self.pc2.weight_scale)]
-        self.extra_bytes = sum(_nbytes(t) for t in (*copies, *biases))
 
     def _weights(self, w: torch.Tensor, s: torch.Tensor):
         """One weight's values and scales in the library's layouts, its precision config, the scales it reads."""
