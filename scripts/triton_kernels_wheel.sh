@@ -32,7 +32,7 @@ if not os.path.isdir(os.path.join(sys.argv[2], "triton_kernels")):
 PYEOF
 cat > "$work/src/pyproject.toml" <<TOML
 [build-system]
-requires = ["setuptools>=64"]
+requires = ["setuptools>=70.1"]   # bdist_wheel built in
 build-backend = "setuptools.build_meta"
 
 [project]
@@ -44,5 +44,5 @@ requires-python = ">=3.10"
 [tool.setuptools.packages.find]
 include = ["triton_kernels*"]
 TOML
-"$PY" -m pip wheel -q --no-deps --no-build-isolation "$work/src" -w "$work/whl"
+"$PY" -m pip wheel -q --no-deps "$work/src" -w "$work/whl"
 bash "$(dirname "$0")/offline_host.sh" wheel "$DIR" triton_kernels "$work"/whl/triton_kernels-*.whl
