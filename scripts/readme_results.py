@@ -252,8 +252,8 @@ def render_headline(results: Path) -> str:
                 provenance_note(_load(results, name), name))
 
     def gpt_oss_triton_kernels():
-        name, base = (f"mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_{e}_h200.json"
-                      for e in ("triton_kernels_pack", "triton"))
+        name, base = "gpt_oss_120b_step_triton_kernels_h200.json", \
+            "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_h200.json"
         s, b = _load(results, name)["summary"], _load(results, base)["summary"]
         return (f"AR {_ms(s['ar_b1_step_ms'])} ms, DFlash {_ms(s['dflash_b1_step_ms'])} ms (block {s['block_size']}): "
                 f"break-even {s['break_even_tokens_b1']:.1f} accepted tokens per step under uniform routing, "
@@ -1087,7 +1087,9 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_pack_h200.json",
+    files = ("mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_warps4_h200.json",
+             "mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_review_h200.json",
+             "mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_pack_h200.json",
              "mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_h200.json",
              "mxfp4_decode_h200/tc/gpu_tests_mxfp4_head_h200.json", "mxfp4_decode_h200/tc/gpu_tests_mxfp4_tc_h200.json", "mxfp4_decode_h200/tc/gpu_tests_mxfp4_b5fed6f_h200.json",
              "mxfp4_decode_h200/gemv_block/gpu_tests_mxfp4_gemv_block_h200.json",
@@ -1252,8 +1254,28 @@ def render_moe_libraries(results: Path) -> str:
             "its own, so `mxfp4_moe=\"triton_kernels\"` (`dflash-build --backend torch --mxfp4_moe triton_kernels`, "
             "RuntimeConfig) pays a second copy of the experts for it. "
             "FlashInfer's fused MoE (`--compare flashinfer`) is wired but not measured yet: its sm90 MoE module "
-            "JIT-compiles all of its CUTLASS grouped-GEMM instantiations with the host's nvcc on first use.\n\n"
-            + "\n".join(lines) + "\n")
+            "JIT-compiles all of its CUTLASS grouped-GEMM instantiations with the host's nvcc on first use. "
+            + _moe_flags_sentence(results) + "\n\n" + "\n".join(lines) + "\n")
+
+
+def _moe_flags_sentence(results: Path) -> str:
+    """The library's opt-flag sweep (gpt_oss_step --compare 'triton_kernels:FLAGS,...'): the adopted default vs vLLM's."""
+    name = "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_triton_kernels_flags_h200.json"
+    d = _load(results, name)
+    sets = [k.removeprefix("moe_layer_vs_") for k in d if k.startswith("moe_layer_vs_")]
+
+    def ms(flags, routing, batch, block):
+        row = next(r for r in d[f"moe_layer_vs_{flags}"]
+                   if (r["routing"], r["batch"], r["block_size"]) == (routing, batch, block))
+        return f"{row[f'{flags}_ms']:.3f}"
+    vllm, four = "triton_kernels", "triton_kernels:scale_warps=4"
+    return (f"Its tiles, {len(sets)} opt-flag sets side by side (`--compare 'triton_kernels:scale_warps=4,...'`, "
+            f"{provenance_note(d, name)}): the scale layout for 4 warps (128-column tiles) ran a block of 10 in "
+            f"{ms(four, 'uniform', 1, 10)} ms against {ms(vllm, 'uniform', 1, 10)} with vLLM's 8 warps (uniform), "
+            f"{ms(four, 'skewed', 1, 10)} against {ms(vllm, 'skewed', 1, 10)} (skewed) and 4 x 1 tokens in "
+            f"{ms(four, 'uniform', 4, 1)} against {ms(vllm, 'uniform', 4, 1)}; non-persistent kernels, block_k 256, "
+            "split K and 3 stages were no faster, so 4 warps is the default (`triton_kernels_moe.Flags`) and the "
+            "table below, measured before that, runs vLLM's 8.")
 
 
 def render_gpt_oss_mxfp4(results: Path) -> str:
@@ -1270,7 +1292,8 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
              ("gpt-oss-120b", "H200", "+ triton_kernels for 2+ tokens",
               "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_kernels_h200.json"),
              ("gpt-oss-120b", "H200", "+ routing inputs in one kernel",
-              "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_kernels_pack_h200.json"))
+              "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_kernels_pack_h200.json"),
+             ("gpt-oss-120b", "H200", "+ 4-warp scale layout", "gpt_oss_120b_step_triton_kernels_h200.json"))
     lines = _table_head("target, GPU", "decode kernels", "AR step b=1 (roofline)", "DFlash step b=1 (roofline)",
                         "break-even tokens b=1", "kernels per AR step", "experts: us per distinct expert AR / DFlash")
     notes = []
@@ -1297,7 +1320,7 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
             "case) over the copy bandwidth measured in the same run. The first two 120b rows ran on different GPUs "
             "(H200 4.3 TB/s before, H100 3.0 TB/s after): compare their roofline fractions, not their times; the "
             "next two are one A/B on one H200, minutes apart, the two after ran on other H200s of the same kind, the "
-            "two after them are one A/B in one run on one H200 and the last ran on another: "
+            "two after them are one A/B in one run on one H200 and the last two ran on others: "
             "`mxfp4_moe=\"triton_kernels\"` runs the steps of 2+ tokens on "
             "vLLM's Triton MoE kernels (the triton_kernels package, in its Hopper layout: twice the experts' memory) "
             "and keeps our gemv for one token, where it is faster "
