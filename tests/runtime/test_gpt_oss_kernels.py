@@ -162,61 +162,6 @@ def test_router_kernel_compiles_for_the_h100():
     compile_for_h100(ROUTER_SM90)
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3)])
-@pytest.mark.parametrize("E,k,N", [(32, 4, 1), (128, 4, 7), (20, 4, 17), (8, 8, 40), (128, 4, 33)])
-def test_route_is_the_linear_router_then_its_top_k(dtype, tol, E, k, N):
-    """route(x, W, b) == the float64 rule on x @ W^T + b, for one token (decode: the tl.dot block padded), a verify
-    block, several token blocks and a last partial one, hidden 200 (a partial tl.dot step). Inputs are small
-    integers, so every logit is exact in float16 too and any tie is a real one, taken lower id first; the
-    tile counters are back at 0 and a second call gives the same."""
-    from trtllm_dflash.runtime.kernels.arrival import tile_counters
-    _, R = kernels()
-    g = torch.Generator().manual_seed(E + k + N)
-    H = 200
-    x = torch.randint(-2, 3, (N, H), generator=g).to(dtype)
-    w = torch.randint(-2, 3, (E, H), generator=g).to(dtype)
-    b = torch.randint(-8, 9, (E,), generator=g).to(dtype)
-    ids, wt = R.route(x, w, b, k)
-    assert ids.dtype == torch.int64 and wt.dtype == dtype and ids.shape == wt.shape == (N, k)
-    want_ids, want_w = topk_f64(x.double() @ w.double().T + b.double(), k)
-    assert ids.equal(want_ids) and rel(wt, want_w) < tol
-    assert not tile_counters(x.device, 1)[:8].any()
-    ids2, wt2 = R.route(x, w, b, k)
-    assert ids2.equal(ids) and wt2.equal(wt)
-
-
-def test_route_rejects_bad_shapes():
-    _, R = kernels()
-    x, w, b = torch.zeros(2, 8), torch.zeros(4, 8), torch.zeros(4)
-    with pytest.raises(ValueError, match="top-5 of 4"):
-        R.route(x, w, b, 5)
-    with pytest.raises(ValueError, match=r"weight \[E, H\] \(4, 6\)"):
-        R.route(x, torch.zeros(4, 6), b, 2)
-
-
-ROUTE_SM90 = '''
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from trtllm_dflash.runtime.kernels import router as R
-k = R._route_kernel
-for E, dtype, block_n in [(32, "*bf16", 16), (128, "*bf16", 16), (128, "*bf16", 32), (8, "*fp32", 16)]:
-    consts = dict(K=4, BLOCK_N=block_n, BLOCK_E=R.ROUTE_BLOCK_E, BLOCK_H=R.ROUTE_BLOCK_H,
-                  ALL_E=triton.next_power_of_2(E), BLOCK_K=4, IEEE=dtype == "*fp32")
-    types = {"x_ptr": dtype, "w_ptr": dtype, "b_ptr": dtype, "logits_ptr": "*fp32", "cnt_ptr": "*i32",
-             "ids_ptr": "*i64", "wt_ptr": dtype}
-    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in k.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names) if sig[n].startswith("*")}
-    triton.compile(ASTSource(k, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-'''
-
-
-def test_route_kernel_compiles_for_the_h100():
-    """The one-kernel router (bf16 at the 20b and 120b shapes, the float32 path) compiled to sm_90."""
-    from tests.runtime.compare import compile_for_h100
-    compile_for_h100(ROUTE_SM90)
-
-
 def test_router_rejects_bad_k():
     _, R = kernels()
     with pytest.raises(ValueError, match="top-5 of 4"):
@@ -251,10 +196,10 @@ def tiny_gpt_oss(tmp_path_factory):
 def test_target_forward_with_the_kernels(tiny_gpt_oss, monkeypatch):
     """Prefill then a verify block of 6 over the cache (window 8: the block straddles the window edge; row 1
     two positions back, its stale rows hidden), with the kernels == the torch path, float32; the router's
-    one-kernel GEMM + top-k ran in every layer of the three forwards."""
+    top-k kernel ran in every layer of the three forwards."""
     _, R = kernels()
     from tests.runtime.kernel_engine import count_calls
-    calls = count_calls(monkeypatch, R, ["route"], {})
+    calls = count_calls(monkeypatch, R, ["topk_softmax"], {})
     from trtllm_dflash.runtime.distributed import TPGroup
     from trtllm_dflash.runtime.kernels import Kernels
     from trtllm_dflash.runtime.weights import load_target
@@ -277,7 +222,7 @@ def test_target_forward_with_the_kernels(tiny_gpt_oss, monkeypatch):
         out[kernel] = (h, h1, cache.k.clone())
     for a, b in zip(out["triton"], out["torch"]):
         assert rel(a, b) < 1e-5
-    assert calls == {"route": 12}, calls   # 4 layers x (prefill, verify, AR step)
+    assert calls == {"topk_softmax": 12}, calls   # 4 layers x (prefill, verify, AR step)
 
 
 # exhaustive (13 minutes of a loaded 2-core box, ~2.5 of CPU): the default run has each gpt-oss kernel in the unit
@@ -290,7 +235,7 @@ def test_engine_tokens_are_the_same_with_the_kernels(tiny_gpt_oss, block, monkey
     from tests.runtime.kernel_engine import count_calls, same_generation
     from trtllm_dflash.config import SamplingParams
     calls = count_calls(monkeypatch, K, ["attend", "rope_cache_write"], {})
-    count_calls(monkeypatch, R, ["route"], calls)
+    count_calls(monkeypatch, R, ["topk_softmax"], calls)
     drafter = tiny_gpt_oss[1] if block is None else None
     same_generation(tiny_gpt_oss[0], drafter, dict(max_seq_len=64, max_batch_size=2, block_size=block),
                     [[5, 9, 14, 3, 22, 7, 7, 30, 2, 11, 19], [7, 41]],

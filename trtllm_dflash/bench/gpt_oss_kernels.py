@@ -6,8 +6,8 @@ GPU at gpt-oss-20b shapes (random weights; bf16):
              gpt_oss.attend_with_sinks, for full and sliding-window (128) layers, T = 1 (AR) and 10 (DFlash
              verify), contexts 4k and 32k; the kernel at several (BLOCK_N, num_warps) tiles and split counts, so
              the defaults can be picked from one run ("best" per shape, and the default's time over the best's);
-  router     nn.Linear + top-k + softmax (torch) vs nn.Linear + the top-k/softmax kernel vs the one-kernel
-             GEMM + top-k (kernels/router.py topk_softmax, route), 32 and 128 experts, 1/10/64 tokens;
+  router     nn.Linear + top-k + softmax (torch) vs nn.Linear + the top-k/softmax kernel (kernels/router.py),
+             32 and 128 experts, 1/10/64 tokens;
   norm       the residual add (+ o_proj bias) + RMSNorm: eager ops vs the compiled kernel;
   target     the gpt-oss-20b target (24 layers, MXFP4 experts on their Triton kernels, gpt_oss_step.py's
              random weights): kernels per layer (profiler, eager forward, 4 layers minus 2 over 2) and the
@@ -172,12 +172,8 @@ class Bench:
                 def fused():
                     return R.topk_softmax(lin(x), 4)
 
-                def one_kernel():
-                    return R.route(x, lin.weight, lin.bias, 4)
-
                 rows.append({"E": E, "N": N, "torch_us": self.time_us(torch_path), "gemm_topk_us": self.time_us(fused),
-                             "route_us": self.time_us(one_kernel), "torch_kernels": self.kernels(torch_path),
-                             "gemm_topk_kernels": self.kernels(fused), "route_kernels": self.kernels(one_kernel)})
+                             "torch_kernels": self.kernels(torch_path), "gemm_topk_kernels": self.kernels(fused)})
                 print(f"router {rows[-1]}", flush=True)
         return rows
 
@@ -245,9 +241,8 @@ def summarize(out: dict) -> dict:
                   "best_us": row["best"]["us"], "best": {k: row["best"][k] for k in ("block_n", "num_warps", "splits")},
                   "default_over_best": row["default_over_best"]}
     for row in out.get("router", []):
-        s[f"router_E{row['E']}_N{row['N']}"] = {k: row[k] for k in ("torch_us", "gemm_topk_us", "route_us",
-                                                                      "torch_kernels", "gemm_topk_kernels",
-                                                                      "route_kernels")}
+        s[f"router_E{row['E']}_N{row['N']}"] = {k: row[k] for k in ("torch_us", "gemm_topk_us", "torch_kernels",
+                                                                      "gemm_topk_kernels")}
     for row in out.get("norm", []):
         s[f"norm_N{row['N']}_{'fused' if row['fused'] else 'eager'}"] = {"us": row["us"], "kernels": row["kernels"]}
     if "target" in out:

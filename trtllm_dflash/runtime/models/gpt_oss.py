@@ -12,8 +12,8 @@ Decode path (RuntimeConfig.kernels "triton": every module built with Kernels(tri
 layer runs as the Llama family's does: qkv and o_proj on the Triton GEMM at decode sizes (layers.uses_gemm_kernel),
 RoPE + cache write in one Triton kernel and attention against the cache in the decode attention kernel
 (runtime/kernels/decode_attention.py), here with the sinks and the sliding window (as KeyRange lo = pos - window
-+ 1) inside it; each residual add (with o_proj's bias) + RMSNorm is one compiled kernel; the router's GEMM,
-top-k and softmax one Triton kernel (runtime/kernels/router.py). The torch path below stays
++ 1) inside it; each residual add (with o_proj's bias) + RMSNorm is one compiled kernel; the router's top-k +
+softmax one Triton kernel after its GEMM (runtime/kernels/router.py). The torch path below stays
 the reference (eager, HF rounding) and runs where the switch says "torch" (CPU by default).
 
 Weights keep Hugging Face names; q/k/v are fused into ``qkv_proj``. MXFP4 experts (``*_blocks`` +
@@ -325,26 +325,20 @@ class MoE(nn.Module):
         self.top_k, self.tp, self.kernels = c.experts_per_token, tp, kernels
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        """x [..., hidden] -> [..., hidden]. ``fused``: the router's GEMM and its top-k + softmax in one Triton
-        kernel (kernels/router.py route; in the batch-invariant mode the top-k kernel after the fixed-tile GEMM):
-        the same ids and weights up to the logits' and weights' last rounding."""
+        """x [..., hidden] -> [..., hidden]. ``fused``: the router's top-k + softmax in one Triton kernel after its
+        GEMM (kernels/router.py): the same ids and weights up to the weights' last rounding."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])                                          # [N, hidden]
-        return self.tp.all_reduce(self.experts(x, *self.route(x, fused))).view(shape)
-
-    def route(self, x: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [N, hidden] -> the experts' ids [N, k] (int64) and routing weights [N, k]."""
-        if fused and not self.kernels.batch_invariant:
-            from ..kernels import router
-            return router.route(x, self.router.weight, self.router.bias, self.top_k)
         # In the batch-invariant mode the router's GEMM is the Triton GEMM's fixed tile too: cuBLAS picks its
         # tiles by the row count, and a last-bit change of a logit can swap a near-tie expert.
         logits = project(self.kernels, self.router, x) if self.kernels.batch_invariant else self.router(x)
         if fused:
             from ..kernels import router
-            return router.topk_softmax(logits, self.top_k)
-        top_logits, top_ids = logits.topk(self.top_k, dim=-1)                # [N, k]
-        return top_ids, torch.softmax(top_logits, dim=-1)                    # softmax over the k chosen only
+            top_ids, weights = router.topk_softmax(logits, self.top_k)       # [N, k] int64, [N, k]
+        else:
+            top_logits, top_ids = logits.topk(self.top_k, dim=-1)            # [N, k]
+            weights = torch.softmax(top_logits, dim=-1)                      # softmax over the k chosen only
+        return self.tp.all_reduce(self.experts(x, top_ids, weights)).view(shape)
 
 
 class DecoderLayer(nn.Module):
