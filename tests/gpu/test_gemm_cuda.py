@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The decode-path Triton GEMMs (runtime/kernels/gemm.py) on the GPU in bf16 at real shapes (SmolLM2-135M,
-Qwen3-8B, Llama-3.1-8B o_proj / gate_up_proj / down_proj at M = 1, 16, 64), against cuBLAS + the torch
+Qwen3-8B, Llama-3.1-8B, gpt-oss-120b o_proj / gate_up_proj / down_proj at M = 1, 16, 64; split K where split_for
+splits it, and each split count forced at gpt-oss's shapes), against cuBLAS + the torch
 epilogue they replace and a float64 reference; CUDA-graph capture and replay; a Qwen3-8B-shaped layer of the
 target with the kernels against the torch path.
 
@@ -22,7 +23,8 @@ from trtllm_dflash.runtime.models import layers as L
 pytestmark = pytest.mark.gpu
 DEV, BF16 = torch.device("cuda"), torch.bfloat16
 # (name, hidden, intermediate, q heads x head_dim) of the public configs (checkpoints/resolve.py)
-SHAPES = [("smollm2-135m", 576, 1536, 576), ("qwen3-8b", 4096, 12288, 4096), ("llama-3.1-8b", 4096, 14336, 4096)]
+SHAPES = [("smollm2-135m", 576, 1536, 576), ("qwen3-8b", 4096, 12288, 4096), ("llama-3.1-8b", 4096, 14336, 4096),
+          ("gpt-oss-120b", 2880, 2880, 4096)]   # attention's o_proj (4096 -> 2880); its MLP is MoE, timed as dense here
 
 
 def kernels():
@@ -46,6 +48,21 @@ def test_linear_residual_bf16(name, hidden, inter, attn, M):
         assert rel(got, want64) < 4e-3, K
         assert rel(got, F.linear(x, w) + r) < 1e-2, K
         assert rel(G.linear(x, w), x.double() @ w.double().T) < 4e-3, K   # no epilogue (tp > 1)
+
+
+@pytest.mark.parametrize("N,K", [(5120, 2880), (2880, 4096)])   # gpt-oss's qkv_proj and o_proj
+@pytest.mark.parametrize("M", [1, 10])
+def test_split_k_bf16(N, K, M):
+    """Every split count against float64 and against no split (the same float32 partial sums added in another
+    order, one bf16 rounding: within 4e-3), repeated calls bit-identical (the slice-order reduction)."""
+    G = kernels()
+    x, w, r = randn(M, K, seed=6), randn(N, K, seed=7, scale=K ** -0.5), randn(M, N, seed=8)
+    want64 = x.double() @ w.double().T + r.double()
+    one = G.linear(x, w, None, r, split=1)
+    for split in (2, 4):
+        got = G.linear(x, w, None, r, split=split)
+        assert rel(got, want64) < 4e-3 and rel(got, one) < 4e-3, split
+        assert torch.equal(G.linear(x, w, None, r, split=split), got), split
 
 
 @pytest.mark.parametrize("name,hidden,inter,attn", SHAPES)

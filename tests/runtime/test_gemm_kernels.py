@@ -93,6 +93,40 @@ def test_rows_do_not_depend_on_the_batch_up_to_16():
         assert torch.equal(G.gate_up_silu(x[:m], w), G.gate_up_silu(x, w)[:m])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("split", [2, 4])
+@pytest.mark.parametrize("dot", [True, False])
+def test_split_k_equals_one_slice_and_float64(dtype, split, dot):
+    """K split over 2 or 4 programs per tile (K = 200: the last slice partial, with 4 slices of 2 steps over 7 steps
+    the fourth holds one masked step): the same result as no split within the accumulation order, against float64
+    with bias and residual; the tile counters are back at 0 and a second call gives the same bits."""
+    from trtllm_dflash.runtime.kernels.arrival import tile_counters
+    G = kernels()
+    M, N, K = 3, 40, 200
+    cfg = G.Config(16, 16, 32, num_stages=2) if dot else G.Config(1, 16, 32)
+    x, w, b, r = operands(M, N, K, dtype, seed=split)
+    got = G.linear(x, w, b, r, cfg=cfg, split=split)
+    want = x.double() @ w.double().T + b.double() + r.double()
+    assert rel(got, want) < TOL[dtype][0]
+    assert rel(got, G.linear(x, w, b, r, cfg=cfg, split=1)) < TOL[dtype][0]
+    assert not tile_counters(x.device, 1)[:64].any()
+    assert torch.equal(G.linear(x, w, b, r, cfg=cfg, split=split), got)
+
+
+def test_split_for_rule():
+    """K is split where a plain projection's tiles leave SMs short of programs, never in the batch-invariant mode or
+    for the gated GEMM: gpt-oss-120b at one row on 132 SMs (o_proj 180 programs -> 4 slices, qkv 320 -> 2, the
+    lm_head none), SmolLM2's K = 576 none (too few steps to share)."""
+    G = kernels()
+    def split(M, N, K, gated=False):
+        return G.split_for(G.pick_config(M, N, K, gated, 2, 132), M, N, K, 132)
+    assert (split(1, 2880, 4096), split(1, 5120, 2880), split(1, 201088, 2880)) == (4, 2, 1)
+    assert split(1, 576, 576) == 1
+    x, w, _, _ = operands(2, 16, 64, torch.float32)
+    with pytest.raises(ValueError, match="split-K is for plain projections"):
+        G.linear(x, w, split=2, invariant=True)
+
+
 def test_strided_rows_and_errors():
     """x rows with a stride (a view of a wider tensor) are read in place; unsupported inputs are clear errors."""
     G = kernels()

@@ -104,6 +104,8 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
         configs = {k: c for k, c in configs.items() if c != invariant or k == "default"} | {"invariant": invariant}
     for key, c in configs.items():
         variants[f"triton_{key}"] = triton(c)
+    if not gated and G.split_for(default, M, N, K, G.num_sms(dev)) > 1:   # the default's K split against none
+        variants["triton_default_nosplit"] = lambda: [G.linear(x, w, None, r, default, split=1) for w in ws]
 
     # the default config against float64 here (tests/gpu/test_gemm_cuda.py checks every candidate config)
     y64 = x.double() @ ws[0].double().T
@@ -139,11 +141,14 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
     return row
 
 
-KERNEL_ARGS = ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "out_ptr", "M", "N", "K", "up_off", "s_xm", "s_wn", "s_rm", "s_om")
+KERNEL_ARGS = ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "out_ptr", "part_ptr", "cnt_ptr", "M", "N", "K", "k_per", "up_off",
+               "s_xm", "s_wn", "s_rm", "s_om")
+POINTER_TYPES = {"part_ptr": "*fp32", "cnt_ptr": "*i32"}   # the split-K partials and tile counters; the rest bf16
 
 
-def compile_stats(G, cfg, epilogue: str, M: int, N: int, K: int, arch: int) -> dict:
-    """Compile _gemm_kernel for sm_<arch> (no GPU needed) as a bf16 launch at these shapes would specialize it."""
+def compile_stats(G, cfg, epilogue: str, M: int, N: int, K: int, arch: int, split: int = 1) -> dict:
+    """Compile _gemm_kernel for sm_<arch> (no GPU needed) as a bf16 launch at these shapes would specialize it
+    (``split`` K slices per tile)."""
     import re
     import subprocess
     import tempfile
@@ -152,9 +157,11 @@ def compile_stats(G, cfg, epilogue: str, M: int, N: int, K: int, arch: int) -> d
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     gated = epilogue == "silu_mul"
-    consts = G.constexprs(cfg, N, K, gated, False, epilogue == "residual", torch.bfloat16)
-    values = dict(M=M, N=N, K=K, up_off=N if gated else 0, s_xm=K, s_wn=K, s_rm=N, s_om=N)
-    sig = {a: "*bf16" if a.endswith("_ptr") else "i32" for a in KERNEL_ARGS} | {c: "constexpr" for c in consts}
+    consts = G.constexprs(cfg, N, K, gated, False, epilogue == "residual", torch.bfloat16, split)
+    k_per = -(-(-(-K // cfg.block_k)) // split) * cfg.block_k
+    values = dict(M=M, N=N, K=K, k_per=k_per, up_off=N if gated else 0, s_xm=K, s_wn=K, s_rm=N, s_om=N)
+    sig = {a: POINTER_TYPES.get(a, "*bf16") if a.endswith("_ptr") else "i32" for a in KERNEL_ARGS} | {
+        c: "constexpr" for c in consts}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(KERNEL_ARGS)
              if a.endswith("_ptr") or values[a] % 16 == 0 and values[a]}
     k = triton.compile(ASTSource(fn=G._gemm_kernel, signature=sig, constexprs=consts, attrs=attrs),
@@ -179,15 +186,17 @@ def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> Non
                 invariant = G.invariant_config(M, N, K, epilogue == "silu_mul", 2, 132)
                 tried = [default, *(c for c in candidates(G, M, smoke=False) if c != default)]
                 for c in tried + ([invariant] if invariant not in tried else []):
-                    key = (c, epilogue, N % c.block_n == 0 and K % c.block_k == 0, M == 1)
-                    tag = f"{model}/{name}/M{M}/{label(c)}"
+                    # the default launch splits K where split_for says so (plain projections only)
+                    split = G.split_for(c, M, N, K, 132) if c == default and epilogue != "silu_mul" else 1
+                    key = (c, epilogue, N % c.block_n == 0 and K % c.block_k == 0, M == 1, split)
+                    tag = f"{model}/{name}/M{M}/{label(c)}" + (f"/split{split}" if split > 1 else "")
                     if key not in done:
                         try:
-                            done[key] = compile_stats(G, c, epilogue, M, N, K, arch)
+                            done[key] = compile_stats(G, c, epilogue, M, N, K, arch, split)
                         except Exception as err:   # noqa: BLE001 - recorded, the others still compile
                             done[key] = {"error": repr(err)[:500]}
                     row = {"model": model, "gemm": name, "M": M, "config": label(c), "default": c == default,
-                           "invariant": c == invariant, **done[key]}
+                           "invariant": c == invariant, "split": split, **done[key]}
                     result["rows"].append(row)
                     if "error" in row:
                         result["errors"][tag] = row["error"]

@@ -9,11 +9,14 @@ the MLP's and the residual stream's elementwise work fused into the epilogue (Ru
                 rows, as the runtime fuses them at load): each program computes the gate and the up tile of the
                 same output columns, so the [M, 2I] intermediate and the silu_mul kernel disappear.
 
-One program per (BLOCK_M rows, BLOCK_N output columns) walks all of K: weights are read once per row tile,
-accumulation is float32, the epilogue rounds once to the model dtype, and each GEMM is one kernel. No split-K
-(it would need a second, reduce kernel, or non-deterministic atomics): at the 8B shapes BLOCK_N = 16 already
-gives 256 programs at M = 1 for N = 4096, about two per SM; for a small N (SmolLM2's 576 columns) the FMA path's
-narrow tiles spread the columns over more SMs instead. trtllm_dflash/bench/gemm.py measures both.
+One program per (BLOCK_M rows, BLOCK_N output columns) walks K: weights are read once per row tile,
+accumulation is float32, the epilogue rounds once to the model dtype, and each GEMM is one kernel. Where a plain
+projection's tiles give fewer than four programs per SM (gpt-oss's o_proj at one row: 180 programs of 16 columns on
+132 SMs, so a third of the SMs run two and the rest one), ``split_for`` splits K over 2-4 programs per tile: each
+stores its float32 partial, and the one that completes the tile (kernels/arrival.py) sums the partials in slice
+order and runs the epilogue (deterministic; no second kernel). Never in the batch-invariant mode, never for the
+gated GEMM. For a small N (SmolLM2's 576 columns) the FMA path's narrow tiles spread the columns over more SMs
+instead. trtllm_dflash/bench/gemm.py measures the alternatives.
 Two inner products: ``tl.dot`` tiles (BLOCK_M >= 16, tensor cores; rows past M are masked) or, with
 BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows, any power-of-two BLOCK_N).
 
@@ -51,6 +54,7 @@ import triton
 import triton.language as tl
 
 from . import GATED_GEMM_MAX_ROWS, num_sms, pow2
+from .arrival import last_arrival, tile_counters
 
 MAX_SMEM = 227 * 1024      # bytes of shared memory one block may use on an H100 (sm_90)
 SMEM_BUDGET = 160 * 1024   # bytes of pipelined tiles per program (below MAX_SMEM: headroom for Triton)
@@ -106,6 +110,22 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
     while block_n > 16 and Config(block_m, block_n, block_k, 4, 2).smem(gated, elem) > MAX_SMEM:
         block_n //= 2
     return Config(block_m, block_n, block_k, 4, _stages(block_m, block_n, block_k, gated, elem))
+
+
+SPLIT_MIN_STEPS = 4   # BLOCK_K steps each K slice keeps at least (a split of fewer is mostly ramp-up)
+
+
+@functools.cache   # a pure function of its ints
+def split_for(cfg: Config, M: int, N: int, K: int, sms: int) -> int:
+    """K slices per output tile for a plain projection under ``cfg``: 1, or the fewest of 2 and 4 that give every SM
+    four programs, as long as each slice keeps SPLIT_MIN_STEPS steps of BLOCK_K (gpt-oss-120b at one row: o_proj
+    2880 x 4096 180 programs -> 4 slices, qkv 5120 x 2880 320 -> 2)."""
+    programs = -(-M // cfg.block_m) * -(-N // cfg.block_n)
+    steps = -(-K // cfg.block_k)
+    split = 1
+    while split < 4 and programs * split < 4 * sms and steps >= 2 * split * SPLIT_MIN_STEPS:
+        split *= 2
+    return split
 
 
 # Rows up to which the batch-invariant mode runs pick_config's decode tiles: GATED_GEMM_MAX_ROWS, the most rows the
@@ -170,10 +190,11 @@ def _inner(x, w, acc, DOT: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, K, up_off, s_xm, s_wn, s_rm, s_om,
+def _gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, k_per, up_off,
+                 s_xm, s_wn, s_rm, s_om,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  GATED: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                 EVEN_W: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
+                 EVEN_W: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -181,48 +202,69 @@ def _gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, K, up_off, s_xm, s_w
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < N
-    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * s_xm + rk[None, :]            # [BM, BK]
-    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * s_wn + rk[None, :]            # [BN, BK] gate (or only) rows
+    k_lo = 0
+    k_hi = K
+    if SPLIT > 1:   # this program's K slice: k_per (a multiple of BLOCK_K) inputs from slice * k_per
+        k_lo = tl.program_id(2) * k_per
+        k_hi = tl.minimum(K, k_lo + k_per)
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * s_xm + (k_lo + rk)[None, :]   # [BM, BK]
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * s_wn + (k_lo + rk)[None, :]   # [BN, BK] gate (or only) rows
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = k0 + rk < K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_ok = k0 + rk < k_hi
         x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _inner(x, _load_w(w_ptrs, n_ok, k_ok, EVEN_W), acc, DOT, IEEE)
         if GATED:   # up rows: the same columns, up_off rows further down the weight
             acc_up = _inner(x, _load_w(w_ptrs + up_off * s_wn, n_ok, k_ok, EVEN_W), acc_up, DOT, IEEE)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    mn_ok = m_ok[:, None] & n_ok[None, :]
+    if SPLIT > 1:   # partials [SPLIT, M, N] float32; the tile's last program sums them in slice order
+        tile = rm[:, None].to(tl.int64) * N + rn[None, :]
+        tl.store(part_ptr + tl.program_id(2) * M * N + tile, acc, mask=mn_ok)
+        cnt = cnt_ptr + pid_m * tl.num_programs(0) + pid_n
+        if not last_arrival(cnt, SPLIT):
+            return
+        tl.store(cnt, 0)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for sl in range(SPLIT):
+            acc += tl.load(part_ptr + sl * M * N + tile, mask=mn_ok, other=0.0, cache_modifier=".cg")
     if BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
         acc = acc * tl.sigmoid(acc) * acc_up
-    mn_ok = m_ok[:, None] & n_ok[None, :]
     if RESIDUAL:
         acc += tl.load(r_ptr + rm[:, None].to(tl.int64) * s_rm + rn[None, :], mask=mn_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + rm[:, None].to(tl.int64) * s_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mn_ok)
 
 
-def constexprs(cfg: Config, N: int, K: int, gated: bool, bias: bool, residual: bool, dtype: torch.dtype) -> dict:
+def constexprs(cfg: Config, N: int, K: int, gated: bool, bias: bool, residual: bool, dtype: torch.dtype,
+               split: int = 1) -> dict:
     """_gemm_kernel's compile-time arguments for a launch (trtllm_dflash/bench/gemm.py --compile_only compiles the
-    same set for a GPU architecture without a GPU)."""
+    same set for a GPU architecture without a GPU). A split's slices end on BLOCK_K steps, so EVEN_W holds for
+    them as for the whole K."""
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GATED=gated, BIAS=bias,
                 RESIDUAL=residual, EVEN_W=N % cfg.block_n == 0 and K % cfg.block_k == 0, DOT=cfg.block_m > 1,
-                IEEE=dtype == torch.float32)
+                IEEE=dtype == torch.float32, SPLIT=split)
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated: bool, cfg: Config | None,
-            invariant: bool = False):
+            invariant: bool = False, split: int | None = None):
     K = x.shape[-1]
     if weight.shape[-1] != K or weight.stride(-1) != 1 or x.stride(-1) != 1:
         raise ValueError(f"x [..., {K}] and weight {tuple(weight.shape)} must share K with contiguous rows")
     x2 = x.reshape(-1, K)                       # [M, K]
     M = x2.shape[0]
     elem = x.element_size()
+    sms = num_sms(x.device)
     if cfg is None:
-        sms = num_sms(x.device)
         cfg = invariant_config(M, N, K, gated, elem, sms) if invariant else pick_config(M, N, K, gated, elem, sms)
     check_config(cfg, gated, elem)
+    if split is None:   # a K split changes a row's sum order with the row count's tiles: never where bits must hold
+        split = 1 if invariant or gated or not M else split_for(cfg, M, N, K, sms)
+    if split > 1 and (invariant or gated):
+        raise ValueError("split-K is for plain projections outside the batch-invariant mode")
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     r2 = out
     if residual is not None:
@@ -230,23 +272,30 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated
             raise ValueError(f"residual {tuple(residual.shape)} must be x's rows x {N} with contiguous rows")
         r2 = residual.reshape(-1, N)
     if M:
-        grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m))
+        grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m), split)
+        k_per = triton.cdiv(triton.cdiv(K, cfg.block_k), split) * cfg.block_k   # whole BLOCK_K steps per slice
+        part, cnt = out, out   # unused without a split
+        if split > 1:
+            part = torch.empty(split, M, N, dtype=torch.float32, device=x.device)   # [split, M, N] partial sums
+            cnt = tile_counters(x.device, grid[0] * grid[1])
         _gemm_kernel[grid](
-            x2, weight, bias if bias is not None else weight, r2, out, M, N, K, N if gated else 0,
+            x2, weight, bias if bias is not None else weight, r2, out, part, cnt, M, N, K, k_per, N if gated else 0,
             x2.stride(0), weight.stride(0), r2.stride(0), out.stride(0),
-            **constexprs(cfg, N, K, gated, bias is not None, residual is not None, x.dtype),
+            **constexprs(cfg, N, K, gated, bias is not None, residual is not None, x.dtype, split),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out.view(*x.shape[:-1], N)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           residual: torch.Tensor | None = None, cfg: Config | None = None, invariant: bool = False) -> torch.Tensor:
+           residual: torch.Tensor | None = None, cfg: Config | None = None, invariant: bool = False,
+           split: int | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) (+ residual [..., N]) -> [..., N] in x's dtype (F.linear's
     layout; float32 accumulation, one rounding at the end). ``cfg`` None = pick_config, or invariant_config with
-    ``invariant`` (the batch-invariant mode's tile: always tl.dot, never split-K)."""
+    ``invariant`` (the batch-invariant mode's tile: always tl.dot, never split-K). ``split``: K slices per tile
+    (None: split_for's, 1 in the batch-invariant mode)."""
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias {tuple(bias.shape)} must be [{weight.shape[0]}]")
-    return _launch(x, weight, bias, residual, weight.shape[0], False, cfg, invariant)
+    return _launch(x, weight, bias, residual, weight.shape[0], False, cfg, invariant, split)
 
 
 def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, cfg: Config | None = None,
