@@ -86,10 +86,10 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
     moved = w_bytes + (M * K + M * N * (2 if r is not None else 1)) * elem   # weight + x + out (+ residual)
     from trtllm_dflash.runtime.models.layers import silu_mul
 
-    def triton(cfg):
+    def triton(cfg, split=1):
         if gated:
             return lambda: [G.gate_up_silu(x, w, cfg) for w in ws]
-        return lambda: [G.linear(x, w, None, r, cfg) for w in ws]
+        return lambda: [G.linear(x, w, None, r, cfg, split=split) for w in ws]
 
     variants = {"cublas": lambda: [F.linear(x, w) for w in ws]}
     if gated:
@@ -104,8 +104,9 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
         configs = {k: c for k, c in configs.items() if c != invariant or k == "default"} | {"invariant": invariant}
     for key, c in configs.items():
         variants[f"triton_{key}"] = triton(c)
-    if not gated and G.split_for(default, M, N, K, G.num_sms(dev)) > 1:   # the default's K split against none
-        variants["triton_default_nosplit"] = lambda: [G.linear(x, w, None, r, default, split=1) for w in ws]
+        split = 1 if gated or key == "invariant" else G.split_for(c, M, N, K, G.num_sms(dev))
+        if split > 1:   # each plain projection's tile also with K split as split_for says
+            variants[f"triton_{key}_split{split}"] = triton(c, split)
 
     # the default config against float64 here (tests/gpu/test_gemm_cuda.py checks every candidate config)
     y64 = x.double() @ ws[0].double().T
@@ -185,9 +186,12 @@ def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> Non
                 default = G.pick_config(M, N, K, epilogue == "silu_mul", 2, 132)
                 invariant = G.invariant_config(M, N, K, epilogue == "silu_mul", 2, 132)
                 tried = [default, *(c for c in candidates(G, M, smoke=False) if c != default)]
+                launches = []
                 for c in tried + ([invariant] if invariant not in tried else []):
-                    # the default launch splits K where split_for says so (plain projections only)
-                    split = G.split_for(c, M, N, K, 132) if c == default and epilogue != "silu_mul" else 1
+                    # plain projections also with K split as split_for says (what the timing run tries too)
+                    split = 1 if epilogue == "silu_mul" else G.split_for(c, M, N, K, 132)
+                    launches += [(c, 1)] + ([(c, split)] if split > 1 else [])
+                for c, split in launches:
                     key = (c, epilogue, N % c.block_n == 0 and K % c.block_k == 0, M == 1, split)
                     tag = f"{model}/{name}/M{M}/{label(c)}" + (f"/split{split}" if split > 1 else "")
                     if key not in done:
@@ -195,15 +199,16 @@ def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> Non
                             done[key] = compile_stats(G, c, epilogue, M, N, K, arch, split)
                         except Exception as err:   # noqa: BLE001 - recorded, the others still compile
                             done[key] = {"error": repr(err)[:500]}
-                    row = {"model": model, "gemm": name, "M": M, "config": label(c), "default": c == default,
-                           "invariant": c == invariant, "split": split, **done[key]}
+                    row = {"model": model, "gemm": name, "M": M, "config": label(c),
+                           "default": c == default and split == 1, "invariant": c == invariant and split == 1,
+                           "split": split, **done[key]}
                     result["rows"].append(row)
                     if "error" in row:
                         result["errors"][tag] = row["error"]
                     elif row["shared"] > G.MAX_SMEM:
                         result["errors"][tag] = f"{row['shared']} bytes of shared memory > {G.MAX_SMEM}"
                     print(f"{tag}: " + " ".join(f"{k}={v}" for k, v in done[key].items())
-                          + (" (default)" if c == default else "") + (" (invariant)" if c == invariant else ""),
+                          + (" (default)" if row["default"] else "") + (" (invariant)" if row["invariant"] else ""),
                           flush=True)
 
 

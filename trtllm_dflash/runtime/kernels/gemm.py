@@ -10,13 +10,16 @@ the MLP's and the residual stream's elementwise work fused into the epilogue (Ru
                 same output columns, so the [M, 2I] intermediate and the silu_mul kernel disappear.
 
 One program per (BLOCK_M rows, BLOCK_N output columns) walks K: weights are read once per row tile,
-accumulation is float32, the epilogue rounds once to the model dtype, and each GEMM is one kernel. Where a plain
-projection's tiles give fewer than four programs per SM (gpt-oss's o_proj at one row: 180 programs of 16 columns on
-132 SMs, so a third of the SMs run two and the rest one), ``split_for`` splits K over 2-4 programs per tile: each
-stores its float32 partial, and the one that completes the tile (kernels/arrival.py) sums the partials in slice
-order and runs the epilogue (deterministic; no second kernel). Never in the batch-invariant mode, never for the
-gated GEMM. For a small N (SmolLM2's 576 columns) the FMA path's narrow tiles spread the columns over more SMs
-instead. trtllm_dflash/bench/gemm.py measures the alternatives.
+accumulation is float32, the epilogue rounds once to the model dtype, and each GEMM is one kernel. A plain
+projection can also split K over 2-4 programs per tile (``split``; ``split_for`` names the count that gives every SM
+four programs): each stores its float32 partial, and the one that completes the tile (kernels/arrival.py) sums the
+partials in slice order and runs the epilogue (deterministic; no second kernel); never in the batch-invariant mode,
+never for the gated GEMM. The default launch does not split yet: on an H200 at gpt-oss-120b's shapes and one row
+(benchmarks/results/gemm_split_h200/), pick_config's 16-column tiles got slower split (qkv_proj 17.3 vs 14.4 us)
+or barely faster (o_proj 13.8 vs 14.4), while 64-column tiles with BLOCK_K 128 split 4 ways were the fastest of
+every config and cuBLAS at o_proj and down_proj (10.4 and 8.3 us; qkv_proj 12.1 vs cuBLAS 11.2): the rule to adopt
+once its GPU tests have run. For a small N (SmolLM2's 576 columns) the FMA path's narrow tiles spread the columns
+over more SMs instead. trtllm_dflash/bench/gemm.py measures the alternatives.
 Two inner products: ``tl.dot`` tiles (BLOCK_M >= 16, tensor cores; rows past M are masked) or, with
 BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows, any power-of-two BLOCK_N).
 
@@ -261,8 +264,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated
     if cfg is None:
         cfg = invariant_config(M, N, K, gated, elem, sms) if invariant else pick_config(M, N, K, gated, elem, sms)
     check_config(cfg, gated, elem)
-    if split is None:   # a K split changes a row's sum order with the row count's tiles: never where bits must hold
-        split = 1 if invariant or gated or not M else split_for(cfg, M, N, K, sms)
+    split = split or 1   # a K split changes a row's sum order with the row count's tiles: never where bits must hold
     if split > 1 and (invariant or gated):
         raise ValueError("split-K is for plain projections outside the batch-invariant mode")
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -292,7 +294,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """x [..., K] @ weight [N, K]^T (+ bias [N]) (+ residual [..., N]) -> [..., N] in x's dtype (F.linear's
     layout; float32 accumulation, one rounding at the end). ``cfg`` None = pick_config, or invariant_config with
     ``invariant`` (the batch-invariant mode's tile: always tl.dot, never split-K). ``split``: K slices per tile
-    (None: split_for's, 1 in the batch-invariant mode)."""
+    (None or 1: none; split_for names a count)."""
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias {tuple(bias.shape)} must be [{weight.shape[0]}]")
     return _launch(x, weight, bias, residual, weight.shape[0], False, cfg, invariant, split)
