@@ -1314,10 +1314,10 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
                      f"{_ms(s['dflash_b1_step_ms'])} ms, block {s['block_size']} ({_pct(s['dflash_b1_roofline_fraction'])}) | "
                      f"{s['break_even_tokens_b1']:.1f} | {'—' if kernels is None else f'{kernels:.0f}'} | {per_expert} |")
         notes.append(provenance_note(d, name))
-    s120 = _load(results, files[3][3])["summary"]
     last_file = _load(results, files[-1][3])
     last, skew = last_file["summary"], last_file["routing"]["skewed"]
-    proj = ", ".join(f"{k} {v:.2f}x" for k, v in s120["projection_end_to_end_speedup_b1"].items())
+    proj = ", ".join(f"{k} {v:.2f}x" for k, v in last["projection_end_to_end_speedup_b1"].items())
+    first = _load(results, files[3][3])["summary"]["projection_end_to_end_speedup_b1"]
     return ("\n".join(lines) + "\n\nRandom weights at the real shapes, ctx 1024, CUDA graphs; roofline = bytes that must cross "
             "HBM in the step (the distinct experts its tokens chose, at MXFP4 size; random routing is near the worst "
             "case) over the copy bandwidth measured in the same run. The first two 120b rows ran on different GPUs "
@@ -1332,7 +1332,8 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
             f"step is {_ms(last['dflash_b1_step_ms_skewed'])} ms, break-even {last['break_even_tokens_b1_skewed']:.1f}. "
             "*Projection*, not "
             "a measurement: z-lab's published gpt-oss-120b acceptance (block 10) x AR step / DFlash step at batch 1 "
-            f"(H100, after) gives {proj} end to end. Sources: {'; '.join(notes)}.\n")
+            f"of the last row (uniform routing) gives {proj} end to end (the H100 'after' row's steps gave "
+            f"{', '.join(f'{k} {v:.2f}x' for k, v in first.items())}). Sources: {'; '.join(notes)}.\n")
 
 
 def _soak_line(results: Path, name: str, label: str, command: str) -> str:
