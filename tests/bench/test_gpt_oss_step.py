@@ -13,14 +13,15 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from trtllm_dflash.bench import gpt_oss_step  # noqa: E402
-from trtllm_dflash.bench.gpt_oss_step import SWEEP_SHAPES, best_variants, sweep_tiles  # noqa: E402
+from trtllm_dflash.bench.gpt_oss_step import GEMV_SPLITS, SWEEP_SHAPES, best_variants, sweep_tiles  # noqa: E402
 from trtllm_dflash.runtime import mxfp4_moe  # noqa: E402
 
 
 def test_a_dflash_block_is_timed_under_every_variant_and_a_prefill_under_mma_only():
     """120b's shapes: 128 experts, top 4. A block of 10 goes to gemv by default_tiles' rule; the sweep times tc
     and mma beside it (tc and gemv can take up to GEMV_BLOCK_M tokens), one tile per shape, each a valid
-    TileConfig; tc's first shape also with the automatic K split, gemv's first two with mma_from 2 (the hybrid)."""
+    TileConfig; tc's first shape also with the automatic K split, gemv's first two with mma_from 2 (the hybrid),
+    its BLOCK_K 128 shapes also split GEMV_SPLITS ways."""
     for tokens, want in ((1, {"tc", "gemv", "mma"}), (10, {"tc", "gemv", "mma"}),
                          (mxfp4_moe.GEMV_BLOCK_M, {"tc", "gemv", "mma"}), (640, {"mma"})):
         tiles = sweep_tiles(tokens, 4, 128)
@@ -29,11 +30,14 @@ def test_a_dflash_block_is_timed_under_every_variant_and_a_prefill_under_mma_onl
         for t in tiles:
             t.check()
             assert t.variant not in ("gemv", "tc") or t.block_m >= tokens
-            assert t.variant != "gemv" or t.split_k == 1
+            assert t.variant != "gemv" or t.split_k == 1 or (t.split_k in GEMV_SPLITS and t.block_k == 128)
         for v in want:
             shapes = [(t.block_n, t.block_k, t.num_warps) for t in tiles
                       if t.variant == v and t.split_k != None and not t.mma_from]  # noqa: E711
             assert sorted(set(shapes)) == sorted(SWEEP_SHAPES[v]) or v == "mma"
+        if "gemv" in want:
+            split = sorted((t.block_n, t.split_k) for t in tiles if t.variant == "gemv" and t.split_k > 1)
+            assert split == sorted((bn, s) for bn, bk, _ in SWEEP_SHAPES["gemv"] if bk == 128 for s in GEMV_SPLITS)
         if "tc" in want:
             assert [t.split_k for t in tiles if t.variant == "tc"].count(None) == 1
             assert [(t.block_n, t.block_k) for t in tiles if t.mma_from == 2] == [s[:2] for s in SWEEP_SHAPES["gemv"][:2]]
@@ -44,7 +48,8 @@ def test_a_dflash_block_is_timed_under_every_variant_and_a_prefill_under_mma_onl
 def test_the_decode_switch_doubles_mma_tiles_only():
     tiles = sweep_tiles(10, 4, 128, sweep_decode=True)
     assert len([t for t in tiles if t.variant == "mma"]) == 2 * len(SWEEP_SHAPES["mma"])
-    assert len([t for t in tiles if t.variant == "gemv" and not t.mma_from]) == len(SWEEP_SHAPES["gemv"])
+    gemv = [t for t in tiles if t.variant == "gemv" and not t.mma_from and t.split_k == 1]
+    assert len(gemv) == len(SWEEP_SHAPES["gemv"])
 
 
 def test_best_variants_keeps_each_variants_fastest_tile_per_routing_and_size():

@@ -389,13 +389,18 @@ SWEEP_SHAPES = {"mma": ((64, 128, 4), (128, 128, 8), (64, 256, 8), (128, 64, 4))
                 "gemv": ((32, 256, 4), (64, 128, 4), (32, 128, 4), (64, 256, 8)),
                 "tc": ((64, 128, 4), (32, 128, 4), (64, 64, 4), (64, 256, 8))}
 PAIR_VARIANTS = ("tc", "gemv")   # the variants that hold an expert's pairs in one row block (tokens <= GEMV_BLOCK_M)
+# gemv's BLOCK_K 128 shapes also with K split 2 and 4 ways: on the decode GEMM, wider tiles split over K beat the
+# unsplit narrow ones at gpt-oss's shapes (benchmarks/results/gemm_split_h200/); the one-token experts' 360
+# programs on 132 SMs have the same imbalance
+GEMV_SPLITS = (2, 4)
 
 
 def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = False) -> list:
     """The TileConfigs tile_sweep times for a call of ``tokens``: default_tiles' variant under SWEEP_SHAPES, and
     where the pair-block variants can take the call (tokens <= GEMV_BLOCK_M) every one of tc / gemv / mma, so a
     DFlash block's size shows which variant should take it (default_tiles sends it to mma above GEMV_MAX_TOKENS).
-    tc and gemv tiles run without a K split except tc's first shape, which is timed with the automatic split too."""
+    tc and gemv tiles run without a K split except tc's first shape, which is timed with the automatic split too,
+    and gemv's BLOCK_K 128 shapes, also timed split GEMV_SPLITS ways."""
     from trtllm_dflash.runtime import mxfp4_moe
     base = mxfp4_moe.default_tiles(tokens, top_k, num_experts)
     variants = [base.variant]
@@ -416,6 +421,10 @@ def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = 
         if variant == "gemv":   # experts given 2+ pairs on tc's tensor-core step, the others on gemv's FMA loops
             for bn, bk, warps in SWEEP_SHAPES["gemv"][:2]:
                 out.append(dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, mma_from=2))
+            for bn, bk, warps in SWEEP_SHAPES["gemv"]:
+                if bk == 128:
+                    out += [dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, split_k=split)
+                            for split in GEMV_SPLITS]
     return list(dict.fromkeys(out))   # the default's own tile may repeat one above
 
 
