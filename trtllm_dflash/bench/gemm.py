@@ -159,8 +159,7 @@ def compile_stats(G, cfg, epilogue: str, M: int, N: int, K: int, arch: int, spli
     from triton.compiler import ASTSource
     gated = epilogue == "silu_mul"
     consts = G.constexprs(cfg, N, K, gated, False, epilogue == "residual", torch.bfloat16, split)
-    k_per = -(-(-(-K // cfg.block_k)) // split) * cfg.block_k
-    values = dict(M=M, N=N, K=K, k_per=k_per, up_off=N if gated else 0, s_xm=K, s_wn=K, s_rm=N, s_om=N)
+    values = dict(M=M, N=N, K=K, k_per=G.slice_k(K, cfg.block_k, split), up_off=N if gated else 0, s_xm=K, s_wn=K, s_rm=N, s_om=N)
     sig = {a: POINTER_TYPES.get(a, "*bf16") if a.endswith("_ptr") else "i32" for a in KERNEL_ARGS} | {
         c: "constexpr" for c in consts}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(KERNEL_ARGS)

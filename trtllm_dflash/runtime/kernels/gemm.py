@@ -118,6 +118,11 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
 SPLIT_MIN_STEPS = 4   # BLOCK_K steps each K slice keeps at least (a split of fewer is mostly ramp-up)
 
 
+def slice_k(K: int, block_k: int, split: int) -> int:
+    """Inputs per K slice of a ``split``-way split: whole BLOCK_K steps, the last slice taking what remains."""
+    return -(-(-(-K // block_k)) // split) * block_k
+
+
 @functools.cache   # a pure function of its ints
 def split_for(cfg: Config, M: int, N: int, K: int, sms: int) -> int:
     """K slices per output tile for a plain projection under ``cfg``: 1, or the fewest of 2 and 4 that give every SM
@@ -260,8 +265,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated
     x2 = x.reshape(-1, K)                       # [M, K]
     M = x2.shape[0]
     elem = x.element_size()
-    sms = num_sms(x.device)
     if cfg is None:
+        sms = num_sms(x.device)
         cfg = invariant_config(M, N, K, gated, elem, sms) if invariant else pick_config(M, N, K, gated, elem, sms)
     check_config(cfg, gated, elem)
     split = split or 1   # a K split changes a row's sum order with the row count's tiles: never where bits must hold
@@ -275,7 +280,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated
         r2 = residual.reshape(-1, N)
     if M:
         grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m), split)
-        k_per = triton.cdiv(triton.cdiv(K, cfg.block_k), split) * cfg.block_k   # whole BLOCK_K steps per slice
+        k_per = slice_k(K, cfg.block_k, split)
         part, cnt = out, out   # unused without a split
         if split > 1:
             part = torch.empty(split, M, N, dtype=torch.float32, device=x.device)   # [split, M, N] partial sums
