@@ -127,6 +127,32 @@ def test_split_for_rule():
         G.linear(x, w, split=2, invariant=True)
 
 
+def test_plain_config_rule():
+    """The default launch of a plain projection up to 16 rows: 64-column, BLOCK_K 128 tiles split 4 ways where that
+    keeps pick_config's programs in flight (gpt-oss-120b's qkv_proj, o_proj, down_proj; Qwen3-8B's), pick_config's
+    tile unsplit where it would not (SmolLM2's down_proj: 9 tiles x 2 < 36), where K is too short to share (SmolLM2's
+    576) or N already fills the GPU (lm_head), and above 16 rows; the same launch for every M <= 16."""
+    G = kernels()
+    split_tile = G.Config(16, 64, 128, 4, 4)
+    for N, K in ((5120, 2880), (2880, 4096), (2880, 2880), (6144, 4096), (4096, 12288)):
+        for M in (1, 10, 16):
+            assert G.plain_config(M, N, K, 2, 132) == (split_tile, 4), (M, N, K)
+    for M, N, K in ((1, 576, 1536), (1, 960, 576), (1, 201088, 2880), (1, 49152, 576), (64, 2880, 4096)):
+        assert G.plain_config(M, N, K, 2, 132) == (G.pick_config(M, N, K, False, 2, 132), 1), (M, N, K)
+
+
+def test_the_default_launch_takes_the_split():
+    """linear() with no cfg runs plain_config's tile and split: the same bits as asking for them, and within the
+    accumulation order of one slice (K = 1,024 over BLOCK_K 128 with the interpreter's 4 SMs: 8 steps, 2 slices)."""
+    G = kernels()
+    x, w, _, r = operands(3, 256, 1024, torch.float32)
+    cfg, split = G.plain_config(3, 256, 1024, 4, G.num_sms(x.device))
+    assert split > 1
+    got = G.linear(x, w, None, r)
+    assert torch.equal(got, G.linear(x, w, None, r, cfg=cfg, split=split))
+    assert rel(got, G.linear(x, w, None, r, cfg=cfg, split=1)) < TOL[torch.float32][0]
+
+
 def test_strided_rows_and_errors():
     """x rows with a stride (a view of a wider tensor) are read in place; unsupported inputs are clear errors."""
     G = kernels()
@@ -165,8 +191,8 @@ def test_pick_config_is_valid_at_the_real_shapes(M, N, K, gated):
 
 
 def test_kernels_compile_for_the_h100(tmp_path):
-    """Triton's compiler and ptxas (no GPU needed) build every config gemm_bench tries, pick_config's and the
-    batch-invariant mode's (its compute tile above 128 rows), at Qwen3-8B shapes for sm_90, within the H100's shared
+    """Triton's compiler and ptxas (no GPU needed) build every config gemm_bench tries, the default launch's (the
+    split tile at one row), pick_config's and the batch-invariant mode's (its compute tile above 128 rows), at Qwen3-8B shapes for sm_90, within the H100's shared
     memory and without register spills."""
     kernels()
     import json
@@ -177,8 +203,9 @@ def test_kernels_compile_for_the_h100(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) >= 4 * 2 * 4 and all(r["stack"] == 0 for r in rows)
     assert all(r["pipelined"] for r in rows if r["default"])   # the default tiles stream weights through cp.async
-    # the invariant mode's tiles: the default ones up to 128 rows, then the compute tile on wgmma
-    assert all(r["default"] for r in rows if r["invariant"] and r["M"] <= 64)
+    # the invariant mode's tiles: pick_config's (unsplit) up to 128 rows, then the compute tile on wgmma
+    assert all(r["pick"] for r in rows if r["invariant"] and r["M"] <= 64)
+    assert any(r["default"] and r["split"] == 4 and r["config"] == "m16n64k128w4s4" for r in rows if r["M"] == 1)
     compute = [r for r in rows if r["invariant"] and r["M"] == 256]
     assert compute and all(r["config"].startswith("m128") and r["pipelined"] and r["wgmma"] for r in compute), compute
 

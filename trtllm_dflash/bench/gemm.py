@@ -7,8 +7,8 @@
 For each model's (--models, public configs) qkv_proj (plain), o_proj and down_proj (with the residual add in the
 epilogue), gate_up_proj (with SiLU(gate) * up in the epilogue) and lm_head (plain; TargetHead.logits routes it as the
 others) at M rows (--M): cuBLAS F.linear alone and with its torch epilogue
-(the residual add; the compiled silu_mul), against the Triton kernel at its default config (pick_config) and at
-a few other tile configs. Every variant is captured in a CUDA graph (as the runtime replays decode steps)
+(the residual add; the compiled silu_mul), against the Triton kernel's default launch (plain_config's tile and K split
+for a plain projection, pick_config's for the gated one), pick_config's tile unsplit and a few other tile configs. Every variant is captured in a CUDA graph (as the runtime replays decode steps)
 and the replay timed with CUDA events, median of --reps. Each replay runs the GEMM over copies of the weight
 totalling >= 256 MB, so weights stream from HBM rather than from the 50 MB L2; times are per GEMM.
 Bandwidth = bytes that must move (weight + x + out, + residual) / time, and its fraction of the copy bandwidth
@@ -18,7 +18,7 @@ qkv / o_proj / down the baseline that counts is cuBLAS alone; for gate_up it is 
 INVARIANT_DECODE_ROWS rows, so absent there, and the compute tile above, so ``--M 1,16,64,256,1024`` times it at 256
 and 1,024 rows against the default tile; the row's ``invariant_config``, the printed ``triton_invariant[tile]`` and
 ``best`` name it). The summary's ``best`` is the fastest config per shape,
-``default`` pick_config's: where best beats default clearly, pick_config should be changed; where cuBLAS beats the
+``default`` the default launch's: where best beats default clearly, the default should be changed; where cuBLAS beats the
 best Triton config at some M, GEMM_MAX_ROWS (or a per-shape rule) should route that M to cuBLAS. A config that fails
 to compile is recorded under "errors".
 
@@ -69,6 +69,12 @@ def candidates(G, M: int, smoke: bool) -> list:
     return [C(bm, 16, 256, 4, 3), C(bm, 32, 128, 4, 4), C(bm, 64, 64, 4, 4)]
 
 
+def default_launch(G, M: int, N: int, K: int, gated: bool, elem: int, sms: int):
+    """(tile, K slices) the runtime's launch takes by default: plain_config for a plain projection, pick_config
+    unsplit for the gated GEMM."""
+    return (G.pick_config(M, N, K, True, elem, sms), 1) if gated else G.plain_config(M, N, K, elem, sms)
+
+
 def label(c) -> str:
     return f"m{c.block_m}n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}"
 
@@ -96,24 +102,29 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
         variants["cublas_epilogue"] = lambda: [silu_mul(F.linear(x, w)) for w in ws]
     elif r is not None:
         variants["cublas_epilogue"] = lambda: [F.linear(x, w) + r for w in ws]
-    default = G.pick_config(M, N, K, gated, elem, G.num_sms(dev))
-    configs = {"default": default, **{label(c): c for c in candidates(G, M, args.smoke) if c != default}}
+    sms = G.num_sms(dev)
+    default, default_split = default_launch(G, M, N, K, gated, elem, sms)
+    pick = G.pick_config(M, N, K, gated, elem, sms)   # the tile of the launch before plain_config, unsplit
+    tried = [pick, *candidates(G, M, args.smoke)]
+    configs = {"default": default, **{label(c): c for c in tried if c != default}}
     # the batch-invariant tile (RuntimeConfig.batch_invariant): its cost against default at this M
-    invariant = G.invariant_config(M, N, K, gated, elem, G.num_sms(dev))
+    invariant = G.invariant_config(M, N, K, gated, elem, sms)
     if invariant != default:
         configs = {k: c for k, c in configs.items() if c != invariant or k == "default"} | {"invariant": invariant}
     for key, c in configs.items():
-        variants[f"triton_{key}"] = triton(c)
-        split = 1 if gated or key == "invariant" else G.split_for(c, M, N, K, G.num_sms(dev))
-        if split > 1:   # each plain projection's tile also with K split as split_for says
-            variants[f"triton_{key}_split{split}"] = triton(c, split)
+        first = default_split if key == "default" else 1
+        variants[f"triton_{key}"] = triton(c, first)
+        split = 1 if gated or key == "invariant" else G.split_for(c, M, N, K, sms)
+        if split != first:   # each plain projection's tile also with K split as split_for says
+            variants[f"triton_{key}_" + (f"split{split}" if split > 1 else "nosplit")] = triton(c, split)
 
     # the default config against float64 here (tests/gpu/test_gemm_cuda.py checks every candidate config)
     y64 = x.double() @ ws[0].double().T
     want = F.silu(y64[:, :N]) * y64[:, N:] if gated else y64 + (r.double() if r is not None else 0)
-    got = triton(default)()[0]
+    got = triton(default, default_split)()[0]
     row = {"model": model, "gemm": name, "epilogue": epilogue, "M": M, "N": N, "K": K, "weight_copies": copies,
-           "bytes": moved, "default_config": label(default), "invariant_config": label(invariant),
+           "bytes": moved, "default_config": label(default), "default_split": default_split,
+           "pick_config": label(pick), "invariant_config": label(invariant),
            "default_rel_err_vs_f64": ((got.double() - want).norm() / want.norm()).item(), "us": {}}
     for key, fn in variants.items():
         try:
@@ -182,15 +193,17 @@ def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> Non
     for model, cfg in shapes.items():
         for name, K, N, epilogue in gemms(cfg):
             for M in ms:
-                default = G.pick_config(M, N, K, epilogue == "silu_mul", 2, 132)
-                invariant = G.invariant_config(M, N, K, epilogue == "silu_mul", 2, 132)
-                tried = [default, *(c for c in candidates(G, M, smoke=False) if c != default)]
+                gated = epilogue == "silu_mul"
+                default, default_split = default_launch(G, M, N, K, gated, 2, 132)
+                invariant = G.invariant_config(M, N, K, gated, 2, 132)
+                pick = G.pick_config(M, N, K, gated, 2, 132)
+                tried = [default, *(c for c in [pick, *candidates(G, M, smoke=False)] if c != default)]
                 launches = []
                 for c in tried + ([invariant] if invariant not in tried else []):
                     # plain projections also with K split as split_for says (what the timing run tries too)
-                    split = 1 if epilogue == "silu_mul" else G.split_for(c, M, N, K, 132)
+                    split = 1 if gated else G.split_for(c, M, N, K, 132)
                     launches += [(c, 1)] + ([(c, split)] if split > 1 else [])
-                for c, split in launches:
+                for c, split in dict.fromkeys(launches):
                     key = (c, epilogue, N % c.block_n == 0 and K % c.block_k == 0, M == 1, split)
                     tag = f"{model}/{name}/M{M}/{label(c)}" + (f"/split{split}" if split > 1 else "")
                     if key not in done:
@@ -199,7 +212,8 @@ def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> Non
                         except Exception as err:   # noqa: BLE001 - recorded, the others still compile
                             done[key] = {"error": repr(err)[:500]}
                     row = {"model": model, "gemm": name, "M": M, "config": label(c),
-                           "default": c == default and split == 1, "invariant": c == invariant and split == 1,
+                           "default": c == default and split == default_split, "pick": c == pick and split == 1,
+                           "invariant": c == invariant and split == 1,
                            "split": split, **done[key]}
                     result["rows"].append(row)
                     if "error" in row:

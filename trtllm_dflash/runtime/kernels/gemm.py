@@ -14,11 +14,13 @@ accumulation is float32, the epilogue rounds once to the model dtype, and each G
 projection can also split K over 2-4 programs per tile (``split``; ``split_for`` names the count that gives every SM
 four programs): each stores its float32 partial, and the one that completes the tile (kernels/arrival.py) sums the
 partials in slice order and runs the epilogue (deterministic; no second kernel); never in the batch-invariant mode,
-never for the gated GEMM. The default launch does not split yet: on an H200 at gpt-oss-120b's shapes and one row
-(benchmarks/results/gemm_split_h200/), pick_config's 16-column tiles got slower split (qkv_proj 17.3 vs 14.4 us)
-or barely faster (o_proj 13.8 vs 14.4), while 64-column tiles with BLOCK_K 128 split 4 ways were the fastest of
-every config and cuBLAS at o_proj and down_proj (10.4 and 8.3 us; qkv_proj 12.1 vs cuBLAS 11.2): the rule to adopt
-once its GPU tests have run. For a small N (SmolLM2's 576 columns) the FMA path's narrow tiles spread the columns
+never for the gated GEMM. The default launch of a plain projection at up to 16 rows (``plain_config``) takes
+64-column tiles with BLOCK_K 128 and splits K as split_for says, where that keeps at least pick_config's programs in
+flight: on an H200 at gpt-oss-120b's shapes and one row (benchmarks/results/gemm_split_h200/) that tile split 4 ways
+was the fastest of every config and cuBLAS at o_proj and down_proj (10.4 and 8.3 us against pick_config's 14.4 and
+10.9; qkv_proj 12.1 vs cuBLAS 11.2 and 14.4), while pick_config's own 16-column tiles got slower split (qkv_proj
+17.3 us). Elsewhere (too few K steps to share, or a wide N that already fills the GPU: lm_head) it is pick_config's
+tile unsplit. For a small N (SmolLM2's 576 columns) the FMA path's narrow tiles spread the columns
 over more SMs instead. trtllm_dflash/bench/gemm.py measures the alternatives.
 Two inner products: ``tl.dot`` tiles (BLOCK_M >= 16, tensor cores; rows past M are masked) or, with
 BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows, any power-of-two BLOCK_N).
@@ -34,7 +36,7 @@ at the real Qwen3-8B and SmolLM2 shapes, over BLOCK_M 16..128, BLOCK_N 16..128 a
 own tiles among them, is
 tests/gpu/test_gemm_tile_bits_cuda.py::test_every_dot_tile_gives_a_row_the_bits_of_the_decode_tile. What does change
 the order, and so is never used here for rows that must match: the FMA path (BLOCK_M = 1, a different inner
-product), cuBLAS, and split-K (this kernel has none). So invariant_config is pick_config's decode tile up to
+product), cuBLAS, and split-K (never in this mode). So invariant_config is pick_config's decode tile up to
 INVARIANT_DECODE_ROWS rows and a compute-sized tile (128 rows, BLOCK_K 64) above: the invariant mode costs a decode
 step what the default Triton tiles cost. The tile test measures bf16; tests/gpu/test_batch_invariance_cuda.py runs
 the rule's own tiles across row counts in bf16, fp16 and float32 (tl.dot in IEEE precision). Rows past M are masked,
@@ -56,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import GATED_GEMM_MAX_ROWS, num_sms, pow2
+from . import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS, num_sms, pow2
 from .arrival import last_arrival, tile_counters
 
 MAX_SMEM = 227 * 1024      # bytes of shared memory one block may use on an H100 (sm_90)
@@ -134,6 +136,29 @@ def split_for(cfg: Config, M: int, N: int, K: int, sms: int) -> int:
     while split < 4 and programs * split < 4 * sms and steps >= 2 * split * SPLIT_MIN_STEPS:
         split *= 2
     return split
+
+
+SPLIT_BLOCK_N, SPLIT_BLOCK_K = 64, 128   # the plain projections' split tile (plain_config)
+
+
+@functools.cache   # a pure function of its ints, called per GEMM launch
+def plain_config(M: int, N: int, K: int, elem: int, sms: int) -> tuple[Config, int]:
+    """(tile, K slices) of the default launch of a plain projection (no gate; outside the batch-invariant mode): up
+    to GEMM_MAX_ROWS rows the SPLIT_BLOCK_N x SPLIT_BLOCK_K tile split as split_for says, where it splits at all and
+    keeps at least pick_config's programs in flight (gpt-oss-120b at one row: qkv_proj 80 tiles x 4 = pick_config's
+    320, o_proj 45 x 4 = 180); else pick_config's tile, unsplit (SmolLM2's K = 576 has too few steps to share; its
+    down_proj would fall from 36 programs to 18; an lm_head's columns already fill the GPU)."""
+    base = pick_config(M, N, K, False, elem, sms)
+    if M > GEMM_MAX_ROWS:
+        return base, 1
+    block_m, block_k = dot_block_m(M), min(SPLIT_BLOCK_K, max(16, pow2(K)))
+    block_n = min(SPLIT_BLOCK_N, max(16, pow2(N)))
+    cfg = Config(block_m, block_n, block_k, 4, _stages(block_m, block_n, block_k, False, elem))
+    split = split_for(cfg, M, N, K, sms)
+    programs = -(-M // block_m) * -(-N // block_n) * split
+    if split > 1 and programs >= -(-M // base.block_m) * -(-N // base.block_n):
+        return cfg, split
+    return base, 1
 
 
 # Rows up to which the batch-invariant mode runs pick_config's decode tiles: GATED_GEMM_MAX_ROWS, the most rows the
@@ -267,7 +292,11 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, N: int, gated
     elem = x.element_size()
     if cfg is None:
         sms = num_sms(x.device)
-        cfg = invariant_config(M, N, K, gated, elem, sms) if invariant else pick_config(M, N, K, gated, elem, sms)
+        if invariant or gated:
+            cfg = (invariant_config if invariant else pick_config)(M, N, K, gated, elem, sms)
+        else:
+            cfg, default_split = plain_config(M, N, K, elem, sms)
+            split = default_split if split is None else split
     check_config(cfg, gated, elem)
     split = split or 1   # a K split changes a row's sum order with the row count's tiles: never where bits must hold
     if split > 1 and (invariant or gated):
@@ -297,9 +326,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            residual: torch.Tensor | None = None, cfg: Config | None = None, invariant: bool = False,
            split: int | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) (+ residual [..., N]) -> [..., N] in x's dtype (F.linear's
-    layout; float32 accumulation, one rounding at the end). ``cfg`` None = pick_config, or invariant_config with
-    ``invariant`` (the batch-invariant mode's tile: always tl.dot, never split-K). ``split``: K slices per tile
-    (None or 1: none; split_for names a count)."""
+    layout; float32 accumulation, one rounding at the end). ``cfg`` None = plain_config's tile and split, or
+    invariant_config with ``invariant`` (the batch-invariant mode's tile: always tl.dot, never split-K). ``split``:
+    K slices per tile (None: plain_config's where cfg is None, else none; 1: none; split_for names a count)."""
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias {tuple(bias.shape)} must be [{weight.shape[0]}]")
     return _launch(x, weight, bias, residual, weight.shape[0], False, cfg, invariant, split)
