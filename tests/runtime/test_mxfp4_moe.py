@@ -154,6 +154,8 @@ def test_batch_invariant_tiles_give_a_token_the_same_bits_in_any_batch():
     assert rel(outs[0][None], ref[None]) < 1e-5
     # the default rule's tiles change with the token count: gemv alone, mma with split-K at 21 tokens
     assert mxfp4_moe.default_tiles(1, 2, 4).variant == "gemv" and mxfp4_moe.default_tiles(21, 2, 4).variant == "mma"
+    # gemv's K step: 128 for one token (an AR step at batch 1), 256 for a verify block (the H200's tile sweep)
+    assert [mxfp4_moe.default_tiles(n, 4, 128).block_k for n in (1, 2, 10, 16)] == [128, 256, 256, 256]
 
 
 @pytest.mark.usefixtures("one_torch_thread")
@@ -389,17 +391,22 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     from pathlib import Path
     from tests.runtime.compare import compile_for_h100
     from trtllm_dflash.runtime import mxfp4_moe
-    t = mxfp4_moe.default_tiles(1, 4, 32)
-    assert (t.variant, t.mma_from) == ("gemv", 0)
-    gemv = f"gemv:{t.block_m}:{t.block_n}:{t.block_k}:{t.num_warps}"
+    def spec(t):
+        return f"gemv:{t.block_m}:{t.block_n}:{t.block_k}:{t.num_warps}"
+    one, block = mxfp4_moe.default_tiles(1, 4, 32), mxfp4_moe.default_tiles(mxfp4_moe.GEMV_MAX_TOKENS, 4, 32)
+    assert {(t.variant, t.mma_from) for t in (one, block)} == {("gemv", 0)} and one != block
+    gemv, gemv_one = spec(block), spec(one)
     tc = "tc:16:64:128:4"
     script = Path(__file__).with_name("mxfp4_sm90_compile.py")
-    stdout = compile_for_h100([str(script), tc, gemv, f"{gemv}:mma2", "mma:16:64:128:4", "swap:16:64:128:4"],
-                              timeout=900)
+    stdout = compile_for_h100([str(script), tc, gemv, gemv_one, f"{gemv}:mma2", "mma:16:64:128:4",
+                               "swap:16:64:128:4"], timeout=900)
     rows = [json.loads(line) for line in stdout.splitlines()]
-    assert len(rows) == 3 * 4 + 2 * 11   # tc, gemv alone and with mma_from 2 (its tile step on the MMA: dot_scaled)
-    assert all(r["stack"] == 0 for r in rows if r["config"] in (tc, gemv) or r["constexprs"].get("split") == "1")
-    # the tensor-core step's point: fewer registers than gemv's FMA loops, so more programs per SM
+    # tc, gemv's block and one-token tiles, the block tile with mma_from 2 (its tile step on the MMA: dot_scaled)
+    assert len(rows) == 4 * 4 + 2 * 11
+    assert all(r["stack"] == 0 for r in rows
+               if r["config"] in (tc, gemv, gemv_one) or r["constexprs"].get("split") == "1")
+    # the tensor-core step's point: fewer registers than gemv's FMA loops at the block tile it competes with, so
+    # more programs per SM
     regs = {(r["config"], r["kernel"]): r["regs"] for r in rows if r["constexprs"].get("split") == "1"}
     for kernel in ("_gemv_gate_up_kernel", "_gemv_down_kernel"):
         assert regs[(tc, kernel)] < regs[(gemv, kernel)]

@@ -128,9 +128,13 @@ def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     uniform routing (36 experts, ~1.1 pairs each) gemv 0.332, hybrid 0.395, tc 0.389, mma 0.638; under skewed
     routing (17 experts, ~2.4 pairs each) gemv 0.325, hybrid 0.235, tc 0.223, mma 0.311. tc's step wins where
     experts share a block's tokens, gemv's one-pair loop where they do not, and the hybrid that has both builds
-    gemv's loop slower (1.10-1.19x): gemv stays the default, the uniform block being the documented worst case."""
+    gemv's loop slower (1.10-1.19x): gemv stays the default, the uniform block being the documented worst case.
+    One token (an AR step at batch 1) takes BLOCK_K 128: its 4 experts' 360 programs per kernel on 132 SMs keep more
+    loads in flight with the shorter K step (0.0451 vs 0.0497 ms uniform, 0.0466 vs 0.0475 skewed, H200), while 10
+    tokens stay fastest at 256 (0.331 vs 0.346); splitting K 2 or 4 ways was slower at both (0.054-0.063 at one)."""
     if tokens <= GEMV_MAX_TOKENS:
-        return TileConfig(variant="gemv", block_m=GEMV_BLOCK_M, block_n=32, block_k=256, split_k=1)
+        return TileConfig(variant="gemv", block_m=GEMV_BLOCK_M, block_n=32, block_k=128 if tokens == 1 else 256,
+                          split_k=1)
     per_expert = tokens * top_k / max(1, num_experts)
     return TileConfig(block_m=16 if per_expert <= 16 else 32 if per_expert <= 48 else 64)
 
