@@ -87,6 +87,8 @@ def triton_or_skip():
 CPU_TILES = {  # every variant, uneven K slices (I = 96 over BK = 64: a partial tile), blocks smaller than an expert
     "gemv_bm8": dict(variant="gemv", block_m=8, block_n=16, block_k=32, split_k=1),
     "gemv_bm8_split3": dict(variant="gemv", block_m=8, block_n=32, block_k=64, split_k=3),
+    # the down kernel on its own K step (default_tiles' one-token tile: gate_up 128, down 256)
+    "gemv_down_k64": dict(variant="gemv", block_m=8, block_n=16, block_k=32, down_block_k=64, split_k=1),
     # experts with 2+ pairs on tc's tensor-core step, the rest on gemv's loops (N = 5: every expert has several)
     "gemv_mma2": dict(variant="gemv", block_m=16, block_n=16, block_k=32, split_k=1, mma_from=2),
     "gemv_mma3_split3": dict(variant="gemv", block_m=16, block_n=32, block_k=64, split_k=3, mma_from=3),
@@ -154,8 +156,11 @@ def test_batch_invariant_tiles_give_a_token_the_same_bits_in_any_batch():
     assert rel(outs[0][None], ref[None]) < 1e-5
     # the default rule's tiles change with the token count: gemv alone, mma with split-K at 21 tokens
     assert mxfp4_moe.default_tiles(1, 2, 4).variant == "gemv" and mxfp4_moe.default_tiles(21, 2, 4).variant == "mma"
-    # gemv's K step: 128 for one token (an AR step at batch 1), 256 for a verify block (the H200's tile sweep)
-    assert [mxfp4_moe.default_tiles(n, 4, 128).block_k for n in (1, 2, 10, 16)] == [128, 256, 256, 256]
+    # gemv's K step: gate_up 128 for one token (an AR step at batch 1), else 256; down 256 (the H200's profile)
+    tiles = [mxfp4_moe.default_tiles(n, 4, 128) for n in (1, 2, 10, 16)]
+    assert [(t.block_k, t.dn_block_k) for t in tiles] == [(128, 256)] + [(256, 256)] * 3
+    with pytest.raises(ValueError, match="down_block_k"):
+        mxfp4_moe.TileConfig(variant="gemv", down_block_k=48)
 
 
 @pytest.mark.usefixtures("one_torch_thread")
@@ -230,6 +235,7 @@ SHAPES = {"gpt-oss-20b": (32, 2880, 2880), "gpt-oss-120b": (128, 2880, 2880)}  #
 GPU_TILES = {
     "default": None,  # default_tiles' choice for the token count
     "gemv": dict(variant="gemv", block_m=64, block_n=32, block_k=256),
+    "gemv_k128_down256": dict(variant="gemv", block_m=64, block_n=32, block_k=128, down_block_k=256),
     "gemv_mma2": dict(variant="gemv", block_m=64, block_n=32, block_k=256, mma_from=2),
     "tc": dict(variant="tc", block_m=64, block_n=64, block_k=128),
     "mma": dict(variant="mma", block_m=16),

@@ -87,6 +87,11 @@ class TileConfig:
     # made per expert on the device, from the call's routing (0: never; a verify block under skewed routing gives
     # some experts several pairs, where gemv's FMA work per decoded weight grows with them)
     mma_from: int = 0
+    down_block_k: int | None = None   # the down kernel's inputs per loop step (None: block_k; see default_tiles)
+
+    @property
+    def dn_block_k(self) -> int:
+        return self.down_block_k or self.block_k
 
     def __post_init__(self):
         self.check()   # once per config (default_tiles' are cached), not per call
@@ -94,12 +99,13 @@ class TileConfig:
     def check(self) -> None:
         is_pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731
         mma = self.variant in ("mma", "swap", "tc")
-        if (self.variant not in VARIANTS or not (is_pow2(self.block_m) and is_pow2(self.block_n) and is_pow2(self.block_k))
-                or self.block_k < 32 or self.block_m < (16 if mma else 2) or self.block_n < (16 if mma else 1)
+        if (self.variant not in VARIANTS or not all(is_pow2(v) for v in (self.block_m, self.block_n, self.block_k,
+                                                                          self.dn_block_k))
+                or min(self.block_k, self.dn_block_k) < 32 or self.block_m < (16 if mma else 2) or self.block_n < (16 if mma else 1)
                 or self.mma_from < 0 or (self.mma_from and (self.variant != "gemv" or self.mma_from < 2
                                                             or self.block_m < 16 or self.block_n < 16))):
             raise ValueError(f"{self}: variant is one of {VARIANTS}; block_m/n/k are powers of two, block_k >= 32, "
-                             "and mma/swap need block_m, block_n >= 16 (tl.dot), gemv block_m >= 2; mma_from is 0 "
+                             "(down_block_k likewise), and mma/swap need block_m, block_n >= 16 (tl.dot), gemv block_m >= 2; mma_from is 0 "
                              "or, for gemv with block_m, block_n >= 16, a pair count >= 2")
 
 
@@ -129,12 +135,13 @@ def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     routing (17 experts, ~2.4 pairs each) gemv 0.325, hybrid 0.235, tc 0.223, mma 0.311. tc's step wins where
     experts share a block's tokens, gemv's one-pair loop where they do not, and the hybrid that has both builds
     gemv's loop slower (1.10-1.19x): gemv stays the default, the uniform block being the documented worst case.
-    One token (an AR step at batch 1) takes BLOCK_K 128: its 4 experts' 360 programs per kernel on 132 SMs keep more
-    loads in flight with the shorter K step (0.0451 vs 0.0497 ms uniform, 0.0466 vs 0.0475 skewed, H200), while 10
-    tokens stay fastest at 256 (0.331 vs 0.346); splitting K 2 or 4 ways was slower at both (0.054-0.063 at one)."""
+    One token (an AR step at batch 1) runs gate_up at BLOCK_K 128 and down at 256: in the 120b AR step (H200,
+    profile) gate_up's 36 launches took 0.857 ms at 128 against 1.011 at 256, down's 0.657 against 0.498; one MoE
+    layer alone, both at 128, 0.0451 vs 0.0497 ms. 10 tokens stay fastest at 256 in both (0.331 vs 0.346 ms); splitting
+    K 2 or 4 ways was slower at both (0.054-0.063 at one token)."""
     if tokens <= GEMV_MAX_TOKENS:
         return TileConfig(variant="gemv", block_m=GEMV_BLOCK_M, block_n=32, block_k=128 if tokens == 1 else 256,
-                          split_k=1)
+                          down_block_k=256, split_k=1)
     per_expert = tokens * top_k / max(1, num_experts)
     return TileConfig(block_m=16 if per_expert <= 16 else 32 if per_expert <= 48 else 64)
 
@@ -851,7 +858,7 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
     (slots, n_gu, _), EB, PB, TB = grid_gu, launch["EB"], launch["PB"], t.block_m
     ids_flat, rw = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
     n_dn = triton.cdiv(H, t.block_n)
-    split_dn = split_for(t, slots * n_dn, triton.cdiv(I, t.block_k), sms)
+    split_dn = split_for(t, slots * n_dn, triton.cdiv(I, t.dn_block_k), sms)
     cnt = tile_counters(dev, slots * n_gu + n_dn)
     # gemv: float32, the down kernel's FMAs take it as it is (a bf16 act costs a conversion per value and token
     # there); tc: the MMA operand type, times TC_X_SCALE (stored so by the gate_up kernel)
@@ -866,7 +873,7 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
     _gemv_down_kernel[(slots, n_dn, split_dn)](
         act, ids_flat, rw, dn_b, dn_scales, bias, part, out, cnt[slots * n_gu:], N, P, first, E, I, H,
         dn_b.stride(0), dn_b.stride(1), dn_scales.stride(0), dn_scales.stride(1), bias.stride(0), split_dn, TOPK=k,
-        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, EB=EB, PB=PB, TB=TB,
+        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.dn_block_k, EB=EB, PB=PB, TB=TB,
         ASM=dev.type == "cuda", MMA_FROM=t.mma_from, CDT=_mma_dtype(dev), TC=t.variant == "tc", num_warps=t.num_warps,
         num_stages=t.num_stages)
     return out
@@ -916,7 +923,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     dn_b, dn_s = dn_blocks.view(E, H, -1), dn_scales
     bias = dn_bias if dn_bias is not None else gu_bias  # a valid pointer; unread when HAS_BIAS is False
     n_dn = triton.cdiv(H, t.block_n)
-    split = split_for(t, busy * n_dn, triton.cdiv(I, t.block_k), sms)
+    split = split_for(t, busy * n_dn, triton.cdiv(I, t.dn_block_k), sms)
     if split > 1:
         y = torch.empty(split, N * k, H, dtype=torch.float32, device=dev)
     else:  # every pair's row is written only when no expert lives on another rank
@@ -924,7 +931,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     _down_kernel[(max_blocks, n_dn, split)](
         act, dn_b, dn_s, bias, sorted_ids, block_expert, num_blocks, weights.reshape(-1).contiguous(), y, I, H, N * k,
         dn_b.stride(0), dn_b.stride(1), dn_s.stride(0), dn_s.stride(1), bias.stride(0),
-        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.block_k, MODE=mode, DOT_SCALED=t.dot_scaled,
+        HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.dn_block_k, MODE=mode, DOT_SCALED=t.dot_scaled,
         SPLIT=split, CDT=cdt, num_warps=t.num_warps, num_stages=t.num_stages)
     if split == 1:
         return y.view(N, k, H).sum(1)
