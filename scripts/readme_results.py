@@ -1090,7 +1090,9 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_warps4_h200.json",
+    files = ("mxfp4_decode_h200/gemv_one_token/gpu_tests_mxfp4_down_k256_h200.json",
+             "mxfp4_decode_h200/gemv_one_token/gpu_tests_mxfp4_both_k128_h200.json", "gpu_tests_gemm_h200.json",
+             "mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_warps4_h200.json",
              "mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_review_h200.json",
              "mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_pack_h200.json",
              "mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_h200.json",
@@ -1296,7 +1298,10 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
               "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_kernels_h200.json"),
              ("gpt-oss-120b", "H200", "+ routing inputs in one kernel",
               "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_kernels_pack_h200.json"),
-             ("gpt-oss-120b", "H200", "+ 4-warp scale layout", "gpt_oss_120b_step_triton_kernels_h200.json"))
+             ("gpt-oss-120b", "H200", "+ 4-warp scale layout",
+              "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_kernels_warps4_h200.json"),
+             ("gpt-oss-120b", "H200", "+ split-K GEMM tiles, one-token K steps",
+              "gpt_oss_120b_step_triton_kernels_h200.json"))
     lines = _table_head("target, GPU", "decode kernels", "AR step b=1 (roofline)", "DFlash step b=1 (roofline)",
                         "break-even tokens b=1", "kernels per AR step", "experts: us per distinct expert AR / DFlash")
     notes = []
@@ -1323,7 +1328,7 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
             "case) over the copy bandwidth measured in the same run. The first two 120b rows ran on different GPUs "
             "(H200 4.3 TB/s before, H100 3.0 TB/s after): compare their roofline fractions, not their times; the "
             "next two are one A/B on one H200, minutes apart, the two after ran on other H200s of the same kind, the "
-            "two after them are one A/B in one run on one H200 and the last two ran on others: "
+            "two after them are one A/B in one run on one H200 and the last three ran on others: "
             "`mxfp4_moe=\"triton_kernels\"` runs the steps of 2+ tokens on "
             "vLLM's Triton MoE kernels (the triton_kernels package, in its Hopper layout: twice the experts' memory) "
             "and keeps our gemv for one token, where it is faster "
