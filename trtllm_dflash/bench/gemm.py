@@ -48,13 +48,28 @@ SMOKE_SHAPES = {"tiny": {"hidden_size": 32, "intermediate_size": 48, "num_attent
 
 
 def gemms(cfg: dict) -> list[tuple[str, int, int, str]]:
-    """(name, K, N output columns, epilogue) of a decoder layer's GEMMs at tp 1."""
+    """(name, K, N output columns, epilogue) of a decoder layer's GEMMs at tp 1, and the lm_head; for a DFlash
+    drafter's config (``dflash_config``) its fc over the target's hidden states instead (the head is the target's)."""
     hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
     d = cfg.get("head_dim", hidden // cfg["num_attention_heads"])
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    return [("qkv_proj", hidden, (heads + 2 * kv) * d, "none"), ("o_proj", heads * d, hidden, "residual"),
-            ("gate_up_proj", hidden, inter, "silu_mul"), ("down_proj", inter, hidden, "residual"),
-            ("lm_head", hidden, cfg["vocab_size"], "none")]
+    layer = [("qkv_proj", hidden, (heads + 2 * kv) * d, "none"), ("o_proj", heads * d, hidden, "residual"),
+             ("gate_up_proj", hidden, inter, "silu_mul"), ("down_proj", inter, hidden, "residual")]
+    if "dflash_config" in cfg:
+        return [("fc", len(cfg["dflash_config"]["target_layer_ids"]) * hidden, hidden, "none"), *layer]
+    return [*layer, ("lm_head", hidden, cfg["vocab_size"], "none")]
+
+
+def model_shapes(models: str) -> dict[str, dict]:
+    """--models: target names (bench/step.py's), each optionally as NAME:drafter for its DFlash drafter's GEMMs."""
+    from trtllm_dflash.bench.step import drafter_config, target_config
+    out = {}
+    for m in models.split(","):
+        name, _, part = m.partition(":")
+        if part not in ("", "drafter"):
+            raise SystemExit(f"--models {m}: write NAME or NAME:drafter")
+        out[m] = drafter_config(name) if part else target_config(name)
+    return out
 
 
 def candidates(G, M: int, smoke: bool) -> list:
@@ -247,21 +262,20 @@ def main(argv=None) -> int:
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="JSON file for every number")
-    p.add_argument("--models", default="smollm2-135m,qwen3-8b,llama-3.1-8b")
+    p.add_argument("--models", default="smollm2-135m,qwen3-8b,llama-3.1-8b",
+                   help="targets, comma-separated; NAME:drafter times that model's DFlash drafter (gpt-oss-120b:drafter)")
     p.add_argument("--M", default="1,16,64,128", type=ints, help="rows per GEMM (requests x block tokens)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU in Triton's interpreter")
     p.add_argument("--compile_only", type=int, metavar="ARCH", help="no GPU: compile for sm_ARCH (90 = H100), report")
     args = p.parse_args(argv)
     if args.compile_only:
-        from trtllm_dflash.bench.step import target_config
-
         from trtllm_dflash.provenance import record
         from trtllm_dflash.runtime.kernels import gemm as G
         result = {"meta": {"compile_only": f"sm_{args.compile_only}", "triton": __import__("triton").__version__},
                   "provenance": record(["python", "-m", "trtllm_dflash.bench.gemm", *(argv or sys.argv[1:])]),
                   "rows": [], "errors": {}}
-        compile_only(G, {m: target_config(m) for m in args.models.split(",")}, args.M, args.compile_only, result)
+        compile_only(G, model_shapes(args.models), args.M, args.compile_only, result)
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(f"errors: {len(result['errors'])}" + "".join(f"\n  {k}: {v}" for k, v in result["errors"].items()))
         return 1 if result["errors"] else 0
@@ -270,7 +284,7 @@ def main(argv=None) -> int:
         args.M, args.reps = [m for m in args.M if m <= 16] or [1], 1
     elif not torch.cuda.is_available():
         p.error("needs a CUDA GPU (or --smoke)")
-    from trtllm_dflash.bench.step import ceilings, cuda_time, graphed, target_config
+    from trtllm_dflash.bench.step import ceilings, cuda_time, graphed
 
     from trtllm_dflash.provenance import record
     from trtllm_dflash.runtime.kernels import GEMM_MAX_ROWS, gemm as G
@@ -284,7 +298,7 @@ def main(argv=None) -> int:
     print(json.dumps(meta), flush=True)
     result = {"meta": meta, "provenance": record(["python", "-m", "trtllm_dflash.bench.gemm", *(argv or sys.argv[1:])]),
               "rows": [], "errors": {}}
-    shapes = SMOKE_SHAPES if args.smoke else {m: target_config(m) for m in args.models.split(",")}
+    shapes = SMOKE_SHAPES if args.smoke else model_shapes(args.models)
     with torch.inference_mode():
         for model, cfg in shapes.items():
             for name, K, N, epilogue in gemms(cfg):
