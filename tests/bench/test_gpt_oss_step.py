@@ -3,6 +3,7 @@
 needs CUDA: tests/gpu and the GPU run)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -13,7 +14,8 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from trtllm_dflash.bench import gpt_oss_step  # noqa: E402
-from trtllm_dflash.bench.gpt_oss_step import GEMV_SPLITS, SWEEP_SHAPES, best_variants, sweep_tiles  # noqa: E402
+from trtllm_dflash.bench.gpt_oss_step import (  # noqa: E402
+    GEMV_SPLITS, ONE_TOKEN_GEMV, SWEEP_SHAPES, best_variants, sweep_tiles)
 from trtllm_dflash.runtime import mxfp4_moe  # noqa: E402
 
 
@@ -21,10 +23,18 @@ def test_a_dflash_block_is_timed_under_every_variant_and_a_prefill_under_mma_onl
     """120b's shapes: 128 experts, top 4. A block of 10 goes to gemv by default_tiles' rule; the sweep times tc
     and mma beside it (tc and gemv can take up to GEMV_BLOCK_M tokens), one tile per shape, each a valid
     TileConfig; tc's first shape also with the automatic K split, gemv's first two with mma_from 2 (the hybrid),
-    its BLOCK_K 128 shapes also split GEMV_SPLITS ways."""
+    its BLOCK_K 128 shapes also split GEMV_SPLITS ways; one token's default gemv tile also under ONE_TOKEN_GEMV's
+    changes."""
     for tokens, want in ((1, {"tc", "gemv", "mma"}), (10, {"tc", "gemv", "mma"}),
                          (mxfp4_moe.GEMV_BLOCK_M, {"tc", "gemv", "mma"}), (640, {"mma"})):
         tiles = sweep_tiles(tokens, 4, 128)
+        base = mxfp4_moe.default_tiles(tokens, 4, 128)
+        # one token: gemv's default tile also under each single change of ONE_TOKEN_GEMV
+        one = [dataclasses.replace(base, **c) for c in ONE_TOKEN_GEMV] if tokens == 1 else []
+        assert all(t in tiles for t in one)
+        assert all(t.num_stages == 4 for t in tiles if t not in one)
+        assert all(t.down_block_k is None for t in tiles if t.variant != "gemv")
+        tiles = [t for t in tiles if t not in one]
         assert {t.variant for t in tiles} == want, tokens
         assert len(set(tiles)) == len(tiles)
         for t in tiles:

@@ -393,6 +393,10 @@ PAIR_VARIANTS = ("tc", "gemv")   # the variants that hold an expert's pairs in o
 # unsplit narrow ones at gpt-oss's shapes (benchmarks/results/gemm_split_h200/); the one-token experts' 360
 # programs on 132 SMs have the same imbalance
 GEMV_SPLITS = (2, 4)
+# one token (an AR step at batch 1): default_tiles' gemv tile with one launch parameter changed at a time, the down
+# kernel's K step among them (in the step, gate_up and down preferred different K steps: mxfp4_moe.default_tiles)
+ONE_TOKEN_GEMV = (dict(down_block_k=128), dict(down_block_k=512), dict(num_stages=2), dict(num_stages=3),
+                  dict(num_stages=6), dict(num_warps=2), dict(num_warps=8), dict(block_n=16), dict(block_n=64))
 
 
 def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = False) -> list:
@@ -400,7 +404,8 @@ def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = 
     where the pair-block variants can take the call (tokens <= GEMV_BLOCK_M) every one of tc / gemv / mma, so a
     DFlash block's size shows which variant should take it (default_tiles sends it to mma above GEMV_MAX_TOKENS).
     tc and gemv tiles run without a K split except tc's first shape, which is timed with the automatic split too,
-    and gemv's BLOCK_K 128 shapes, also timed split GEMV_SPLITS ways."""
+    and gemv's BLOCK_K 128 shapes, also timed split GEMV_SPLITS ways; at one token, gemv's default tile also under
+    each change of ONE_TOKEN_GEMV. The other variants take the block's K step for both kernels."""
     from trtllm_dflash.runtime import mxfp4_moe
     base = mxfp4_moe.default_tiles(tokens, top_k, num_experts)
     variants = [base.variant]
@@ -410,7 +415,7 @@ def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = 
     for variant in variants:
         pairs = variant in PAIR_VARIANTS
         t0 = base if variant == base.variant else dataclasses.replace(
-            base, variant=variant, block_m=mxfp4_moe.GEMV_BLOCK_M if pairs else 16)
+            base, variant=variant, block_m=mxfp4_moe.GEMV_BLOCK_M if pairs else 16, down_block_k=None)
         t0 = dataclasses.replace(t0, split_k=1 if pairs else None, mma_from=0)
         for ds in ((True, False) if sweep_decode and not pairs else (t0.dot_scaled,)):
             for bn, bk, warps in SWEEP_SHAPES[variant]:
@@ -425,6 +430,8 @@ def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = 
                 if bk == 128:
                     out += [dataclasses.replace(t0, block_n=bn, block_k=bk, num_warps=warps, split_k=split)
                             for split in GEMV_SPLITS]
+            if tokens == 1:
+                out += [dataclasses.replace(t0, **change) for change in ONE_TOKEN_GEMV]
     return list(dict.fromkeys(out))   # the default's own tile may repeat one above
 
 
@@ -440,8 +447,8 @@ def best_variants(rows: list[dict]) -> list[dict]:
         variant = r["variant"] + (f"_mma{r['mma_from']}" if r.get("mma_from") else "")   # gemv_mma2: the hybrid
         if r["ms"] < entry.get(f"{variant}_ms", float("inf")):
             entry[f"{variant}_ms"] = r["ms"]
-            entry[f"{variant}_tiles"] = {k: r.get(k) for k in ("block_m", "block_n", "block_k", "num_warps",
-                                                               "dot_scaled", "split_k")}
+            entry[f"{variant}_tiles"] = {k: r.get(k) for k in ("block_m", "block_n", "block_k", "down_block_k",
+                                                               "num_warps", "num_stages", "dot_scaled", "split_k")}
     for entry in best.values():
         for a, b in (("gemv", "mma"), ("tc", "mma"), ("tc", "gemv"), ("gemv_mma2", "gemv"), ("gemv_mma2", "tc")):
             if f"{a}_ms" in entry and f"{b}_ms" in entry:
