@@ -77,11 +77,13 @@ def candidates(G, M: int, smoke: bool) -> list:
     C = G.Config
     if smoke:
         return [C(1, 16, 16), C(16, 16, 32, 4, 2)]
+    # the 32-column tiles at both K steps at every M: gate_up + SiLU's best on an H200 were m16n32k256 at one row and
+    # m16n32k128 at ten (benchmarks/results/gemm_split_h200/gemm_plain_config_h200.json), each timed at one M only
     if M == 1:   # FMA tiles down to 4 columns: more programs where N is small (SmolLM2: 576)
         return [C(1, 32, 256, 4, 3), C(1, 16, 512, 4, 3), C(1, 4, 1024, 4, 3), C(16, 16, 256, 4, 4),
-                C(16, 32, 256, 4, 4), C(16, 64, 128, 4, 4)]
+                C(16, 32, 256, 4, 4), C(16, 32, 128, 4, 4), C(16, 64, 128, 4, 4)]
     bm = G.dot_block_m(M)
-    return [C(bm, 16, 256, 4, 3), C(bm, 32, 128, 4, 4), C(bm, 64, 64, 4, 4)]
+    return [C(bm, 16, 256, 4, 3), C(bm, 32, 128, 4, 4), C(bm, 32, 256, 4, 3), C(bm, 64, 64, 4, 4)]
 
 
 def default_launch(G, M: int, N: int, K: int, gated: bool, elem: int, sms: int):
