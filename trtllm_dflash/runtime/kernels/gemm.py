@@ -20,8 +20,9 @@ flight: on an H200 at gpt-oss-120b's shapes and one row (benchmarks/results/gemm
 was the fastest of every config and cuBLAS at o_proj and down_proj (10.4 and 8.3 us against pick_config's 14.4 and
 10.9; qkv_proj 12.1 vs cuBLAS 11.2 and 14.4), while pick_config's own 16-column tiles got slower split (qkv_proj
 17.3 us). Elsewhere (too few K steps to share, or a wide N that already fills the GPU: lm_head) it is pick_config's
-tile unsplit. For a small N (SmolLM2's 576 columns) the FMA path's narrow tiles spread the columns
-over more SMs instead. trtllm_dflash/bench/gemm.py measures the alternatives.
+tile unsplit. No default takes the FMA path below (BLOCK_M = 1); it is a launch option (``cfg``), which
+trtllm_dflash/bench/gemm.py times with the other alternatives (at SmolLM2's narrow GEMMs and one row its 4-column
+tiles were the fastest there: qkv_proj 2.6 vs 3.4 us, down_proj 3.7 vs 5.6, H200, gemm_plain_config_h200.json).
 Two inner products: ``tl.dot`` tiles (BLOCK_M >= 16, tensor cores; rows past M are masked) or, with
 BLOCK_M = 1 ("fma"), a broadcast multiply + row sum per row (a GEMV, no padded rows, any power-of-two BLOCK_N).
 
