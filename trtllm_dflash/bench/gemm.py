@@ -8,8 +8,9 @@ For each model's (--models, public configs) qkv_proj (plain), o_proj and down_pr
 epilogue), gate_up_proj (with SiLU(gate) * up in the epilogue) and lm_head (plain; TargetHead.logits routes it as the
 others) at M rows (--M): cuBLAS F.linear alone and with its torch epilogue
 (the residual add; the compiled silu_mul), against the Triton kernel's default launch (plain_config's tile and K split
-for a plain projection, pick_config's for the gated one), pick_config's tile unsplit and a few other tile configs. Every variant is captured in a CUDA graph (as the runtime replays decode steps)
-and the replay timed with CUDA events, median of --reps. Each replay runs the GEMM over copies of the weight
+for a plain projection, pick_config's for the gated one), pick_config's tile unsplit and a few other tile configs.
+Every variant is captured in a CUDA graph (as the runtime replays decode steps) and the replay timed with CUDA
+events, median of --reps. Each replay runs the GEMM over copies of the weight
 totalling >= 256 MB, so weights stream from HBM rather than from the 50 MB L2; times are per GEMM.
 Bandwidth = bytes that must move (weight + x + out, + residual) / time, and its fraction of the copy bandwidth
 measured in the same run. In the runtime the unfused residual add rides in the next add + RMSNorm kernel, so for
@@ -18,8 +19,8 @@ qkv / o_proj / down the baseline that counts is cuBLAS alone; for gate_up it is 
 INVARIANT_DECODE_ROWS rows, so absent there, and the compute tile above, so ``--M 1,16,64,256,1024`` times it at 256
 and 1,024 rows against the default tile; the row's ``invariant_config``, the printed ``triton_invariant[tile]`` and
 ``best`` name it). The summary's ``best`` is the fastest config per shape,
-``default`` the default launch's: where best beats default clearly, the default should be changed; where cuBLAS beats the
-best Triton config at some M, GEMM_MAX_ROWS (or a per-shape rule) should route that M to cuBLAS. A config that fails
+``default`` the default launch's: where best beats default clearly, the default should be changed; where cuBLAS beats
+the best Triton config at some M, GEMM_MAX_ROWS (or a per-shape rule) should route that M to cuBLAS. A config that fails
 to compile is recorded under "errors".
 
 ``--compile_only 90`` needs no GPU: it compiles the kernel for sm_90 with Triton's own compiler and ptxas at every
@@ -86,10 +87,16 @@ def candidates(G, M: int, smoke: bool) -> list:
     return [C(bm, 16, 256, 4, 3), C(bm, 32, 128, 4, 4), C(bm, 32, 256, 4, 3), C(bm, 64, 64, 4, 4)]
 
 
-def default_launch(G, M: int, N: int, K: int, gated: bool, elem: int, sms: int):
-    """(tile, K slices) the runtime's launch takes by default: plain_config for a plain projection, pick_config
-    unsplit for the gated GEMM."""
-    return (G.pick_config(M, N, K, True, elem, sms), 1) if gated else G.plain_config(M, N, K, elem, sms)
+def tile_plan(G, M: int, N: int, K: int, gated: bool, elem: int, sms: int, smoke: bool = False):
+    """The tiles one GEMM shape is timed (or compiled) under: (default tile, its K slices, pick_config's tile, the
+    batch-invariant mode's tile, every tile to try: the default first, each once). The default is the runtime's
+    launch: plain_config for a plain projection, pick_config unsplit for the gated GEMM."""
+    default, default_split = ((G.pick_config(M, N, K, True, elem, sms), 1) if gated
+                              else G.plain_config(M, N, K, elem, sms))
+    pick = G.pick_config(M, N, K, gated, elem, sms)
+    invariant = G.invariant_config(M, N, K, gated, elem, sms)
+    return default, default_split, pick, invariant, list(dict.fromkeys([default, pick, *candidates(G, M, smoke),
+                                                                        invariant]))
 
 
 def label(c) -> str:
@@ -120,14 +127,11 @@ def bench_shape(G, model, name, K, N, epilogue, M, args, dev, dtype, cuda_time, 
     elif r is not None:
         variants["cublas_epilogue"] = lambda: [F.linear(x, w) + r for w in ws]
     sms = G.num_sms(dev)
-    default, default_split = default_launch(G, M, N, K, gated, elem, sms)
-    pick = G.pick_config(M, N, K, gated, elem, sms)   # the tile of the launch before plain_config, unsplit
-    tried = [pick, *candidates(G, M, args.smoke)]
-    configs = {"default": default, **{label(c): c for c in tried if c != default}}
-    # the batch-invariant tile (RuntimeConfig.batch_invariant): its cost against default at this M
-    invariant = G.invariant_config(M, N, K, gated, elem, sms)
+    # pick_config's tile unsplit: the launch before plain_config; the batch-invariant tile: its cost at this M
+    default, default_split, pick, invariant, tried = tile_plan(G, M, N, K, gated, elem, sms, args.smoke)
+    configs = {"default": default, **{label(c): c for c in tried[1:] if c != invariant}}
     if invariant != default:
-        configs = {k: c for k, c in configs.items() if c != invariant or k == "default"} | {"invariant": invariant}
+        configs["invariant"] = invariant
     for key, c in configs.items():
         first = default_split if key == "default" else 1
         variants[f"triton_{key}"] = triton(c, first)
@@ -187,7 +191,8 @@ def compile_stats(G, cfg, epilogue: str, M: int, N: int, K: int, arch: int, spli
     from triton.compiler import ASTSource
     gated = epilogue == "silu_mul"
     consts = G.constexprs(cfg, N, K, gated, False, epilogue == "residual", torch.bfloat16, split)
-    values = dict(M=M, N=N, K=K, k_per=G.slice_k(K, cfg.block_k, split), up_off=N if gated else 0, s_xm=K, s_wn=K, s_rm=N, s_om=N)
+    values = dict(M=M, N=N, K=K, k_per=G.slice_k(K, cfg.block_k, split), up_off=N if gated else 0,
+                  s_xm=K, s_wn=K, s_rm=N, s_om=N)
     sig = {a: POINTER_TYPES.get(a, "*bf16") if a.endswith("_ptr") else "i32" for a in KERNEL_ARGS} | {
         c: "constexpr" for c in consts}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(KERNEL_ARGS)
@@ -211,12 +216,9 @@ def compile_only(G, shapes: dict, ms: list[int], arch: int, result: dict) -> Non
         for name, K, N, epilogue in gemms(cfg):
             for M in ms:
                 gated = epilogue == "silu_mul"
-                default, default_split = default_launch(G, M, N, K, gated, 2, 132)
-                invariant = G.invariant_config(M, N, K, gated, 2, 132)
-                pick = G.pick_config(M, N, K, gated, 2, 132)
-                tried = [default, *(c for c in [pick, *candidates(G, M, smoke=False)] if c != default)]
+                default, default_split, pick, invariant, tried = tile_plan(G, M, N, K, gated, 2, 132)
                 launches = []
-                for c in tried + ([invariant] if invariant not in tried else []):
+                for c in tried:
                     # plain projections also with K split as split_for says (what the timing run tries too)
                     split = 1 if gated else G.split_for(c, M, N, K, 132)
                     launches += [(c, 1)] + ([(c, split)] if split > 1 else [])
@@ -265,7 +267,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="JSON file for every number")
     p.add_argument("--models", default="smollm2-135m,qwen3-8b,llama-3.1-8b",
-                   help="targets, comma-separated; NAME:drafter times that model's DFlash drafter (gpt-oss-120b:drafter)")
+                   help="targets, comma-separated; NAME:drafter times that model's DFlash drafter "
+                        "(gpt-oss-120b:drafter)")
     p.add_argument("--M", default="1,16,64,128", type=ints, help="rows per GEMM (requests x block tokens)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU in Triton's interpreter")

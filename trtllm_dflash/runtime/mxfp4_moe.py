@@ -99,14 +99,15 @@ class TileConfig:
     def check(self) -> None:
         is_pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731
         mma = self.variant in ("mma", "swap", "tc")
-        if (self.variant not in VARIANTS or not all(is_pow2(v) for v in (self.block_m, self.block_n, self.block_k,
-                                                                          self.dn_block_k))
-                or min(self.block_k, self.dn_block_k) < 32 or self.block_m < (16 if mma else 2) or self.block_n < (16 if mma else 1)
+        sizes = (self.block_m, self.block_n, self.block_k, self.dn_block_k)
+        if (self.variant not in VARIANTS or not all(map(is_pow2, sizes))
+                or min(self.block_k, self.dn_block_k) < 32
+                or self.block_m < (16 if mma else 2) or self.block_n < (16 if mma else 1)
                 or self.mma_from < 0 or (self.mma_from and (self.variant != "gemv" or self.mma_from < 2
                                                             or self.block_m < 16 or self.block_n < 16))):
-            raise ValueError(f"{self}: variant is one of {VARIANTS}; block_m/n/k are powers of two, block_k >= 32, "
-                             "(down_block_k likewise), and mma/swap need block_m, block_n >= 16 (tl.dot), gemv block_m >= 2; mma_from is 0 "
-                             "or, for gemv with block_m, block_n >= 16, a pair count >= 2")
+            raise ValueError(f"{self}: variant is one of {VARIANTS}; block_m/n/k are powers of two, block_k >= 32 "
+                             "(down_block_k likewise), and mma/swap need block_m, block_n >= 16 (tl.dot), gemv "
+                             "block_m >= 2; mma_from is 0 or, for gemv with block_m, block_n >= 16, a pair count >= 2")
 
 
 def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:

@@ -121,6 +121,11 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
 SPLIT_MIN_STEPS = 4   # BLOCK_K steps each K slice keeps at least (a split of fewer is mostly ramp-up)
 
 
+def tiles(cfg: Config, M: int, N: int) -> int:
+    """Output tiles (programs of an unsplit launch) of an M x N result under ``cfg``."""
+    return -(-M // cfg.block_m) * -(-N // cfg.block_n)
+
+
 def slice_k(K: int, block_k: int, split: int) -> int:
     """Inputs per K slice of a ``split``-way split: whole BLOCK_K steps, the last slice taking what remains."""
     return -(-(-(-K // block_k)) // split) * block_k
@@ -131,8 +136,7 @@ def split_for(cfg: Config, M: int, N: int, K: int, sms: int) -> int:
     """K slices per output tile for a plain projection under ``cfg``: 1, or the fewest of 2 and 4 that give every SM
     four programs, as long as each slice keeps SPLIT_MIN_STEPS steps of BLOCK_K (gpt-oss-120b at one row: o_proj
     2880 x 4096 180 programs -> 4 slices, qkv 5120 x 2880 320 -> 2)."""
-    programs = -(-M // cfg.block_m) * -(-N // cfg.block_n)
-    steps = -(-K // cfg.block_k)
+    programs, steps = tiles(cfg, M, N), -(-K // cfg.block_k)
     split = 1
     while split < 4 and programs * split < 4 * sms and steps >= 2 * split * SPLIT_MIN_STEPS:
         split *= 2
@@ -156,8 +160,7 @@ def plain_config(M: int, N: int, K: int, elem: int, sms: int) -> tuple[Config, i
     block_n = min(SPLIT_BLOCK_N, max(16, pow2(N)))
     cfg = Config(block_m, block_n, block_k, 4, _stages(block_m, block_n, block_k, False, elem))
     split = split_for(cfg, M, N, K, sms)
-    programs = -(-M // block_m) * -(-N // block_n) * split
-    if split > 1 and programs >= -(-M // base.block_m) * -(-N // base.block_n):
+    if split > 1 and tiles(cfg, M, N) * split >= tiles(base, M, N):
         return cfg, split
     return base, 1
 
