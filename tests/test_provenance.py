@@ -88,3 +88,22 @@ def test_a_state_file_left_in_the_checkout_that_moved_on_gives_way_to_git(tmp_pa
     run("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "y")
     now = provenance.git_state(root)
     assert now["source"] == "git" and now["sha"] != first["sha"]
+
+
+def test_a_copy_at_the_same_commit_with_carried_files_reads_the_state_file(tmp_path):
+    # the GPU host's copy: its own .git at the same commit, and files carried beside the tree that it calls untracked
+    root = _repo(tmp_path)
+    written = {"sha": provenance.git_state(root)["sha"], "dirty": False, "diff_sha256": None, "checkout": "1:2"}
+    (root / provenance.STATE_FILE).write_text(json.dumps(written))
+    (root / "carried.bin").write_text("x\n")
+    got = provenance.git_state(root)
+    assert got == {"sha": written["sha"], "dirty": False, "diff_sha256": None, "source": provenance.STATE_FILE}
+
+
+def test_write_names_the_checkout_so_its_own_edits_still_count(tmp_path):
+    root = _repo(tmp_path)
+    state = {**provenance.git_state(root), "checkout": provenance._checkout_id(root)}
+    (root / provenance.STATE_FILE).write_text(json.dumps(state))
+    (root / "a.txt").write_text("edited\n")
+    got = provenance.git_state(root)
+    assert got["source"] == "git" and got["dirty"]

@@ -2,9 +2,9 @@
 """What produced a result: the command, the code (git SHA, clean or the hash of its diff), the installed
 versions, the device, and the sha256 of every checkpoint it read. Every results file carries one record.
 
-The GPU host receives a copy of the working tree without ``.git``; ``python -m trtllm_dflash.provenance
---write DIR`` run here (before the copy) leaves ``DIR/.git_state.json``, which :func:`git_state` reads
-there when git cannot answer.
+A copy of the working tree (the GPU host's) may travel without ``.git``, or with a ``.git`` that is not the one
+that describes it; ``python -m trtllm_dflash.provenance --write DIR`` run here (before the copy) leaves
+``DIR/.git_state.json``, which :func:`git_state` reads there.
 """
 from __future__ import annotations
 
@@ -34,25 +34,37 @@ def _git(*args: str, root: Path) -> str | None:
     return out.stdout.decode(errors="replace") if out.returncode == 0 else None
 
 
+def _checkout_id(root: Path) -> str | None:
+    """Which checkout ``root`` is (its git directory's device and inode): a copy of the tree elsewhere, with a
+    ``.git`` of its own, has another even where its path and commit are the same."""
+    git_dir = _git("rev-parse", "--absolute-git-dir", root=root)
+    if git_dir is None:
+        return None
+    st = Path(git_dir.strip()).stat()
+    return f"{st.st_dev}:{st.st_ino}"
+
+
 def git_state(root: Path = ROOT) -> dict:
     """``{"sha", "dirty", "diff_sha256", "source"}``: the commit, and for a dirty tree the sha256 of
     ``git diff HEAD`` plus the untracked files' names, so two runs of the same dirty tree match.
 
     A ``.git_state.json`` in ``root`` wins: it exists only where ``--write`` put it for a copy of the tree,
-    and such a copy may sit under a ``.git`` that describes other code (the GPU host's copy has a stale
-    one; a tree copied into a folder of another checkout sits inside that one's). Except in the checkout that
-    wrote it, once that checkout has moved on: its commit is then HEAD or an ancestor of HEAD, and git answers
-    (a stale ``.git`` elsewhere has never seen the newer commit the file names). The record names which source
-    answered."""
+    and such a copy may sit under a ``.git`` that describes other code (the GPU host's copy may have a stale
+    one, or one at the same commit that counts the files carried beside the tree as untracked; a tree copied
+    into a folder of another checkout sits inside that one's). Except in the checkout that wrote it (the file
+    names it: ``checkout``), once that checkout has moved on: its commit is then HEAD or an ancestor of HEAD,
+    and git answers. The record names which source answered."""
     top = _git("rev-parse", "--show-toplevel", root=root)
     own = top is not None and Path(top.strip()).resolve() == Path(root).resolve()
     sha = _git("rev-parse", "HEAD", root=root) if own else None
     state = root / STATE_FILE
     if state.is_file():
         written = json.loads(state.read_text())
-        if not (sha is not None and written.get("sha")
+        writer = written.get("checkout")
+        here = writer is None or (sha is not None and writer == _checkout_id(root))
+        if not (here and sha is not None and written.get("sha")
                 and _git("merge-base", "--is-ancestor", written["sha"], sha.strip(), root=root) is not None):
-            return {**written, "source": STATE_FILE}
+            return {**{k: v for k, v in written.items() if k != "checkout"}, "source": STATE_FILE}
     if sha is not None:
         diff = _git("diff", "HEAD", "--binary", root=root) or ""
         untracked = _git("ls-files", "--others", "--exclude-standard", root=root) or ""
@@ -130,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         stale.unlink()          # the state of this checkout, not of an earlier --write
     state = {k: v for k, v in git_state().items() if k != "source"}
     if args.write:
+        state["checkout"] = _checkout_id(ROOT)
         Path(args.write, STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     print(json.dumps(state))
     return 0
