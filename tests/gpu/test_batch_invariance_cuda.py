@@ -17,7 +17,8 @@ pytestmark = pytest.mark.gpu
 
 
 # (name, K, N, gated): at 1,024 rows the compute tile (128 x 128 x 64 for the 8B shapes, 128 x 64 x 64 for SmolLM2's),
-# in launches of 1 and 16 rows pick_config's 16-row tile (BLOCK_K 256 at K >= 2048), of 64 its 64-row tile (BLOCK_K 128)
+# in launches of 1 and 16 rows pick_config's 16-row tile (at K >= 2048 BLOCK_K 256 for the plain ones, 128 for
+# gate_up), of 64 its 64-row tile (BLOCK_K 128)
 PREFILL_GEMMS = [("qwen3-8b/qkv", 4096, 6144, False), ("qwen3-8b/o_proj", 4096, 4096, False),
                  ("qwen3-8b/gate_up", 4096, 12288, True), ("qwen3-8b/down", 12288, 4096, False),
                  ("smollm2/o_proj", 576, 576, False), ("smollm2/gate_up", 576, 1536, True)]

@@ -93,26 +93,41 @@ def _stages(block_m: int, block_n: int, block_k: int, gated: bool, elem: int) ->
     return stages
 
 
+WIDE_K = 2048   # K from which a decode tile's K step is 128 or 256 (below it, 128 at most: pick_config)
+
+
 def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
     """The default tile for an [M, K] x [N, K]^T GEMM (N = output columns; I for gate_up_silu) on a GPU with
-    ``sms`` SMs: tl.dot rows padded to 16..64; the widest BLOCK_N in (64, 32, 16) that still gives two programs
-    per SM (halved while 2 stages of it would not fit a block's shared memory); BLOCK_K 256 for up to 16 rows
-    and K >= 2048 (more bytes in flight per program), else 128 (a small K, e.g. SmolLM2's 576, wastes most of a
-    256 tile's last step: its lm_head ran 27.0 us at 256, 22.8 at 128, cuBLAS 23.4, H100); as many pipeline
-    stages (<= 4) as fit the shared-memory budget. Every M <= 16 gets the same tiles; the batch-invariant mode
-    takes these tiles up to INVARIANT_DECODE_ROWS rows (a row's bits do not depend on the tl.dot tile: module
-    docstring). trtllm_dflash/bench/gemm.py times the alternatives."""
+    ``sms`` SMs: tl.dot rows padded to 16..64; as many pipeline stages (<= 4) as fit the shared-memory budget. Every
+    M <= 16 gets the same tiles; the batch-invariant mode takes these tiles up to INVARIANT_DECODE_ROWS rows (a row's
+    bits do not depend on the tl.dot tile: module docstring). Columns and K step:
+      - up to 16 rows and K >= WIDE_K (the decode GEMMs of the 8B-and-up models): 32 columns at BLOCK_K 128 for the
+        gated GEMM, and for a plain one where 32 columns give every SM two programs (an lm_head); 16 columns at
+        BLOCK_K 256 for the other plain ones (the batch-invariant mode's: the default launch splits K instead,
+        plain_config). On an H200 at gpt-oss-120b's, its drafter's, Qwen3-8B's and its drafter's shapes and 1, 10
+        and 16 rows, the 32 x 128 tile was the fastest gated tile or within 2% of it (gpt-oss-120b's gate_up at one
+        row 13.0 us against 17.9 for the 16 x 256 tile it replaced, the drafter's 25.2 vs 35.3; cuBLAS + silu_mul
+        12.8 and 27.2) and the lm_head's within 3% of the fastest (gpt-oss-120b at 10 rows 277 us against 298 for
+        the 64 x 256 tile it replaced), benchmarks/results/gemm_split_h200/gemm_gated_lm_head_h200.json;
+      - otherwise BLOCK_K 128 (a small K, e.g. SmolLM2's 576, wastes most of a 256 tile's last step: its lm_head
+        ran 27.0 us at 256, 22.8 at 128, cuBLAS 23.4, H100) and the widest BLOCK_N in (64, 32, 16) that still gives
+        two programs per SM.
+    BLOCK_N is then halved while 2 stages of the tile would not fit a block's shared memory."""
     block_m = dot_block_m(M)
-    block_k = min(256 if M <= 16 and K >= 2048 else 128, max(16, pow2(K)))
     m_tiles = -(-M // block_m)
-    block_n = 16
-    for bn in (64, 32):
-        if m_tiles * -(-N // bn) >= 2 * sms:
-            block_n = bn
-            break
+    if M <= 16 and K >= WIDE_K:
+        wide = gated or m_tiles * -(-N // 32) >= 2 * sms
+        block_n, block_k = (32, 128) if wide else (16, 256)
+    else:
+        block_k = min(128, max(16, pow2(K)))
+        block_n = 16
+        for bn in (64, 32):
+            if m_tiles * -(-N // bn) >= 2 * sms:
+                block_n = bn
+                break
     block_n = min(block_n, max(16, pow2(N)))
-    # float32 at BLOCK_K 256 with few SMs (64 columns): a gated tile would not fit a block even in 2 stages, and the
-    # batch-invariant mode takes these tiles for every GPU it runs on
+    # float32 with few SMs: a wide gated tile might not fit a block even in 2 stages, and the batch-invariant mode
+    # takes these tiles for every GPU it runs on
     while block_n > 16 and Config(block_m, block_n, block_k, 4, 2).smem(gated, elem) > MAX_SMEM:
         block_n //= 2
     return Config(block_m, block_n, block_k, 4, _stages(block_m, block_n, block_k, gated, elem))
