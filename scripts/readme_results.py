@@ -1090,7 +1090,8 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("mxfp4_decode_h200/gemv_one_token/gpu_tests_mxfp4_down_k256_h200.json",
+    files = ("gpu_tests_gemm_gated_tile_h200.json", "gpu_tests_gemm_head_h200.json",
+             "mxfp4_decode_h200/gemv_one_token/gpu_tests_mxfp4_down_k256_h200.json",
              "mxfp4_decode_h200/gemv_one_token/gpu_tests_mxfp4_both_k128_h200.json", "gpu_tests_gemm_h200.json",
              "mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_warps4_h200.json",
              "mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_review_h200.json",
@@ -1301,6 +1302,8 @@ def render_gpt_oss_mxfp4(results: Path) -> str:
              ("gpt-oss-120b", "H200", "+ 4-warp scale layout",
               "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_kernels_warps4_h200.json"),
              ("gpt-oss-120b", "H200", "+ split-K GEMM tiles, one-token K steps",
+              "mxfp4_decode_h200/triton_kernels/gpt_oss_120b_step_triton_kernels_down_k256_h200.json"),
+             ("gpt-oss-120b", "H200", "+ 32-column gate_up / lm_head tiles",
               "gpt_oss_120b_step_triton_kernels_h200.json"))
     lines = _table_head("target, GPU", "decode kernels", "AR step b=1 (roofline)", "DFlash step b=1 (roofline)",
                         "break-even tokens b=1", "kernels per AR step", "experts: us per distinct expert AR / DFlash")

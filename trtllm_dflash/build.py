@@ -623,7 +623,7 @@ def build_parser(show_defaults: bool = True) -> argparse.ArgumentParser:
                    "kernels; triton_kernels = ours for one-token steps, vLLM's Triton MoE kernels (the triton_kernels "
                    "package, sm90+, importable on the serving host) for steps of 2+ tokens, from a second copy of the "
                    "experts (twice their memory; ep_size 1). gpt-oss-120b on an H200, batch 1, block 10: DFlash step "
-                   "10.1 ms, AR 3.3 ms (the accepted tokens a step needs to beat AR: 3.1; with our kernels alone, at an "
+                   "10.0 ms, AR 3.3 ms (the accepted tokens a step needs to beat AR: 3.0; with our kernels alone, at an "
                    "earlier commit, 15.5 ms and 4.2) (benchmarks/results/gpt_oss_120b_step_triton_kernels_h200.json)")
     g.add_argument("--dtype", choices=bc.DTYPES, **kw("dtype"), help="auto = bf16 on GPU, fp32 on CPU")
     g.add_argument("--max_batch_size", type=int, **kw("max_batch_size"), help="concurrent requests")
