@@ -1090,7 +1090,8 @@ def render_gpu_tests(results: Path) -> str:
 
 def render_gpu_tests_kernels(results: Path) -> str:
     """The decode kernels' GPU test reports (trtllm_dflash/bench/gpu_test_report.py files), one line each."""
-    files = ("gpu_tests_gemm_gated_tile_h200.json", "gpu_tests_gemm_head_h200.json",
+    files = ("mxfp4_decode_h200/gemv_one_token/gpu_tests_mxfp4_ahead_h200.json",
+             "gpu_tests_gemm_gated_tile_h200.json", "gpu_tests_gemm_head_h200.json",
              "mxfp4_decode_h200/gemv_one_token/gpu_tests_mxfp4_down_k256_h200.json",
              "mxfp4_decode_h200/gemv_one_token/gpu_tests_mxfp4_both_k128_h200.json", "gpu_tests_gemm_h200.json",
              "mxfp4_decode_h200/triton_kernels/gpu_tests_triton_kernels_warps4_h200.json",

@@ -89,7 +89,9 @@ class TileConfig:
     mma_from: int = 0
     down_block_k: int | None = None   # the down kernel's inputs per loop step (None: block_k; see default_tiles)
     # gemv only: an expert with one pair requests its weight tiles this many K steps (1..3) before their FMAs: the
-    # bytes a program keeps in flight (one step of a 32-column, BLOCK_K 128 gate_up tile is 4 KB)
+    # bytes a program keeps in flight (one step of a 32-column, BLOCK_K 128 gate_up tile is 4 KB). One H200, one
+    # gpt-oss-120b MoE layer at one token: 1 0.0407 ms, 2 0.0433, 3 0.0441 (uniform routing; skewed alike), so the
+    # default stays 1 (benchmarks/results/mxfp4_decode_h200/gemv_one_token/)
     ahead: int = 1
 
     @property
