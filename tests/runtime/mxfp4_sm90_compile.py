@@ -91,11 +91,11 @@ def gemv_loops(spans: list[tuple[int, int]]) -> tuple[int, int, int]:
     return size(one), size(many), size(row)
 
 
-def gemv_kernels(bm: int, bn: int, bk: int, tc: bool, mma_from: int = 0, split: dict | None = None, ahead: int = 1):
+def gemv_kernels(bm: int, bn: int, bk: int, tc: bool, mma_from: int = 0, split: dict | None = None):
     """The gemv kernels as _gemv_experts launches them: [(kernel, constexprs, weight rows a program reads)];
-    ``split``: {"split": 1} for an unsplit build, {} for the runtime split; ``ahead``: TileConfig.ahead."""
+    ``split``: {"split": 1} for an unsplit build, {} for the runtime split."""
     common = {"BM": bm, "BN": bn, "BK": bk, "EB": 128, "PB": bm * 4, "ASM": True, "MMA_FROM": mma_from,
-              "CDT": tl.bfloat16, "TC": tc, "AHEAD": ahead, **({"split": 1} if split is None else split)}
+              "CDT": tl.bfloat16, "TC": tc, **({"split": 1} if split is None else split)}
     return [(M._gemv_gate_up_kernel, common, 2 * bn),
             (M._gemv_down_kernel, {**common, "TOPK": 4, "HAS_BIAS": True, "TB": bm}, bn)]
 
@@ -108,12 +108,11 @@ def loop_cost(spec: str) -> list[dict]:
     """--loop: per gemv kernel, the instructions per thread of its K-step loops and per weight value in them: the
     one-pair path (1 token, or any expert with one pair), and the many-pair path's K step and per-row cost; for a
     tc spec its K-step loop (the kernel's largest: tc has no per-row loop), any pair count up to block_m alike
-    (the MMA's N side). A sixth field ``aheadN`` builds gemv with TileConfig.ahead = N."""
-    variant, bm, bn, bk, warps, *more = (int(v) if v.isdigit() else v for v in spec.split(":"))
+    (the MMA's N side)."""
+    variant, bm, bn, bk, warps = (int(v) if v.isdigit() else v for v in spec.split(":"))
     tc = variant == "tc"
-    ahead = int(more[0].removeprefix("ahead")) if more else 1
     rows = []
-    for kernel, consts, weight_rows in gemv_kernels(bm, bn, bk, tc, ahead=ahead):
+    for kernel, consts, weight_rows in gemv_kernels(bm, bn, bk, tc):
         cubin = _cubin(kernel, consts, warps, 3 if tc else 4)
         regs = registers(cubin)
         values = weight_rows * bk / (32 * warps)          # weight values a thread decodes per K step

@@ -89,9 +89,6 @@ CPU_TILES = {  # every variant, uneven K slices (I = 96 over BK = 64: a partial 
     "gemv_bm8_split3": dict(variant="gemv", block_m=8, block_n=32, block_k=64, split_k=3),
     # the down kernel on its own K step (default_tiles' one-token tile: gate_up 128, down 256)
     "gemv_down_k64": dict(variant="gemv", block_m=8, block_n=16, block_k=32, down_block_k=64, split_k=1),
-    # one-pair experts' tiles requested 2 / 3 K steps ahead, past the end of uneven slices (masked: nothing read)
-    "gemv_ahead2": dict(variant="gemv", block_m=8, block_n=16, block_k=32, split_k=1, ahead=2),
-    "gemv_ahead3_split3": dict(variant="gemv", block_m=8, block_n=32, block_k=32, split_k=3, ahead=3),
     # experts with 2+ pairs on tc's tensor-core step, the rest on gemv's loops (N = 5: every expert has several)
     "gemv_mma2": dict(variant="gemv", block_m=16, block_n=16, block_k=32, split_k=1, mma_from=2),
     "gemv_mma3_split3": dict(variant="gemv", block_m=16, block_n=32, block_k=64, split_k=3, mma_from=3),
@@ -127,30 +124,6 @@ def test_variants_in_the_interpreter(name, N, ep):
     assert rel(got, old) < 1e-5
     # gemv's split-K tile counters are back at 0 for the next call (a CUDA-graph replay sees the same buffer)
     assert all(int(c.abs().sum()) == 0 for c in arrival._counters.values())
-
-
-@pytest.mark.usefixtures("one_torch_thread")
-@pytest.mark.parametrize("N", [1, 3])
-def test_gemv_ahead_changes_no_bit(N):
-    """Requesting an expert's weight tiles 2 or 3 K steps ahead changes when bytes arrive, not what is summed or in
-    which order: the same bits as one step ahead (the interpreter here; the gpu twin below on CUDA), with
-    K split in uneven slices so prefetches run past a slice's end."""
-    if torch.cuda.is_available():
-        pytest.skip("the interpreter runs only where no GPU is visible")
-    triton_or_skip()
-    assert_ahead_keeps_bits(torch.device("cpu"), torch.float32, E_all=4, k=2, H=64, I=96, N=N, block_k=32, split=3)
-
-
-def assert_ahead_keeps_bits(dev, dtype, E_all, k, H, I, N, block_k, split):
-    from trtllm_dflash.runtime import mxfp4_moe
-    w = random_experts(E_all, H, I, dev, seed=11)
-    ids, weights = routing(N, k, E_all, dev, seed=12)
-    x = torch.randn(N, H, device=dev, generator=torch.Generator(dev).manual_seed(13)).to(dtype)
-    base = dict(variant="gemv", block_m=16, block_n=32, block_k=block_k, down_block_k=2 * block_k, split_k=split)
-    one = run_kernel(x, ids, weights, w, 0, E_all, mxfp4_moe.TileConfig(**base))
-    for ahead in (2, 3):
-        got = run_kernel(x, ids, weights, w, 0, E_all, mxfp4_moe.TileConfig(**base, ahead=ahead))
-        assert torch.equal(got, one), (ahead, rel(got, one))
 
 
 def _one_token_in_batches(dev, dtype, E_all, k, H, I, sizes, tiles=None):
@@ -252,8 +225,7 @@ def test_default_tiles_rule_and_checks():
                 dict(variant="gemv", block_k=16), dict(variant="gemv", block_n=48), dict(variant="fast"),
                 dict(variant="mma", mma_from=2), dict(variant="gemv", mma_from=1),
                 dict(variant="gemv", block_m=8, mma_from=2), dict(variant="gemv", mma_from=-1),
-                dict(variant="tc", block_m=8), dict(variant="tc", block_n=8), dict(variant="tc", mma_from=2),
-                dict(variant="mma", ahead=2), dict(variant="gemv", ahead=4), dict(variant="gemv", ahead=0)):
+                dict(variant="tc", block_m=8), dict(variant="tc", block_n=8), dict(variant="tc", mma_from=2)):
         with pytest.raises(ValueError, match="variant is one of"):
             mxfp4_moe.TileConfig(**bad).check()
 
@@ -264,9 +236,6 @@ GPU_TILES = {
     "default": None,  # default_tiles' choice for the token count
     "gemv": dict(variant="gemv", block_m=64, block_n=32, block_k=256),
     "gemv_k128_down256": dict(variant="gemv", block_m=64, block_n=32, block_k=128, down_block_k=256),
-    # the one-token tile with its weight tiles requested 3 K steps ahead (block_m 16 as default_tiles': up to 16 tokens)
-    "gemv_one_token_ahead3": dict(variant="gemv", block_m=16, block_n=32, block_k=128, down_block_k=256, split_k=1,
-                                  ahead=3),
     "gemv_mma2": dict(variant="gemv", block_m=64, block_n=32, block_k=256, mma_from=2),
     "tc": dict(variant="tc", block_m=64, block_n=64, block_k=128),
     "mma": dict(variant="mma", block_m=16),
@@ -282,8 +251,6 @@ GPU_TILES = {
 def test_variants_at_gpt_oss_shapes(model, N, name):
     """gemv at 40 and 64 tokens: block_m 16 < tokens, so an expert may span two blocks (still correct)."""
     from trtllm_dflash.runtime import mxfp4_moe
-    if GPU_TILES[name] and N > GPU_TILES[name]["block_m"] and GPU_TILES[name]["variant"] == "gemv":
-        pytest.skip(f"gemv keeps an expert's pairs in one block: {N} tokens need block_m >= {N}")
     (E, H, I), k, dev = SHAPES[model], 4, torch.device("cuda")
     w = random_experts(E, H, I, dev, seed=N)
     ids, weights = routing(N, k, E, dev, seed=N + 1)
@@ -295,16 +262,6 @@ def test_variants_at_gpt_oss_shapes(model, N, name):
     assert rel(got, reference(x, ids, weights, w, 0, torch.bfloat16)) < 2e-2
     if name != "mma":
         assert rel(got, run_kernel(x, ids, weights, w, 0, E, mxfp4_moe.TileConfig(variant="mma"))) < 2e-2
-
-
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("N", [1, 4])
-@pytest.mark.parametrize("model", list(SHAPES))
-def test_gemv_ahead_changes_no_bit_on_the_gpu(model, N):
-    """test_gemv_ahead_changes_no_bit at the real shapes in bf16: the one-token K step (128, down 256), unsplit."""
-    (E, H, I) = SHAPES[model]
-    assert_ahead_keeps_bits(torch.device("cuda"), torch.bfloat16, E_all=E, k=4, H=H, I=I, N=N, block_k=128, split=1)
 
 
 @pytest.mark.gpu

@@ -395,9 +395,8 @@ PAIR_VARIANTS = ("tc", "gemv")   # the variants that hold an expert's pairs in o
 GEMV_SPLITS = (2, 4)
 # one token (an AR step at batch 1): default_tiles' gemv tile with one launch parameter changed at a time, the down
 # kernel's K step among them (in the step, gate_up and down preferred different K steps: mxfp4_moe.default_tiles)
-ONE_TOKEN_GEMV = (dict(ahead=2), dict(ahead=3), dict(down_block_k=128), dict(down_block_k=512), dict(num_stages=2),
-                  dict(num_stages=3), dict(num_stages=6), dict(num_warps=2), dict(num_warps=8), dict(block_n=16),
-                  dict(block_n=64))
+ONE_TOKEN_GEMV = (dict(down_block_k=128), dict(down_block_k=512), dict(num_stages=2), dict(num_stages=3),
+                  dict(num_stages=6), dict(num_warps=2), dict(num_warps=8), dict(block_n=16), dict(block_n=64))
 
 
 def sweep_tiles(tokens: int, top_k: int, num_experts: int, sweep_decode: bool = False) -> list:
@@ -449,8 +448,7 @@ def best_variants(rows: list[dict]) -> list[dict]:
         if r["ms"] < entry.get(f"{variant}_ms", float("inf")):
             entry[f"{variant}_ms"] = r["ms"]
             entry[f"{variant}_tiles"] = {k: r.get(k) for k in ("block_m", "block_n", "block_k", "down_block_k",
-                                                               "num_warps", "num_stages", "dot_scaled", "split_k",
-                                                               "ahead")}
+                                                               "num_warps", "num_stages", "dot_scaled", "split_k")}
     for entry in best.values():
         for a, b in (("gemv", "mma"), ("tc", "mma"), ("tc", "gemv"), ("gemv_mma2", "gemv"), ("gemv_mma2", "tc")):
             if f"{a}_ms" in entry and f"{b}_ms" in entry:

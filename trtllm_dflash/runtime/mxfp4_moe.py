@@ -88,11 +88,6 @@ class TileConfig:
     # some experts several pairs, where gemv's FMA work per decoded weight grows with them)
     mma_from: int = 0
     down_block_k: int | None = None   # the down kernel's inputs per loop step (None: block_k; see default_tiles)
-    # gemv only: an expert with one pair requests its weight tiles this many K steps (1..3) before their FMAs: the
-    # bytes a program keeps in flight (one step of a 32-column, BLOCK_K 128 gate_up tile is 4 KB). One H200, one
-    # gpt-oss-120b MoE layer at one token: 1 0.0407 ms, 2 0.0433, 3 0.0441 (uniform routing; skewed alike), so the
-    # default stays 1 (benchmarks/results/mxfp4_decode_h200/gemv_one_token/)
-    ahead: int = 1
 
     @property
     def dn_block_k(self) -> int:
@@ -109,12 +104,10 @@ class TileConfig:
                 or min(self.block_k, self.dn_block_k) < 32
                 or self.block_m < (16 if mma else 2) or self.block_n < (16 if mma else 1)
                 or self.mma_from < 0 or (self.mma_from and (self.variant != "gemv" or self.mma_from < 2
-                                                            or self.block_m < 16 or self.block_n < 16))
-                or self.ahead not in (1, 2, 3) or (self.ahead > 1 and self.variant != "gemv")):
+                                                            or self.block_m < 16 or self.block_n < 16))):
             raise ValueError(f"{self}: variant is one of {VARIANTS}; block_m/n/k are powers of two, block_k >= 32 "
                              "(down_block_k likewise), and mma/swap need block_m, block_n >= 16 (tl.dot), gemv "
-                             "block_m >= 2; mma_from is 0 or, for gemv with block_m, block_n >= 16, a pair count >= 2; "
-                             "ahead is 1, or 2 or 3 for gemv")
+                             "block_m >= 2; mma_from is 0 or, for gemv with block_m, block_n >= 16, a pair count >= 2")
 
 
 def split_for(tiles: TileConfig, programs: int, k_steps: int, sms: int) -> int:
@@ -146,7 +139,9 @@ def default_tiles(tokens: int, top_k: int, num_experts: int) -> TileConfig:
     One token (an AR step at batch 1) runs gate_up at BLOCK_K 128 and down at 256: in the 120b AR step (H200,
     profile) gate_up's 36 launches took 0.857 ms at 128 against 1.011 at 256, down's 0.657 against 0.498; one MoE
     layer alone, both at 128, 0.0451 vs 0.0497 ms. 10 tokens stay fastest at 256 in both (0.331 vs 0.346 ms); splitting
-    K 2 or 4 ways was slower at both (0.054-0.063 at one token)."""
+    K 2 or 4 ways was slower at both (0.054-0.063 at one token), and so was requesting one-pair experts' weight tiles 2
+    or 3 K steps ahead instead of one (more bytes in flight; 0.0433 / 0.0441 vs 0.0407 ms at one token, git 44368aa,
+    benchmarks/results/mxfp4_decode_h200/gemv_one_token/)."""
     if tokens <= GEMV_MAX_TOKENS:
         return TileConfig(variant="gemv", block_m=GEMV_BLOCK_M, block_n=32, block_k=128 if tokens == 1 else 256,
                           down_block_k=256, split_k=1)
@@ -406,39 +401,24 @@ def _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k0, k_end, TWO: tl.con
 
 @triton.jit
 def _gemv_k_loop(a_ptr, a_off, count, wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k_lo, k_hi,
-                 TWO: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr,
-                 AHEAD: tl.constexpr = 1):
+                 TWO: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
     """-> acc_a, acc_b [BM, BN]: inputs k_lo .. k_hi of the first ``count`` rows times the weight tiles (b when
     TWO), the next step's tiles requested before this step's FMAs. A call that gives this expert one pair (every
     expert of a batch-1 step) keeps that row's sums per scale group until the slice ends: no reduction across lanes
-    and no row select per K step; its tiles are requested AHEAD (1..3) steps before their FMAs (TileConfig.ahead:
-    the bytes a program keeps in flight)."""
+    and no row select per K step."""
     ar = tl.arange(0, BM)
     wa, sa, wb, sb = _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k_lo, k_hi, TWO, BK)
     if count == 1:
         off = tl.sum(tl.where(ar == 0, a_off, 0), axis=0)
         ga = tl.zeros([BK // 32, BN], dtype=tl.float32)
         gb = tl.zeros([BK // 32, BN], dtype=tl.float32)
-        if AHEAD >= 2:   # step 1's tiles (and step 2's at 3) requested beside step 0's; masked past k_hi, so
-            # nothing past the slice is read
-            wa1, sa1, wb1, sb1 = _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k_lo + BK, k_hi, TWO, BK)
-        if AHEAD >= 3:
-            wa2, sa2, wb2, sb2 = _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k_lo + 2 * BK, k_hi, TWO, BK)
         for k0 in range(k_lo, k_hi, BK):
-            nxt = _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k0 + AHEAD * BK, k_hi, TWO, BK)
+            nxt = _gemv_tiles(wa_rows, sa_rows, wb_rows, sb_rows, w_ok, k0 + BK, k_hi, TWO, BK)
             x3 = _gemv_x(a_ptr, off, k0, k_hi, BK)
             ga += _gemv_group_sums(_gemv_decode(wa, ASM), x3) * _scale_x2p14(sa.to(tl.int32))
             if TWO:
                 gb += _gemv_group_sums(_gemv_decode(wb, ASM), x3) * _scale_x2p14(sb.to(tl.int32))
-            if AHEAD == 1:
-                wa, sa, wb, sb = nxt
-            elif AHEAD == 2:
-                wa, sa, wb, sb = wa1, sa1, wb1, sb1
-                wa1, sa1, wb1, sb1 = nxt
-            else:
-                wa, sa, wb, sb = wa1, sa1, wb1, sb1
-                wa1, sa1, wb1, sb1 = wa2, sa2, wb2, sb2
-                wa2, sa2, wb2, sb2 = nxt
+            wa, sa, wb, sb = nxt
         acc_a = tl.where((ar == 0)[:, None], tl.sum(ga, axis=0)[None, :], 0.0)
         acc_b = tl.where((ar == 0)[:, None], tl.sum(gb, axis=0)[None, :], 0.0)
     else:
@@ -743,7 +723,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
                          K, I, topk, limit, alpha, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
                          split, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EB: tl.constexpr,
                          PB: tl.constexpr, ASM: tl.constexpr, MMA_FROM: tl.constexpr, CDT: tl.constexpr,
-                         TC: tl.constexpr, AHEAD: tl.constexpr = 1):
+                         TC: tl.constexpr):
     """grid (min(E, P) expert slots, I / BN, split) -> act [P, I] (row = pair id). ``split`` is a runtime
     argument (not a constexpr): one compiled kernel serves every token count. TC: the K loop on the tensor cores
     (``_tc_k_loop`` over the 2 * BN interleaved gate / up rows), else gemv's FMA loops."""
@@ -770,7 +750,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,
         acc_g, acc_u = _tc_gate_up(x_ptr, a_off, wr, sr, r < 2 * I, k_lo, k_hi, BN, BM, BK, ASM, CDT)
     else:
         acc_g, acc_u = _gemv_k_loop(x_ptr, a_off, count, wg_rows, sg_rows, wu_rows, su_rows, cm, k_lo, k_hi, True,
-                                    BM, BN, BK, ASM, AHEAD)
+                                    BM, BN, BK, ASM)
     rows = tl.where(valid, pairs, 0)
     m = valid[:, None] & cm[None, :]
     finish = split == 1
@@ -794,7 +774,7 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
                       num_local, K, H, stride_we, stride_wn, stride_se, stride_sn, stride_be, split,
                       TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       BK: tl.constexpr, EB: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr, ASM: tl.constexpr,
-                      MMA_FROM: tl.constexpr, CDT: tl.constexpr, TC: tl.constexpr, AHEAD: tl.constexpr = 1):
+                      MMA_FROM: tl.constexpr, CDT: tl.constexpr, TC: tl.constexpr):
     """grid (min(E, P) expert slots, H / BN, split) -> out [N, H]: float32 partials [split, P, H] per pair; the
     program that completes a feature tile (all slots x slices) sums the k pairs of every token into out. TC: the K
     loop on the tensor cores (``_tc_k_loop``), else gemv's FMA loops."""
@@ -814,7 +794,7 @@ def _gemv_down_kernel(act_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, b_ptr, part_ptr, o
             acc = tl.trans(_tc_k_loop(act_ptr, a_off, w_rows, s_rows, nm, k_lo, k_hi, BN, BM, BK, ASM, CDT, TC))
         else:
             acc, _ = _gemv_k_loop(act_ptr, a_off, count, w_rows, s_rows, w_rows, s_rows, nm, k_lo, k_hi, False,
-                                  BM, BN, BK, ASM, AHEAD)
+                                  BM, BN, BK, ASM)
         rows = tl.where(valid, pairs, 0)
         tl.store(part_ptr + (pid_k * P + rows[:, None]) * H + n[None, :], acc, mask=valid[:, None] & nm[None, :])
         if last_arrival(cnt_ptr + pid_n, used * split):
@@ -856,18 +836,17 @@ def gemv_gate_up_grid(E: int, k: int, P: int, I: int, H: int, t: TileConfig, sms
 
 
 def gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, alpha, act, cnt, grid, launch,
-                 mma_from: int = 0, tc: bool = False, ahead: int = 1) -> None:
+                 mma_from: int = 0, tc: bool = False) -> None:
     """act [P, I] (row = pair id) = SwiGLU(x's pair rows @ gate_up) + bias, one launch of grid / launch
     (gemv_gate_up_grid); cnt: its tiles' arrival counters (slots x I / BN); mma_from: TileConfig.mma_from; tc:
-    the tc variant (act then bf16, times TC_X_SCALE); ahead: TileConfig.ahead."""
+    the tc variant (act then bf16, times TC_X_SCALE)."""
     (E, two_i, G, _), H, I, P = gu_blocks.shape, x.shape[1], act.shape[1], act.shape[0]
     part = torch.empty(grid[2], P, 2, I, dtype=torch.float32, device=x.device) if grid[2] > 1 else act
     gu_b = gu_blocks.view(E, two_i, G * 16)
     _gemv_gate_up_kernel[grid](
         x, ids_flat, gu_b, gu_scales, gu_bias, act, part, cnt, P, first, E, H, I, k, float(limit), float(alpha),
         x.stride(0), gu_b.stride(0), gu_b.stride(1), gu_scales.stride(0), gu_scales.stride(1), gu_bias.stride(0),
-        grid[2], ASM=x.device.type == "cuda", MMA_FROM=mma_from, CDT=_mma_dtype(x.device), TC=tc, AHEAD=ahead,
-        **launch)
+        grid[2], ASM=x.device.type == "cuda", MMA_FROM=mma_from, CDT=_mma_dtype(x.device), TC=tc, **launch)
 
 
 def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bias, first, limit, alpha,
@@ -889,7 +868,7 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
     act = torch.empty(P, I, dtype=torch.float32 if t.variant == "gemv" or dev.type != "cuda" else torch.bfloat16,
                       device=dev)                                                           # row = pair id
     gemv_gate_up(x, ids_flat, k, gu_blocks, gu_scales, gu_bias, first, limit, alpha, act, cnt, grid_gu, launch,
-                 t.mma_from, t.variant == "tc", t.ahead)
+                 t.mma_from, t.variant == "tc")
     dn_b = dn_blocks.view(E, H, -1)
     bias = dn_bias if dn_bias is not None else gu_bias  # a valid pointer; unread when HAS_BIAS is False
     part = torch.empty(split_dn, P, H, dtype=torch.float32, device=dev)
@@ -898,8 +877,8 @@ def _gemv_experts(x, ids, weights, gu_blocks, gu_scales, gu_bias, dn_blocks, dn_
         act, ids_flat, rw, dn_b, dn_scales, bias, part, out, cnt[slots * n_gu:], N, P, first, E, I, H,
         dn_b.stride(0), dn_b.stride(1), dn_scales.stride(0), dn_scales.stride(1), bias.stride(0), split_dn, TOPK=k,
         HAS_BIAS=dn_bias is not None, BM=t.block_m, BN=t.block_n, BK=t.dn_block_k, EB=EB, PB=PB, TB=TB,
-        ASM=dev.type == "cuda", MMA_FROM=t.mma_from, CDT=_mma_dtype(dev), TC=t.variant == "tc", AHEAD=t.ahead,
-        num_warps=t.num_warps, num_stages=t.num_stages)
+        ASM=dev.type == "cuda", MMA_FROM=t.mma_from, CDT=_mma_dtype(dev), TC=t.variant == "tc", num_warps=t.num_warps,
+        num_stages=t.num_stages)
     return out
 
 
