@@ -18,6 +18,7 @@ read without a GPU.
 """
 from __future__ import annotations
 
+import collections
 import json
 import re
 import os
@@ -76,6 +77,16 @@ def loops(cubin: bytes) -> list[tuple[int, int]]:
     return spans
 
 
+def opcodes(cubin: bytes, span: tuple[int, int]) -> dict[str, int]:
+    """How many SASS instructions of each opcode (FFMA, LDG, BAR, ...) the loop at ``span`` holds, most first: where
+    a K step's instructions go (the decode's integer ops, the conversions, the FMAs, a shared-memory round trip)."""
+    ops = collections.Counter()
+    for addr, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", cuobjdump(cubin, "-sass")):
+        if span[0] <= int(addr, 16) <= span[1]:
+            ops[re.sub(r"^@!?U?P\w+\s+", "", text.strip()).split()[0].split(".")[0]] += 1
+    return dict(ops.most_common())
+
+
 def size(span: tuple[int, int]) -> int:
     return (span[1] - span[0]) // 16 + 1          # one SASS instruction per 16 bytes on sm_90
 
@@ -125,13 +136,15 @@ def loop_cost(spec: str) -> list[dict]:
                          "mma_instructions": len(re.findall(r"\bHG?MMA\.", cuobjdump(cubin, "-sass"))),  # wgmma, mma.sync
                          **occupancy})
             continue
-        one, many, per_row = gemv_loops(loops(cubin))
+        spans = loops(cubin)
+        one, many, per_row = gemv_loops(spans)
         rows.append({"config": spec, "kernel": kernel.__name__, "loop_instructions_1_token": one,
                      "many_pair_loop_instructions": many,   # its K step with one pass of the row loop
                      "row_loop_instructions": per_row, "weight_values_per_thread": values,
                      "instructions_per_value_1_token": round(one / values, 2),
                      "instructions_per_value_per_more_token": round(per_row / values, 2),
                      "h100_issue_bound_tb_per_s_1_token": round(29.6e12 / (one / values) / 2 / 1e12, 2),
+                     "opcodes_1_token": opcodes(cubin, next(s for s in spans if size(s) == one)),
                      **occupancy})
     return rows
 

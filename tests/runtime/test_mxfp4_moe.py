@@ -435,6 +435,8 @@ def test_the_gemv_loop_cost_is_read_off_the_hopper_sass():
         assert 0 < r["row_loop_instructions"] < min(r["loop_instructions_1_token"], r["many_pair_loop_instructions"])
         assert 2 < r["instructions_per_value_1_token"] < 64 and r["h100_issue_bound_tb_per_s_1_token"] > 0
         assert 0 < r["registers_per_thread"] <= 255 and r["programs_per_sm_by_registers"] >= 1   # sm_90: <= 255
+        ops = r["opcodes_1_token"]   # the loop's instructions by opcode: they add up, and the FMAs and loads are there
+        assert sum(ops.values()) == r["loop_instructions_1_token"] and ops["FFMA"] > 0 and ops["LDG"] > 0
     # tc: one K loop per kernel holding the wgmma, fewer instructions per weight value than gemv's one-pair loop
     tc = [json.loads(line) for line in compile_for_h100([str(script), "--loop", "tc:16:64:128:4"]).splitlines()]
     assert [r["kernel"] for r in tc] == ["_gemv_gate_up_kernel", "_gemv_down_kernel"]
