@@ -141,6 +141,25 @@ def test_plain_config_rule():
         assert G.plain_config(M, N, K, 2, 132) == (G.pick_config(M, N, K, False, 2, 132), 1), (M, N, K)
 
 
+def test_pick_config_decode_rule():
+    """Up to 16 rows at K >= 2048: gate_up + SiLU and the lm_heads on 32-column BLOCK_K 128 tiles, the other plain
+    projections (the batch-invariant mode's tile) on 16-column BLOCK_K 256 ones; SmolLM2's K = 576 by the general
+    rule; above 16 rows BLOCK_K 128 (H200 timings: the docstring)."""
+    G = kernels()
+    pick = lambda M, N, K, gated: G.pick_config(M, N, K, gated, 2, 132)  # noqa: E731
+    for M in (1, 10, 16):
+        for N, K in ((2880, 2880), (3840, 2880), (12288, 4096), (14336, 4096)):   # gpt-oss, its drafter, Qwen3, Llama
+            assert pick(M, N, K, True) == G.Config(16, 32, 128, 4, 4), (M, N, K)
+        for N, K in ((201088, 2880), (151936, 4096)):                         # lm_heads
+            assert pick(M, N, K, False) == G.Config(16, 32, 128, 4, 4), (M, N, K)
+        for N, K in ((5120, 2880), (2880, 4096), (4096, 4096), (4096, 12288)):  # qkv, o, down
+            assert pick(M, N, K, False) == G.Config(16, 16, 256, 4, 4), (M, N, K)
+    assert pick(1, 1536, 576, True) == G.Config(16, 16, 128, 4, 4)           # SmolLM2 gate_up
+    assert pick(1, 49152, 576, False) == G.Config(16, 64, 128, 4, 4)         # SmolLM2 lm_head
+    assert pick(64, 12288, 4096, True).block_k == 128
+    assert pick(1, 2880, 2880, True).smem(True, 4) <= G.MAX_SMEM             # float32 still fits
+
+
 def test_the_default_launch_takes_the_split():
     """linear() with no cfg runs plain_config's tile and split: the same bits as asking for them, and within the
     accumulation order of one slice (K = 1,024 over BLOCK_K 128 with the interpreter's 4 SMs: 8 steps, 2 slices)."""

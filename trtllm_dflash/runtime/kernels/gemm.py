@@ -93,7 +93,7 @@ def _stages(block_m: int, block_n: int, block_k: int, gated: bool, elem: int) ->
     return stages
 
 
-WIDE_K = 2048   # K from which a decode tile's K step is 128 or 256 (below it, 128 at most: pick_config)
+WIDE_K = 2048   # K from which pick_config's decode rows take the 8B-and-up rule (below it: SmolLM2's 576)
 
 
 def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
