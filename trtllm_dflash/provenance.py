@@ -61,8 +61,7 @@ def git_state(root: Path = ROOT) -> dict:
     if state.is_file():
         written = json.loads(state.read_text())
         writer = written.get("checkout")
-        here = writer is None or (sha is not None and writer == _checkout_id(root))
-        if not (here and sha is not None and written.get("sha")
+        if not (sha is not None and written.get("sha") and (writer is None or writer == _checkout_id(root))
                 and _git("merge-base", "--is-ancestor", written["sha"], sha.strip(), root=root) is not None):
             return {**{k: v for k, v in written.items() if k != "checkout"}, "source": STATE_FILE}
     if sha is not None:

@@ -91,9 +91,8 @@ def tile_plan(G, M: int, N: int, K: int, gated: bool, elem: int, sms: int, smoke
     """The tiles one GEMM shape is timed (or compiled) under: (default tile, its K slices, pick_config's tile, the
     batch-invariant mode's tile, every tile to try: the default first, each once). The default is the runtime's
     launch: plain_config for a plain projection, pick_config unsplit for the gated GEMM."""
-    default, default_split = ((G.pick_config(M, N, K, True, elem, sms), 1) if gated
-                              else G.plain_config(M, N, K, elem, sms))
     pick = G.pick_config(M, N, K, gated, elem, sms)
+    default, default_split = (pick, 1) if gated else G.plain_config(M, N, K, elem, sms)
     invariant = G.invariant_config(M, N, K, gated, elem, sms)
     return default, default_split, pick, invariant, list(dict.fromkeys([default, pick, *candidates(G, M, smoke),
                                                                         invariant]))

@@ -96,6 +96,7 @@ def _stages(block_m: int, block_n: int, block_k: int, gated: bool, elem: int) ->
 WIDE_K = 2048   # K from which pick_config's decode rows take the 8B-and-up rule (below it: SmolLM2's 576)
 
 
+@functools.cache   # a pure function of its ints, called per gated GEMM launch
 def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Config:
     """The default tile for an [M, K] x [N, K]^T GEMM (N = output columns; I for gate_up_silu) on a GPU with
     ``sms`` SMs: tl.dot rows padded to 16..64; as many pipeline stages (<= 4) as fit the shared-memory budget. Every
@@ -115,7 +116,7 @@ def pick_config(M: int, N: int, K: int, gated: bool, elem: int, sms: int) -> Con
     BLOCK_N is then halved while 2 stages of the tile would not fit a block's shared memory."""
     block_m = dot_block_m(M)
     m_tiles = -(-M // block_m)
-    if M <= 16 and K >= WIDE_K:
+    if M <= GEMM_MAX_ROWS and K >= WIDE_K:
         wide = gated or m_tiles * -(-N // 32) >= 2 * sms
         block_n, block_k = (32, 128) if wide else (16, 256)
     else:
