@@ -12,10 +12,10 @@
 #   sweep3  issue #22: AR vs DFlash fixed vs adaptive in-process at concurrency 1,4,16,64,256 (max_batch_size 256),
 #           then concurrency 64 through dflash-openai and Triton (dflash-serve; Triton needs nvidia-pytriton with
 #           numpy 1, see `soak`, else it is skipped and the summary says so), 5 waves per level, HumanEval
-#           prompts, 128 new tokens -> sweep_smollm2_h100_v3.jsonl, plots, .summary.json (REGEN_TOK_S= fills
+#           prompts, 128 new tokens -> sweep_smollm2_<gpu>_v3.jsonl, plots, .summary.json (REGEN_TOK_S= fills
 #           regen_tok_s_b256 from a separate regeneration run). SMOKE=1: a tiny pair on the CPU, levels 1,4
 #   sweep4  issue #31: sweep3 at concurrency 1,16,64,256, with AR and DFlash through dflash-openai and Triton at every
-#           level too (AR: the same deployment at block_size 1, deploy3ar) -> sweep_smollm2_h100_v4.jsonl +
+#           level too (AR: the same deployment at block_size 1, deploy3ar) -> sweep_smollm2_<gpu>_v4.jsonl +
 #           .summary.json (openai_ar_tok_s_c256, openai_ttft_p50_over_inprocess_c64 besides sweep3's keys); the
 #           servers run the engine in its own process. SMOKE=1: CPU toy. RESUME=1 (sweep3, sweep4): keep $OUT's rows and
 #           run only the sweeps they lack, so a run its time limit ended goes on in the next
@@ -142,16 +142,19 @@ from trtllm_dflash.checkpoints.packaged import smollm2_target_dir as s; w(Path(s
       LOAD=(--dataset random --input_len 16 --max_new_tokens 16 --ignore_eos --device cpu)
       LEVELS=1,4; MID=4; TOP=4; NAME=sweep3_smoke; INPUT=16
     else
-      PAIR=(--target smollm2-135m --drafter smollm2-135m-dflash --gpu h100 --max_batch_size 256 --max_seq_len 2048)
+      # named by the GPU that ran them (h100, h200, ...; GPU_TAG= overrides), which also picks dflash-build's preset
+      TAG=${GPU_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|b300' | tr A-Z a-z)}
+      TAG=${TAG:-h100}
+      PAIR=(--target smollm2-135m --drafter smollm2-135m-dflash --gpu "$TAG" --max_batch_size 256 --max_seq_len 2048)
       LOAD=(--dataset humaneval --max_new_tokens 128)
-      LEVELS=1,4,16,64,256; MID=64; TOP=256; NAME=sweep_smollm2_h100_v3; INPUT=128
+      LEVELS=1,4,16,64,256; MID=64; TOP=256; NAME=sweep_smollm2_${TAG}_v3; INPUT=128
     fi
     # sweep4 (issue #31: the engine in its own process): AR and DFlash through both servers at every level
     SERVED=$MID; SERVED_MODES=(dflash)
     if [ "$STAGE" = sweep4 ]; then
       SERVED_MODES=(dflash ar)
       if [ "${SMOKE:-0}" = 1 ]; then NAME=sweep4_smoke; SERVED=1,4
-      else LEVELS=1,16,64,256; SERVED=$LEVELS; NAME=sweep_smollm2_h100_v4; fi
+      else LEVELS=1,16,64,256; SERVED=$LEVELS; NAME=sweep_smollm2_${TAG}_v4; fi
     fi
     # fixed: what dflash-serve runs on a GPU by default, and the in-process DFlash run the servers are compared with
     $PY -m trtllm_dflash.build "${PAIR[@]}" --backend torch --draft_policy fixed --out "$RUN/deploy3" --force
