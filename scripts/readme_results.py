@@ -713,8 +713,8 @@ def render_e2e_h100(results: Path) -> str:
 def render_sweep_v4(results: Path) -> str:
     """Issue #31's sweep (gpu_smollm2.sh sweep4, its latest run): AR and DFlash in-process, through dflash-openai and
     through dflash-serve (Triton); the run before it for comparison."""
-    name, d, s, rows, at, levels = _sweep(results, "sweep_smollm2_h100_v5")
-    before_name = "sweep_smollm2_h100_v4.summary.json"
+    name, d, s, rows, at, levels = _sweep(results, "sweep_smollm2_h200_v4")
+    before_name = "sweep_smollm2_h200_v5_unacked16.summary.json"
     before = _load(results, before_name)["summary"]
     labels = list(dict.fromkeys(r["label"] for r in rows))
     gpu = rows_gpu(rows) or "GPU"
@@ -732,10 +732,11 @@ def render_sweep_v4(results: Path) -> str:
             f"Triton {ratio('triton_over_inprocess_c64')}. AR at concurrency 256: {s['ar_tok_s_c256']:,.0f} tok/s "
             f"in-process, {s['openai_ar_tok_s_c256']:,.0f} through dflash-openai. DFlash adaptive over AR at equal "
             f"interactivity: {s['min_adaptive_over_ar_iso_interactivity']:.2f}x to "
-            f"{s['max_adaptive_over_ar_iso_interactivity']:.2f}x. Notes: " + _sentences(s.get("notes", [])))
-    prev = (f"The same sweep before the Triton sender joined queued steps and before dflash-openai's API servers "
-            f"followed the cores ({provenance_note(_load(results, before_name), before_name)}, one API "
-            f"server): dflash-openai {before['openai_over_inprocess_c64']:.2f}, Triton "
+            f"{s['max_adaptive_over_ar_iso_interactivity']:.2f}x."
+            + (" Notes: " + _sentences(s["notes"]) if s.get("notes") else ""))
+    prev = (f"The same sweep on the same kind of GPU before Triton's Python-backend stub handed the interpreter "
+            f"lock over every 0.1 ms instead of every 5 ms ({provenance_note(_load(results, before_name), before_name)}, "
+            f"the engine up to 16 steps ahead of a frontend): dflash-openai {before['openai_over_inprocess_c64']:.2f}, Triton "
             f"{before['triton_over_inprocess_c64']:.2f}, AR at 256 through dflash-openai "
             f"{before['openai_ar_tok_s_c256']:,.0f} tok/s, dflash-openai's TTFT p50 at 64 "
             f"{before['openai_ttft_p50_over_inprocess_c64']:.1f}x in-process's (now "
