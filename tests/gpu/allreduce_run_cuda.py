@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Run under `mpiexec -n N` on N GPUs: RuntimeConfig.allreduce_strategy "oneshot" against NCCL on the same inputs,
-eager and inside a CUDA graph; rank 0 writes what it saw as JSON.
+"""Run under `mpiexec -n N` on N GPUs: RuntimeConfig.allreduce_strategy "oneshot" (the Lamport kernel for decode-sized
+rows, torch's one-shot kernel above) against NCCL on the same inputs, eager and inside a CUDA graph; rank 0 writes
+what it saw as JSON.
 
 usage: allreduce_run_cuda.py OUT.json TP_SIZE
 """
@@ -16,6 +17,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from trtllm_dflash.errors import exit_code  # noqa: E402
+from trtllm_dflash.runtime.allreduce import LAMPORT_MAX_ROWS  # noqa: E402
 from trtllm_dflash.runtime.distributed import init_tp  # noqa: E402
 
 
@@ -41,22 +43,55 @@ def fused_cases(tp) -> list[dict]:
         if bias is not None:
             reduced = (reduced.float() + bias.float()).to(dtype)
         want_total, want_normed = norm_kernels.rms_norm(residual, norm.weight, 1e-6, delta=reduced)
-        assert tp.small_all_reduce.handles(x)
-        normed, total = tp.all_reduce_add_norm(x, residual, norm, bias)
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
-            g_normed, g_total = tp.all_reduce_add_norm(x, residual, norm, bias)
-        graph.replay()
-        graph.replay()
-        torch.cuda.synchronize()
-        out.append({"dtype": str(dtype), "rows": rows, "hidden": hidden, "bias": with_bias,
-                    "total_equal": torch.equal(total, want_total) and torch.equal(g_total, want_total),
-                    "normed_max_abs_diff": max((normed.float() - want_normed.float()).abs().max().item(),
-                                               (g_normed.float() - want_normed.float()).abs().max().item()),
-                    "normed_scale": want_normed.float().abs().max().item(),
-                    "normed_sha": hashlib.sha256(normed.float().cpu().numpy().tobytes()).hexdigest()})
+        small = tp.small_all_reduce
+        assert small.handles(x) and small.pushes(x) == (rows <= LAMPORT_MAX_ROWS)
+        # the runtime's route (the Lamport kernel at these rows) and the kernel with barriers, each eager and
+        # replayed from a CUDA graph
+        ways = {"route": lambda: tp.all_reduce_add_norm(x, residual, norm, bias)[::-1],
+                "barrier": lambda: small.barrier_add_rms_norm(x, residual, norm.weight, norm.eps, bias)}
+        for way, fn in ways.items():
+            total, normed = fn()
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph):
+                g_total, g_normed = fn()
+            graph.replay()
+            graph.replay()
+            torch.cuda.synchronize()
+            out.append({"way": way, "dtype": str(dtype), "rows": rows, "hidden": hidden, "bias": with_bias,
+                        "total_equal": torch.equal(total, want_total) and torch.equal(g_total, want_total),
+                        "normed_max_abs_diff": max((normed.float() - want_normed.float()).abs().max().item(),
+                                                   (g_normed.float() - want_normed.float()).abs().max().item()),
+                        "normed_scale": want_normed.float().abs().max().item(),
+                        "normed_sha": hashlib.sha256(normed.float().cpu().numpy().tobytes()).hexdigest()})
     return out
+
+
+def lamport_stream(tp) -> list[float]:
+    """Many Lamport all-reduces back to back in one CUDA graph (rows 1, 16, 3 in turn: the slots rotate at every
+    call, and a fast rank runs ahead into the next slot), replayed three times on new inputs: each result against
+    NCCL's sum of the same inputs. Returns the largest difference per replay."""
+    xs = [torch.zeros(rows, 4096, dtype=torch.bfloat16, device="cuda") for rows in (1, 16, 3) * 22]
+    assert all(tp.small_all_reduce.pushes(x) for x in xs)
+    for x in xs:
+        tp.all_reduce(x)   # warm-up: compiles, and moves the slots on by 66 calls before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ys = [tp.all_reduce(x) for x in xs]
+    diffs = []
+    for step in range(3):
+        g = torch.Generator("cuda").manual_seed(tp.rank * 31 + step)
+        for x in xs:
+            x.copy_(torch.randn(x.shape, generator=g, device="cuda", dtype=x.dtype))
+        graph.replay()
+        worst = 0.0
+        for x, y in zip(xs, ys):
+            want = x.clone()
+            dist.all_reduce(want)
+            worst = max(worst, (y.float() - want.float()).abs().max().item())
+        diffs.append(worst)
+    return diffs
 
 
 @torch.no_grad()   # the norm weight is a Parameter: results without autograd history, as the runtime runs
@@ -75,6 +110,7 @@ def main(argv) -> int:
             dist.all_reduce(want)
             got = tp.all_reduce(x.clone())
             cases.append({"dtype": str(dtype), "numel": numel, "oneshot": small.handles(x),
+                          "lamport": small.pushes(x),
                           "max_abs_diff": (got.float() - want.float()).abs().max().item(),
                           "scale": want.float().abs().max().item()})
     # captured in a graph, as the decode step runs it; replayed on new inputs
@@ -93,8 +129,9 @@ def main(argv) -> int:
         dist.all_reduce(want)
         graph_diffs.append((y.float() - want.float()).abs().max().item())
     fused = fused_cases(tp)
+    stream = lamport_stream(tp)
     everywhere = [None] * size
-    dist.all_gather_object(everywhere, {"cases": cases, "graph": graph_diffs, "fused": fused})
+    dist.all_gather_object(everywhere, {"cases": cases, "graph": graph_diffs, "fused": fused, "stream": stream})
     if tp.rank == 0:
         with open(out_path, "w") as f:
             json.dump({"ranks": everywhere, "max_bytes": small.max_bytes}, f)

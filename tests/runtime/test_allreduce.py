@@ -147,11 +147,29 @@ def test_one_shot_takes_only_whole_4_byte_messages():
     """torch's one-shot kernel refuses sizes that are not a multiple of 4 bytes (seen on 2 H200s: an odd count of
     bf16 values); those stay on NCCL. handles() is checked without the buffers: a stand-in with the real method."""
     small = allreduce.OneShotAllReduce.__new__(allreduce.OneShotAllReduce)
-    small.buffers, small.max_bytes = {torch.bfloat16: None, torch.float32: None}, 64
+    small.buffers, small.max_bytes, small.lamport = {torch.bfloat16: None, torch.float32: None}, 64, {}
     assert small.handles(torch.zeros(2, dtype=torch.bfloat16))
     assert not small.handles(torch.zeros(7, dtype=torch.bfloat16))
     assert small.handles(torch.zeros(7, dtype=torch.float32))
     assert not small.handles(torch.zeros(17, dtype=torch.float32))   # past max_bytes
+
+
+def test_lamport_takes_decode_sized_rows():
+    """pushes(): rows up to LAMPORT_MAX_ROWS of at most LAMPORT_MAX_HIDDEN values that fit the buffers, contiguous,
+    float16 too (our kernel); handles() then covers them whatever torch's one-shot kernel takes."""
+    small = allreduce.OneShotAllReduce.__new__(allreduce.OneShotAllReduce)
+    small.buffers, small.max_bytes = {torch.bfloat16: None}, 1 << 20
+    small.lamport = {torch.bfloat16: (None, None, None, 64 * 4096), torch.float16: (None, None, None, 64 * 4096)}
+    rows = allreduce.LAMPORT_MAX_ROWS
+    assert small.pushes(torch.zeros(1, 4096, dtype=torch.bfloat16))
+    assert small.pushes(torch.zeros(rows, 4096, dtype=torch.bfloat16))
+    assert not small.pushes(torch.zeros(rows + 1, 2048, dtype=torch.bfloat16))     # more rows than decode's
+    assert not small.pushes(torch.zeros(1, 4096, dtype=torch.float32))            # no buffer of that dtype
+    assert not small.pushes(torch.zeros(4096, 2, dtype=torch.bfloat16).t())       # not contiguous
+    assert not small.pushes(torch.zeros(2, 32768, dtype=torch.bfloat16))          # a row one program cannot hold
+    assert not small.pushes(torch.zeros(0, 4096, dtype=torch.bfloat16))
+    half = torch.zeros(3, 7, dtype=torch.float16)   # an odd size in float16: torch's kernel would refuse it
+    assert small.pushes(half) and small.handles(half) and small.fuses(half)
 
 
 def _fused_rank(rank, world, calls, parts, residual, w, ptrs, pads, outs, programs):
@@ -198,3 +216,116 @@ def test_fused_kernel_barriers_meet_across_processes(world):
         for r in range(world):
             torch.testing.assert_close(outs[r, c], residual + sum(parts[c]), rtol=1e-6, atol=1e-5)
     assert all(int(p.abs().sum()) == 0 for p in pads)
+
+
+# ---- the Lamport kernel: no barriers, the sentinel is the flag ----------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("world,rows,programs", [(2, 1, 4), (3, 5, 2), (4, 16, 16)])
+def test_lamport_kernel_over_successive_calls(dtype, world, rows, programs):
+    """kernels/allreduce_norm.py's Lamport kernel in Triton's interpreter, every rank's push, then every rank's
+    reduce (a GPU runs both halves in one launch; tests/gpu/test_allreduce_cuda.py): five calls in a row cycle the
+    three slots; each returns the unfused chain's bits on every rank, leaves the slot it read all sentinel again,
+    and moves each rank's call count on by one. A partial's -0.0 goes out as +0.0, never as the sentinel."""
+    pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter check of the arithmetic: the GPU test runs the kernel across GPUs")
+    from trtllm_dflash.runtime.kernels import allreduce_norm as K
+    H, cap = 72, 16 * 72
+    bits = {4: torch.int32, 2: torch.int16}[dtype.itemsize]
+    sentinel = torch.tensor(-0.0, dtype=dtype).view(bits).item()
+    buffers = [torch.empty(K.lamport_buffer_elems(cap, world), dtype=dtype) for _ in range(world)]
+    for b in buffers:
+        K.fill_sentinel(b)
+        assert (b.view(bits) == sentinel).all()
+    ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+    states = [torch.zeros(2, dtype=torch.int32) for _ in range(world)]
+    g = torch.Generator().manual_seed(world * 10 + rows)
+    w, bias = (torch.rand(H, generator=g) + 0.5).to(dtype), torch.randn(H, generator=g).to(dtype)
+    for call in range(5):
+        parts = [torch.randn(rows, H, generator=g).to(dtype) for _ in range(world)]
+        parts[0][0, :3] = -0.0
+        residual = torch.randn(rows, H, generator=g).to(dtype)
+        norm, use_bias = call % 2 == 0, bias if call % 3 == 1 else None
+        args = [(parts[r], residual if norm else None, w if norm else None, 1e-6, use_bias, ptrs, states[r], cap, r,
+                 world, programs) for r in range(world)]
+        for a in args:
+            K.lamport_all_reduce(*a, phases="push")
+        slot = buffers[0].view(K.SLOTS, world, cap)[call % K.SLOTS]
+        assert not (slot[:, : rows * H].view(bits) == sentinel).any()   # every sender's rows landed, no sentinel
+        outs = [K.lamport_all_reduce(*a, phases="reduce") for a in args]
+        if norm:
+            total_ref, normed_ref = _reference(parts, residual, w, 1e-6, use_bias)
+            for total, normed in outs:
+                assert torch.equal(total, total_ref)
+                tol = {torch.float32: 1e-6, torch.float16: 1e-3}[dtype]
+                assert (normed.float() - normed_ref.float()).abs().max().item() <= tol * normed_ref.abs().max().item()
+        else:
+            want = sum(p.float() for p in parts).to(dtype)
+            want = want if use_bias is None else (want.float() + use_bias.float()).to(dtype)
+            for reduced, none in outs:
+                assert none is None and torch.equal(reduced, want)
+        assert all(torch.equal(o[1 if norm else 0], outs[0][1 if norm else 0]) for o in outs)   # the same bits
+        for b, s in zip(buffers, states):
+            assert (b.view(bits) == sentinel).all()                      # read slots are sentinel again
+            assert s.tolist() == [call + 1, 0]
+
+
+def test_lamport_refuses_a_message_larger_than_its_buffers():
+    pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
+    from trtllm_dflash.runtime.kernels import allreduce_norm as K
+    x = torch.zeros(2, 64)
+    with pytest.raises(ValueError, match="129|128 values, the buffers hold 100"):
+        K.lamport_all_reduce(x, None, None, 1e-6, None, torch.zeros(2, dtype=torch.int64),
+                             torch.zeros(2, dtype=torch.int32), 100, 0, 2)
+
+
+def _lamport_rank(rank, world, calls, parts, residual, w, ptrs, states, cap, outs, programs):
+    from trtllm_dflash.runtime.kernels.allreduce_norm import lamport_all_reduce
+    for c in range(calls):
+        norm = c % 2 == 0
+        out = lamport_all_reduce(parts[c][rank], residual if norm else None, w if norm else None, 1e-6, None, ptrs,
+                                 states[rank], cap, rank, world, programs)
+        outs[rank, c] = out[0]
+
+
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_lamport_kernel_across_processes(world):
+    """Both halves in one launch, one process per "rank" over buffers the processes share (as the barrier test
+    above): seven calls back to back, so ranks run ahead of each other into the next slot and every slot is reused
+    twice. Every rank gets every call's sum (alternately with the add + norm), and no rank waits forever."""
+    pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter check: tests/gpu/test_allreduce_cuda.py runs the kernel across GPUs")
+    import multiprocessing as mp
+
+    from trtllm_dflash.runtime.kernels.allreduce_norm import fill_sentinel, lamport_buffer_elems
+    rows, H, calls, programs, cap = 3, 72, 7, 2, 4 * 72
+    g = torch.Generator().manual_seed(world)
+    buffers = [torch.empty(lamport_buffer_elems(cap, world)).share_memory_() for _ in range(world)]
+    for b in buffers:
+        fill_sentinel(b)
+    states = [torch.zeros(2, dtype=torch.int32).share_memory_() for _ in range(world)]
+    outs = torch.zeros(world, calls, rows, H).share_memory_()
+    parts = [[torch.randn(rows, H, generator=g) for _ in range(world)] for _ in range(calls)]
+    residual, w = torch.randn(rows, H, generator=g), torch.rand(H, generator=g) + 0.5
+    ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_lamport_rank, args=(r, world, calls, parts, residual, w, ptrs, states, cap, outs,
+                                                     programs)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        p.kill()
+    assert not hung, f"ranks {hung} still polling for a peer's rows"
+    assert all(p.exitcode == 0 for p in procs)
+    for c in range(calls):
+        total = sum(parts[c]) + (residual if c % 2 == 0 else 0)
+        for r in range(world):
+            torch.testing.assert_close(outs[r, c], total, rtol=1e-6, atol=1e-5)
+    assert all(s.tolist() == [calls, 0] for s in states)

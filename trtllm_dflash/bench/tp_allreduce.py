@@ -12,7 +12,10 @@ before the group forms. Both results are checked against each other first (max a
 
 Then the decode layer's whole tail after a row-parallel projection, all-reduce + residual add + RMSNorm, at the
 hidden size ``--hidden`` for each message size that is a whole number of rows: NCCL then the norm kernel, the
-one-shot all-reduce then the norm kernel, and the fused kernel (kernels/allreduce_norm.py) that does all three.
+one-shot all-reduce then the norm kernel, and the two kernels that do all three (kernels/allreduce_norm.py): the one
+that meets the peers at barriers ("fused") and the Lamport kernel that pushes into the peers' buffers and polls its
+own ("lamport", up to allreduce.LAMPORT_MAX_ROWS rows). The plain all-reduce is timed on the Lamport kernel too, the
+message as rows of 4096 values.
 """
 from __future__ import annotations
 
@@ -70,8 +73,14 @@ def measure(tp, sizes: list[int], calls: int, iters: int) -> list[dict]:
         ways = {"nccl": lambda: dist.all_reduce(x)}
         row = {"bytes": nbytes}
         if small is not None and small.handles(x):
-            row["max_abs_diff_vs_nccl"] = (small(x).float() - nccl_x.float()).abs().max().item()
-            ways["oneshot"] = lambda: small(x)
+            row["max_abs_diff_vs_nccl"] = (small.one_shot(x).float() - nccl_x.float()).abs().max().item()
+            ways["oneshot"] = lambda: small.one_shot(x)
+            rows_x = x.view(-1, min(x.numel(), 4096))   # the Lamport kernel takes rows: of a decode layer's width
+            if nbytes % (2 * 4096) == 0 or x.numel() < 4096:
+                if small.pushes(rows_x):
+                    row["lamport_max_abs_diff_vs_nccl"] = (
+                        small.lamport_call(rows_x)[0].flatten().float() - nccl_x.float()).abs().max().item()
+                    ways["lamport"] = lambda: small.lamport_call(rows_x)
         for name, fn in ways.items():
             us = per_call_us(fn, calls, iters)
             row[f"{name}_us"] = round(statistics.median(us), 2)
@@ -102,10 +111,15 @@ def measure_fused(tp, sizes: list[int], hidden: int, calls: int, iters: int) -> 
             dist.all_reduce(y)
             return norm(y, residual)
 
-        ways = {"nccl_norm": nccl, "oneshot_norm": lambda: norm(small(x), residual),
-                "fused": lambda: tp.all_reduce_add_norm(x, residual, norm)}
+        ways = {"nccl_norm": nccl, "oneshot_norm": lambda: norm(small.one_shot(x), residual),
+                "fused": lambda: small.barrier_add_rms_norm(x, residual, norm.weight, norm.eps)}
+        if small.pushes(x):
+            ways["lamport"] = lambda: small.lamport_call(x, residual, norm.weight, norm.eps)
+        want = ways["oneshot_norm"]()[1]
         row = {"bytes": nbytes, "rows": rows, "hidden": hidden,
-               "fused_total_equals_oneshot_norm": torch.equal(ways["fused"]()[1], ways["oneshot_norm"]()[1])}
+               "fused_total_equals_oneshot_norm": torch.equal(ways["fused"]()[0], want)}
+        if "lamport" in ways:
+            row["lamport_total_equals_oneshot_norm"] = torch.equal(ways["lamport"]()[0], want)
         for name, fn in ways.items():
             row[f"{name}_us"] = round(statistics.median(per_call_us(fn, calls, iters)), 2)
         out.append(row)
@@ -147,7 +161,7 @@ def main(argv=None) -> int:
     dist.all_gather_object(every, rows)
     if rank == 0:
         for i, row in enumerate(rows):   # the slowest rank bounds a collective
-            for key in ("nccl_us", "oneshot_us"):
+            for key in ("nccl_us", "oneshot_us", "lamport_us"):
                 if key in row:
                     row[key.replace("_us", "_us_slowest_rank")] = max(r[i][key] for r in every)
         small = [r for r in rows if "oneshot_us" in r and r["bytes"] <= 64 * 1024]
@@ -159,6 +173,8 @@ def main(argv=None) -> int:
                                      *(argv if argv is not None else sys.argv[1:])]),
                "rows": rows, "add_norm_rows": fused,
                "summary": {"oneshot_us_max_up_to_64k": max((r["oneshot_us"] for r in small), default=None),
+                           "lamport_us_max_up_to_64k": max((r["lamport_us"] for r in small if "lamport_us" in r),
+                                                           default=None),
                            "nccl_us_max_up_to_64k": max((r["nccl_us"] for r in rows if r["bytes"] <= 64 * 1024),
                                                         default=None)}}
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")

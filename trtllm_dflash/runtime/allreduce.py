@@ -42,6 +42,13 @@ _DTYPES = (torch.bfloat16, torch.float32)
 # peer, 20.1 us a call against 7.7 us for the one-shot kernel alone. It stays for the bench to measure (and for 4+
 # ranks, where its barriers at once are still to be timed).
 FUSED_MAX_ROWS = 0
+# Messages of up to this many rows (and up to LAMPORT_MAX_BYTES, rows of at most LAMPORT_MAX_HIDDEN values: one
+# program holds a row) take the Lamport kernel (kernels/allreduce_norm.py): pushed into the peers' buffers, no
+# barrier; fused with the residual add + RMSNorm where one follows. Decode steps up to 64 rows.
+LAMPORT_MAX_ROWS = 64
+LAMPORT_MAX_BYTES = 512 * 1024
+LAMPORT_MAX_HIDDEN = 16384
+_LAMPORT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)   # our kernel: float16 too
 
 
 class OneShotAllReduce:
@@ -65,6 +72,19 @@ class OneShotAllReduce:
             self.peers[dtype] = (torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device),
                                  torch.tensor(handle.signal_pad_ptrs, dtype=torch.int64, device=device))
         self.rank, self.world = handle.rank, handle.world_size
+        # Lamport buffers: filled with the sentinel on every rank before any rank's first push lands in them
+        from .kernels.allreduce_norm import fill_sentinel, lamport_buffer_elems
+        self.lamport = {}
+        for dtype in _LAMPORT_DTYPES:
+            cap = LAMPORT_MAX_BYTES // dtype.itemsize
+            buf = symm_mem.empty(lamport_buffer_elems(cap, self.world), dtype=dtype, device=device)
+            fill_sentinel(buf)
+            handle = symm_mem.rendezvous(buf, self.group_name)
+            ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
+            state = torch.zeros(2, dtype=torch.int32, device=device)   # this rank's call count, programs done
+            self.lamport[dtype] = (buf, ptrs, state, cap)
+        torch.cuda.synchronize(device)
+        dist.barrier(group)
         # one 32-bit slot per block and rank in each signal pad bounds the fused kernel's blocks (torch before
         # get_signal_pad_size had pads of at least 2 KB)
         pad_bytes = getattr(symm_mem, "get_signal_pad_size", lambda: 2048)()
@@ -74,23 +94,46 @@ class OneShotAllReduce:
         # torch's one-shot kernel refuses a message whose size is not a multiple of 4 bytes (an odd count of
         # 16-bit values): those stay on NCCL
         nbytes = x.numel() * x.element_size()
-        return x.dtype in self.buffers and x.is_contiguous() and nbytes <= self.max_bytes and nbytes % 4 == 0
+        return self.pushes(x) or (x.dtype in self.buffers and x.is_contiguous() and nbytes <= self.max_bytes
+                                  and nbytes % 4 == 0)
+
+    def pushes(self, x: torch.Tensor) -> bool:
+        """Whether x [..., hidden] takes the Lamport kernel (decode-sized rows: LAMPORT_MAX_ROWS)."""
+        return (x.dtype in self.lamport and x.dim() > 0 and x.is_contiguous() and x.shape[-1] <= LAMPORT_MAX_HIDDEN
+                and 0 < x.numel() <= self.lamport[x.dtype][3] and x.numel() // x.shape[-1] <= LAMPORT_MAX_ROWS)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of x over the ranks, a new tensor (x is left as it was)."""
+        return self.lamport_call(x)[0] if self.pushes(x) else self.one_shot(x)
+
+    def one_shot(self, x: torch.Tensor) -> torch.Tensor:
+        """torch's one-shot kernel (pulls every peer's buffer after a barrier) on a message ``handles`` takes."""
         out = torch.empty_like(x)
         view = self.buffers[x.dtype][: x.numel()].view_as(x)
         torch.ops.symm_mem.one_shot_all_reduce_copy_out(view, x, "sum", self.group_name, out)
         return out
 
+    def lamport_call(self, x, residual=None, weight=None, eps: float = 0.0, bias=None):
+        """kernels/allreduce_norm.lamport_all_reduce on this group's buffers: (sum, None) or (total, norm(total))."""
+        from .kernels.allreduce_norm import lamport_all_reduce
+        _, ptrs, state, cap = self.lamport[x.dtype]
+        return lamport_all_reduce(x, residual, weight, eps, bias, ptrs, state, cap, self.rank, self.world)
+
     def fuses(self, x: torch.Tensor) -> bool:
-        """Whether x [..., hidden] takes add_rms_norm (the fused kernel) rather than this all-reduce + the norm."""
-        return self.handles(x) and x.numel() // x.shape[-1] <= FUSED_MAX_ROWS
+        """Whether x [..., hidden] takes add_rms_norm (one kernel) rather than this all-reduce + the norm."""
+        return self.pushes(x) or (self.handles(x) and x.numel() // x.shape[-1] <= FUSED_MAX_ROWS)
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                      bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(total, norm(total)) with total = residual + the sum of x over the ranks (+ bias), one kernel; x must
-        be handled (``handles``) and its last dim contiguous, as residual's."""
+        be handled (``handles``) and its last dim contiguous, as residual's. The Lamport kernel where it
+        ``pushes`` x, else the kernel with barriers."""
+        if self.pushes(x):
+            return self.lamport_call(x, residual, weight, eps, bias)
+        return self.barrier_add_rms_norm(x, residual, weight, eps, bias)
+
+    def barrier_add_rms_norm(self, x, residual, weight, eps: float, bias=None):
+        """add_rms_norm on the kernel that meets the peers at barriers over the signal pads."""
         from .kernels.allreduce_norm import all_reduce_add_rms_norm
         buffers, pads = self.peers[x.dtype]
         return all_reduce_add_rms_norm(x, residual, weight, eps, bias, buffers, pads, self.rank, self.world,

@@ -81,9 +81,22 @@ def _all_reduce_add_norm_kernel(x_ptr, res_ptr, bias_ptr, w_ptr, total_ptr, out_
         for p in tl.static_range(WORLD):   # rank order, the same on every rank
             peer = tl.load(buffers + p).to(tl.pointer_type(dtype))
             acc += tl.load(peer + r64 * H + c, mask=ok, other=0.0, volatile=True).to(tl.float32)
-        reduced = acc.to(dtype)   # the all-reduce's result in the model dtype
-        if BIAS:
-            reduced = (reduced.to(tl.float32) + tl.load(bias_ptr + c, mask=ok, other=0.0).to(tl.float32)).to(dtype)
+        _add_norm_store(acc, r64, c, ok, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, H, eps, s_r, BIAS, True)
+    if SYNC:
+        _barrier(signal_pads, pid, RANK, WORLD, PEERS)
+
+
+@triton.jit
+def _add_norm_store(acc, r64, c, ok, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, H, eps, s_r,
+                    BIAS: tl.constexpr, NORM: tl.constexpr):
+    """Row r64's float32 sum over the ranks -> the all-reduce's result rounded to the model dtype (+ bias, rounded),
+    then with NORM: total = residual + it (rounded as torch's add) into total_ptr and the row's RMSNorm into out_ptr
+    (kernels/norm.py's math); without: the sum alone into out_ptr."""
+    dtype = out_ptr.dtype.element_ty
+    reduced = acc.to(dtype)   # the all-reduce's result in the model dtype
+    if BIAS:
+        reduced = (reduced.to(tl.float32) + tl.load(bias_ptr + c, mask=ok, other=0.0).to(tl.float32)).to(dtype)
+    if NORM:
         total = (tl.load(res_ptr + r64 * s_r + c, mask=ok, other=0.0).to(tl.float32)
                  + reduced.to(tl.float32)).to(dtype)
         tl.store(total_ptr + r64 * H + c, total, mask=ok)
@@ -91,8 +104,8 @@ def _all_reduce_add_norm_kernel(x_ptr, res_ptr, bias_ptr, w_ptr, total_ptr, out_
         inv = tl.rsqrt(tl.sum(tf * tf, 0) / H + eps)
         y = (tf * inv).to(dtype).to(tl.float32) * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + r64 * H + c, y.to(dtype), mask=ok)
-    if SYNC:
-        _barrier(signal_pads, pid, RANK, WORLD, PEERS)
+    else:
+        tl.store(out_ptr + r64 * H + c, reduced, mask=ok)
 
 
 def _warps(H: int) -> int:
@@ -120,3 +133,102 @@ def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: tor
             rows, H, float(eps), x2.stride(0), r2.stride(0),
             RANK=rank, WORLD=world, PEERS=pow2(world), BLOCK=pow2(H), BIAS=bias is not None, SYNC=sync, num_warps=_warps(H))
     return total, out
+
+
+# ---- the same without barriers: the data is its own flag (Lamport's protocol) ---------------------------------
+# Every rank's Lamport buffer holds SLOTS x world x capacity values. Call k uses slot k % SLOTS: each rank stores its
+# partial straight into the peers' buffers (row block ``sender``), then polls its own buffer until no value there
+# is the sentinel (-0.0, which no sender stores: its -0.0 goes out as +0.0, the same in any sum), sums, and puts the
+# sentinel back over what it read. No signal, no second meeting: a peer can run at most one call ahead (it cannot
+# finish call k + 1 before this rank's data for it arrives), so it writes slot (k + 1) % SLOTS while this rank
+# reads slot k, and slot k is only written again at call k + SLOTS, after this rank's call k + 1 reached it.
+# TensorRT-LLM's and FlashInfer's small-message all-reduces use the same idea; this is our own kernel.
+SLOTS = 3
+_SLOTS = tl.constexpr(SLOTS)
+_SENTINEL = {2: -(1 << 15), 4: -(1 << 31)}   # the bits of -0.0 for 16- and 32-bit floats, as signed ints
+_BITS = {2: torch.int16, 4: torch.int32}
+_TL_BITS = {2: tl.int16, 4: tl.int32}
+
+
+@triton.jit
+def _lamport_kernel(x_ptr, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, buffers, state_ptr,
+                    rows, H, cap, eps, s_x, s_r,
+                    RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr, BIAS: tl.constexpr,
+                    NORM: tl.constexpr, PUSH: tl.constexpr, REDUCE: tl.constexpr, BITS: tl.constexpr,
+                    SENT: tl.constexpr):
+    """x [rows, H] this rank's partial (row stride s_x) -> out [rows, H]: with NORM, norm(residual + sum) and total
+    = residual + sum; else the sum. ``buffers``: int64 [WORLD] every rank's Lamport buffer (viewed as the dtype's
+    bits); ``state_ptr``: int32 [2] this rank's call count and the programs that finished this call. PUSH / REDUCE:
+    the two halves (both on GPUs; apart only where Triton's interpreter plays every rank in turn on the CPU)."""
+    pid = tl.program_id(0)
+    progs = tl.num_programs(0)
+    c = tl.arange(0, BLOCK)
+    ok = c < H
+    call = tl.load(state_ptr)
+    base = (call % _SLOTS).to(tl.int64) * WORLD * cap                     # this call's slot
+    if PUSH:
+        for r in range(pid, rows, progs):
+            r64 = tl.cast(r, tl.int64)
+            v = tl.load(x_ptr + r64 * s_x + c, mask=ok, other=0.0).to(BITS, bitcast=True)
+            v = tl.where(v == SENT, 0, v)                            # -0.0 -> +0.0: never the sentinel
+            for p in tl.static_range(WORLD):
+                peer = tl.multiple_of(tl.load(buffers + p).to(tl.pointer_type(BITS)), 16)   # 16-byte vector stores
+                tl.store(peer + base + RANK * cap + r64 * H + c, v, mask=ok)
+    if REDUCE:
+        mine = tl.multiple_of(tl.load(buffers + RANK).to(tl.pointer_type(BITS)), 16)
+        for r in range(pid, rows, progs):
+            r64 = tl.cast(r, tl.int64)
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for p in tl.static_range(WORLD):   # rank order, the same on every rank
+                src = mine + base + p * cap + r64 * H + c
+                v = tl.load(src, mask=ok, other=0, volatile=True)
+                while tl.max(tl.where(v == SENT, 1, 0), 0) > 0:      # sender p's row has not all landed yet
+                    v = tl.load(src, mask=ok, other=0, volatile=True)
+                acc += v.to(x_ptr.dtype.element_ty, bitcast=True).to(tl.float32)
+                tl.store(src, tl.full([BLOCK], SENT, BITS), mask=ok)   # ready for call + SLOTS
+            _add_norm_store(acc, r64, c, ok, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, H, eps, s_r, BIAS, NORM)
+        # the last program of this call moves the count on (every program read it above)
+        if tl.atomic_add(state_ptr + 1, 1) == progs - 1:
+            tl.store(state_ptr, call + 1)
+            tl.store(state_ptr + 1, 0)
+
+
+def lamport_buffer_elems(max_elems: int, world: int) -> int:
+    """Values a rank's Lamport buffer holds for messages up to ``max_elems`` values at ``world`` ranks."""
+    return SLOTS * world * max_elems
+
+
+def fill_sentinel(buffer: torch.Tensor) -> None:
+    """Every value of a (new) Lamport buffer -> the sentinel; all ranks do it before any rank's first call."""
+    buffer.view(_BITS[buffer.element_size()]).fill_(_SENTINEL[buffer.element_size()])
+
+
+def lamport_all_reduce(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
+                       bias: torch.Tensor | None, buffers: torch.Tensor, state: torch.Tensor, cap: int,
+                       rank: int, world: int, max_programs: int = 1024, phases: str = "both"):
+    """x [..., H] this rank's partial sum -> with ``residual`` / ``weight``: (total, norm(total)), total = residual +
+    (sum over ranks of x) (+ bias); without: (sum (+ bias), None). All in x's dtype, one kernel, no barrier.
+    ``buffers``: int64 [world] every rank's Lamport buffer address (``lamport_buffer_elems(cap, world)`` values of x's
+    dtype each, filled by ``fill_sentinel``), ``state``: int32 [2] zeros at first, this rank's own; ``cap``: the
+    largest message in values. ``phases``: "both" on GPUs; "push" / "reduce" let Triton's interpreter play the
+    ranks one after another (every rank pushes, then every rank reduces)."""
+    H = x.shape[-1]
+    if x.numel() > cap:
+        raise ValueError(f"lamport_all_reduce: {x.numel()} values, the buffers hold {cap}")
+    if x.stride(-1) != 1 or (residual is not None and residual.stride(-1) != 1):
+        raise ValueError("lamport_all_reduce: the last dim must be contiguous")
+    norm = residual is not None
+    x2 = x.reshape(-1, H)
+    r2 = residual.reshape(-1, H) if norm else x2
+    rows = x2.shape[0]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device) if norm else out
+    if rows:
+        grid = (min(rows, max_programs),)
+        _lamport_kernel[grid](
+            x2, r2, bias if bias is not None else x2, weight if norm else x2, total, out, buffers, state,
+            rows, H, cap, float(eps), x2.stride(0), r2.stride(0),
+            RANK=rank, WORLD=world, BLOCK=pow2(H), BIAS=bias is not None, NORM=norm,
+            PUSH=phases in ("both", "push"), REDUCE=phases in ("both", "reduce"),
+            BITS=_TL_BITS[x.element_size()], SENT=_SENTINEL[x.element_size()], num_warps=_warps(H))
+    return (total, out) if norm else (out, None)
