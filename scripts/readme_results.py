@@ -903,7 +903,29 @@ def render_tp_bench(results: Path) -> str:
                f"{r['qwen3-8b_tp4_over_tp1_ar_b64']:.2f} at 64, DFlash {r['qwen3-8b_tp4_over_tp1_dflash_b1']:.2f} and "
                f"{r['qwen3-8b_tp4_over_tp1_dflash_b64']:.2f}." if "qwen3-8b_tp4_over_tp1_ar_b1" in r else "")
             + " Where a rank's step goes (GEMMs, all-reduces, attention, the gaps between kernels), from the profiler: "
-            "`benchmarks/results/tp_h200x4/README.md`. " + _tp_host_group(results) + "\n")
+            "`benchmarks/results/tp_h200x4/README.md`. " + _tp_host_group(results) + " " + _tp_lamport(results) + "\n")
+
+
+def _tp_lamport(results: Path) -> str:
+    """TP 2 / TP 1 on 2x H200 after the gated tiles, then with the Lamport all-reduce fused with the add + RMSNorm."""
+    tiles, lamport = (_load(results, f"{folder}/tp_scaling.json") for folder in ("tp_h200x2_gated_tile", "tp_h200x2_lamport"))
+    t, l = tiles["summary"]["ratios"], lamport["summary"]["ratios"]
+    rows = {f: {(r["mode"], r["batch"]): r for r in _load(results, f)["rows"]}
+            for f in ("tp_h200x2_gated_tile/tp2.json", "tp_h200x2_lamport/tp2_lamport.json")}
+    before, after = (rows[f][("ar", 1)] for f in rows)
+    lam = next(k for k in after["profile"]["top"] if k["name"] == "_lamport_kernel")
+    runs = {f: _load(results, f) for f in rows}
+    return (f"Latest at TP 2 (2x H200; `benchmarks/results/tp_h200x2_gated_tile/`, "
+            f"{commit_of(runs['tp_h200x2_gated_tile/tp2.json'], 'tp_h200x2_gated_tile/tp2.json')}, and "
+            f"`benchmarks/results/tp_h200x2_lamport/`, "
+            f"{commit_of(runs['tp_h200x2_lamport/tp2_lamport.json'], 'tp_h200x2_lamport/tp2_lamport.json')}, over the "
+            f"same TP 1 run): with the 32-column gated "
+            f"tiles TP 2 over TP 1 is AR {t['qwen3-8b_tp2_over_tp1_ar_b1']:.3f} / DFlash "
+            f"{t['qwen3-8b_tp2_over_tp1_dflash_b1']:.3f} at batch 1; with each all-reduce and the residual add + RMSNorm "
+            f"after it in one Lamport kernel ({lam['count']} calls, {1e3 * lam['ms'] / lam['count']:.1f} us each) the TP 2 "
+            f"AR step goes {before['step_ms']:.2f} -> {after['step_ms']:.2f} ms ({before['profile']['kernels_per_step']:.0f} "
+            f"-> {after['profile']['kernels_per_step']:.0f} kernels) and the ratios to AR "
+            f"{l['qwen3-8b_tp2_over_tp1_ar_b1']:.3f} / DFlash {l['qwen3-8b_tp2_over_tp1_dflash_b1']:.3f} (goal <= 0.6).")
 
 
 def _tp_host_group(results: Path) -> str:
@@ -954,7 +976,11 @@ def render_tp_allreduce(results: Path) -> str:
             f"{last['oneshot_norm_us']:.1f} / {last['fused_us']:.1f} us at {last['rows']} rows: the fused kernel (its "
             "barriers meet all peers at once) ties one-shot + norm from two rows on and loses at one, so no row count "
             "takes it by default (`allreduce.FUSED_MAX_ROWS` = 0). At 4 ranks on a 4x H200 host the one-shot kernel "
-            "alone took 7.1-8.6 us per call up to 64 KB against NCCL's 23.7-28.0 (`tp_h200x4/README.md`).\n")
+            "alone took 7.1-8.6 us per call up to 64 KB against NCCL's 23.7-28.0 (`tp_h200x4/README.md`). Rows up to "
+            "`allreduce.LAMPORT_MAX_ROWS` (64) now take a third kernel, without barriers: each rank stores its rows "
+            "into the peers' buffers and polls its own for them (Lamport's protocol, as TensorRT-LLM's and "
+            "FlashInfer's small all-reduces do), fused with the add + RMSNorm; in the TP 2 step it takes 5.3 us a "
+            "call, norm included (`tp_h200x2_lamport/README.md`).\n")
 
 
 def render_gpt_oss(results: Path) -> str:
