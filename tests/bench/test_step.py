@@ -46,3 +46,25 @@ def test_the_default_kernels_flag_is_a_setting_the_engine_resolves():
     assert args.kernels == RuntimeConfig.kernels
     Kernels.choose(args.kernels, True, "cpu", torch.bfloat16)
     assert step.parser().parse_args(["--out", "x", "--attention_kernel", "torch"]).kernels == "torch"
+
+
+def test_idle_gaps_sum_the_idle_time_between_kernels_by_pair():
+    """bench.step.idle_gaps on a made-up timeline: a kernel inside another's span leaves no gap, and each gap goes
+    to the pair (the kernel whose end it follows, the kernel that ends it), per step, the largest first."""
+    from types import SimpleNamespace as NS
+
+    from trtllm_dflash.bench import step as S
+    kind = NS(name="CUDA" if S.DEV.type == "cuda" else "CPU")
+
+    def ev(name, start, end):
+        return NS(name=name, device_type=kind, time_range=NS(start=start, end=end))
+    timeline = [ev("gemm", 0, 10), ev("inner", 2, 5), ev("norm", 12, 13), ev("gemm", 13, 20),   # step 1
+                ev("sample", 50, 52),                                                            # host late
+                ev("gemm", 60, 70), ev("norm", 72, 73), ev("sample", 100, 101)]                  # step 2
+    gaps = S.idle_gaps(NS(events=lambda: timeline), steps=2)
+    # gemm -> sample 30 us once (20 -> 50), norm -> sample 27 (73 -> 100), sample -> gemm 8, gemm -> norm 2 + 2
+    assert [(g["before"], g["after"], g["us_per_step"], g["count_per_step"]) for g in gaps] == [
+        ("gemm", "sample", 15.0, 0.5), ("norm", "sample", 13.5, 0.5), ("sample", "gemm", 4.0, 0.5),
+        ("gemm", "norm", 2.0, 1.0)]
+    busy = 10 + 1 + 7 + 2 + 10 + 1 + 1   # the union of the kernels' spans over 0 .. 101 us
+    assert sum(g["us_per_step"] for g in gaps) == (101 - busy) / 2

@@ -219,7 +219,8 @@ def profile_steps(eng: Engine, batch: int, ctx: int, steps: int = 3, step_ms: fl
     def run():
         for _ in range(steps):
             eng.step()
-    evts = device_events(run)
+    prof = _profiled(run)
+    evts = _averages(prof)
     for r in reqs:
         eng.cancel(r.request_id)
     eng.step()
@@ -229,17 +230,47 @@ def profile_steps(eng: Engine, batch: int, ctx: int, steps: int = 3, step_ms: fl
     return {"kernels_per_step": sum(e.count for e in evts) / steps, "device_ms_per_step": device_ms,
             "host_gap_ms_per_step": None if step_ms is None else step_ms - device_ms,
             "top": [{"name": e.key[:90], "count": e.count // steps, "ms": e.self_device_time_total / 1e3 / steps}
-                    for e in top]}
+                    for e in top],
+            "idle_gaps": idle_gaps(prof, steps)}
+
+
+def idle_gaps(prof, steps: int, top: int = 8) -> list[dict]:
+    """Where the device sat idle: every gap between the end of the work so far and the next kernel's start, summed
+    per (kernel before, kernel after) pair over the profiled steps, the largest first, in us per step. The host gap
+    is their sum; the pairs say whether it sits between steps (the host late with the next one) or inside one (a
+    kernel waiting on the host mid-step)."""
+    kind = "CUDA" if DEV.type == "cuda" else "CPU"
+    evts = sorted((e for e in prof.events() if e.device_type.name == kind), key=lambda e: e.time_range.start)
+    pairs: dict[tuple[str, str], list] = {}
+    end, before = None, None
+    for e in evts:
+        if end is not None and e.time_range.start > end:
+            gap = pairs.setdefault((before, e.name), [0.0, 0])
+            gap[0] += e.time_range.start - end
+            gap[1] += 1
+        if end is None or e.time_range.end > end:
+            end, before = e.time_range.end, e.name
+    ranked = sorted(pairs.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"before": b[:60], "after": a[:60], "us_per_step": round(us / steps, 1), "count_per_step": n / steps}
+            for (b, a), (us, n) in ranked]
+
+
+def _profiled(fn):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[getattr(ProfilerActivity, "CUDA" if DEV.type == "cuda" else "CPU")]) as prof:
+        fn()
+        sync()
+    return prof
+
+
+def _averages(prof) -> list:
+    kind = "CUDA" if DEV.type == "cuda" else "CPU"
+    return [e for e in prof.key_averages() if e.device_type.name == kind]
 
 
 def device_events(fn) -> list:
     """The profiler's per-kernel averages of fn()'s device work (CPU ops on a CPU smoke run)."""
-    from torch.profiler import ProfilerActivity, profile
-    kind = "CUDA" if DEV.type == "cuda" else "CPU"
-    with profile(activities=[getattr(ProfilerActivity, kind)]) as prof:
-        fn()
-        sync()
-    return [e for e in prof.key_averages() if e.device_type.name == kind]
+    return _averages(_profiled(fn))
 
 
 def count_kernels(fn) -> int:
@@ -362,7 +393,9 @@ def bench_model(name: str, args, ceil: dict, rows: list, summary: dict) -> None:
                 s[f"profile_{mode}_b{b}"] = prof
                 print(f"profile {name} {mode} b={b}: {prof['kernels_per_step']:.0f} kernels, "
                       f"{prof['device_ms_per_step']:.2f} ms device/step, host gap {prof['host_gap_ms_per_step']:.3f} ms; top: "
-                      + "; ".join(f"{t['name'][:40]} x{t['count']} {t['ms']:.2f}ms" for t in prof["top"][:6]), flush=True)
+                      + "; ".join(f"{t['name'][:40]} x{t['count']} {t['ms']:.2f}ms" for t in prof["top"][:6])
+                      + "; idle: " + "; ".join(f"{g['before'][:30]} -> {g['after'][:30]} {g['us_per_step']:.0f}us"
+                                                for g in prof["idle_gaps"][:3]), flush=True)
     if args.cost_table:
         t0 = time.perf_counter()
         table = measure_costs(engines["dflash"].runner, args.batch, candidate_blocks(B), args.ctx, reps=5)

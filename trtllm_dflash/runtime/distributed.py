@@ -76,8 +76,8 @@ class TPGroup:
     def all_reduce_add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm, bias: torch.Tensor | None = None):
         """(norm(total), total) with total = residual + the sum of x over the ranks (+ bias): a row-parallel
         projection's partial sums into the next residual add + RMSNorm (``norm``: a layers.RMSNorm; its return
-        order). One kernel where the one-shot all-reduce runs beside the Triton kernels and its fused kernel pays
-        for x (allreduce.FUSED_MAX_ROWS); else the all-reduce, then the norm's own add + norm."""
+        order). One kernel where the one-shot all-reduce runs beside the Triton kernels and fuses x (decode-sized
+        rows: the Lamport kernel, allreduce.LAMPORT_MAX_ROWS); else the all-reduce, then the norm's own add + norm."""
         small = self.small_all_reduce
         if (self.active and small is not None and norm.kernels.triton and small.fuses(x)
                 and residual.is_contiguous()):

@@ -94,8 +94,9 @@ class DecoderLayer(nn.Module):
     attention (a split cache merged by its last split, no combine kernel), o_proj + residual, norm, gate_up +
     SiLU, down + residual = 8 kernels per layer. y is a new tensor either way (nothing is written in place), so the
     feature taps read the same values. At tp > 1 the projections hand their partial sums to
-    TPGroup.all_reduce_add_norm: all-reduce, residual add and norm in one kernel where that pays (one row beside
-    the Triton kernels: allreduce.FUSED_MAX_ROWS), else the all-reduce and then the add + norm."""
+    TPGroup.all_reduce_add_norm: all-reduce, residual add and norm in one kernel where that pays (decode-sized
+    rows beside the Triton kernels: the Lamport kernel, allreduce.LAMPORT_MAX_ROWS), else the all-reduce and then
+    the add + norm."""
 
     def __init__(self, c, tp: TPGroup, attn: nn.Module):
         super().__init__()
