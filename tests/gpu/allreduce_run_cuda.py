@@ -64,6 +64,36 @@ def fused_cases(tp) -> list[dict]:
                                                    (g_normed.float() - want_normed.float()).abs().max().item()),
                         "normed_scale": want_normed.float().abs().max().item(),
                         "normed_sha": hashlib.sha256(normed.float().cpu().numpy().tobytes()).hexdigest()})
+    out += gpt_oss_cases(tp)
+    return out
+
+
+def gpt_oss_cases(tp) -> list[dict]:
+    """The same with gpt-oss's norm (the weight in float32 before the rounding, o_proj's bias added to the reduced
+    sum first): TPGroup.all_reduce_add_norm on a GptOssRMSNorm against gpt_oss._add_norm's eager reference."""
+    from trtllm_dflash.runtime.kernels import Kernels
+    from trtllm_dflash.runtime.models.gpt_oss import GptOssRMSNorm, _add_norm
+    out = []
+    for rows in (1, 10):
+        hidden, dtype = 2880, torch.bfloat16
+        g = torch.Generator("cuda").manual_seed(5 + rows)
+        residual = torch.randn(rows, hidden, dtype=dtype, device="cuda", generator=g)
+        norm = GptOssRMSNorm(hidden, 1e-5, Kernels(triton=True, sampling=True)).to("cuda", dtype)
+        norm.weight.data = (torch.rand(hidden, device="cuda", generator=g) + 0.5).to(dtype)
+        bias = torch.randn(hidden, dtype=dtype, device="cuda", generator=g)
+        x = torch.randn(rows, hidden, dtype=dtype, device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(2000 * tp.rank + rows))
+        parts = [torch.empty_like(x) for _ in range(tp.size)]
+        dist.all_gather(parts, x)
+        reduced = sum(p.float() for p in parts).to(dtype)
+        want_total, want_normed = _add_norm.eager(residual, reduced, norm.weight, 1e-5, bias)
+        assert tp.small_all_reduce.fuses(x, weight_first=True)
+        normed, total = tp.all_reduce_add_norm(x, residual, norm, bias)
+        out.append({"way": "route", "dtype": str(dtype), "rows": rows, "hidden": hidden, "bias": True,
+                    "norm": "gpt-oss", "total_equal": torch.equal(total, want_total),
+                    "normed_max_abs_diff": (normed.float() - want_normed.float()).abs().max().item(),
+                    "normed_scale": want_normed.float().abs().max().item(),
+                    "normed_sha": hashlib.sha256(normed.float().cpu().numpy().tobytes()).hexdigest()})
     return out
 
 

@@ -111,11 +111,12 @@ class _Fused(_Small):
         super().__init__()
         self.fused = 0
 
-    def fuses(self, x):
+    def fuses(self, x, weight_first=False):
         return self.handles(x) and x.numel() // x.shape[-1] <= 1
 
-    def add_rms_norm(self, x, residual, weight, eps, bias=None):
+    def add_rms_norm(self, x, residual, weight, eps, bias=None, weight_first=False):
         self.fused += 1
+        self.weight_first = weight_first
         return residual + 10 * x, residual
 
 
@@ -128,6 +129,12 @@ def test_all_reduce_add_norm_fuses_only_beside_the_triton_kernels(monkeypatch):
     tp = TPGroup(0, 2, small_all_reduce=small)
     normed, total = tp.all_reduce_add_norm(x, residual, RMSNorm(4, 1e-6, Kernels(triton=True)))
     assert small.fused == 1 and torch.equal(total, residual + 10) and torch.equal(normed, residual)
+    assert small.weight_first is False
+    # gpt-oss's norm asks for its own rounding (the weight first, in float32)
+    from trtllm_dflash.runtime.models.gpt_oss import GptOssRMSNorm
+    tp.all_reduce_add_norm(x, residual, GptOssRMSNorm(4, 1e-6, Kernels(triton=True)))
+    assert small.fused == 2 and small.weight_first is True
+    small.fused = 1
     # the torch path: the one-shot all-reduce (x * 10 from the stand-in), the bias, then the norm's add + norm
     norm = RMSNorm(4, 1e-6)
     normed, total = tp.all_reduce_add_norm(x, residual, norm, bias=torch.ones(4))
@@ -247,15 +254,27 @@ def test_lamport_kernel_over_successive_calls(dtype, world, rows, programs):
         parts = [torch.randn(rows, H, generator=g).to(dtype) for _ in range(world)]
         parts[0][0, :3] = -0.0
         residual = torch.randn(rows, H, generator=g).to(dtype)
-        norm, use_bias = call % 2 == 0, bias if call % 3 == 1 else None
+        norm, use_bias = call % 2 == 0, bias if call % 3 == 1 or call == 2 else None
+        weight_first = call == 2   # gpt-oss's norm rounding, with o_proj's bias
         args = [(parts[r], residual if norm else None, w if norm else None, 1e-6, use_bias, ptrs, states[r], cap, r,
                  world, programs) for r in range(world)]
         for a in args:
-            K.lamport_all_reduce(*a, phases="push")
+            K.lamport_all_reduce(*a, phases="push", weight_first=weight_first)
         slot = buffers[0].view(K.SLOTS, world, cap)[call % K.SLOTS]
         assert not (slot[:, : rows * H].view(bits) == sentinel).any()   # every sender's rows landed, no sentinel
-        outs = [K.lamport_all_reduce(*a, phases="reduce") for a in args]
-        if norm:
+        outs = [K.lamport_all_reduce(*a, phases="reduce", weight_first=weight_first) for a in args]
+        if weight_first:
+            from trtllm_dflash.runtime.models.gpt_oss import _add_norm
+            reduced = sum(p.float() for p in parts).to(dtype)
+            total_ref, normed_ref = _add_norm.eager(residual, reduced, w, 1e-6, use_bias)
+            for total, normed in outs:
+                assert torch.equal(total, total_ref)
+                tol = {torch.float32: 1e-6, torch.float16: 1e-3}[dtype]
+                assert (normed.float() - normed_ref.float()).abs().max().item() <= tol * normed_ref.abs().max().item()
+                # the two roundings differ in float16 (a quarter of the values here): at most a rare flip from
+                # the mean's summation order may differ from the reference's bits (float32 differs in last bits)
+                assert dtype != torch.float16 or (normed != normed_ref).float().mean().item() <= 0.01
+        elif norm:
             total_ref, normed_ref = _reference(parts, residual, w, 1e-6, use_bias)
             for total, normed in outs:
                 assert torch.equal(total, total_ref)

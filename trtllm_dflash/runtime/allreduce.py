@@ -113,23 +113,25 @@ class OneShotAllReduce:
         torch.ops.symm_mem.one_shot_all_reduce_copy_out(view, x, "sum", self.group_name, out)
         return out
 
-    def lamport_call(self, x, residual=None, weight=None, eps: float = 0.0, bias=None):
+    def lamport_call(self, x, residual=None, weight=None, eps: float = 0.0, bias=None, weight_first: bool = False):
         """kernels/allreduce_norm.lamport_all_reduce on this group's buffers: (sum, None) or (total, norm(total))."""
         from .kernels.allreduce_norm import lamport_all_reduce
         _, ptrs, state, cap = self.lamport[x.dtype]
-        return lamport_all_reduce(x, residual, weight, eps, bias, ptrs, state, cap, self.rank, self.world)
+        return lamport_all_reduce(x, residual, weight, eps, bias, ptrs, state, cap, self.rank, self.world,
+                                  weight_first=weight_first)
 
-    def fuses(self, x: torch.Tensor) -> bool:
-        """Whether x [..., hidden] takes add_rms_norm (one kernel) rather than this all-reduce + the norm."""
-        return self.pushes(x) or (self.handles(x) and x.numel() // x.shape[-1] <= FUSED_MAX_ROWS)
+    def fuses(self, x: torch.Tensor, weight_first: bool = False) -> bool:
+        """Whether x [..., hidden] takes add_rms_norm (one kernel) rather than this all-reduce + the norm
+        (``weight_first``: gpt-oss's norm rounding, which only the Lamport kernel has)."""
+        return self.pushes(x) or (not weight_first and self.handles(x) and x.numel() // x.shape[-1] <= FUSED_MAX_ROWS)
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                     bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     bias: torch.Tensor | None = None, weight_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(total, norm(total)) with total = residual + the sum of x over the ranks (+ bias), one kernel; x must
-        be handled (``handles``) and its last dim contiguous, as residual's. The Lamport kernel where it
-        ``pushes`` x, else the kernel with barriers."""
+        be fused (``fuses``) and its last dim contiguous, as residual's. The Lamport kernel where it ``pushes`` x,
+        else the kernel with barriers."""
         if self.pushes(x):
-            return self.lamport_call(x, residual, weight, eps, bias)
+            return self.lamport_call(x, residual, weight, eps, bias, weight_first)
         return self.barrier_add_rms_norm(x, residual, weight, eps, bias)
 
     def barrier_add_rms_norm(self, x, residual, weight, eps: float, bias=None):

@@ -78,13 +78,12 @@ class TPGroup:
         projection's partial sums into the next residual add + RMSNorm (``norm``: a layers.RMSNorm; its return
         order). One kernel where the one-shot all-reduce runs beside the Triton kernels and fuses x (decode-sized
         rows: the Lamport kernel, allreduce.LAMPORT_MAX_ROWS); else the all-reduce, then the norm's own add + norm."""
-        small = self.small_all_reduce
-        if (self.active and small is not None and norm.kernels.triton and small.fuses(x)
+        small, weight_first = self.small_all_reduce, norm.weight_first
+        if (self.active and small is not None and norm.kernels.triton and small.fuses(x, weight_first)
                 and residual.is_contiguous()):
-            total, normed = small.add_rms_norm(x, residual, norm.weight, norm.eps, bias)
+            total, normed = small.add_rms_norm(x, residual, norm.weight, norm.eps, bias, weight_first)
             return normed, total
-        x = self.all_reduce(x)
-        return norm(x if bias is None else x + bias, residual)
+        return norm.add_norm(self.all_reduce(x), residual, bias)
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """Concatenate each rank's x along the last dim (vocab-parallel logits)."""

@@ -81,17 +81,18 @@ def _all_reduce_add_norm_kernel(x_ptr, res_ptr, bias_ptr, w_ptr, total_ptr, out_
         for p in tl.static_range(WORLD):   # rank order, the same on every rank
             peer = tl.load(buffers + p).to(tl.pointer_type(dtype))
             acc += tl.load(peer + r64 * H + c, mask=ok, other=0.0, volatile=True).to(tl.float32)
-        _add_norm_store(acc, r64, c, ok, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, H, eps, s_r, BIAS, True)
+        _add_norm_store(acc, r64, c, ok, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, H, eps, s_r, BIAS, True, False)
     if SYNC:
         _barrier(signal_pads, pid, RANK, WORLD, PEERS)
 
 
 @triton.jit
 def _add_norm_store(acc, r64, c, ok, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, H, eps, s_r,
-                    BIAS: tl.constexpr, NORM: tl.constexpr):
+                    BIAS: tl.constexpr, NORM: tl.constexpr, W_FIRST: tl.constexpr):
     """Row r64's float32 sum over the ranks -> the all-reduce's result rounded to the model dtype (+ bias, rounded),
     then with NORM: total = residual + it (rounded as torch's add) into total_ptr and the row's RMSNorm into out_ptr
-    (kernels/norm.py's math); without: the sum alone into out_ptr."""
+    (kernels/norm.py's math: normalised, rounded, times the weight; W_FIRST: times the weight in float32, then
+    rounded, as gpt-oss's reference norm); without: the sum alone into out_ptr."""
     dtype = out_ptr.dtype.element_ty
     reduced = acc.to(dtype)   # the all-reduce's result in the model dtype
     if BIAS:
@@ -102,7 +103,11 @@ def _add_norm_store(acc, r64, c, ok, res_ptr, bias_ptr, w_ptr, total_ptr, out_pt
         tl.store(total_ptr + r64 * H + c, total, mask=ok)
         tf = total.to(tl.float32)
         inv = tl.rsqrt(tl.sum(tf * tf, 0) / H + eps)
-        y = (tf * inv).to(dtype).to(tl.float32) * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        if W_FIRST:
+            y = w * (tf * inv)
+        else:
+            y = (tf * inv).to(dtype).to(tl.float32) * w
         tl.store(out_ptr + r64 * H + c, y.to(dtype), mask=ok)
     else:
         tl.store(out_ptr + r64 * H + c, reduced, mask=ok)
@@ -154,8 +159,8 @@ _TL_BITS = {2: tl.int16, 4: tl.int32}
 def _lamport_kernel(x_ptr, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, buffers, state_ptr,
                     rows, H, cap, eps, s_x, s_r,
                     RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr, BIAS: tl.constexpr,
-                    NORM: tl.constexpr, PUSH: tl.constexpr, REDUCE: tl.constexpr, BITS: tl.constexpr,
-                    SENT: tl.constexpr):
+                    NORM: tl.constexpr, W_FIRST: tl.constexpr, PUSH: tl.constexpr, REDUCE: tl.constexpr,
+                    BITS: tl.constexpr, SENT: tl.constexpr):
     """x [rows, H] this rank's partial (row stride s_x) -> out [rows, H]: with NORM, norm(residual + sum) and total
     = residual + sum; else the sum. ``buffers``: int64 [WORLD] every rank's Lamport buffer (viewed as the dtype's
     bits); ``state_ptr``: int32 [2] this rank's call count and the programs that finished this call. PUSH / REDUCE:
@@ -186,7 +191,8 @@ def _lamport_kernel(x_ptr, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, buffers
                     v = tl.load(src, mask=ok, other=0, volatile=True)
                 acc += v.to(x_ptr.dtype.element_ty, bitcast=True).to(tl.float32)
                 tl.store(src, tl.full([BLOCK], SENT, BITS), mask=ok)   # ready for call + SLOTS
-            _add_norm_store(acc, r64, c, ok, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, H, eps, s_r, BIAS, NORM)
+            _add_norm_store(acc, r64, c, ok, res_ptr, bias_ptr, w_ptr, total_ptr, out_ptr, H, eps, s_r, BIAS, NORM,
+                            W_FIRST)
         # the last program of this call moves the count on (every program read it above)
         if tl.atomic_add(state_ptr + 1, 1) == progs - 1:
             tl.store(state_ptr, call + 1)
@@ -205,13 +211,15 @@ def fill_sentinel(buffer: torch.Tensor) -> None:
 
 def lamport_all_reduce(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
                        bias: torch.Tensor | None, buffers: torch.Tensor, state: torch.Tensor, cap: int,
-                       rank: int, world: int, max_programs: int = 1024, phases: str = "both"):
+                       rank: int, world: int, max_programs: int = 1024, phases: str = "both",
+                       weight_first: bool = False):
     """x [..., H] this rank's partial sum -> with ``residual`` / ``weight``: (total, norm(total)), total = residual +
     (sum over ranks of x) (+ bias); without: (sum (+ bias), None). All in x's dtype, one kernel, no barrier.
     ``buffers``: int64 [world] every rank's Lamport buffer address (``lamport_buffer_elems(cap, world)`` values of x's
     dtype each, filled by ``fill_sentinel``), ``state``: int32 [2] zeros at first, this rank's own; ``cap``: the
     largest message in values. ``phases``: "both" on GPUs; "push" / "reduce" let Triton's interpreter play the
-    ranks one after another (every rank pushes, then every rank reduces)."""
+    ranks one after another (every rank pushes, then every rank reduces). ``weight_first``: the norm's rounding
+    (False: llama's, normalised and rounded before the weight; True: gpt-oss's, the weight in float32 first)."""
     H = x.shape[-1]
     if x.numel() > cap:
         raise ValueError(f"lamport_all_reduce: {x.numel()} values, the buffers hold {cap}")
@@ -228,7 +236,7 @@ def lamport_all_reduce(x: torch.Tensor, residual: torch.Tensor | None, weight: t
         _lamport_kernel[grid](
             x2, r2, bias if bias is not None else x2, weight if norm else x2, total, out, buffers, state,
             rows, H, cap, float(eps), x2.stride(0), r2.stride(0),
-            RANK=rank, WORLD=world, BLOCK=pow2(H), BIAS=bias is not None, NORM=norm,
+            RANK=rank, WORLD=world, BLOCK=pow2(H), BIAS=bias is not None, NORM=norm, W_FIRST=weight_first,
             PUSH=phases in ("both", "push"), REDUCE=phases in ("both", "reduce"),
             BITS=_TL_BITS[x.element_size()], SENT=_SENTINEL[x.element_size()], num_warps=_warps(H))
     return (total, out) if norm else (out, None)

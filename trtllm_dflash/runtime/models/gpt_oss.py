@@ -12,7 +12,8 @@ Decode path (RuntimeConfig.kernels "triton": every module built with Kernels(tri
 layer runs as the Llama family's does: qkv and o_proj on the Triton GEMM at decode sizes (layers.uses_gemm_kernel),
 RoPE + cache write in one Triton kernel and attention against the cache in the decode attention kernel
 (runtime/kernels/decode_attention.py), here with the sinks and the sliding window (as KeyRange lo = pos - window
-+ 1) inside it; each residual add (with o_proj's bias) + RMSNorm is one compiled kernel; the router's top-k +
++ 1) inside it; each residual add (with o_proj's bias) + RMSNorm is one compiled kernel (at tp > 1 one kernel with
+the all-reduce before it, the weight applied in float32 as here: TPGroup.all_reduce_add_norm); the router's top-k +
 softmax one Triton kernel after its GEMM (runtime/kernels/router.py). The torch path below stays
 the reference (eager, HF rounding) and runs where the switch says "torch" (CPU by default).
 
@@ -92,6 +93,12 @@ def _add_norm(residual: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: flo
 
 
 class GptOssRMSNorm(RMSNorm):
+    weight_first = True   # _norm's rounding
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor | None = None):
+        """RMSNorm.add_norm on the decode kernels' path (one compiled kernel, the bias inside it)."""
+        return self(x, residual, bias=bias, fused=self.kernels.triton)
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                 fused: bool = False):
         """As RMSNorm.forward (with ``residual``: (norm(x + residual), x + residual); ``bias``, added to x
@@ -138,7 +145,7 @@ class Attention(nn.Module):
         self.kernels = kernels   # Triton: the decode kernels
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, positions, visible, kv_len: int | None,
-                add_bias: bool = True):
+                add_bias: bool = True, reduce: bool = True):
         """x [n, T, hidden]; positions [n, T]; visible [n, 1, T, S] (window already applied on sliding layers),
         or a KeyRange where the Triton attention runs (uses_attention_kernel); cos/sin [n, T, 1, d]
         (Rotary.tables) -> [n, T, hidden], o_proj's bias added iff ``add_bias``
@@ -162,11 +169,16 @@ class Attention(nn.Module):
             k, v = cache.read(layer, rows, kv_len)
         else:
             k, v = k.transpose(1, 2), v.transpose(1, 2)
-        return self._out(attend_with_sinks(q.transpose(1, 2), k, v, visible, self.sinks, self.d ** -0.5), add_bias)
+        return self._out(attend_with_sinks(q.transpose(1, 2), k, v, visible, self.sinks, self.d ** -0.5), add_bias,
+                         reduce)
 
-    def _out(self, out: torch.Tensor, add_bias: bool) -> torch.Tensor:
-        # row-parallel: the bias once, after the all-reduce (here or in the next add + norm)
-        out = self.tp.all_reduce(project(self.kernels, self.o_proj, out, bias=False))
+    def _out(self, out: torch.Tensor, add_bias: bool, reduce: bool = True) -> torch.Tensor:
+        # row-parallel: the bias once, after the all-reduce (here or in the next add + norm); reduce=False: this
+        # rank's partial sum, for TPGroup.all_reduce_add_norm
+        out = project(self.kernels, self.o_proj, out, bias=False)
+        if not reduce:
+            return out
+        out = self.tp.all_reduce(out)
         return out if self.o_proj.bias is None or not add_bias else out + self.o_proj.bias
 
 
@@ -324,9 +336,10 @@ class MoE(nn.Module):
         self.experts = MOE_KERNELS[moe_kernel](c, tp, ep_size, invariant=kernels.batch_invariant)
         self.top_k, self.tp, self.kernels = c.experts_per_token, tp, kernels
 
-    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused: bool = False, reduce: bool = True) -> torch.Tensor:
         """x [..., hidden] -> [..., hidden]. ``fused``: the router's top-k + softmax in one Triton kernel after its
-        GEMM (kernels/router.py): the same ids and weights up to the weights' last rounding."""
+        GEMM (kernels/router.py): the same ids and weights up to the weights' last rounding. reduce=False: this
+        rank's partial sum, for TPGroup.all_reduce_add_norm."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])                                          # [N, hidden]
         # In the batch-invariant mode the router's GEMM is the Triton GEMM's fixed tile too: cuBLAS picks its
@@ -338,7 +351,8 @@ class MoE(nn.Module):
         else:
             top_logits, top_ids = logits.topk(self.top_k, dim=-1)            # [N, k]
             weights = torch.softmax(top_logits, dim=-1)                      # softmax over the k chosen only
-        return self.tp.all_reduce(self.experts(x, top_ids, weights)).view(shape)
+        out = self.experts(x, top_ids, weights)
+        return (self.tp.all_reduce(out) if reduce else out).view(shape)
 
 
 class DecoderLayer(nn.Module):
@@ -354,12 +368,16 @@ class DecoderLayer(nn.Module):
                 next_norm: GptOssRMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         """h = input_layernorm(x), x [n, T, hidden] -> (next_norm(y), y) for the layer's output y (the same
         contract as llama.DecoderLayer: the next layer's input norm runs here, after the last residual add).
-        With the decode kernels (self_attn.kernels.triton) o_proj's bias joins the first add + norm, and the
-        router's top-k runs fused."""
-        fused = self.self_attn.kernels.triton
-        a = self.self_attn(h, cos, sin, cache, layer, rows, positions, visible, kv_len, add_bias=not fused)
-        h, x = self.post_attention_layernorm(a, x, bias=self.self_attn.o_proj.bias if fused else None, fused=fused)
-        return next_norm(self.mlp(h, fused), x, fused=fused)
+        With the decode kernels (self_attn.kernels.triton) o_proj's bias joins the first add + norm, the router's
+        top-k runs fused, and each projection's partial sums go into TPGroup.all_reduce_add_norm (at tp > 1 the
+        all-reduce, residual add and norm in one kernel where it can; else the all-reduce, then the add + norm)."""
+        attn, norm, tp = self.self_attn, self.post_attention_layernorm, self.self_attn.tp
+        if not attn.kernels.triton:   # the reference's ops, one at a time
+            h, x = norm(attn(h, cos, sin, cache, layer, rows, positions, visible, kv_len), x)
+            return next_norm(self.mlp(h), x)
+        a = attn(h, cos, sin, cache, layer, rows, positions, visible, kv_len, add_bias=False, reduce=False)
+        h, x = tp.all_reduce_add_norm(a, x, norm, attn.o_proj.bias)
+        return tp.all_reduce_add_norm(self.mlp(h, fused=True, reduce=False), x, next_norm)
 
 
 class GptOssTarget(TargetHead):

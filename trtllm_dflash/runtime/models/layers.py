@@ -17,6 +17,10 @@ from ..kernels import GATED_GEMM_MAX_ROWS, GEMM_MAX_ROWS, MAX_QUERY_ROWS, TORCH,
 
 
 class RMSNorm(nn.Module):
+    # the rounding of norm(x) * weight: normalised and rounded to the model dtype, then times the weight (llama's);
+    # gpt-oss's norm multiplies in float32 first (a fused TP all-reduce + add + norm must know which)
+    weight_first = False
+
     def __init__(self, dim: int, eps: float, kernels: Kernels = TORCH):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -38,6 +42,11 @@ class RMSNorm(nn.Module):
             return rms_norm(x, self.weight, self.eps)
         total, normed = add_rms_norm(residual, x, self.weight, self.eps)
         return normed, total
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor | None = None):
+        """(norm(residual + (x + bias)), residual + (x + bias)): a row-parallel projection's reduced output (its
+        bias not yet added) into this residual add + norm, in this model's roundings."""
+        return self(x if bias is None else x + bias, residual)
 
 
 class MLP(nn.Module):
