@@ -161,7 +161,7 @@ class Attention(nn.Module):
                 span = self.window + T - 1 if self.sliding else None
                 return self._out(attend_cache(q, cache, layer, rows, kv_len, visible, self.d ** -0.5, self.sinks, span,
                                               invariant=self.kernels.batch_invariant),
-                                 add_bias)
+                                 add_bias, reduce)
         else:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)   # elementwise: the [n, T, H, d] layout is fine
             cache.write(layer, rows, positions, k, v)
