@@ -179,6 +179,23 @@ def test_lamport_takes_decode_sized_rows():
     assert small.pushes(half) and small.handles(half) and small.fuses(half)
 
 
+def _run_ranks(world: int, target, args_of, hung_means: str) -> None:
+    """One forked process per "rank" running target(*args_of(rank)) (memory made before the fork is shared at the
+    same addresses); every rank must finish within 120 s and exit cleanly."""
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=target, args=args_of(r)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        p.kill()
+    assert not hung, f"ranks {hung} {hung_means}"
+    assert all(p.exitcode == 0 for p in procs)
+
+
 def _fused_rank(rank, world, calls, parts, residual, w, ptrs, pads, outs, programs):
     from trtllm_dflash.runtime.kernels.allreduce_norm import all_reduce_add_rms_norm
     for c in range(calls):
@@ -197,7 +214,6 @@ def test_fused_kernel_barriers_meet_across_processes(world):
     pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
     if torch.cuda.is_available():
         pytest.skip("the interpreter check: tests/gpu/test_allreduce_cuda.py runs the barriers across GPUs")
-    import multiprocessing as mp
     rows, H, calls, programs = 3, 72, 4, 2
     g = torch.Generator().manual_seed(world)
     buffers = [torch.zeros(rows * H).share_memory_() for _ in range(world)]
@@ -207,18 +223,8 @@ def test_fused_kernel_barriers_meet_across_processes(world):
     residual, w = torch.randn(rows, H, generator=g), torch.rand(H, generator=g) + 0.5
     ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
     pad_ptrs = torch.tensor([p.data_ptr() for p in pads], dtype=torch.int64)
-    ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_fused_rank, args=(r, world, calls, parts, residual, w, ptrs, pad_ptrs, outs,
-                                                   programs)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        p.kill()
-    assert not hung, f"ranks {hung} still waiting at a barrier"
-    assert all(p.exitcode == 0 for p in procs)
+    _run_ranks(world, _fused_rank, lambda r: (r, world, calls, parts, residual, w, ptrs, pad_ptrs, outs, programs),
+               "still waiting at a barrier")
     for c in range(calls):
         for r in range(world):
             torch.testing.assert_close(outs[r, c], residual + sum(parts[c]), rtol=1e-6, atol=1e-5)
@@ -318,8 +324,6 @@ def test_lamport_kernel_across_processes(world):
     pytest.importorskip("triton", reason="OpenAI Triton is not installed (pip install triton)")
     if torch.cuda.is_available():
         pytest.skip("the interpreter check: tests/gpu/test_allreduce_cuda.py runs the kernel across GPUs")
-    import multiprocessing as mp
-
     from trtllm_dflash.runtime.kernels.allreduce_norm import fill_sentinel, lamport_buffer_elems
     rows, H, calls, programs, cap = 3, 72, 7, 2, 4 * 72
     g = torch.Generator().manual_seed(world)
@@ -331,18 +335,8 @@ def test_lamport_kernel_across_processes(world):
     parts = [[torch.randn(rows, H, generator=g) for _ in range(world)] for _ in range(calls)]
     residual, w = torch.randn(rows, H, generator=g), torch.rand(H, generator=g) + 0.5
     ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
-    ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_lamport_rank, args=(r, world, calls, parts, residual, w, ptrs, states, cap, outs,
-                                                     programs)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        p.kill()
-    assert not hung, f"ranks {hung} still polling for a peer's rows"
-    assert all(p.exitcode == 0 for p in procs)
+    _run_ranks(world, _lamport_rank, lambda r: (r, world, calls, parts, residual, w, ptrs, states, cap, outs,
+                                                programs), "still polling for a peer's rows")
     for c in range(calls):
         total = sum(parts[c]) + (residual if c % 2 == 0 else 0)
         for r in range(world):
