@@ -67,7 +67,8 @@ def test_sizes_are_bounded_before_decoding():
 
 def test_final_outputs_types():
     out = final_outputs("tx", Result(finish_reason="length", num_draft_tokens=14, num_accepted_draft_tokens=7,
-                                     times_ns={"arrival_time_ns": 5}))
+                                     times_ns={"arrival_time_ns": 5}), 2)
+    assert out["sequence_length"].dtype == np.int32 and out["sequence_length"].tolist() == [2]
     assert out["text_output"].tolist() == [b"tx"] and out["finish_reason"].tolist() == [b"length"]
     assert out["acceptance_rate"].dtype == np.float32 and out["acceptance_rate"][0] == pytest.approx(0.5)
     assert out["total_draft_tokens"].dtype == np.int32 and out["arrival_time_ns"].dtype == np.int64

@@ -50,6 +50,7 @@ def test_concurrent_requests_are_batched(make_model):
         assert final.outputs["finish_reason"].tolist() == [b"length"]
         assert final.outputs["total_draft_tokens"].tolist() == [15]
         assert final.outputs["total_accepted_draft_tokens"].tolist() == [5]
+        assert final.outputs["sequence_length"].tolist() == [9]   # one response: every generated token
     assert engine.counters["max_active_batch"] == 4
     assert model.stats()["finished"] == {"length": 6}
 
@@ -59,7 +60,10 @@ def test_streaming_sends_pieces_then_final(make_model):
     (r,) = _run(model, FakeRequest(triton_inputs("abc", max_tokens=7, streaming=True)))
     assert len(r.sender.responses) >= 3 and r.sender.text() == "abcabca"
     assert "finish_reason" in r.sender.responses[-1].outputs
-    assert all(set(x.outputs) == {"text_output"} for x in r.sender.responses[:-1])
+    assert all(set(x.outputs) == {"text_output", "sequence_length"} for x in r.sender.responses[:-1])
+    # each response counts the tokens its text carries (the fake engine: one character a token), 7 in all
+    counts = [int(x.outputs["sequence_length"][0]) for x in r.sender.responses]
+    assert counts == [len(x.outputs["text_output"][0]) for x in r.sender.responses] and sum(counts) == 7
 
 
 def test_stop_string_and_echo(make_model):

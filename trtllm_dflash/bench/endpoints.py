@@ -84,7 +84,7 @@ class TritonClient:
     def send(self, i: int, item: WorkItem) -> RequestRecord:
         rec = RequestRecord(t_sent=0.0, num_prompt_tokens=len(self.tokenizer.encode(item.text)))
         rid = f"dflash-sweep-{next(_ids)}"
-        pieces: list[tuple[float, str]] = []
+        pieces: list[tuple[float, str, int | None]] = []
         try:
             client, responses = self._stream()
             tensors = self._tensors(item.text, i)
@@ -110,7 +110,10 @@ class TritonClient:
         except Exception as err:  # noqa: BLE001 - a failed request is a counted error, not a crashed sweep
             rec.error = f"{type(err).__name__}: {err}"
             self._drop_stream()
-        for (t, _), n in zip(pieces, chunk_token_counts(self.tokenizer, [p for _, p in pieces])):
+        counts = [n for _, _, n in pieces]
+        if not all(n is not None for n in counts):   # a server without the count: the text tokenized again
+            counts = chunk_token_counts(self.tokenizer, [p for _, p, _ in pieces])
+        for (t, _, _), n in zip(pieces, counts):
             rec.add_chunk(t, n)
         return rec
 
@@ -136,13 +139,15 @@ class TritonClient:
 
     @staticmethod
     def _read(result, t: float, rec: RequestRecord, pieces: list) -> None:
-        """One response's text piece (arrived at t) and, on the last one, how the request ended."""
+        """One response's text piece (arrived at t) and its token count, and on the last one how the request
+        ended."""
         def value(name):
             return result.as_numpy(name).reshape(-1)[0]
 
         names = {o.name for o in result.get_response().outputs}
-        if "text_output" in names:
-            pieces.append((t, value("text_output").decode("utf-8", "replace")))
+        if "text_output" in names:   # with the tokens it carries where the server says (sequence_length)
+            pieces.append((t, value("text_output").decode("utf-8", "replace"),
+                           int(value("sequence_length")) if "sequence_length" in names else None))
         if "finish_reason" in names:
             rec.finish_reason = value("finish_reason").decode()
             rec.num_draft_tokens = int(value("total_draft_tokens"))

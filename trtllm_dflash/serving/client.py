@@ -163,12 +163,15 @@ def generate(url: str, inputs: dict[str, object], protocol: str = "http", **kw) 
 
 
 def collect(responses: Iterator[dict]) -> dict:
-    """The responses of one request merged: ``text_output`` joined, stats from the last response."""
+    """The responses of one request merged: ``text_output`` joined, ``sequence_length`` summed (the generated
+    tokens), stats from the last response."""
     merged: dict = {"text_output": "", "num_responses": 0}
     for r in responses:
         merged["num_responses"] += 1
         merged.update({k: v for k, v in r.items() if k in STAT_NAMES})
         merged["text_output"] += r.get("text_output", "")
+        if "sequence_length" in r:
+            merged["sequence_length"] = merged.get("sequence_length", 0) + int(r["sequence_length"])
     return merged
 
 

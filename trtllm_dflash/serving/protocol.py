@@ -23,7 +23,8 @@ SAMPLING_INPUTS = ("best_of", "temperature", "top_k", "top_p", "frequency_penalt
 INPUT_NAMES = ("text_input", "streaming", *(f"sampling_param_{n}" for n in SAMPLING_INPUTS),
                "return_finish_reason", "return_stop_reason", "stop")
 OUTPUT_NAMES = ("text_output", "finish_reason", "stop_reason", "arrival_time_ns", "first_token_time_ns",
-                "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+                "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+                "sequence_length")
 # Request parameters Triton itself may attach (KServe ones); anything else is a client mistake,
 # e.g. a misspelled input name in an HTTP generate body, which Triton turns into a parameter. "id": a
 # generate body's request id, which Triton 2.51 both takes as the id and passes on as a parameter.
@@ -200,14 +201,16 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, obj
         request_id=request_id)
 
 
-def text_outputs(text: str) -> dict[str, np.ndarray]:
-    """A streamed (not last) response: the new text only."""
-    return {"text_output": np.array([text.encode("utf-8")], dtype=np.object_)}
+def text_outputs(text: str, num_tokens: int) -> dict[str, np.ndarray]:
+    """A streamed (not last) response: the new text and how many generated tokens it carries."""
+    return {"text_output": np.array([text.encode("utf-8")], dtype=np.object_),
+            "sequence_length": np.array([num_tokens], dtype=np.int32)}
 
 
-def final_outputs(text: str, result: Result) -> dict[str, np.ndarray]:
-    """The last response: text (all of it, or the last piece when streaming), how it ended, DFlash stats."""
-    out = text_outputs(text)
+def final_outputs(text: str, result: Result, num_tokens: int) -> dict[str, np.ndarray]:
+    """The last response: text (all of it, or the last piece when streaming) and its generated tokens' count, how it
+    ended, DFlash stats."""
+    out = text_outputs(text, num_tokens)
     out["finish_reason"] = np.array([result.finish_reason.encode()], dtype=np.object_)
     out["stop_reason"] = np.array([result.stop_reason.encode("utf-8")], dtype=np.object_)
     for name in ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns"):

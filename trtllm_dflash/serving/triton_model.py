@@ -260,10 +260,12 @@ class DFlashModel:
         Triton request after execute(), and never after its final response (Triton releases it then)."""
         call: _Call = record.frontend
         pending: list[str] = []   # streamed text that waited together goes out as one response
+        made = call.sent_tokens   # generated tokens in the updates taken so far (usage is cumulative)
         while not call.done and (result := record.get(timeout=0)) is not None:
             if record.streaming and record.echo and not call.echoed:
                 call.echoed = True
-                self._send(call.sender, protocol.text_outputs(record.prompt or ""), final=False)
+                self._send(call.sender, protocol.text_outputs(record.prompt or "", 0), final=False)
+            made = result.num_output_tokens
             if result.finished:
                 call.done = True
                 self._count(result)
@@ -281,7 +283,8 @@ class DFlashModel:
             else:
                 call.pieces.append(result.text)
         if pending:
-            self._send(call.sender, protocol.text_outputs("".join(pending)), final=False)
+            self._send(call.sender, protocol.text_outputs("".join(pending), made - call.sent_tokens), final=False)
+            call.sent_tokens = made
 
     def _check_cancelled(self) -> None:
         """Ask Triton about each running request: gRPC stream closed or HTTP connection dropped."""
@@ -298,8 +301,10 @@ class DFlashModel:
     def _respond_final(self, record: ServedRequest, result: Result, pieces: list[str], cancelled: bool,
                        sender) -> None:
         """``pieces``: the text not sent yet (streaming: what waited together with the final update)."""
+        call: _Call = record.frontend
+        unsent = max(0, result.num_output_tokens - call.sent_tokens)
         if (result.error or cancelled) and record.streaming and pieces:   # the client still gets what was made
-            self._send(sender, protocol.text_outputs("".join(pieces)), final=False)
+            self._send(sender, protocol.text_outputs("".join(pieces), unsent), final=False)
         if result.error:
             self._send_error(sender, result.error, "UNAVAILABLE" if self.draining else "INTERNAL")
         elif cancelled:
@@ -308,7 +313,7 @@ class DFlashModel:
             text = "".join(pieces) + result.text
             if record.echo and not record.streaming:
                 text = (record.prompt or "") + text
-            self._send(sender, protocol.final_outputs(text, result), final=True)
+            self._send(sender, protocol.final_outputs(text, result, unsent), final=True)
 
     def _is_cancelled(self, request) -> bool:
         try:
@@ -350,7 +355,7 @@ class DFlashModel:
                               "check the request id, and send the cancel_key parameter the request was sent with")
         for record in targets:
             self.runtime.cancel(record)
-        self._send(sender, protocol.final_outputs("", Result(finish_reason="cancelled")), final=True)
+        self._send(sender, protocol.final_outputs("", Result(finish_reason="cancelled"), 0), final=True)
 
     # -- health and metrics --
 
@@ -426,6 +431,7 @@ class _Call:
     request: object
     sender: object
     pieces: list[str] = field(default_factory=list)   # non-streamed text so far
+    sent_tokens: int = 0                              # generated tokens the responses sent so far carried
     cancelled: bool = False
     echoed: bool = False
     done: bool = False                                # the final response was sent
