@@ -31,4 +31,9 @@ def test_adaptive_rows_and_summary(tiny_engine_dir, tmp_path):
                 "min_fixed_over_ar_iso_interactivity"):
         assert key in s   # None when the fronts share no interactivity range (tiny CPU runs may not)
     assert s["steady_b2_adaptive"]["step_ms"] > 0 and s["itl_c2_over_steady_b2"] > 0
+    # the fixed block beside it: the DFlash run's chunk gap over a steady batch at the deployment's block (every
+    # step of it at that block: no policy in between)
+    fixed = s["steady_b2_fixed"]
+    assert fixed["step_ms"] > 0 and set(fixed["block_counts"]) == {str(rows[2]["settings"]["block_size"])}
+    assert s["itl_c2_fixed_over_steady_b2_fixed"] == s["itl_c2_fixed_ms"] / fixed["step_ms"]
     assert s["levels"] == {"AR": [1, 2], "DFlash": [1, 2], "DFlash adaptive": [1, 2]}

@@ -10,7 +10,11 @@
   numbers of the iso-interactivity plot); the same for DFlash at its fixed block.
 - ``itl_c64_over_steady_b64``: the mean gap between streamed chunks at concurrency ``--batch`` in the sweep
   (requests arriving and leaving) over the step time of a steady batch of ``--batch`` requests that all
-  decode (no arrivals), both in adaptive mode on this device: 1 = arrivals cost nothing.
+  decode (no arrivals), both in adaptive mode on this device: 1 = arrivals cost nothing. The steady batch decodes
+  random prompts, where the drafter accepts little and the policy keeps to block 1, while the sweep's prompts make
+  it draft: the ratio then also holds the drafting blocks' cost. Hence also
+- ``itl_c64_fixed_over_steady_b64_fixed``: the same for the fixed block (the "DFlash" run against a steady batch at
+  the deployment's block), where a step costs the same whatever is accepted: what arrivals and admission add.
 - ``ar_tok_s_c<batch>``, ``ar_tok_s_c<top>``: AR's output tokens/s of all users at those concurrencies.
 - ``openai_over_inprocess_c<batch>``, ``triton_over_inprocess_c<batch>``: tok/s of the runs labelled
   ``DFlash via dflash-openai`` / ``DFlash via Triton`` (the same prompts through the servers) over the
@@ -34,11 +38,13 @@ from trtllm_dflash.provenance import record
 
 
 def steady_step_ms(engine_dir: Path, batch: int, input_len: int, mode: str, steps: int = 30) -> dict:
-    """Median step time of ``batch`` requests that all decode (prompts prefilled first, nothing arrives)."""
+    """Median step time of ``batch`` requests that all decode (prompts prefilled first, nothing arrives): mode "ar"
+    at block 1, "dflash" at the deployment's block, "adaptive" the policy measured here."""
     import torch
     from trtllm_dflash.bench import step as step_bench
     from trtllm_dflash.runtime.engine import Engine
-    engine = Engine.from_deployment(engine_dir, max_batch_size=batch, **({"block_size": 1} if mode == "ar" else {}))
+    engine = Engine.from_deployment(engine_dir, draft_policy="fixed", max_batch_size=batch,
+                                    **({"block_size": 1} if mode == "ar" else {}))
     if mode == "adaptive":
         engine.use_adaptive_policy(context=input_len)
     g = torch.Generator().manual_seed(0)
@@ -109,13 +115,14 @@ def main(argv=None) -> int:
         vals = [x["ratio"] for x in ratios]
         summary[f"min_{key}_over_ar_iso_interactivity"] = min(vals) if vals else None
         summary[f"max_{key}_over_ar_iso_interactivity"] = max(vals) if vals else None
-    at_c = [r for r in rows if r["label"] == "DFlash adaptive" and r["settings"]["concurrency"] == args.batch]
-    steady = None if args.skip_steady else steady_step_ms(args.engine, args.batch, args.input_len, "adaptive")
-    summary["steady_b%d_adaptive" % args.batch] = steady
-    itl = at_c[-1]["metrics"]["itl_chunk_ms"]["mean"] if at_c else None
-    summary[f"itl_c{args.batch}_adaptive_ms"] = itl
-    summary["itl_c64_over_steady_b64" if args.batch == 64 else f"itl_c{args.batch}_over_steady_b{args.batch}"] = (
-        itl / steady["step_ms"] if itl and steady else None)
+    b = args.batch
+    for mode, label, suffix in (("adaptive", "DFlash adaptive", ""), ("dflash", "DFlash", "_fixed")):
+        at_c = [r for r in rows if r["label"] == label and r["settings"]["concurrency"] == b]
+        steady = None if args.skip_steady else steady_step_ms(args.engine, b, args.input_len, mode)
+        summary[f"steady_b{b}_{'adaptive' if mode == 'adaptive' else 'fixed'}"] = steady
+        itl = at_c[-1]["metrics"]["itl_chunk_ms"]["mean"] if at_c else None
+        summary[f"itl_c{b}_{'adaptive' if mode == 'adaptive' else 'fixed'}_ms"] = itl
+        summary[f"itl_c{b}{suffix}_over_steady_b{b}{suffix}"] = itl / steady["step_ms"] if itl and steady else None
     if args.top is not None:
         summary.update(serving_keys(rows, args.batch, args.top, args.regen_tok_s))
     summary["notes"] = args.note
