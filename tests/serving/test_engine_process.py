@@ -218,7 +218,8 @@ def _settled(handoff: _HeldHandoff, quiet_s: float = 0.5, timeout: float = 30) -
 def test_the_engine_runs_at_most_max_unacked_steps_ahead_of_a_frontend():
     """Flow control: a frontend still sending runs its engine MAX_UNACKED steps ahead, no more (bounded memory and
     latency), and acknowledging lets it go on at once. The bound is what lets a frontend that pays per response
-    (Triton's python stub) keep up by sending fewer, larger responses while the engine keeps stepping."""
+    (Triton's python stub) keep up by sending fewer, larger responses while the engine keeps stepping. The time
+    held back with work waiting is counted (frontend_held_ms in the stats; logged when the engine process ends)."""
     from trtllm_dflash.serving.engine_core import MAX_UNACKED
 
     engine = _fake()
@@ -228,6 +229,8 @@ def test_the_engine_runs_at_most_max_unacked_steps_ahead_of_a_frontend():
         record.handoff = handoff
         engine.submit(record)
         assert _settled(handoff) == MAX_UNACKED          # the prefill's step counts like any other
+        time.sleep(0.3)                                  # held back, with work: counted for the run's summary
+        assert engine.metrics()["frontend_held_ms"] >= 250
         handoff.release()
         assert _settled(handoff) == 2 * MAX_UNACKED
         while not record.finished:

@@ -168,6 +168,7 @@ class EngineCore:
         self.frontends: set[bytes] = set()
         self.unacked: dict[bytes, int] = {}    # "out" messages each frontend has not acknowledged yet
         self.waiting_since: float | None = None  # when the loop began waiting for a frontend's acknowledgement
+        self.held_s = 0.0                # seconds the loop had work but waited for a frontend's acknowledgement
         self.stop = ""                   # why the loop ends ("" = running)
         self.parent = os.getppid()
         self.watch = SupervisorWatch(supervisor) if supervisor is not None else None
@@ -176,11 +177,15 @@ class EngineCore:
 
     def run(self) -> int:
         runtime, rc = self.runtime, 0
+        started = time.monotonic()
         while not self.stop:
             behind = self._behind()
             busy = runtime.engine.has_work() and not behind
+            t0 = time.monotonic()
             if dict(self.poller.poll(0 if busy else IDLE_POLL_MS)):
                 self._read()
+            if behind and runtime.engine.has_work():   # work held back for a frontend's acknowledgement
+                self.held_s += time.monotonic() - t0
             if not behind:
                 runtime.run_once()
                 self._flush()
@@ -195,6 +200,9 @@ class EngineCore:
                           "ending the model's stub and stopping")
                 os.kill(self.parent, signal.SIGKILL)
                 self.stop = "dflash-serve is gone"
+        # where a served run's time went: steps held back because a frontend had MAX_UNACKED steps to take in
+        log.info("[dflash] engine process: %.1f s of %.1f s held back waiting for frontends (MAX_UNACKED %d)",
+                    self.held_s, time.monotonic() - started, MAX_UNACKED)
         if self.watch is not None:
             for path in self.watch.release():
                 log.error("[dflash] engine process: removed %s, left by the model's stub", path)
@@ -263,7 +271,8 @@ class EngineCore:
                 self.runtime.cancel(record)
         elif kind == "stats":
             ok, reason = self.runtime.health()
-            self._send(fid, ["stats", msg[2], self.runtime.metrics(), ok, reason])
+            metrics = {**self.runtime.metrics(), "frontend_held_ms": int(1e3 * self.held_s)}
+            self._send(fid, ["stats", msg[2], metrics, ok, reason])
         elif kind == "ack":
             self.unacked[fid] = max(0, self.unacked.get(fid, 0) - msg[2])
         elif kind == "bye":
