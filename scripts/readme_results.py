@@ -733,6 +733,13 @@ def render_sweep_v4(results: Path) -> str:
             f"in-process, {s['openai_ar_tok_s_c256']:,.0f} through dflash-openai. DFlash adaptive over AR at equal "
             f"interactivity: {s['min_adaptive_over_ar_iso_interactivity']:.2f}x to "
             f"{s['max_adaptive_over_ar_iso_interactivity']:.2f}x."
+            + (f" Mean gap between streamed chunks at concurrency 64 over a steady batch of 64 (adaptive): "
+               f"{s['itl_c64_over_steady_b64']:.2f}x; the steady batch decodes random prompts, where the policy keeps "
+               f"to block 1, so this also holds the drafting blocks' cost" if s.get("itl_c64_over_steady_b64") else "")
+            + (f"; at the fixed block, where a step costs the same whatever is accepted: "
+               f"{s['itl_c64_fixed_over_steady_b64_fixed']:.2f}x" if s.get("itl_c64_fixed_over_steady_b64_fixed")
+               else "")
+            + ("." if s.get("itl_c64_over_steady_b64") else "")
             + (" Notes: " + _sentences(s["notes"]) if s.get("notes") else ""))
     prev = (f"The same sweep on the same kind of GPU before Triton's Python-backend stub handed the interpreter "
             f"lock over every 0.1 ms instead of every 5 ms ({provenance_note(_load(results, before_name), before_name)}, "
