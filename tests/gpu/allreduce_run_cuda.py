@@ -24,74 +24,70 @@ from trtllm_dflash.runtime.distributed import init_tp  # noqa: E402
 def fused_cases(tp) -> list[dict]:
     """TPGroup.all_reduce_add_norm on the one-shot buffers (kernels/allreduce_norm.py) against the chain it replaces,
     computed from every rank's partial: float32 sum in rank order, rounded, + bias, + residual, norm (the Triton
-    norm kernel). Eager and from a CUDA graph; the totals must match bit for bit, and every rank get the same bits."""
-    from trtllm_dflash.runtime.kernels import Kernels, norm as norm_kernels
+    norm kernel; gpt-oss's own norm, the weight in float32 before the rounding, against gpt_oss._add_norm's eager
+    reference). Eager and from a CUDA graph; the totals must match bit for bit, and every rank get the same bits."""
+    from trtllm_dflash.runtime.kernels import norm as norm_kernels
+    from trtllm_dflash.runtime.models.gpt_oss import GptOssRMSNorm, _add_norm
     from trtllm_dflash.runtime.models.layers import RMSNorm
+
+    def llama_chain(residual, reduced, norm, bias):
+        if bias is not None:
+            reduced = (reduced.float() + bias.float()).to(reduced.dtype)
+        return norm_kernels.rms_norm(residual, norm.weight, norm.eps, delta=reduced)
+
+    def gpt_oss_chain(residual, reduced, norm, bias):
+        return _add_norm.eager(residual, reduced, norm.weight, norm.eps, bias)
+
     out = []
     for dtype, rows, hidden, with_bias in ((torch.bfloat16, 1, 4096, False), (torch.bfloat16, 16, 4096, True),
                                            (torch.bfloat16, 48, 2880, True), (torch.float32, 7, 576, False)):
-        g = torch.Generator("cuda").manual_seed(17 + rows)   # the same residual, weight, bias on every rank
-        residual = torch.randn(rows, hidden, dtype=dtype, device="cuda", generator=g)
-        norm = RMSNorm(hidden, 1e-6, Kernels(triton=True, sampling=True)).to("cuda", dtype)
-        norm.weight.data = (torch.rand(hidden, device="cuda", generator=g) + 0.5).to(dtype)
-        bias = torch.randn(hidden, dtype=dtype, device="cuda", generator=g) if with_bias else None
-        x = torch.randn(rows, hidden, dtype=dtype, device="cuda",
-                        generator=torch.Generator("cuda").manual_seed(1000 * tp.rank + rows))
-        parts = [torch.empty_like(x) for _ in range(tp.size)]
-        dist.all_gather(parts, x)
-        reduced = sum(p.float() for p in parts).to(dtype)
-        if bias is not None:
-            reduced = (reduced.float() + bias.float()).to(dtype)
-        want_total, want_normed = norm_kernels.rms_norm(residual, norm.weight, 1e-6, delta=reduced)
-        small = tp.small_all_reduce
-        assert small.handles(x) and small.pushes(x) == (rows <= LAMPORT_MAX_ROWS)
-        # the runtime's route (the Lamport kernel at these rows) and the kernel with barriers, each eager and
-        # replayed from a CUDA graph
-        ways = {"route": lambda: tp.all_reduce_add_norm(x, residual, norm, bias)[::-1],
-                "barrier": lambda: small.barrier_add_rms_norm(x, residual, norm.weight, norm.eps, bias)}
-        for way, fn in ways.items():
-            total, normed = fn()
-            graph = torch.cuda.CUDAGraph()
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph):
-                g_total, g_normed = fn()
-            graph.replay()
-            graph.replay()
-            torch.cuda.synchronize()
-            out.append({"way": way, "dtype": str(dtype), "rows": rows, "hidden": hidden, "bias": with_bias,
-                        "total_equal": torch.equal(total, want_total) and torch.equal(g_total, want_total),
-                        "normed_max_abs_diff": max((normed.float() - want_normed.float()).abs().max().item(),
-                                                   (g_normed.float() - want_normed.float()).abs().max().item()),
-                        "normed_scale": want_normed.float().abs().max().item(),
-                        "normed_sha": hashlib.sha256(normed.float().cpu().numpy().tobytes()).hexdigest()})
-    out += gpt_oss_cases(tp)
+        out += _fused_case(tp, RMSNorm, 1e-6, llama_chain, dtype, rows, hidden, with_bias, seeds=(17, 1000),
+                           barrier=True)
+    for rows in (1, 10):
+        out += _fused_case(tp, GptOssRMSNorm, 1e-5, gpt_oss_chain, torch.bfloat16, rows, 2880, True, seeds=(5, 2000),
+                           barrier=False)
     return out
 
 
-def gpt_oss_cases(tp) -> list[dict]:
-    """The same with gpt-oss's norm (the weight in float32 before the rounding, o_proj's bias added to the reduced
-    sum first): TPGroup.all_reduce_add_norm on a GptOssRMSNorm against gpt_oss._add_norm's eager reference."""
+def _fused_case(tp, norm_cls, eps: float, chain, dtype, rows: int, hidden: int, with_bias: bool,
+                seeds: tuple[int, int], barrier: bool) -> list[dict]:
+    """One shape: the runtime's route (the Lamport kernel at these rows) and, with ``barrier``, the kernel with
+    barriers (llama's norm rounding only), each eager and replayed from a CUDA graph, against ``chain`` (residual,
+    the rounded sum over the ranks, norm, bias) -> (total, normed). ``seeds``: of the inputs every rank shares, and
+    the step between ranks' partials."""
     from trtllm_dflash.runtime.kernels import Kernels
-    from trtllm_dflash.runtime.models.gpt_oss import GptOssRMSNorm, _add_norm
+    shared, per_rank = seeds
+    g = torch.Generator("cuda").manual_seed(shared + rows)   # the same residual, weight, bias on every rank
+    residual = torch.randn(rows, hidden, dtype=dtype, device="cuda", generator=g)
+    norm = norm_cls(hidden, eps, Kernels(triton=True, sampling=True)).to("cuda", dtype)
+    norm.weight.data = (torch.rand(hidden, device="cuda", generator=g) + 0.5).to(dtype)
+    bias = torch.randn(hidden, dtype=dtype, device="cuda", generator=g) if with_bias else None
+    x = torch.randn(rows, hidden, dtype=dtype, device="cuda",
+                    generator=torch.Generator("cuda").manual_seed(per_rank * tp.rank + rows))
+    parts = [torch.empty_like(x) for _ in range(tp.size)]
+    dist.all_gather(parts, x)
+    want_total, want_normed = chain(residual, sum(p.float() for p in parts).to(dtype), norm, bias)
+    small = tp.small_all_reduce
+    assert small.handles(x) and small.pushes(x) == (rows <= LAMPORT_MAX_ROWS)
+    assert small.fuses(x, norm.weight_first)
+    ways = {"route": lambda: tp.all_reduce_add_norm(x, residual, norm, bias)[::-1]}
+    if barrier:
+        ways["barrier"] = lambda: small.barrier_add_rms_norm(x, residual, norm.weight, norm.eps, bias)
     out = []
-    for rows in (1, 10):
-        hidden, dtype = 2880, torch.bfloat16
-        g = torch.Generator("cuda").manual_seed(5 + rows)
-        residual = torch.randn(rows, hidden, dtype=dtype, device="cuda", generator=g)
-        norm = GptOssRMSNorm(hidden, 1e-5, Kernels(triton=True, sampling=True)).to("cuda", dtype)
-        norm.weight.data = (torch.rand(hidden, device="cuda", generator=g) + 0.5).to(dtype)
-        bias = torch.randn(hidden, dtype=dtype, device="cuda", generator=g)
-        x = torch.randn(rows, hidden, dtype=dtype, device="cuda",
-                        generator=torch.Generator("cuda").manual_seed(2000 * tp.rank + rows))
-        parts = [torch.empty_like(x) for _ in range(tp.size)]
-        dist.all_gather(parts, x)
-        reduced = sum(p.float() for p in parts).to(dtype)
-        want_total, want_normed = _add_norm.eager(residual, reduced, norm.weight, 1e-5, bias)
-        assert tp.small_all_reduce.fuses(x, weight_first=True)
-        normed, total = tp.all_reduce_add_norm(x, residual, norm, bias)
-        out.append({"way": "route", "dtype": str(dtype), "rows": rows, "hidden": hidden, "bias": True,
-                    "norm": "gpt-oss", "total_equal": torch.equal(total, want_total),
-                    "normed_max_abs_diff": (normed.float() - want_normed.float()).abs().max().item(),
+    for way, fn in ways.items():
+        total, normed = fn()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            g_total, g_normed = fn()
+        graph.replay()
+        graph.replay()
+        torch.cuda.synchronize()
+        out.append({"way": way, "norm": norm_cls.__name__, "dtype": str(dtype), "rows": rows, "hidden": hidden,
+                    "bias": with_bias,
+                    "total_equal": torch.equal(total, want_total) and torch.equal(g_total, want_total),
+                    "normed_max_abs_diff": max((normed.float() - want_normed.float()).abs().max().item(),
+                                               (g_normed.float() - want_normed.float()).abs().max().item()),
                     "normed_scale": want_normed.float().abs().max().item(),
                     "normed_sha": hashlib.sha256(normed.float().cpu().numpy().tobytes()).hexdigest()})
     return out

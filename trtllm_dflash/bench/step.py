@@ -46,6 +46,7 @@ from trtllm_dflash.runtime.graphs import capture
 from trtllm_dflash.runtime.weights import load_models
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+_KIND = "CUDA" if DEV.type == "cuda" else "CPU"   # the profiler's device type of the work timed here
 BF16 = torch.bfloat16 if DEV.type == "cuda" else torch.float32   # the model dtype (float32 for a CPU smoke run)
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
@@ -239,8 +240,7 @@ def idle_gaps(prof, steps: int, top: int = 8) -> list[dict]:
     per (kernel before, kernel after) pair over the profiled steps, the largest first, in us per step. The host gap
     is their sum; the pairs say whether it sits between steps (the host late with the next one) or inside one (a
     kernel waiting on the host mid-step)."""
-    kind = "CUDA" if DEV.type == "cuda" else "CPU"
-    evts = sorted((e for e in prof.events() if e.device_type.name == kind), key=lambda e: e.time_range.start)
+    evts = sorted((e for e in prof.events() if e.device_type.name == _KIND), key=lambda e: e.time_range.start)
     pairs: dict[tuple[str, str], list] = {}
     end, before = None, None
     for e in evts:
@@ -257,15 +257,14 @@ def idle_gaps(prof, steps: int, top: int = 8) -> list[dict]:
 
 def _profiled(fn):
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[getattr(ProfilerActivity, "CUDA" if DEV.type == "cuda" else "CPU")]) as prof:
+    with profile(activities=[getattr(ProfilerActivity, _KIND)]) as prof:
         fn()
         sync()
     return prof
 
 
 def _averages(prof) -> list:
-    kind = "CUDA" if DEV.type == "cuda" else "CPU"
-    return [e for e in prof.key_averages() if e.device_type.name == kind]
+    return [e for e in prof.key_averages() if e.device_type.name == _KIND]
 
 
 def device_events(fn) -> list:

@@ -116,12 +116,13 @@ def main(argv=None) -> int:
         summary[f"min_{key}_over_ar_iso_interactivity"] = min(vals) if vals else None
         summary[f"max_{key}_over_ar_iso_interactivity"] = max(vals) if vals else None
     b = args.batch
-    for mode, label, suffix in (("adaptive", "DFlash adaptive", ""), ("dflash", "DFlash", "_fixed")):
+    for mode, label, name in (("adaptive", "DFlash adaptive", "adaptive"), ("dflash", "DFlash", "fixed")):
         at_c = [r for r in rows if r["label"] == label and r["settings"]["concurrency"] == b]
         steady = None if args.skip_steady else steady_step_ms(args.engine, b, args.input_len, mode)
-        summary[f"steady_b{b}_{'adaptive' if mode == 'adaptive' else 'fixed'}"] = steady
+        summary[f"steady_b{b}_{name}"] = steady
         itl = at_c[-1]["metrics"]["itl_chunk_ms"]["mean"] if at_c else None
-        summary[f"itl_c{b}_{'adaptive' if mode == 'adaptive' else 'fixed'}_ms"] = itl
+        summary[f"itl_c{b}_{name}_ms"] = itl
+        suffix = "" if mode == "adaptive" else "_fixed"   # the adaptive ratio keeps the key
         summary[f"itl_c{b}{suffix}_over_steady_b{b}{suffix}"] = itl / steady["step_ms"] if itl and steady else None
     if args.top is not None:
         summary.update(serving_keys(rows, args.batch, args.top, args.regen_tok_s))

@@ -202,7 +202,7 @@ class EngineCore:
                 self.stop = "dflash-serve is gone"
         # where a served run's time went: steps held back because a frontend had MAX_UNACKED steps to take in
         log.info("[dflash] engine process: %.1f s of %.1f s held back waiting for frontends (MAX_UNACKED %d)",
-                    self.held_s, time.monotonic() - started, MAX_UNACKED)
+                 self.held_s, time.monotonic() - started, MAX_UNACKED)
         if self.watch is not None:
             for path in self.watch.release():
                 log.error("[dflash] engine process: removed %s, left by the model's stub", path)
