@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # the runs that made each SmolLM2 drafter shipped so far, newest last (the shipped one); their summaries name the
 # shipped file's sha256
 DRAFTER_RUNS = {"v2": "train_smollm2_10x_h200", "v3": "train_smollm2_v3_h200x4", "v4": "train_smollm2_v4_h200x4",
-                "v5": "train_smollm2_v5_h200x2", "v6": "train_smollm2_v6_h200x4", "v8": "average_smollm2_v8_h200"}
+                "v5": "train_smollm2_v5_h200x2", "v6": "train_smollm2_v6_h200x4", "v8": "average_smollm2_v8_h200",
+                "v9": "train_smollm2_v9_h200x4"}
 DRAFTER_RUN = list(DRAFTER_RUNS.values())[-1]
 # Results files record the command that made them; the scripts they name have since become modules of the package.
 MOVED = {"step_bench": "step", "engine_load": "load", "gemm_bench": "gemm", "fp8_gemm_bench": "fp8_gemm",
