@@ -24,7 +24,7 @@ TOOLS = {
     "e2e_summary": "e2e_summary", "sweep2_summary": "sweep2_summary", "bit_exact_summary": "bit_exact_summary",
     "tp_scaling": "tp_scaling", "resume": "resume", "train_step": "train_step", "triton_send_rate": "triton_send_rate",
     "quickstart_repeat": "quickstart_repeat", "random_pair": "random_pair", "tp_sweep_summary": "tp_sweep_summary",
-    "client_capacity": "client_capacity",
+    "client_capacity": "client_capacity", "drafter_scaling": "drafter_scaling",
 }
 
 
