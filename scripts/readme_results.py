@@ -341,7 +341,8 @@ def render_quickstart_repeat(results: Path) -> str:
              f"with the cause gone, six more printed {span(g['gap_fixed']['summary'])}, DFlash == AR in "
              f"{g['gap_fixed']['summary']['runs_with_dflash_equal_ar']} of {len(g['gap_fixed']['runs'])} "
              f"(`benchmarks/results/quickstart_repeat_cpu_gap.json`, {commit_of(g, 'quickstart_repeat_cpu_gap.json')}).")
-    for name in ("quickstart_repeat_cpu_v6.json", "quickstart_repeat_cpu_v8.json"):   # one run of five per drafter
+    for name in ("quickstart_repeat_cpu_v6.json", "quickstart_repeat_cpu_v8.json", "quickstart_repeat_cpu_v9.json"):
+        # one run of five per drafter
         q = _load(results, name)
         text += (f" With {smollm2_drafter(results, q, 'drafter', name)}, {len(q['runs'])} quick starts in a row "
                  f"(`python -m trtllm_dflash.bench.quickstart_repeat --runs {len(q['runs'])}`; {provenance_note(q, name)}) "
