@@ -8,7 +8,7 @@ up to 7 files a part, each < 15 MB).
           plus the run's data/manifest.json and train_config.json
   ckpt    part ``--part`` of the checkpoint: state.json plus up to ``--max_files`` of its shard files (a
           checkpoint of N shard files travels in ceil(N / max_files) parts)
-  drafter the exported drafter's weights as two safetensors shards + index (each < 16 MB for SmolLM2's)
+  drafter the exported drafter's weights as safetensors shards of <= MAX_BYTES each + index
   unpack  a folder of such files -> a run directory, each file checked against the sha256 its manifest or
           state.json records; used on both sides (files coming back, and files brought to a fresh host)
 """
@@ -85,20 +85,32 @@ def pack_ckpt(run: Path, part: int, out: Path, max_files: int = MAX_FILES - 1) -
     return written + _config(run, out), parts
 
 
-def pack_drafter(run: Path, out: Path, parts: int = 2) -> list[Path]:
+def pack_drafter(run: Path, out: Path, max_bytes: int = MAX_BYTES) -> list[Path]:
     """drafter/model.safetensors -> model-0000k-of-0000n.safetensors + model.safetensors.index.json (the HF
-    sharded layout, which our loader and transformers read as they are)."""
+    sharded layout, which our loader and transformers read as they are): tensors in name order, a new shard where
+    the next tensor would take this one past ``max_bytes`` (SmolLM2's 3-layer drafter: two, a 5-layer one: three)."""
     from safetensors.torch import load_file, save_file
 
     sd = load_file(str(run / "drafter" / "model.safetensors"))
-    keys, index = sorted(sd), {"metadata": {}, "weight_map": {}}
+    groups: list[list[str]] = [[]]
+    used = 0
+    for key in sorted(sd):
+        size = sd[key].numel() * sd[key].element_size()
+        if size > max_bytes:
+            raise DFlashError("drafter/model.safetensors", f"{key} is {size:,} bytes, over the {max_bytes:,} a "
+                              "shard may hold", "pass a larger max_bytes where the copy takes larger files")
+        if groups[-1] and used + size > max_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append(key)
+        used += size
+    index = {"metadata": {}, "weight_map": {}}
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for i in range(parts):
-        part = keys[i * len(keys) // parts:(i + 1) * len(keys) // parts]
-        name = f"model-{i + 1:05d}-of-{parts:05d}.safetensors"
-        save_file({k: sd[k] for k in part}, str(out / name))
-        index["weight_map"].update({k: name for k in part})
+    for i, keys in enumerate(groups):
+        name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        save_file({k: sd[k] for k in keys}, str(out / name))
+        index["weight_map"].update({k: name for k in keys})
         written.append(out / name)
     (out / "model.safetensors.index.json").write_text(json.dumps(index) + "\n")
     return written + [out / "model.safetensors.index.json"]
@@ -162,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--part", type=int, default=0)
     c.add_argument("--max_files", type=int, default=MAX_FILES - 1, help="checkpoint files per part")
     c.add_argument("--out", required=True)
-    d = sub.add_parser("drafter", help="the exported drafter's weights in two shards + index")
+    d = sub.add_parser("drafter", help="the exported drafter's weights in shards of <= 15 MB + index")
     d.add_argument("--run", required=True)
     d.add_argument("--out", required=True)
     u = sub.add_parser("unpack", help="returned files -> the run directory (sha256-checked)")
