@@ -93,3 +93,30 @@ def save_state_dict(sd: dict[str, torch.Tensor], path: str | Path, filename: str
     out = path / filename
     save_file({k: v.detach().contiguous().clone() for k, v in sd.items()}, str(out))
     return out
+
+
+def check_new_folder(out: Path, field: str = "--out") -> None:
+    """Refuse an output folder that exists and is not empty: tools that write a checkpoint never overwrite."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DFlashError(field, f"{out} exists and is not empty", "pass a new folder (nothing is overwritten)")
+
+
+def write_new_folder(out: Path, config: dict, sd: dict[str, torch.Tensor]) -> Path:
+    """config.json + one model.safetensors into the new folder ``out``, which appears whole or not at all (written
+    beside it under a temporary name, then renamed). Returns the written safetensors file."""
+    import shutil
+    import tempfile
+
+    check_new_folder(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_state_dict(sd, tmp)
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out / "model.safetensors"

@@ -17,16 +17,13 @@ appears whole or not at all.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from ..bench.helpformat import HelpFormatter
-from ..checkpoints.hf import load_state_dict, read_config, save_state_dict, weight_files
+from ..checkpoints.hf import check_new_folder, load_state_dict, read_config, weight_files, write_new_folder
 from ..checkpoints.manifest import sha256_file
 from ..checkpoints.resolve import resolve
 from ..errors import DFlashError, exit_code
@@ -96,8 +93,7 @@ def average(drafters: list[str], out: Path, weights: list[float] | None = None) 
         raise DFlashError("--drafters", f"{len(drafters)} given", "name two or more drafters to average")
     w = _weights(weights, len(drafters))
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DFlashError("--out", f"{out} exists and is not empty", "pass a new folder (nothing is overwritten)")
+    check_new_folder(out)
     dirs = [resolve(d, role="--drafters").path for d in drafters]
     configs = [read_config(d) for d in dirs]
     _same_config(configs, drafters)
@@ -108,18 +104,8 @@ def average(drafters: list[str], out: Path, weights: list[float] | None = None) 
     config["dflash_training"] = {"tool": "python -m trtllm_dflash.training.average", "averaged": [
         {"drafter": spec, "weight": wt, "files": {f.name: sha256_file(f) for f in weight_files(d)},
          "dflash_training": cfg.get("dflash_training")} for spec, wt, d, cfg in zip(drafters, w, dirs, configs)]}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        written = save_state_dict(mean, tmp)
-        record = {**config["dflash_training"], "tensors": len(mean), "model.safetensors": sha256_file(written)}
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    written = write_new_folder(out, config, mean)
+    record = {**config["dflash_training"], "tensors": len(mean), "model.safetensors": sha256_file(written)}
     return record
 
 

@@ -24,16 +24,13 @@ model.safetensors; it appears whole or not at all.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from ..bench.helpformat import HelpFormatter
-from ..checkpoints.hf import load_state_dict, read_config, save_state_dict, weight_files
+from ..checkpoints.hf import check_new_folder, load_state_dict, read_config, weight_files, write_new_folder
 from ..checkpoints.manifest import sha256_file
 from ..checkpoints.resolve import resolve
 from ..errors import DFlashError, exit_code
@@ -127,8 +124,7 @@ def grow(drafter: str, out: Path, num_layers: int, copy_of: list[int] | None = N
          target_layer_ids: list[int] | None = None) -> dict:
     """Write ``drafter`` (a folder or a shipped name) grown to ``num_layers`` layers to the new folder ``out``."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DFlashError("--out", f"{out} exists and is not empty", "pass a new folder (nothing is overwritten)")
+    check_new_folder(out)
     src = resolve(drafter, role="--drafter").path
     config = read_config(src)
     old = config.get("num_hidden_layers")
@@ -162,19 +158,9 @@ def grow(drafter: str, out: Path, num_layers: int, copy_of: list[int] | None = N
         "layers": [f"copy of {s[0]} (o_proj, down_proj zero)" if isinstance(s, tuple) else f"layer {s}"
                    for s in plan],
         "new_taps": [t for t in taps if t not in taps_old]}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        written = save_state_dict(grown, tmp)
-        record = {"layers": config["dflash_training"]["layers"], "taps": taps, "tensors": len(grown),
-                  "model.safetensors": sha256_file(written)}
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    written = write_new_folder(out, config, grown)
+    record = {"layers": config["dflash_training"]["layers"], "taps": taps, "tensors": len(grown),
+              "model.safetensors": sha256_file(written)}
     return record
 
 
