@@ -8,6 +8,8 @@ opts in; then they load with ``torch.load(weights_only=True)``.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,12 +104,9 @@ def check_new_folder(out: Path, field: str = "--out") -> None:
 
 
 def write_new_folder(out: Path, config: dict, sd: dict[str, torch.Tensor]) -> Path:
-    """config.json + one model.safetensors into the new folder ``out``, which appears whole or not at all (written
-    beside it under a temporary name, then renamed). Returns the written safetensors file."""
-    import shutil
-    import tempfile
-
-    check_new_folder(out)
+    """config.json + one model.safetensors into the new folder ``out`` (the caller has checked it with
+    check_new_folder before doing the work), which appears whole or not at all (written beside it under a temporary
+    name, then renamed). Returns the written safetensors file."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

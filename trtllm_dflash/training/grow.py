@@ -64,12 +64,10 @@ def layer_plan(num_layers: int, new_layers: int, copy_of: list[int] | None) -> l
     return plan
 
 
-def grown_taps(config: dict, num_layers: int, given: list[int] | None) -> list[int]:
+def grown_taps(config: dict, old: list[int], num_layers: int, given: list[int] | None) -> list[int]:
     """The grown drafter's tapped target layers: ``given``, else the same taps when the drafter has more or fewer
     taps than layers, else (one tap per layer, ModelOpt's rule) the paper's spread for the new depth. Every old tap
-    must stay (its columns of fc keep their weights)."""
-    dflash = config.get("dflash_config") or {}
-    old = list(dflash.get("target_layer_ids") or [])
+    (``old``) must stay (its columns of fc keep their weights)."""
     if given is None:
         if len(old) != config["num_hidden_layers"]:
             return old
@@ -132,13 +130,14 @@ def grow(drafter: str, out: Path, num_layers: int, copy_of: list[int] | None = N
         raise DFlashError(f"{drafter}/config.json", f"num_hidden_layers is {old!r}", "pass a DFlash drafter folder")
     plan = layer_plan(old, num_layers - old, copy_of)
     taps_old = list((config.get("dflash_config") or {}).get("target_layer_ids") or [])
-    taps = grown_taps(config, num_layers, target_layer_ids)
+    taps = grown_taps(config, taps_old, num_layers, target_layer_ids)
     sd = load_state_dict(src)
     found = {int(m.group(1)) for m in map(_LAYER.match, sd) if m}
     if found != set(range(old)):
         raise DFlashError(str(drafter), f"holds layers {sorted(found)}, its config.json says {old}",
                           "pass a drafter whose weights and config.json agree")
     grown = grow_state_dict(sd, plan)
+    source_training = config.get("dflash_training")
     config = dict(config)
     if taps != taps_old:
         if "fc.weight" not in grown or grown["fc.weight"].shape[1] % len(taps_old):
@@ -154,7 +153,7 @@ def grow(drafter: str, out: Path, num_layers: int, copy_of: list[int] | None = N
         "tool": "python -m trtllm_dflash.training.grow",
         "grown_from": {"drafter": drafter, "num_layers": old, "target_layer_ids": taps_old,
                        "files": {f.name: sha256_file(f) for f in weight_files(src)},
-                       "dflash_training": read_config(src).get("dflash_training")},
+                       "dflash_training": source_training},
         "layers": [f"copy of {s[0]} (o_proj, down_proj zero)" if isinstance(s, tuple) else f"layer {s}"
                    for s in plan],
         "new_taps": [t for t in taps if t not in taps_old]}
