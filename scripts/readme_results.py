@@ -525,10 +525,10 @@ def render_sweep_v3(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-E2E_H200 = "e2e_smollm2_h200_v8.json"   # the shipped drafter's end-to-end run on an H200
+E2E_H200 = "e2e_smollm2_h200_v9.json"   # the shipped drafter's end-to-end run on an H200
 
 
-def render_e2e(results: Path, name: str = E2E_H200, before: str | None = "e2e_smollm2_h200.json") -> str:
+def render_e2e(results: Path, name: str = E2E_H200, before: str | None = "e2e_smollm2_h200_v8.json") -> str:
     """End to end with a shipped drafter (benchmarks/e2e_smollm2.sh): AR vs DFlash vs adaptive per dataset and
     concurrency, in-process and through dflash-openai; tokens/s per user, the ratio to AR under each."""
     d = _load(results, name)
