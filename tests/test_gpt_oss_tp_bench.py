@@ -107,3 +107,24 @@ def test_step_layouts_are_built_with_the_engine_kernels(monkeypatch):
             gpt_oss_tp.bench_config(args, label, group, ep, torch.device("cpu"), torch.float32, "dequant", None,
                                     None, chosen)
     assert seen == [chosen, chosen]
+
+
+def test_a_fused_all_reduce_counts_as_an_all_reduce_and_apart():
+    """The one-shot all-reduce's add_rms_norm kernel is an all-reduce too: a step whose all-reduces are all fused
+    must not read as a step with none (it did: the counter wrapped TPGroup.all_reduce alone)."""
+    import torch
+
+    from trtllm_dflash.bench.gpt_oss_tp import count_collectives
+    from trtllm_dflash.runtime.distributed import TPGroup
+
+    class Fused:   # stands for allreduce.OneShotAllReduce: only the method the fused path calls
+        def add_rms_norm(self, x, residual, weight, eps, bias=None, weight_first=False):
+            return x + residual, x + residual
+
+    x, res = torch.zeros(2, 8, dtype=torch.bfloat16), torch.ones(2, 8, dtype=torch.bfloat16)
+    tp = TPGroup(rank=0, size=2, small_all_reduce=Fused())
+    counts = count_collectives(tp, lambda: [tp.small_all_reduce.add_rms_norm(x, res, None, 1e-6) for _ in range(3)])
+    assert counts == {"all_reduce": 3, "all_reduce_bytes": 3 * 32, "all_gather": 0, "all_gather_bytes": 0,
+                      "fused_add_norm": 3}
+    assert not vars(tp.small_all_reduce) and {"all_reduce", "all_gather_last"}.isdisjoint(vars(tp))  # unwrapped
+    assert count_collectives(TPGroup(small_all_reduce=Fused()), lambda: None)["all_reduce"] == 0   # TP 1

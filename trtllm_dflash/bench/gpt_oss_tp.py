@@ -101,23 +101,30 @@ def gather(tp: TPGroup, obj) -> list:
 
 def count_collectives(tp: TPGroup, fn) -> dict:
     """The all-reduces and all-gathers one call of ``fn`` issues through ``tp`` (with the bytes each rank sends
-    in); the modules share this TPGroup, so wrapping its methods sees every call."""
-    counts = {"all_reduce": 0, "all_reduce_bytes": 0, "all_gather": 0, "all_gather_bytes": 0}
-    all_reduce, all_gather_last = tp.all_reduce, tp.all_gather_last
+    in); the modules share this TPGroup, so wrapping its methods sees every call. An all-reduce fused with the
+    residual add + RMSNorm (the one-shot all-reduce's add_rms_norm kernel) counts as an all-reduce and, apart, as
+    ``fused_add_norm``: without it a fused step read as one with no all-reduces."""
+    counts = {"all_reduce": 0, "all_reduce_bytes": 0, "all_gather": 0, "all_gather_bytes": 0, "fused_add_norm": 0}
+    wrapped = [(tp, "all_reduce", ("all_reduce",)), (tp, "all_gather_last", ("all_gather",))]
+    if tp.small_all_reduce is not None:
+        wrapped.append((tp.small_all_reduce, "add_rms_norm", ("all_reduce", "fused_add_norm")))
 
-    def counted(kind, op):
-        def call(x):
+    def counted(kinds, op):
+        def call(x, *args, **kwargs):
             if tp.active:  # at TP 1 the methods move nothing
-                counts[kind] += 1
-                counts[kind + "_bytes"] += x.numel() * x.element_size()
-            return op(x)
+                for kind in kinds:
+                    counts[kind] += 1
+                counts[kinds[0] + "_bytes"] += x.numel() * x.element_size()
+            return op(x, *args, **kwargs)
         return call
 
-    tp.all_reduce, tp.all_gather_last = counted("all_reduce", all_reduce), counted("all_gather", all_gather_last)
+    for owner, name, kinds in wrapped:
+        setattr(owner, name, counted(kinds, getattr(owner, name)))
     try:
         fn()
     finally:
-        del tp.all_reduce, tp.all_gather_last  # the class's methods again
+        for owner, name, _ in wrapped:
+            delattr(owner, name)  # the class's methods again
     return counts
 
 
@@ -230,6 +237,7 @@ def summarize(data: dict) -> dict:
             if r is not None:
                 s[f"all_reduces_per_{step}_step"] = r["all_reduce"]
                 s[f"all_gathers_per_{step}_step"] = r["all_gather"]
+                s[f"fused_add_norms_per_{step}_step"] = r.get("fused_add_norm", 0)
         if layout != "tp1":
             checks = [t[layout]["equal_tp1"] for t in data["tokens"].values() if layout in t]
             s["tokens_equal_tp1"] = bool(checks) and all(checks)
