@@ -40,7 +40,8 @@ def fused_cases(tp) -> list[dict]:
 
     out = []
     for dtype, rows, hidden, with_bias in ((torch.bfloat16, 1, 4096, False), (torch.bfloat16, 16, 4096, True),
-                                           (torch.bfloat16, 48, 2880, True), (torch.float32, 7, 576, False)):
+                                           (torch.bfloat16, 48, 2880, True), (torch.float32, 7, 576, False),
+                                           (torch.bfloat16, LAMPORT_MAX_ROWS, 4096, False)):   # a full slot
         out += _fused_case(tp, RMSNorm, 1e-6, llama_chain, dtype, rows, hidden, with_bias, seeds=(17, 1000),
                            barrier=True)
     for rows in (1, 10):
@@ -90,6 +91,30 @@ def _fused_case(tp, norm_cls, eps: float, chain, dtype, rows: int, hidden: int, 
                                                (g_normed.float() - want_normed.float()).abs().max().item()),
                     "normed_scale": want_normed.float().abs().max().item(),
                     "normed_sha": hashlib.sha256(normed.float().cpu().numpy().tobytes()).hexdigest()})
+    return out
+
+
+def lamport_full(tp) -> list[dict]:
+    """The Lamport kernel's largest message in each dtype: LAMPORT_MAX_ROWS rows that fill a slot exactly (bf16:
+    64 x 4096, a Qwen3-8B decode layer's all-reduce at batch 64), eager and three calls in a replayed graph, against
+    NCCL. The bench's 512 KB point stalled on 2 H200s while 128 KB ran: this is the case no test covered."""
+    small, out = tp.small_all_reduce, []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        cap = small.lamport[dtype][3]
+        x = torch.randn(LAMPORT_MAX_ROWS, cap // LAMPORT_MAX_ROWS, dtype=dtype, device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(77 + tp.rank))
+        assert small.pushes(x) and x.numel() == cap
+        want = x.clone()
+        dist.all_reduce(want)
+        eager = (tp.all_reduce(x).float() - want.float()).abs().max().item()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ys = [tp.all_reduce(x) for _ in range(3)]
+        graph.replay()
+        replayed = max((y.float() - want.float()).abs().max().item() for y in ys)
+        out.append({"dtype": str(dtype), "shape": list(x.shape), "eager_max_abs_diff": eager,
+                    "graph_max_abs_diff": replayed, "scale": want.float().abs().max().item()})
     return out
 
 
@@ -156,8 +181,10 @@ def main(argv) -> int:
         graph_diffs.append((y.float() - want.float()).abs().max().item())
     fused = fused_cases(tp)
     stream = lamport_stream(tp)
+    full = lamport_full(tp)
     everywhere = [None] * size
-    dist.all_gather_object(everywhere, {"cases": cases, "graph": graph_diffs, "fused": fused, "stream": stream})
+    dist.all_gather_object(everywhere, {"cases": cases, "graph": graph_diffs, "fused": fused, "stream": stream,
+                                        "full": full})
     if tp.rank == 0:
         with open(out_path, "w") as f:
             json.dump({"ranks": everywhere, "max_bytes": small.max_bytes}, f)

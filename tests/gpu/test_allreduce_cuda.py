@@ -2,7 +2,8 @@
 """The one-shot all-reduce over peer memory (runtime/allreduce.py) on 2 and 4 GPUs: its sums equal NCCL's up to the
 order of the additions, eager and replayed from a CUDA graph, and messages past its max_bytes go to NCCL; the
 all-reduce fused with the residual add + RMSNorm (kernels/allreduce_norm.py, the Lamport kernel and the kernel with
-barriers) gives the unfused chain's results; 66 Lamport calls in one graph, replayed, each equal NCCL's sum."""
+barriers) gives the unfused chain's results; 66 Lamport calls in one graph, replayed, each equal NCCL's sum; the
+Lamport kernel's largest message (a full slot: 64 rows) in every dtype, alone and fused."""
 from __future__ import annotations
 
 import json
@@ -49,6 +50,10 @@ def test_oneshot_all_reduce_equals_nccl(tmp_path, ranks):
             assert c["max_abs_diff"] <= TOLERANCE[c["dtype"]] * c["scale"], c
         assert all(d <= 0.1 for d in rank["graph"]), rank["graph"]   # bf16 sums of 2-4 normals: |y| < 10
         assert all(d <= 0.1 for d in rank["stream"]), rank["stream"]   # 66 Lamport calls a replay, slots rotating
+        assert len(rank["full"]) == 3
+        for c in rank["full"]:   # a full slot, eager and replayed
+            for key in ("eager_max_abs_diff", "graph_max_abs_diff"):
+                assert c[key] <= TOLERANCE[c["dtype"]] * c["scale"], c
         # the all-reduce fused with the residual add + RMSNorm: the chain's bits for the new residual stream, its
         # norm within the norm kernel's rounding, the same on every rank
         for c in rank["fused"]:

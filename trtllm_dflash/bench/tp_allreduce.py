@@ -60,6 +60,13 @@ def per_call_us(fn, calls: int, iters: int, warmup: int = 3) -> list[float]:
     return out
 
 
+def say(tp, text: str) -> None:
+    """Rank 0's progress on stderr, before each point: a point that never returns (a collective waiting on a peer)
+    is then named in the log rather than lost with the results, which are written at the end."""
+    if tp.rank == 0:
+        print(f"[tp_allreduce] {text}", file=sys.stderr, flush=True)
+
+
 def measure(tp, sizes: list[int], calls: int, iters: int) -> list[dict]:
     """Rows of (bytes, strategy, us per call) on this rank; ``tp``: a TPGroup with its one-shot all-reduce."""
     import torch.distributed as dist
@@ -73,6 +80,7 @@ def measure(tp, sizes: list[int], calls: int, iters: int) -> list[dict]:
         ways = {"nccl": lambda: dist.all_reduce(x)}
         row = {"bytes": nbytes}
         if small is not None and small.handles(x):
+            say(tp, f"{nbytes} B: checks against NCCL")
             row["max_abs_diff_vs_nccl"] = (small.one_shot(x).float() - nccl_x.float()).abs().max().item()
             ways["oneshot"] = lambda: small.one_shot(x)
             rows_x = x.view(-1, min(x.numel(), 4096))   # the Lamport kernel takes rows: of a decode layer's width
@@ -82,6 +90,7 @@ def measure(tp, sizes: list[int], calls: int, iters: int) -> list[dict]:
                         small.lamport_call(rows_x)[0].flatten().float() - nccl_x.float()).abs().max().item()
                     ways["lamport"] = lambda: small.lamport_call(rows_x)
         for name, fn in ways.items():
+            say(tp, f"{nbytes} B: {name}")
             us = per_call_us(fn, calls, iters)
             row[f"{name}_us"] = round(statistics.median(us), 2)
         rows.append(row)
@@ -115,12 +124,14 @@ def measure_fused(tp, sizes: list[int], hidden: int, calls: int, iters: int) -> 
                 "fused": lambda: small.barrier_add_rms_norm(x, residual, norm.weight, norm.eps)}
         if small.pushes(x):
             ways["lamport"] = lambda: small.lamport_call(x, residual, norm.weight, norm.eps)
+        say(tp, f"{rows} x {hidden} + add + norm: checks")
         want = ways["oneshot_norm"]()[1]
         row = {"bytes": nbytes, "rows": rows, "hidden": hidden,
                "fused_total_equals_oneshot_norm": torch.equal(ways["fused"]()[0], want)}
         if "lamport" in ways:
             row["lamport_total_equals_oneshot_norm"] = torch.equal(ways["lamport"]()[0], want)
         for name, fn in ways.items():
+            say(tp, f"{rows} x {hidden} + add + norm: {name}")
             row[f"{name}_us"] = round(statistics.median(per_call_us(fn, calls, iters)), 2)
         out.append(row)
     return out
