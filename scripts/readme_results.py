@@ -989,7 +989,37 @@ def render_tp_allreduce(results: Path) -> str:
             "`allreduce.LAMPORT_MAX_ROWS` (64) now take a third kernel, without barriers: each rank stores its rows "
             "into the peers' buffers and polls its own for them (Lamport's protocol, as TensorRT-LLM's and "
             "FlashInfer's small all-reduces do), fused with the add + RMSNorm; in the TP 2 step it takes 5.3 us a "
-            "call, norm included (`tp_h200x2_lamport/README.md`).\n")
+            "call, norm included (`tp_h200x2_lamport/README.md`). " + _lamport_alone(results) + "\n")
+
+
+def _lamport_alone(results: Path) -> str:
+    """The Lamport kernel alone, timed beside NCCL and torch's one-shot in one later run."""
+    name = "tp_h200x2_fused_norm/tp_allreduce_h200x2.json"
+    d = _load(results, name)
+    rows = [r for r in d["rows"] if "lamport_us" in r and r["bytes"] <= 64 * 1024]
+    fused = [r for r in d["add_norm_rows"] if "lamport_us" in r and r["bytes"] <= 64 * 1024]
+    span = lambda key, rs: f"{min(r[key] for r in rs):.1f}-{max(r[key] for r in rs):.1f}"   # noqa: E731
+    return (f"Alone ({provenance_note(d, name)}), up to 64 KB: {span('lamport_us', rows)} us a call against torch's "
+            f"one-shot {span('oneshot_us', rows)} and NCCL {span('nccl_us', rows)}; with the add + RMSNorm "
+            f"{span('lamport_us', fused)} us. Its largest message, 512 KB (64 rows of 4096, a full slot), stalled "
+            "there; the file's note and the folder's README say what is known.")
+
+
+def render_gpt_oss_tp(results: Path) -> str:
+    """gpt-oss-120b at TP 2 on the fused all-reduce + add + RMSNorm path (bench/gpt_oss_tp.py, 2x H200)."""
+    name = "tp_h200x2_fused_norm/gpt_oss_120b_tp2_triton_kernels_h200x2.json"
+    d = _load(results, name)
+    tp2, tp1 = d["summary"]["tp2_ep1"], d["summary"]["tp1"]
+    text = ("gpt-oss-120b at TP 2 (`bash benchmarks/gpt_oss_gpu.sh tp2`: `mpirun -n 2 python -m "
+            "trtllm_dflash.bench.gpt_oss_tp`, tokens at TP 2 against TP 1 on a tiny float32 gpt-oss, then AR and DFlash "
+            "steps at batch 1 and 64 with per-rank rooflines; the same under `mpiexec -n 2` on the CPU in the tests; "
+            f"{provenance_note(d, name)}): on 2x H200, EP 1, with the all-reduces fused into the add + RMSNorm, the AR "
+            f"step at batch 1 takes {tp2['ar_b1_ms']:.2f} ms at TP 2 against {tp1['ar_b1_ms']:.2f} at TP 1 "
+            f"({tp2['ar_b1_ms'] / tp1['ar_b1_ms']:.2f}x; goal 0.6x), DFlash (block {d['block_size']}) "
+            f"{tp2['dflash_b1_ms']:.2f} against {tp1['dflash_b1_ms']:.2f}; at batch 64 AR {tp2['ar_b64_ms']:.1f} against "
+            f"{tp1['ar_b64_ms']:.1f} ms; tokens == TP 1: {'yes' if tp2['tokens_equal_tp1'] else 'NO'} "
+            "(`tp_h200x2_fused_norm/README.md`).")
+    return "\n".join(textwrap.wrap(text, 115)) + "\n"
 
 
 def render_gpt_oss(results: Path) -> str:
@@ -1509,6 +1539,7 @@ def render_http_guard(results: Path) -> str:
 
 RENDERERS = {
     "headline": render_headline,
+    "gpt_oss_tp": render_gpt_oss_tp,
     "http_guard": render_http_guard,
     "quickstart_tau": render_quickstart_tau,
     "cpu_parity": render_cpu_parity,
