@@ -82,16 +82,16 @@ def plot(result: dict, path: Path) -> None:
         ax.plot(xs, ys, "o", color=color, label=f"{label} (slope {row['fit']['slope']:.2f} per doubling)")
         for v, x, y in zip(vs, xs, ys):
             ax.annotate(v, (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7, color=color)
-        end = max(hi, row["goal"]["tokens_needed"]) if "goal" in row and not row["goal"]["met"] else hi
+        goal = row["goal"] if "goal" in row and not row["goal"]["met"] else None   # a goal still to reach
+        end = max(hi, goal["tokens_needed"]) if goal else hi
         grid = [min(tokens.values()) * (end / min(tokens.values())) ** (i / 50) for i in range(51)]
         a, b = row["fit"]["intercept"], row["fit"]["slope"]
         ax.plot([g / 1e6 for g in grid], [a + b * math.log2(g) for g in grid], "--", color=color, lw=1)
-        if "goal" in row and not row["goal"]["met"]:
-            g = row["goal"]
-            ax.axhline(g["tau"], color=color, lw=0.8, ls=":")
-            ax.annotate(f"{label} goal {g['tau']}: ~{g['tokens_needed'] / 1e6:,.0f} M tokens "
-                        f"({g['tokens_multiple_of_last']:.1f}x {row['last_version']})",
-                        (g["tokens_needed"] / 1e6, g["tau"]), textcoords="offset points", xytext=(-250, 5),
+        if goal:
+            ax.axhline(goal["tau"], color=color, lw=0.8, ls=":")
+            ax.annotate(f"{label} goal {goal['tau']}: ~{goal['tokens_needed'] / 1e6:,.0f} M tokens "
+                        f"({goal['tokens_multiple_of_last']:.1f}x {row['last_version']})",
+                        (goal["tokens_needed"] / 1e6, goal["tau"]), textcoords="offset points", xytext=(-250, 5),
                         fontsize=7, color=color)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("response tokens trained on, all versions together (M, log scale)")
@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.summary.is_file():
         raise DFlashError("summary", f"{args.summary} does not exist", "pass a training run's summary.json")
-    section = json.loads(args.summary.read_text()).get("scaling")
+    raw = args.summary.read_bytes()   # parsed and digested from the same bytes
+    section = json.loads(raw).get("scaling")
     if not section:
         raise DFlashError("summary", f"{args.summary} has no 'scaling' section",
                           "pass the summary of a run that lists its lineage's tokens and tau")
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         result["source"] = str(args.summary)
         result["provenance"] = provenance.record()
-        result["provenance"]["inputs_sha256"] = {"summary": hashlib.sha256(args.summary.read_bytes()).hexdigest()}
+        result["provenance"]["inputs_sha256"] = {"summary": hashlib.sha256(raw).hexdigest()}
         args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
         plot(result, args.out.with_suffix(".png"))
         print(f"wrote {args.out.with_suffix('.json')}, {args.out.with_suffix('.png')}")

@@ -18,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import DFlashError
+from .manifest import sha256_file
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 
@@ -95,6 +96,12 @@ def save_state_dict(sd: dict[str, torch.Tensor], path: str | Path, filename: str
     out = path / filename
     save_file({k: v.detach().contiguous().clone() for k, v in sd.items()}, str(out))
     return out
+
+
+def weight_digests(path: str | Path) -> dict[str, str]:
+    """{file name: sha256} of a checkpoint folder's weight files: how a tool that derives a checkpoint from others
+    records exactly which files it read."""
+    return {f.name: sha256_file(f) for f in weight_files(path)}
 
 
 def check_new_folder(out: Path, field: str = "--out") -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..bench.helpformat import HelpFormatter
-from ..checkpoints.hf import check_new_folder, load_state_dict, read_config, weight_files, write_new_folder
+from ..checkpoints.hf import check_new_folder, load_state_dict, read_config, weight_digests, write_new_folder
 from ..checkpoints.manifest import sha256_file
 from ..checkpoints.resolve import resolve
 from ..errors import DFlashError, exit_code
@@ -102,7 +102,7 @@ def average(drafters: list[str], out: Path, weights: list[float] | None = None) 
     # the first drafter's config; its training record becomes the list of what was averaged, with their digests
     config = dict(configs[0])
     config["dflash_training"] = {"tool": "python -m trtllm_dflash.training.average", "averaged": [
-        {"drafter": spec, "weight": wt, "files": {f.name: sha256_file(f) for f in weight_files(d)},
+        {"drafter": spec, "weight": wt, "files": weight_digests(d),
          "dflash_training": cfg.get("dflash_training")} for spec, wt, d, cfg in zip(drafters, w, dirs, configs)]}
     written = write_new_folder(out, config, mean)
     record = {**config["dflash_training"], "tensors": len(mean), "model.safetensors": sha256_file(written)}

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ..bench.helpformat import HelpFormatter
-from ..checkpoints.hf import check_new_folder, load_state_dict, read_config, weight_files, write_new_folder
+from ..checkpoints.hf import check_new_folder, load_state_dict, read_config, weight_digests, write_new_folder
 from ..checkpoints.manifest import sha256_file
 from ..checkpoints.resolve import resolve
 from ..errors import DFlashError, exit_code
@@ -62,6 +62,11 @@ def layer_plan(num_layers: int, new_layers: int, copy_of: list[int] | None) -> l
         plan.append(i)
         plan.extend((i,) for _ in range(copy_of.count(i)))
     return plan
+
+
+def source_layer(entry: int | tuple[int]) -> int:
+    """The old layer a plan entry (layer_plan) takes its tensors from."""
+    return entry[0] if isinstance(entry, tuple) else entry
 
 
 def grown_taps(config: dict, old: list[int], num_layers: int, given: list[int] | None) -> list[int]:
@@ -112,7 +117,7 @@ def grow_state_dict(sd: dict[str, torch.Tensor], plan: list[int | tuple[int]]) -
             out[key] = tensor.clone()
     for k, src in enumerate(plan):
         copy = isinstance(src, tuple)
-        for name, tensor in layers[src[0] if copy else src].items():
+        for name, tensor in layers[source_layer(src)].items():
             zero = copy and name.startswith(ZEROED)
             out[f"layers.{k}.{name}"] = torch.zeros_like(tensor) if zero else tensor.clone()
     return out
@@ -148,11 +153,11 @@ def grow(drafter: str, out: Path, num_layers: int, copy_of: list[int] | None = N
     config["num_hidden_layers"] = num_layers
     if isinstance(config.get("layer_types"), list):
         types = config["layer_types"]
-        config["layer_types"] = [types[s[0] if isinstance(s, tuple) else s] for s in plan]
+        config["layer_types"] = [types[source_layer(s)] for s in plan]
     config["dflash_training"] = {
         "tool": "python -m trtllm_dflash.training.grow",
         "grown_from": {"drafter": drafter, "num_layers": old, "target_layer_ids": taps_old,
-                       "files": {f.name: sha256_file(f) for f in weight_files(src)},
+                       "files": weight_digests(src),
                        "dflash_training": source_training},
         "layers": [f"copy of {s[0]} (o_proj, down_proj zero)" if isinstance(s, tuple) else f"layer {s}"
                    for s in plan],
