@@ -238,8 +238,9 @@ def summary_line(results: dict, n_prompts: int) -> str:
 
 
 def compare_modes(args, texts: list[str], workdir: Path) -> dict:
-    """--mode both in one process (tp 1): both engines loaded and warmed up (first-step allocations, kernel
-    selection, the adaptive policy's cost measurement), then ``--rounds`` generations of each in turn. A fresh
+    """--mode both in one process (tp 1): both engines loaded and warmed up with one whole generation each
+    (first-step allocations, kernel selection, the adaptive policy's costs and acceptance), then ``--rounds``
+    generations of each in turn. A fresh
     engine's first generate() ran several hundred ms slower, so AR-first-without-warm-up made the ratio noise."""
     import statistics
 
@@ -255,9 +256,11 @@ def compare_modes(args, texts: list[str], workdir: Path) -> dict:
     adaptive = args.block_size is None and _policy(args) == "adaptive"
     if adaptive:
         _measure_costs(df, "dflash", prompts)
-    warm = SamplingParams(max_new_tokens=min(8, args.max_new_tokens), temperature=args.temperature, seed=args.seed)
+    # A whole generation per mode, untimed: with an 8-token warm-up the adaptive policy was still learning the
+    # acceptance in the first timed round (on 2 CPU cores that round's DFlash ran 1.2x the later ones' wall time in
+    # each of 3 quick starts, and the median over rounds moved with how fast it settled)
     for engine in (ar, df):
-        engine.generate(prompts, warm)
+        engine.generate(prompts, params)
     df.block_counts.clear()                        # report what the measured rounds ran
     walls: dict[str, list[float]] = {"ar": [], "dflash": []}
     last: dict[str, list] = {}

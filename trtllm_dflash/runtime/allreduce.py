@@ -64,7 +64,7 @@ class OneShotAllReduce:
 
         group = group if group is not None else dist.group.WORLD
         self.group_name = group.group_name
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):   # required before torch 2.9, a no-op after
+        if torch.__version__ < "2.9":   # required before torch 2.9; after, a no-op that warns it is deprecated
             symm_mem.enable_symm_mem_for_group(self.group_name)
         self.max_bytes = max_bytes
         self.buffers, self.peers = {}, {}
