@@ -350,32 +350,31 @@ def render_quickstart_repeat(results: Path) -> str:
                  f"{len(q['runs'])}.")
         printed = q["summary"]["printed_median_speedups"]
         best = min(max(printed[i:i + 3]) / min(printed[i:i + 3]) for i in range(len(printed) - 2))
-        first_lowest = sum(r["round_speedups"][0] == min(r["round_speedups"]) for r in q["runs"])
-        text += (f" The best three in a row are within {100 * (best - 1):.0f}%; in {first_lowest} of the "
+        text += (f" The best three in a row are within {100 * (best - 1):.0f}%; in {_first_round_lowest(q)} of the "
                  f"{len(q['runs'])} runs the first timed round has the lowest ratio.")
     text += " " + _quickstart_warmup(results)
     return "\n".join(textwrap.wrap(text + " " + _quickstart_dtype(results), 115)) + "\n"
 
 
+def _first_round_lowest(q: dict) -> int:
+    """Runs of a quickstart_repeat file whose first timed round printed the lowest ratio."""
+    return sum(r["round_speedups"][0] == min(r["round_speedups"]) for r in q["runs"])
+
+
 def _quickstart_warmup(results: Path) -> str:
     """Why the first timed round was the lowest: three quick starts with the 8-token warm-up, three with a whole
     generation per mode as the warm-up, one after the other on one machine."""
-    runs = {k: (f"quickstart_repeat_cpu_v9_{k}.json", _load(results, f"quickstart_repeat_cpu_v9_{k}.json"))
-            for k in ("warm8", "warm_whole")}
-
     def said(key):
-        name, q = runs[key]
+        name = f"quickstart_repeat_cpu_v9_{key}.json"
+        q = _load(results, name)
         s, n = q["summary"], len(q["runs"])
-        first = sum(r["round_speedups"][0] == min(r["round_speedups"]) for r in q["runs"])
         slow = statistics.median(r["dflash_wall_s"][0] / statistics.median(r["dflash_wall_s"][1:]) for r in q["runs"])
         return (f"{n} quick starts in a row ({provenance_note(q, name)}) printed {s['min']:.2f}-{s['max']:.2f}x (within "
-                f"{100 * (s['worst_three_in_a_row_spread'] - 1):.0f}%), the first timed round the lowest in {first} of "
-                f"{n}, its DFlash wall time {slow:.2f}x the later rounds' median"), slow
-    warm8, slow8 = said("warm8")
-    whole, _ = said("warm_whole")
+                f"{100 * (s['worst_three_in_a_row_spread'] - 1):.0f}%), the first timed round the lowest in "
+                f"{_first_round_lowest(q)} of {n}, its DFlash wall time {slow:.2f}x the later rounds' median")
     return (f"A first round lowest was the warm-up's doing: it generated 8 tokens per mode, so the adaptive policy "
-            f"was still learning the acceptance in the first timed round. With that warm-up, {warm8}; with a whole "
-            f"generation per mode as the warm-up (now the quick start's), {whole}.")
+            f"was still learning the acceptance in the first timed round. With that warm-up, {said('warm8')}; with a "
+            f"whole generation per mode as the warm-up (now the quick start's), {said('warm_whole')}.")
 
 
 def _quickstart_dtype(results: Path) -> str:

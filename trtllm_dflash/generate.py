@@ -240,8 +240,8 @@ def summary_line(results: dict, n_prompts: int) -> str:
 def compare_modes(args, texts: list[str], workdir: Path) -> dict:
     """--mode both in one process (tp 1): both engines loaded and warmed up with one whole generation each
     (first-step allocations, kernel selection, the adaptive policy's costs and acceptance), then ``--rounds``
-    generations of each in turn. A fresh
-    engine's first generate() ran several hundred ms slower, so AR-first-without-warm-up made the ratio noise."""
+    generations of each in turn. A fresh engine's first generate() ran several hundred ms slower, so
+    AR-first-without-warm-up made the ratio noise."""
     import statistics
 
     engines, load = {}, {}
